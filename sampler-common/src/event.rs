@@ -1,0 +1,164 @@
+//! Wire formats shared by kernel and user side: map values and ring-buffer records.
+//!
+//! All structs are `#[repr(C)]`, `Copy`, 8-byte aligned (the ring buffer reserves on 8-byte
+//! boundaries) and contain no padding the kernel could leave uninitialized.
+
+/// Maximum number of user frames captured per sample. 127 frames (1016 bytes) keep an event
+/// near 1 KiB, so a 4 MiB ring buffer holds about 4000 samples in flight.
+pub const MAX_STACK_DEPTH: usize = 127;
+
+/// Allocator entry points probed. The discriminant is sent in [`AllocEvent::function`] and
+/// indexes per-function tables (e.g. the function sizes used for nesting detection).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AllocFn {
+    /// `malloc(size)`
+    Malloc = 0,
+    /// `calloc(nmemb, size)`: allocates `nmemb * size` bytes.
+    Calloc = 1,
+    /// `realloc(ptr, size)`: counted as an allocation of `size` bytes.
+    Realloc = 2,
+    /// `posix_memalign(&ptr, align, size)`
+    PosixMemalign = 3,
+    /// `aligned_alloc(align, size)`
+    AlignedAlloc = 4,
+    /// `memalign(align, size)`
+    Memalign = 5,
+    /// `valloc(size)`
+    Valloc = 6,
+    /// `pvalloc(size)`
+    Pvalloc = 7,
+}
+
+impl AllocFn {
+    /// Number of probed functions (length of per-function tables).
+    pub const COUNT: usize = 8;
+
+    /// Every probed function, in discriminant order.
+    pub const ALL: [AllocFn; Self::COUNT] = [
+        AllocFn::Malloc,
+        AllocFn::Calloc,
+        AllocFn::Realloc,
+        AllocFn::PosixMemalign,
+        AllocFn::AlignedAlloc,
+        AllocFn::Memalign,
+        AllocFn::Valloc,
+        AllocFn::Pvalloc,
+    ];
+
+    /// The C symbol name of the function.
+    pub const fn symbol(self) -> &'static str {
+        match self {
+            AllocFn::Malloc => "malloc",
+            AllocFn::Calloc => "calloc",
+            AllocFn::Realloc => "realloc",
+            AllocFn::PosixMemalign => "posix_memalign",
+            AllocFn::AlignedAlloc => "aligned_alloc",
+            AllocFn::Memalign => "memalign",
+            AllocFn::Valloc => "valloc",
+            AllocFn::Pvalloc => "pvalloc",
+        }
+    }
+
+    /// Decodes the discriminant sent by the kernel side.
+    pub const fn from_u32(value: u32) -> Option<AllocFn> {
+        if (value as usize) < Self::COUNT {
+            Some(Self::ALL[value as usize])
+        } else {
+            None
+        }
+    }
+
+    /// Functions that may call `malloc` internally (glibc: realloc(NULL, n) and the memalign
+    /// family with small alignments tail-call or call `__libc_malloc`). Their entry leaves a
+    /// marker in [`ThreadState`] so the nested `malloc` is not counted a second time.
+    pub const fn may_nest_malloc(self) -> bool {
+        !matches!(self, AllocFn::Malloc | AllocFn::Calloc)
+    }
+}
+
+/// One sampled allocation, sent through the ring buffer. Only sampled calls produce one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AllocEvent {
+    /// `bpf_ktime_get_ns()` at the probe (CLOCK_MONOTONIC).
+    pub timestamp_ns: u64,
+    /// Requested size in bytes (n of the sampling model).
+    pub size: u64,
+    /// 0-based offset of the byte whose Bernoulli trial succeeded (the countdown before this
+    /// allocation), always `< size`.
+    pub offset: u64,
+    /// Mean sampling interval (1/p) in force when this sample was drawn.
+    pub interval: u64,
+    /// The return address at `[rsp]` on entry: the direct caller, which frame-pointer walking
+    /// from an entry probe misses (DESIGN.md §3).
+    pub return_address: u64,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Number of valid entries in `stack`.
+    pub stack_len: u32,
+    /// [`AllocFn`] discriminant.
+    pub function: u32,
+    /// User stack from `bpf_get_stack(BPF_F_USER_STACK)`: `stack[0]` is the probed
+    /// instruction, then return addresses of the callers' callers.
+    pub stack: [u64; MAX_STACK_DEPTH],
+}
+
+/// Exact per-process counters, one copy per CPU (summed by user space).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessCounters {
+    /// Allocation calls seen (nested calls excluded).
+    pub calls: u64,
+    /// Bytes requested by those calls.
+    pub bytes: u64,
+}
+
+/// Per-thread sampling state, kept in an LRU map keyed by tid (bounded: thread churn evicts
+/// old entries, and discarding a countdown is legal because the eviction does not depend on
+/// its value).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThreadState {
+    /// Failed Bernoulli trials (bytes) left before the next sampled byte.
+    pub countdown: u64,
+    /// Stack pointer at the entry of a function that may call malloc (0: no marker).
+    pub marker_sp: u64,
+    /// Return address at that entry.
+    pub marker_ret: u64,
+    /// Address of that function's probed entry instruction.
+    pub marker_ip: u64,
+    /// [`AllocFn`] of that function.
+    pub marker_fn: u64,
+}
+
+/// Indices of the per-CPU loss counters: every event or count that could not be recorded.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossCounter {
+    /// A sample was drawn but the ring buffer had no room: the sample is lost.
+    RingBufFull = 0,
+    /// A sample was sent without a user stack (bpf_get_stack failed).
+    StackMissing = 1,
+    /// The per-process counter map was full: exact counts for a process are incomplete.
+    CountersFull = 2,
+    /// The thread-state map refused an entry: the call was neither counted nor sampled.
+    ThreadStateFull = 3,
+}
+
+impl LossCounter {
+    /// Number of loss counters (the size of the per-CPU array).
+    pub const COUNT: u32 = 4;
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain #[repr(C)] integer structs without padding; any bit pattern is valid.
+    unsafe impl aya::Pod for super::ProcessCounters {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ThreadState {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AllocEvent {}
+}

@@ -1,0 +1,87 @@
+//! allocscope's eBPF programs: one thin entry uprobe per allocator function, each reading
+//! the size argument(s) and handing over to [`sample::on_alloc`]; plus the bare counting
+//! probe the benchmark compares against. Requires kernel ≥ 5.8 (ring buffer).
+#![no_std]
+#![no_main]
+
+mod config;
+mod maps;
+mod sample;
+
+use aya_ebpf::{macros::uprobe, programs::ProbeContext};
+use sampler_common::AllocFn;
+
+/// Argument `n` (0-based) of the probed call as an unsigned integer; 0 if unreadable.
+#[inline(always)]
+fn arg(ctx: &ProbeContext, n: usize) -> u64 {
+    ctx.arg::<u64>(n).unwrap_or(0)
+}
+
+#[uprobe]
+pub fn malloc_enter(ctx: ProbeContext) -> u32 {
+    sample::on_alloc(&ctx, AllocFn::Malloc, arg(&ctx, 0));
+    0
+}
+
+#[uprobe]
+pub fn calloc_enter(ctx: ProbeContext) -> u32 {
+    let size = sampler_common::geometric::saturating_product(arg(&ctx, 0), arg(&ctx, 1));
+    sample::on_alloc(&ctx, AllocFn::Calloc, size);
+    0
+}
+
+#[uprobe]
+pub fn realloc_enter(ctx: ProbeContext) -> u32 {
+    sample::on_alloc(&ctx, AllocFn::Realloc, arg(&ctx, 1));
+    0
+}
+
+#[uprobe]
+pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
+    sample::on_alloc(&ctx, AllocFn::PosixMemalign, arg(&ctx, 2));
+    0
+}
+
+#[uprobe]
+pub fn aligned_alloc_enter(ctx: ProbeContext) -> u32 {
+    sample::on_alloc(&ctx, AllocFn::AlignedAlloc, arg(&ctx, 1));
+    0
+}
+
+#[uprobe]
+pub fn memalign_enter(ctx: ProbeContext) -> u32 {
+    sample::on_alloc(&ctx, AllocFn::Memalign, arg(&ctx, 1));
+    0
+}
+
+#[uprobe]
+pub fn valloc_enter(ctx: ProbeContext) -> u32 {
+    sample::on_alloc(&ctx, AllocFn::Valloc, arg(&ctx, 0));
+    0
+}
+
+#[uprobe]
+pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
+    sample::on_alloc(&ctx, AllocFn::Pvalloc, arg(&ctx, 0));
+    0
+}
+
+/// The benchmark's reference: the least a uprobe program can do (count the call).
+#[uprobe]
+pub fn bare_count_enter(_ctx: ProbeContext) -> u32 {
+    if let Some(calls) = maps::BARE_CALLS.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot of this CPU.
+        unsafe { *calls += 1 };
+    }
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[link_section = "license"]
+#[no_mangle]
+static LICENSE: [u8; 4] = *b"GPL\0";

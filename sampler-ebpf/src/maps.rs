@@ -1,0 +1,38 @@
+//! The maps, one per concern. Capacities are defaults; user space may resize the bounded
+//! ones with `EbpfLoader::map_max_entries` before loading.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+};
+use sampler_common::{LossCounter, ProcessCounters, ThreadState};
+
+/// Sampled allocations → user space. Sized for bursts of ~4000 samples in flight.
+#[map]
+pub static SAMPLES: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
+
+/// tid → sampling countdown and nesting marker. LRU: bounded under thread churn.
+#[map]
+pub static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(65536, 0);
+
+/// pid → exact calls and bytes, one copy per CPU so the hot path never contends.
+#[map]
+pub static COUNTERS: PerCpuHashMap<u32, ProcessCounters> =
+    PerCpuHashMap::with_max_entries(4096, 0);
+
+/// [`LossCounter`] index → number of events or counts lost, per CPU.
+#[map]
+pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LossCounter::COUNT, 0);
+
+/// Calls seen by the bare reference probe of the benchmark (index 0).
+#[map]
+pub static BARE_CALLS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Adds one to a loss counter.
+#[inline(always)]
+pub fn count_loss(counter: LossCounter) {
+    if let Some(slot) = LOSSES.get_ptr_mut(counter as u32) {
+        // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
+        unsafe { *slot += 1 };
+    }
+}

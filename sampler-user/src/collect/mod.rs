@@ -1,0 +1,208 @@
+//! ② From the kernel: ring-buffer records and the exact and loss counters.
+//!
+//! The ring buffer is read through tokio's `AsyncFd` (epoll on the map fd), records are
+//! copied out and decoded immediately so the kernel can reuse the space: intake never waits
+//! on symbolization, aggregation or output.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context as _;
+use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use sampler_common::{AllocEvent, AllocFn, LossCounter, ProcessCounters, MAX_STACK_DEPTH};
+use tokio::io::unix::AsyncFd;
+
+/// A decoded sample, owned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sample {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// CLOCK_MONOTONIC nanoseconds.
+    pub timestamp_ns: u64,
+    /// Allocator function.
+    pub function: AllocFn,
+    /// Allocation size.
+    pub size: u64,
+    /// Offset of the sampled byte.
+    pub offset: u64,
+    /// Mean interval in force.
+    pub interval: u64,
+    /// Direct caller's return address (`[rsp]` at entry).
+    pub return_address: u64,
+    /// Raw user stack: `[0]` is the allocator's entry, then callers' callers.
+    pub stack: Vec<u64>,
+}
+
+/// Decodes one ring-buffer record; `None` for a record of the wrong size or content.
+pub fn decode(bytes: &[u8]) -> Option<Sample> {
+    if bytes.len() < std::mem::size_of::<AllocEvent>() {
+        return None;
+    }
+    // SAFETY: the length was checked; AllocEvent is plain integers (any bit pattern is
+    // valid) and read_unaligned makes no alignment assumption about the record.
+    let event: AllocEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    let function = AllocFn::from_u32(event.function)?;
+    let depth = (event.stack_len as usize).min(MAX_STACK_DEPTH);
+    if event.size == 0 || event.offset >= event.size || event.interval == 0 {
+        return None;
+    }
+    Some(Sample {
+        pid: event.pid,
+        tid: event.tid,
+        timestamp_ns: event.timestamp_ns,
+        function,
+        size: event.size,
+        offset: event.offset,
+        interval: event.interval,
+        return_address: event.return_address,
+        stack: event.stack[..depth].to_vec(),
+    })
+}
+
+/// The sample stream.
+pub struct SampleReader {
+    ring: AsyncFd<RingBuf<MapData>>,
+    /// Records that did not decode (a build mismatch; should stay 0).
+    pub malformed: u64,
+}
+
+impl SampleReader {
+    /// Wraps the `SAMPLES` ring buffer taken from the loaded object.
+    pub fn new(ring: RingBuf<MapData>) -> anyhow::Result<SampleReader> {
+        Ok(SampleReader {
+            // SAFETY: the RingBuf owns its map fd and keeps it open, unchanged, until it is
+            // dropped together with the AsyncFd.
+            ring: unsafe { AsyncFd::register(ring) }
+                .map_err(std::io::Error::from)
+                .context("registering the ring buffer with epoll")?,
+            malformed: 0,
+        })
+    }
+
+    /// Waits until records are available, then moves all of them into `out`.
+    pub async fn read(&mut self, out: &mut Vec<Sample>) -> anyhow::Result<()> {
+        let mut guard = self.ring.readable_mut().await?;
+        self.malformed += drain_ring(guard.get_inner_mut(), out);
+        guard.clear_ready();
+        Ok(())
+    }
+
+    /// Moves every record available now into `out`, without waiting.
+    pub fn drain(&mut self, out: &mut Vec<Sample>) {
+        self.malformed += drain_ring(self.ring.get_mut(), out);
+    }
+}
+
+/// Decodes every available record into `out`; returns how many were malformed.
+fn drain_ring(ring: &mut RingBuf<MapData>, out: &mut Vec<Sample>) -> u64 {
+    let mut malformed = 0;
+    while let Some(record) = ring.next() {
+        match decode(&record) {
+            Some(sample) => out.push(sample),
+            None => malformed += 1,
+        }
+    }
+    malformed
+}
+
+/// Loss counters summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Losses {
+    /// Samples dropped because the ring buffer was full.
+    pub ringbuf_full: u64,
+    /// Samples sent without a user stack.
+    pub stack_missing: u64,
+    /// Processes whose exact counters could not be stored (map full).
+    pub counters_full: u64,
+    /// Calls neither counted nor sampled (thread map refused an entry).
+    pub thread_state_full: u64,
+}
+
+impl Losses {
+    /// Total of all counters.
+    pub fn total(&self) -> u64 {
+        self.ringbuf_full + self.stack_missing + self.counters_full + self.thread_state_full
+    }
+}
+
+/// Reads the `LOSSES` per-CPU array.
+pub fn read_losses(map: &PerCpuArray<&MapData, u64>) -> anyhow::Result<Losses> {
+    let sum = |counter: LossCounter| -> anyhow::Result<u64> {
+        Ok(map.get(&(counter as u32), 0)?.iter().sum())
+    };
+    Ok(Losses {
+        ringbuf_full: sum(LossCounter::RingBufFull)?,
+        stack_missing: sum(LossCounter::StackMissing)?,
+        counters_full: sum(LossCounter::CountersFull)?,
+        thread_state_full: sum(LossCounter::ThreadStateFull)?,
+    })
+}
+
+/// Reads the `COUNTERS` per-CPU hash: exact calls and bytes per pid, summed over CPUs.
+pub fn read_counters(
+    map: &PerCpuHashMap<&MapData, u32, ProcessCounters>,
+) -> anyhow::Result<BTreeMap<u32, ProcessCounters>> {
+    let mut totals = BTreeMap::new();
+    for entry in map.iter() {
+        let (pid, per_cpu) = entry?;
+        let total = per_cpu.iter().fold(ProcessCounters::default(), |acc, c| ProcessCounters {
+            calls: acc.calls + c.calls,
+            bytes: acc.bytes + c.bytes,
+        });
+        totals.insert(pid, total);
+    }
+    Ok(totals)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(event: &AllocEvent) -> Vec<u8> {
+        // SAFETY: AllocEvent is plain old data; viewing it as bytes is sound.
+        unsafe {
+            std::slice::from_raw_parts((event as *const AllocEvent).cast::<u8>(), std::mem::size_of::<AllocEvent>())
+        }
+        .to_vec()
+    }
+
+    fn event() -> AllocEvent {
+        let mut stack = [0u64; MAX_STACK_DEPTH];
+        stack[..3].copy_from_slice(&[0xa, 0xb, 0xc]);
+        AllocEvent {
+            timestamp_ns: 5,
+            size: 100,
+            offset: 7,
+            interval: 4096,
+            return_address: 0x42,
+            pid: 10,
+            tid: 11,
+            stack_len: 3,
+            function: AllocFn::Calloc as u32,
+            stack,
+        }
+    }
+
+    #[test]
+    fn decodes_a_record() {
+        let sample = decode(&record(&event())).unwrap();
+        assert_eq!(sample.function, AllocFn::Calloc);
+        assert_eq!(sample.stack, vec![0xa, 0xb, 0xc]);
+        assert_eq!((sample.pid, sample.tid, sample.size, sample.offset), (10, 11, 100, 7));
+    }
+
+    #[test]
+    fn rejects_malformed_records() {
+        assert!(decode(&[0u8; 16]).is_none());
+        let mut bad = event();
+        bad.function = 99;
+        assert!(decode(&record(&bad)).is_none());
+        let mut bad = event();
+        bad.offset = 100;
+        assert!(decode(&record(&bad)).is_none());
+        let mut deep = event();
+        deep.stack_len = 10_000;
+        assert_eq!(decode(&record(&deep)).unwrap().stack.len(), MAX_STACK_DEPTH);
+    }
+}

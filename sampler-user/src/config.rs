@@ -1,0 +1,211 @@
+//! Validated configuration: every flag checked once, with an error a user can act on.
+
+use std::{
+    ffi::OsString,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use sampler_common::geometric::MAX_INTERVAL;
+
+use crate::{cli::RecordArgs, export::Format};
+
+/// An error in the user's input, reported before anything is attached (exit code 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);
+
+/// What to profile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Targets {
+    /// Running processes.
+    Pids(Vec<u32>),
+    /// A command to start.
+    Command(Vec<OsString>),
+}
+
+/// A validated `record` invocation.
+#[derive(Clone, Debug)]
+pub struct RecordConfig {
+    /// What to profile.
+    pub targets: Targets,
+    /// Recording length limit.
+    pub duration: Option<Duration>,
+    /// Mean sampling interval in bytes.
+    pub interval: u64,
+    /// No free tracking.
+    pub alloc_only: bool,
+    /// Confidence of the bounds.
+    pub confidence: f64,
+    /// Output path.
+    pub output: PathBuf,
+    /// Output format.
+    pub format: Format,
+    /// Verbose diagnostics.
+    pub verbose: bool,
+}
+
+impl RecordArgs {
+    /// Validates the arguments.
+    pub fn into_config(self) -> Result<RecordConfig, BadInput> {
+        let targets = match (self.pids.is_empty(), self.command.is_empty()) {
+            (false, true) => Targets::Pids(
+                self.pids.iter().map(|p| parse_pid(p)).collect::<Result<_, _>>()?,
+            ),
+            (true, false) => Targets::Command(self.command),
+            (false, false) => {
+                return Err(BadInput("give either -p PID or -- CMD, not both".into()))
+            }
+            (true, true) => {
+                return Err(BadInput(
+                    "nothing to profile: give -p PID or -- CMD ARGS".into(),
+                ))
+            }
+        };
+        let interval = parse_size(&self.interval)
+            .map_err(|why| BadInput(format!("invalid --interval {:?}: {why}", self.interval)))?;
+        if interval == 0 || interval > MAX_INTERVAL {
+            return Err(BadInput(format!(
+                "invalid --interval {:?}: must be between 1 byte and 4GiB",
+                self.interval
+            )));
+        }
+        let duration = self
+            .duration
+            .as_deref()
+            .map(|d| parse_duration(d).map_err(|why| BadInput(format!("invalid --duration {d:?}: {why}"))))
+            .transpose()?;
+        if !(self.confidence > 0.0 && self.confidence < 1.0) {
+            return Err(BadInput(format!(
+                "invalid --confidence {}: must be strictly between 0 and 1",
+                self.confidence
+            )));
+        }
+        let format = self.format.unwrap_or_else(|| format_for(&self.output));
+        Ok(RecordConfig {
+            targets,
+            duration,
+            interval,
+            alloc_only: self.alloc_only,
+            confidence: self.confidence,
+            output: self.output,
+            format,
+            verbose: self.verbose,
+        })
+    }
+}
+
+fn parse_pid(text: &str) -> Result<u32, BadInput> {
+    match text.parse::<u32>() {
+        Ok(pid) if pid > 0 => Ok(pid),
+        _ => Err(BadInput(format!("invalid pid {text:?}: expected a positive number"))),
+    }
+}
+
+/// The format a file name implies: `.folded`/`.txt` → folded, anything else → json.
+pub fn format_for(path: &Path) -> Format {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("folded") | Some("txt") => Format::Folded,
+        _ => Format::Json,
+    }
+}
+
+/// Parses a byte size: a whole number with an optional binary unit (`K`, `KiB`, `KB`, `M`,
+/// `MiB`, `G`, `GiB`; case-insensitive, all powers of 1024).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| "expected a number of bytes, e.g. 65536 or 64KiB".to_owned())?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        other => return Err(format!("unknown unit {other:?} (use B, KiB, MiB or GiB)")),
+    };
+    number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| "too large".to_owned())
+}
+
+/// Parses a duration: a number with an optional unit `ms`, `s` (default), `m` or `h`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| "expected a number with an optional unit, e.g. 10s or 500ms".to_owned())?;
+    let seconds = match unit {
+        "ms" => number / 1000.0,
+        "" | "s" => number,
+        "m" => number * 60.0,
+        "h" => number * 3600.0,
+        other => return Err(format!("unknown unit {other:?} (use ms, s, m or h)")),
+    };
+    if !(seconds > 0.0) || !seconds.is_finite() {
+        return Err("must be greater than zero".to_owned());
+    }
+    Duration::try_from_secs_f64(seconds).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn record(args: &[&str]) -> Result<RecordConfig, String> {
+        let cli = Cli::try_parse_from(["allocscope", "record"].iter().chain(args))
+            .map_err(|e| e.to_string())?;
+        let Command::Record(args) = cli.command;
+        args.into_config().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn sizes_take_binary_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64KiB"), Ok(65536));
+        assert_eq!(parse_size("64k"), Ok(65536));
+        assert_eq!(parse_size("1M"), Ok(1 << 20));
+        assert_eq!(parse_size("2 GiB"), Ok(2 << 30));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("12parsecs").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("-5").is_err());
+        assert!(parse_size("99999999999999G").unwrap_err().contains("too large"));
+    }
+
+    #[test]
+    fn durations_take_units() {
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("0").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn record_validates_targets_interval_and_format() {
+        let config = record(&["-p", "1", "-o", "x.folded"]).unwrap();
+        assert_eq!(config.targets, Targets::Pids(vec![1]));
+        assert_eq!(config.format, Format::Folded);
+        assert_eq!(config.interval, 512 * 1024);
+        let config = record(&["-o", "x", "--interval", "64KiB", "--", "ls", "-l"]).unwrap();
+        assert_eq!(config.targets, Targets::Command(vec!["ls".into(), "-l".into()]));
+        assert_eq!(config.format, Format::Json);
+        assert_eq!(config.interval, 65536);
+        assert!(record(&["-o", "x"]).unwrap_err().contains("nothing to profile"));
+        assert!(record(&["-p", "0", "-o", "x"]).unwrap_err().contains("invalid pid"));
+        assert!(record(&["-p", "1", "-o", "x", "-i", "0"]).unwrap_err().contains("between 1 byte"));
+        assert!(record(&["-p", "1", "-o", "x", "-i", "lots"]).unwrap_err().contains("invalid --interval"));
+        assert!(record(&["-p", "1", "-o", "x", "--confidence", "1"]).unwrap_err().contains("confidence"));
+        assert!(record(&["-p", "1", "-o", "x", "-f", "json", "--", "ls"]).unwrap_err().contains("not both"));
+    }
+}

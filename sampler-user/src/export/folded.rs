@@ -1,0 +1,66 @@
+//! Folded stacks, the input of flamegraph.pl and inferno: one line per stack,
+//! `command;root;…;leaf value`, value = estimated allocated bytes (rounded).
+
+use std::{collections::BTreeMap, io::Write};
+
+use crate::{profile::Profile, stacks::symbolize::FrameInfo};
+
+/// Writes one line per distinct folded stack (stacks whose names coincide are summed).
+pub fn write(profile: &Profile, out: &mut dyn Write) -> std::io::Result<()> {
+    let commands: BTreeMap<u32, &str> = profile
+        .processes
+        .iter()
+        .map(|p| (p.pid, p.command.as_str()))
+        .collect();
+    let mut lines: BTreeMap<String, f64> = BTreeMap::new();
+    for stack in &profile.stacks {
+        let command = commands.get(&stack.pid).copied().unwrap_or("?");
+        let mut path = vec![sanitize(&format!("{command} ({})", stack.pid))];
+        path.extend(stack.frames.iter().rev().map(frame_name));
+        *lines.entry(path.join(";")).or_default() += stack.alloc_bytes.estimate;
+    }
+    for (path, bytes) in lines {
+        let bytes = bytes.round();
+        if bytes >= 1.0 {
+            writeln!(out, "{path} {bytes}")?;
+        }
+    }
+    Ok(())
+}
+
+/// A frame's display name: the function, else `module+0xoffset`, else the address.
+pub fn frame_name(frame: &FrameInfo) -> String {
+    let name = match (&frame.function, &frame.module) {
+        (Some(function), _) => function.clone(),
+        (None, Some(module)) => format!("{module}+{:#x}", frame.address),
+        (None, None) => format!("[unknown {:#x}]", frame.address),
+    };
+    sanitize(&name)
+}
+
+/// `;` separates frames and a trailing space-separated number is the value: keep names
+/// from breaking either.
+fn sanitize(name: &str) -> String {
+    name.replace(';', ":").replace(['\n', '\r'], " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_fall_back_to_module_offsets() {
+        let named = FrameInfo {
+            function: Some("a;b".into()),
+            ..FrameInfo::default()
+        };
+        assert_eq!(frame_name(&named), "a:b");
+        let offset = FrameInfo {
+            module: Some("libx.so".into()),
+            address: 0x10,
+            ..FrameInfo::default()
+        };
+        assert_eq!(frame_name(&offset), "libx.so+0x10");
+        assert_eq!(frame_name(&FrameInfo::default()), "[unknown 0x0]");
+    }
+}

@@ -1,0 +1,180 @@
+//! Loading the eBPF object and attaching its uprobes, scoped per process in the kernel.
+//!
+//! Attachment is by file and symbol with `UProbeScope::OneProcess(pid)`: the kernel installs
+//! the breakpoint only in that process's address space, so no other process pays the trap.
+//! Dropping [`Probes`] (or the process dying, even by SIGKILL) closes the file descriptors
+//! and the kernel removes every breakpoint: the target is never left patched.
+
+use std::{num::NonZeroU32, path::PathBuf};
+
+use aya::{
+    programs::{uprobe::UProbeScope, UProbe},
+    Ebpf, EbpfLoader,
+};
+use sampler_common::{geometric, AllocFn};
+
+use super::allocator::Allocator;
+
+/// The eBPF object built by build.rs.
+static SAMPLER_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sampler"));
+
+/// Load-time settings of the kernel side.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelConfig {
+    /// Mean sampling interval in bytes.
+    pub interval: u64,
+    /// Whether the eBPF side's aya-log records are wanted (`--verbose`).
+    pub log: bool,
+}
+
+/// One process to probe and the allocator found in it.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// Process id.
+    pub pid: u32,
+    /// Its allocator.
+    pub allocator: Allocator,
+}
+
+/// A probe point actually attached (reported with `--verbose`).
+#[derive(Clone, Debug)]
+pub struct AttachedPoint {
+    /// Process id.
+    pub pid: u32,
+    /// Function.
+    pub function: AllocFn,
+    /// Library path.
+    pub path: PathBuf,
+}
+
+/// Errors while loading or attaching.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// The interval cannot be represented by the kernel's sampler.
+    #[error("sampling interval {0} is out of range")]
+    Interval(u64),
+    /// The object failed to load (verifier, missing kernel feature, permissions).
+    #[error("loading the eBPF programs failed")]
+    Load(#[from] aya::EbpfError),
+    /// A program is missing from the object (build mismatch).
+    #[error("eBPF program {0} missing from the object")]
+    MissingProgram(String),
+    /// Loading or attaching a program failed.
+    #[error("attaching {symbol} in {path} for pid {pid}")]
+    Attach {
+        /// Symbol.
+        symbol: &'static str,
+        /// Library.
+        path: PathBuf,
+        /// Process.
+        pid: u32,
+        /// Cause.
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+}
+
+/// The loaded object with its attached links; detaches everything when dropped.
+pub struct Probes {
+    /// The eBPF object (maps are taken from it by the collector).
+    pub ebpf: Ebpf,
+    /// What was attached.
+    pub points: Vec<AttachedPoint>,
+}
+
+/// Loads the sampler with `config` and attaches the entry probes for every target.
+pub fn attach(config: KernelConfig, targets: &[Target]) -> Result<Probes, AttachError> {
+    let scale = geometric::scale_q32(config.interval).ok_or(AttachError::Interval(config.interval))?;
+    let mut sizes = [0u64; AllocFn::COUNT];
+    for target in targets {
+        for f in &target.allocator.functions {
+            sizes[f.function as usize] = sizes[f.function as usize].max(f.size);
+        }
+    }
+    let log = u8::from(config.log);
+    let mut ebpf = EbpfLoader::new()
+        .override_global("INTERVAL", &config.interval, true)
+        .override_global("SCALE_Q32", &scale, true)
+        .override_global("LOG_ENABLED", &log, true)
+        .override_global("FUNCTION_SIZE", &sizes, true)
+        .load(SAMPLER_OBJECT)?;
+    let mut points = Vec::new();
+    for function in AllocFn::ALL {
+        let name = program_name(function);
+        let program: &mut UProbe = ebpf
+            .program_mut(name)
+            .ok_or_else(|| AttachError::MissingProgram(name.to_owned()))?
+            .try_into()
+            .map_err(|source| attach_error(function, &targets[0], source))?;
+        let wanted: Vec<&Target> = targets
+            .iter()
+            .filter(|t| t.allocator.functions.iter().any(|f| f.function == function))
+            .collect();
+        if wanted.is_empty() {
+            continue;
+        }
+        program
+            .load()
+            .map_err(|source| attach_error(function, wanted[0], source))?;
+        for target in wanted {
+            attach_one(program, function, target)?;
+            points.push(AttachedPoint {
+                pid: target.pid,
+                function,
+                path: target.allocator.path.clone(),
+            });
+        }
+    }
+    Ok(Probes { ebpf, points })
+}
+
+/// Attaches the benchmark's reference probe (counts calls, nothing else) to `symbol`.
+pub fn attach_bare(target: &Target) -> Result<Probes, AttachError> {
+    let mut ebpf = EbpfLoader::new().load(SAMPLER_OBJECT)?;
+    let program: &mut UProbe = ebpf
+        .program_mut("bare_count_enter")
+        .ok_or_else(|| AttachError::MissingProgram("bare_count_enter".to_owned()))?
+        .try_into()
+        .map_err(|source| attach_error(AllocFn::Malloc, target, source))?;
+    program
+        .load()
+        .map_err(|source| attach_error(AllocFn::Malloc, target, source))?;
+    attach_one(program, AllocFn::Malloc, target)?;
+    let points = vec![AttachedPoint {
+        pid: target.pid,
+        function: AllocFn::Malloc,
+        path: target.allocator.path.clone(),
+    }];
+    Ok(Probes { ebpf, points })
+}
+
+fn attach_one(program: &mut UProbe, function: AllocFn, target: &Target) -> Result<(), AttachError> {
+    let scope = NonZeroU32::new(target.pid).map_or(UProbeScope::AllProcesses, UProbeScope::OneProcess);
+    program
+        .attach(function.symbol(), &target.allocator.path, scope)
+        .map_err(|source| attach_error(function, target, source))?;
+    Ok(())
+}
+
+fn attach_error(function: AllocFn, target: &Target, source: aya::programs::ProgramError) -> AttachError {
+    AttachError::Attach {
+        symbol: function.symbol(),
+        path: target.allocator.path.clone(),
+        pid: target.pid,
+        source,
+    }
+}
+
+/// The eBPF program probing `function`'s entry.
+pub fn program_name(function: AllocFn) -> &'static str {
+    match function {
+        AllocFn::Malloc => "malloc_enter",
+        AllocFn::Calloc => "calloc_enter",
+        AllocFn::Realloc => "realloc_enter",
+        AllocFn::PosixMemalign => "posix_memalign_enter",
+        AllocFn::AlignedAlloc => "aligned_alloc_enter",
+        AllocFn::Memalign => "memalign_enter",
+        AllocFn::Valloc => "valloc_enter",
+        AllocFn::Pvalloc => "pvalloc_enter",
+    }
+}

@@ -1,0 +1,87 @@
+//! `/proc/PID/maps`: the parser is pure (tested on text), the reader is a thin wrapper.
+
+use std::{io, path::PathBuf};
+
+/// One mapping of a process's address space.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Vma {
+    /// First address.
+    pub start: u64,
+    /// One past the last address.
+    pub end: u64,
+    /// File offset that `start` maps.
+    pub offset: u64,
+    /// Whether the mapping is executable.
+    pub executable: bool,
+    /// Backing file path, if the mapping has one (not `[heap]`, `[vdso]`, anonymous).
+    pub path: Option<PathBuf>,
+}
+
+impl Vma {
+    /// File offset of `address` in this mapping, if it falls inside.
+    pub fn file_offset(&self, address: u64) -> Option<u64> {
+        (self.start..self.end)
+            .contains(&address)
+            .then(|| address - self.start + self.offset)
+    }
+}
+
+/// Parses the text of a maps file. Malformed lines are skipped, not fatal: the kernel's
+/// format is stable, and a partial map is more useful than none.
+pub fn parse(text: &str) -> Vec<Vma> {
+    text.lines().filter_map(parse_line).collect()
+}
+
+fn parse_line(line: &str) -> Option<Vma> {
+    // start-end perms offset dev inode [path]
+    let mut fields = line.splitn(6, ' ');
+    let (start, end) = fields.next()?.split_once('-')?;
+    let perms = fields.next()?;
+    let offset = fields.next()?;
+    let _dev = fields.next()?;
+    let inode = fields.next()?;
+    let path = fields.next().map(str::trim_start).unwrap_or("");
+    let path = (inode != "0" && path.starts_with('/'))
+        .then(|| PathBuf::from(path.trim_end_matches(" (deleted)")));
+    Some(Vma {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        executable: perms.as_bytes().get(2) == Some(&b'x'),
+        path,
+    })
+}
+
+/// Reads and parses `/proc/PID/maps`.
+pub fn read(pid: u32) -> io::Result<Vec<Vma>> {
+    Ok(parse(&std::fs::read_to_string(format!("/proc/{pid}/maps"))?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "\
+5581f0a00000-5581f0a01000 r--p 00000000 fe:01 1234 /usr/bin/demo
+5581f0a01000-5581f0a02000 r-xp 00001000 fe:01 1234 /usr/bin/demo
+5581f1000000-5581f1021000 rw-p 00000000 00:00 0 [heap]
+7f1c2a600000-7f1c2a626000 r--p 00000000 fe:01 42 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f1c2a626000-7f1c2a77b000 r-xp 00026000 fe:01 42 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f1c2a800000-7f1c2a801000 r-xp 00000000 fe:01 77 /tmp/a b (deleted)
+7ffd5b3f1000-7ffd5b3f3000 r-xp 00000000 00:00 0 [vdso]
+garbage line
+";
+
+    #[test]
+    fn parses_file_backed_and_anonymous_mappings() {
+        let vmas = parse(SAMPLE);
+        assert_eq!(vmas.len(), 7);
+        assert_eq!(vmas[1].path.as_deref(), Some("/usr/bin/demo".as_ref()));
+        assert!(vmas[1].executable && !vmas[0].executable);
+        assert_eq!(vmas[2].path, None);
+        assert_eq!(vmas[5].path.as_deref(), Some("/tmp/a b".as_ref()));
+        assert_eq!(vmas[6].path, None);
+        assert_eq!(vmas[4].file_offset(0x7f1c2a626010), Some(0x26010));
+        assert_eq!(vmas[4].file_offset(0x7f1c2a77b000), None);
+    }
+}

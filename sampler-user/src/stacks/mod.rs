@@ -1,0 +1,251 @@
+//! ③ Stacks: normalize early, intern early, symbolize late.
+//!
+//! A sample's raw addresses mean something only in the address space of a process that may
+//! exit a millisecond later, so each address is normalized on arrival to (module, file
+//! offset) with a cached copy of the process's maps (re-read on a miss while the process
+//! lives). Normalized stacks are interned into [`StackId`]s; names are resolved once per
+//! distinct frame, at the end, by [`symbolize`] from the files on disk — which still works
+//! after the process has gone.
+
+pub mod symbolize;
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
+
+use crate::probe::maps::{self, Vma};
+
+/// Index of an interned stack.
+pub type StackId = u32;
+
+/// Index of an interned module (mapped file).
+pub type ModuleId = u32;
+
+/// One frame, normalized: a file offset in a module, or a raw address nothing maps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Frame {
+    /// A return address inside a mapped file.
+    File {
+        /// Module.
+        module: ModuleId,
+        /// File offset of the return address.
+        offset: u64,
+    },
+    /// An address in no file-backed executable mapping (JIT code, or the process is gone).
+    Unknown {
+        /// The raw address.
+        address: u64,
+    },
+}
+
+/// Builds the caller-first list of return addresses, leaf first and without the allocator's
+/// own frame, from what the kernel sent: `raw[0]` is the probed instruction (the allocator),
+/// `raw[1..]` the frame-pointer walk, which from an entry probe misses the direct caller
+/// unless the kernel recovered it; `return_address` is that caller, read from `[rsp]`.
+pub fn caller_chain(return_address: u64, raw: &[u64]) -> Vec<u64> {
+    let walked = raw.get(1..).unwrap_or_default();
+    let mut chain = Vec::with_capacity(walked.len() + 1);
+    if return_address != 0 && walked.first() != Some(&return_address) {
+        chain.push(return_address);
+    }
+    chain.extend(walked.iter().copied().filter(|&address| address != 0));
+    chain
+}
+
+/// Interned module paths.
+#[derive(Debug, Default)]
+pub struct ModuleTable {
+    paths: Vec<PathBuf>,
+    index: HashMap<PathBuf, ModuleId>,
+}
+
+impl ModuleTable {
+    /// The id of `path`, interning it.
+    pub fn intern(&mut self, path: &Path) -> ModuleId {
+        if let Some(&id) = self.index.get(path) {
+            return id;
+        }
+        let id = self.paths.len() as ModuleId;
+        self.paths.push(path.to_owned());
+        self.index.insert(path.to_owned(), id);
+        id
+    }
+
+    /// The path of module `id`.
+    pub fn path(&self, id: ModuleId) -> &Path {
+        &self.paths[id as usize]
+    }
+}
+
+/// Cached executable mappings of one process, refreshed when an address misses.
+#[derive(Debug, Default)]
+struct ProcessMaps {
+    vmas: Vec<Vma>,
+    gone: bool,
+}
+
+/// Normalizes and interns stacks for all target processes.
+#[derive(Debug, Default)]
+pub struct StackTable {
+    modules: ModuleTable,
+    maps: HashMap<u32, ProcessMaps>,
+    stacks: Vec<(u32, Vec<Frame>)>,
+    index: HashMap<(u32, Vec<Frame>), StackId>,
+}
+
+impl StackTable {
+    /// Records `pid`'s current maps (call at attach, while it surely lives).
+    pub fn snapshot(&mut self, pid: u32) {
+        self.refresh(pid);
+    }
+
+    fn refresh(&mut self, pid: u32) {
+        let entry = self.maps.entry(pid).or_default();
+        if entry.gone {
+            return;
+        }
+        match maps::read(pid) {
+            Ok(vmas) => {
+                entry.vmas = vmas
+                    .into_iter()
+                    .filter(|vma| vma.executable && vma.path.is_some())
+                    .collect()
+            }
+            // Keep the last snapshot: it is what the process had when it died.
+            Err(_) => entry.gone = true,
+        }
+    }
+
+    /// Re-reads the maps of every process still alive.
+    pub fn refresh_live(&mut self) {
+        let live: Vec<u32> = self.maps.iter().filter(|(_, m)| !m.gone).map(|(&pid, _)| pid).collect();
+        for pid in live {
+            self.refresh(pid);
+        }
+    }
+
+    /// Marks `pid` as exited: its last snapshot stays, nothing is re-read.
+    pub fn mark_gone(&mut self, pid: u32) {
+        self.maps.entry(pid).or_default().gone = true;
+    }
+
+    fn lookup(&self, pid: u32, address: u64) -> Option<(&Path, u64)> {
+        let vmas = &self.maps.get(&pid)?.vmas;
+        vmas.iter().find_map(|vma| {
+            let offset = vma.file_offset(address)?;
+            Some((vma.path.as_deref()?, offset))
+        })
+    }
+
+    fn normalize(&mut self, pid: u32, address: u64) -> Frame {
+        if self.lookup(pid, address).is_none() {
+            // A library loaded after the last snapshot, most likely.
+            self.refresh(pid);
+        }
+        match self.lookup(pid, address) {
+            Some((path, offset)) => {
+                let path = path.to_owned();
+                Frame::File {
+                    module: self.modules.intern(&path),
+                    offset,
+                }
+            }
+            None => Frame::Unknown { address },
+        }
+    }
+
+    /// Normalizes `addresses` (leaf first) of process `pid` and returns the stack's id.
+    pub fn intern(&mut self, pid: u32, addresses: &[u64]) -> StackId {
+        let frames: Vec<Frame> = addresses
+            .iter()
+            .map(|&address| self.normalize(pid, address))
+            .collect();
+        let key = (pid, frames);
+        if let Some(&id) = self.index.get(&key) {
+            return id;
+        }
+        let id = self.stacks.len() as StackId;
+        self.stacks.push(key.clone());
+        self.index.insert(key, id);
+        id
+    }
+
+    /// The pid and frames of stack `id`.
+    pub fn stack(&self, id: StackId) -> (u32, &[Frame]) {
+        let (pid, frames) = &self.stacks[id as usize];
+        (*pid, frames)
+    }
+
+    /// The module table.
+    pub fn modules(&self) -> &ModuleTable {
+        &self.modules
+    }
+
+    /// Number of interned stacks.
+    pub fn len(&self) -> usize {
+        self.stacks.len()
+    }
+
+    /// Whether no stack was interned.
+    pub fn is_empty(&self) -> bool {
+        self.stacks.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caller_chain_inserts_the_missed_direct_caller() {
+        // Frame-pointer walk missed the caller (glibc malloc starts with push %r12).
+        assert_eq!(caller_chain(0x10, &[0xa110c, 0x20, 0x30]), vec![0x10, 0x20, 0x30]);
+        // The kernel recovered it (entry starts with push %rbp): not twice.
+        assert_eq!(caller_chain(0x10, &[0xa110c, 0x10, 0x20]), vec![0x10, 0x20]);
+        // Nothing walked.
+        assert_eq!(caller_chain(0x10, &[]), vec![0x10]);
+        assert_eq!(caller_chain(0, &[0xa110c]), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn identical_stacks_intern_once_per_process() {
+        let mut table = StackTable::default();
+        // No maps for these pids: frames stay raw addresses, which still intern.
+        table.maps.insert(1, ProcessMaps { vmas: vec![], gone: true });
+        table.maps.insert(2, ProcessMaps { vmas: vec![], gone: true });
+        let a = table.intern(1, &[1, 2, 3]);
+        let b = table.intern(1, &[1, 2, 3]);
+        let c = table.intern(2, &[1, 2, 3]);
+        let d = table.intern(1, &[1, 2]);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_ne!(a, d);
+        assert_eq!(table.len(), 3);
+        assert_eq!(table.stack(c).0, 2);
+    }
+
+    #[test]
+    fn addresses_normalize_to_file_offsets() {
+        let mut table = StackTable::default();
+        let vma = Vma {
+            start: 0x1000,
+            end: 0x2000,
+            offset: 0x400,
+            executable: true,
+            path: Some("/bin/x".into()),
+        };
+        table.maps.insert(7, ProcessMaps { vmas: vec![vma], gone: true });
+        let id = table.intern(7, &[0x1010, 0x5000]);
+        let (_, frames) = table.stack(id);
+        let module = table.modules().intern_lookup("/bin/x");
+        assert_eq!(frames[0], Frame::File { module, offset: 0x410 });
+        assert_eq!(frames[1], Frame::Unknown { address: 0x5000 });
+    }
+
+    impl ModuleTable {
+        fn intern_lookup(&self, path: &str) -> ModuleId {
+            self.index[Path::new(path)]
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! Quantiles of the negative binomial distribution of failed trials.
+//!
+//! `X ~ NegBin(s, p)` counts the failures before the `s`-th success of Bernoulli(p) trials;
+//! its CDF is the regularized incomplete beta function, `P(X ≤ k) = I_p(s, k + 1)`
+//! (computed by statrs). A quantile is the smallest `k` with `P(X ≤ k) ≥ α`, found by
+//! bisection between bounds from the normal approximation, widened until they bracket it.
+
+use statrs::function::beta::checked_beta_reg;
+
+/// `P(X ≤ k)` for `X ~ NegBin(successes, p)`; `successes ≥ 1`, `0 < p ≤ 1`.
+pub fn cdf(successes: u64, p: f64, k: f64) -> f64 {
+    if p >= 1.0 {
+        return 1.0;
+    }
+    checked_beta_reg(successes as f64, k + 1.0, p).unwrap_or(f64::NAN)
+}
+
+/// Smallest `k` (whole failures) with `P(X ≤ k) ≥ alpha`. `successes ≥ 1`, `0 < p ≤ 1`,
+/// `0 < alpha < 1`; returns 0 for degenerate input rather than NaN.
+pub fn quantile(successes: u64, p: f64, alpha: f64) -> f64 {
+    if successes == 0 || !(p > 0.0 && p < 1.0) || !(alpha > 0.0 && alpha < 1.0) {
+        return 0.0;
+    }
+    let s = successes as f64;
+    let mean = s * (1.0 - p) / p;
+    let sd = (s * (1.0 - p)).sqrt() / p;
+    // Bracket: lo has CDF < alpha (or is 0), hi has CDF ≥ alpha.
+    let mut lo = 0.0f64;
+    let mut hi = (mean + 10.0 * sd).max(1.0);
+    while cdf(successes, p, hi) < alpha {
+        lo = hi;
+        hi *= 2.0;
+        if !hi.is_finite() {
+            return f64::MAX;
+        }
+    }
+    let guess = (mean - 10.0 * sd).floor();
+    if guess > lo && cdf(successes, p, guess) < alpha {
+        lo = guess;
+    }
+    if cdf(successes, p, lo) >= alpha {
+        return lo;
+    }
+    // Invariant: CDF(lo) < alpha ≤ CDF(hi).
+    while hi - lo > 1.0 {
+        let mid = ((lo + hi) / 2.0).floor();
+        if cdf(successes, p, mid) < alpha {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    hi
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The .NET note's table: successes, CDF⁻¹(0.025), CDF⁻¹(0.975) at p = 1/102400.
+    const DOTNET_TABLE: [(u64, f64, f64); 25] = [
+        (1, 2591.0, 377738.0),
+        (2, 24800.0, 570531.0),
+        (3, 63349.0, 739802.0),
+        (4, 111599.0, 897761.0),
+        (5, 166241.0, 1048730.0),
+        (6, 225469.0, 1194827.0),
+        (7, 288185.0, 1337279.0),
+        (8, 353666.0, 1476870.0),
+        (9, 421407.0, 1614137.0),
+        (10, 491039.0, 1749469.0),
+        (20, 1250954.0, 3038270.0),
+        (30, 2072639.0, 4264804.0),
+        (40, 2926207.0, 5459335.0),
+        (50, 3800118.0, 6633475.0),
+        (100, 8331581.0, 12342053.0),
+        (200, 17739679.0, 23413825.0),
+        (300, 27341465.0, 34291862.0),
+        (400, 37043463.0, 45069676.0),
+        (500, 46809487.0, 55783459.0),
+        (1000, 96149867.0, 108842093.0),
+        (2000, 195919830.0, 213870137.0),
+        (3000, 296301551.0, 318286418.0),
+        (4000, 396999923.0, 422386047.0),
+        (5000, 497900649.0, 526283322.0),
+        (10000, 1004017229.0, 1044156743.0),
+    ];
+
+    #[test]
+    fn reproduces_the_dotnet_quantile_table_within_0_1_percent() {
+        let p = 1.0 / 102400.0;
+        for (s, low, high) in DOTNET_TABLE {
+            let got_low = quantile(s, p, 0.025);
+            let got_high = quantile(s, p, 0.975);
+            assert!((got_low - low).abs() <= 0.001 * low, "s={s}: {got_low} vs {low}");
+            assert!((got_high - high).abs() <= 0.001 * high, "s={s}: {got_high} vs {high}");
+        }
+    }
+
+    #[test]
+    fn reproduces_the_dotnet_worked_example() {
+        let p = 1.0 / 102400.0;
+        assert!((cdf(8, p, 353666.0) - 0.025).abs() < 1e-4);
+        assert!((cdf(8, p, 1476870.0) - 0.975).abs() < 1e-4);
+    }
+
+    #[test]
+    fn degenerate_inputs_give_finite_answers() {
+        assert_eq!(quantile(0, 0.5, 0.5), 0.0);
+        assert_eq!(quantile(3, 1.0, 0.5), 0.0);
+        assert_eq!(quantile(3, 0.0, 0.5), 0.0);
+        assert_eq!(quantile(3, 0.5, 1.0), 0.0);
+        // Interval of 1 GiB, one sample: large but finite.
+        let q = quantile(1, 1.0 / (1u64 << 30) as f64, 0.975);
+        assert!(q.is_finite() && q > 1e9);
+    }
+}

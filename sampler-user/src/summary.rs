@@ -1,0 +1,109 @@
+//! The short human summary `record` prints on stderr.
+
+use std::fmt::Write as _;
+
+use crate::{export::folded::frame_name, profile::Profile, stats::Estimate};
+
+/// Formats a byte count with a binary unit (`1.5 MiB`).
+pub fn bytes(value: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = value.max(0.0);
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{value:.0} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// A confidence level as a percentage without trailing zeros (`95%`, `99.99%`).
+pub fn percent(level: f64) -> String {
+    let text = format!("{:.4}", level * 100.0);
+    format!("{}%", text.trim_end_matches('0').trim_end_matches('.'))
+}
+
+/// `12.3 MiB [11.0 MiB, 13.5 MiB]`, or `< 370.0 KiB` when there are no samples.
+pub fn estimate_bytes(estimate: &Estimate) -> String {
+    if estimate.samples == 0 {
+        format!("< {} (no samples)", bytes(estimate.upper))
+    } else {
+        format!(
+            "{} [{}, {}]",
+            bytes(estimate.estimate),
+            bytes(estimate.lower),
+            bytes(estimate.upper)
+        )
+    }
+}
+
+/// Renders the summary: totals per process, losses, and the top `top` stacks.
+pub fn render(profile: &Profile, top: usize) -> String {
+    let mut out = String::new();
+    let confidence = percent(profile.sampling.confidence);
+    let _ = writeln!(
+        out,
+        "allocscope: {:.1} s recorded, mean sampling interval {}, bounds at {confidence}",
+        profile.duration_seconds,
+        bytes(profile.sampling.mean_interval_bytes as f64),
+    );
+    for process in &profile.processes {
+        let _ = writeln!(
+            out,
+            "  pid {} ({}): {} samples; estimated {} allocated; exact {} in {} calls",
+            process.pid,
+            process.command,
+            process.samples,
+            estimate_bytes(&process.alloc_bytes),
+            bytes(process.exact.bytes as f64),
+            process.exact.calls,
+        );
+    }
+    let losses = profile.losses;
+    if losses.total() == 0 {
+        let _ = writeln!(out, "  lost events: none");
+    } else {
+        let _ = writeln!(
+            out,
+            "  lost events: {} samples (ring buffer full), {} stacks missing, {} counter \
+             entries, {} calls (thread map full)",
+            losses.ringbuf_full, losses.stack_missing, losses.counters_full, losses.thread_state_full
+        );
+    }
+    if profile.stacks.is_empty() {
+        let _ = writeln!(out, "  no samples: too little was allocated for this interval");
+        return out;
+    }
+    let _ = writeln!(out, "top stacks by estimated allocated bytes:");
+    for stack in profile.stacks.iter().take(top) {
+        let chain: Vec<String> = stack.frames.iter().take(4).map(frame_name).collect();
+        let _ = writeln!(
+            out,
+            "  {:>38}  {:>6} samples  pid {}  {}",
+            estimate_bytes(&stack.alloc_bytes),
+            stack.samples,
+            stack.pid,
+            chain.join(" ← "),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_units() {
+        assert_eq!(bytes(0.0), "0 B");
+        assert_eq!(bytes(1023.0), "1023 B");
+        assert_eq!(bytes(1536.0), "1.5 KiB");
+        assert_eq!(bytes(3.0 * 1024.0 * 1024.0 * 1024.0), "3.0 GiB");
+        assert_eq!(bytes(f64::NAN), "0 B");
+        assert_eq!(percent(0.95), "95%");
+        assert_eq!(percent(0.9999), "99.99%");
+    }
+}

@@ -1,0 +1,320 @@
+//! Shared helpers of allocscope's integration tests.
+//!
+//! The tests run the real `allocscope` binary (built by `cargo xtask test` before the tests,
+//! or named by `ALLOCSCOPE_BIN`) against fixture programs compiled from C sources in
+//! `tests/fixtures/` with the system's gcc. They need root and a kernel with BPF and
+//! uprobes; without them they print why and skip, except under `CI=true`, where a skip is a
+//! failure.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// Workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+}
+
+/// Path of the allocscope binary under test.
+pub fn allocscope() -> PathBuf {
+    let path = std::env::var_os("ALLOCSCOPE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target/release/allocscope"));
+    assert!(
+        path.exists(),
+        "{} does not exist: run `cargo xtask test` (it builds the binary first) or set ALLOCSCOPE_BIN",
+        path.display()
+    );
+    path
+}
+
+/// Returns false (after saying why, loudly) when this machine cannot run BPF tests; under
+/// `CI=true` panics instead, so a CI run never passes by skipping.
+pub fn bpf_available(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let why = if unsafe { libc::geteuid() } != 0 {
+        Some("not running as root")
+    } else if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        Some("kernel without BTF (/sys/kernel/btf/vmlinux missing)")
+    } else if !Path::new("/sys/bus/event_source/devices/uprobe").exists() {
+        Some("kernel without the uprobe PMU")
+    } else {
+        None
+    };
+    match why {
+        None => true,
+        Some(why) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("{test}: cannot run BPF integration test under CI: {why}");
+            }
+            eprintln!("\n*** SKIPPING {test}: {why} (run as root on a BPF-capable kernel) ***\n");
+            false
+        }
+    }
+}
+
+static BUILD_LOCK: Mutex<()> = Mutex::new(());
+
+/// Compiles `tests/fixtures/NAME.c` with gcc (once per source change) and returns the binary.
+pub fn fixture(name: &str, extra_flags: &[&str]) -> PathBuf {
+    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let source = workspace().join("tests/fixtures").join(format!("{name}.c"));
+    let out_dir = workspace().join("target/fixtures");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let binary = out_dir.join(name);
+    let fresh = match (binary.metadata(), source.metadata()) {
+        (Ok(b), Ok(s)) => b.modified().unwrap() >= s.modified().unwrap(),
+        _ => false,
+    };
+    if !fresh {
+        let status = Command::new("gcc")
+            .args(["-O2", "-g", "-fno-omit-frame-pointer", "-Wall", "-o"])
+            .arg(&binary)
+            .arg(&source)
+            .args(extra_flags)
+            .status()
+            .expect("running gcc (apt-get install gcc)");
+        assert!(status.success(), "gcc failed on {}", source.display());
+    }
+    binary
+}
+
+/// A fixture process whose stdout is read line by line.
+pub struct Workload {
+    /// The process.
+    pub child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    /// Address of libc's malloc in it (printed by the workload).
+    pub malloc: u64,
+}
+
+impl Workload {
+    /// Starts `workload ROUNDS --wait [extra]` and waits for it to be ready.
+    pub fn start(rounds: u64, extra: &[&str]) -> Workload {
+        let mut child = Command::new(fixture("workload", &[]))
+            .arg(rounds.to_string())
+            .arg("--wait")
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting the workload");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut workload = Workload { child, stdin, stdout, malloc: 0 };
+        let line = workload.line();
+        let address = line.strip_prefix("malloc 0x").expect("malloc address line");
+        workload.malloc = u64::from_str_radix(address.trim(), 16).unwrap();
+        assert!(workload.line().starts_with("ready"));
+        workload
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Lets the workload start allocating.
+    pub fn go(&mut self) {
+        let mut stdin = self.stdin.take().expect("go() called once");
+        stdin.write_all(b"go\n").unwrap();
+    }
+
+    /// Next line of its stdout (panics at EOF).
+    pub fn line(&mut self) -> String {
+        let mut line = String::new();
+        let n = self.stdout.read_line(&mut line).unwrap();
+        assert!(n > 0, "workload closed its stdout");
+        line.trim_end().to_owned()
+    }
+
+    /// The first byte of malloc as the process sees it: 0xCC while a uprobe is installed.
+    pub fn malloc_first_byte(&self) -> u8 {
+        first_byte(self.pid(), self.malloc)
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The byte at `address` in process `pid` (via /proc/PID/mem).
+pub fn first_byte(pid: u32, address: u64) -> u8 {
+    use std::os::unix::fs::FileExt as _;
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut byte = [0u8];
+    mem.read_exact_at(&mut byte, address).unwrap();
+    byte[0]
+}
+
+/// The x86 breakpoint instruction uprobes install.
+pub const INT3: u8 = 0xcc;
+
+/// Waits until `predicate` holds, polling, for at most `timeout`.
+pub fn wait_until(timeout: Duration, mut predicate: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if predicate() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    predicate()
+}
+
+/// Starts `allocscope ARGS` with stderr piped and returns once it printed "recording".
+pub fn start_recording(args: &[&str]) -> (Child, BufReader<std::process::ChildStderr>) {
+    let mut child = Command::new(allocscope())
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            let status = child.wait().unwrap();
+            panic!("allocscope exited ({status}) before recording:\n{seen}");
+        }
+        seen.push_str(&line);
+        if line.contains("recording pid") {
+            return (child, stderr);
+        }
+    }
+}
+
+/// Runs `allocscope ARGS` to completion.
+pub fn run(args: &[&str]) -> Output {
+    Command::new(allocscope()).args(args).output().unwrap()
+}
+
+/// A temporary directory under target/, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// Creates `target/test-tmp/NAME-PID`.
+    pub fn new(name: &str) -> TempDir {
+        let dir = workspace()
+            .join("target/test-tmp")
+            .join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    /// A path inside.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Reads a JSON profile.
+pub fn read_profile(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The stacks of `pid` whose leaf frame (the allocator's direct caller) is `function`.
+pub fn site(profile: &Value, pid: u32, function: &str) -> Vec<Value> {
+    profile["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["pid"] == pid && s["frames"][0]["function"] == function)
+        .cloned()
+        .collect()
+}
+
+/// Known per-round allocations of the workload fixture: (site, calls, bytes per call).
+pub const WORKLOAD_SITES: [(&str, u64, u64); 7] = [
+    ("site_small", 200, 48),
+    ("site_calloc", 50, 1024),
+    ("site_realloc_null", 20, 4096),
+    ("site_posix_memalign", 20, 2048),
+    ("site_aligned_alloc", 20, 512),
+    ("site_periodic_big", 1, 61440),
+    ("site_periodic_tiny", 64, 64),
+];
+
+/// Calls and bytes of one workload round.
+pub fn workload_round() -> (u64, u64) {
+    WORKLOAD_SITES
+        .iter()
+        .fold((0, 0), |(c, b), (_, calls, size)| (c + calls, b + calls * size))
+}
+
+/// Checks a recording of `rounds` workload rounds of process `pid`: every site found with
+/// the allocator's direct caller as leaf, its true bytes and objects within the reported
+/// bounds, exact counters equal to the known calls (nested mallocs counted once), and the
+/// process total estimate bounding the exact bytes.
+pub fn check_workload_profile(profile: &Value, pid: u32, rounds: u64) {
+    assert_eq!(profile["schema"], "allocscope/v1");
+    for (function, calls, size) in WORKLOAD_SITES {
+        let stacks = site(profile, pid, function);
+        assert_eq!(stacks.len(), 1, "{function}: expected one stack, got {stacks:#?}");
+        let stack = &stacks[0];
+        assert_eq!(stack["frames"][1]["function"], "one_round", "{function}: {stack:#}");
+        let truth = (rounds * calls * size) as f64;
+        let bytes = &stack["alloc_bytes"];
+        let (lower, upper) = (bytes["lower"].as_f64().unwrap(), bytes["upper"].as_f64().unwrap());
+        assert!(
+            lower <= truth && truth <= upper,
+            "{function}: true {truth} bytes outside [{lower}, {upper}] (estimate {})",
+            bytes["estimate"]
+        );
+        let objects = &stack["alloc_objects"];
+        let true_objects = (rounds * calls) as f64;
+        assert!(
+            objects["lower"].as_f64().unwrap() <= true_objects
+                && true_objects <= objects["upper"].as_f64().unwrap(),
+            "{function}: true {true_objects} objects outside {objects}"
+        );
+    }
+    let process = profile["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .expect("target process in the profile");
+    let (calls, bytes) = workload_round();
+    let exact_calls = process["exact"]["calls"].as_u64().unwrap();
+    let exact_bytes = process["exact"]["bytes"].as_u64().unwrap();
+    // Besides the rounds, the workload allocates only its stdio buffers (a handful of calls).
+    assert!(
+        (rounds * calls..rounds * calls + 10).contains(&exact_calls),
+        "exact calls {exact_calls}, expected {} (+ stdio): nested mallocs counted twice?",
+        rounds * calls
+    );
+    assert!(
+        (rounds * bytes..rounds * bytes + 65536).contains(&exact_bytes),
+        "exact bytes {exact_bytes}, expected {}",
+        rounds * bytes
+    );
+    let total = &process["alloc_bytes"];
+    assert!(
+        total["lower"].as_f64().unwrap() <= exact_bytes as f64
+            && exact_bytes as f64 <= total["upper"].as_f64().unwrap(),
+        "sum of estimates {total} does not bound the exact {exact_bytes} bytes"
+    );
+    assert_eq!(profile["losses"]["ringbuf_full"], 0);
+    assert_eq!(profile["losses"]["stack_missing"], 0);
+}

@@ -1,0 +1,89 @@
+//! Bad input fails with a clear message and exit code 2 before anything is attached.
+
+use std::process::{Command, Output};
+
+use tests::{allocscope, bpf_available, fixture, run, TempDir};
+
+fn assert_bad_input(output: &Output, message: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "exit code; stderr:\n{stderr}");
+    assert!(stderr.contains(message), "expected {message:?} in:\n{stderr}");
+    assert!(!stderr.contains("recording pid"), "something was attached:\n{stderr}");
+}
+
+#[test]
+fn invalid_arguments_exit_2() {
+    let me = std::process::id().to_string();
+    assert_bad_input(&run(&["record", "-p", &me, "-i", "0", "-o", "/tmp/x"]), "between 1 byte and 4GiB");
+    assert_bad_input(&run(&["record", "-p", &me, "-i", "many", "-o", "/tmp/x"]), "invalid --interval");
+    assert_bad_input(&run(&["record", "-p", &me, "-d", "soon", "-o", "/tmp/x"]), "invalid --duration");
+    assert_bad_input(&run(&["record", "-o", "/tmp/x"]), "nothing to profile");
+    assert_bad_input(&run(&["record", "-p", "abc", "-o", "/tmp/x"]), "invalid pid");
+    // clap's own usage errors also exit 2.
+    assert_bad_input(&run(&["record", "-p", &me]), "--output");
+}
+
+#[test]
+fn missing_pid_exits_2() {
+    if !bpf_available("missing_pid_exits_2") {
+        return;
+    }
+    // pid_max is at most 2^22: this pid cannot exist.
+    assert_bad_input(&run(&["record", "-p", "4194304", "-o", "/tmp/x.json"]), "no such process: pid 4194304");
+}
+
+#[test]
+fn unwritable_output_exits_2() {
+    if !bpf_available("unwritable_output_exits_2") {
+        return;
+    }
+    let me = std::process::id().to_string();
+    assert_bad_input(
+        &run(&["record", "-p", &me, "-o", "/nonexistent-dir/heap.json"]),
+        "cannot write output /nonexistent-dir/heap.json",
+    );
+}
+
+#[test]
+fn target_without_allocator_exits_2() {
+    if !bpf_available("target_without_allocator_exits_2") {
+        return;
+    }
+    let no_libc = fixture("no_libc", &["-static", "-nostdlib"]);
+    assert_bad_input(
+        &Command::new(allocscope()).args(["record", "-o", "/tmp/x.json", "--"]).arg(&no_libc).output().unwrap(),
+        "no allocator found",
+    );
+    let mut child = Command::new(&no_libc).spawn().unwrap();
+    let pid = child.id().to_string();
+    let output = run(&["record", "-p", &pid, "-o", "/tmp/x.json"]);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_bad_input(&output, "no allocator found");
+    assert_bad_input(
+        &run(&["record", "-o", "/tmp/x.json", "--", "no-such-command-allocscope"]),
+        "command not found",
+    );
+}
+
+#[test]
+fn unprivileged_user_exits_2() {
+    if !bpf_available("unprivileged_user_exits_2") {
+        return;
+    }
+    // Run as nobody with no capabilities, on a copy of the binary nobody can execute.
+    let dir = TempDir::new("unprivileged");
+    let binary = dir.path("allocscope");
+    std::fs::copy(allocscope(), &binary).unwrap();
+    let mut perms = std::fs::metadata(&dir.0).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&dir.0, perms).unwrap();
+    let me = std::process::id().to_string();
+    let output = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .arg(&binary)
+        .args(["record", "-p", &me, "-o", "/tmp/allocscope-nobody.json"])
+        .output()
+        .expect("setpriv (util-linux)");
+    assert_bad_input(&output, "needs root (or CAP_BPF and CAP_PERFMON)");
+}

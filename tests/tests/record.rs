@@ -1,0 +1,172 @@
+//! `allocscope record` on the workload fixture, by spawning and by attaching to a pid:
+//! per-site estimates bound the truth, stacks name the direct caller, nested allocator calls
+//! count once, the total agrees with the exact counters, and a bystander is never probed.
+
+use std::{process::Command, time::Duration};
+
+use tests::{
+    allocscope, bpf_available, check_workload_profile, fixture, read_profile, start_recording,
+    wait_until, TempDir, Workload, INT3,
+};
+
+/// 0.9999 keeps the chance that any of the 7 sites × 2 recordings misses by bad luck near
+/// 0.1%, so a failure means a bug, not noise.
+const CONFIDENCE: &str = "0.9999";
+const ROUNDS: u64 = 2000;
+
+#[test]
+fn spawned_command_is_profiled_from_its_first_allocation() {
+    if !bpf_available("spawned_command_is_profiled_from_its_first_allocation") {
+        return;
+    }
+    let dir = TempDir::new("spawn");
+    let out = dir.path("spawn.json");
+    let workload = fixture("workload", &[]);
+    let output = Command::new(allocscope())
+        .args(["record", "--interval", "64KiB", "--confidence", CONFIDENCE, "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(&workload)
+        .arg(ROUNDS.to_string())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "allocscope failed:\n{stderr}");
+    assert!(stderr.contains("top stacks by estimated allocated bytes"), "{stderr}");
+    assert!(stderr.contains("lost events: none"), "{stderr}");
+    let profile = read_profile(&out);
+    let pid = profile["processes"][0]["pid"].as_u64().unwrap() as u32;
+    assert_eq!(profile["processes"][0]["command"], "workload");
+    check_workload_profile(&profile, pid, ROUNDS);
+    // The leaf frame carries file and line from the fixture's debug info.
+    let stack = &tests::site(&profile, pid, "site_small")[0];
+    assert!(stack["frames"][0]["file"].as_str().unwrap().ends_with("workload.c"));
+    assert!(stack["frames"][0]["line"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn attached_pid_is_profiled_and_a_bystander_is_not_probed() {
+    if !bpf_available("attached_pid_is_profiled_and_a_bystander_is_not_probed") {
+        return;
+    }
+    let dir = TempDir::new("attach");
+    let out = dir.path("attach.json");
+    let mut target = Workload::start(ROUNDS, &[]);
+    let mut bystander = Workload::start(1_000_000_000, &[]);
+    let original = target.malloc_first_byte();
+    assert_ne!(original, INT3, "malloc already probed before attaching");
+    assert_eq!(bystander.malloc_first_byte(), original, "same libc, same first byte");
+    bystander.go();
+    let pid = target.pid().to_string();
+    let (mut recorder, _stderr) = start_recording(&[
+        "record", "-p", &pid, "--interval", "64KiB", "--confidence", CONFIDENCE,
+        "-o", out.to_str().unwrap(),
+    ]);
+    // The breakpoint is in the target's address space only: the kernel scopes the uprobe.
+    assert_eq!(target.malloc_first_byte(), INT3, "target's malloc not probed");
+    assert_eq!(bystander.malloc_first_byte(), original, "bystander's malloc was patched");
+    target.go();
+    assert_eq!(target.line(), "done");
+    // Recording ends by itself when the only target exits.
+    let status = recorder.wait().unwrap();
+    assert!(status.success(), "allocscope exited with {status}");
+    assert_eq!(bystander.malloc_first_byte(), original);
+    let profile = read_profile(&out);
+    check_workload_profile(&profile, target.pid(), ROUNDS);
+    let pids: Vec<u64> = profile["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(pids, vec![u64::from(target.pid())], "only the target appears");
+    assert!(profile["stacks"].as_array().unwrap().iter().all(|s| s["pid"] == target.pid()));
+}
+
+#[test]
+fn sigterm_and_sigint_still_write_the_complete_file() {
+    if !bpf_available("sigterm_and_sigint_still_write_the_complete_file") {
+        return;
+    }
+    let dir = TempDir::new("signals");
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        let out = dir.path(&format!("signal-{signal}.json"));
+        let mut target = Workload::start(50, &["--forever"]);
+        target.go();
+        let pid = target.pid().to_string();
+        let (mut recorder, _stderr) = start_recording(&[
+            "record", "-p", &pid, "--interval", "64KiB", "-o", out.to_str().unwrap(),
+        ]);
+        for _ in 0..3 {
+            assert!(target.line().starts_with("progress"));
+        }
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(recorder.id() as i32, signal) };
+        let status = recorder.wait().unwrap();
+        assert!(status.success(), "signal {signal}: allocscope exited with {status}");
+        let profile = read_profile(&out);
+        assert!(profile["processes"][0]["samples"].as_u64().unwrap() > 10, "{profile:#}");
+        assert!(!tests::site(&profile, target.pid(), "site_periodic_big").is_empty());
+        // The target was detached and keeps running.
+        assert_ne!(target.malloc_first_byte(), INT3);
+        assert!(target.line().starts_with("progress"));
+    }
+}
+
+#[test]
+fn kill_9_leaves_the_target_running_unprobed() {
+    if !bpf_available("kill_9_leaves_the_target_running_unprobed") {
+        return;
+    }
+    let dir = TempDir::new("kill9");
+    let out = dir.path("kill9.json");
+    let mut target = Workload::start(50, &["--forever"]);
+    let original = target.malloc_first_byte();
+    target.go();
+    let pid = target.pid().to_string();
+    let (mut recorder, _stderr) =
+        start_recording(&["record", "-p", &pid, "-o", out.to_str().unwrap()]);
+    assert_eq!(target.malloc_first_byte(), INT3);
+    recorder.kill().unwrap();
+    recorder.wait().unwrap();
+    // The kernel drops the probes with the file descriptors.
+    assert!(
+        wait_until(Duration::from_secs(5), || target.malloc_first_byte() == original),
+        "breakpoint still installed after allocscope was killed"
+    );
+    for _ in 0..3 {
+        assert!(target.line().starts_with("progress"));
+    }
+    assert!(target.child.try_wait().unwrap().is_none(), "target died");
+}
+
+#[test]
+fn duration_limits_the_recording() {
+    if !bpf_available("duration_limits_the_recording") {
+        return;
+    }
+    let dir = TempDir::new("duration");
+    let out = dir.path("d.folded");
+    let mut target = Workload::start(20, &["--forever"]);
+    target.go();
+    let pid = target.pid().to_string();
+    let started = std::time::Instant::now();
+    let output = Command::new(allocscope())
+        .args(["record", "-p", &pid, "--duration", "1s", "-i", "16KiB", "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(started.elapsed() < Duration::from_secs(20));
+    // Folded output: `command (pid);...;leaf bytes`, root first.
+    let folded = std::fs::read_to_string(&out).unwrap();
+    let line = folded
+        .lines()
+        .find(|l| l.contains(";site_periodic_big "))
+        .unwrap_or_else(|| panic!("no site_periodic_big line in\n{folded}"));
+    assert!(line.starts_with(&format!("workload ({pid});")), "{line}");
+    assert!(line.contains(";main;one_round;site_periodic_big "), "{line}");
+    let bytes: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(bytes > 0.0);
+    assert!(target.child.try_wait().unwrap().is_none(), "target died");
+}
