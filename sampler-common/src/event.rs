@@ -7,6 +7,9 @@
 /// near 1 KiB, so a 4 MiB ring buffer holds about 4000 samples in flight.
 pub const MAX_STACK_DEPTH: usize = 127;
 
+/// Capacity of the per-target exact counters: the most processes one session probes.
+pub const MAX_TARGETS: u32 = 1024;
+
 /// Allocator entry points probed. The discriminant is sent in [`AllocEvent::function`] and
 /// indexes per-function tables (e.g. the function sizes used for nesting detection).
 #[repr(u32)]
@@ -142,7 +145,7 @@ pub enum LossCounter {
     RingBufFull = 0,
     /// A sample was sent without a user stack (bpf_get_stack failed).
     StackMissing = 1,
-    /// The per-process counter map was full: exact counts for a process are incomplete.
+    /// A probe fired with a target slot outside the counter array: exact counts incomplete.
     CountersFull = 2,
     /// The thread-state map refused an entry: the call was neither counted nor sampled.
     ThreadStateFull = 3,

@@ -12,5 +12,5 @@ pub mod event;
 pub mod geometric;
 
 pub use event::{
-    AllocEvent, AllocFn, LossCounter, ProcessCounters, ThreadState, MAX_STACK_DEPTH,
+    AllocEvent, AllocFn, LossCounter, ProcessCounters, ThreadState, MAX_STACK_DEPTH, MAX_TARGETS,
 };

@@ -3,7 +3,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{LruHashMap, PerCpuArray, RingBuf},
 };
 use sampler_common::{LossCounter, ProcessCounters, ThreadState};
 
@@ -15,10 +15,12 @@ pub static SAMPLES: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
 #[map]
 pub static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(65536, 0);
 
-/// pid → exact calls and bytes, one copy per CPU so the hot path never contends.
+/// target slot (the uprobe's attach cookie) → exact calls and bytes, one copy per CPU so the
+/// hot path never contends. An array indexed by the cookie costs a bounds check, where a
+/// hash keyed by pid would cost a hash and a bucket walk on every call.
 #[map]
-pub static COUNTERS: PerCpuHashMap<u32, ProcessCounters> =
-    PerCpuHashMap::with_max_entries(4096, 0);
+pub static COUNTERS: PerCpuArray<ProcessCounters> =
+    PerCpuArray::with_max_entries(sampler_common::MAX_TARGETS, 0);
 
 /// [`LossCounter`] index → number of events or counts lost, per CPU.
 #[map]

@@ -1,20 +1,21 @@
 //! The sampling decision: count the call, advance the thread's countdown, emit on success.
 //!
 //! Per call (the hot path, every allocation of a probed process): one pid/tid read, one LRU
-//! lookup (thread state), one per-CPU hash lookup (exact counters) and a compare. Only a
+//! lookup (thread state), one per-CPU array slot (exact counters, indexed by the attach
+//! cookie) and a compare. Only a
 //! sampled call draws a new countdown, reads the caller's return address and the user stack,
 //! and writes to the ring buffer.
 
 use aya_ebpf::{
-    bindings::{pt_regs, BPF_F_USER_STACK, BPF_NOEXIST},
+    bindings::{pt_regs, BPF_F_USER_STACK},
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_stack, bpf_ktime_get_ns,
-        bpf_probe_read_user,
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_stack,
+        bpf_ktime_get_ns, bpf_probe_read_user,
     },
     programs::ProbeContext,
 };
 use aya_log_ebpf::debug;
-use sampler_common::{geometric, AllocEvent, AllocFn, LossCounter, ProcessCounters, ThreadState};
+use sampler_common::{geometric, AllocEvent, AllocFn, LossCounter, ThreadState};
 
 use crate::{
     config,
@@ -53,7 +54,7 @@ pub fn on_alloc(ctx: &ProbeContext, function: AllocFn, size: u64) {
         state.marker_ip = ip;
         state.marker_fn = function as u64;
     }
-    count_call(pid, size);
+    count_call(ctx, size);
     if state.countdown >= size {
         state.countdown -= size;
         return;
@@ -91,18 +92,19 @@ fn thread_state(tid: u32) -> Option<*mut ThreadState> {
     THREADS.get_ptr_mut(tid)
 }
 
+/// Adds the call to its target's exact counters. User space attaches each target's probes
+/// with that target's slot as the cookie.
 #[inline(always)]
-fn count_call(pid: u32, size: u64) {
-    if let Some(counters) = COUNTERS.get_ptr_mut(pid) {
+fn count_call(ctx: &ProbeContext, size: u64) {
+    // SAFETY: the helper only reads the cookie of the running program's attachment.
+    let slot = unsafe { bpf_get_attach_cookie(ctx.regs.cast()) } as u32;
+    if let Some(counters) = COUNTERS.get_ptr_mut(slot) {
         // SAFETY: per-CPU value of this CPU; nothing else writes it during this run.
         let counters = unsafe { &mut *counters };
         counters.calls += 1;
         counters.bytes += size;
     } else {
-        let first = ProcessCounters { calls: 1, bytes: size };
-        if COUNTERS.insert(pid, first, BPF_NOEXIST as u64).is_err() {
-            count_loss(LossCounter::CountersFull);
-        }
+        count_loss(LossCounter::CountersFull);
     }
 }
 
@@ -162,7 +164,10 @@ fn emit(
         }
     }
     if config::log_enabled() {
-        debug!(ctx, "sample pid {} tid {} size {} offset {}", pid, tid, size, offset);
+        debug!(
+            ctx,
+            "sample pid {} tid {} size {} offset {}", pid, tid, size, offset
+        );
     }
     entry.submit(0);
 }

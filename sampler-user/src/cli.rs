@@ -28,6 +28,13 @@ pub enum Command {
     /// Record allocations of processes and write a profile.
     #[command(after_help = EXAMPLES)]
     Record(RecordArgs),
+    /// Benchmark reference: a uprobe on malloc that only counts calls, until SIGINT/SIGTERM.
+    #[command(hide = true)]
+    ReferenceProbe {
+        /// Process to probe.
+        #[arg(short, long = "pid")]
+        pid: u32,
+    },
 }
 
 /// `allocscope record`.
@@ -48,7 +55,13 @@ pub struct RecordArgs {
 
     /// Mean sampling interval: on average one sample per this many allocated bytes
     /// (e.g. 512KiB, 64K, 4096).
-    #[arg(short, long, value_name = "BYTES", default_value = "512KiB", help_heading = "Recording")]
+    #[arg(
+        short,
+        long,
+        value_name = "BYTES",
+        default_value = "512KiB",
+        help_heading = "Recording"
+    )]
     pub interval: String,
 
     /// Count allocations only, without tracking frees (the only mode so far).
@@ -56,7 +69,12 @@ pub struct RecordArgs {
     pub alloc_only: bool,
 
     /// Confidence level of every lower/upper bound, in (0, 1).
-    #[arg(long, value_name = "LEVEL", default_value_t = 0.95, help_heading = "Output")]
+    #[arg(
+        long,
+        value_name = "LEVEL",
+        default_value_t = 0.95,
+        help_heading = "Output"
+    )]
     pub confidence: f64,
 
     /// Output file.

@@ -50,7 +50,10 @@ impl RecordArgs {
     pub fn into_config(self) -> Result<RecordConfig, BadInput> {
         let targets = match (self.pids.is_empty(), self.command.is_empty()) {
             (false, true) => Targets::Pids(
-                self.pids.iter().map(|p| parse_pid(p)).collect::<Result<_, _>>()?,
+                self.pids
+                    .iter()
+                    .map(|p| parse_pid(p))
+                    .collect::<Result<_, _>>()?,
             ),
             (true, false) => Targets::Command(self.command),
             (false, false) => {
@@ -73,7 +76,10 @@ impl RecordArgs {
         let duration = self
             .duration
             .as_deref()
-            .map(|d| parse_duration(d).map_err(|why| BadInput(format!("invalid --duration {d:?}: {why}"))))
+            .map(|d| {
+                parse_duration(d)
+                    .map_err(|why| BadInput(format!("invalid --duration {d:?}: {why}")))
+            })
             .transpose()?;
         if !(self.confidence > 0.0 && self.confidence < 1.0) {
             return Err(BadInput(format!(
@@ -98,7 +104,9 @@ impl RecordArgs {
 fn parse_pid(text: &str) -> Result<u32, BadInput> {
     match text.parse::<u32>() {
         Ok(pid) if pid > 0 => Ok(pid),
-        _ => Err(BadInput(format!("invalid pid {text:?}: expected a positive number"))),
+        _ => Err(BadInput(format!(
+            "invalid pid {text:?}: expected a positive number"
+        ))),
     }
 }
 
@@ -114,7 +122,9 @@ pub fn format_for(path: &Path) -> Format {
 /// `MiB`, `G`, `GiB`; case-insensitive, all powers of 1024).
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (number, unit) = text.split_at(digits);
     let number: u64 = number
         .parse()
@@ -148,7 +158,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "h" => number * 3600.0,
         other => return Err(format!("unknown unit {other:?} (use ms, s, m or h)")),
     };
-    if !(seconds > 0.0) || !seconds.is_finite() {
+    if seconds.is_nan() || seconds <= 0.0 || seconds.is_infinite() {
         return Err("must be greater than zero".to_owned());
     }
     Duration::try_from_secs_f64(seconds).map_err(|e| e.to_string())
@@ -164,8 +174,10 @@ mod tests {
     fn record(args: &[&str]) -> Result<RecordConfig, String> {
         let cli = Cli::try_parse_from(["allocscope", "record"].iter().chain(args))
             .map_err(|e| e.to_string())?;
-        let Command::Record(args) = cli.command;
-        args.into_config().map_err(|e| e.to_string())
+        match cli.command {
+            Command::Record(args) => args.into_config().map_err(|e| e.to_string()),
+            other => panic!("parsed as {other:?}"),
+        }
     }
 
     #[test]
@@ -176,9 +188,13 @@ mod tests {
         assert_eq!(parse_size("1M"), Ok(1 << 20));
         assert_eq!(parse_size("2 GiB"), Ok(2 << 30));
         assert!(parse_size("").is_err());
-        assert!(parse_size("12parsecs").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("12parsecs")
+            .unwrap_err()
+            .contains("unknown unit"));
         assert!(parse_size("-5").is_err());
-        assert!(parse_size("99999999999999G").unwrap_err().contains("too large"));
+        assert!(parse_size("99999999999999G")
+            .unwrap_err()
+            .contains("too large"));
     }
 
     #[test]
@@ -198,14 +214,29 @@ mod tests {
         assert_eq!(config.format, Format::Folded);
         assert_eq!(config.interval, 512 * 1024);
         let config = record(&["-o", "x", "--interval", "64KiB", "--", "ls", "-l"]).unwrap();
-        assert_eq!(config.targets, Targets::Command(vec!["ls".into(), "-l".into()]));
+        assert_eq!(
+            config.targets,
+            Targets::Command(vec!["ls".into(), "-l".into()])
+        );
         assert_eq!(config.format, Format::Json);
         assert_eq!(config.interval, 65536);
-        assert!(record(&["-o", "x"]).unwrap_err().contains("nothing to profile"));
-        assert!(record(&["-p", "0", "-o", "x"]).unwrap_err().contains("invalid pid"));
-        assert!(record(&["-p", "1", "-o", "x", "-i", "0"]).unwrap_err().contains("between 1 byte"));
-        assert!(record(&["-p", "1", "-o", "x", "-i", "lots"]).unwrap_err().contains("invalid --interval"));
-        assert!(record(&["-p", "1", "-o", "x", "--confidence", "1"]).unwrap_err().contains("confidence"));
-        assert!(record(&["-p", "1", "-o", "x", "-f", "json", "--", "ls"]).unwrap_err().contains("not both"));
+        assert!(record(&["-o", "x"])
+            .unwrap_err()
+            .contains("nothing to profile"));
+        assert!(record(&["-p", "0", "-o", "x"])
+            .unwrap_err()
+            .contains("invalid pid"));
+        assert!(record(&["-p", "1", "-o", "x", "-i", "0"])
+            .unwrap_err()
+            .contains("between 1 byte"));
+        assert!(record(&["-p", "1", "-o", "x", "-i", "lots"])
+            .unwrap_err()
+            .contains("invalid --interval"));
+        assert!(record(&["-p", "1", "-o", "x", "--confidence", "1"])
+            .unwrap_err()
+            .contains("confidence"));
+        assert!(record(&["-p", "1", "-o", "x", "-f", "json", "--", "ls"])
+            .unwrap_err()
+            .contains("not both"));
     }
 }

@@ -12,6 +12,7 @@ mod preflight;
 mod probe;
 mod profile;
 mod record;
+mod reference;
 mod spawn;
 mod stacks;
 mod stats;
@@ -25,14 +26,28 @@ use crate::{cli::Command, config::BadInput};
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    let Command::Record(args) = cli.command;
+    let args = match cli.command {
+        Command::Record(args) => args,
+        Command::ReferenceProbe { pid } => return exit_code(reference::run(pid)),
+    };
     let verbose = args.verbose;
     env_logger::Builder::new()
-        .filter_level(if verbose { log::LevelFilter::Debug } else { log::LevelFilter::Warn })
+        .filter_level(if verbose {
+            log::LevelFilter::Debug
+        } else {
+            log::LevelFilter::Warn
+        })
         // aya warns (with a BTF dump) that the kernel rejects the object's BTF: aya-log's
         // globals carry type names the kernel refuses. The programs load and run without
         // it; the noise is only useful when debugging the loader.
-        .filter_module("aya", if verbose { log::LevelFilter::Debug } else { log::LevelFilter::Error })
+        .filter_module(
+            "aya",
+            if verbose {
+                log::LevelFilter::Debug
+            } else {
+                log::LevelFilter::Error
+            },
+        )
         .format_target(false)
         .format_timestamp(None)
         .init();
@@ -46,6 +61,10 @@ fn main() -> ExitCode {
                 .build()?;
             runtime.block_on(record::run(prepared))
         });
+    exit_code(result)
+}
+
+fn exit_code(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -7,7 +7,11 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::{config::BadInput, probe::allocator::{self, Allocator}, probe::maps};
+use crate::{
+    config::BadInput,
+    probe::allocator::{self, Allocator},
+    probe::maps,
+};
 
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
@@ -104,13 +108,15 @@ pub fn open_output(output: &Path) -> Result<(File, PathBuf), BadInput> {
         _ => PathBuf::from("."),
     };
     if output.is_dir() {
-        return Err(BadInput(format!("output {} is a directory", output.display())));
+        return Err(BadInput(format!(
+            "output {} is a directory",
+            output.display()
+        )));
     }
     let name = output.file_name().unwrap_or_default().to_string_lossy();
     let temp = dir.join(format!(".{name}.allocscope-{}", std::process::id()));
-    let file = File::create(&temp).map_err(|e| {
-        BadInput(format!("cannot write output {}: {e}", output.display()))
-    })?;
+    let file = File::create(&temp)
+        .map_err(|e| BadInput(format!("cannot write output {}: {e}", output.display())))?;
     Ok((file, temp))
 }
 

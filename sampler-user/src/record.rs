@@ -11,7 +11,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use aya::maps::{PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::maps::{PerCpuArray, RingBuf};
 use log::{debug, info};
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -42,7 +42,12 @@ pub fn prepare(config: RecordConfig) -> Result<Prepared, BadInput> {
     let targets = match &config.targets {
         Targets::Pids(pids) => pids
             .iter()
-            .map(|&pid| Ok(Target { pid, allocator: preflight::allocator_of_pid(pid)? }))
+            .map(|&pid| {
+                Ok(Target {
+                    pid,
+                    allocator: preflight::allocator_of_pid(pid)?,
+                })
+            })
             .collect::<Result<Vec<_>, BadInput>>()?,
         Targets::Command(argv) => {
             let program = preflight::resolve_command(&argv[0])?;
@@ -60,7 +65,12 @@ pub fn prepare(config: RecordConfig) -> Result<Prepared, BadInput> {
     if let Some(child) = &child {
         targets[0].pid = child.pid;
     }
-    Ok(Prepared { config, targets, child, output })
+    Ok(Prepared {
+        config,
+        targets,
+        child,
+        output,
+    })
 }
 
 /// Why recording stopped.
@@ -73,7 +83,12 @@ enum Stop {
 
 /// Attaches, records and writes the profile.
 pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
-    let Prepared { config, targets, child, output } = prepared;
+    let Prepared {
+        config,
+        targets,
+        child,
+        output,
+    } = prepared;
     let (temp_file, temp_path) = output;
     let result = record(&config, &targets, child, temp_file, &temp_path).await;
     if result.is_err() {
@@ -89,10 +104,18 @@ async fn record(
     mut temp_file: std::fs::File,
     temp_path: &std::path::Path,
 ) -> anyhow::Result<()> {
-    let kernel = KernelConfig { interval: config.interval, log: config.verbose };
+    let kernel = KernelConfig {
+        interval: config.interval,
+        log: config.verbose,
+    };
     let mut probes = attach::attach(kernel, targets).context("attaching probes")?;
     for point in &probes.points {
-        debug!("probe: pid {} {} in {} (entry)", point.pid, point.function.symbol(), point.path.display());
+        debug!(
+            "probe: pid {} {} in {} (entry)",
+            point.pid,
+            point.function.symbol(),
+            point.path.display()
+        );
     }
     let mut ebpf_logger = if config.verbose {
         aya_log::EbpfLogger::init(&mut probes.ebpf)
@@ -101,13 +124,18 @@ async fn record(
     } else {
         None
     };
-    let ring = RingBuf::try_from(probes.ebpf.take_map("SAMPLES").context("SAMPLES map missing")?)?;
+    let ring = RingBuf::try_from(
+        probes
+            .ebpf
+            .take_map("SAMPLES")
+            .context("SAMPLES map missing")?,
+    )?;
     let mut reader = SampleReader::new(ring)?;
     let spawned_pid = child.as_ref().map(|c| c.pid);
     if let Some(child) = child {
-        child.release().map_err(|e| {
-            BadInput(format!("cannot run {}: {e}", config_command(config)))
-        })?;
+        child
+            .release()
+            .map_err(|e| BadInput(format!("cannot run {}: {e}", config_command(config))))?;
     }
     let mut recorder = Recorder::default();
     let pids: Vec<u32> = targets.iter().map(|t| t.pid).collect();
@@ -124,7 +152,10 @@ async fn record(
     let mut refresh = tokio::time::interval(Duration::from_millis(250));
     eprintln!(
         "allocscope: recording pid {} (Ctrl-C to stop)",
-        pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+        pids.iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let mut batch = Vec::new();
     let stop = loop {
@@ -156,14 +187,21 @@ async fn record(
         }
     };
     let duration = started.elapsed();
-    info!("stopping: {stop:?}");
+    match stop {
+        Stop::Signal(name) => info!("stopping on {name}"),
+        Stop::Duration => info!("stopping: duration reached"),
+        Stop::TargetsExited => info!("stopping: every target exited"),
+    }
     reader.drain(&mut batch);
     for sample in batch.drain(..) {
         recorder.add(&sample);
     }
     let counters = {
-        let map = probes.ebpf.map("COUNTERS").context("COUNTERS map missing")?;
-        collect::read_counters(&PerCpuHashMap::try_from(map)?)?
+        let map = probes
+            .ebpf
+            .map("COUNTERS")
+            .context("COUNTERS map missing")?;
+        collect::read_counters(&PerCpuArray::try_from(map)?, &pids)?
     };
     let losses = {
         let map = probes.ebpf.map("LOSSES").context("LOSSES map missing")?;
@@ -196,15 +234,26 @@ async fn record(
         duration_seconds: duration.as_secs_f64(),
         alloc_only: config.alloc_only,
     };
-    let profile = recorder.finish(&symbolizer, settings, &counters, losses).await;
+    let profile = recorder
+        .finish(&symbolizer, settings, &counters, losses)
+        .await;
     export::write(&profile, config.format, &mut temp_file)
         .and_then(|()| temp_file.flush())
         .and_then(|()| temp_file.sync_all())
         .with_context(|| format!("writing {}", temp_path.display()))?;
-    std::fs::rename(temp_path, &config.output)
-        .with_context(|| format!("renaming {} to {}", temp_path.display(), config.output.display()))?;
+    std::fs::rename(temp_path, &config.output).with_context(|| {
+        format!(
+            "renaming {} to {}",
+            temp_path.display(),
+            config.output.display()
+        )
+    })?;
     eprint!("{}", summary::render(&profile, 10));
-    eprintln!("wrote {} ({})", config.output.display(), config.format.name());
+    eprintln!(
+        "wrote {} ({})",
+        config.output.display(),
+        config.format.name()
+    );
     Ok(())
 }
 

@@ -70,11 +70,17 @@ pub fn render(profile: &Profile, top: usize) -> String {
             out,
             "  lost events: {} samples (ring buffer full), {} stacks missing, {} counter \
              entries, {} calls (thread map full)",
-            losses.ringbuf_full, losses.stack_missing, losses.counters_full, losses.thread_state_full
+            losses.ringbuf_full,
+            losses.stack_missing,
+            losses.counters_full,
+            losses.thread_state_full
         );
     }
     if profile.stacks.is_empty() {
-        let _ = writeln!(out, "  no samples: too little was allocated for this interval");
+        let _ = writeln!(
+            out,
+            "  no samples: too little was allocated for this interval"
+        );
         return out;
     }
     let _ = writeln!(out, "top stacks by estimated allocated bytes:");

@@ -18,7 +18,10 @@ use serde_json::Value;
 
 /// Workspace root.
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
 }
 
 /// Path of the allocscope binary under test.
@@ -108,7 +111,12 @@ impl Workload {
             .expect("starting the workload");
         let stdin = child.stdin.take();
         let stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut workload = Workload { child, stdin, stdout, malloc: 0 };
+        let mut workload = Workload {
+            child,
+            stdin,
+            stdout,
+            malloc: 0,
+        };
         let line = workload.line();
         let address = line.strip_prefix("malloc 0x").expect("malloc address line");
         workload.malloc = u64::from_str_radix(address.trim(), 16).unwrap();
@@ -173,6 +181,10 @@ pub fn wait_until(timeout: Duration, mut predicate: impl FnMut() -> bool) -> boo
 }
 
 /// Starts `allocscope ARGS` with stderr piped and returns once it printed "recording".
+#[expect(
+    clippy::zombie_processes,
+    reason = "the child is returned; the caller waits for it"
+)]
 pub fn start_recording(args: &[&str]) -> (Child, BufReader<std::process::ChildStderr>) {
     let mut child = Command::new(allocscope())
         .args(args)
@@ -228,8 +240,8 @@ impl Drop for TempDir {
 
 /// Reads a JSON profile.
 pub fn read_profile(path: &Path) -> Value {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
 }
 
@@ -259,7 +271,9 @@ pub const WORKLOAD_SITES: [(&str, u64, u64); 7] = [
 pub fn workload_round() -> (u64, u64) {
     WORKLOAD_SITES
         .iter()
-        .fold((0, 0), |(c, b), (_, calls, size)| (c + calls, b + calls * size))
+        .fold((0, 0), |(c, b), (_, calls, size)| {
+            (c + calls, b + calls * size)
+        })
 }
 
 /// Checks a recording of `rounds` workload rounds of process `pid`: every site found with
@@ -270,12 +284,22 @@ pub fn check_workload_profile(profile: &Value, pid: u32, rounds: u64) {
     assert_eq!(profile["schema"], "allocscope/v1");
     for (function, calls, size) in WORKLOAD_SITES {
         let stacks = site(profile, pid, function);
-        assert_eq!(stacks.len(), 1, "{function}: expected one stack, got {stacks:#?}");
+        assert_eq!(
+            stacks.len(),
+            1,
+            "{function}: expected one stack, got {stacks:#?}"
+        );
         let stack = &stacks[0];
-        assert_eq!(stack["frames"][1]["function"], "one_round", "{function}: {stack:#}");
+        assert_eq!(
+            stack["frames"][1]["function"], "one_round",
+            "{function}: {stack:#}"
+        );
         let truth = (rounds * calls * size) as f64;
         let bytes = &stack["alloc_bytes"];
-        let (lower, upper) = (bytes["lower"].as_f64().unwrap(), bytes["upper"].as_f64().unwrap());
+        let (lower, upper) = (
+            bytes["lower"].as_f64().unwrap(),
+            bytes["upper"].as_f64().unwrap(),
+        );
         assert!(
             lower <= truth && truth <= upper,
             "{function}: true {truth} bytes outside [{lower}, {upper}] (estimate {})",

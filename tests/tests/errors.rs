@@ -6,19 +6,41 @@ use tests::{allocscope, bpf_available, fixture, run, TempDir};
 
 fn assert_bad_input(output: &Output, message: &str) {
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "exit code; stderr:\n{stderr}");
-    assert!(stderr.contains(message), "expected {message:?} in:\n{stderr}");
-    assert!(!stderr.contains("recording pid"), "something was attached:\n{stderr}");
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "exit code; stderr:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(message),
+        "expected {message:?} in:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("recording pid"),
+        "something was attached:\n{stderr}"
+    );
 }
 
 #[test]
 fn invalid_arguments_exit_2() {
     let me = std::process::id().to_string();
-    assert_bad_input(&run(&["record", "-p", &me, "-i", "0", "-o", "/tmp/x"]), "between 1 byte and 4GiB");
-    assert_bad_input(&run(&["record", "-p", &me, "-i", "many", "-o", "/tmp/x"]), "invalid --interval");
-    assert_bad_input(&run(&["record", "-p", &me, "-d", "soon", "-o", "/tmp/x"]), "invalid --duration");
+    assert_bad_input(
+        &run(&["record", "-p", &me, "-i", "0", "-o", "/tmp/x"]),
+        "between 1 byte and 4GiB",
+    );
+    assert_bad_input(
+        &run(&["record", "-p", &me, "-i", "many", "-o", "/tmp/x"]),
+        "invalid --interval",
+    );
+    assert_bad_input(
+        &run(&["record", "-p", &me, "-d", "soon", "-o", "/tmp/x"]),
+        "invalid --duration",
+    );
     assert_bad_input(&run(&["record", "-o", "/tmp/x"]), "nothing to profile");
-    assert_bad_input(&run(&["record", "-p", "abc", "-o", "/tmp/x"]), "invalid pid");
+    assert_bad_input(
+        &run(&["record", "-p", "abc", "-o", "/tmp/x"]),
+        "invalid pid",
+    );
     // clap's own usage errors also exit 2.
     assert_bad_input(&run(&["record", "-p", &me]), "--output");
 }
@@ -29,7 +51,10 @@ fn missing_pid_exits_2() {
         return;
     }
     // pid_max is at most 2^22: this pid cannot exist.
-    assert_bad_input(&run(&["record", "-p", "4194304", "-o", "/tmp/x.json"]), "no such process: pid 4194304");
+    assert_bad_input(
+        &run(&["record", "-p", "4194304", "-o", "/tmp/x.json"]),
+        "no such process: pid 4194304",
+    );
 }
 
 #[test]
@@ -51,7 +76,11 @@ fn target_without_allocator_exits_2() {
     }
     let no_libc = fixture("no_libc", &["-static", "-nostdlib"]);
     assert_bad_input(
-        &Command::new(allocscope()).args(["record", "-o", "/tmp/x.json", "--"]).arg(&no_libc).output().unwrap(),
+        &Command::new(allocscope())
+            .args(["record", "-o", "/tmp/x.json", "--"])
+            .arg(&no_libc)
+            .output()
+            .unwrap(),
         "no allocator found",
     );
     let mut child = Command::new(&no_libc).spawn().unwrap();
@@ -61,7 +90,13 @@ fn target_without_allocator_exits_2() {
     child.wait().unwrap();
     assert_bad_input(&output, "no allocator found");
     assert_bad_input(
-        &run(&["record", "-o", "/tmp/x.json", "--", "no-such-command-allocscope"]),
+        &run(&[
+            "record",
+            "-o",
+            "/tmp/x.json",
+            "--",
+            "no-such-command-allocscope",
+        ]),
         "command not found",
     );
 }
@@ -80,7 +115,12 @@ fn unprivileged_user_exits_2() {
     std::fs::set_permissions(&dir.0, perms).unwrap();
     let me = std::process::id().to_string();
     let output = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
         .arg(&binary)
         .args(["record", "-p", &me, "-o", "/tmp/allocscope-nobody.json"])
         .output()

@@ -23,7 +23,14 @@ fn spawned_command_is_profiled_from_its_first_allocation() {
     let out = dir.path("spawn.json");
     let workload = fixture("workload", &[]);
     let output = Command::new(allocscope())
-        .args(["record", "--interval", "64KiB", "--confidence", CONFIDENCE, "-o"])
+        .args([
+            "record",
+            "--interval",
+            "64KiB",
+            "--confidence",
+            CONFIDENCE,
+            "-o",
+        ])
         .arg(&out)
         .arg("--")
         .arg(&workload)
@@ -32,7 +39,10 @@ fn spawned_command_is_profiled_from_its_first_allocation() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "allocscope failed:\n{stderr}");
-    assert!(stderr.contains("top stacks by estimated allocated bytes"), "{stderr}");
+    assert!(
+        stderr.contains("top stacks by estimated allocated bytes"),
+        "{stderr}"
+    );
     assert!(stderr.contains("lost events: none"), "{stderr}");
     let profile = read_profile(&out);
     let pid = profile["processes"][0]["pid"].as_u64().unwrap() as u32;
@@ -40,7 +50,10 @@ fn spawned_command_is_profiled_from_its_first_allocation() {
     check_workload_profile(&profile, pid, ROUNDS);
     // The leaf frame carries file and line from the fixture's debug info.
     let stack = &tests::site(&profile, pid, "site_small")[0];
-    assert!(stack["frames"][0]["file"].as_str().unwrap().ends_with("workload.c"));
+    assert!(stack["frames"][0]["file"]
+        .as_str()
+        .unwrap()
+        .ends_with("workload.c"));
     assert!(stack["frames"][0]["line"].as_u64().unwrap() > 0);
 }
 
@@ -55,16 +68,35 @@ fn attached_pid_is_profiled_and_a_bystander_is_not_probed() {
     let mut bystander = Workload::start(1_000_000_000, &[]);
     let original = target.malloc_first_byte();
     assert_ne!(original, INT3, "malloc already probed before attaching");
-    assert_eq!(bystander.malloc_first_byte(), original, "same libc, same first byte");
+    assert_eq!(
+        bystander.malloc_first_byte(),
+        original,
+        "same libc, same first byte"
+    );
     bystander.go();
     let pid = target.pid().to_string();
     let (mut recorder, _stderr) = start_recording(&[
-        "record", "-p", &pid, "--interval", "64KiB", "--confidence", CONFIDENCE,
-        "-o", out.to_str().unwrap(),
+        "record",
+        "-p",
+        &pid,
+        "--interval",
+        "64KiB",
+        "--confidence",
+        CONFIDENCE,
+        "-o",
+        out.to_str().unwrap(),
     ]);
     // The breakpoint is in the target's address space only: the kernel scopes the uprobe.
-    assert_eq!(target.malloc_first_byte(), INT3, "target's malloc not probed");
-    assert_eq!(bystander.malloc_first_byte(), original, "bystander's malloc was patched");
+    assert_eq!(
+        target.malloc_first_byte(),
+        INT3,
+        "target's malloc not probed"
+    );
+    assert_eq!(
+        bystander.malloc_first_byte(),
+        original,
+        "bystander's malloc was patched"
+    );
     target.go();
     assert_eq!(target.line(), "done");
     // Recording ends by itself when the only target exits.
@@ -79,8 +111,16 @@ fn attached_pid_is_profiled_and_a_bystander_is_not_probed() {
         .iter()
         .map(|p| p["pid"].as_u64().unwrap())
         .collect();
-    assert_eq!(pids, vec![u64::from(target.pid())], "only the target appears");
-    assert!(profile["stacks"].as_array().unwrap().iter().all(|s| s["pid"] == target.pid()));
+    assert_eq!(
+        pids,
+        vec![u64::from(target.pid())],
+        "only the target appears"
+    );
+    assert!(profile["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["pid"] == target.pid()));
 }
 
 #[test]
@@ -95,7 +135,13 @@ fn sigterm_and_sigint_still_write_the_complete_file() {
         target.go();
         let pid = target.pid().to_string();
         let (mut recorder, _stderr) = start_recording(&[
-            "record", "-p", &pid, "--interval", "64KiB", "-o", out.to_str().unwrap(),
+            "record",
+            "-p",
+            &pid,
+            "--interval",
+            "64KiB",
+            "-o",
+            out.to_str().unwrap(),
         ]);
         for _ in 0..3 {
             assert!(target.line().starts_with("progress"));
@@ -103,9 +149,15 @@ fn sigterm_and_sigint_still_write_the_complete_file() {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(recorder.id() as i32, signal) };
         let status = recorder.wait().unwrap();
-        assert!(status.success(), "signal {signal}: allocscope exited with {status}");
+        assert!(
+            status.success(),
+            "signal {signal}: allocscope exited with {status}"
+        );
         let profile = read_profile(&out);
-        assert!(profile["processes"][0]["samples"].as_u64().unwrap() > 10, "{profile:#}");
+        assert!(
+            profile["processes"][0]["samples"].as_u64().unwrap() > 10,
+            "{profile:#}"
+        );
         assert!(!tests::site(&profile, target.pid(), "site_periodic_big").is_empty());
         // The target was detached and keeps running.
         assert_ne!(target.malloc_first_byte(), INT3);
@@ -131,7 +183,8 @@ fn kill_9_leaves_the_target_running_unprobed() {
     recorder.wait().unwrap();
     // The kernel drops the probes with the file descriptors.
     assert!(
-        wait_until(Duration::from_secs(5), || target.malloc_first_byte() == original),
+        wait_until(Duration::from_secs(5), || target.malloc_first_byte()
+            == original),
         "breakpoint still installed after allocscope was killed"
     );
     for _ in 0..3 {
@@ -152,11 +205,24 @@ fn duration_limits_the_recording() {
     let pid = target.pid().to_string();
     let started = std::time::Instant::now();
     let output = Command::new(allocscope())
-        .args(["record", "-p", &pid, "--duration", "1s", "-i", "16KiB", "-o"])
+        .args([
+            "record",
+            "-p",
+            &pid,
+            "--duration",
+            "1s",
+            "-i",
+            "16KiB",
+            "-o",
+        ])
         .arg(&out)
         .output()
         .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     assert!(started.elapsed() < Duration::from_secs(20));
     // Folded output: `command (pid);...;leaf bytes`, root first.
     let folded = std::fs::read_to_string(&out).unwrap();
@@ -165,7 +231,10 @@ fn duration_limits_the_recording() {
         .find(|l| l.contains(";site_periodic_big "))
         .unwrap_or_else(|| panic!("no site_periodic_big line in\n{folded}"));
     assert!(line.starts_with(&format!("workload ({pid});")), "{line}");
-    assert!(line.contains(";main;one_round;site_periodic_big "), "{line}");
+    assert!(
+        line.contains(";main;one_round;site_periodic_big "),
+        "{line}"
+    );
     let bytes: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
     assert!(bytes > 0.0);
     assert!(target.child.try_wait().unwrap().is_none(), "target died");

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Context as _;
-use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::maps::{MapData, PerCpuArray, RingBuf};
 use sampler_common::{AllocEvent, AllocFn, LossCounter, ProcessCounters, MAX_STACK_DEPTH};
 use tokio::io::unix::AsyncFd;
 
@@ -113,7 +113,7 @@ pub struct Losses {
     pub ringbuf_full: u64,
     /// Samples sent without a user stack.
     pub stack_missing: u64,
-    /// Processes whose exact counters could not be stored (map full).
+    /// Calls whose target had no counter slot (should stay 0).
     pub counters_full: u64,
     /// Calls neither counted nor sampled (thread map refused an entry).
     pub thread_state_full: u64,
@@ -139,17 +139,21 @@ pub fn read_losses(map: &PerCpuArray<&MapData, u64>) -> anyhow::Result<Losses> {
     })
 }
 
-/// Reads the `COUNTERS` per-CPU hash: exact calls and bytes per pid, summed over CPUs.
+/// Reads the `COUNTERS` per-CPU array: exact calls and bytes of target slot `i` (the pid
+/// `pids[i]`), summed over CPUs.
 pub fn read_counters(
-    map: &PerCpuHashMap<&MapData, u32, ProcessCounters>,
+    map: &PerCpuArray<&MapData, ProcessCounters>,
+    pids: &[u32],
 ) -> anyhow::Result<BTreeMap<u32, ProcessCounters>> {
     let mut totals = BTreeMap::new();
-    for entry in map.iter() {
-        let (pid, per_cpu) = entry?;
-        let total = per_cpu.iter().fold(ProcessCounters::default(), |acc, c| ProcessCounters {
-            calls: acc.calls + c.calls,
-            bytes: acc.bytes + c.bytes,
-        });
+    for (slot, &pid) in (0u32..).zip(pids) {
+        let total = map
+            .get(&slot, 0)?
+            .iter()
+            .fold(ProcessCounters::default(), |acc, c| ProcessCounters {
+                calls: acc.calls + c.calls,
+                bytes: acc.bytes + c.bytes,
+            });
         totals.insert(pid, total);
     }
     Ok(totals)
@@ -162,7 +166,10 @@ mod tests {
     fn record(event: &AllocEvent) -> Vec<u8> {
         // SAFETY: AllocEvent is plain old data; viewing it as bytes is sound.
         unsafe {
-            std::slice::from_raw_parts((event as *const AllocEvent).cast::<u8>(), std::mem::size_of::<AllocEvent>())
+            std::slice::from_raw_parts(
+                (event as *const AllocEvent).cast::<u8>(),
+                std::mem::size_of::<AllocEvent>(),
+            )
         }
         .to_vec()
     }
@@ -189,7 +196,10 @@ mod tests {
         let sample = decode(&record(&event())).unwrap();
         assert_eq!(sample.function, AllocFn::Calloc);
         assert_eq!(sample.stack, vec![0xa, 0xb, 0xc]);
-        assert_eq!((sample.pid, sample.tid, sample.size, sample.offset), (10, 11, 100, 7));
+        assert_eq!(
+            (sample.pid, sample.tid, sample.size, sample.offset),
+            (10, 11, 100, 7)
+        );
     }
 
     #[test]

@@ -8,10 +8,13 @@
 use std::{num::NonZeroU32, path::PathBuf};
 
 use aya::{
-    programs::{uprobe::UProbeScope, UProbe},
+    programs::{
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        UProbe,
+    },
     Ebpf, EbpfLoader,
 };
-use sampler_common::{geometric, AllocFn};
+use sampler_common::{geometric, AllocFn, MAX_TARGETS};
 
 use super::allocator::Allocator;
 
@@ -53,6 +56,9 @@ pub enum AttachError {
     /// The interval cannot be represented by the kernel's sampler.
     #[error("sampling interval {0} is out of range")]
     Interval(u64),
+    /// More targets than the kernel side has counter slots.
+    #[error("{0} target processes: at most {MAX_TARGETS} per session")]
+    TooManyTargets(usize),
     /// The object failed to load (verifier, missing kernel feature, permissions).
     #[error("loading the eBPF programs failed")]
     Load(#[from] aya::EbpfError),
@@ -82,9 +88,14 @@ pub struct Probes {
     pub points: Vec<AttachedPoint>,
 }
 
-/// Loads the sampler with `config` and attaches the entry probes for every target.
+/// Loads the sampler with `config` and attaches the entry probes for every target. Target
+/// `i` gets counter slot `i` (the probes' attach cookie): `COUNTERS[i]` holds its exact counts.
 pub fn attach(config: KernelConfig, targets: &[Target]) -> Result<Probes, AttachError> {
-    let scale = geometric::scale_q32(config.interval).ok_or(AttachError::Interval(config.interval))?;
+    if targets.len() > MAX_TARGETS as usize {
+        return Err(AttachError::TooManyTargets(targets.len()));
+    }
+    let scale =
+        geometric::scale_q32(config.interval).ok_or(AttachError::Interval(config.interval))?;
     let mut sizes = [0u64; AllocFn::COUNT];
     for target in targets {
         for f in &target.allocator.functions {
@@ -106,18 +117,18 @@ pub fn attach(config: KernelConfig, targets: &[Target]) -> Result<Probes, Attach
             .ok_or_else(|| AttachError::MissingProgram(name.to_owned()))?
             .try_into()
             .map_err(|source| attach_error(function, &targets[0], source))?;
-        let wanted: Vec<&Target> = targets
-            .iter()
-            .filter(|t| t.allocator.functions.iter().any(|f| f.function == function))
+        let wanted: Vec<(u64, &Target)> = (0u64..)
+            .zip(targets)
+            .filter(|(_, t)| t.allocator.functions.iter().any(|f| f.function == function))
             .collect();
-        if wanted.is_empty() {
+        let Some(&(_, first)) = wanted.first() else {
             continue;
-        }
+        };
         program
             .load()
-            .map_err(|source| attach_error(function, wanted[0], source))?;
-        for target in wanted {
-            attach_one(program, function, target)?;
+            .map_err(|source| attach_error(function, first, source))?;
+        for (slot, target) in wanted {
+            attach_one(program, function, target, slot)?;
             points.push(AttachedPoint {
                 pid: target.pid,
                 function,
@@ -128,8 +139,8 @@ pub fn attach(config: KernelConfig, targets: &[Target]) -> Result<Probes, Attach
     Ok(Probes { ebpf, points })
 }
 
-/// Attaches the benchmark's reference probe (counts calls, nothing else) to `symbol`.
-pub fn attach_bare(target: &Target) -> Result<Probes, AttachError> {
+/// Attaches the benchmark's reference probe (counts calls, nothing else) to malloc.
+pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
     let mut ebpf = EbpfLoader::new().load(SAMPLER_OBJECT)?;
     let program: &mut UProbe = ebpf
         .program_mut("bare_count_enter")
@@ -139,7 +150,7 @@ pub fn attach_bare(target: &Target) -> Result<Probes, AttachError> {
     program
         .load()
         .map_err(|source| attach_error(AllocFn::Malloc, target, source))?;
-    attach_one(program, AllocFn::Malloc, target)?;
+    attach_one(program, AllocFn::Malloc, target, 0)?;
     let points = vec![AttachedPoint {
         pid: target.pid,
         function: AllocFn::Malloc,
@@ -148,15 +159,29 @@ pub fn attach_bare(target: &Target) -> Result<Probes, AttachError> {
     Ok(Probes { ebpf, points })
 }
 
-fn attach_one(program: &mut UProbe, function: AllocFn, target: &Target) -> Result<(), AttachError> {
-    let scope = NonZeroU32::new(target.pid).map_or(UProbeScope::AllProcesses, UProbeScope::OneProcess);
+fn attach_one(
+    program: &mut UProbe,
+    function: AllocFn,
+    target: &Target,
+    slot: u64,
+) -> Result<(), AttachError> {
+    let scope =
+        NonZeroU32::new(target.pid).map_or(UProbeScope::AllProcesses, UProbeScope::OneProcess);
+    let point = UProbeAttachPoint {
+        location: UProbeAttachLocation::Symbol(function.symbol()),
+        cookie: Some(slot),
+    };
     program
-        .attach(function.symbol(), &target.allocator.path, scope)
+        .attach(point, &target.allocator.path, scope)
         .map_err(|source| attach_error(function, target, source))?;
     Ok(())
 }
 
-fn attach_error(function: AllocFn, target: &Target, source: aya::programs::ProgramError) -> AttachError {
+fn attach_error(
+    function: AllocFn,
+    target: &Target,
+    source: aya::programs::ProgramError,
+) -> AttachError {
     AttachError::Attach {
         symbol: function.symbol(),
         path: target.allocator.path.clone(),

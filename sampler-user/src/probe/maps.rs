@@ -54,7 +54,9 @@ fn parse_line(line: &str) -> Option<Vma> {
 
 /// Reads and parses `/proc/PID/maps`.
 pub fn read(pid: u32) -> io::Result<Vec<Vma>> {
-    Ok(parse(&std::fs::read_to_string(format!("/proc/{pid}/maps"))?))
+    Ok(parse(&std::fs::read_to_string(format!(
+        "/proc/{pid}/maps"
+    ))?))
 }
 
 #[cfg(test)]

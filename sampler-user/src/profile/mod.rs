@@ -71,8 +71,13 @@ impl Recorder {
     ) -> Profile {
         let resolved = self.resolve_frames(symbolizer).await;
         let window = Window::RECORDING;
-        let estimate = |set: &SampleSet| set.estimate(settings.confidence, window, settings.interval);
-        let mut per_pid: BTreeMap<u32, SampleSet> = self.commands.keys().map(|&pid| (pid, SampleSet::default())).collect();
+        let estimate =
+            |set: &SampleSet| set.estimate(settings.confidence, window, settings.interval);
+        let mut per_pid: BTreeMap<u32, SampleSet> = self
+            .commands
+            .keys()
+            .map(|&pid| (pid, SampleSet::default()))
+            .collect();
         let mut stacks = Vec::with_capacity(self.per_stack.len());
         for (id, set) in self.per_stack.iter().enumerate() {
             let (pid, frames) = self.stacks.stack(id as stacks::StackId);
@@ -80,7 +85,10 @@ impl Recorder {
             let (alloc_bytes, alloc_objects) = estimate(set);
             stacks.push(StackProfile {
                 pid,
-                frames: frames.iter().flat_map(|frame| resolved[frame].iter().cloned()).collect(),
+                frames: frames
+                    .iter()
+                    .flat_map(|frame| resolved[frame].iter().cloned())
+                    .collect(),
                 samples: set.samples(),
                 alloc_bytes,
                 alloc_objects,
@@ -119,8 +127,10 @@ impl Recorder {
     }
 
     async fn resolve_frames(&self, symbolizer: &Symbolizer) -> HashMap<Frame, Vec<FrameInfo>> {
-        let mut distinct: Vec<Frame> = (0..self.stacks.len())
-            .flat_map(|id| self.stacks.stack(id as stacks::StackId).1.iter().copied())
+        let mut distinct: Vec<Frame> = self
+            .stacks
+            .iter()
+            .flat_map(|(_, _, frames)| frames.iter().copied())
             .collect();
         distinct.sort_unstable();
         distinct.dedup();

@@ -119,7 +119,12 @@ impl StackTable {
 
     /// Re-reads the maps of every process still alive.
     pub fn refresh_live(&mut self) {
-        let live: Vec<u32> = self.maps.iter().filter(|(_, m)| !m.gone).map(|(&pid, _)| pid).collect();
+        let live: Vec<u32> = self
+            .maps
+            .iter()
+            .filter(|(_, m)| !m.gone)
+            .map(|(&pid, _)| pid)
+            .collect();
         for pid in live {
             self.refresh(pid);
         }
@@ -182,14 +187,12 @@ impl StackTable {
         &self.modules
     }
 
-    /// Number of interned stacks.
-    pub fn len(&self) -> usize {
-        self.stacks.len()
-    }
-
-    /// Whether no stack was interned.
-    pub fn is_empty(&self) -> bool {
-        self.stacks.is_empty()
+    /// Every interned stack with its id, pid and frames.
+    pub fn iter(&self) -> impl Iterator<Item = (StackId, u32, &[Frame])> {
+        self.stacks
+            .iter()
+            .enumerate()
+            .map(|(id, (pid, frames))| (id as StackId, *pid, frames.as_slice()))
     }
 }
 
@@ -200,7 +203,10 @@ mod tests {
     #[test]
     fn caller_chain_inserts_the_missed_direct_caller() {
         // Frame-pointer walk missed the caller (glibc malloc starts with push %r12).
-        assert_eq!(caller_chain(0x10, &[0xa110c, 0x20, 0x30]), vec![0x10, 0x20, 0x30]);
+        assert_eq!(
+            caller_chain(0x10, &[0xa110c, 0x20, 0x30]),
+            vec![0x10, 0x20, 0x30]
+        );
         // The kernel recovered it (entry starts with push %rbp): not twice.
         assert_eq!(caller_chain(0x10, &[0xa110c, 0x10, 0x20]), vec![0x10, 0x20]);
         // Nothing walked.
@@ -212,8 +218,20 @@ mod tests {
     fn identical_stacks_intern_once_per_process() {
         let mut table = StackTable::default();
         // No maps for these pids: frames stay raw addresses, which still intern.
-        table.maps.insert(1, ProcessMaps { vmas: vec![], gone: true });
-        table.maps.insert(2, ProcessMaps { vmas: vec![], gone: true });
+        table.maps.insert(
+            1,
+            ProcessMaps {
+                vmas: vec![],
+                gone: true,
+            },
+        );
+        table.maps.insert(
+            2,
+            ProcessMaps {
+                vmas: vec![],
+                gone: true,
+            },
+        );
         let a = table.intern(1, &[1, 2, 3]);
         let b = table.intern(1, &[1, 2, 3]);
         let c = table.intern(2, &[1, 2, 3]);
@@ -221,7 +239,7 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_ne!(a, d);
-        assert_eq!(table.len(), 3);
+        assert_eq!(table.iter().count(), 3);
         assert_eq!(table.stack(c).0, 2);
     }
 
@@ -235,11 +253,23 @@ mod tests {
             executable: true,
             path: Some("/bin/x".into()),
         };
-        table.maps.insert(7, ProcessMaps { vmas: vec![vma], gone: true });
+        table.maps.insert(
+            7,
+            ProcessMaps {
+                vmas: vec![vma],
+                gone: true,
+            },
+        );
         let id = table.intern(7, &[0x1010, 0x5000]);
         let (_, frames) = table.stack(id);
         let module = table.modules().intern_lookup("/bin/x");
-        assert_eq!(frames[0], Frame::File { module, offset: 0x410 });
+        assert_eq!(
+            frames[0],
+            Frame::File {
+                module,
+                offset: 0x410
+            }
+        );
         assert_eq!(frames[1], Frame::Unknown { address: 0x5000 });
     }
 

@@ -114,13 +114,8 @@ fn resolve_module(symbolizer: &Blazesym, path: &Path, offsets: &[u64]) -> Vec<Ve
         .map(|(&offset, result)| match result {
             Symbolized::Sym(sym) => {
                 let location = |info: Option<&blazesym::symbolize::CodeInfo>| {
-                    info.map(|info| {
-                        (
-                            Some(info.to_path().display().to_string()),
-                            info.line,
-                        )
-                    })
-                    .unwrap_or((None, None))
+                    info.map(|info| (Some(info.to_path().display().to_string()), info.line))
+                        .unwrap_or((None, None))
                 };
                 let mut frames = Vec::with_capacity(sym.inlined.len() + 1);
                 for inlined in sym.inlined.iter().rev() {

@@ -62,13 +62,6 @@ pub struct Estimate {
     pub upper: f64,
 }
 
-impl Estimate {
-    /// Half-width of the interval relative to the estimate (`None` when the estimate is 0).
-    pub fn relative_error(&self) -> Option<f64> {
-        (self.estimate > 0.0).then(|| (self.upper - self.lower) / (2.0 * self.estimate))
-    }
-}
-
 /// Which ends of the estimation window coincide with a sample (see the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Window {
@@ -215,7 +208,11 @@ mod tests {
         // Objects far bigger than the interval are always sampled: weight 1, exact. (Offsets
         // at the geometric mean, as they would be on average.)
         for _ in 0..10 {
-            set.add(SampleObs { size: 1 << 30, offset: 1023, interval: 1024 });
+            set.add(SampleObs {
+                size: 1 << 30,
+                offset: 1023,
+                interval: 1024,
+            });
         }
         let (bytes, objects) = set.estimate(0.95, Window::RECORDING, 1024);
         assert_eq!(bytes.samples, 10);
@@ -224,7 +221,11 @@ mod tests {
         assert!(bytes.lower <= bytes.estimate && bytes.estimate <= bytes.upper);
         // A 1-byte object at interval 1000 stands for 1000 bytes and 1000 objects.
         let mut small = SampleSet::default();
-        small.add(SampleObs { size: 1, offset: 0, interval: 1000 });
+        small.add(SampleObs {
+            size: 1,
+            offset: 0,
+            interval: 1000,
+        });
         let (bytes, objects) = small.estimate(0.95, Window::RECORDING, 1000);
         assert!((bytes.estimate - 1000.0).abs() < 1e-6);
         assert!((objects.estimate - 1000.0).abs() < 1e-6);
@@ -260,7 +261,11 @@ mod tests {
                 let size = sizes[i % sizes.len()];
                 total += size;
                 if countdown < size {
-                    set.add(SampleObs { size, offset: countdown, interval });
+                    set.add(SampleObs {
+                        size,
+                        offset: countdown,
+                        interval,
+                    });
                     countdown = geometric(&mut rng, p);
                 } else {
                     countdown -= size;
@@ -277,7 +282,10 @@ mod tests {
         }
         let mean = sum_estimates / runs as f64;
         let coverage = covered as f64 / runs as f64;
-        assert!((mean - truth as f64).abs() < 0.02 * truth as f64, "mean {mean} vs {truth}");
+        assert!(
+            (mean - truth as f64).abs() < 0.02 * truth as f64,
+            "mean {mean} vs {truth}"
+        );
         assert!((0.93..=0.995).contains(&coverage), "coverage {coverage}");
     }
 

@@ -92,8 +92,14 @@ mod tests {
         for (s, low, high) in DOTNET_TABLE {
             let got_low = quantile(s, p, 0.025);
             let got_high = quantile(s, p, 0.975);
-            assert!((got_low - low).abs() <= 0.001 * low, "s={s}: {got_low} vs {low}");
-            assert!((got_high - high).abs() <= 0.001 * high, "s={s}: {got_high} vs {high}");
+            assert!(
+                (got_low - low).abs() <= 0.001 * low,
+                "s={s}: {got_low} vs {low}"
+            );
+            assert!(
+                (got_high - high).abs() <= 0.001 * high,
+                "s={s}: {got_high} vs {high}"
+            );
         }
     }
 

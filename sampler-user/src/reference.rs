@@ -1,0 +1,45 @@
+//! `allocscope reference-probe -p PID` (hidden): the benchmark's yardstick. It attaches the
+//! cheapest possible program (count the call) to malloc in one process, with the same loader
+//! and the same kernel scoping as `record`, so "our cost / reference cost" isolates what our
+//! BPF program and user side add on top of the uprobe trap itself.
+
+use anyhow::Context as _;
+use aya::maps::PerCpuArray;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::{
+    preflight,
+    probe::attach::{self, Target},
+};
+
+/// Attaches, waits for SIGINT or SIGTERM, prints the number of calls seen.
+pub fn run(pid: u32) -> anyhow::Result<()> {
+    preflight::check_privileges()?;
+    let target = Target {
+        pid,
+        allocator: preflight::allocator_of_pid(pid)?,
+    };
+    let probes = attach::attach_reference(&target).context("attaching the reference probe")?;
+    eprintln!("allocscope: reference probe recording pid {pid} (counting malloc calls)");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let mut sigterm = signal(SignalKind::terminate())?;
+        tokio::select! {
+            _ = sigint.recv() => {}
+            _ = sigterm.recv() => {}
+        }
+        anyhow::Ok(())
+    })?;
+    let calls: PerCpuArray<_, u64> = PerCpuArray::try_from(
+        probes
+            .ebpf
+            .map("BARE_CALLS")
+            .context("BARE_CALLS missing")?,
+    )?;
+    let total: u64 = calls.get(&0, 0)?.iter().sum();
+    eprintln!("allocscope: reference probe saw {total} malloc calls");
+    Ok(())
+}

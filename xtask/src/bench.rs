@@ -1,0 +1,194 @@
+//! The overhead benchmark (DESIGN.md §5): what allocscope adds per malloc, as a ratio of what
+//! a bare counting uprobe adds, measured in one run.
+//!
+//! Absolute timings on a 2-vCPU VM swing ±30% between runs, so each round runs two copies of
+//! a malloc+free loop at the same time, one pinned to each CPU: first both unprobed (the
+//! native cost per CPU), then one under the reference probe and one under `allocscope record
+//! --alloc-only`. Each copy reports its median chunk. The ratio of added costs is computed per
+//! round, the CPUs are swapped every round, and the median over rounds is reported.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+};
+
+use anyhow::{bail, Context as _};
+
+use crate::run::{cargo, fixture, is_root, status, workspace};
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Rounds (CPUs swap every round), after one discarded warm-up round.
+    #[arg(long, default_value_t = 10)]
+    rounds: usize,
+    /// Timed chunks per run.
+    #[arg(long, default_value_t = 100)]
+    chunks: u32,
+    /// malloc+free iterations per chunk.
+    #[arg(long, default_value_t = 20_000)]
+    chunk_iterations: u32,
+    /// Extra arguments for `allocscope record` (e.g. `--interval 64KiB`).
+    #[arg(last = true)]
+    record_args: Vec<String>,
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if !is_root() {
+        bail!("the benchmark attaches uprobes: run it as root (sudo -E cargo xtask bench)");
+    }
+    crate::setup::run()?;
+    status(cargo().args(["build", "--release"]))?;
+    let looper = fixture("bench_loop")?;
+    let allocscope = workspace().join("target/release/allocscope");
+    let out_dir = workspace().join("target/bench");
+    std::fs::create_dir_all(&out_dir)?;
+    let mut rounds = Vec::new();
+    eprintln!("round  cpu(ref/ours)  native ns  reference +ns  allocscope +ns  ratio");
+    for round in 0..=args.rounds {
+        let (reference_cpu, ours_cpu) = if round % 2 == 0 { (0, 1) } else { (1, 0) };
+        let native = {
+            let mut a = Loop::start(&looper, reference_cpu, &args)?;
+            let mut b = Loop::start(&looper, ours_cpu, &args)?;
+            a.go()?;
+            b.go()?;
+            (a.finish()?, b.finish()?)
+        };
+        let (reference, ours) = {
+            let mut a = Loop::start(&looper, reference_cpu, &args)?;
+            let mut b = Loop::start(&looper, ours_cpu, &args)?;
+            let reference_probe =
+                Probe::start(Command::new(&allocscope).args(["reference-probe", "-p", &a.pid()]))?;
+            let ours_probe = Probe::start(
+                Command::new(&allocscope)
+                    .args(["record", "--alloc-only", "-p", &b.pid(), "-o"])
+                    .arg(out_dir.join("bench.json"))
+                    .args(&args.record_args),
+            )?;
+            a.go()?;
+            b.go()?;
+            let timings = (a.finish()?, b.finish()?);
+            reference_probe.stop()?;
+            ours_probe.stop()?;
+            timings
+        };
+        let added_reference = reference - native.0;
+        let added_ours = ours - native.1;
+        let ratio = added_ours / added_reference;
+        eprintln!(
+            "{:>5}  {reference_cpu}/{ours_cpu}            {:>9.1}  {added_reference:>13.1}  {added_ours:>14.1}  {ratio:.3}",
+            if round == 0 { "warm".to_owned() } else { round.to_string() },
+            (native.0 + native.1) / 2.0
+        );
+        // Round 0 warms caches, page tables and the CPUs' frequency: not counted.
+        if round > 0 {
+            rounds.push((native.0.min(native.1), added_reference, added_ours, ratio));
+        }
+    }
+    let median = |index: fn(&(f64, f64, f64, f64)) -> f64| {
+        let mut values: Vec<f64> = rounds.iter().map(index).collect();
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    println!(
+        "median over {} rounds: native {:.1} ns/iteration, bare uprobe +{:.1} ns, allocscope \
+         record --alloc-only +{:.1} ns, ratio {:.3} (target ≤ 1.15)",
+        rounds.len(),
+        median(|r| r.0),
+        median(|r| r.1),
+        median(|r| r.2),
+        median(|r| r.3),
+    );
+    Ok(())
+}
+
+/// One pinned copy of the loop.
+struct Loop {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Loop {
+    fn start(looper: &Path, cpu: u32, args: &BenchArgs) -> anyhow::Result<Loop> {
+        let mut child = Command::new("taskset")
+            .args(["-c", &cpu.to_string()])
+            .arg(looper)
+            .args([args.chunk_iterations.to_string(), args.chunks.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting taskset (util-linux)")?;
+        let stdin = child.stdin.take();
+        let mut stdout = BufReader::new(child.stdout.take().context("stdout")?);
+        let mut line = String::new();
+        stdout.read_line(&mut line)?;
+        if !line.starts_with("ready") {
+            bail!("bench loop said {line:?}");
+        }
+        Ok(Loop {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+
+    fn go(&mut self) -> anyhow::Result<()> {
+        self.stdin.take().context("go twice")?.write_all(b"go\n")?;
+        Ok(())
+    }
+
+    fn finish(mut self) -> anyhow::Result<f64> {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line)?;
+        self.child.wait()?;
+        line.strip_prefix("median_ns_per_iteration ")
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("bench loop said {line:?}"))
+    }
+}
+
+/// A probing allocscope process, started and confirmed attached.
+struct Probe {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Probe {
+    fn start(command: &mut Command) -> anyhow::Result<Probe> {
+        let mut child = command.stderr(Stdio::piped()).spawn()?;
+        let mut stderr = BufReader::new(child.stderr.take().context("stderr")?);
+        let mut seen = String::new();
+        loop {
+            let mut line = String::new();
+            if stderr.read_line(&mut line)? == 0 {
+                bail!("probe exited before attaching:\n{seen}");
+            }
+            seen.push_str(&line);
+            if line.contains("recording pid") {
+                break;
+            }
+        }
+        // Keep draining stderr so the probe never blocks on a full pipe.
+        let log = workspace()
+            .join("target/bench")
+            .join(format!("probe-{}.log", child.id()));
+        let mut file = std::fs::File::create(&log)?;
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut file));
+        Ok(Probe { child, log })
+    }
+
+    fn stop(mut self) -> anyhow::Result<()> {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let status = self.child.wait()?;
+        if !status.success() {
+            bail!("probe failed ({status}); see {}", self.log.display());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,95 @@
+//! Installs what the build and the tests need, skipping whatever is already there.
+//!
+//! * nightly's rust-src: the eBPF crate is built with `-Z build-std=core` (DESIGN.md §2);
+//! * bpf-linker 0.10.0: links the eBPF object with nightly's own LLVM (0.11+ needs an LLVM
+//!   21 that Debian 12 lacks);
+//! * Debian packages: gcc builds the C fixtures; util-linux's setpriv runs the
+//!   unprivileged-user test.
+
+use std::process::Command;
+
+use anyhow::{bail, Context as _};
+
+use crate::run::{is_root, output, status};
+
+const BPF_LINKER_VERSION: &str = "0.10.0";
+const DEBIAN_PACKAGES: &[(&str, &str)] = &[("gcc", "gcc"), ("setpriv", "util-linux")];
+
+pub fn run() -> anyhow::Result<()> {
+    nightly_rust_src()?;
+    bpf_linker()?;
+    debian_packages()?;
+    eprintln!("xtask: setup complete");
+    Ok(())
+}
+
+fn nightly_rust_src() -> anyhow::Result<()> {
+    let toolchains = output(Command::new("rustup").args(["toolchain", "list"]))
+        .context("rustup is required (https://rustup.rs)")?;
+    if !toolchains.lines().any(|line| line.starts_with("nightly")) {
+        status(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ]))?;
+        return Ok(());
+    }
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        "nightly",
+    ]))
+    .unwrap_or_default();
+    if !installed.lines().any(|line| line.starts_with("rust-src")) {
+        status(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
+    }
+    Ok(())
+}
+
+fn bpf_linker() -> anyhow::Result<()> {
+    let version = output(Command::new("bpf-linker").arg("--version")).unwrap_or_default();
+    if version.contains(BPF_LINKER_VERSION) {
+        return Ok(());
+    }
+    status(Command::new("cargo").args([
+        "install",
+        &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+        "--locked",
+    ]))
+}
+
+fn debian_packages() -> anyhow::Result<()> {
+    let missing: Vec<&str> = DEBIAN_PACKAGES
+        .iter()
+        .filter(|(program, _)| output(Command::new("which").arg(program)).is_none())
+        .map(|(_, package)| *package)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "missing Debian packages {missing:?}: run `sudo apt-get install {}`",
+            missing.join(" ")
+        );
+    }
+    status(Command::new("apt-get").arg("update"))?;
+    status(
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
