@@ -1,5 +1,5 @@
 //! The demo: record the bundled workload (tests/fixtures/workload.c, sites of known sizes
-//! and counts, listed at the top of that file) and write a JSON and a folded profile.
+//! and counts, listed at the top of that file) and write its JSON profile.
 
 use std::process::Command;
 
@@ -13,25 +13,23 @@ pub fn run() -> anyhow::Result<()> {
     let out_dir = root.join("target/demo");
     std::fs::create_dir_all(&out_dir)?;
     let allocscope = root.join("target/release/allocscope");
-    for (format, file) in [("json", "heap.json"), ("folded", "heap.folded")] {
-        let mut command = if is_root() {
-            Command::new(&allocscope)
-        } else {
-            let mut sudo = Command::new("sudo");
-            sudo.arg(&allocscope);
-            sudo
-        };
-        command
-            .args(["record", "--interval", "64KiB", "--format", format, "-o"])
-            .arg(out_dir.join(file))
-            .arg("--")
-            .arg(&workload)
-            .arg("2000");
-        status(&mut command)?;
-    }
+    let mut command = if is_root() {
+        Command::new(&allocscope)
+    } else {
+        let mut sudo = Command::new("sudo");
+        sudo.arg(&allocscope);
+        sudo
+    };
+    command
+        .args(["record", "--interval", "64KiB", "-o"])
+        .arg(out_dir.join("heap.json"))
+        .arg("--")
+        .arg(&workload)
+        .arg("2000");
+    status(&mut command)?;
     eprintln!(
-        "\nxtask: the workload's true totals per site are in the header of tests/fixtures/workload.c \
-         (x2000 rounds);\n       profiles: {0}/heap.json, {0}/heap.folded",
+        "\nxtask: true totals per site: the header of tests/fixtures/workload.c, x2000 rounds\n       \
+         profile: {}/heap.json",
         out_dir.display()
     );
     Ok(())
