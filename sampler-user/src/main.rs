@@ -3,26 +3,14 @@
 //! Exit codes: 0 success, 1 failure while recording, 2 bad input (reported before
 //! anything is attached; clap's own usage errors also exit 2).
 
-mod cli;
-mod collect;
-mod config;
-mod exits;
-mod export;
-mod preflight;
-mod probe;
-mod profile;
-mod record;
-mod reference;
-mod spawn;
-mod stacks;
-mod stats;
-mod summary;
-
 use std::process::ExitCode;
 
 use clap::Parser as _;
-
-use crate::{cli::Command, config::BadInput};
+use sampler_user::{
+    cli::{self, Command},
+    config::BadInput,
+    record, reference,
+};
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();

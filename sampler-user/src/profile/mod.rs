@@ -13,7 +13,10 @@ use serde::Serialize;
 use crate::{
     collect::{Losses, Sample},
     stacks::{self, symbolize::FrameInfo, symbolize::Symbolizer, Frame, StackTable},
-    stats::{estimate::Window, Estimate, SampleObs, SampleSet},
+    stats::{
+        estimate::{Posterior, Window},
+        Estimate, SampleObs, SampleSet,
+    },
 };
 
 /// Schema tag of the JSON export.
@@ -82,7 +85,7 @@ impl Recorder {
         for (id, set) in self.per_stack.iter().enumerate() {
             let (pid, frames) = self.stacks.stack(id as stacks::StackId);
             per_pid.entry(pid).or_default().merge(set);
-            let (alloc_bytes, alloc_objects) = estimate(set);
+            let alloc = estimate(set);
             stacks.push(StackProfile {
                 pid,
                 frames: frames
@@ -90,8 +93,10 @@ impl Recorder {
                     .flat_map(|frame| resolved[frame].iter().cloned())
                     .collect(),
                 samples: set.samples(),
-                alloc_bytes,
-                alloc_objects,
+                alloc_bytes: alloc.bytes,
+                alloc_objects: alloc.objects,
+                alloc_bytes_by_trials: alloc.bytes_by_trials,
+                alloc_posterior: set.posterior(settings.interval),
                 inuse_bytes: None,
                 inuse_objects: None,
             });
@@ -100,7 +105,7 @@ impl Recorder {
         let processes = per_pid
             .iter()
             .map(|(&pid, set)| {
-                let (alloc_bytes, alloc_objects) = estimate(set);
+                let alloc = estimate(set);
                 let exact = counters.get(&pid).copied().unwrap_or_default();
                 ProcessProfile {
                     pid,
@@ -110,8 +115,8 @@ impl Recorder {
                         bytes: exact.bytes,
                     },
                     samples: set.samples(),
-                    alloc_bytes,
-                    alloc_objects,
+                    alloc_bytes: alloc.bytes,
+                    alloc_objects: alloc.objects,
                 }
             })
             .collect();
@@ -235,6 +240,10 @@ pub struct StackProfile {
     pub alloc_bytes: Estimate,
     /// Objects allocated from this stack.
     pub alloc_objects: Estimate,
+    /// The alternative (trials) estimate of `alloc_bytes`: `Σ q_i/p_i + Σ u_i`.
+    pub alloc_bytes_by_trials: f64,
+    /// jemalloc #1751 posterior parameters of `alloc_bytes`, for your own inference.
+    pub alloc_posterior: Posterior,
     /// Bytes allocated here and still live at the end (`None`: frees not tracked).
     pub inuse_bytes: Option<Estimate>,
     /// Objects allocated here and still live at the end (`None`: frees not tracked).

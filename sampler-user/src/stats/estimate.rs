@@ -1,23 +1,42 @@
-//! Estimators of allocated bytes and objects from a set of samples, with bounds.
+//! Estimators of allocated (or live) bytes and objects from a set of samples, with bounds.
 //!
 //! Per sample `i`: size `n_i`, offset `o_i` of the successful byte, `u_i = n_i - o_i`, mean
-//! interval `1/p_i`, inclusion probability `π_i = 1 - q_i^{n_i}` (the chance an object of
-//! `n_i` bytes holds at least one successful trial).
+//! interval `1/p_i`, inclusion probability `π_i = 1 - q_i^{n_i}` (the chance that an object
+//! of `n_i` bytes holds at least one successful trial). Objects are included independently:
+//! whether one is sampled depends only on its own bytes' trials.
 //!
-//! * bytes: Horvitz-Thompson `Σ n_i / π_i`, unbiased (.NET note, approach 1);
-//! * objects: `Σ 1 / π_i`, unbiased by the same argument;
-//! * bounds on bytes: the negative-binomial construction (.NET note, approach 2): the failed
-//!   trials before the `s`-th success are `NegBin(s, p)`, so with `C` the confidence the
-//!   bytes lie in `[Q(s, (1-C)/2) + u, Q(s, (1+C)/2) + u]`, `u = Σ u_i`. A window whose end
-//!   does not fall on a sample (every recording: bytes after the last sample are unseen)
-//!   takes the upper quantile at `s + 1`; one whose start does not takes the lower at `s - 1`.
-//!   With mixed intervals the lower bound uses the smallest interval and the upper the
-//!   largest, which can only widen the interval;
-//! * bounds on objects: the byte bounds scaled by objects/bytes (exact for one object size).
+//! * bytes: Horvitz-Thompson `Σ n_i / π_i`, unbiased (.NET note, approach 1), with the
+//!   unbiased variance estimate `Σ n_i² (1 - π_i) / π_i²`;
+//! * objects: `Σ 1 / π_i`, variance `Σ (1 - π_i) / π_i²`;
+//! * the trials estimate `Σ q_i/p_i + Σ u_i` (.NET note, approach 2; `s·q/p + u` for one
+//!   interval), exported for comparison;
+//! * bounds on bytes, negative-binomial construction (.NET note): the failed trials before
+//!   the `s`-th success are `NegBin(s, p)`, so the bytes lie in
+//!   `[Q((1-C)/2) + u, Q((1+C)/2) + u]`. Samples drawn under different intervals (the
+//!   throttle changes it while running) each contribute their own failure mean `q_i/p_i`
+//!   and variance `q_i/p_i²`; the sum is matched by a negative binomial of the same two
+//!   moments (exact when all intervals agree). A window whose end does not fall on a
+//!   sample (a recording's end, any sliding window) adds one sample at the largest interval
+//!   to the upper bound; one whose start does not removes one sample from the lower bound;
+//! * with at least [`NORMAL_MIN_SAMPLES`] samples the normal interval from the
+//!   Horvitz-Thompson variance is used instead when it is narrower (objects much larger
+//!   than the interval are nearly always sampled, and their bytes nearly exact);
+//! * bounds on objects: the weighted sum `Σ w_i` (`w_i = 1/π_i`) is a sum of rare weighted
+//!   events, for which Fay and Feuer's gamma interval (Statistics in Medicine, 1997) is the
+//!   standard conservative construction: lower at the `(1-C)/2` quantile of the gamma with
+//!   the estimate's mean and variance, upper at the `(1+C)/2` quantile of the gamma whose
+//!   mean and variance include one more event of the largest weight seen;
+//! * every lower bound is at least what was seen: `Σ n_i` bytes and `s` objects.
 //!
-//! Zero samples estimate zero but keep a finite upper bound: "fewer than X bytes", not "none".
+//! Zero samples estimate zero but keep a finite upper bound: "fewer than X bytes", not
+//! "none". The posterior view of jemalloc #1751 is [`Posterior`].
+
+use statrs::distribution::{ContinuousCDF as _, Gamma, Normal};
 
 use super::negbin;
+
+/// From this many samples on, the normal interval may replace the negative-binomial one.
+pub const NORMAL_MIN_SAMPLES: u64 = 100;
 
 /// One sampled allocation, as the estimators need it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,7 +69,7 @@ pub fn inclusion_probability(size: u64, interval: u64) -> f64 {
 }
 
 /// A number with its bounds, as every output shows it.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Estimate {
     /// Samples the estimate rests on.
     pub samples: u64,
@@ -60,6 +79,39 @@ pub struct Estimate {
     pub lower: f64,
     /// Upper bound at the chosen confidence.
     pub upper: f64,
+}
+
+impl Estimate {
+    /// Every field divided by `seconds` (a rate); zero for a non-positive duration.
+    pub fn per_second(self, seconds: f64) -> Estimate {
+        let scale = if seconds > 0.0 { 1.0 / seconds } else { 0.0 };
+        Estimate {
+            samples: self.samples,
+            estimate: self.estimate * scale,
+            lower: self.lower * scale,
+            upper: self.upper * scale,
+        }
+    }
+}
+
+/// The posterior of jemalloc #1751 for the bytes behind a set of samples: with
+/// `bytes_sampled` successful trials (one per sample), `bytes_to_sample` bytes that were
+/// never trialed (the rest of each sampled object after its successful byte) and success
+/// probability `p`, the total is `bytes_to_sample + bytes_sampled + NegBin(bytes_sampled +
+/// 1, p)` failures (flat prior). For mixed intervals `p` is the one giving the same expected
+/// failures, `s / Σ(1/p_i)`.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Posterior {
+    /// Successful trials: the number of samples.
+    pub bytes_sampled: u64,
+    /// Bytes skipped after each successful trial, `Σ (u_i - 1)`.
+    pub bytes_to_sample: f64,
+    /// Per-byte success probability.
+    pub p: f64,
+    /// Posterior mean: `bytes_to_sample + bytes_sampled/p + (1/p - 1)`.
+    pub mean: f64,
+    /// Posterior variance: `(bytes_sampled + 1)(1 - p)/p²`.
+    pub variance: f64,
 }
 
 /// Which ends of the estimation window coincide with a sample (see the module doc).
@@ -78,54 +130,102 @@ impl Window {
         start_aligned: true,
         end_aligned: false,
     };
+    /// A window cut out of a running recording (rates): neither end on a sample.
+    pub const SLIDING: Window = Window {
+        start_aligned: false,
+        end_aligned: false,
+    };
+}
+
+/// Estimated bytes and objects of one set of samples.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Estimates {
+    /// Bytes (Horvitz-Thompson), with bounds.
+    pub bytes: Estimate,
+    /// Objects, with bounds.
+    pub objects: Estimate,
+    /// The trials estimate of bytes, `Σ q_i/p_i + Σ u_i`.
+    pub bytes_by_trials: f64,
 }
 
 /// Running sums over a set of samples: constant memory, order-independent, and removable
-/// (a freed object's sample leaves exactly what it added).
+/// (a freed object's sample takes back exactly what it added).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SampleSet {
     samples: u64,
+    sampled_bytes: f64,
     weighted_bytes: f64,
     weighted_objects: f64,
+    variance_bytes: f64,
+    variance_objects: f64,
+    max_object_weight: f64,
     unseen_remainder: f64,
-    min_interval: u64,
+    failure_mean: f64,
+    failure_variance: f64,
     max_interval: u64,
 }
 
 impl SampleSet {
     /// Adds one sample.
     pub fn add(&mut self, obs: SampleObs) {
+        self.apply(obs, 1.0);
+    }
+
+    /// Removes a sample added before (its object was freed): exactly undoes [`Self::add`].
+    pub fn remove(&mut self, obs: SampleObs) {
+        if self.samples == 0 {
+            return;
+        }
+        self.apply(obs, -1.0);
+        if self.samples == 0 {
+            // Drop floating-point residue: an empty set is exactly empty.
+            *self = SampleSet {
+                max_interval: self.max_interval,
+                max_object_weight: self.max_object_weight,
+                ..SampleSet::default()
+            };
+        }
+    }
+
+    fn apply(&mut self, obs: SampleObs, sign: f64) {
         let pi = obs.inclusion_probability();
         if pi <= 0.0 {
             return;
         }
-        self.samples += 1;
-        self.weighted_bytes += obs.size as f64 / pi;
-        self.weighted_objects += 1.0 / pi;
-        self.unseen_remainder += obs.size.saturating_sub(obs.offset) as f64;
-        self.min_interval = if self.samples == 1 {
-            obs.interval
+        let n = obs.size as f64;
+        let p = 1.0 / obs.interval as f64;
+        let q = 1.0 - p;
+        if sign > 0.0 {
+            self.samples += 1;
+            self.max_interval = self.max_interval.max(obs.interval);
+            // Kept on removal: a larger "one more event" only widens the upper bound.
+            self.max_object_weight = self.max_object_weight.max(1.0 / pi);
         } else {
-            self.min_interval.min(obs.interval)
-        };
-        self.max_interval = self.max_interval.max(obs.interval);
+            self.samples -= 1;
+        }
+        self.sampled_bytes += sign * n;
+        self.weighted_bytes += sign * n / pi;
+        self.weighted_objects += sign / pi;
+        self.variance_bytes += sign * n * n * (1.0 - pi) / (pi * pi);
+        self.variance_objects += sign * (1.0 - pi) / (pi * pi);
+        self.unseen_remainder += sign * obs.size.saturating_sub(obs.offset) as f64;
+        self.failure_mean += sign * q / p;
+        self.failure_variance += sign * q / (p * p);
     }
 
     /// Merges another set into this one.
     pub fn merge(&mut self, other: &SampleSet) {
-        if other.samples == 0 {
-            return;
-        }
-        self.min_interval = if self.samples == 0 {
-            other.min_interval
-        } else {
-            self.min_interval.min(other.min_interval)
-        };
-        self.max_interval = self.max_interval.max(other.max_interval);
         self.samples += other.samples;
+        self.sampled_bytes += other.sampled_bytes;
         self.weighted_bytes += other.weighted_bytes;
         self.weighted_objects += other.weighted_objects;
+        self.variance_bytes += other.variance_bytes;
+        self.variance_objects += other.variance_objects;
+        self.max_object_weight = self.max_object_weight.max(other.max_object_weight);
         self.unseen_remainder += other.unseen_remainder;
+        self.failure_mean += other.failure_mean;
+        self.failure_variance += other.failure_variance;
+        self.max_interval = self.max_interval.max(other.max_interval);
     }
 
     /// Number of samples.
@@ -133,63 +233,156 @@ impl SampleSet {
         self.samples
     }
 
-    /// Estimated bytes and objects with bounds at `confidence` (e.g. 0.95). `interval` is the
-    /// mean interval to assume for an empty set's upper bound.
-    pub fn estimate(&self, confidence: f64, window: Window, interval: u64) -> (Estimate, Estimate) {
-        let tail = (1.0 - confidence.clamp(0.0, 1.0)) / 2.0;
-        let (min_interval, max_interval) = if self.samples == 0 {
-            (interval, interval)
+    /// The jemalloc #1751 posterior of the bytes behind these samples; `interval` stands in
+    /// when the set is empty.
+    pub fn posterior(&self, interval: u64) -> Posterior {
+        let s = self.samples as f64;
+        let p = if self.samples == 0 {
+            1.0 / interval.max(1) as f64
         } else {
-            (self.min_interval, self.max_interval)
+            // Σ 1/p_i = Σ (q_i/p_i + 1).
+            s / (self.failure_mean + s)
         };
-        let lower_samples = if window.start_aligned {
-            self.samples
-        } else {
-            self.samples.saturating_sub(1)
-        };
-        let upper_samples = if window.end_aligned {
-            self.samples
-        } else {
-            self.samples + 1
-        };
-        let failures = |samples: u64, interval: u64, alpha: f64| {
-            if samples == 0 || tail <= 0.0 {
-                0.0
-            } else {
-                negbin::quantile(samples, 1.0 / interval.max(1) as f64, alpha)
-            }
-        };
-        let mut lower = failures(lower_samples, min_interval, tail) + self.unseen_remainder;
-        let mut upper = failures(upper_samples, max_interval, 1.0 - tail) + self.unseen_remainder;
-        if tail <= 0.0 {
-            (lower, upper) = (self.unseen_remainder, f64::INFINITY);
+        let bytes_to_sample = (self.unseen_remainder - s).max(0.0);
+        Posterior {
+            bytes_sampled: self.samples,
+            bytes_to_sample,
+            p,
+            mean: bytes_to_sample + s / p + (1.0 / p - 1.0),
+            variance: (s + 1.0) * (1.0 - p) / (p * p),
         }
+    }
+
+    /// Estimates with bounds at `confidence` (e.g. 0.95) over a window of the given kind;
+    /// `interval` is the mean interval assumed for an empty set's upper bound.
+    pub fn estimate(&self, confidence: f64, window: Window, interval: u64) -> Estimates {
+        let tail = (1.0 - confidence.clamp(0.0, 1.0)) / 2.0;
+        let (mut lower, mut upper) = self.negbin_bounds(tail, window, interval);
+        let z = if tail > 0.0 {
+            Normal::standard().inverse_cdf(1.0 - tail)
+        } else {
+            f64::INFINITY
+        };
+        let normal = |estimate: f64, variance: f64| {
+            let half = z * variance.max(0.0).sqrt();
+            (estimate - half, estimate + half)
+        };
+        let use_normal = self.samples >= NORMAL_MIN_SAMPLES;
+        if use_normal {
+            let (normal_lower, normal_upper) = normal(self.weighted_bytes, self.variance_bytes);
+            if normal_upper - normal_lower < upper - lower {
+                (lower, upper) = (normal_lower, normal_upper);
+            }
+        }
+        let lower = lower.max(self.sampled_bytes);
         let bytes = Estimate {
             samples: self.samples,
             estimate: self.weighted_bytes,
             lower,
-            upper,
+            upper: upper.max(lower),
         };
-        let per_byte = if self.weighted_bytes > 0.0 {
-            self.weighted_objects / self.weighted_bytes
+        let (objects_lower, objects_upper) = if self.samples == 0 {
+            // Nothing seen: at most one object per byte that could hide.
+            (0.0, bytes.upper)
         } else {
-            // No samples: at most one object per byte.
-            1.0
+            gamma_interval(
+                self.weighted_objects,
+                self.variance_objects,
+                self.max_object_weight,
+                tail,
+            )
         };
+        let objects_lower = objects_lower.max(self.samples as f64);
         let objects = Estimate {
             samples: self.samples,
             estimate: self.weighted_objects,
-            lower: lower * per_byte,
-            upper: upper * per_byte,
+            lower: objects_lower,
+            upper: objects_upper.max(objects_lower),
         };
-        (bytes, objects)
+        Estimates {
+            bytes,
+            objects,
+            bytes_by_trials: self.failure_mean + self.unseen_remainder,
+        }
     }
+
+    /// Negative-binomial bounds on bytes, moment-matched over the samples' intervals.
+    fn negbin_bounds(&self, tail: f64, window: Window, interval: u64) -> (f64, f64) {
+        if tail <= 0.0 {
+            return (self.unseen_remainder, f64::INFINITY);
+        }
+        let s = self.samples as f64;
+        let (mean, variance) = (self.failure_mean, self.failure_variance);
+        // Lower: one sample fewer when the window starts mid-countdown (its average share).
+        let lower_moments = if window.start_aligned || self.samples == 0 {
+            (mean, variance)
+        } else {
+            let keep = (s - 1.0) / s;
+            (mean * keep, variance * keep)
+        };
+        // Upper: one more sample, at the largest interval, when the window ends mid-countdown.
+        let extra = if self.samples == 0 {
+            interval
+        } else {
+            self.max_interval
+        }
+        .max(1) as f64;
+        let upper_moments = if window.end_aligned {
+            (mean, variance)
+        } else {
+            let p = 1.0 / extra;
+            (mean + (1.0 - p) / p, variance + (1.0 - p) / (p * p))
+        };
+        let lower = failures_quantile(lower_moments, tail) + self.unseen_remainder;
+        let upper = failures_quantile(upper_moments, 1.0 - tail) + self.unseen_remainder;
+        (lower, upper)
+    }
+}
+
+/// Fay-Feuer gamma interval for a weighted sum of rare events: `estimate` with variance
+/// `variance`, largest single weight `max_weight`, `tail` probability outside each end.
+fn gamma_interval(estimate: f64, variance: f64, max_weight: f64, tail: f64) -> (f64, f64) {
+    if tail <= 0.0 {
+        return (0.0, f64::INFINITY);
+    }
+    // shape = mean²/variance, rate = mean/variance.
+    let quantile = |mean: f64, variance: f64, alpha: f64| -> f64 {
+        if mean <= 0.0 {
+            return 0.0;
+        }
+        if variance <= mean * 1e-12 {
+            return mean;
+        }
+        Gamma::new(mean * mean / variance, mean / variance)
+            .map(|gamma| gamma.inverse_cdf(alpha))
+            .unwrap_or(mean)
+    };
+    let variance = variance.max(0.0);
+    let lower = quantile(estimate, variance, tail);
+    let upper = quantile(
+        estimate + max_weight,
+        variance + max_weight * max_weight,
+        1.0 - tail,
+    );
+    (lower, upper)
+}
+
+/// Quantile of the negative binomial with the given failure mean and variance
+/// (`p = mean/variance`, `r = mean·p/(1-p)`): `NegBin(s, p)` itself when every sample had
+/// interval `1/p`.
+fn failures_quantile((mean, variance): (f64, f64), alpha: f64) -> f64 {
+    if !(mean > 0.0 && variance > mean) {
+        // No failures expected (no samples, or every byte sampled).
+        return 0.0;
+    }
+    let p = mean / variance;
+    let successes = mean * p / (1.0 - p);
+    negbin::quantile(successes, p, alpha)
 }
 
 #[cfg(test)]
 mod tests {
-    use rand::{Rng, SeedableRng};
-    use rand_pcg::Pcg64;
+    use proptest::prelude::*;
 
     use super::*;
 
@@ -214,11 +407,16 @@ mod tests {
                 interval: 1024,
             });
         }
-        let (bytes, objects) = set.estimate(0.95, Window::RECORDING, 1024);
-        assert_eq!(bytes.samples, 10);
-        assert!((bytes.estimate - 10.0 * (1u64 << 30) as f64).abs() < 1.0);
-        assert!((objects.estimate - 10.0).abs() < 1e-9);
-        assert!(bytes.lower <= bytes.estimate && bytes.estimate <= bytes.upper);
+        let e = set.estimate(0.95, Window::RECORDING, 1024);
+        assert_eq!(e.bytes.samples, 10);
+        assert!((e.bytes.estimate - 10.0 * (1u64 << 30) as f64).abs() < 1.0);
+        assert!((e.objects.estimate - 10.0).abs() < 1e-9);
+        assert!(e.bytes.lower <= e.bytes.estimate && e.bytes.estimate <= e.bytes.upper);
+        assert!(
+            e.objects.lower >= 10.0,
+            "at least the objects seen: {:?}",
+            e.objects
+        );
         // A 1-byte object at interval 1000 stands for 1000 bytes and 1000 objects.
         let mut small = SampleSet::default();
         small.add(SampleObs {
@@ -226,71 +424,224 @@ mod tests {
             offset: 0,
             interval: 1000,
         });
-        let (bytes, objects) = small.estimate(0.95, Window::RECORDING, 1000);
-        assert!((bytes.estimate - 1000.0).abs() < 1e-6);
-        assert!((objects.estimate - 1000.0).abs() < 1e-6);
+        let e = small.estimate(0.95, Window::RECORDING, 1000);
+        assert!((e.bytes.estimate - 1000.0).abs() < 1e-6);
+        assert!((e.objects.estimate - 1000.0).abs() < 1e-6);
+        // Trials estimate s·q/p + u = 999 + 1.
+        assert!((e.bytes_by_trials - 1000.0).abs() < 1e-9);
+    }
+
+    /// The .NET worked example: 8 samples, u = 10908, p = 1/102400, aligned window:
+    /// bounds [353666 + 10908, 1476870 + 10908].
+    #[test]
+    fn reproduces_the_dotnet_interval() {
+        let mut set = SampleSet::default();
+        let offsets = [0u64, 100, 200, 300, 400, 500, 600, 700];
+        let sizes = [1000u64, 1500, 1200, 1400, 1600, 1800, 2000, 3208];
+        let u: u64 = sizes.iter().zip(offsets).map(|(n, o)| n - o).sum();
+        assert_eq!(u, 10908);
+        for (size, offset) in sizes.into_iter().zip(offsets) {
+            set.add(SampleObs {
+                size,
+                offset,
+                interval: 102400,
+            });
+        }
+        let aligned = Window {
+            start_aligned: true,
+            end_aligned: true,
+        };
+        let e = set.estimate(0.95, aligned, 102400);
+        assert!(
+            (e.bytes.lower - (353666.0 + 10908.0)).abs() < 0.001 * 364574.0,
+            "{:?}",
+            e.bytes
+        );
+        assert!(
+            (e.bytes.upper - (1476870.0 + 10908.0)).abs() < 0.001 * 1487778.0,
+            "{:?}",
+            e.bytes
+        );
+        // Unaligned ends widen: lower as if 7 samples, upper as if 9.
+        let sliding = set.estimate(0.95, Window::SLIDING, 102400);
+        assert!(sliding.bytes.lower < e.bytes.lower && sliding.bytes.upper > e.bytes.upper);
+        assert!((sliding.bytes.upper - (1614137.0 + 10908.0)).abs() < 0.001 * 1625045.0);
     }
 
     #[test]
     fn zero_samples_have_an_upper_bound_not_a_zero() {
-        let (bytes, objects) = SampleSet::default().estimate(0.95, Window::RECORDING, 102400);
-        assert_eq!(bytes.estimate, 0.0);
-        assert_eq!(bytes.lower, 0.0);
+        let e = SampleSet::default().estimate(0.95, Window::RECORDING, 102400);
+        assert_eq!(e.bytes.estimate, 0.0);
+        assert_eq!(e.bytes.lower, 0.0);
         // One more sample's 97.5% quantile (the .NET table, s = 1).
-        assert!((bytes.upper - 377738.0).abs() < 400.0, "{}", bytes.upper);
-        assert!(objects.upper > 0.0);
-    }
-
-    /// Simulates the per-byte Bernoulli model with a countdown (exactly what the kernel
-    /// does) and checks unbiasedness and coverage of the byte bounds.
-    #[test]
-    fn simulated_recordings_are_unbiased_and_covered() {
-        let interval = 4096u64;
-        let p = 1.0 / interval as f64;
-        let mut rng = Pcg64::seed_from_u64(7);
-        let runs = 2000;
-        let mut covered = 0;
-        let mut sum_estimates = 0.0;
-        let sizes = [16u64, 100, 3000, 20000];
-        let mut truth = 0u64;
-        for run in 0..runs {
-            let mut set = SampleSet::default();
-            let mut countdown = geometric(&mut rng, p);
-            let mut total = 0u64;
-            for i in 0..400 {
-                let size = sizes[i % sizes.len()];
-                total += size;
-                if countdown < size {
-                    set.add(SampleObs {
-                        size,
-                        offset: countdown,
-                        interval,
-                    });
-                    countdown = geometric(&mut rng, p);
-                } else {
-                    countdown -= size;
-                }
-            }
-            if run == 0 {
-                truth = total;
-            }
-            let (bytes, _) = set.estimate(0.95, Window::RECORDING, interval);
-            sum_estimates += bytes.estimate;
-            if bytes.lower <= total as f64 && total as f64 <= bytes.upper {
-                covered += 1;
-            }
-        }
-        let mean = sum_estimates / runs as f64;
-        let coverage = covered as f64 / runs as f64;
         assert!(
-            (mean - truth as f64).abs() < 0.02 * truth as f64,
-            "mean {mean} vs {truth}"
+            (e.bytes.upper - 377738.0).abs() < 400.0,
+            "{}",
+            e.bytes.upper
         );
-        assert!((0.93..=0.995).contains(&coverage), "coverage {coverage}");
+        assert!(e.objects.upper > 0.0);
     }
 
-    fn geometric(rng: &mut Pcg64, p: f64) -> u64 {
-        let u: f64 = 1.0 - rng.random::<f64>();
-        (u.ln() / (-p).ln_1p()).floor() as u64
+    #[test]
+    fn removing_undoes_adding() {
+        let a = SampleObs {
+            size: 100,
+            offset: 3,
+            interval: 4096,
+        };
+        let b = SampleObs {
+            size: 70000,
+            offset: 900,
+            interval: 65536,
+        };
+        let mut set = SampleSet::default();
+        set.add(a);
+        let only_a = set;
+        set.add(b);
+        set.remove(b);
+        assert_eq!(set.samples(), 1);
+        assert!((set.weighted_bytes - only_a.weighted_bytes).abs() < 1e-6);
+        set.remove(a);
+        assert_eq!(
+            set.estimate(0.95, Window::RECORDING, 4096).bytes.estimate,
+            0.0
+        );
+        // Removing from an empty set (a free of an unknown sample) changes nothing.
+        set.remove(a);
+        assert_eq!(set.samples(), 0);
+    }
+
+    #[test]
+    fn posterior_matches_jemalloc_formulas() {
+        let mut set = SampleSet::default();
+        for _ in 0..4 {
+            set.add(SampleObs {
+                size: 10,
+                offset: 2,
+                interval: 1000,
+            });
+        }
+        let posterior = set.posterior(1000);
+        assert_eq!(posterior.bytes_sampled, 4);
+        assert!((posterior.p - 0.001).abs() < 1e-12);
+        assert!((posterior.bytes_to_sample - 28.0).abs() < 1e-9); // 4 × (8 - 1)
+        assert!((posterior.mean - (28.0 + 4000.0 + 999.0)).abs() < 1e-6);
+        assert!((posterior.variance - 5.0 * 0.999 / 1e-6).abs() < 1e-3);
+    }
+
+    #[test]
+    fn mixed_intervals_reduce_to_one_interval_when_equal_and_stay_valid() {
+        let mut uniform = SampleSet::default();
+        let mut split = SampleSet::default();
+        for i in 0..20 {
+            let obs = SampleObs {
+                size: 64,
+                offset: i % 64,
+                interval: 8192,
+            };
+            uniform.add(obs);
+            split.add(obs);
+        }
+        let e = uniform.estimate(0.95, Window::RECORDING, 8192);
+        // Same samples added in two halves: identical sums, identical bounds.
+        assert_eq!(split.estimate(0.95, Window::RECORDING, 8192), e);
+        // Half of the samples at 4× the interval: each stands for 4× the bytes.
+        let mut mixed = SampleSet::default();
+        for i in 0..20 {
+            let interval = if i % 2 == 0 { 8192 } else { 32768 };
+            mixed.add(SampleObs {
+                size: 64,
+                offset: i % 64,
+                interval,
+            });
+        }
+        let m = mixed.estimate(0.95, Window::RECORDING, 8192);
+        assert!((m.bytes.estimate / e.bytes.estimate - 2.5).abs() < 0.01);
+        assert!(m.bytes.lower < m.bytes.estimate && m.bytes.estimate < m.bytes.upper);
+    }
+
+    fn arbitrary_obs() -> impl Strategy<Value = SampleObs> {
+        (
+            1u64..=1 << 36,
+            0.0f64..1.0,
+            prop_oneof![Just(1u64), 2u64..=1 << 30, Just(1 << 30)],
+        )
+            .prop_map(|(size, fraction, interval)| SampleObs {
+                size,
+                // At interval 1 every byte succeeds: the first one is the sample.
+                offset: if interval == 1 {
+                    0
+                } else {
+                    ((size as f64 * fraction) as u64).min(size - 1)
+                },
+                interval,
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// No NaN or infinity, ordered bounds, lower ≥ what was seen, for any samples.
+        #[test]
+        fn estimates_are_finite_and_ordered(
+            samples in prop::collection::vec(arbitrary_obs(), 0..40),
+            confidence in 0.5f64..0.9999,
+        ) {
+            let mut set = SampleSet::default();
+            for obs in &samples {
+                set.add(*obs);
+            }
+            for window in [Window::RECORDING, Window::SLIDING] {
+                let e = set.estimate(confidence, window, 4096);
+                for value in [e.bytes.estimate, e.bytes.lower, e.bytes.upper, e.objects.estimate,
+                              e.objects.lower, e.objects.upper, e.bytes_by_trials] {
+                    prop_assert!(value.is_finite() && value >= 0.0, "{e:?}");
+                }
+                prop_assert!(e.bytes.lower <= e.bytes.upper && e.objects.lower <= e.objects.upper);
+                let seen: f64 = samples.iter().map(|o| o.size as f64).sum();
+                prop_assert!(e.bytes.lower >= seen * (1.0 - 1e-12));
+                prop_assert!(e.bytes.estimate >= seen * (1.0 - 1e-12));
+            }
+            let posterior = set.posterior(4096);
+            prop_assert!(posterior.mean.is_finite() && posterior.variance.is_finite());
+        }
+
+        /// More samples never lower the estimate; higher confidence never narrows bounds.
+        #[test]
+        fn monotone_in_samples_and_confidence(
+            samples in prop::collection::vec(arbitrary_obs(), 1..30),
+            extra in arbitrary_obs(),
+        ) {
+            let mut set = SampleSet::default();
+            for obs in &samples {
+                set.add(*obs);
+            }
+            let before = set.estimate(0.95, Window::RECORDING, 4096);
+            let wider = set.estimate(0.99, Window::RECORDING, 4096);
+            prop_assert!(wider.bytes.lower <= before.bytes.lower * (1.0 + 1e-9));
+            prop_assert!(wider.bytes.upper >= before.bytes.upper * (1.0 - 1e-9));
+            set.add(extra);
+            let after = set.estimate(0.95, Window::RECORDING, 4096);
+            prop_assert!(after.bytes.estimate >= before.bytes.estimate);
+            prop_assert!(after.objects.estimate >= before.objects.estimate);
+        }
+
+        /// Huge sample counts (millions of samples, accumulated) stay finite.
+        #[test]
+        fn huge_sample_counts(count in 1_000_000u64..5_000_000, interval in 1u64..=1 << 30) {
+            let mut one = SampleSet::default();
+            one.add(SampleObs { size: 1, offset: 0, interval });
+            let mut set = SampleSet::default();
+            for _ in 0..count.ilog2() {
+                set.merge(&one);
+            }
+            let mut big = SampleSet::default();
+            for _ in 0..(count / 1_000_000) {
+                for _ in 0..20 { big.merge(&set); }
+            }
+            let e = big.estimate(0.95, Window::RECORDING, interval);
+            prop_assert!(e.bytes.lower.is_finite() && e.bytes.upper.is_finite());
+            prop_assert!(e.bytes.lower <= e.bytes.estimate && e.bytes.estimate <= e.bytes.upper);
+        }
     }
 }

@@ -6,5 +6,7 @@
 
 pub mod estimate;
 pub mod negbin;
+pub mod rate;
+pub mod simulate;
 
 pub use estimate::{Estimate, SampleObs, SampleSet};

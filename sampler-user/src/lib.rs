@@ -1,0 +1,21 @@
+//! allocscope's user side as a library: the `allocscope` binary (main.rs) is a thin shell
+//! over these modules, and examples (e.g. the estimator calibration) reuse the pure parts.
+//!
+//! Data flows ① probe → ② collect → ③ stacks → ⑤ profile → ⑥ export, with ④ stats as pure
+//! functions the profile and exporters call.
+#![deny(missing_docs)]
+
+pub mod cli;
+pub mod collect;
+pub mod config;
+pub mod exits;
+pub mod export;
+pub mod preflight;
+pub mod probe;
+pub mod profile;
+pub mod record;
+pub mod reference;
+pub mod spawn;
+pub mod stacks;
+pub mod stats;
+pub mod summary;

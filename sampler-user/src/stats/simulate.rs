@@ -1,0 +1,188 @@
+//! Calibration by simulation: replays the kernel's sampling decision (the same integer
+//! geometric draw, `sampler_common::geometric::draw`) over allocation patterns whose totals
+//! are known, many times, and measures bias and interval coverage of every estimator.
+//!
+//! Used by the unit tests (which assert unbiasedness and calibrated coverage) and by the
+//! `calibration` example, which prints the table so anyone can re-check a change:
+//! `cargo run --release -p sampler-user --example calibration`.
+
+use rand::{RngCore as _, SeedableRng as _};
+use rand_pcg::Pcg64;
+use sampler_common::geometric;
+
+use super::estimate::{SampleObs, SampleSet, Window};
+
+/// An allocation pattern: one period of sizes, repeated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    /// 32-byte objects only (the weighted estimator's worst case: tiny inclusion probability).
+    TinyFixed,
+    /// Sizes from 16 bytes to 5× the interval.
+    MixedSizes,
+    /// Blocks of one to three intervals (most are sampled, some are not).
+    LargeBlocks,
+    /// One big block then 64 tiny ones per interval-sized period: fixed-stride sampling
+    /// would see only the big block.
+    PeriodicBigTiny,
+}
+
+impl Pattern {
+    /// Every pattern.
+    pub const ALL: [Pattern; 4] = [
+        Pattern::TinyFixed,
+        Pattern::MixedSizes,
+        Pattern::LargeBlocks,
+        Pattern::PeriodicBigTiny,
+    ];
+
+    /// One period of allocation sizes at mean interval `interval`.
+    pub fn period(self, interval: u64) -> Vec<u64> {
+        match self {
+            Pattern::TinyFixed => vec![32],
+            Pattern::MixedSizes => vec![16, 100, 700, 3000, interval / 2, 5 * interval, 48],
+            Pattern::LargeBlocks => vec![interval, 3 * interval / 2, 2 * interval, 3 * interval],
+            Pattern::PeriodicBigTiny => {
+                let mut period = vec![interval - 64 * 16];
+                period.extend([16; 64]);
+                period
+            }
+        }
+    }
+}
+
+/// Bias and coverage measured over many simulated recordings.
+#[derive(Clone, Copy, Debug)]
+pub struct Calibration {
+    /// Simulated recordings.
+    pub runs: u32,
+    /// Mean samples per recording.
+    pub mean_samples: f64,
+    /// Mean Horvitz-Thompson estimate / truth.
+    pub weighted_bias: f64,
+    /// Mean trials estimate / truth.
+    pub trials_bias: f64,
+    /// Fraction of runs whose reported byte interval held the truth.
+    pub coverage: f64,
+    /// Fraction of runs whose object interval held the true count.
+    pub objects_coverage: f64,
+    /// Mean live-bytes estimate / true live bytes (every third object stays live).
+    pub live_bias: f64,
+    /// Fraction of runs whose live-bytes interval held the true live bytes.
+    pub live_coverage: f64,
+}
+
+/// Simulates `runs` recordings of `pattern` allocating about `target_samples` intervals'
+/// worth of bytes each, at `interval`, seeded by `seed`.
+pub fn calibrate(
+    pattern: Pattern,
+    interval: u64,
+    target_samples: u64,
+    runs: u32,
+    confidence: f64,
+    seed: u64,
+) -> Calibration {
+    let period = pattern.period(interval);
+    let period_bytes: u64 = period.iter().sum();
+    let periods = (target_samples * interval).div_ceil(period_bytes).max(1);
+    let scale = geometric::scale_q32(interval).expect("valid interval");
+    let mut rng = Pcg64::seed_from_u64(seed);
+    let (mut samples, mut weighted, mut trials, mut covered, mut objects_covered) =
+        (0u64, 0.0, 0.0, 0u32, 0u32);
+    let (mut live_sum, mut live_covered) = (0.0, 0u32);
+    let (mut truth_bytes, mut truth_live) = (0u64, 0u64);
+    for _ in 0..runs {
+        let mut all = SampleSet::default();
+        let mut live = SampleSet::default();
+        let mut countdown = geometric::draw(rng.next_u64(), scale);
+        let (mut bytes, mut objects, mut live_bytes) = (0u64, 0u64, 0u64);
+        for index in 0..periods * period.len() as u64 {
+            let size = period[(index % period.len() as u64) as usize];
+            let keep = index % 3 == 0;
+            bytes += size;
+            objects += 1;
+            if keep {
+                live_bytes += size;
+            }
+            if countdown < size {
+                let obs = SampleObs {
+                    size,
+                    offset: countdown,
+                    interval,
+                };
+                all.add(obs);
+                live.add(obs);
+                if !keep {
+                    live.remove(obs);
+                }
+                countdown = geometric::draw(rng.next_u64(), scale);
+            } else {
+                countdown -= size;
+            }
+        }
+        (truth_bytes, truth_live) = (bytes, live_bytes);
+        let e = all.estimate(confidence, Window::RECORDING, interval);
+        samples += all.samples();
+        weighted += e.bytes.estimate;
+        trials += e.bytes_by_trials;
+        covered += u32::from(e.bytes.lower <= bytes as f64 && bytes as f64 <= e.bytes.upper);
+        objects_covered +=
+            u32::from(e.objects.lower <= objects as f64 && objects as f64 <= e.objects.upper);
+        let l = live.estimate(confidence, Window::RECORDING, interval);
+        live_sum += l.bytes.estimate;
+        live_covered +=
+            u32::from(l.bytes.lower <= live_bytes as f64 && live_bytes as f64 <= l.bytes.upper);
+    }
+    let runs_f = f64::from(runs);
+    Calibration {
+        runs,
+        mean_samples: samples as f64 / runs_f,
+        weighted_bias: weighted / runs_f / truth_bytes as f64,
+        trials_bias: trials / runs_f / truth_bytes as f64,
+        coverage: f64::from(covered) / runs_f,
+        objects_coverage: f64::from(objects_covered) / runs_f,
+        live_bias: live_sum / runs_f / truth_live as f64,
+        live_coverage: f64::from(live_covered) / runs_f,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Unbiased within 1% and 95% intervals covering the truth in 93–97% of 2000 runs, for
+    /// every pattern, for allocated and live bytes.
+    #[test]
+    fn estimators_are_unbiased_and_calibrated() {
+        for (i, pattern) in Pattern::ALL.into_iter().enumerate() {
+            let c = calibrate(pattern, 4096, 200, 2000, 0.95, 100 + i as u64);
+            eprintln!("{pattern:?}: {c:?}");
+            assert!(
+                (c.weighted_bias - 1.0).abs() < 0.01,
+                "{pattern:?} weighted: {c:?}"
+            );
+            assert!(
+                (c.trials_bias - 1.0).abs() < 0.01,
+                "{pattern:?} trials: {c:?}"
+            );
+            assert!((c.live_bias - 1.0).abs() < 0.01, "{pattern:?} live: {c:?}");
+            assert!(
+                (0.93..=0.97).contains(&c.coverage),
+                "{pattern:?} coverage: {c:?}"
+            );
+            assert!(
+                (0.93..=0.97).contains(&c.live_coverage),
+                "{pattern:?} live coverage: {c:?}"
+            );
+            // Objects: Fay-Feuer is conservative when the unsampled objects resemble the sampled
+            // ones. MixedSizes breaks that on purpose (16-byte objects that are sampled in one
+            // run out of eight stand for 256 objects each); its coverage is reported by the
+            // example, not asserted. One stack usually allocates one type, where it holds.
+            if pattern != Pattern::MixedSizes {
+                assert!(
+                    (0.93..=0.995).contains(&c.objects_coverage),
+                    "{pattern:?} objects: {c:?}"
+                );
+            }
+        }
+    }
+}
