@@ -274,12 +274,13 @@ impl SampleSet {
                 (lower, upper) = (normal_lower, normal_upper);
             }
         }
-        let lower = lower.max(self.sampled_bytes);
+        // Never below what was seen; always around the estimate (widening is always safe).
+        let lower = lower.max(self.sampled_bytes).min(self.weighted_bytes);
         let bytes = Estimate {
             samples: self.samples,
             estimate: self.weighted_bytes,
             lower,
-            upper: upper.max(lower),
+            upper: upper.max(self.weighted_bytes),
         };
         let (objects_lower, objects_upper) = if self.samples == 0 {
             // Nothing seen: at most one object per byte that could hide.
@@ -292,12 +293,14 @@ impl SampleSet {
                 tail,
             )
         };
-        let objects_lower = objects_lower.max(self.samples as f64);
+        let objects_lower = objects_lower
+            .max(self.samples as f64)
+            .min(self.weighted_objects);
         let objects = Estimate {
             samples: self.samples,
             estimate: self.weighted_objects,
             lower: objects_lower,
-            upper: objects_upper.max(objects_lower),
+            upper: objects_upper.max(self.weighted_objects),
         };
         Estimates {
             bytes,
@@ -345,17 +348,32 @@ fn gamma_interval(estimate: f64, variance: f64, max_weight: f64, tail: f64) -> (
     if tail <= 0.0 {
         return (0.0, f64::INFINITY);
     }
-    // shape = mean²/variance, rate = mean/variance.
+    // shape = mean²/variance, scale = variance/mean. Quantiles come from the unit-scale
+    // gamma times the scale: statrs's inverse CDF returns NaN for small rates (seen with
+    // rate 1e-3), and scaling is exact. A huge shape is a normal distribution for every
+    // practical purpose (and strains the gamma's numerics), and so is the fallback.
+    let z = Normal::standard().inverse_cdf(1.0 - tail);
     let quantile = |mean: f64, variance: f64, alpha: f64| -> f64 {
         if mean <= 0.0 {
             return 0.0;
         }
-        if variance <= mean * 1e-12 {
-            return mean;
+        let normal = || {
+            let half = z * variance.sqrt();
+            if alpha < 0.5 {
+                mean - half
+            } else {
+                mean + half
+            }
+        };
+        let shape = mean * mean / variance;
+        if !shape.is_finite() || shape > 1e6 {
+            return normal();
         }
-        Gamma::new(mean * mean / variance, mean / variance)
-            .map(|gamma| gamma.inverse_cdf(alpha))
-            .unwrap_or(mean)
+        Gamma::new(shape, 1.0)
+            .ok()
+            .map(|unit| unit.inverse_cdf(alpha) * variance / mean)
+            .filter(|q| q.is_finite())
+            .unwrap_or_else(normal)
     };
     let variance = variance.max(0.0);
     let lower = quantile(estimate, variance, tail);
@@ -482,6 +500,29 @@ mod tests {
         assert!(e.objects.upper > 0.0);
     }
 
+    /// 111 samples of 64-byte objects at a 64 KiB interval (seen in a real recording): the
+    /// object interval must hold the 128000 true objects' neighbourhood, not collapse.
+    #[test]
+    fn object_bounds_at_large_weights() {
+        let mut set = SampleSet::default();
+        for i in 0..111 {
+            set.add(SampleObs {
+                size: 64,
+                offset: i % 64,
+                interval: 65536,
+            });
+        }
+        let e = set.estimate(0.9999, Window::RECORDING, 65536);
+        let (lower, upper) = (e.objects.lower, e.objects.upper);
+        assert!(
+            lower < 0.7 * e.objects.estimate && upper > 1.4 * e.objects.estimate,
+            "{e:?}"
+        );
+        let (unit_lower, unit_upper) = gamma_interval(111.0, 111.0, 1.0, 0.025);
+        // Gamma(111, 1): 2.5% and 97.5% quantiles near 91.3 and 132.6 (+ one event).
+        assert!((unit_lower - 91.31).abs() < 0.01 && (unit_upper - 133.6).abs() < 0.5);
+    }
+
     #[test]
     fn removing_undoes_adding() {
         let a = SampleObs {
@@ -597,7 +638,10 @@ mod tests {
                               e.objects.lower, e.objects.upper, e.bytes_by_trials] {
                     prop_assert!(value.is_finite() && value >= 0.0, "{e:?}");
                 }
-                prop_assert!(e.bytes.lower <= e.bytes.upper && e.objects.lower <= e.objects.upper);
+                prop_assert!(e.bytes.lower <= e.bytes.estimate && e.bytes.estimate <= e.bytes.upper);
+                prop_assert!(
+                    e.objects.lower <= e.objects.estimate && e.objects.estimate <= e.objects.upper
+                );
                 let seen: f64 = samples.iter().map(|o| o.size as f64).sum();
                 prop_assert!(e.bytes.lower >= seen * (1.0 - 1e-12));
                 prop_assert!(e.bytes.estimate >= seen * (1.0 - 1e-12));
