@@ -14,7 +14,7 @@ use aya_ebpf::{
     },
     programs::ProbeContext,
 };
-use aya_log_ebpf::debug;
+use aya_log_ebpf::warn;
 use sampler_common::{geometric, AllocEvent, AllocFn, LossCounter, ThreadState};
 
 use crate::{
@@ -29,6 +29,9 @@ pub fn on_alloc(ctx: &ProbeContext, function: AllocFn, size: u64) {
     let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     let Some(state) = thread_state(tid) else {
         count_loss(LossCounter::ThreadStateFull);
+        if config::log_enabled() {
+            warn!(ctx, "thread map refused tid {}: call not counted", tid);
+        }
         return;
     };
     // SAFETY: the map value stays valid for the program's run; only this thread (running
@@ -135,6 +138,12 @@ fn emit(
 ) {
     let Some(mut entry) = SAMPLES.reserve::<AllocEvent>(0) else {
         count_loss(LossCounter::RingBufFull);
+        if config::log_enabled() {
+            warn!(
+                ctx,
+                "ring buffer full: sample of {} bytes in pid {} lost", size, pid
+            );
+        }
         return;
     };
     let event = entry.as_mut_ptr();
@@ -159,15 +168,12 @@ fn emit(
         if bytes < 0 {
             (*event).stack_len = 0;
             count_loss(LossCounter::StackMissing);
+            if config::log_enabled() {
+                warn!(ctx, "no user stack for pid {} (error {})", pid, bytes);
+            }
         } else {
             (*event).stack_len = (bytes as u32) / 8;
         }
-    }
-    if config::log_enabled() {
-        debug!(
-            ctx,
-            "sample pid {} tid {} size {} offset {}", pid, tid, size, offset
-        );
     }
     entry.submit(0);
 }

@@ -19,26 +19,7 @@ fn main() -> ExitCode {
         Command::ReferenceProbe { pid } => return exit_code(reference::run(pid)),
     };
     let verbose = args.verbose;
-    env_logger::Builder::new()
-        .filter_level(if verbose {
-            log::LevelFilter::Debug
-        } else {
-            log::LevelFilter::Warn
-        })
-        // aya warns (with a BTF dump) that the kernel rejects the object's BTF: aya-log's
-        // globals carry type names the kernel refuses. The programs load and run without
-        // it; the noise is only useful when debugging the loader.
-        .filter_module(
-            "aya",
-            if verbose {
-                log::LevelFilter::Debug
-            } else {
-                log::LevelFilter::Error
-            },
-        )
-        .format_target(false)
-        .format_timestamp(None)
-        .init();
+    init_logging(verbose);
     let result = args
         .into_config()
         .map_err(anyhow::Error::from)
@@ -50,6 +31,26 @@ fn main() -> ExitCode {
             runtime.block_on(record::run(prepared))
         });
     exit_code(result)
+}
+
+/// Warnings only by default; `--verbose` adds our progress and the eBPF side's records.
+fn init_logging(verbose: bool) {
+    let (ours, aya) = if verbose {
+        (log::LevelFilter::Debug, log::LevelFilter::Warn)
+    } else {
+        (log::LevelFilter::Warn, log::LevelFilter::Error)
+    };
+    env_logger::Builder::new()
+        .filter_level(ours)
+        // aya warns (with a BTF dump) that the kernel rejects the object's BTF: aya-log's
+        // globals carry type names the kernel refuses. The programs load and run without it,
+        // so that is loader noise, shown with --verbose only; aya's debug output (relocations,
+        // BTF fixups) is loader internals and never shown.
+        .filter_module("aya", aya)
+        .filter_module("aya_obj", aya)
+        .format_target(false)
+        .format_timestamp(None)
+        .init();
 }
 
 fn exit_code(result: anyhow::Result<()>) -> ExitCode {
