@@ -4,13 +4,15 @@ use std::{ffi::OsString, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::export::Format;
+use crate::export::{Format, Value};
 
 const EXAMPLES: &str = "\
 Examples:
   sudo allocscope record -p 4242 --duration 10 -o heap.json
   sudo allocscope record --interval 64KiB -o heap.json -- ./my-program --its-args
-  sudo allocscope record -p 4242 -o heap.folded   # format from the extension";
+  sudo allocscope record -p 4242 -o heap.pb.gz          # format from the extension
+  sudo allocscope record -p 4242 --every 60s --keep 24 -o snapshots/
+  allocscope report heap.json -o heap.svg               # convert a recording";
 
 /// Sampling allocation profiler: eBPF uprobes on the allocator of running processes,
 /// per-stack estimates of allocated bytes with confidence bounds.
@@ -28,6 +30,9 @@ pub enum Command {
     /// Record allocations of processes and write a profile.
     #[command(after_help = EXAMPLES)]
     Record(RecordArgs),
+    /// Print the top stacks of a saved JSON profile, or convert it to another format.
+    #[command(after_help = EXAMPLES)]
+    Report(ReportArgs),
     /// Benchmark reference: a uprobe on malloc that only counts calls, until SIGINT/SIGTERM.
     #[command(hide = true)]
     ReferenceProbe {
@@ -77,15 +82,55 @@ pub struct RecordArgs {
     )]
     pub confidence: f64,
 
-    /// Output file.
-    #[arg(short, long, value_name = "FILE", help_heading = "Output")]
+    /// Output file, or with --every a directory for the snapshots.
+    #[arg(short, long, value_name = "PATH", help_heading = "Output")]
     pub output: PathBuf,
 
-    /// Output format (default: from the file extension, else json).
+    /// Output format (default: from the file extension: .pb.gz pprof, .folded folded, .svg
+    /// svg, else json; json for snapshots).
     #[arg(short, long, value_enum, help_heading = "Output")]
     pub format: Option<Format>,
+
+    /// What folded and SVG output show (default: alloc-bytes; inuse-bytes once frees are
+    /// tracked).
+    #[arg(long, value_enum, help_heading = "Output")]
+    pub value: Option<Value>,
+
+    /// Write a snapshot every DURATION into the --output directory (file names carry the
+    /// UTC time; values since start and in the period); the last, partial period is
+    /// written when recording stops.
+    #[arg(long, value_name = "DURATION", help_heading = "Output")]
+    pub every: Option<String>,
+
+    /// With --every: keep at most N snapshot files in the directory, deleting the oldest.
+    #[arg(long, value_name = "N", requires = "every", help_heading = "Output")]
+    pub keep: Option<usize>,
 
     /// Show probe points, eBPF-side log records and progress on stderr.
     #[arg(short, long, help_heading = "Output")]
     pub verbose: bool,
+}
+
+/// `allocscope report`.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A profile written by `allocscope record` in JSON.
+    #[arg(value_name = "FILE.json")]
+    pub input: PathBuf,
+
+    /// Convert to this file (format from the extension or --format).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// Output format of --output.
+    #[arg(short, long, value_enum)]
+    pub format: Option<Format>,
+
+    /// What folded and SVG output show.
+    #[arg(long, value_enum)]
+    pub value: Option<Value>,
+
+    /// Stacks in the printed table.
+    #[arg(long, default_value_t = 20)]
+    pub top: usize,
 }

@@ -1,14 +1,13 @@
 //! Validated configuration: every flag checked once, with an error a user can act on.
 
-use std::{
-    ffi::OsString,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 use sampler_common::geometric::MAX_INTERVAL;
 
-use crate::{cli::RecordArgs, export::Format};
+use crate::{
+    cli::RecordArgs,
+    export::{Format, Value},
+};
 
 /// An error in the user's input, reported before anything is attached (exit code 2).
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +23,22 @@ pub enum Targets {
     Command(Vec<OsString>),
 }
 
+/// Where a recording goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// One file, written when recording stops.
+    File(PathBuf),
+    /// Snapshots into a directory every `every`, keeping at most `keep` files.
+    Snapshots {
+        /// The directory.
+        dir: PathBuf,
+        /// Period.
+        every: Duration,
+        /// Most files kept.
+        keep: Option<usize>,
+    },
+}
+
 /// A validated `record` invocation.
 #[derive(Clone, Debug)]
 pub struct RecordConfig {
@@ -37,10 +52,12 @@ pub struct RecordConfig {
     pub alloc_only: bool,
     /// Confidence of the bounds.
     pub confidence: f64,
-    /// Output path.
-    pub output: PathBuf,
+    /// Where the profile goes.
+    pub output: Output,
     /// Output format.
     pub format: Format,
+    /// What folded and SVG output show (`None`: the profile's default).
+    pub value: Option<Value>,
     /// Verbose diagnostics.
     pub verbose: bool,
 }
@@ -87,15 +104,43 @@ impl RecordArgs {
                 self.confidence
             )));
         }
-        let format = self.format.unwrap_or_else(|| format_for(&self.output));
+        let every = self
+            .every
+            .as_deref()
+            .map(|d| {
+                parse_duration(d).map_err(|why| BadInput(format!("invalid --every {d:?}: {why}")))
+            })
+            .transpose()?;
+        if self.keep == Some(0) {
+            return Err(BadInput(
+                "invalid --keep 0: keep at least one snapshot".into(),
+            ));
+        }
+        let (output, format) = match every {
+            Some(every) => (
+                Output::Snapshots {
+                    dir: self.output,
+                    every,
+                    keep: self.keep,
+                },
+                self.format.unwrap_or(Format::Json),
+            ),
+            None => {
+                let format = self
+                    .format
+                    .unwrap_or_else(|| Format::for_path(&self.output));
+                (Output::File(self.output), format)
+            }
+        };
         Ok(RecordConfig {
             targets,
             duration,
             interval,
             alloc_only: self.alloc_only,
             confidence: self.confidence,
-            output: self.output,
+            output,
             format,
+            value: self.value,
             verbose: self.verbose,
         })
     }
@@ -107,14 +152,6 @@ fn parse_pid(text: &str) -> Result<u32, BadInput> {
         _ => Err(BadInput(format!(
             "invalid pid {text:?}: expected a positive number"
         ))),
-    }
-}
-
-/// The format a file name implies: `.folded`/`.txt` → folded, anything else → json.
-pub fn format_for(path: &Path) -> Format {
-    match path.extension().and_then(|e| e.to_str()) {
-        Some("folded") | Some("txt") => Format::Folded,
-        _ => Format::Json,
     }
 }
 
@@ -213,6 +250,28 @@ mod tests {
         assert_eq!(config.targets, Targets::Pids(vec![1]));
         assert_eq!(config.format, Format::Folded);
         assert_eq!(config.interval, 512 * 1024);
+        let config = record(&["-p", "1", "-o", "d/", "--every", "1m", "--keep", "3"]).unwrap();
+        assert_eq!(
+            config.output,
+            Output::Snapshots {
+                dir: "d/".into(),
+                every: Duration::from_secs(60),
+                keep: Some(3)
+            }
+        );
+        assert_eq!(config.format, Format::Json);
+        assert!(
+            record(&["-p", "1", "-o", "d", "--keep", "3"]).is_err(),
+            "--keep needs --every"
+        );
+        assert!(record(&["-p", "1", "-o", "d", "--every", "1m", "--keep", "0"]).is_err());
+        assert!(record(&["-p", "1", "-o", "d", "--every", "never"])
+            .unwrap_err()
+            .contains("--every"));
+        assert_eq!(
+            record(&["-p", "1", "-o", "h.pb.gz"]).unwrap().format,
+            Format::Pprof
+        );
         let config = record(&["-o", "x", "--interval", "64KiB", "--", "ls", "-l"]).unwrap();
         assert_eq!(
             config.targets,

@@ -15,6 +15,7 @@ pub mod probe;
 pub mod profile;
 pub mod record;
 pub mod reference;
+pub mod report;
 pub mod spawn;
 pub mod stacks;
 pub mod stats;

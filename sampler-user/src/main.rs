@@ -9,7 +9,7 @@ use clap::Parser as _;
 use sampler_user::{
     cli::{self, Command},
     config::BadInput,
-    record, reference,
+    record, reference, report,
 };
 
 fn main() -> ExitCode {
@@ -17,6 +17,10 @@ fn main() -> ExitCode {
     let args = match cli.command {
         Command::Record(args) => args,
         Command::ReferenceProbe { pid } => return exit_code(reference::run(pid)),
+        Command::Report(args) => {
+            init_logging(false);
+            return exit_code(report::run(args));
+        }
     };
     let verbose = args.verbose;
     init_logging(verbose);

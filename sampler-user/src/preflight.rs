@@ -8,9 +8,11 @@ use std::{
 };
 
 use crate::{
-    config::BadInput,
-    probe::allocator::{self, Allocator},
-    probe::maps,
+    config::{BadInput, Output},
+    probe::{
+        allocator::{self, Allocator},
+        maps,
+    },
 };
 
 const CAP_SYS_ADMIN: u32 = 21;
@@ -100,24 +102,37 @@ fn is_dynamically_linked(elf: &[u8]) -> bool {
         .is_some()
 }
 
-/// Opens a temporary file beside `output`, proving it writable before anything is
-/// attached; the profile is later written there and renamed over `output` (atomic).
-pub fn open_output(output: &Path) -> Result<(File, PathBuf), BadInput> {
-    let dir = match output.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
-        _ => PathBuf::from("."),
+/// Proves that the output can be written before anything is attached: a file's directory
+/// must accept a new file; a snapshot directory is created if missing.
+pub fn check_output(output: &Output) -> Result<(), BadInput> {
+    let (dir, shown) = match output {
+        Output::File(path) => {
+            if path.is_dir() {
+                return Err(BadInput(format!(
+                    "output {} is a directory",
+                    path.display()
+                )));
+            }
+            let dir = match path.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
+                _ => PathBuf::from("."),
+            };
+            (dir, path.clone())
+        }
+        Output::Snapshots { dir, .. } => {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                BadInput(format!(
+                    "cannot create snapshot directory {}: {e}",
+                    dir.display()
+                ))
+            })?;
+            (dir.clone(), dir.clone())
+        }
     };
-    if output.is_dir() {
-        return Err(BadInput(format!(
-            "output {} is a directory",
-            output.display()
-        )));
-    }
-    let name = output.file_name().unwrap_or_default().to_string_lossy();
-    let temp = dir.join(format!(".{name}.allocscope-{}", std::process::id()));
-    let file = File::create(&temp)
-        .map_err(|e| BadInput(format!("cannot write output {}: {e}", output.display())))?;
-    Ok((file, temp))
+    let probe = dir.join(format!(".allocscope-write-test-{}", std::process::id()));
+    File::create(&probe)
+        .and_then(|_| std::fs::remove_file(&probe))
+        .map_err(|e| BadInput(format!("cannot write output {}: {e}", shown.display())))
 }
 
 #[cfg(test)]
@@ -143,8 +158,17 @@ mod tests {
 
     #[test]
     fn unwritable_output_is_refused() {
-        let err = open_output(Path::new("/nonexistent-dir/x.json")).unwrap_err();
+        let err = check_output(&Output::File("/nonexistent-dir/x.json".into())).unwrap_err();
         assert!(err.to_string().contains("cannot write output"), "{err}");
-        assert!(open_output(Path::new("/")).is_err());
+        assert!(check_output(&Output::File("/".into())).is_err());
+        let snapshots = Output::Snapshots {
+            dir: "/proc/allocscope-test".into(),
+            every: std::time::Duration::from_secs(1),
+            keep: None,
+        };
+        assert!(check_output(&snapshots)
+            .unwrap_err()
+            .to_string()
+            .contains("snapshot directory"));
     }
 }

@@ -2,44 +2,47 @@
 //!
 //! Stopping (duration, SIGINT, SIGTERM, every target gone) always goes through the same
 //! path: drain the ring buffer, read the exact counters, detach, symbolize, write the file
-//! atomically, print the summary. Nothing recorded is dropped on the way out.
+//! atomically, print the summary. Nothing recorded is dropped on the way out. With
+//! `--every`, a snapshot is written each period while recording, and the last, partial
+//! period when it stops.
 
 use std::{
-    io::Write as _,
-    path::PathBuf,
-    time::{Duration, Instant},
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::Context as _;
 use aya::maps::{PerCpuArray, RingBuf};
 use log::{debug, info};
+use sampler_common::ProcessCounters;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    collect::{self, SampleReader},
-    config::{BadInput, RecordConfig, Targets},
-    exits, export, preflight,
-    probe::attach::{self, KernelConfig, Target},
-    profile::{Recorder, Settings},
+    collect::{self, Losses, SampleReader},
+    config::{BadInput, Output, RecordConfig, Targets},
+    exits,
+    export::{self, Value},
+    preflight,
+    probe::attach::{self, KernelConfig, Probes, Target},
+    profile::{Profile, Recorder, Settings},
     spawn::{self, PausedChild},
     stacks::symbolize::Symbolizer,
     summary,
 };
 
-/// Everything prepared before the runtime starts: validated targets and the output file.
+/// Everything prepared before the runtime starts: validated targets and output.
 pub struct Prepared {
     config: RecordConfig,
     targets: Vec<Target>,
     child: Option<PausedChild>,
-    output: (std::fs::File, PathBuf),
 }
 
 /// Runs every check that can fail on bad input, then (for `-- CMD`) forks the paused
 /// child. Must run before any thread exists.
 pub fn prepare(config: RecordConfig) -> Result<Prepared, BadInput> {
     preflight::check_privileges()?;
-    let mut child = None;
-    let targets = match &config.targets {
+    let mut targets = match &config.targets {
         Targets::Pids(pids) => pids
             .iter()
             .map(|&pid| {
@@ -55,21 +58,18 @@ pub fn prepare(config: RecordConfig) -> Result<Prepared, BadInput> {
             vec![Target { pid: 0, allocator }]
         }
     };
-    let output = preflight::open_output(&config.output)?;
+    preflight::check_output(&config.output)?;
+    let mut child = None;
     if let Targets::Command(argv) = &config.targets {
         let paused = spawn::spawn_paused(argv)
             .map_err(|e| BadInput(format!("cannot start {}: {e}", argv[0].to_string_lossy())))?;
+        targets[0].pid = paused.pid;
         child = Some(paused);
-    }
-    let mut targets = targets;
-    if let Some(child) = &child {
-        targets[0].pid = child.pid;
     }
     Ok(Prepared {
         config,
         targets,
         child,
-        output,
     })
 }
 
@@ -87,28 +87,12 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
         config,
         targets,
         child,
-        output,
     } = prepared;
-    let (temp_file, temp_path) = output;
-    let result = record(&config, &targets, child, temp_file, &temp_path).await;
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp_path);
-    }
-    result
-}
-
-async fn record(
-    config: &RecordConfig,
-    targets: &[Target],
-    child: Option<PausedChild>,
-    mut temp_file: std::fs::File,
-    temp_path: &std::path::Path,
-) -> anyhow::Result<()> {
     let kernel = KernelConfig {
         interval: config.interval,
         log: config.verbose,
     };
-    let mut probes = attach::attach(kernel, targets).context("attaching probes")?;
+    let mut probes = attach::attach(kernel, &targets).context("attaching probes")?;
     for point in &probes.points {
         debug!(
             "probe: pid {} {} in {} (entry)",
@@ -135,13 +119,14 @@ async fn record(
     if let Some(child) = child {
         child
             .release()
-            .map_err(|e| BadInput(format!("cannot run {}: {e}", config_command(config))))?;
+            .map_err(|e| BadInput(format!("cannot run {}: {e}", config_command(&config))))?;
     }
     let mut recorder = Recorder::default();
     let pids: Vec<u32> = targets.iter().map(|t| t.pid).collect();
     for &pid in &pids {
         recorder.track(pid);
     }
+    let symbolizer = Symbolizer::spawn().context("starting the symbolizer thread")?;
     let mut exited = exits::watch(&pids).context("watching target processes")?;
     let mut live = pids.len();
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -150,6 +135,15 @@ async fn record(
     let deadline = tokio::time::sleep(config.duration.unwrap_or(Duration::MAX / 4));
     tokio::pin!(deadline);
     let mut refresh = tokio::time::interval(Duration::from_millis(250));
+    let every = match config.output {
+        Output::Snapshots { every, .. } => Some(every),
+        Output::File(_) => None,
+    };
+    let mut snapshot_timer = tokio::time::interval_at(
+        tokio::time::Instant::now() + every.unwrap_or(Duration::MAX / 4),
+        every.unwrap_or(Duration::MAX / 4),
+    );
+    let mut period_started = Instant::now();
     eprintln!(
         "allocscope: recording pid {} (Ctrl-C to stop)",
         pids.iter()
@@ -174,6 +168,22 @@ async fn record(
                     logger.flush();
                 }
             }
+            _ = snapshot_timer.tick(), if every.is_some() => {
+                reader.drain(&mut batch);
+                for sample in batch.drain(..) {
+                    recorder.add(&sample);
+                }
+                let (counters, losses) = read_counters(&probes, &pids)?;
+                let now = Instant::now();
+                let settings = settings(&config, now - started);
+                let period = Some((now - period_started).as_secs_f64());
+                let profile = recorder
+                    .profile(&symbolizer, settings, &counters, losses, period)
+                    .await;
+                write_output(&config, &profile)?;
+                recorder.start_period();
+                period_started = Instant::now();
+            }
             _ = sigint.recv() => break Stop::Signal("SIGINT"),
             _ = sigterm.recv() => break Stop::Signal("SIGTERM"),
             _ = &mut deadline, if config.duration.is_some() => break Stop::Duration,
@@ -186,7 +196,9 @@ async fn record(
             }
         }
     };
-    let duration = started.elapsed();
+    // The recording ends now; detaching below takes a while (the kernel removes each
+    // breakpoint) and is not part of it.
+    let stopped = Instant::now();
     match stop {
         Stop::Signal(name) => info!("stopping on {name}"),
         Stop::Duration => info!("stopping: duration reached"),
@@ -196,17 +208,7 @@ async fn record(
     for sample in batch.drain(..) {
         recorder.add(&sample);
     }
-    let counters = {
-        let map = probes
-            .ebpf
-            .map("COUNTERS")
-            .context("COUNTERS map missing")?;
-        collect::read_counters(&PerCpuArray::try_from(map)?, &pids)?
-    };
-    let losses = {
-        let map = probes.ebpf.map("LOSSES").context("LOSSES map missing")?;
-        collect::read_losses(&PerCpuArray::try_from(map)?)?
-    };
+    let (counters, losses) = read_counters(&probes, &pids)?;
     if let Some(logger) = ebpf_logger.as_mut() {
         logger.flush();
     }
@@ -227,33 +229,96 @@ async fn record(
     if reader.malformed > 0 {
         log::warn!("{} malformed ring-buffer records ignored", reader.malformed);
     }
-    let symbolizer = Symbolizer::spawn().context("starting the symbolizer thread")?;
-    let settings = Settings {
+    let period = every.map(|_| (stopped - period_started).as_secs_f64());
+    let profile = recorder
+        .profile(
+            &symbolizer,
+            settings(&config, stopped - started),
+            &counters,
+            losses,
+            period,
+        )
+        .await;
+    let written = write_output(&config, &profile)?;
+    eprint!("{}", summary::render(&profile, 10));
+    eprintln!("wrote {} ({})", written.display(), config.format.name());
+    Ok(())
+}
+
+fn settings(config: &RecordConfig, recorded: Duration) -> Settings {
+    Settings {
         interval: config.interval,
         confidence: config.confidence,
-        duration_seconds: duration.as_secs_f64(),
-        alloc_only: config.alloc_only,
+        duration_seconds: recorded.as_secs_f64(),
+        // Free tracking is not implemented yet: every recording is allocation-only,
+        // whether or not --alloc-only was given.
+        alloc_only: true,
+    }
+}
+
+fn read_counters(
+    probes: &Probes,
+    pids: &[u32],
+) -> anyhow::Result<(BTreeMap<u32, ProcessCounters>, Losses)> {
+    let counters = {
+        let map = probes
+            .ebpf
+            .map("COUNTERS")
+            .context("COUNTERS map missing")?;
+        collect::read_counters(&PerCpuArray::try_from(map)?, pids)?
     };
-    let profile = recorder
-        .finish(&symbolizer, settings, &counters, losses)
-        .await;
-    export::write(&profile, config.format, &mut temp_file)
-        .and_then(|()| temp_file.flush())
-        .and_then(|()| temp_file.sync_all())
-        .with_context(|| format!("writing {}", temp_path.display()))?;
-    std::fs::rename(temp_path, &config.output).with_context(|| {
-        format!(
-            "renaming {} to {}",
-            temp_path.display(),
-            config.output.display()
-        )
-    })?;
-    eprint!("{}", summary::render(&profile, 10));
-    eprintln!(
-        "wrote {} ({})",
-        config.output.display(),
-        config.format.name()
-    );
+    let losses = {
+        let map = probes.ebpf.map("LOSSES").context("LOSSES map missing")?;
+        collect::read_losses(&PerCpuArray::try_from(map)?)?
+    };
+    Ok((counters, losses))
+}
+
+/// Writes the profile where the configuration says; returns the file written.
+fn write_output(config: &RecordConfig, profile: &Profile) -> anyhow::Result<PathBuf> {
+    let value = config.value.unwrap_or_else(|| Value::default_for(profile));
+    let path = match &config.output {
+        Output::File(path) => path.clone(),
+        Output::Snapshots { dir, .. } => dir.join(snapshot_name(SystemTime::now(), config.format)),
+    };
+    export::write_file(profile, config.format, value, &path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    if let Output::Snapshots {
+        dir,
+        keep: Some(keep),
+        ..
+    } = &config.output
+    {
+        prune_snapshots(dir, config.format, *keep)
+            .with_context(|| format!("removing old snapshots from {}", dir.display()))?;
+    }
+    info!("wrote {}", path.display());
+    Ok(path)
+}
+
+const SNAPSHOT_PREFIX: &str = "allocscope-";
+
+/// `allocscope-2026-11-22T02-41-34.123Z.json`: UTC, sortable, no `:` (awkward in shells and
+/// on other file systems).
+pub fn snapshot_name(time: SystemTime, format: export::Format) -> String {
+    let stamp = humantime::format_rfc3339_millis(time)
+        .to_string()
+        .replace(':', "-");
+    format!("{SNAPSHOT_PREFIX}{stamp}.{}", format.extension())
+}
+
+/// Deletes the oldest snapshot files of `format` in `dir` beyond `keep`.
+fn prune_snapshots(dir: &Path, format: export::Format, keep: usize) -> std::io::Result<()> {
+    let suffix = format!(".{}", format.extension());
+    let mut names: Vec<String> = std::fs::read_dir(dir)?
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|name| name.starts_with(SNAPSHOT_PREFIX) && name.ends_with(&suffix))
+        .collect();
+    names.sort();
+    let excess = names.len().saturating_sub(keep);
+    for name in &names[..excess] {
+        std::fs::remove_file(dir.join(name))?;
+    }
     Ok(())
 }
 
@@ -261,5 +326,19 @@ fn config_command(config: &RecordConfig) -> String {
     match &config.targets {
         Targets::Command(argv) => argv[0].to_string_lossy().into_owned(),
         Targets::Pids(_) => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_names_sort_by_time() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_millis(1_795_000_000_123);
+        let name = snapshot_name(t, export::Format::Pprof);
+        assert_eq!(name, "allocscope-2026-11-18T11-06-40.123Z.pb.gz");
+        let later = snapshot_name(t + Duration::from_millis(1), export::Format::Pprof);
+        assert!(later > name);
     }
 }

@@ -4,7 +4,8 @@
 //! * bpf-linker 0.10.0: links the eBPF object with nightly's own LLVM (0.11+ needs an LLVM
 //!   21 that Debian 12 lacks);
 //! * Debian packages: gcc builds the C fixtures; util-linux's setpriv runs the
-//!   unprivileged-user test.
+//!   unprivileged-user test; golang-go provides `go tool pprof`, the reader our pprof
+//!   files are tested against.
 
 use std::process::Command;
 
@@ -13,7 +14,11 @@ use anyhow::{bail, Context as _};
 use crate::run::{is_root, output, status};
 
 const BPF_LINKER_VERSION: &str = "0.10.0";
-const DEBIAN_PACKAGES: &[(&str, &str)] = &[("gcc", "gcc"), ("setpriv", "util-linux")];
+const DEBIAN_PACKAGES: &[(&str, &str)] = &[
+    ("gcc", "gcc"),
+    ("setpriv", "util-linux"),
+    ("go", "golang-go"),
+];
 
 pub fn run() -> anyhow::Result<()> {
     nightly_rust_src()?;

@@ -107,7 +107,7 @@ fn drain_ring(ring: &mut RingBuf<MapData>, out: &mut Vec<Sample>) -> u64 {
 }
 
 /// Loss counters summed over CPUs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Losses {
     /// Samples dropped because the ring buffer was full.
     pub ringbuf_full: u64,

@@ -1,12 +1,21 @@
 //! Folded stacks, the input of flamegraph.pl and inferno: one line per stack,
-//! `command;root;…;leaf value`, value = estimated allocated bytes (rounded).
+//! `command (pid);root;…;leaf value`, value = the chosen estimate, rounded.
 
 use std::{collections::BTreeMap, io::Write};
 
+use super::Value;
 use crate::{profile::Profile, stacks::symbolize::FrameInfo};
 
 /// Writes one line per distinct folded stack (stacks whose names coincide are summed).
-pub fn write(profile: &Profile, out: &mut dyn Write) -> std::io::Result<()> {
+pub fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::Result<()> {
+    for (path, amount) in lines(profile, value) {
+        writeln!(out, "{path} {amount}")?;
+    }
+    Ok(())
+}
+
+/// The folded lines as (path, value), sorted by path, without zero values.
+pub fn lines(profile: &Profile, value: Value) -> Vec<(String, u64)> {
     let commands: BTreeMap<u32, &str> = profile
         .processes
         .iter()
@@ -17,22 +26,23 @@ pub fn write(profile: &Profile, out: &mut dyn Write) -> std::io::Result<()> {
         let command = commands.get(&stack.pid).copied().unwrap_or("?");
         let mut path = vec![sanitize(&format!("{command} ({})", stack.pid))];
         path.extend(stack.frames.iter().rev().map(frame_name));
-        *lines.entry(path.join(";")).or_default() += stack.alloc_bytes.estimate;
+        *lines.entry(path.join(";")).or_default() += value.of(stack);
     }
-    for (path, bytes) in lines {
-        let bytes = bytes.round();
-        if bytes >= 1.0 {
-            writeln!(out, "{path} {bytes}")?;
-        }
-    }
-    Ok(())
+    lines
+        .into_iter()
+        .map(|(path, amount)| (path, amount.round() as u64))
+        .filter(|(_, amount)| *amount > 0)
+        .collect()
 }
 
 /// A frame's display name: the function, else `module+0xoffset`, else the address.
 pub fn frame_name(frame: &FrameInfo) -> String {
     let name = match (&frame.function, &frame.module) {
         (Some(function), _) => function.clone(),
-        (None, Some(module)) => format!("{module}+{:#x}", frame.address),
+        (None, Some(module)) => {
+            let name = module.rsplit('/').next().unwrap_or(module);
+            format!("{name}+{:#x}", frame.address)
+        }
         (None, None) => format!("[unknown {:#x}]", frame.address),
     };
     sanitize(&name)
@@ -56,7 +66,7 @@ mod tests {
         };
         assert_eq!(frame_name(&named), "a:b");
         let offset = FrameInfo {
-            module: Some("libx.so".into()),
+            module: Some("/usr/lib/libx.so".into()),
             address: 0x10,
             ..FrameInfo::default()
         };

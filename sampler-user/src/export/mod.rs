@@ -2,18 +2,24 @@
 
 pub mod folded;
 pub mod json;
+pub mod pprof;
+pub mod svg;
 
-use std::io::Write;
+use std::{io::Write, path::Path};
 
-use crate::profile::Profile;
+use crate::profile::{Profile, StackProfile};
 
-/// Output formats of `record`.
+/// Output formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
-    /// The `allocscope/v1` JSON schema (estimates with bounds).
+    /// The `allocscope/v1` JSON schema (estimates with bounds); `allocscope report` reads it.
     Json,
-    /// Folded stacks (`root;...;leaf bytes`) for flame-graph tools.
+    /// Gzipped pprof profile.proto (Go heap-profile sample types) for `go tool pprof`.
+    Pprof,
+    /// Folded stacks (`root;...;leaf value`) for flamegraph.pl and inferno.
     Folded,
+    /// Interactive SVG flame graph.
+    Svg,
 }
 
 impl Format {
@@ -21,15 +27,319 @@ impl Format {
     pub fn name(self) -> &'static str {
         match self {
             Format::Json => "json",
+            Format::Pprof => "pprof",
             Format::Folded => "folded",
+            Format::Svg => "svg",
+        }
+    }
+
+    /// The usual file extension (for snapshot file names).
+    pub fn extension(self) -> &'static str {
+        match self {
+            Format::Json => "json",
+            Format::Pprof => "pb.gz",
+            Format::Folded => "folded",
+            Format::Svg => "svg",
+        }
+    }
+
+    /// The format a file name implies: `.pb.gz`/`.pb`/`.pprof` → pprof, `.folded`/`.txt` →
+    /// folded, `.svg` → svg, anything else → json.
+    pub fn for_path(path: &Path) -> Format {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.ends_with(".pb.gz") || name.ends_with(".pb") || name.ends_with(".pprof") {
+            Format::Pprof
+        } else if name.ends_with(".folded") || name.ends_with(".txt") {
+            Format::Folded
+        } else if name.ends_with(".svg") {
+            Format::Svg
+        } else {
+            Format::Json
         }
     }
 }
 
-/// Writes `profile` in `format`.
-pub fn write(profile: &Profile, format: Format, out: &mut dyn Write) -> std::io::Result<()> {
+/// Which number the folded and SVG outputs show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Value {
+    /// Estimated bytes allocated.
+    AllocBytes,
+    /// Estimated allocations.
+    AllocObjects,
+    /// Estimated bytes still live (needs free tracking).
+    InuseBytes,
+    /// Estimated allocations still live (needs free tracking).
+    InuseObjects,
+}
+
+impl Value {
+    /// The value of `stack` (0 where frees were not tracked).
+    pub fn of(self, stack: &StackProfile) -> f64 {
+        match self {
+            Value::AllocBytes => stack.alloc_bytes.estimate,
+            Value::AllocObjects => stack.alloc_objects.estimate,
+            Value::InuseBytes => stack.inuse_bytes.map_or(0.0, |e| e.estimate),
+            Value::InuseObjects => stack.inuse_objects.map_or(0.0, |e| e.estimate),
+        }
+    }
+
+    /// What a unit of it is, for titles.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Value::AllocBytes => "estimated bytes allocated",
+            Value::AllocObjects => "estimated allocations",
+            Value::InuseBytes => "estimated bytes in use",
+            Value::InuseObjects => "estimated allocations in use",
+        }
+    }
+
+    /// The default for a profile: live bytes where frees were tracked, else allocated bytes.
+    pub fn default_for(profile: &Profile) -> Value {
+        if profile.alloc_only {
+            Value::AllocBytes
+        } else {
+            Value::InuseBytes
+        }
+    }
+}
+
+/// Writes `profile` in `format`; `value` picks the number of folded and SVG output.
+pub fn write(
+    profile: &Profile,
+    format: Format,
+    value: Value,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
     match format {
         Format::Json => json::write(profile, out),
-        Format::Folded => folded::write(profile, out),
+        Format::Pprof => pprof::write(profile, out),
+        Format::Folded => folded::write(profile, value, out),
+        Format::Svg => svg::write(profile, value, out),
+    }
+}
+
+/// Writes `profile` to `path` atomically: into a temporary file beside it, flushed to disk,
+/// then renamed over `path`, so a reader never sees half a profile.
+pub fn write_file(
+    profile: &Profile,
+    format: Format,
+    value: Value,
+    path: &Path,
+) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let temp = dir.join(format!(".{name}.allocscope-{}", std::process::id()));
+    let result = (|| {
+        let mut file = std::io::BufWriter::new(std::fs::File::create(&temp)?);
+        write(profile, format, value, &mut file)?;
+        file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        std::fs::rename(&temp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    result
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::{
+        collect::Losses,
+        profile::{ExactCounts, Module, ProcessProfile, Sampling, StackProfile, SCHEMA},
+        stacks::symbolize::FrameInfo,
+        stats::{estimate::Posterior, Estimate},
+    };
+
+    fn estimate(value: f64, samples: u64) -> Estimate {
+        Estimate {
+            samples,
+            estimate: value,
+            lower: value * 0.9,
+            upper: value * 1.1,
+        }
+    }
+
+    fn frame(function: &str, module: &str, address: u64, line: u32) -> FrameInfo {
+        FrameInfo {
+            function: Some(function.to_owned()),
+            module: Some(module.to_owned()),
+            file: Some("/src/app.c".to_owned()),
+            line: Some(line),
+            address,
+        }
+    }
+
+    /// A small profile: two stacks of one process, one with an inlined frame.
+    pub(crate) fn synthetic() -> Profile {
+        let stack = |frames: Vec<FrameInfo>, bytes: f64, objects: f64| StackProfile {
+            pid: 42,
+            frames,
+            samples: 10,
+            alloc_bytes: estimate(bytes, 10),
+            alloc_objects: estimate(objects, 10),
+            alloc_bytes_by_trials: bytes,
+            alloc_posterior: Posterior {
+                bytes_sampled: 10,
+                bytes_to_sample: 5.0,
+                p: 0.001,
+                mean: bytes,
+                variance: 1.0,
+            },
+            inuse_bytes: None,
+            inuse_objects: None,
+            period: None,
+        };
+        Profile {
+            schema: SCHEMA.to_owned(),
+            sampling: Sampling {
+                mean_interval_bytes: 1024,
+                confidence: 0.95,
+                model: "m".into(),
+            },
+            duration_seconds: 2.5,
+            alloc_only: true,
+            processes: vec![ProcessProfile {
+                pid: 42,
+                command: "app".into(),
+                executable: "/bin/app".into(),
+                exact: ExactCounts {
+                    calls: 300,
+                    bytes: 30000,
+                },
+                samples: 20,
+                alloc_bytes: estimate(30000.0, 20),
+                alloc_objects: estimate(300.0, 20),
+            }],
+            losses: Losses::default(),
+            modules: vec![Module {
+                path: "/bin/app".into(),
+                build_id: Some("abcd".into()),
+            }],
+            stacks: vec![
+                stack(
+                    vec![
+                        frame("inlined_leaf", "/bin/app", 0x110, 7),
+                        frame("leaf", "/bin/app", 0x110, 9),
+                        frame("main", "/bin/app", 0x220, 20),
+                    ],
+                    20000.0,
+                    100.0,
+                ),
+                stack(
+                    vec![
+                        frame("other", "/bin/app", 0x330, 3),
+                        frame("main", "/bin/app", 0x228, 21),
+                    ],
+                    10000.0,
+                    200.0,
+                ),
+            ],
+        }
+    }
+
+    #[test]
+    fn json_round_trips() {
+        let profile = synthetic();
+        let mut out = Vec::new();
+        write(&profile, Format::Json, Value::AllocBytes, &mut out).unwrap();
+        let back: Profile = serde_json::from_slice(&out).unwrap();
+        assert_eq!(back, profile);
+    }
+
+    #[test]
+    fn pprof_round_trips() {
+        let profile = synthetic();
+        let mut out = Vec::new();
+        write(&profile, Format::Pprof, Value::AllocBytes, &mut out).unwrap();
+        let decoded = pprof::read(&out).unwrap();
+        let string = |id: i64| decoded.string_table[id as usize].as_str();
+        let types: Vec<(&str, &str)> = decoded
+            .sample_type
+            .iter()
+            .map(|t| (string(t.r#type), string(t.unit)))
+            .collect();
+        assert_eq!(types, pprof::SAMPLE_TYPES);
+        assert_eq!(string(decoded.default_sample_type), "alloc_space");
+        assert_eq!(decoded.period, 1024);
+        let period_type = decoded.period_type.as_ref().unwrap();
+        assert_eq!(
+            (string(period_type.r#type), string(period_type.unit)),
+            ("space", "bytes")
+        );
+        assert_eq!(decoded.sample.len(), 2);
+        assert_eq!(decoded.sample[0].value, vec![100, 20000, 0, 0]);
+        assert_eq!(decoded.sample[1].value, vec![200, 10000, 0, 0]);
+        // First stack: two locations, the first holding the inlined frame then its caller.
+        let location = |id: u64| decoded.location.iter().find(|l| l.id == id).unwrap();
+        let function = |id: u64| string(decoded.function.iter().find(|f| f.id == id).unwrap().name);
+        let first = &decoded.sample[0].location_id;
+        assert_eq!(first.len(), 2);
+        let leaf = location(first[0]);
+        assert_eq!(leaf.address, 0x110);
+        let names: Vec<&str> = leaf.line.iter().map(|l| function(l.function_id)).collect();
+        assert_eq!(names, vec!["inlined_leaf", "leaf"]);
+        assert_eq!(leaf.line[0].line, 7);
+        assert_eq!(function(location(first[1]).line[0].function_id), "main");
+        let mapping = &decoded.mapping[0];
+        assert_eq!(
+            (string(mapping.filename), string(mapping.build_id)),
+            ("/bin/app", "abcd")
+        );
+        assert!(mapping.has_functions);
+    }
+
+    #[test]
+    fn folded_lines_are_root_first_with_chosen_values() {
+        let profile = synthetic();
+        let mut out = Vec::new();
+        write(&profile, Format::Folded, Value::AllocObjects, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text,
+            "app (42);main;leaf;inlined_leaf 100\napp (42);main;other 200\n"
+        );
+        // Frees not tracked: in-use values are all zero, so no lines.
+        assert!(folded::lines(&profile, Value::InuseBytes).is_empty());
+    }
+
+    #[test]
+    fn svg_is_xml_naming_the_functions() {
+        let profile = synthetic();
+        let mut out = Vec::new();
+        write(&profile, Format::Svg, Value::AllocBytes, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let xml = roxmltree::ParsingOptions {
+            allow_dtd: true,
+            ..Default::default()
+        };
+        let document = roxmltree::Document::parse_with_options(&text, xml).unwrap();
+        let titles: Vec<&str> = document
+            .descendants()
+            .filter(|n| n.has_tag_name("title"))
+            .filter_map(|n| n.text())
+            .collect();
+        assert!(
+            titles.iter().any(|t| t.starts_with("inlined_leaf")),
+            "{titles:?}"
+        );
+        assert!(text.contains("estimated bytes allocated"));
+        // An empty graph is still valid XML.
+        let mut empty = Vec::new();
+        write(&profile, Format::Svg, Value::InuseBytes, &mut empty).unwrap();
+        roxmltree::Document::parse_with_options(std::str::from_utf8(&empty).unwrap(), xml).unwrap();
+    }
+
+    #[test]
+    fn formats_follow_extensions() {
+        assert_eq!(Format::for_path(Path::new("heap.pb.gz")), Format::Pprof);
+        assert_eq!(Format::for_path(Path::new("x/heap.pprof")), Format::Pprof);
+        assert_eq!(Format::for_path(Path::new("heap.folded")), Format::Folded);
+        assert_eq!(Format::for_path(Path::new("heap.svg")), Format::Svg);
+        assert_eq!(Format::for_path(Path::new("heap.json")), Format::Json);
+        assert_eq!(Format::for_path(Path::new("heap")), Format::Json);
     }
 }

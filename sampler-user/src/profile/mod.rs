@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use sampler_common::ProcessCounters;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{
     collect::{Losses, Sample},
@@ -26,8 +26,12 @@ pub const SCHEMA: &str = "allocscope/v1";
 #[derive(Debug, Default)]
 pub struct Recorder {
     stacks: StackTable,
+    /// Samples per stack since the start.
     per_stack: Vec<SampleSet>,
+    /// Samples per stack since the last snapshot (`--every`).
+    per_stack_period: Vec<SampleSet>,
     commands: BTreeMap<u32, String>,
+    executables: BTreeMap<u32, String>,
 }
 
 impl Recorder {
@@ -37,6 +41,9 @@ impl Recorder {
             .map(|c| c.trim_end().to_owned())
             .unwrap_or_default();
         self.commands.insert(pid, command);
+        if let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) {
+            self.executables.insert(pid, exe.display().to_string());
+        }
         self.stacks.snapshot(pid);
     }
 
@@ -56,21 +63,32 @@ impl Recorder {
         let id = self.stacks.intern(sample.pid, &chain) as usize;
         if id >= self.per_stack.len() {
             self.per_stack.resize(id + 1, SampleSet::default());
+            self.per_stack_period.resize(id + 1, SampleSet::default());
         }
-        self.per_stack[id].add(SampleObs {
+        let obs = SampleObs {
             size: sample.size,
             offset: sample.offset,
             interval: sample.interval,
-        });
+        };
+        self.per_stack[id].add(obs);
+        self.per_stack_period[id].add(obs);
     }
 
-    /// Resolves names and computes every estimate.
-    pub async fn finish(
-        self,
+    /// Starts a new period: the next snapshot's period values count from here.
+    pub fn start_period(&mut self) {
+        self.per_stack_period.fill(SampleSet::default());
+    }
+
+    /// Resolves names and computes every estimate, since the start and, when `period_seconds`
+    /// is given, over the current period. Symbolization is cached, so repeated snapshots
+    /// only resolve new frames.
+    pub async fn profile(
+        &self,
         symbolizer: &Symbolizer,
         settings: Settings,
         counters: &BTreeMap<u32, ProcessCounters>,
         losses: Losses,
+        period_seconds: Option<f64>,
     ) -> Profile {
         let resolved = self.resolve_frames(symbolizer).await;
         let window = Window::RECORDING;
@@ -86,6 +104,18 @@ impl Recorder {
             let (pid, frames) = self.stacks.stack(id as stacks::StackId);
             per_pid.entry(pid).or_default().merge(set);
             let alloc = estimate(set);
+            let period = period_seconds.map(|seconds| {
+                let e = self.per_stack_period[id].estimate(
+                    settings.confidence,
+                    Window::SLIDING,
+                    settings.interval,
+                );
+                PeriodValues {
+                    seconds,
+                    alloc_bytes: e.bytes,
+                    alloc_objects: e.objects,
+                }
+            });
             stacks.push(StackProfile {
                 pid,
                 frames: frames
@@ -99,6 +129,7 @@ impl Recorder {
                 alloc_posterior: set.posterior(settings.interval),
                 inuse_bytes: None,
                 inuse_objects: None,
+                period,
             });
         }
         stacks.sort_by(|a, b| b.alloc_bytes.estimate.total_cmp(&a.alloc_bytes.estimate));
@@ -110,6 +141,7 @@ impl Recorder {
                 ProcessProfile {
                     pid,
                     command: self.commands.get(&pid).cloned().unwrap_or_default(),
+                    executable: self.executables.get(&pid).cloned().unwrap_or_default(),
                     exact: ExactCounts {
                         calls: exact.calls,
                         bytes: exact.bytes,
@@ -120,13 +152,16 @@ impl Recorder {
                 }
             })
             .collect();
+        let executables: Vec<&str> = self.executables.values().map(String::as_str).collect();
+        let modules = modules_of(&stacks, &executables);
         Profile {
-            schema: SCHEMA,
+            schema: SCHEMA.to_owned(),
             sampling: settings.sampling(),
             duration_seconds: settings.duration_seconds,
             alloc_only: settings.alloc_only,
             processes,
             losses,
+            modules,
             stacks,
         }
     }
@@ -165,6 +200,33 @@ impl Recorder {
     }
 }
 
+/// The distinct modules of `stacks`, with build ids read from the files; the targets'
+/// executables first (pprof takes the first mapping for the main binary).
+fn modules_of(stacks: &[StackProfile], executables: &[&str]) -> Vec<Module> {
+    let mut paths: Vec<&str> = stacks
+        .iter()
+        .flat_map(|stack| stack.frames.iter().filter_map(|f| f.module.as_deref()))
+        .collect();
+    paths.sort_unstable_by_key(|path| (!executables.contains(path), *path));
+    paths.dedup();
+    paths
+        .into_iter()
+        .map(|path| Module {
+            path: path.to_owned(),
+            build_id: build_id(std::path::Path::new(path)),
+        })
+        .collect()
+}
+
+/// The GNU build id of an ELF file, in hex.
+pub fn build_id(path: &std::path::Path) -> Option<String> {
+    use object::Object as _;
+    let data = std::fs::read(path).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    let id = file.build_id().ok()??;
+    Some(id.iter().map(|byte| format!("{byte:02x}")).collect())
+}
+
 /// What the recording was asked to do (carried into every export).
 #[derive(Clone, Copy, Debug)]
 pub struct Settings {
@@ -185,24 +247,25 @@ impl Settings {
             confidence: self.confidence,
             model: "each allocated byte is sampled with probability 1/mean_interval_bytes \
                     (per-thread geometric countdown); estimates are Horvitz-Thompson, bounds \
-                    negative-binomial",
+                    negative-binomial"
+                .to_owned(),
         }
     }
 }
 
 /// Sampling parameters, as exported.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Sampling {
     /// Mean sampling interval in bytes (1/p).
     pub mean_interval_bytes: u64,
     /// Confidence level of every `lower`/`upper` pair.
     pub confidence: f64,
     /// One-line statement of the model.
-    pub model: &'static str,
+    pub model: String,
 }
 
 /// Exact counts from the kernel's counters (every call, not sampled).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExactCounts {
     /// Allocation calls.
     pub calls: u64,
@@ -211,12 +274,14 @@ pub struct ExactCounts {
 }
 
 /// One process's totals.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProcessProfile {
     /// Process id.
     pub pid: u32,
     /// Command name (`/proc/PID/comm`).
     pub command: String,
+    /// Path of the executable (`/proc/PID/exe`).
+    pub executable: String,
     /// Exact counters.
     pub exact: ExactCounts,
     /// Samples received.
@@ -228,7 +293,7 @@ pub struct ProcessProfile {
 }
 
 /// One call stack's estimates.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StackProfile {
     /// Process id.
     pub pid: u32,
@@ -248,13 +313,36 @@ pub struct StackProfile {
     pub inuse_bytes: Option<Estimate>,
     /// Objects allocated here and still live at the end (`None`: frees not tracked).
     pub inuse_objects: Option<Estimate>,
+    /// Values over the snapshot's period (`--every` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<PeriodValues>,
+}
+
+/// A stack's values over one snapshot period.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeriodValues {
+    /// Length of the period.
+    pub seconds: f64,
+    /// Bytes allocated in the period.
+    pub alloc_bytes: Estimate,
+    /// Objects allocated in the period.
+    pub alloc_objects: Estimate,
+}
+
+/// A mapped file that frames point into.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Module {
+    /// Path as the process mapped it (the `module` of frames).
+    pub path: String,
+    /// GNU build id in hex, when the file has one.
+    pub build_id: Option<String>,
 }
 
 /// A finished recording: the model all exporters and the summary read.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Profile {
     /// [`SCHEMA`].
-    pub schema: &'static str,
+    pub schema: String,
     /// Sampling parameters.
     pub sampling: Sampling,
     /// Seconds recorded.
@@ -265,6 +353,8 @@ pub struct Profile {
     pub processes: Vec<ProcessProfile>,
     /// Events the kernel side could not deliver or count.
     pub losses: Losses,
+    /// Every module (executable or library) a frame points into, with its build id.
+    pub modules: Vec<Module>,
     /// Per stack estimates, largest estimated bytes first.
     pub stacks: Vec<StackProfile>,
 }

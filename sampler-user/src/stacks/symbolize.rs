@@ -19,11 +19,11 @@ use blazesym::symbolize::{
 use tokio::sync::oneshot;
 
 /// A resolved frame. One return address can resolve to several (inlined calls).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FrameInfo {
     /// Function name, demangled; `None` when unknown.
     pub function: Option<String>,
-    /// File name of the module (executable or library).
+    /// Path of the module (executable or library) as the process mapped it.
     pub module: Option<String>,
     /// Source file, when debug info has it.
     pub file: Option<String>,
@@ -91,9 +91,7 @@ fn serve(incoming: mpsc::Receiver<Request>) {
 }
 
 fn resolve_module(symbolizer: &Blazesym, path: &Path, offsets: &[u64]) -> Vec<Vec<FrameInfo>> {
-    let module = path
-        .file_name()
-        .map(|name| name.to_string_lossy().into_owned());
+    let module = Some(path.display().to_string());
     let unresolved = |offset: u64| {
         vec![FrameInfo {
             module: module.clone(),

@@ -1,0 +1,357 @@
+//! pprof export: gzipped `profile.proto` (github.com/google/pprof/proto/profile.proto), with
+//! Go's heap-profile conventions so `go tool pprof` and every pprof UI read it as a heap
+//! profile: sample types `alloc_objects/count`, `alloc_space/bytes`, `inuse_objects/count`,
+//! `inuse_space/bytes` (values already scaled to estimates, as Go's are), `period_type`
+//! `space/bytes` with the mean sampling interval as `period`.
+//!
+//! Locations carry file offsets inside their mapping (memory_start 0, file_offset 0), and
+//! are already symbolized (`has_functions`), so pprof does not try to re-symbolize them;
+//! inlined calls are extra lines of one location, innermost first, as the format wants.
+//! Samples carry `pid` (numeric) and `command` labels for `-tagfocus`.
+
+use std::{collections::HashMap, io::Write};
+
+use flate2::{write::GzEncoder, Compression};
+use prost::Message;
+
+use crate::{profile::Profile, stacks::symbolize::FrameInfo};
+
+/// `profile.proto` messages, field numbers as in the upstream schema.
+pub mod proto {
+    #![allow(missing_docs)]
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Profile {
+        #[prost(message, repeated, tag = "1")]
+        pub sample_type: Vec<ValueType>,
+        #[prost(message, repeated, tag = "2")]
+        pub sample: Vec<Sample>,
+        #[prost(message, repeated, tag = "3")]
+        pub mapping: Vec<Mapping>,
+        #[prost(message, repeated, tag = "4")]
+        pub location: Vec<Location>,
+        #[prost(message, repeated, tag = "5")]
+        pub function: Vec<Function>,
+        #[prost(string, repeated, tag = "6")]
+        pub string_table: Vec<String>,
+        #[prost(int64, tag = "7")]
+        pub drop_frames: i64,
+        #[prost(int64, tag = "8")]
+        pub keep_frames: i64,
+        #[prost(int64, tag = "9")]
+        pub time_nanos: i64,
+        #[prost(int64, tag = "10")]
+        pub duration_nanos: i64,
+        #[prost(message, optional, tag = "11")]
+        pub period_type: Option<ValueType>,
+        #[prost(int64, tag = "12")]
+        pub period: i64,
+        #[prost(int64, repeated, tag = "13")]
+        pub comment: Vec<i64>,
+        #[prost(int64, tag = "14")]
+        pub default_sample_type: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ValueType {
+        #[prost(int64, tag = "1")]
+        pub r#type: i64,
+        #[prost(int64, tag = "2")]
+        pub unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Sample {
+        #[prost(uint64, repeated, tag = "1")]
+        pub location_id: Vec<u64>,
+        #[prost(int64, repeated, tag = "2")]
+        pub value: Vec<i64>,
+        #[prost(message, repeated, tag = "3")]
+        pub label: Vec<Label>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Label {
+        #[prost(int64, tag = "1")]
+        pub key: i64,
+        #[prost(int64, tag = "2")]
+        pub str: i64,
+        #[prost(int64, tag = "3")]
+        pub num: i64,
+        #[prost(int64, tag = "4")]
+        pub num_unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Mapping {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub memory_start: u64,
+        #[prost(uint64, tag = "3")]
+        pub memory_limit: u64,
+        #[prost(uint64, tag = "4")]
+        pub file_offset: u64,
+        #[prost(int64, tag = "5")]
+        pub filename: i64,
+        #[prost(int64, tag = "6")]
+        pub build_id: i64,
+        #[prost(bool, tag = "7")]
+        pub has_functions: bool,
+        #[prost(bool, tag = "8")]
+        pub has_filenames: bool,
+        #[prost(bool, tag = "9")]
+        pub has_line_numbers: bool,
+        #[prost(bool, tag = "10")]
+        pub has_inline_frames: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Location {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub mapping_id: u64,
+        #[prost(uint64, tag = "3")]
+        pub address: u64,
+        #[prost(message, repeated, tag = "4")]
+        pub line: Vec<Line>,
+        #[prost(bool, tag = "5")]
+        pub is_folded: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Line {
+        #[prost(uint64, tag = "1")]
+        pub function_id: u64,
+        #[prost(int64, tag = "2")]
+        pub line: i64,
+        #[prost(int64, tag = "3")]
+        pub column: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Function {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(int64, tag = "2")]
+        pub name: i64,
+        #[prost(int64, tag = "3")]
+        pub system_name: i64,
+        #[prost(int64, tag = "4")]
+        pub filename: i64,
+        #[prost(int64, tag = "5")]
+        pub start_line: i64,
+    }
+}
+
+/// Sample types, in value order (Go's heap profile).
+pub const SAMPLE_TYPES: [(&str, &str); 4] = [
+    ("alloc_objects", "count"),
+    ("alloc_space", "bytes"),
+    ("inuse_objects", "count"),
+    ("inuse_space", "bytes"),
+];
+
+/// Interns strings; index 0 is the empty string, as the format requires.
+#[derive(Default)]
+struct Strings {
+    table: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl Strings {
+    fn new() -> Strings {
+        let mut strings = Strings::default();
+        strings.id("");
+        strings
+    }
+
+    fn id(&mut self, s: &str) -> i64 {
+        if let Some(&id) = self.index.get(s) {
+            return id;
+        }
+        let id = self.table.len() as i64;
+        self.table.push(s.to_owned());
+        self.index.insert(s.to_owned(), id);
+        id
+    }
+}
+
+/// Builds the profile message (exposed for tests and readers).
+pub fn build(profile: &Profile) -> proto::Profile {
+    let mut strings = Strings::new();
+    let sample_type: Vec<proto::ValueType> = SAMPLE_TYPES
+        .iter()
+        .map(|(kind, unit)| proto::ValueType {
+            r#type: strings.id(kind),
+            unit: strings.id(unit),
+        })
+        .collect();
+    let mut mappings: Vec<proto::Mapping> = Vec::new();
+    let mut mapping_ids: HashMap<&str, u64> = HashMap::new();
+    for module in &profile.modules {
+        let id = mappings.len() as u64 + 1;
+        mappings.push(proto::Mapping {
+            id,
+            memory_start: 0,
+            memory_limit: u64::MAX,
+            file_offset: 0,
+            filename: strings.id(&module.path),
+            build_id: strings.id(module.build_id.as_deref().unwrap_or("")),
+            has_functions: true,
+            has_filenames: true,
+            has_line_numbers: true,
+            has_inline_frames: true,
+        });
+        mapping_ids.insert(module.path.as_str(), id);
+    }
+    let mut functions: Vec<proto::Function> = Vec::new();
+    let mut function_ids: HashMap<(String, String), u64> = HashMap::new();
+    let mut locations: Vec<proto::Location> = Vec::new();
+    let mut location_ids: HashMap<(Option<&str>, u64, Vec<u64>), u64> = HashMap::new();
+    let pid_key = strings.id("pid");
+    let command_key = strings.id("command");
+    let commands: HashMap<u32, &str> = profile
+        .processes
+        .iter()
+        .map(|p| (p.pid, p.command.as_str()))
+        .collect();
+    let mut samples = Vec::with_capacity(profile.stacks.len());
+    for stack in &profile.stacks {
+        let mut location_id = Vec::new();
+        // Frames with one return address form one location (inlined calls), innermost first.
+        for group in stack
+            .frames
+            .chunk_by(|a, b| a.module == b.module && a.address == b.address)
+        {
+            let lines: Vec<proto::Line> = group
+                .iter()
+                .map(|frame| {
+                    let name = crate::export::folded::frame_name(frame);
+                    let file = frame.file.clone().unwrap_or_default();
+                    let next = functions.len() as u64 + 1;
+                    let function_id = *function_ids
+                        .entry((name.clone(), file.clone()))
+                        .or_insert_with(|| {
+                            functions.push(proto::Function {
+                                id: next,
+                                name: strings.id(&name),
+                                system_name: strings.id(&name),
+                                filename: strings.id(&file),
+                                start_line: 0,
+                            });
+                            next
+                        });
+                    proto::Line {
+                        function_id,
+                        line: frame.line.map_or(0, i64::from),
+                        column: 0,
+                    }
+                })
+                .collect();
+            let first: &FrameInfo = &group[0];
+            let key = (
+                first.module.as_deref(),
+                first.address,
+                lines.iter().map(|l| l.function_id).collect::<Vec<_>>(),
+            );
+            let next = locations.len() as u64 + 1;
+            let id = *location_ids.entry(key).or_insert_with(|| {
+                locations.push(proto::Location {
+                    id: next,
+                    mapping_id: first
+                        .module
+                        .as_deref()
+                        .and_then(|m| mapping_ids.get(m).copied())
+                        .unwrap_or(0),
+                    address: first.address,
+                    line: lines,
+                    is_folded: false,
+                });
+                next
+            });
+            location_id.push(id);
+        }
+        let value = |estimate: Option<f64>| estimate.map_or(0, |v| v.round() as i64);
+        samples.push(proto::Sample {
+            location_id,
+            value: vec![
+                value(Some(stack.alloc_objects.estimate)),
+                value(Some(stack.alloc_bytes.estimate)),
+                value(stack.inuse_objects.map(|e| e.estimate)),
+                value(stack.inuse_bytes.map(|e| e.estimate)),
+            ],
+            label: vec![
+                proto::Label {
+                    key: pid_key,
+                    num: i64::from(stack.pid),
+                    ..Default::default()
+                },
+                proto::Label {
+                    key: command_key,
+                    str: strings.id(commands.get(&stack.pid).copied().unwrap_or("")),
+                    ..Default::default()
+                },
+            ],
+        });
+    }
+    let comments = [
+        format!(
+            "allocscope: sampled every {} bytes on average; values are estimates (bounds in the JSON export)",
+            profile.sampling.mean_interval_bytes
+        ),
+        if profile.alloc_only {
+            "frees not tracked: inuse_* are 0".to_owned()
+        } else {
+            "inuse_* cover allocations made since attach".to_owned()
+        },
+    ];
+    let comment = comments.iter().map(|c| strings.id(c)).collect();
+    let default_sample_type = strings.id(if profile.alloc_only {
+        "alloc_space"
+    } else {
+        "inuse_space"
+    });
+    let period_type = Some(proto::ValueType {
+        r#type: strings.id("space"),
+        unit: strings.id("bytes"),
+    });
+    proto::Profile {
+        sample_type,
+        sample: samples,
+        mapping: mappings,
+        location: locations,
+        function: functions,
+        string_table: strings.table,
+        drop_frames: 0,
+        keep_frames: 0,
+        time_nanos: 0,
+        duration_nanos: (profile.duration_seconds * 1e9) as i64,
+        period_type,
+        period: profile.sampling.mean_interval_bytes as i64,
+        comment,
+        default_sample_type,
+    }
+}
+
+/// Writes `profile` as gzipped profile.proto.
+pub fn write(profile: &Profile, out: &mut dyn Write) -> std::io::Result<()> {
+    let bytes = build(profile).encode_to_vec();
+    let mut gzip = GzEncoder::new(out, Compression::default());
+    gzip.write_all(&bytes)?;
+    gzip.finish()?;
+    Ok(())
+}
+
+/// Decodes a (gzipped or plain) profile.proto, for round-trip tests and checks.
+pub fn read(bytes: &[u8]) -> std::io::Result<proto::Profile> {
+    let plain = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(bytes), &mut out)?;
+        out
+    } else {
+        bytes.to_vec()
+    };
+    proto::Profile::decode(plain.as_slice()).map_err(std::io::Error::other)
+}

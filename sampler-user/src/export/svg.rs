@@ -1,0 +1,54 @@
+//! SVG flame graph (inferno as a library): interactive in a browser (hover, click to zoom,
+//! search), titled with the targets, the sampling interval, the duration and what the widths
+//! mean.
+
+use std::io::Write;
+
+use inferno::flamegraph::{self, Options};
+
+use super::{folded, Value};
+use crate::{profile::Profile, summary};
+
+/// Writes `profile` as an SVG flame graph of `value`.
+pub fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::Result<()> {
+    let targets: Vec<String> = profile
+        .processes
+        .iter()
+        .map(|p| format!("{} ({})", p.command, p.pid))
+        .collect();
+    let mut options = Options::default();
+    options.title = format!("allocscope: {}", targets.join(", "));
+    options.subtitle = Some(format!(
+        "width = {} · mean sampling interval {} · {:.1} s recorded · bounds in the JSON export",
+        value.describe(),
+        summary::bytes(profile.sampling.mean_interval_bytes as f64),
+        profile.duration_seconds,
+    ));
+    options.count_name = match value {
+        Value::AllocBytes | Value::InuseBytes => "bytes".to_owned(),
+        Value::AllocObjects | Value::InuseObjects => "allocations".to_owned(),
+    };
+    options.name_type = "Function:".to_owned();
+    options.colors = flamegraph::Palette::Basic(flamegraph::color::BasicPalette::Mem);
+    let lines: Vec<String> = folded::lines(profile, value)
+        .into_iter()
+        .map(|(path, amount)| format!("{path} {amount}"))
+        .collect();
+    if lines.is_empty() {
+        // inferno refuses an empty graph; say so in a valid SVG instead.
+        return writeln!(
+            out,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="600" height="60"><text x="10" y="30">{}: no samples ({})</text></svg>"#,
+            xml_escape(&options.title),
+            value.describe()
+        );
+    }
+    flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out)
+        .map_err(std::io::Error::other)
+}
+
+fn xml_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}

@@ -1,0 +1,46 @@
+//! `allocscope report FILE.json`: look at a recording again without re-running it — print
+//! its top stacks, or convert it to pprof, folded or SVG.
+
+use anyhow::Context as _;
+
+use crate::{
+    cli::ReportArgs,
+    config::BadInput,
+    export::{self, Format, Value},
+    profile::{Profile, SCHEMA},
+    summary,
+};
+
+/// Reads an `allocscope/v1` JSON profile.
+pub fn read(path: &std::path::Path) -> Result<Profile, BadInput> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| BadInput(format!("cannot read {}: {e}", path.display())))?;
+    let profile: Profile = serde_json::from_slice(&bytes).map_err(|e| {
+        BadInput(format!(
+            "{} is not an {SCHEMA} JSON profile (convert from the JSON that `record` writes): {e}",
+            path.display()
+        ))
+    })?;
+    if profile.schema != SCHEMA {
+        return Err(BadInput(format!(
+            "{}: schema {:?}, expected {SCHEMA:?}",
+            path.display(),
+            profile.schema
+        )));
+    }
+    Ok(profile)
+}
+
+/// Prints the table on stdout and writes the conversion, if asked.
+pub fn run(args: ReportArgs) -> anyhow::Result<()> {
+    let profile = read(&args.input)?;
+    print!("{}", summary::render(&profile, args.top));
+    if let Some(output) = &args.output {
+        let format = args.format.unwrap_or_else(|| Format::for_path(output));
+        let value = args.value.unwrap_or_else(|| Value::default_for(&profile));
+        export::write_file(&profile, format, value, output)
+            .with_context(|| format!("writing {}", output.display()))?;
+        eprintln!("wrote {} ({})", output.display(), format.name());
+    }
+    Ok(())
+}
