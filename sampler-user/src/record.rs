@@ -94,11 +94,18 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
     };
     let mut probes = attach::attach(kernel, &targets).context("attaching probes")?;
     for point in &probes.points {
+        let how = if point.placement.emulated {
+            "emulated"
+        } else {
+            "single-stepped"
+        };
         debug!(
-            "probe: pid {} {} in {} (entry)",
+            "probe: pid {} {}+{:#x} in {}: `{}` ({how})",
             point.pid,
             point.function.symbol(),
-            point.path.display()
+            point.placement.offset,
+            point.path.display(),
+            point.placement.instruction,
         );
     }
     let mut ebpf_logger = if config.verbose {

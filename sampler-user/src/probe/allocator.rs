@@ -6,10 +6,14 @@
 
 use std::path::{Path, PathBuf};
 
-use object::{Object as _, ObjectSymbol as _};
+use iced_x86::Register;
+use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 use sampler_common::AllocFn;
 
-use super::maps::Vma;
+use super::{
+    maps::Vma,
+    prologue::{self, Placement},
+};
 
 /// An allocator library found in a process, with the functions it exports.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,7 +25,7 @@ pub struct Allocator {
 }
 
 /// A probed function as the library defines it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Function {
     /// Which function.
     pub function: AllocFn,
@@ -29,7 +33,12 @@ pub struct Function {
     pub address: u64,
     /// Code size in bytes.
     pub size: u64,
+    /// Where in it the probe goes (see [`prologue`]).
+    pub probe: Placement,
 }
+
+/// Registers the allocation probes read: the size and pointer arguments.
+const ARGUMENT_REGISTERS: [Register; 3] = [Register::RDI, Register::RSI, Register::RDX];
 
 /// Errors finding an allocator.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +89,14 @@ pub fn find(vmas: &[Vma]) -> Result<Allocator, AllocatorError> {
     })
 }
 
+/// The bytes of `[address, address + size)` from the section holding them.
+fn code_at<'data>(file: &object::File<'data>, address: u64, size: u64) -> Option<&'data [u8]> {
+    file.sections()
+        .find(|s| (s.address()..s.address() + s.size()).contains(&address))?
+        .data_range(address, size.max(1))
+        .ok()?
+}
+
 fn is_libc(path: &Path) -> bool {
     path.file_name()
         .and_then(|name| name.to_str())
@@ -103,10 +120,12 @@ pub fn exported_functions(elf: &[u8]) -> std::io::Result<Vec<Function>> {
         let name = name.split('@').next().unwrap_or(name);
         if let Some(function) = AllocFn::ALL.into_iter().find(|f| f.symbol() == name) {
             if !found.iter().any(|f| f.function == function) {
+                let code = code_at(&file, symbol.address(), symbol.size()).unwrap_or_default();
                 found.push(Function {
                     function,
                     address: symbol.address(),
                     size: symbol.size(),
+                    probe: prologue::choose(code, &ARGUMENT_REGISTERS),
                 });
             }
         }

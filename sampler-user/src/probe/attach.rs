@@ -16,7 +16,7 @@ use aya::{
 };
 use sampler_common::{geometric, AllocFn, MAX_TARGETS};
 
-use super::allocator::Allocator;
+use super::{allocator::Allocator, prologue::Placement};
 
 /// The eBPF object built by build.rs.
 static SAMPLER_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sampler"));
@@ -48,6 +48,8 @@ pub struct AttachedPoint {
     pub function: AllocFn,
     /// Library path.
     pub path: PathBuf,
+    /// Where in the function the probe sits.
+    pub placement: Placement,
 }
 
 /// Errors while loading or attaching.
@@ -128,11 +130,12 @@ pub fn attach(config: KernelConfig, targets: &[Target]) -> Result<Probes, Attach
             .load()
             .map_err(|source| attach_error(function, first, source))?;
         for (slot, target) in wanted {
-            attach_one(program, function, target, slot)?;
+            let placement = attach_one(program, function, target, slot)?;
             points.push(AttachedPoint {
                 pid: target.pid,
                 function,
                 path: target.allocator.path.clone(),
+                placement,
             });
         }
     }
@@ -150,31 +153,40 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
     program
         .load()
         .map_err(|source| attach_error(AllocFn::Malloc, target, source))?;
-    attach_one(program, AllocFn::Malloc, target, 0)?;
+    let placement = attach_one(program, AllocFn::Malloc, target, 0)?;
     let points = vec![AttachedPoint {
         pid: target.pid,
         function: AllocFn::Malloc,
         path: target.allocator.path.clone(),
+        placement,
     }];
     Ok(Probes { ebpf, points })
 }
 
+/// Attaches `program` at `function`'s chosen probe point in `target`; returns the point.
 fn attach_one(
     program: &mut UProbe,
     function: AllocFn,
     target: &Target,
     slot: u64,
-) -> Result<(), AttachError> {
+) -> Result<Placement, AttachError> {
     let scope =
         NonZeroU32::new(target.pid).map_or(UProbeScope::AllProcesses, UProbeScope::OneProcess);
+    let placement = target
+        .allocator
+        .functions
+        .iter()
+        .find(|f| f.function == function)
+        .map(|f| f.probe.clone())
+        .unwrap_or_else(Placement::entry);
     let point = UProbeAttachPoint {
-        location: UProbeAttachLocation::Symbol(function.symbol()),
+        location: UProbeAttachLocation::SymbolOffset(function.symbol(), placement.offset),
         cookie: Some(slot),
     };
     program
         .attach(point, &target.allocator.path, scope)
         .map_err(|source| attach_error(function, target, source))?;
-    Ok(())
+    Ok(placement)
 }
 
 fn attach_error(

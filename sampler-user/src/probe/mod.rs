@@ -8,3 +8,4 @@
 pub mod allocator;
 pub mod attach;
 pub mod maps;
+pub mod prologue;
