@@ -80,10 +80,31 @@ impl AllocFn {
     }
 }
 
+/// What a ring-buffer record is (its first field).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// An [`AllocEvent`].
+    Alloc = 1,
+    /// A [`FreeEvent`].
+    Free = 2,
+}
+
+/// [`AllocEvent::flags`]: the stack was taken at the allocator's return, so `stack[0]` is
+/// the direct caller's return address (not the allocator's entry).
+pub const FLAG_STACK_AT_RETURN: u32 = 1;
+/// [`AllocEvent::flags`]: `address` was recorded in the live map; a [`FreeEvent`] will
+/// report its free.
+pub const FLAG_TRACKED: u32 = 2;
+
 /// One sampled allocation, sent through the ring buffer. Only sampled calls produce one.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct AllocEvent {
+    /// [`EventKind::Alloc`].
+    pub kind: u32,
+    /// `FLAG_*` bits.
+    pub flags: u32,
     /// `bpf_ktime_get_ns()` at the probe (CLOCK_MONOTONIC).
     pub timestamp_ns: u64,
     /// Requested size in bytes (n of the sampling model).
@@ -104,9 +125,37 @@ pub struct AllocEvent {
     pub stack_len: u32,
     /// [`AllocFn`] discriminant.
     pub function: u32,
+    /// The address returned (0 while frees are not tracked, or when the allocation failed).
+    pub address: u64,
     /// User stack from `bpf_get_stack(BPF_F_USER_STACK)`: `stack[0]` is the probed
     /// instruction, then return addresses of the callers' callers.
     pub stack: [u64; MAX_STACK_DEPTH],
+}
+
+/// A tracked (sampled) allocation was freed, by `free` or a successful `realloc`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FreeEvent {
+    /// [`EventKind::Free`].
+    pub kind: u32,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// `bpf_ktime_get_ns()` at the free.
+    pub timestamp_ns: u64,
+    /// The address freed.
+    pub address: u64,
+}
+
+/// Key of the live map: a sampled allocation still in use.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LiveKey {
+    /// Process id (pointers repeat across processes).
+    pub pid: u32,
+    /// Explicit padding (kept zero: the kernel hashes every key byte).
+    pub pad: u32,
+    /// The allocation's address.
+    pub address: u64,
 }
 
 /// Exact per-process counters, one copy per CPU (summed by user space).
@@ -135,6 +184,20 @@ pub struct ThreadState {
     pub marker_ip: u64,
     /// [`AllocFn`] of that function.
     pub marker_fn: u64,
+    /// A sampled call waiting for its return (frees tracked): its size (0: none pending).
+    pub pending_size: u64,
+    /// Its sampled offset.
+    pub pending_offset: u64,
+    /// Its function ([`AllocFn`]) in the low 32 bits, its target slot in the high 32.
+    pub pending_function_slot: u64,
+    /// posix_memalign's `memptr` argument: where the result will be stored.
+    pub pending_memptr: u64,
+    /// realloc's old pointer, when it is tracked: freed if the realloc succeeds.
+    pub pending_free: u64,
+    /// realloc's requested size (0 frees the old pointer even though NULL is returned).
+    pub pending_realloc_size: u64,
+    /// Stack pointer at the entry of the pending call: its return has `rsp` 8 above.
+    pub pending_sp: u64,
 }
 
 /// Indices of the per-CPU loss counters: every event or count that could not be recorded.
@@ -149,11 +212,13 @@ pub enum LossCounter {
     CountersFull = 2,
     /// The thread-state map refused an entry: the call was neither counted nor sampled.
     ThreadStateFull = 3,
+    /// The live map was full: a sampled allocation's free cannot be tracked.
+    LiveMapFull = 4,
 }
 
 impl LossCounter {
     /// Number of loss counters (the size of the per-CPU array).
-    pub const COUNT: u32 = 4;
+    pub const COUNT: u32 = 5;
 }
 
 #[cfg(feature = "user")]
@@ -164,4 +229,8 @@ mod pod {
     unsafe impl aya::Pod for super::ThreadState {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::AllocEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::FreeEvent {}
+    // SAFETY: as above (the padding is an explicit field).
+    unsafe impl aya::Pod for super::LiveKey {}
 }

@@ -9,6 +9,11 @@ static INTERVAL: u64 = 512 * 1024;
 #[no_mangle]
 static SCALE_Q32: u64 = 2_251_799_813_685_248;
 
+/// Non-zero when frees are tracked: sampled calls are emitted at their return, with the
+/// address, which goes into the live map.
+#[no_mangle]
+static TRACK_FREES: u8 = 0;
+
 /// Non-zero when user space reads aya-log records (`--verbose`).
 #[no_mangle]
 static LOG_ENABLED: u8 = 0;
@@ -28,6 +33,12 @@ pub fn interval() -> u64 {
 pub fn scale_q32() -> u64 {
     // SAFETY: as above.
     unsafe { core::ptr::read_volatile(&SCALE_Q32) }
+}
+
+#[inline(always)]
+pub fn track_frees() -> bool {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&TRACK_FREES) != 0 }
 }
 
 #[inline(always)]

@@ -8,7 +8,10 @@ mod config;
 mod maps;
 mod sample;
 
-use aya_ebpf::{macros::uprobe, programs::ProbeContext};
+use aya_ebpf::{
+    macros::{uprobe, uretprobe},
+    programs::{ProbeContext, RetProbeContext},
+};
 use sampler_common::AllocFn;
 
 /// Argument `n` (0-based) of the probed call as an unsigned integer; 0 if unreadable.
@@ -19,50 +22,63 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
 
 #[uprobe]
 pub fn malloc_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(&ctx, AllocFn::Malloc, arg(&ctx, 0));
+    sample::on_alloc(&ctx, AllocFn::Malloc, arg(&ctx, 0), 0);
     0
 }
 
 #[uprobe]
 pub fn calloc_enter(ctx: ProbeContext) -> u32 {
     let size = sampler_common::geometric::saturating_product(arg(&ctx, 0), arg(&ctx, 1));
-    sample::on_alloc(&ctx, AllocFn::Calloc, size);
+    sample::on_alloc(&ctx, AllocFn::Calloc, size, 0);
     0
 }
 
 #[uprobe]
 pub fn realloc_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(&ctx, AllocFn::Realloc, arg(&ctx, 1));
+    sample::on_alloc(&ctx, AllocFn::Realloc, arg(&ctx, 1), arg(&ctx, 0));
     0
 }
 
 #[uprobe]
 pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(&ctx, AllocFn::PosixMemalign, arg(&ctx, 2));
+    sample::on_alloc(&ctx, AllocFn::PosixMemalign, arg(&ctx, 2), arg(&ctx, 0));
     0
 }
 
 #[uprobe]
 pub fn aligned_alloc_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(&ctx, AllocFn::AlignedAlloc, arg(&ctx, 1));
+    sample::on_alloc(&ctx, AllocFn::AlignedAlloc, arg(&ctx, 1), 0);
     0
 }
 
 #[uprobe]
 pub fn memalign_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(&ctx, AllocFn::Memalign, arg(&ctx, 1));
+    sample::on_alloc(&ctx, AllocFn::Memalign, arg(&ctx, 1), 0);
     0
 }
 
 #[uprobe]
 pub fn valloc_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(&ctx, AllocFn::Valloc, arg(&ctx, 0));
+    sample::on_alloc(&ctx, AllocFn::Valloc, arg(&ctx, 0), 0);
     0
 }
 
 #[uprobe]
 pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(&ctx, AllocFn::Pvalloc, arg(&ctx, 0));
+    sample::on_alloc(&ctx, AllocFn::Pvalloc, arg(&ctx, 0), 0);
+    0
+}
+
+/// Return of any allocator function (attached only when frees are tracked).
+#[uretprobe]
+pub fn alloc_return(ctx: RetProbeContext) -> u32 {
+    sample::on_return(&ctx);
+    0
+}
+
+#[uprobe]
+pub fn free_enter(ctx: ProbeContext) -> u32 {
+    sample::on_free(arg(&ctx, 0));
     0
 }
 

@@ -3,9 +3,9 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{LruHashMap, PerCpuArray, RingBuf},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
-use sampler_common::{LossCounter, ProcessCounters, ThreadState};
+use sampler_common::{LiveKey, LossCounter, ProcessCounters, ThreadState};
 
 /// Sampled allocations → user space. Sized for bursts of ~4000 samples in flight.
 #[map]
@@ -21,6 +21,12 @@ pub static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(
 #[map]
 pub static COUNTERS: PerCpuArray<ProcessCounters> =
     PerCpuArray::with_max_entries(sampler_common::MAX_TARGETS, 0);
+
+/// (pid, address) → allocation time: sampled allocations not yet freed. A free looks its
+/// pointer up here: one failed lookup for the unsampled majority. Sized by user space
+/// (`--max-tracked`); a full map counts `LiveMapFull`.
+#[map]
+pub static LIVE: HashMap<LiveKey, u64> = HashMap::with_max_entries(65536, 0);
 
 /// [`LossCounter`] index → number of events or counts lost, per CPU.
 #[map]

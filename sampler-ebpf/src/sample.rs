@@ -7,24 +7,29 @@
 //! and writes to the ring buffer.
 
 use aya_ebpf::{
-    bindings::{pt_regs, BPF_F_USER_STACK},
+    bindings::BPF_F_USER_STACK,
     helpers::{
         bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_stack,
         bpf_ktime_get_ns, bpf_probe_read_user,
     },
-    programs::ProbeContext,
+    programs::{ProbeContext, RetProbeContext},
+    EbpfContext,
 };
 use aya_log_ebpf::warn;
-use sampler_common::{geometric, AllocEvent, AllocFn, LossCounter, ThreadState};
+use sampler_common::{
+    geometric, AllocEvent, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, ThreadState,
+    FLAG_STACK_AT_RETURN, FLAG_TRACKED,
+};
 
 use crate::{
     config,
-    maps::{count_loss, COUNTERS, SAMPLES, THREADS},
+    maps::{count_loss, COUNTERS, LIVE, SAMPLES, THREADS},
 };
 
-/// Entry of an allocator function asking for `size` bytes.
+/// Entry of an allocator function asking for `size` bytes. `pointer` is realloc's old
+/// pointer or posix_memalign's `memptr` (0 otherwise).
 #[inline(always)]
-pub fn on_alloc(ctx: &ProbeContext, function: AllocFn, size: u64) {
+pub fn on_alloc(ctx: &ProbeContext, function: AllocFn, size: u64, pointer: u64) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     let Some(state) = thread_state(tid) else {
@@ -57,25 +62,163 @@ pub fn on_alloc(ctx: &ProbeContext, function: AllocFn, size: u64) {
         state.marker_ip = ip;
         state.marker_fn = function as u64;
     }
-    count_call(ctx, size);
+    let slot = count_call(ctx, size);
+    let tracking = config::track_frees();
+    if tracking && function == AllocFn::Realloc && pointer != 0 && is_live(pid, pointer) {
+        // Freed by the realloc only if it succeeds: decided at the return.
+        state.pending_free = pointer;
+        state.pending_realloc_size = size;
+        state.pending_sp = sp;
+    }
     if state.countdown >= size {
         state.countdown -= size;
         return;
     }
     let offset = state.countdown;
     state.countdown = draw();
+    if tracking {
+        // The address is known at the return, where the stack starts at the caller.
+        state.pending_size = size;
+        state.pending_offset = offset;
+        state.pending_function_slot = function as u64 | (slot as u64) << 32;
+        state.pending_memptr = if function == AllocFn::PosixMemalign { pointer } else { 0 };
+        state.pending_sp = sp;
+        return;
+    }
     if caller == 0 {
         caller = return_address(sp);
     }
-    emit(ctx, regs, pid, tid, function, size, offset, caller);
+    let sample = Sample { pid, tid, function, size, offset, caller, address: 0, flags: 0 };
+    emit(ctx, &sample);
+}
+
+/// Return of an allocator function (frees tracked): completes the pending sample of this
+/// very call with its address, and settles a realloc's old pointer.
+#[inline(always)]
+pub fn on_return(ctx: &RetProbeContext) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    let Some(state) = THREADS.get_ptr_mut(tid) else {
+        return;
+    };
+    // SAFETY: as in on_alloc.
+    let state = unsafe { &mut *state };
+    let regs = ctx.regs;
+    // SAFETY: reading the saved registers of the probed task from the context.
+    let (sp, returned) = unsafe { ((*regs).rsp, (*regs).rax) };
+    if sp == state.marker_sp.wrapping_add(8) {
+        // The function that left the nesting marker returned: it cannot nest any more.
+        state.marker_sp = 0;
+    }
+    if state.pending_size == 0 && state.pending_free == 0 {
+        return;
+    }
+    // Only the return of the call that left the pending state: `ret` popped the return
+    // address pushed below the entry's stack pointer. (A malloc called from inside
+    // posix_memalign returns deeper in the stack; a tail-called one returns here, with the
+    // very value the caller gets.)
+    if sp != state.pending_sp.wrapping_add(8) {
+        return;
+    }
+    if state.pending_free != 0 {
+        // realloc: a new block, or size 0 (glibc frees and returns NULL), frees the old one.
+        if returned != 0 || state.pending_realloc_size == 0 {
+            free_tracked(pid, state.pending_free);
+        }
+        state.pending_free = 0;
+    }
+    if state.pending_size == 0 {
+        return;
+    }
+    let function = AllocFn::from_u32(state.pending_function_slot as u32).unwrap_or(AllocFn::Malloc);
+    let address = if function == AllocFn::PosixMemalign {
+        // Returns 0 on success, having stored the block at *memptr.
+        if returned == 0 {
+            // SAFETY: bpf_probe_read_user checks the user address.
+            unsafe { bpf_probe_read_user(state.pending_memptr as *const u64) }.unwrap_or(0)
+        } else {
+            0
+        }
+    } else {
+        returned
+    };
+    let mut flags = FLAG_STACK_AT_RETURN;
+    if address != 0 {
+        let key = LiveKey { pid, pad: 0, address };
+        // SAFETY: helper without preconditions.
+        let now = unsafe { bpf_ktime_get_ns() };
+        if LIVE.insert(&key, &now, 0).is_ok() {
+            flags |= FLAG_TRACKED;
+        } else {
+            count_loss(LossCounter::LiveMapFull);
+        }
+    }
+    let sample = Sample {
+        pid,
+        tid,
+        function,
+        size: state.pending_size,
+        offset: state.pending_offset,
+        caller: 0,
+        address,
+        flags,
+    };
+    state.pending_size = 0;
+    emit(ctx, &sample);
+}
+
+/// Entry of `free(address)`: one lookup; only a sampled block produces an event.
+#[inline(always)]
+pub fn on_free(address: u64) {
+    if address == 0 {
+        return;
+    }
+    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    free_tracked(pid, address);
+}
+
+#[inline(always)]
+fn is_live(pid: u32, address: u64) -> bool {
+    let key = LiveKey { pid, pad: 0, address };
+    LIVE.get_ptr(&key).is_some()
+}
+
+/// Forgets a tracked block and tells user space; nothing for an unknown address (not
+/// sampled, allocated before attach, or already freed: a double free).
+#[inline(always)]
+fn free_tracked(pid: u32, address: u64) {
+    let key = LiveKey { pid, pad: 0, address };
+    if LIVE.remove(&key).is_err() {
+        return;
+    }
+    let Some(mut entry) = SAMPLES.reserve::<FreeEvent>(0) else {
+        count_loss(LossCounter::RingBufFull);
+        return;
+    };
+    // SAFETY: helper without preconditions.
+    let timestamp_ns = unsafe { bpf_ktime_get_ns() };
+    entry.write(FreeEvent {
+        kind: EventKind::Free as u32,
+        pid,
+        timestamp_ns,
+        address,
+    });
+    entry.submit(0);
 }
 
 /// A malloc entered from inside a hooked function that already counted this allocation:
 /// either a tail call (same stack pointer and return address as that function's entry) or
 /// a call whose return address lies inside that function's code.
+///
+/// With frees tracked, the outer function's return probe has replaced its return address
+/// by the kernel's trampoline after our entry program read it, so a tail-called malloc sees
+/// the trampoline there: the stack pointer alone identifies the tail call, which is exact
+/// because that same return probe clears the marker when the outer function returns (no
+/// stale marker can match a later call from the same frame).
 #[inline(always)]
 fn is_nested(state: &ThreadState, sp: u64, caller: u64) -> bool {
-    (sp == state.marker_sp && caller == state.marker_ret)
+    let tail_call = sp == state.marker_sp && (caller == state.marker_ret || config::track_frees());
+    tail_call
         || (sp < state.marker_sp
             && caller.wrapping_sub(state.marker_ip) < config::function_size(state.marker_fn))
 }
@@ -98,7 +241,7 @@ fn thread_state(tid: u32) -> Option<*mut ThreadState> {
 /// Adds the call to its target's exact counters. User space attaches each target's probes
 /// with that target's slot as the cookie.
 #[inline(always)]
-fn count_call(ctx: &ProbeContext, size: u64) {
+fn count_call(ctx: &ProbeContext, size: u64) -> u32 {
     // SAFETY: the helper only reads the cookie of the running program's attachment.
     let slot = unsafe { bpf_get_attach_cookie(ctx.regs.cast()) } as u32;
     if let Some(counters) = COUNTERS.get_ptr_mut(slot) {
@@ -109,6 +252,7 @@ fn count_call(ctx: &ProbeContext, size: u64) {
     } else {
         count_loss(LossCounter::CountersFull);
     }
+    slot
 }
 
 #[inline(always)]
@@ -124,25 +268,25 @@ fn return_address(sp: u64) -> u64 {
     unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0)
 }
 
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn emit(
-    ctx: &ProbeContext,
-    regs: *mut pt_regs,
+/// What an [`AllocEvent`] says, before the stack is added.
+struct Sample {
     pid: u32,
     tid: u32,
     function: AllocFn,
     size: u64,
     offset: u64,
     caller: u64,
-) {
+    address: u64,
+    flags: u32,
+}
+
+/// Sends a sample with the user stack of `ctx` (the entry's or the return's).
+#[inline(always)]
+fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
     let Some(mut entry) = SAMPLES.reserve::<AllocEvent>(0) else {
         count_loss(LossCounter::RingBufFull);
         if config::log_enabled() {
-            warn!(
-                ctx,
-                "ring buffer full: sample of {} bytes in pid {} lost", size, pid
-            );
+            warn!(ctx, "ring buffer full: sample of {} bytes in pid {} lost", sample.size, sample.pid);
         }
         return;
     };
@@ -150,17 +294,20 @@ fn emit(
     // SAFETY: `event` points to a reserved, exclusively owned ring-buffer record of the
     // right size; every field is written before submit.
     unsafe {
+        (*event).kind = EventKind::Alloc as u32;
+        (*event).flags = sample.flags;
         (*event).timestamp_ns = bpf_ktime_get_ns();
-        (*event).size = size;
-        (*event).offset = offset;
+        (*event).size = sample.size;
+        (*event).offset = sample.offset;
         (*event).interval = config::interval();
-        (*event).return_address = caller;
-        (*event).pid = pid;
-        (*event).tid = tid;
-        (*event).function = function as u32;
+        (*event).return_address = sample.caller;
+        (*event).address = sample.address;
+        (*event).pid = sample.pid;
+        (*event).tid = sample.tid;
+        (*event).function = sample.function as u32;
         let stack = core::ptr::addr_of_mut!((*event).stack);
         let bytes = bpf_get_stack(
-            regs.cast(),
+            ctx.as_ptr(),
             stack.cast(),
             core::mem::size_of::<[u64; sampler_common::MAX_STACK_DEPTH]>() as u32,
             BPF_F_USER_STACK as u64,
@@ -168,12 +315,12 @@ fn emit(
         if bytes < 0 {
             (*event).stack_len = 0;
             count_loss(LossCounter::StackMissing);
-            if config::log_enabled() {
-                warn!(ctx, "no user stack for pid {} (error {})", pid, bytes);
-            }
         } else {
             (*event).stack_len = (bytes as u32) / 8;
         }
+    }
+    if config::log_enabled() && sample.flags & FLAG_STACK_AT_RETURN != 0 && sample.flags & FLAG_TRACKED == 0 {
+        warn!(ctx, "pid {}: sampled block at {:x} not tracked (live map full or failed)", sample.pid, sample.address);
     }
     entry.submit(0);
 }

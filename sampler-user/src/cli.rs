@@ -69,9 +69,20 @@ pub struct RecordArgs {
     )]
     pub interval: String,
 
-    /// Count allocations only, without tracking frees (the only mode so far).
+    /// Count allocations only: no free tracking, no live-heap numbers, the lowest overhead
+    /// (no return probes, no probe on free).
     #[arg(long, help_heading = "Recording")]
     pub alloc_only: bool,
+
+    /// Most sampled allocations tracked as live at once (the kernel's live map); beyond it,
+    /// samples are counted as untracked and live numbers say they are incomplete.
+    #[arg(long, value_name = "N", default_value_t = 65536, help_heading = "Recording")]
+    pub max_tracked: u32,
+
+    /// List stacks whose sampled allocations have been live longer than DURATION (leak
+    /// candidates), e.g. 30s.
+    #[arg(long, value_name = "DURATION", help_heading = "Output")]
+    pub leaks_older_than: Option<String>,
 
     /// Confidence level of every lower/upper bound, in (0, 1).
     #[arg(

@@ -50,6 +50,10 @@ pub struct RecordConfig {
     pub interval: u64,
     /// No free tracking.
     pub alloc_only: bool,
+    /// Capacity of the kernel's live map.
+    pub max_tracked: u32,
+    /// Age beyond which live sampled allocations are leak candidates.
+    pub leaks_older_than: Option<Duration>,
     /// Confidence of the bounds.
     pub confidence: f64,
     /// Where the profile goes.
@@ -111,6 +115,22 @@ impl RecordArgs {
                 parse_duration(d).map_err(|why| BadInput(format!("invalid --every {d:?}: {why}")))
             })
             .transpose()?;
+        let leaks_older_than = self
+            .leaks_older_than
+            .as_deref()
+            .map(|d| {
+                parse_duration(d)
+                    .map_err(|why| BadInput(format!("invalid --leaks-older-than {d:?}: {why}")))
+            })
+            .transpose()?;
+        if self.alloc_only && leaks_older_than.is_some() {
+            return Err(BadInput(
+                "--leaks-older-than needs free tracking: drop --alloc-only".into(),
+            ));
+        }
+        if self.max_tracked == 0 {
+            return Err(BadInput("invalid --max-tracked 0: track at least one allocation".into()));
+        }
         if self.keep == Some(0) {
             return Err(BadInput(
                 "invalid --keep 0: keep at least one snapshot".into(),
@@ -137,6 +157,8 @@ impl RecordArgs {
             duration,
             interval,
             alloc_only: self.alloc_only,
+            max_tracked: self.max_tracked,
+            leaks_older_than,
             confidence: self.confidence,
             output,
             format,

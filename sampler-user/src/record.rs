@@ -91,6 +91,7 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
     let kernel = KernelConfig {
         interval: config.interval,
         log: config.verbose,
+        track_frees: (!config.alloc_only).then_some(config.max_tracked),
     };
     let mut probes = attach::attach(kernel, &targets).context("attaching probes")?;
     for point in &probes.points {
@@ -102,7 +103,7 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
         debug!(
             "probe: pid {} {}+{:#x} in {}: `{}` ({how})",
             point.pid,
-            point.function.symbol(),
+            point.probe,
             point.placement.offset,
             point.path.display(),
             point.placement.instruction,
@@ -163,29 +164,29 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
         tokio::select! {
             read = reader.read(&mut batch) => {
                 read?;
-                for sample in batch.drain(..) {
-                    recorder.add(&sample);
+                for event in batch.drain(..) {
+                    recorder.add(&event);
                 }
             }
             _ = refresh.tick() => {
                 // Keep the maps snapshot current while targets live (libraries loaded
                 // late, a spawned command just past exec), and flush eBPF log records.
-                recorder.refresh_maps();
+                recorder.refresh();
                 if let Some(logger) = ebpf_logger.as_mut() {
                     logger.flush();
                 }
             }
             _ = snapshot_timer.tick(), if every.is_some() => {
                 reader.drain(&mut batch);
-                for sample in batch.drain(..) {
-                    recorder.add(&sample);
+                for event in batch.drain(..) {
+                    recorder.add(&event);
                 }
                 let (counters, losses) = read_counters(&probes, &pids)?;
                 let now = Instant::now();
                 let settings = settings(&config, now - started);
                 let period = Some((now - period_started).as_secs_f64());
                 let profile = recorder
-                    .profile(&symbolizer, settings, &counters, losses, period)
+                    .profile(&symbolizer, settings, &counters, losses, period, monotonic_ns())
                     .await;
                 write_output(&config, &profile)?;
                 recorder.start_period();
@@ -206,14 +207,15 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
     // The recording ends now; detaching below takes a while (the kernel removes each
     // breakpoint) and is not part of it.
     let stopped = Instant::now();
+    let stopped_ns = monotonic_ns();
     match stop {
         Stop::Signal(name) => info!("stopping on {name}"),
         Stop::Duration => info!("stopping: duration reached"),
         Stop::TargetsExited => info!("stopping: every target exited"),
     }
     reader.drain(&mut batch);
-    for sample in batch.drain(..) {
-        recorder.add(&sample);
+    for event in batch.drain(..) {
+        recorder.add(&event);
     }
     let (counters, losses) = read_counters(&probes, &pids)?;
     if let Some(logger) = ebpf_logger.as_mut() {
@@ -244,6 +246,7 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
             &counters,
             losses,
             period,
+            stopped_ns,
         )
         .await;
     let written = write_output(&config, &profile)?;
@@ -257,10 +260,18 @@ fn settings(config: &RecordConfig, recorded: Duration) -> Settings {
         interval: config.interval,
         confidence: config.confidence,
         duration_seconds: recorded.as_secs_f64(),
-        // Free tracking is not implemented yet: every recording is allocation-only,
-        // whether or not --alloc-only was given.
-        alloc_only: true,
+        alloc_only: config.alloc_only,
+        leaks_older_than: config.leaks_older_than,
     }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`, so ages of sampled
+/// blocks can be computed from their kernel timestamps.
+fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the valid timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 fn read_counters(

@@ -61,6 +61,24 @@ pub fn render(profile: &Profile, top: usize) -> String {
             bytes(process.exact.bytes as f64),
             process.exact.calls,
         );
+        if let Some(live) = &process.inuse_bytes {
+            let rss = process
+                .rss_bytes
+                .map_or_else(|| "unknown".to_owned(), |rss| bytes(rss as f64));
+            let _ = writeln!(
+                out,
+                "    live heap (allocated since attach, not freed): {}; RSS {rss}",
+                estimate_bytes(live)
+            );
+            if process.untracked_samples > 0 {
+                let _ = writeln!(
+                    out,
+                    "    incomplete: {} sampled blocks could not be tracked (raise --max-tracked); \
+                     live numbers leave them out",
+                    process.untracked_samples
+                );
+            }
+        }
     }
     let losses = profile.losses;
     if losses.total() == 0 {
@@ -82,6 +100,53 @@ pub fn render(profile: &Profile, top: usize) -> String {
             "  no samples: too little was allocated for this interval"
         );
         return out;
+    }
+    if let Some(age) = profile.leaks_older_than_seconds {
+        let mut leaks: Vec<_> = profile
+            .stacks
+            .iter()
+            .filter_map(|stack| Some((stack, stack.leak?)))
+            .collect();
+        leaks.sort_by(|a, b| b.1.inuse_bytes.estimate.total_cmp(&a.1.inuse_bytes.estimate));
+        let _ = writeln!(out, "leak candidates (live for more than {age:.0} s):");
+        if leaks.is_empty() {
+            let _ = writeln!(out, "  none");
+        }
+        for (stack, leak) in leaks.iter().take(top) {
+            let chain: Vec<String> = stack.frames.iter().take(4).map(frame_name).collect();
+            let _ = writeln!(
+                out,
+                "  {:>38}  {:>6.0} blocks  oldest {:.0} s  pid {}  {}",
+                estimate_bytes(&leak.inuse_bytes),
+                leak.inuse_objects.estimate,
+                leak.oldest_seconds,
+                stack.pid,
+                chain.join(" ← "),
+            );
+        }
+    }
+    if !profile.alloc_only {
+        let mut live: Vec<_> = profile
+            .stacks
+            .iter()
+            .filter_map(|stack| Some((stack, stack.inuse_bytes?)))
+            .filter(|(_, live)| live.samples > 0)
+            .collect();
+        live.sort_by(|a, b| b.1.estimate.total_cmp(&a.1.estimate));
+        if !live.is_empty() {
+            let _ = writeln!(out, "top stacks by estimated live bytes:");
+        }
+        for (stack, inuse) in live.iter().take(top) {
+            let chain: Vec<String> = stack.frames.iter().take(4).map(frame_name).collect();
+            let _ = writeln!(
+                out,
+                "  {:>38}  {:>6} samples  pid {}  {}",
+                estimate_bytes(inuse),
+                inuse.samples,
+                stack.pid,
+                chain.join(" ← "),
+            );
+        }
     }
     let _ = writeln!(out, "top stacks by estimated allocated bytes:");
     for stack in profile.stacks.iter().take(top) {

@@ -8,7 +8,10 @@ use std::collections::BTreeMap;
 
 use anyhow::Context as _;
 use aya::maps::{MapData, PerCpuArray, RingBuf};
-use sampler_common::{AllocEvent, AllocFn, LossCounter, ProcessCounters, MAX_STACK_DEPTH};
+use sampler_common::{
+    AllocEvent, AllocFn, EventKind, FreeEvent, LossCounter, ProcessCounters, FLAG_STACK_AT_RETURN,
+    FLAG_TRACKED, MAX_STACK_DEPTH,
+};
 use tokio::io::unix::AsyncFd;
 
 /// A decoded sample, owned.
@@ -28,15 +31,56 @@ pub struct Sample {
     pub offset: u64,
     /// Mean interval in force.
     pub interval: u64,
-    /// Direct caller's return address (`[rsp]` at entry).
+    /// Direct caller's return address (`[rsp]` at entry; 0 when the stack was taken at the
+    /// return).
     pub return_address: u64,
-    /// Raw user stack: `[0]` is the allocator's entry, then callers' callers.
+    /// Raw user stack: at the entry, `[0]` is the allocator and the direct caller is missing
+    /// (see `return_address`); at the return, `[0]` is the direct caller.
     pub stack: Vec<u64>,
+    /// Whether `stack` was taken at the allocator's return.
+    pub stack_at_return: bool,
+    /// The block's address (0 when frees are not tracked or the allocation failed).
+    pub address: u64,
+    /// Whether the kernel tracks the block: its free will be reported.
+    pub tracked: bool,
+}
+
+/// A tracked block was freed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Freed {
+    /// Process id.
+    pub pid: u32,
+    /// CLOCK_MONOTONIC nanoseconds.
+    pub timestamp_ns: u64,
+    /// The block's address.
+    pub address: u64,
+}
+
+/// A decoded ring-buffer record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A sampled allocation.
+    Alloc(Sample),
+    /// A tracked block freed.
+    Free(Freed),
 }
 
 /// Decodes one ring-buffer record; `None` for a record of the wrong size or content.
-pub fn decode(bytes: &[u8]) -> Option<Sample> {
-    if bytes.len() < std::mem::size_of::<AllocEvent>() {
+pub fn decode(bytes: &[u8]) -> Option<Event> {
+    let kind = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
+    if kind == EventKind::Free as u32 {
+        if bytes.len() < std::mem::size_of::<FreeEvent>() {
+            return None;
+        }
+        // SAFETY: the length was checked; FreeEvent is plain integers.
+        let event: FreeEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        return Some(Event::Free(Freed {
+            pid: event.pid,
+            timestamp_ns: event.timestamp_ns,
+            address: event.address,
+        }));
+    }
+    if kind != EventKind::Alloc as u32 || bytes.len() < std::mem::size_of::<AllocEvent>() {
         return None;
     }
     // SAFETY: the length was checked; AllocEvent is plain integers (any bit pattern is
@@ -47,7 +91,7 @@ pub fn decode(bytes: &[u8]) -> Option<Sample> {
     if event.size == 0 || event.offset >= event.size || event.interval == 0 {
         return None;
     }
-    Some(Sample {
+    Some(Event::Alloc(Sample {
         pid: event.pid,
         tid: event.tid,
         timestamp_ns: event.timestamp_ns,
@@ -57,7 +101,10 @@ pub fn decode(bytes: &[u8]) -> Option<Sample> {
         interval: event.interval,
         return_address: event.return_address,
         stack: event.stack[..depth].to_vec(),
-    })
+        stack_at_return: event.flags & FLAG_STACK_AT_RETURN != 0,
+        address: event.address,
+        tracked: event.flags & FLAG_TRACKED != 0,
+    }))
 }
 
 /// The sample stream.
@@ -81,7 +128,7 @@ impl SampleReader {
     }
 
     /// Waits until records are available, then moves all of them into `out`.
-    pub async fn read(&mut self, out: &mut Vec<Sample>) -> anyhow::Result<()> {
+    pub async fn read(&mut self, out: &mut Vec<Event>) -> anyhow::Result<()> {
         let mut guard = self.ring.readable_mut().await?;
         self.malformed += drain_ring(guard.get_inner_mut(), out);
         guard.clear_ready();
@@ -89,13 +136,13 @@ impl SampleReader {
     }
 
     /// Moves every record available now into `out`, without waiting.
-    pub fn drain(&mut self, out: &mut Vec<Sample>) {
+    pub fn drain(&mut self, out: &mut Vec<Event>) {
         self.malformed += drain_ring(self.ring.get_mut(), out);
     }
 }
 
 /// Decodes every available record into `out`; returns how many were malformed.
-fn drain_ring(ring: &mut RingBuf<MapData>, out: &mut Vec<Sample>) -> u64 {
+fn drain_ring(ring: &mut RingBuf<MapData>, out: &mut Vec<Event>) -> u64 {
     let mut malformed = 0;
     while let Some(record) = ring.next() {
         match decode(&record) {
@@ -117,12 +164,19 @@ pub struct Losses {
     pub counters_full: u64,
     /// Calls neither counted nor sampled (thread map refused an entry).
     pub thread_state_full: u64,
+    /// Sampled blocks whose frees could not be tracked (live map full).
+    #[serde(default)]
+    pub live_map_full: u64,
 }
 
 impl Losses {
     /// Total of all counters.
     pub fn total(&self) -> u64 {
-        self.ringbuf_full + self.stack_missing + self.counters_full + self.thread_state_full
+        self.ringbuf_full
+            + self.stack_missing
+            + self.counters_full
+            + self.thread_state_full
+            + self.live_map_full
     }
 }
 
@@ -136,6 +190,7 @@ pub fn read_losses(map: &PerCpuArray<&MapData, u64>) -> anyhow::Result<Losses> {
         stack_missing: sum(LossCounter::StackMissing)?,
         counters_full: sum(LossCounter::CountersFull)?,
         thread_state_full: sum(LossCounter::ThreadStateFull)?,
+        live_map_full: sum(LossCounter::LiveMapFull)?,
     })
 }
 
@@ -178,6 +233,9 @@ mod tests {
         let mut stack = [0u64; MAX_STACK_DEPTH];
         stack[..3].copy_from_slice(&[0xa, 0xb, 0xc]);
         AllocEvent {
+            kind: EventKind::Alloc as u32,
+            flags: FLAG_STACK_AT_RETURN | FLAG_TRACKED,
+            address: 0x5000,
             timestamp_ns: 5,
             size: 100,
             offset: 7,
@@ -213,6 +271,9 @@ mod tests {
         assert!(decode(&record(&bad)).is_none());
         let mut deep = event();
         deep.stack_len = 10_000;
-        assert_eq!(decode(&record(&deep)).unwrap().stack.len(), MAX_STACK_DEPTH);
+        assert_eq!(alloc(&record(&deep)).stack.len(), MAX_STACK_DEPTH);
+        let mut unknown = event();
+        unknown.kind = 7;
+        assert!(decode(&record(&unknown)).is_none());
     }
 }

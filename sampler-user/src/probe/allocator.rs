@@ -22,6 +22,8 @@ pub struct Allocator {
     pub path: PathBuf,
     /// Probed functions present in the library, one per distinct address.
     pub functions: Vec<Function>,
+    /// Where to probe `free` (to track frees), if the library exports it.
+    pub free: Option<Placement>,
 }
 
 /// A probed function as the library defines it.
@@ -78,6 +80,7 @@ pub fn find(vmas: &[Vma]) -> Result<Allocator, AllocatorError> {
         path: path.to_owned(),
         source,
     })?;
+    let free = free_placement(&data);
     if !functions.iter().any(|f| f.function == AllocFn::Malloc) {
         return Err(AllocatorError::NoMalloc {
             path: path.to_owned(),
@@ -86,7 +89,19 @@ pub fn find(vmas: &[Vma]) -> Result<Allocator, AllocatorError> {
     Ok(Allocator {
         path: path.to_owned(),
         functions,
+        free,
     })
+}
+
+/// Where to probe `free(ptr)`: it reads only `rdi`.
+pub fn free_placement(elf: &[u8]) -> Option<Placement> {
+    let file = object::File::parse(elf).ok()?;
+    let symbol = file
+        .dynamic_symbols()
+        .chain(file.symbols())
+        .find(|s| s.is_definition() && s.name().is_ok_and(|n| n.split('@').next() == Some("free")))?;
+    let code = code_at(&file, symbol.address(), symbol.size())?;
+    Some(prologue::choose(code, &[Register::RDI]))
 }
 
 /// The bytes of `[address, address + size)` from the section holding them.

@@ -28,6 +28,9 @@ pub struct KernelConfig {
     pub interval: u64,
     /// Whether the eBPF side's aya-log records are wanted (`--verbose`).
     pub log: bool,
+    /// Track frees: return probes complete sampled calls, `free` is probed, and the live
+    /// map holds at most this many sampled blocks (`None`: allocations only).
+    pub track_frees: Option<u32>,
 }
 
 /// One process to probe and the allocator found in it.
@@ -39,13 +42,34 @@ pub struct Target {
     pub allocator: Allocator,
 }
 
+/// What a probe point observes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeKind {
+    /// An allocation function's entry.
+    Entry(AllocFn),
+    /// An allocation function's return.
+    Return(AllocFn),
+    /// `free`'s entry.
+    Free,
+}
+
+impl std::fmt::Display for ProbeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProbeKind::Entry(function) => write!(f, "{}", function.symbol()),
+            ProbeKind::Return(function) => write!(f, "{} (return)", function.symbol()),
+            ProbeKind::Free => write!(f, "free"),
+        }
+    }
+}
+
 /// A probe point actually attached (reported with `--verbose`).
 #[derive(Clone, Debug)]
 pub struct AttachedPoint {
     /// Process id.
     pub pid: u32,
-    /// Function.
-    pub function: AllocFn,
+    /// What it observes.
+    pub probe: ProbeKind,
     /// Library path.
     pub path: PathBuf,
     /// Where in the function the probe sits.
@@ -105,11 +129,14 @@ pub fn attach(config: KernelConfig, targets: &[Target]) -> Result<Probes, Attach
         }
     }
     let log = u8::from(config.log);
+    let track = u8::from(config.track_frees.is_some());
     let mut ebpf = EbpfLoader::new()
         .override_global("INTERVAL", &config.interval, true)
         .override_global("SCALE_Q32", &scale, true)
         .override_global("LOG_ENABLED", &log, true)
+        .override_global("TRACK_FREES", &track, true)
         .override_global("FUNCTION_SIZE", &sizes, true)
+        .map_max_entries("LIVE", config.track_frees.unwrap_or(1).max(1))
         .load(SAMPLER_OBJECT)?;
     let mut points = Vec::new();
     for function in AllocFn::ALL {
@@ -133,13 +160,76 @@ pub fn attach(config: KernelConfig, targets: &[Target]) -> Result<Probes, Attach
             let placement = attach_one(program, function, target, slot)?;
             points.push(AttachedPoint {
                 pid: target.pid,
-                function,
+                probe: ProbeKind::Entry(function),
                 path: target.allocator.path.clone(),
                 placement,
             });
         }
     }
+    if config.track_frees.is_some() {
+        points.extend(attach_free_tracking(&mut ebpf, targets)?);
+    }
     Ok(Probes { ebpf, points })
+}
+
+/// Return probes on every allocation function (at the same points as the entries, where
+/// `[rsp]` is still the return address) and the entry probe of `free`.
+fn attach_free_tracking(ebpf: &mut Ebpf, targets: &[Target]) -> Result<Vec<AttachedPoint>, AttachError> {
+    let mut points = Vec::new();
+    let returns: &mut UProbe = ebpf
+        .program_mut("alloc_return")
+        .ok_or_else(|| AttachError::MissingProgram("alloc_return".to_owned()))?
+        .try_into()
+        .map_err(|source| attach_error(AllocFn::Malloc, &targets[0], source))?;
+    returns
+        .load()
+        .map_err(|source| attach_error(AllocFn::Malloc, &targets[0], source))?;
+    for (slot, target) in (0u64..).zip(targets) {
+        for function in &target.allocator.functions {
+            let placement = attach_one(returns, function.function, target, slot)?;
+            points.push(AttachedPoint {
+                pid: target.pid,
+                probe: ProbeKind::Return(function.function),
+                path: target.allocator.path.clone(),
+                placement,
+            });
+        }
+    }
+    let free: &mut UProbe = ebpf
+        .program_mut("free_enter")
+        .ok_or_else(|| AttachError::MissingProgram("free_enter".to_owned()))?
+        .try_into()
+        .map_err(|source| attach_error(AllocFn::Malloc, &targets[0], source))?;
+    free.load()
+        .map_err(|source| attach_error(AllocFn::Malloc, &targets[0], source))?;
+    for target in targets {
+        let Some(placement) = target.allocator.free.clone() else {
+            continue;
+        };
+        let scope = scope_of(target);
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::SymbolOffset("free", placement.offset),
+            cookie: None,
+        };
+        free.attach(point, &target.allocator.path, scope)
+            .map_err(|source| AttachError::Attach {
+                symbol: "free",
+                path: target.allocator.path.clone(),
+                pid: target.pid,
+                source,
+            })?;
+        points.push(AttachedPoint {
+            pid: target.pid,
+            probe: ProbeKind::Free,
+            path: target.allocator.path.clone(),
+            placement,
+        });
+    }
+    Ok(points)
+}
+
+fn scope_of(target: &Target) -> UProbeScope {
+    NonZeroU32::new(target.pid).map_or(UProbeScope::AllProcesses, UProbeScope::OneProcess)
 }
 
 /// Attaches the benchmark's reference probe (counts calls, nothing else) to malloc.
@@ -156,7 +246,7 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
     let placement = attach_one(program, AllocFn::Malloc, target, 0)?;
     let points = vec![AttachedPoint {
         pid: target.pid,
-        function: AllocFn::Malloc,
+        probe: ProbeKind::Entry(AllocFn::Malloc),
         path: target.allocator.path.clone(),
         placement,
     }];
@@ -170,8 +260,7 @@ fn attach_one(
     target: &Target,
     slot: u64,
 ) -> Result<Placement, AttachError> {
-    let scope =
-        NonZeroU32::new(target.pid).map_or(UProbeScope::AllProcesses, UProbeScope::OneProcess);
+    let scope = scope_of(target);
     let placement = target
         .allocator
         .functions

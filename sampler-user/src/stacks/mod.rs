@@ -39,11 +39,16 @@ pub enum Frame {
     },
 }
 
-/// Builds the caller-first list of return addresses, leaf first and without the allocator's
-/// own frame, from what the kernel sent: `raw[0]` is the probed instruction (the allocator),
-/// `raw[1..]` the frame-pointer walk, which from an entry probe misses the direct caller
-/// unless the kernel recovered it; `return_address` is that caller, read from `[rsp]`.
-pub fn caller_chain(return_address: u64, raw: &[u64]) -> Vec<u64> {
+/// Builds the list of return addresses, leaf first and without the allocator's own frame,
+/// from what the kernel sent. From an entry probe, `raw[0]` is the probed instruction (the
+/// allocator) and `raw[1..]` the frame-pointer walk, which misses the direct caller unless
+/// the kernel recovered it; `return_address` is that caller, read from `[rsp]`. From a
+/// return probe (`at_return`), `raw` starts at the direct caller.
+pub fn caller_chain(return_address: u64, raw: &[u64], at_return: bool) -> Vec<u64> {
+    if at_return {
+        // Taken at the allocator's return: `raw[0]` is the direct caller already.
+        return raw.iter().copied().filter(|&address| address != 0).collect();
+    }
     let walked = raw.get(1..).unwrap_or_default();
     let mut chain = Vec::with_capacity(walked.len() + 1);
     if return_address != 0 && walked.first() != Some(&return_address) {

@@ -1,0 +1,312 @@
+//! Aggregation as samples arrive: normalize + intern the stack, add to running sums (O(1)
+//! per event, nothing resolved); with frees tracked, a map of sampled live blocks so each
+//! free takes back exactly what its sample added. [`Recorder::profile`] symbolizes each
+//! distinct frame once (cached across snapshots) and computes every estimate.
+
+use std::collections::{BTreeMap, HashMap};
+
+use sampler_common::ProcessCounters;
+
+use super::{
+    modules_of, ExactCounts, LeakValues, PeriodValues, ProcessProfile, Profile, Settings,
+    StackProfile, SCHEMA,
+};
+use crate::{
+    collect::{Event, Losses, Sample},
+    stacks::{self, symbolize::FrameInfo, symbolize::Symbolizer, Frame, StackId, StackTable},
+    stats::{estimate::Window, SampleObs, SampleSet},
+};
+
+/// A sampled block still live.
+#[derive(Clone, Copy, Debug)]
+struct LiveBlock {
+    stack: StackId,
+    obs: SampleObs,
+    allocated_ns: u64,
+}
+
+/// Aggregates samples as they arrive.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    stacks: StackTable,
+    /// Samples per stack since the start.
+    per_stack: Vec<SampleSet>,
+    /// Samples per stack since the last snapshot (`--every`).
+    per_stack_period: Vec<SampleSet>,
+    /// Samples per stack whose blocks are still live (frees tracked).
+    per_stack_live: Vec<SampleSet>,
+    /// (pid, address) → the live sampled block there.
+    live: HashMap<(u32, u64), LiveBlock>,
+    /// Per pid: sampled blocks whose frees could not be tracked.
+    untracked: BTreeMap<u32, u64>,
+    commands: BTreeMap<u32, String>,
+    executables: BTreeMap<u32, String>,
+    /// Per pid: the last resident set size read (kept after the process exits).
+    rss: BTreeMap<u32, u64>,
+}
+
+impl Recorder {
+    /// Starts tracking `pid`: remembers its command name, executable, maps and RSS while it
+    /// surely lives.
+    pub fn track(&mut self, pid: u32) {
+        let command = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|c| c.trim_end().to_owned())
+            .unwrap_or_default();
+        self.commands.insert(pid, command);
+        if let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) {
+            self.executables.insert(pid, exe.display().to_string());
+        }
+        self.stacks.snapshot(pid);
+        if let Some(bytes) = read_rss(pid) {
+            self.rss.insert(pid, bytes);
+        }
+    }
+
+    /// Re-reads the maps of targets still alive (late-loaded libraries) and their RSS.
+    pub fn refresh(&mut self) {
+        self.stacks.refresh_live();
+        for (&pid, rss) in self.rss.iter_mut() {
+            if let Some(bytes) = read_rss(pid) {
+                *rss = bytes;
+            }
+        }
+        for &pid in self.commands.keys() {
+            if let (None, Some(bytes)) = (self.rss.get(&pid), read_rss(pid)) {
+                self.rss.insert(pid, bytes);
+            }
+        }
+    }
+
+    /// Notes that `pid` exited: its frames resolve with the maps it last had.
+    pub fn mark_exited(&mut self, pid: u32) {
+        self.stacks.mark_gone(pid);
+    }
+
+    /// Takes one event from the kernel.
+    pub fn add(&mut self, event: &Event) {
+        match event {
+            Event::Alloc(sample) => self.add_sample(sample),
+            Event::Free(freed) => self.free(freed.pid, freed.address),
+        }
+    }
+
+    fn add_sample(&mut self, sample: &Sample) {
+        let chain = stacks::caller_chain(sample.return_address, &sample.stack, sample.stack_at_return);
+        let stack = self.stacks.intern(sample.pid, &chain);
+        let id = stack as usize;
+        if id >= self.per_stack.len() {
+            self.per_stack.resize(id + 1, SampleSet::default());
+            self.per_stack_period.resize(id + 1, SampleSet::default());
+            self.per_stack_live.resize(id + 1, SampleSet::default());
+        }
+        let obs = SampleObs {
+            size: sample.size,
+            offset: sample.offset,
+            interval: sample.interval,
+        };
+        self.per_stack[id].add(obs);
+        self.per_stack_period[id].add(obs);
+        if sample.tracked {
+            // A free of the previous block here was lost (ring buffer full): forget it.
+            self.free(sample.pid, sample.address);
+            self.per_stack_live[id].add(obs);
+            self.live.insert(
+                (sample.pid, sample.address),
+                LiveBlock { stack, obs, allocated_ns: sample.timestamp_ns },
+            );
+        } else if sample.stack_at_return && sample.address != 0 {
+            *self.untracked.entry(sample.pid).or_default() += 1;
+        }
+    }
+
+    /// A tracked block was freed: its sample leaves the live sets (unknown blocks: nothing).
+    fn free(&mut self, pid: u32, address: u64) {
+        if let Some(block) = self.live.remove(&(pid, address)) {
+            self.per_stack_live[block.stack as usize].remove(block.obs);
+        }
+    }
+
+    /// Starts a new period: the next snapshot's period values count from here.
+    pub fn start_period(&mut self) {
+        self.per_stack_period.fill(SampleSet::default());
+    }
+
+    /// Resolves names and computes every estimate, since the start and, when `period_seconds`
+    /// is given, over the current period; live blocks older than `settings.leaks_older_than`
+    /// at `now_ns` (CLOCK_MONOTONIC, the kernel's clock) are leak candidates. Symbolization
+    /// is cached, so repeated snapshots only resolve new frames.
+    pub async fn profile(
+        &self,
+        symbolizer: &Symbolizer,
+        settings: Settings,
+        counters: &BTreeMap<u32, ProcessCounters>,
+        losses: Losses,
+        period_seconds: Option<f64>,
+        now_ns: u64,
+    ) -> Profile {
+        let resolved = self.resolve_frames(symbolizer).await;
+        let window = Window::RECORDING;
+        let estimate =
+            |set: &SampleSet| set.estimate(settings.confidence, window, settings.interval);
+        let tracking = !settings.alloc_only;
+        let leaks = settings
+            .leaks_older_than
+            .filter(|_| tracking)
+            .map(|age| self.leak_candidates(age, now_ns));
+        let mut per_pid: BTreeMap<u32, (SampleSet, SampleSet)> = self
+            .commands
+            .keys()
+            .map(|&pid| (pid, Default::default()))
+            .collect();
+        let mut stacks = Vec::with_capacity(self.per_stack.len());
+        for (id, set) in self.per_stack.iter().enumerate() {
+            let (pid, frames) = self.stacks.stack(id as stacks::StackId);
+            let totals = per_pid.entry(pid).or_default();
+            totals.0.merge(set);
+            totals.1.merge(&self.per_stack_live[id]);
+            let alloc = estimate(set);
+            let inuse = tracking.then(|| estimate(&self.per_stack_live[id]));
+            let leak = leaks.as_ref().and_then(|(age, candidates)| {
+                let (set, oldest_ns) = candidates.get(&(id as StackId))?;
+                let e = estimate(set);
+                Some(LeakValues {
+                    older_than_seconds: *age,
+                    inuse_bytes: e.bytes,
+                    inuse_objects: e.objects,
+                    oldest_seconds: now_ns.saturating_sub(*oldest_ns) as f64 / 1e9,
+                })
+            });
+            let period = period_seconds.map(|seconds| {
+                let e = self.per_stack_period[id].estimate(
+                    settings.confidence,
+                    Window::SLIDING,
+                    settings.interval,
+                );
+                PeriodValues {
+                    seconds,
+                    alloc_bytes: e.bytes,
+                    alloc_objects: e.objects,
+                }
+            });
+            stacks.push(StackProfile {
+                pid,
+                frames: frames
+                    .iter()
+                    .flat_map(|frame| resolved[frame].iter().cloned())
+                    .collect(),
+                samples: set.samples(),
+                alloc_bytes: alloc.bytes,
+                alloc_objects: alloc.objects,
+                alloc_bytes_by_trials: alloc.bytes_by_trials,
+                alloc_posterior: set.posterior(settings.interval),
+                inuse_bytes: inuse.map(|e| e.bytes),
+                inuse_objects: inuse.map(|e| e.objects),
+                leak,
+                period,
+            });
+        }
+        stacks.sort_by(|a, b| b.alloc_bytes.estimate.total_cmp(&a.alloc_bytes.estimate));
+        let processes = per_pid
+            .iter()
+            .map(|(&pid, (set, live))| {
+                let alloc = estimate(set);
+                let inuse = tracking.then(|| estimate(live));
+                let exact = counters.get(&pid).copied().unwrap_or_default();
+                ProcessProfile {
+                    pid,
+                    command: self.commands.get(&pid).cloned().unwrap_or_default(),
+                    executable: self.executables.get(&pid).cloned().unwrap_or_default(),
+                    exact: ExactCounts {
+                        calls: exact.calls,
+                        bytes: exact.bytes,
+                    },
+                    samples: set.samples(),
+                    alloc_bytes: alloc.bytes,
+                    alloc_objects: alloc.objects,
+                    inuse_bytes: inuse.map(|e| e.bytes),
+                    inuse_objects: inuse.map(|e| e.objects),
+                    untracked_samples: self.untracked.get(&pid).copied().unwrap_or(0),
+                    rss_bytes: self.rss.get(&pid).copied(),
+                }
+            })
+            .collect();
+        let executables: Vec<&str> = self.executables.values().map(String::as_str).collect();
+        let modules = modules_of(&stacks, &executables);
+        Profile {
+            schema: SCHEMA.to_owned(),
+            sampling: settings.sampling(),
+            duration_seconds: settings.duration_seconds,
+            alloc_only: settings.alloc_only,
+            leaks_older_than_seconds: leaks.as_ref().map(|(age, _)| *age),
+            processes,
+            losses,
+            modules,
+            stacks,
+        }
+    }
+
+    /// Per stack: the live samples allocated more than `age` before `now_ns`, and the oldest
+    /// one's allocation time.
+    fn leak_candidates(
+        &self,
+        age: std::time::Duration,
+        now_ns: u64,
+    ) -> (f64, HashMap<StackId, (SampleSet, u64)>) {
+        let cutoff = now_ns.saturating_sub(age.as_nanos() as u64);
+        let mut candidates: HashMap<StackId, (SampleSet, u64)> = HashMap::new();
+        for block in self.live.values().filter(|b| b.allocated_ns <= cutoff) {
+            let (set, oldest) = candidates.entry(block.stack).or_insert((SampleSet::default(), u64::MAX));
+            set.add(block.obs);
+            *oldest = (*oldest).min(block.allocated_ns);
+        }
+        (age.as_secs_f64(), candidates)
+    }
+
+    async fn resolve_frames(&self, symbolizer: &Symbolizer) -> HashMap<Frame, Vec<FrameInfo>> {
+        let mut distinct: Vec<Frame> = self
+            .stacks
+            .iter()
+            .flat_map(|(_, _, frames)| frames.iter().copied())
+            .collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let files: Vec<(std::path::PathBuf, u64)> = distinct
+            .iter()
+            .filter_map(|frame| match *frame {
+                Frame::File { module, offset } => {
+                    Some((self.stacks.modules().path(module).to_owned(), offset))
+                }
+                Frame::Unknown { .. } => None,
+            })
+            .collect();
+        let mut names = symbolizer.resolve(files).await.into_iter();
+        distinct
+            .into_iter()
+            .map(|frame| {
+                let infos = match frame {
+                    Frame::File { .. } => names.next().unwrap_or_default(),
+                    Frame::Unknown { address } => vec![FrameInfo {
+                        address,
+                        ..FrameInfo::default()
+                    }],
+                };
+                (frame, infos)
+            })
+            .collect()
+    }
+}
+
+
+/// Resident set size of `pid` from /proc/PID/status (`VmRSS`), if it is alive.
+fn read_rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
