@@ -12,6 +12,6 @@ pub mod event;
 pub mod geometric;
 
 pub use event::{
-    AllocEvent, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, ProcessCounters,
-    ThreadState, FLAG_STACK_AT_RETURN, FLAG_TRACKED, MAX_STACK_DEPTH, MAX_TARGETS,
+    AllocEvent, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, ProcessCounters, ThreadState,
+    FLAG_STACK_AT_RETURN, FLAG_TRACKED, MAX_STACK_DEPTH, MAX_TARGETS,
 };

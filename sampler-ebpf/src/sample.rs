@@ -81,14 +81,27 @@ pub fn on_alloc(ctx: &ProbeContext, function: AllocFn, size: u64, pointer: u64) 
         state.pending_size = size;
         state.pending_offset = offset;
         state.pending_function_slot = function as u64 | (slot as u64) << 32;
-        state.pending_memptr = if function == AllocFn::PosixMemalign { pointer } else { 0 };
+        state.pending_memptr = if function == AllocFn::PosixMemalign {
+            pointer
+        } else {
+            0
+        };
         state.pending_sp = sp;
         return;
     }
     if caller == 0 {
         caller = return_address(sp);
     }
-    let sample = Sample { pid, tid, function, size, offset, caller, address: 0, flags: 0 };
+    let sample = Sample {
+        pid,
+        tid,
+        function,
+        size,
+        offset,
+        caller,
+        address: 0,
+        flags: 0,
+    };
     emit(ctx, &sample);
 }
 
@@ -144,10 +157,14 @@ pub fn on_return(ctx: &RetProbeContext) {
     };
     let mut flags = FLAG_STACK_AT_RETURN;
     if address != 0 {
-        let key = LiveKey { pid, pad: 0, address };
+        let key = LiveKey {
+            pid,
+            pad: 0,
+            address,
+        };
         // SAFETY: helper without preconditions.
         let now = unsafe { bpf_ktime_get_ns() };
-        if LIVE.insert(&key, &now, 0).is_ok() {
+        if LIVE.insert(key, now, 0).is_ok() {
             flags |= FLAG_TRACKED;
         } else {
             count_loss(LossCounter::LiveMapFull);
@@ -179,16 +196,24 @@ pub fn on_free(address: u64) {
 
 #[inline(always)]
 fn is_live(pid: u32, address: u64) -> bool {
-    let key = LiveKey { pid, pad: 0, address };
-    LIVE.get_ptr(&key).is_some()
+    let key = LiveKey {
+        pid,
+        pad: 0,
+        address,
+    };
+    LIVE.get_ptr(key).is_some()
 }
 
 /// Forgets a tracked block and tells user space; nothing for an unknown address (not
 /// sampled, allocated before attach, or already freed: a double free).
 #[inline(always)]
 fn free_tracked(pid: u32, address: u64) {
-    let key = LiveKey { pid, pad: 0, address };
-    if LIVE.remove(&key).is_err() {
+    let key = LiveKey {
+        pid,
+        pad: 0,
+        address,
+    };
+    if LIVE.remove(key).is_err() {
         return;
     }
     let Some(mut entry) = SAMPLES.reserve::<FreeEvent>(0) else {
@@ -286,7 +311,10 @@ fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
     let Some(mut entry) = SAMPLES.reserve::<AllocEvent>(0) else {
         count_loss(LossCounter::RingBufFull);
         if config::log_enabled() {
-            warn!(ctx, "ring buffer full: sample of {} bytes in pid {} lost", sample.size, sample.pid);
+            warn!(
+                ctx,
+                "ring buffer full: sample of {} bytes in pid {} lost", sample.size, sample.pid
+            );
         }
         return;
     };
@@ -319,8 +347,16 @@ fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
             (*event).stack_len = (bytes as u32) / 8;
         }
     }
-    if config::log_enabled() && sample.flags & FLAG_STACK_AT_RETURN != 0 && sample.flags & FLAG_TRACKED == 0 {
-        warn!(ctx, "pid {}: sampled block at {:x} not tracked (live map full or failed)", sample.pid, sample.address);
+    if config::log_enabled()
+        && sample.flags & FLAG_STACK_AT_RETURN != 0
+        && sample.flags & FLAG_TRACKED == 0
+    {
+        warn!(
+            ctx,
+            "pid {}: sampled block at {:x} not tracked (live map full or failed)",
+            sample.pid,
+            sample.address
+        );
     }
     entry.submit(0);
 }

@@ -76,7 +76,12 @@ pub struct RecordArgs {
 
     /// Most sampled allocations tracked as live at once (the kernel's live map); beyond it,
     /// samples are counted as untracked and live numbers say they are incomplete.
-    #[arg(long, value_name = "N", default_value_t = 65536, help_heading = "Recording")]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 65536,
+        help_heading = "Recording"
+    )]
     pub max_tracked: u32,
 
     /// List stacks whose sampled allocations have been live longer than DURATION (leak

@@ -129,7 +129,9 @@ impl RecordArgs {
             ));
         }
         if self.max_tracked == 0 {
-            return Err(BadInput("invalid --max-tracked 0: track at least one allocation".into()));
+            return Err(BadInput(
+                "invalid --max-tracked 0: track at least one allocation".into(),
+            ));
         }
         if self.keep == Some(0) {
             return Err(BadInput(

@@ -107,7 +107,11 @@ pub fn render(profile: &Profile, top: usize) -> String {
             .iter()
             .filter_map(|stack| Some((stack, stack.leak?)))
             .collect();
-        leaks.sort_by(|a, b| b.1.inuse_bytes.estimate.total_cmp(&a.1.inuse_bytes.estimate));
+        leaks.sort_by(|a, b| {
+            b.1.inuse_bytes
+                .estimate
+                .total_cmp(&a.1.inuse_bytes.estimate)
+        });
         let _ = writeln!(out, "leak candidates (live for more than {age:.0} s):");
         if leaks.is_empty() {
             let _ = writeln!(out, "  none");

@@ -65,19 +65,33 @@ pub fn bpf_available(test: &str) -> bool {
 static BUILD_LOCK: Mutex<()> = Mutex::new(());
 
 /// Compiles `tests/fixtures/NAME.c` with gcc (once per source change) and returns the binary.
+/// Frame pointers keep stacks whole; no sibling calls keeps each site function the direct
+/// caller of the allocator (`return malloc(n)` would otherwise be a jump).
 pub fn fixture(name: &str, extra_flags: &[&str]) -> PathBuf {
     let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let source = workspace().join("tests/fixtures").join(format!("{name}.c"));
     let out_dir = workspace().join("target/fixtures");
     std::fs::create_dir_all(&out_dir).unwrap();
     let binary = out_dir.join(name);
-    let fresh = match (binary.metadata(), source.metadata()) {
-        (Ok(b), Ok(s)) => b.modified().unwrap() >= s.modified().unwrap(),
+    let this_file = Path::new(file!());
+    let newest_input = [source.clone(), workspace().join(this_file)]
+        .iter()
+        .filter_map(|p| p.metadata().ok()?.modified().ok())
+        .max();
+    let fresh = match (binary.metadata(), newest_input) {
+        (Ok(b), Some(input)) => b.modified().unwrap() >= input,
         _ => false,
     };
     if !fresh {
         let status = Command::new("gcc")
-            .args(["-O2", "-g", "-fno-omit-frame-pointer", "-Wall", "-o"])
+            .args([
+                "-O2",
+                "-g",
+                "-fno-omit-frame-pointer",
+                "-fno-optimize-sibling-calls",
+                "-Wall",
+                "-o",
+            ])
             .arg(&binary)
             .arg(&source)
             .args(extra_flags)
@@ -150,6 +164,62 @@ impl Workload {
 }
 
 impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A fixture process driven line by line: it says something on stdout, we answer on stdin.
+pub struct Fixture {
+    /// The process.
+    pub child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Fixture {
+    /// Starts `tests/fixtures/NAME` (built with gcc) with `args` and `env`.
+    pub fn start(name: &str, args: &[&str], env: &[(&str, &str)]) -> Fixture {
+        let mut child = Command::new(fixture(name, &[]))
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Fixture {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the fixture to say `expected` (panics on anything else or EOF).
+    pub fn expect(&mut self, expected: &str) {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        assert!(
+            line.starts_with(expected),
+            "fixture said {line:?}, expected {expected:?}"
+        );
+    }
+
+    /// Lets the fixture go on.
+    pub fn go(&mut self) {
+        self.stdin.write_all(b"go\n").unwrap();
+        self.stdin.flush().unwrap();
+    }
+}
+
+impl Drop for Fixture {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

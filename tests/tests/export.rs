@@ -8,10 +8,13 @@ use tests::{
     allocscope, bpf_available, fixture, read_profile, run, start_recording, TempDir, Workload,
 };
 
-/// Records 1000 workload rounds at 64 KiB into `out` (format from the extension).
-fn record(out: &Path) {
+/// Records 1000 workload rounds at 64 KiB into `out` (format from the extension). The
+/// workload frees everything, so folded and SVG show allocated bytes.
+fn record(out: &Path, extra: &[&str]) {
     let output = Command::new(allocscope())
-        .args(["record", "--interval", "64KiB", "-o"])
+        .args(["record", "--interval", "64KiB", "--value", "alloc-bytes"])
+        .args(extra)
+        .arg("-o")
         .arg(out)
         .arg("--")
         .arg(fixture("workload", &[]))
@@ -56,7 +59,7 @@ fn pprof_export_opens_in_go_tool_pprof() {
     }
     let dir = TempDir::new("pprof");
     let file = dir.path("heap.pb.gz");
-    record(&file);
+    record(&file, &[]);
     let raw = go_pprof(&["-raw"], &file);
     assert!(raw.contains("PeriodType: space bytes"), "{raw}");
     assert!(raw.contains("Period: 65536"), "{raw}");
@@ -101,8 +104,14 @@ fn pprof_export_opens_in_go_tool_pprof() {
     // By objects: 200 small allocations per round lead.
     let by_objects = top_sites(&go_pprof(&["-top", "-sample_index=alloc_objects"], &file));
     assert_eq!(by_objects[0], "site_small", "{by_objects:?}");
-    // The default sample type is alloc_space while frees are not tracked.
+    // Frees tracked: the default sample type is inuse_space (all freed here: nothing live).
     let default = go_pprof(&["-top"], &file);
+    assert!(default.contains("Type: inuse_space"), "{default}");
+    assert!(top_sites(&default).is_empty(), "{default}");
+    // Without free tracking it is alloc_space.
+    let alloc_only = dir.path("alloc-only.pb.gz");
+    record(&alloc_only, &["--alloc-only"]);
+    let default = go_pprof(&["-top"], &alloc_only);
     assert!(default.contains("Type: alloc_space"), "{default}");
 }
 
@@ -113,7 +122,7 @@ fn folded_renders_with_inferno_and_svg_names_the_sites() {
     }
     let dir = TempDir::new("flame");
     let folded = dir.path("heap.folded");
-    record(&folded);
+    record(&folded, &[]);
     let mut options = inferno::flamegraph::Options::default();
     let mut svg = Vec::new();
     inferno::flamegraph::from_files(&mut options, std::slice::from_ref(&folded), &mut svg)
@@ -121,7 +130,7 @@ fn folded_renders_with_inferno_and_svg_names_the_sites() {
     assert!(String::from_utf8_lossy(&svg).contains("site_periodic_tiny"));
 
     let svg_file = dir.path("heap.svg");
-    record(&svg_file);
+    record(&svg_file, &[]);
     let text = std::fs::read_to_string(&svg_file).unwrap();
     let xml = roxmltree::ParsingOptions {
         allow_dtd: true,
@@ -158,12 +167,16 @@ fn report_prints_and_converts_a_saved_recording() {
     }
     let dir = TempDir::new("report");
     let json = dir.path("heap.json");
-    record(&json);
+    record(&json, &[]);
     let output = run(&["report", json.to_str().unwrap(), "--top", "3"]);
     assert!(output.status.success());
     let table = String::from_utf8(output.stdout).unwrap();
     assert!(table.contains("site_realloc_null"), "{table}");
-    assert_eq!(table.matches(" samples  pid ").count(), 3, "{table}");
+    let allocated = table
+        .split("top stacks by estimated allocated bytes:")
+        .nth(1)
+        .expect("the allocated-bytes table");
+    assert_eq!(allocated.matches(" samples  pid ").count(), 3, "{table}");
     // JSON → JSON is the identity; JSON → pprof matches a direct recording's shape.
     let copy = dir.path("copy.json");
     assert!(run(&[

@@ -53,7 +53,14 @@ pub fn fixture(name: &str) -> anyhow::Result<PathBuf> {
     let binary = out_dir.join(name);
     status(
         Command::new("gcc")
-            .args(["-O2", "-g", "-fno-omit-frame-pointer", "-Wall", "-o"])
+            .args([
+                "-O2",
+                "-g",
+                "-fno-omit-frame-pointer",
+                "-fno-optimize-sibling-calls",
+                "-Wall",
+                "-o",
+            ])
             .arg(&binary)
             .arg(root.join("tests/fixtures").join(format!("{name}.c"))),
     )?;

@@ -218,13 +218,10 @@ pub fn read_counters(
 mod tests {
     use super::*;
 
-    fn record(event: &AllocEvent) -> Vec<u8> {
-        // SAFETY: AllocEvent is plain old data; viewing it as bytes is sound.
+    fn bytes_of<T>(value: &T) -> Vec<u8> {
+        // SAFETY: the event structs are plain old data; viewing one as bytes is sound.
         unsafe {
-            std::slice::from_raw_parts(
-                (event as *const AllocEvent).cast::<u8>(),
-                std::mem::size_of::<AllocEvent>(),
-            )
+            std::slice::from_raw_parts((value as *const T).cast::<u8>(), std::mem::size_of::<T>())
         }
         .to_vec()
     }
@@ -249,31 +246,54 @@ mod tests {
         }
     }
 
+    fn alloc(bytes: &[u8]) -> Sample {
+        match decode(bytes) {
+            Some(Event::Alloc(sample)) => sample,
+            other => panic!("not an allocation: {other:?}"),
+        }
+    }
+
     #[test]
-    fn decodes_a_record() {
-        let sample = decode(&record(&event())).unwrap();
+    fn decodes_allocations_and_frees() {
+        let sample = alloc(&bytes_of(&event()));
         assert_eq!(sample.function, AllocFn::Calloc);
         assert_eq!(sample.stack, vec![0xa, 0xb, 0xc]);
         assert_eq!(
             (sample.pid, sample.tid, sample.size, sample.offset),
             (10, 11, 100, 7)
         );
+        assert!(sample.stack_at_return && sample.tracked);
+        assert_eq!(sample.address, 0x5000);
+        let free = FreeEvent {
+            kind: EventKind::Free as u32,
+            pid: 3,
+            timestamp_ns: 9,
+            address: 0x77,
+        };
+        let freed = Freed {
+            pid: 3,
+            timestamp_ns: 9,
+            address: 0x77,
+        };
+        assert_eq!(decode(&bytes_of(&free)), Some(Event::Free(freed)));
+        assert_eq!(decode(&bytes_of(&free)[..8]), None);
     }
 
     #[test]
     fn rejects_malformed_records() {
         assert!(decode(&[0u8; 16]).is_none());
+        assert!(decode(&[]).is_none());
         let mut bad = event();
         bad.function = 99;
-        assert!(decode(&record(&bad)).is_none());
+        assert!(decode(&bytes_of(&bad)).is_none());
         let mut bad = event();
         bad.offset = 100;
-        assert!(decode(&record(&bad)).is_none());
-        let mut deep = event();
-        deep.stack_len = 10_000;
-        assert_eq!(alloc(&record(&deep)).stack.len(), MAX_STACK_DEPTH);
+        assert!(decode(&bytes_of(&bad)).is_none());
         let mut unknown = event();
         unknown.kind = 7;
-        assert!(decode(&record(&unknown)).is_none());
+        assert!(decode(&bytes_of(&unknown)).is_none());
+        let mut deep = event();
+        deep.stack_len = 10_000;
+        assert_eq!(alloc(&bytes_of(&deep)).stack.len(), MAX_STACK_DEPTH);
     }
 }

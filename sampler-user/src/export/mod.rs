@@ -191,6 +191,7 @@ pub(crate) mod tests {
             },
             inuse_bytes: None,
             inuse_objects: None,
+            leak: None,
             period: None,
         };
         Profile {
@@ -202,6 +203,7 @@ pub(crate) mod tests {
             },
             duration_seconds: 2.5,
             alloc_only: true,
+            leaks_older_than_seconds: None,
             processes: vec![ProcessProfile {
                 pid: 42,
                 command: "app".into(),
@@ -213,6 +215,10 @@ pub(crate) mod tests {
                 samples: 20,
                 alloc_bytes: estimate(30000.0, 20),
                 alloc_objects: estimate(300.0, 20),
+                inuse_bytes: None,
+                inuse_objects: None,
+                untracked_samples: 0,
+                rss_bytes: Some(1 << 20),
             }],
             losses: Losses::default(),
             modules: vec![Module {

@@ -96,10 +96,9 @@ pub fn find(vmas: &[Vma]) -> Result<Allocator, AllocatorError> {
 /// Where to probe `free(ptr)`: it reads only `rdi`.
 pub fn free_placement(elf: &[u8]) -> Option<Placement> {
     let file = object::File::parse(elf).ok()?;
-    let symbol = file
-        .dynamic_symbols()
-        .chain(file.symbols())
-        .find(|s| s.is_definition() && s.name().is_ok_and(|n| n.split('@').next() == Some("free")))?;
+    let symbol = file.dynamic_symbols().chain(file.symbols()).find(|s| {
+        s.is_definition() && s.name().is_ok_and(|n| n.split('@').next() == Some("free"))
+    })?;
     let code = code_at(&file, symbol.address(), symbol.size())?;
     Some(prologue::choose(code, &[Register::RDI]))
 }

@@ -174,7 +174,10 @@ pub fn attach(config: KernelConfig, targets: &[Target]) -> Result<Probes, Attach
 
 /// Return probes on every allocation function (at the same points as the entries, where
 /// `[rsp]` is still the return address) and the entry probe of `free`.
-fn attach_free_tracking(ebpf: &mut Ebpf, targets: &[Target]) -> Result<Vec<AttachedPoint>, AttachError> {
+fn attach_free_tracking(
+    ebpf: &mut Ebpf,
+    targets: &[Target],
+) -> Result<Vec<AttachedPoint>, AttachError> {
     let mut points = Vec::new();
     let returns: &mut UProbe = ebpf
         .program_mut("alloc_return")

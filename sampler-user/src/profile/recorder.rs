@@ -91,7 +91,8 @@ impl Recorder {
     }
 
     fn add_sample(&mut self, sample: &Sample) {
-        let chain = stacks::caller_chain(sample.return_address, &sample.stack, sample.stack_at_return);
+        let chain =
+            stacks::caller_chain(sample.return_address, &sample.stack, sample.stack_at_return);
         let stack = self.stacks.intern(sample.pid, &chain);
         let id = stack as usize;
         if id >= self.per_stack.len() {
@@ -112,7 +113,11 @@ impl Recorder {
             self.per_stack_live[id].add(obs);
             self.live.insert(
                 (sample.pid, sample.address),
-                LiveBlock { stack, obs, allocated_ns: sample.timestamp_ns },
+                LiveBlock {
+                    stack,
+                    obs,
+                    allocated_ns: sample.timestamp_ns,
+                },
             );
         } else if sample.stack_at_return && sample.address != 0 {
             *self.untracked.entry(sample.pid).or_default() += 1;
@@ -255,7 +260,9 @@ impl Recorder {
         let cutoff = now_ns.saturating_sub(age.as_nanos() as u64);
         let mut candidates: HashMap<StackId, (SampleSet, u64)> = HashMap::new();
         for block in self.live.values().filter(|b| b.allocated_ns <= cutoff) {
-            let (set, oldest) = candidates.entry(block.stack).or_insert((SampleSet::default(), u64::MAX));
+            let (set, oldest) = candidates
+                .entry(block.stack)
+                .or_insert((SampleSet::default(), u64::MAX));
             set.add(block.obs);
             *oldest = (*oldest).min(block.allocated_ns);
         }
@@ -295,7 +302,6 @@ impl Recorder {
             .collect()
     }
 }
-
 
 /// Resident set size of `pid` from /proc/PID/status (`VmRSS`), if it is alive.
 fn read_rss(pid: u32) -> Option<u64> {

@@ -47,7 +47,11 @@ pub enum Frame {
 pub fn caller_chain(return_address: u64, raw: &[u64], at_return: bool) -> Vec<u64> {
     if at_return {
         // Taken at the allocator's return: `raw[0]` is the direct caller already.
-        return raw.iter().copied().filter(|&address| address != 0).collect();
+        return raw
+            .iter()
+            .copied()
+            .filter(|&address| address != 0)
+            .collect();
     }
     let walked = raw.get(1..).unwrap_or_default();
     let mut chain = Vec::with_capacity(walked.len() + 1);
@@ -208,15 +212,18 @@ mod tests {
     #[test]
     fn caller_chain_inserts_the_missed_direct_caller() {
         // Frame-pointer walk missed the caller (glibc malloc starts with push %r12).
-        assert_eq!(
-            caller_chain(0x10, &[0xa110c, 0x20, 0x30]),
-            vec![0x10, 0x20, 0x30]
-        );
+        let chain = caller_chain(0x10, &[0xa110c, 0x20, 0x30], false);
+        assert_eq!(chain, vec![0x10, 0x20, 0x30]);
         // The kernel recovered it (entry starts with push %rbp): not twice.
-        assert_eq!(caller_chain(0x10, &[0xa110c, 0x10, 0x20]), vec![0x10, 0x20]);
+        assert_eq!(
+            caller_chain(0x10, &[0xa110c, 0x10, 0x20], false),
+            vec![0x10, 0x20]
+        );
         // Nothing walked.
-        assert_eq!(caller_chain(0x10, &[]), vec![0x10]);
-        assert_eq!(caller_chain(0, &[0xa110c]), Vec::<u64>::new());
+        assert_eq!(caller_chain(0x10, &[], false), vec![0x10]);
+        assert_eq!(caller_chain(0, &[0xa110c], false), Vec::<u64>::new());
+        // At the return the walk starts at the caller.
+        assert_eq!(caller_chain(0, &[0x10, 0x20], true), vec![0x10, 0x20]);
     }
 
     #[test]
