@@ -3,6 +3,14 @@
 //! All structs are `#[repr(C)]`, `Copy`, 8-byte aligned (the ring buffer reserves on 8-byte
 //! boundaries) and contain no padding the kernel could leave uninitialized.
 
+/// Where the kernel maps its uprobe area (whose first slot is the return trampoline) on
+/// x86-64: `TASK_SIZE - PAGE_SIZE` with 47-bit user addresses. Another tool's return probe
+/// (or a uprobe session that filtered this process out: the kernel still arms its return)
+/// can put the trampoline in the return slot of a function whose return we did not ask
+/// for; a tail-called malloc then sees it as its caller. User space checks the address in
+/// the targets' maps (`[uprobes]`).
+pub const UPROBE_TRAMPOLINE: u64 = 0x7fff_ffff_e000;
+
 /// Maximum number of user frames captured per sample. 127 frames (1016 bytes) keep an event
 /// near 1 KiB, so a 4 MiB ring buffer holds about 4000 samples in flight.
 pub const MAX_STACK_DEPTH: usize = 127;
@@ -184,6 +192,9 @@ pub struct ThreadState {
     pub marker_ip: u64,
     /// [`AllocFn`] of that function.
     pub marker_fn: u64,
+    /// Non-zero when that function's return is probed (its return address on the stack is
+    /// then the kernel's trampoline, and its return clears the marker).
+    pub marker_armed: u64,
     /// A sampled call waiting for its return (frees tracked): its size (0: none pending).
     pub pending_size: u64,
     /// Its sampled offset.

@@ -13,5 +13,5 @@ pub mod geometric;
 
 pub use event::{
     AllocEvent, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, ProcessCounters, ThreadState,
-    FLAG_STACK_AT_RETURN, FLAG_TRACKED, MAX_STACK_DEPTH, MAX_TARGETS,
+    FLAG_STACK_AT_RETURN, FLAG_TRACKED, MAX_STACK_DEPTH, MAX_TARGETS, UPROBE_TRAMPOLINE,
 };

@@ -22,51 +22,104 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
 
 #[uprobe]
 pub fn malloc_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(&ctx, AllocFn::Malloc, arg(&ctx, 0), 0);
+    sample::on_alloc(
+        &ctx,
+        AllocFn::Malloc,
+        arg(&ctx, 0),
+        0,
+        sample::Returns::Classic,
+    );
     0
 }
 
 #[uprobe]
 pub fn calloc_enter(ctx: ProbeContext) -> u32 {
     let size = sampler_common::geometric::saturating_product(arg(&ctx, 0), arg(&ctx, 1));
-    sample::on_alloc(&ctx, AllocFn::Calloc, size, 0);
+    sample::on_alloc(&ctx, AllocFn::Calloc, size, 0, sample::Returns::Classic);
     0
 }
 
 #[uprobe]
 pub fn realloc_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(&ctx, AllocFn::Realloc, arg(&ctx, 1), arg(&ctx, 0));
+    sample::on_alloc(
+        &ctx,
+        AllocFn::Realloc,
+        arg(&ctx, 1),
+        arg(&ctx, 0),
+        sample::Returns::Classic,
+    );
     0
 }
 
 #[uprobe]
 pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(&ctx, AllocFn::PosixMemalign, arg(&ctx, 2), arg(&ctx, 0));
+    sample::on_alloc(
+        &ctx,
+        AllocFn::PosixMemalign,
+        arg(&ctx, 2),
+        arg(&ctx, 0),
+        sample::Returns::Classic,
+    );
     0
 }
 
 #[uprobe]
 pub fn aligned_alloc_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(&ctx, AllocFn::AlignedAlloc, arg(&ctx, 1), 0);
+    sample::on_alloc(
+        &ctx,
+        AllocFn::AlignedAlloc,
+        arg(&ctx, 1),
+        0,
+        sample::Returns::Classic,
+    );
     0
 }
 
 #[uprobe]
 pub fn memalign_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(&ctx, AllocFn::Memalign, arg(&ctx, 1), 0);
+    sample::on_alloc(
+        &ctx,
+        AllocFn::Memalign,
+        arg(&ctx, 1),
+        0,
+        sample::Returns::Classic,
+    );
     0
 }
 
 #[uprobe]
 pub fn valloc_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(&ctx, AllocFn::Valloc, arg(&ctx, 0), 0);
+    sample::on_alloc(
+        &ctx,
+        AllocFn::Valloc,
+        arg(&ctx, 0),
+        0,
+        sample::Returns::Classic,
+    );
     0
 }
 
 #[uprobe]
 pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(&ctx, AllocFn::Pvalloc, arg(&ctx, 0), 0);
+    sample::on_alloc(
+        &ctx,
+        AllocFn::Pvalloc,
+        arg(&ctx, 0),
+        0,
+        sample::Returns::Classic,
+    );
     0
+}
+
+/// Entry and return of every allocator function as one uprobe session (kernel ≥ 6.13):
+/// only sampled calls pay for the return. Loaded by allocscope's own loader (aya 0.14 has
+/// no session links); the section is plain `uprobe` so aya's parser accepts the object.
+/// Written without the `#[uprobe]` macro, whose wrapper always returns 0: here the return
+/// value is the session's answer (0: run me at the return, 1: don't).
+#[no_mangle]
+#[link_section = "uprobe"]
+pub fn alloc_session(ctx: *mut core::ffi::c_void) -> u32 {
+    sample::on_session(&ProbeContext::new(ctx))
 }
 
 /// Return of any allocator function (attached only when frees are tracked).

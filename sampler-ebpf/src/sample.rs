@@ -7,12 +7,12 @@
 //! and writes to the ring buffer.
 
 use aya_ebpf::{
-    bindings::BPF_F_USER_STACK,
+    bindings::{pt_regs, BPF_F_USER_STACK},
     helpers::{
-        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_stack,
-        bpf_ktime_get_ns, bpf_probe_read_user,
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_func_ip, bpf_get_prandom_u32,
+        bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_user,
     },
-    programs::{ProbeContext, RetProbeContext},
+    programs::ProbeContext,
     EbpfContext,
 };
 use aya_log_ebpf::warn;
@@ -26,10 +26,26 @@ use crate::{
     maps::{count_loss, COUNTERS, LIVE, SAMPLES, THREADS},
 };
 
+/// How the return of an allocation call is observed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Returns {
+    /// Classic return probes fire on every call (or none are attached: alloc-only).
+    Classic,
+    /// A uprobe session: the return runs only when the entry asks (returns 0).
+    OnRequest,
+}
+
 /// Entry of an allocator function asking for `size` bytes. `pointer` is realloc's old
-/// pointer or posix_memalign's `memptr` (0 otherwise).
+/// pointer or posix_memalign's `memptr` (0 otherwise). Returns whether this call's return
+/// must be observed (a pending sample or a tracked realloc'd pointer).
 #[inline(always)]
-pub fn on_alloc(ctx: &ProbeContext, function: AllocFn, size: u64, pointer: u64) {
+pub fn on_alloc<C: EbpfContext>(
+    ctx: &C,
+    function: AllocFn,
+    size: u64,
+    pointer: u64,
+    returns: Returns,
+) -> bool {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     let Some(state) = thread_state(tid) else {
@@ -37,12 +53,12 @@ pub fn on_alloc(ctx: &ProbeContext, function: AllocFn, size: u64, pointer: u64) 
         if config::log_enabled() {
             warn!(ctx, "thread map refused tid {}: call not counted", tid);
         }
-        return;
+        return false;
     };
     // SAFETY: the map value stays valid for the program's run; only this thread (running
     // this program now) touches its own entry.
     let state = unsafe { &mut *state };
-    let regs = ctx.regs;
+    let regs = ctx.as_ptr() as *mut pt_regs;
     // SAFETY: reading the saved registers of the probed task from the context.
     let (sp, ip) = unsafe { ((*regs).rsp, (*regs).rip) };
     let mut caller = 0;
@@ -52,7 +68,7 @@ pub fn on_alloc(ctx: &ProbeContext, function: AllocFn, size: u64, pointer: u64) 
             let nested = is_nested(state, sp, caller);
             state.marker_sp = 0;
             if nested {
-                return;
+                return false;
             }
         }
     } else if function.may_nest_malloc() {
@@ -61,18 +77,21 @@ pub fn on_alloc(ctx: &ProbeContext, function: AllocFn, size: u64, pointer: u64) 
         state.marker_ret = caller;
         state.marker_ip = ip;
         state.marker_fn = function as u64;
+        state.marker_armed = u64::from(returns == Returns::Classic && config::track_frees());
     }
     let slot = count_call(ctx, size);
     let tracking = config::track_frees();
+    let mut wants_return = false;
     if tracking && function == AllocFn::Realloc && pointer != 0 && is_live(pid, pointer) {
         // Freed by the realloc only if it succeeds: decided at the return.
         state.pending_free = pointer;
         state.pending_realloc_size = size;
         state.pending_sp = sp;
+        wants_return = true;
     }
     if state.countdown >= size {
         state.countdown -= size;
-        return;
+        return arm(state, function, returns, wants_return);
     }
     let offset = state.countdown;
     state.countdown = draw();
@@ -87,7 +106,7 @@ pub fn on_alloc(ctx: &ProbeContext, function: AllocFn, size: u64, pointer: u64) 
             0
         };
         state.pending_sp = sp;
-        return;
+        return arm(state, function, returns, true);
     }
     if caller == 0 {
         caller = return_address(sp);
@@ -103,12 +122,23 @@ pub fn on_alloc(ctx: &ProbeContext, function: AllocFn, size: u64, pointer: u64) 
         flags: 0,
     };
     emit(ctx, &sample);
+    false
+}
+
+/// Notes, for a marker this call left, whether its return will be observed; passes
+/// `wants_return` through.
+#[inline(always)]
+fn arm(state: &mut ThreadState, function: AllocFn, returns: Returns, wants_return: bool) -> bool {
+    if returns == Returns::OnRequest && function.may_nest_malloc() {
+        state.marker_armed = u64::from(wants_return);
+    }
+    wants_return
 }
 
 /// Return of an allocator function (frees tracked): completes the pending sample of this
 /// very call with its address, and settles a realloc's old pointer.
 #[inline(always)]
-pub fn on_return(ctx: &RetProbeContext) {
+pub fn on_return<C: EbpfContext>(ctx: &C) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     let Some(state) = THREADS.get_ptr_mut(tid) else {
@@ -116,7 +146,7 @@ pub fn on_return(ctx: &RetProbeContext) {
     };
     // SAFETY: as in on_alloc.
     let state = unsafe { &mut *state };
-    let regs = ctx.regs;
+    let regs = ctx.as_ptr() as *mut pt_regs;
     // SAFETY: reading the saved registers of the probed task from the context.
     let (sp, returned) = unsafe { ((*regs).rsp, (*regs).rax) };
     if sp == state.marker_sp.wrapping_add(8) {
@@ -235,14 +265,18 @@ fn free_tracked(pid: u32, address: u64) {
 /// either a tail call (same stack pointer and return address as that function's entry) or
 /// a call whose return address lies inside that function's code.
 ///
-/// With frees tracked, the outer function's return probe has replaced its return address
-/// by the kernel's trampoline after our entry program read it, so a tail-called malloc sees
-/// the trampoline there: the stack pointer alone identifies the tail call, which is exact
-/// because that same return probe clears the marker when the outer function returns (no
-/// stale marker can match a later call from the same frame).
+/// When the outer function's return is probed (`marker_armed`), the kernel has replaced its
+/// return address by a trampoline after our entry program read it, so a tail-called malloc
+/// sees the trampoline there: the stack pointer alone identifies the tail call, which is
+/// exact because that same return clears the marker (no stale marker can match a later
+/// call from the same frame). Someone else's return probe on the outer function (another
+/// tracer, or a session of another allocscope that filtered this process out — the kernel
+/// still arms its return) puts the trampoline there too: recognized by its address.
 #[inline(always)]
 fn is_nested(state: &ThreadState, sp: u64, caller: u64) -> bool {
-    let tail_call = sp == state.marker_sp && (caller == state.marker_ret || config::track_frees());
+    let hijacked = caller.wrapping_sub(sampler_common::UPROBE_TRAMPOLINE) < 4096;
+    let tail_call = sp == state.marker_sp
+        && (caller == state.marker_ret || state.marker_armed != 0 || hijacked);
     tail_call
         || (sp < state.marker_sp
             && caller.wrapping_sub(state.marker_ip) < config::function_size(state.marker_fn))
@@ -266,9 +300,10 @@ fn thread_state(tid: u32) -> Option<*mut ThreadState> {
 /// Adds the call to its target's exact counters. User space attaches each target's probes
 /// with that target's slot as the cookie.
 #[inline(always)]
-fn count_call(ctx: &ProbeContext, size: u64) -> u32 {
-    // SAFETY: the helper only reads the cookie of the running program's attachment.
-    let slot = unsafe { bpf_get_attach_cookie(ctx.regs.cast()) } as u32;
+fn count_call<C: EbpfContext>(ctx: &C, size: u64) -> u32 {
+    // SAFETY: the helper only reads the cookie of the running program's attachment. The
+    // session program packs the function above the slot: keep the low 32 bits.
+    let slot = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
     if let Some(counters) = COUNTERS.get_ptr_mut(slot) {
         // SAFETY: per-CPU value of this CPU; nothing else writes it during this run.
         let counters = unsafe { &mut *counters };
@@ -359,4 +394,41 @@ fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
         );
     }
     entry.submit(0);
+}
+
+/// The uprobe-session program (kernel ≥ 6.13): the same program runs at the entry and, when
+/// the entry returned 0, at the return. One program serves every allocation function: the
+/// attach cookie carries the function (high 32 bits) and the target slot (low 32 bits).
+/// At the entry the instruction pointer is the probed address itself.
+#[inline(always)]
+pub fn on_session(ctx: &ProbeContext) -> u32 {
+    // SAFETY: helpers reading the running program's attachment and context.
+    let (cookie, probed) = unsafe {
+        (
+            bpf_get_attach_cookie(ctx.as_ptr()),
+            bpf_get_func_ip(ctx.as_ptr()),
+        )
+    };
+    // SAFETY: reading the saved registers of the probed task from the context.
+    let ip = unsafe { (*ctx.regs).rip };
+    if ip != probed {
+        on_return(ctx);
+        return 0;
+    }
+    let Some(function) = AllocFn::from_u32((cookie >> 32) as u32) else {
+        return 1;
+    };
+    let arg = |n: usize| ctx.arg::<u64>(n).unwrap_or(0);
+    let (size, pointer) = match function {
+        AllocFn::Malloc | AllocFn::Valloc | AllocFn::Pvalloc => (arg(0), 0),
+        AllocFn::Calloc => (geometric::saturating_product(arg(0), arg(1)), 0),
+        AllocFn::Realloc => (arg(1), arg(0)),
+        AllocFn::PosixMemalign => (arg(2), arg(0)),
+        AllocFn::AlignedAlloc | AllocFn::Memalign => (arg(1), 0),
+    };
+    if on_alloc(ctx, function, size, pointer, Returns::OnRequest) {
+        0
+    } else {
+        1
+    }
 }

@@ -74,6 +74,11 @@ pub struct RecordArgs {
     #[arg(long, help_heading = "Recording")]
     pub alloc_only: bool,
 
+    /// Observe returns with a classic return probe on every allocation even where the kernel
+    /// has uprobe sessions (for benchmarking the difference).
+    #[arg(long, hide = true)]
+    pub no_sessions: bool,
+
     /// Most sampled allocations tracked as live at once (the kernel's live map); beyond it,
     /// samples are counted as untracked and live numbers say they are incomplete.
     #[arg(

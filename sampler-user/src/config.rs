@@ -52,6 +52,8 @@ pub struct RecordConfig {
     pub alloc_only: bool,
     /// Capacity of the kernel's live map.
     pub max_tracked: u32,
+    /// Use uprobe sessions where the kernel has them.
+    pub sessions: bool,
     /// Age beyond which live sampled allocations are leak candidates.
     pub leaks_older_than: Option<Duration>,
     /// Confidence of the bounds.
@@ -160,6 +162,7 @@ impl RecordArgs {
             interval,
             alloc_only: self.alloc_only,
             max_tracked: self.max_tracked,
+            sessions: !self.no_sessions,
             leaks_older_than,
             confidence: self.confidence,
             output,

@@ -92,6 +92,7 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
         interval: config.interval,
         log: config.verbose,
         track_frees: (!config.alloc_only).then_some(config.max_tracked),
+        sessions: config.sessions,
     };
     let mut probes = attach::attach(kernel, &targets).context("attaching probes")?;
     for point in &probes.points {
@@ -109,6 +110,7 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
             point.placement.instruction,
         );
     }
+    debug!("allocation returns observed by: {:?}", probes.returns);
     let mut ebpf_logger = if config.verbose {
         aya_log::EbpfLogger::init(&mut probes.ebpf)
             .map_err(|e| log::warn!("eBPF log unavailable: {e}"))

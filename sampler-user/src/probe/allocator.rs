@@ -35,6 +35,8 @@ pub struct Function {
     pub address: u64,
     /// Code size in bytes.
     pub size: u64,
+    /// File offset of the symbol (what uprobes attach to).
+    pub file_offset: u64,
     /// Where in it the probe goes (see [`prologue`]).
     pub probe: Placement,
 }
@@ -103,6 +105,15 @@ pub fn free_placement(elf: &[u8]) -> Option<Placement> {
     Some(prologue::choose(code, &[Register::RDI]))
 }
 
+/// The file offset of virtual `address`, through the section holding it.
+fn file_offset_of(file: &object::File, address: u64) -> Option<u64> {
+    let section = file
+        .sections()
+        .find(|s| (s.address()..s.address() + s.size()).contains(&address))?;
+    let (offset, _) = section.file_range()?;
+    Some(address - section.address() + offset)
+}
+
 /// The bytes of `[address, address + size)` from the section holding them.
 fn code_at<'data>(file: &object::File<'data>, address: u64, size: u64) -> Option<&'data [u8]> {
     file.sections()
@@ -139,6 +150,7 @@ pub fn exported_functions(elf: &[u8]) -> std::io::Result<Vec<Function>> {
                     function,
                     address: symbol.address(),
                     size: symbol.size(),
+                    file_offset: file_offset_of(&file, symbol.address()).unwrap_or(0),
                     probe: prologue::choose(code, &ARGUMENT_REGISTERS),
                 });
             }

@@ -16,7 +16,7 @@ use aya::{
 };
 use sampler_common::{geometric, AllocFn, MAX_TARGETS};
 
-use super::{allocator::Allocator, prologue::Placement};
+use super::{allocator::Allocator, prologue::Placement, session};
 
 /// The eBPF object built by build.rs.
 static SAMPLER_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sampler"));
@@ -31,6 +31,8 @@ pub struct KernelConfig {
     /// Track frees: return probes complete sampled calls, `free` is probed, and the live
     /// map holds at most this many sampled blocks (`None`: allocations only).
     pub track_frees: Option<u32>,
+    /// Try uprobe sessions for the returns (else classic return probes on every call).
+    pub sessions: bool,
 }
 
 /// One process to probe and the allocator found in it.
@@ -51,6 +53,8 @@ pub enum ProbeKind {
     Return(AllocFn),
     /// `free`'s entry.
     Free,
+    /// An allocation function's entry and, when asked, its return (uprobe session).
+    Session(AllocFn),
 }
 
 impl std::fmt::Display for ProbeKind {
@@ -59,6 +63,7 @@ impl std::fmt::Display for ProbeKind {
             ProbeKind::Entry(function) => write!(f, "{}", function.symbol()),
             ProbeKind::Return(function) => write!(f, "{} (return)", function.symbol()),
             ProbeKind::Free => write!(f, "free"),
+            ProbeKind::Session(function) => write!(f, "{} (session)", function.symbol()),
         }
     }
 }
@@ -106,12 +111,27 @@ pub enum AttachError {
     },
 }
 
+/// How the returns of allocation calls are observed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReturnProbes {
+    /// Not at all (allocations only).
+    None,
+    /// A classic return probe on every call.
+    Classic,
+    /// Uprobe sessions: only the calls that need it (sampled, or realloc of a tracked block).
+    Sessions,
+}
+
 /// The loaded object with its attached links; detaches everything when dropped.
 pub struct Probes {
     /// The eBPF object (maps are taken from it by the collector).
     pub ebpf: Ebpf,
     /// What was attached.
     pub points: Vec<AttachedPoint>,
+    /// How allocation returns are observed.
+    pub returns: ReturnProbes,
+    /// The session links, when used (closed on drop).
+    _sessions: Option<session::Sessions>,
 }
 
 /// Loads the sampler with `config` and attaches the entry probes for every target. Target
@@ -139,7 +159,38 @@ pub fn attach(config: KernelConfig, targets: &[Target]) -> Result<Probes, Attach
         .map_max_entries("LIVE", config.track_frees.unwrap_or(1).max(1))
         .load(SAMPLER_OBJECT)?;
     let mut points = Vec::new();
-    for function in AllocFn::ALL {
+    let tracking = config.track_frees.is_some();
+    let sessions = if tracking && config.sessions {
+        match session::attach(&ebpf, SAMPLER_OBJECT, targets) {
+            Ok(sessions) => Some(sessions),
+            Err(why) => {
+                log::info!(
+                    "uprobe sessions unavailable ({why}): every allocation pays a return probe"
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
+    if sessions.is_some() {
+        for target in targets {
+            for f in &target.allocator.functions {
+                points.push(AttachedPoint {
+                    pid: target.pid,
+                    probe: ProbeKind::Session(f.function),
+                    path: target.allocator.path.clone(),
+                    placement: f.probe.clone(),
+                });
+            }
+        }
+    }
+    let entries = if sessions.is_some() {
+        &[][..]
+    } else {
+        &AllocFn::ALL[..]
+    };
+    for &function in entries {
         let name = program_name(function);
         let program: &mut UProbe = ebpf
             .program_mut(name)
@@ -166,15 +217,28 @@ pub fn attach(config: KernelConfig, targets: &[Target]) -> Result<Probes, Attach
             });
         }
     }
-    if config.track_frees.is_some() {
-        points.extend(attach_free_tracking(&mut ebpf, targets)?);
+    if tracking && sessions.is_none() {
+        points.extend(attach_return_probes(&mut ebpf, targets)?);
     }
-    Ok(Probes { ebpf, points })
+    if tracking {
+        points.extend(attach_free(&mut ebpf, targets)?);
+    }
+    let returns = match (tracking, &sessions) {
+        (false, _) => ReturnProbes::None,
+        (true, Some(_)) => ReturnProbes::Sessions,
+        (true, None) => ReturnProbes::Classic,
+    };
+    Ok(Probes {
+        ebpf,
+        points,
+        returns,
+        _sessions: sessions,
+    })
 }
 
-/// Return probes on every allocation function (at the same points as the entries, where
-/// `[rsp]` is still the return address) and the entry probe of `free`.
-fn attach_free_tracking(
+/// Classic return probes on every allocation function (at the same points as the entries,
+/// where `[rsp]` is still the return address).
+fn attach_return_probes(
     ebpf: &mut Ebpf,
     targets: &[Target],
 ) -> Result<Vec<AttachedPoint>, AttachError> {
@@ -198,6 +262,12 @@ fn attach_free_tracking(
             });
         }
     }
+    Ok(points)
+}
+
+/// The entry probe of `free`, at its first emulated instruction.
+fn attach_free(ebpf: &mut Ebpf, targets: &[Target]) -> Result<Vec<AttachedPoint>, AttachError> {
+    let mut points = Vec::new();
     let free: &mut UProbe = ebpf
         .program_mut("free_enter")
         .ok_or_else(|| AttachError::MissingProgram("free_enter".to_owned()))?
@@ -253,7 +323,12 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         path: target.allocator.path.clone(),
         placement,
     }];
-    Ok(Probes { ebpf, points })
+    Ok(Probes {
+        ebpf,
+        points,
+        returns: ReturnProbes::None,
+        _sessions: None,
+    })
 }
 
 /// Attaches `program` at `function`'s chosen probe point in `target`; returns the point.

@@ -52,6 +52,12 @@ fn parse_line(line: &str) -> Option<Vma> {
     })
 }
 
+/// Start of the kernel's `[uprobes]` area in a maps text, if the process has one yet.
+pub fn uprobe_area(text: &str) -> Option<u64> {
+    let line = text.lines().find(|line| line.ends_with("[uprobes]"))?;
+    u64::from_str_radix(line.split('-').next()?, 16).ok()
+}
+
 /// Reads and parses `/proc/PID/maps`.
 pub fn read(pid: u32) -> io::Result<Vec<Vma>> {
     Ok(parse(&std::fs::read_to_string(format!(
@@ -72,12 +78,15 @@ mod tests {
 7f1c2a800000-7f1c2a801000 r-xp 00000000 fe:01 77 /tmp/a b (deleted)
 7ffd5b3f1000-7ffd5b3f3000 r-xp 00000000 00:00 0 [vdso]
 garbage line
+7fffffffe000-7ffffffff000 --xp 00000000 00:00 0                          [uprobes]
 ";
 
     #[test]
     fn parses_file_backed_and_anonymous_mappings() {
         let vmas = parse(SAMPLE);
-        assert_eq!(vmas.len(), 7);
+        assert_eq!(vmas.len(), 8);
+        assert_eq!(uprobe_area(SAMPLE), Some(0x7fff_ffff_e000));
+        assert_eq!(uprobe_area("garbage"), None);
         assert_eq!(vmas[1].path.as_deref(), Some("/usr/bin/demo".as_ref()));
         assert!(vmas[1].executable && !vmas[0].executable);
         assert_eq!(vmas[2].path, None);

@@ -9,3 +9,4 @@ pub mod allocator;
 pub mod attach;
 pub mod maps;
 pub mod prologue;
+pub mod session;

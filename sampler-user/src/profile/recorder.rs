@@ -43,6 +43,8 @@ pub struct Recorder {
     executables: BTreeMap<u32, String>,
     /// Per pid: the last resident set size read (kept after the process exits).
     rss: BTreeMap<u32, u64>,
+    /// Whether the unusual uprobe-area address was reported already.
+    warned_area: bool,
 }
 
 impl Recorder {
@@ -62,8 +64,26 @@ impl Recorder {
         }
     }
 
-    /// Re-reads the maps of targets still alive (late-loaded libraries) and their RSS.
+    /// Re-reads the maps of targets still alive (late-loaded libraries) and their RSS, and
+    /// checks where the kernel put each one's uprobe area.
     pub fn refresh(&mut self) {
+        for &pid in self.commands.keys() {
+            let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+                continue;
+            };
+            match crate::probe::maps::uprobe_area(&text) {
+                Some(area) if area != sampler_common::UPROBE_TRAMPOLINE && !self.warned_area => {
+                    self.warned_area = true;
+                    log::warn!(
+                        "pid {pid}: the kernel's uprobe area is at {area:#x}, not {:#x}: a malloc \
+                         tail-called by realloc(NULL) or aligned_alloc may be counted twice while \
+                         other tools probe the same functions",
+                        sampler_common::UPROBE_TRAMPOLINE
+                    );
+                }
+                _ => {}
+            }
+        }
         self.stacks.refresh_live();
         for (&pid, rss) in self.rss.iter_mut() {
             if let Some(bytes) = read_rss(pid) {

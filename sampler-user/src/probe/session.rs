@@ -1,0 +1,216 @@
+//! Uprobe sessions (kernel ≥ 6.13): entry and return of the allocation functions as one
+//! program, where the return runs only when the entry asks for it — so only sampled calls
+//! (and reallocs of tracked blocks) pay the second trap.
+//!
+//! aya 0.14 can neither load a program with the `BPF_TRACE_UPROBE_SESSION` attach type nor
+//! create `uprobe_multi` links, so this module does both through bpf(2), on top of aya:
+//! the object is parsed and relocated by aya-obj (aya's own parser) against the maps aya
+//! already created — the session program shares every map and load-time global with the
+//! other programs — and the resulting file descriptors are owned here and closed on drop,
+//! which detaches the links. Any failure (older kernel, missing helper) is returned as an
+//! error and the caller falls back to classic return probes.
+
+use std::{
+    collections::{HashMap, HashSet},
+    ffi::CString,
+    io,
+    os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd},
+};
+
+use aya::{maps::Map, Ebpf};
+
+use super::attach::Target;
+
+/// `BPF_TRACE_UPROBE_SESSION` in enum bpf_attach_type (not in aya-obj 0.3's bindings).
+const BPF_TRACE_UPROBE_SESSION: u32 = 57;
+const BPF_PROG_TYPE_KPROBE: u32 = 2;
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_LINK_CREATE: libc::c_long = 28;
+
+/// The program in the eBPF object.
+const PROGRAM: &str = "alloc_session";
+
+/// The loaded session program and its links (one per target process).
+pub struct Sessions {
+    _program: OwnedFd,
+    _links: Vec<OwnedFd>,
+}
+
+/// `union bpf_attr` for BPF_PROG_LOAD, up to `expected_attach_type` (the kernel zero-fills
+/// the rest of a shorter attr).
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+}
+
+/// `union bpf_attr` for BPF_LINK_CREATE with its `uprobe_multi` member.
+#[repr(C)]
+#[derive(Default)]
+struct UprobeMultiLinkAttr {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+    path: u64,
+    offsets: u64,
+    ref_ctr_offsets: u64,
+    cookies: u64,
+    cnt: u32,
+    multi_flags: u32,
+    pid: u32,
+    /// Explicit, so it is zero: the kernel rejects an attr with non-zero bytes past the
+    /// fields it knows, and compiler padding may hold anything.
+    _pad: u32,
+}
+
+fn bpf<T>(command: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
+    // SAFETY: bpf(2) reads (and for logs writes) `size_of::<T>()` bytes of a live attr whose
+    // pointers reference buffers alive for the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            command,
+            attr as *mut T,
+            std::mem::size_of::<T>() as u32,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The data (and so the fd) behind each map aya created, by name.
+fn map_fds(ebpf: &Ebpf) -> HashMap<String, i32> {
+    ebpf.maps()
+        .filter_map(|(name, map)| {
+            let data = match map {
+                Map::Array(d)
+                | Map::HashMap(d)
+                | Map::LruHashMap(d)
+                | Map::PerCpuArray(d)
+                | Map::PerCpuHashMap(d)
+                | Map::RingBuf(d)
+                | Map::Unsupported(d) => d,
+                _ => return None,
+            };
+            Some((name.to_owned(), data.fd().as_fd().as_raw_fd()))
+        })
+        .collect()
+}
+
+/// Loads the session program from `object` against `ebpf`'s maps and attaches it to every
+/// allocation function of every target: cookie = function << 32 | target slot.
+pub fn attach(ebpf: &Ebpf, object: &[u8], targets: &[Target]) -> io::Result<Sessions> {
+    let mut obj = aya_obj::Object::parse(object).map_err(io::Error::other)?;
+    let fds = map_fds(ebpf);
+    let maps: Vec<(String, aya_obj::Map)> = obj
+        .maps
+        .iter()
+        .map(|(name, map)| (name.clone(), map.clone()))
+        .collect();
+    let relocatable: Vec<(&str, i32, &aya_obj::Map)> =
+        maps.iter()
+            .map(|(name, map)| {
+                let fd = fds.get(name).copied().ok_or_else(|| {
+                    io::Error::other(format!("map {name} not created by the loader"))
+                })?;
+                Ok((name.as_str(), fd, map))
+            })
+            .collect::<io::Result<_>>()?;
+    let text_sections: HashSet<usize> = obj.functions.keys().map(|(section, _)| *section).collect();
+    obj.relocate_maps(relocatable.into_iter(), &text_sections)
+        .map_err(io::Error::other)?;
+    obj.relocate_calls(&text_sections)
+        .map_err(io::Error::other)?;
+    let program = obj
+        .programs
+        .get(PROGRAM)
+        .ok_or_else(|| io::Error::other(format!("{PROGRAM} missing from the object")))?;
+    let instructions = &obj.functions[&program.function_key()].instructions;
+    let license = CString::new("GPL").expect("no NUL");
+    let mut name = [0u8; 16];
+    name[..PROGRAM.len().min(15)].copy_from_slice(&PROGRAM.as_bytes()[..PROGRAM.len().min(15)]);
+    let attr = |log: &mut [u8]| ProgLoadAttr {
+        prog_type: BPF_PROG_TYPE_KPROBE,
+        insn_cnt: instructions.len() as u32,
+        insns: instructions.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level: u32::from(!log.is_empty()),
+        log_size: log.len() as u32,
+        log_buf: if log.is_empty() {
+            0
+        } else {
+            log.as_mut_ptr() as u64
+        },
+        prog_name: name,
+        expected_attach_type: BPF_TRACE_UPROBE_SESSION,
+        ..Default::default()
+    };
+    // Without a log first: a verbose log of a program this size overflows any buffer, and
+    // the kernel reports the overflow as a failure. Only a failure is loaded again to say why.
+    let program_fd = bpf(BPF_PROG_LOAD, &mut attr(&mut [])).map_err(|e| {
+        let mut log = vec![0u8; 1 << 20];
+        let _ = bpf(BPF_PROG_LOAD, &mut attr(&mut log));
+        let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+        let verifier = String::from_utf8_lossy(&log[..end]);
+        let tail: Vec<&str> = verifier.lines().rev().take(3).collect();
+        io::Error::new(
+            e.kind(),
+            format!("loading {PROGRAM}: {e} (verifier: {})", tail.join(" | ")),
+        )
+    })?;
+    let mut links = Vec::new();
+    for (slot, target) in (0u64..).zip(targets) {
+        let path = CString::new(target.allocator.path.as_os_str().as_encoded_bytes())
+            .map_err(io::Error::other)?;
+        let (offsets, cookies): (Vec<u64>, Vec<u64>) = target
+            .allocator
+            .functions
+            .iter()
+            .map(|f| {
+                (
+                    f.file_offset + f.probe.offset,
+                    (f.function as u64) << 32 | slot,
+                )
+            })
+            .unzip();
+        let mut attr = UprobeMultiLinkAttr {
+            prog_fd: program_fd.as_raw_fd() as u32,
+            attach_type: BPF_TRACE_UPROBE_SESSION,
+            path: path.as_ptr() as u64,
+            offsets: offsets.as_ptr() as u64,
+            cookies: cookies.as_ptr() as u64,
+            cnt: offsets.len() as u32,
+            pid: target.pid,
+            ..Default::default()
+        };
+        let link = bpf(BPF_LINK_CREATE, &mut attr).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "session link for pid {} at offsets {offsets:x?}: {e}",
+                    target.pid
+                ),
+            )
+        })?;
+        links.push(link);
+    }
+    Ok(Sessions {
+        _program: program_fd,
+        _links: links,
+    })
+}
