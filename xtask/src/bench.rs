@@ -1,6 +1,7 @@
 //! The overhead benchmark (DESIGN.md §5): what allocscope adds per malloc+free, as a ratio of
 //! what a bare counting uprobe on malloc adds, measured in one run, for `record --alloc-only`
-//! (target ≤ 1.15) and for `record` with frees tracked (target ≤ 2.3).
+//! (target ≤ 1.15) and for `record` with frees tracked (target ≤ 2.3), with uprobe sessions
+//! and with classic return probes on every call.
 //!
 //! Absolute timings on a 2-vCPU VM swing ±30% between runs, so each round runs two copies of
 //! a malloc+free loop at the same time, one pinned to each CPU: first both unprobed (the
@@ -45,9 +46,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let out_dir = workspace().join("target/bench");
     std::fs::create_dir_all(&out_dir)?;
     // (name, extra record arguments, target ratio): DESIGN.md §5 and the issues' targets.
-    let modes: [(&str, &[&str], f64); 2] = [
+    let modes: [(&str, &[&str], f64); 3] = [
         ("record --alloc-only", &["--alloc-only"], 1.15),
-        ("record (frees tracked)", &[], 2.3),
+        ("record (sessions)", &[], 2.3),
+        ("record (classic returns)", &["--no-sessions"], 2.3),
     ];
     let mut rounds: Vec<Vec<Round>> = vec![Vec::new(); modes.len()];
     eprintln!("round  mode                     cpu(ref/ours)  native ns  reference +ns  allocscope +ns  ratio");
