@@ -2,7 +2,11 @@
 
 use std::fmt::Write as _;
 
-use crate::{export::folded::frame_name, profile::Profile, stats::Estimate};
+use crate::{
+    export::folded::frame_name,
+    profile::{Profile, StackProfile},
+    stats::Estimate,
+};
 
 /// Formats a byte count with a binary unit (`1.5 MiB`).
 pub fn bytes(value: f64) -> String {
@@ -117,16 +121,11 @@ pub fn render(profile: &Profile, top: usize) -> String {
             let _ = writeln!(out, "  none");
         }
         for (stack, leak) in leaks.iter().take(top) {
-            let chain: Vec<String> = stack.frames.iter().take(4).map(frame_name).collect();
-            let _ = writeln!(
-                out,
-                "  {:>38}  {:>6.0} blocks  oldest {:.0} s  pid {}  {}",
-                estimate_bytes(&leak.inuse_bytes),
-                leak.inuse_objects.estimate,
-                leak.oldest_seconds,
-                stack.pid,
-                chain.join(" ← "),
+            let detail = format!(
+                "{:>6.0} blocks  oldest {:.0} s",
+                leak.inuse_objects.estimate, leak.oldest_seconds
             );
+            stack_row(&mut out, &leak.inuse_bytes, &detail, stack);
         }
     }
     if !profile.alloc_only {
@@ -141,30 +140,32 @@ pub fn render(profile: &Profile, top: usize) -> String {
             let _ = writeln!(out, "top stacks by estimated live bytes:");
         }
         for (stack, inuse) in live.iter().take(top) {
-            let chain: Vec<String> = stack.frames.iter().take(4).map(frame_name).collect();
-            let _ = writeln!(
-                out,
-                "  {:>38}  {:>6} samples  pid {}  {}",
-                estimate_bytes(inuse),
-                inuse.samples,
-                stack.pid,
-                chain.join(" ← "),
+            stack_row(
+                &mut out,
+                inuse,
+                &format!("{:>6} samples", inuse.samples),
+                stack,
             );
         }
     }
     let _ = writeln!(out, "top stacks by estimated allocated bytes:");
     for stack in profile.stacks.iter().take(top) {
-        let chain: Vec<String> = stack.frames.iter().take(4).map(frame_name).collect();
-        let _ = writeln!(
-            out,
-            "  {:>38}  {:>6} samples  pid {}  {}",
-            estimate_bytes(&stack.alloc_bytes),
-            stack.samples,
-            stack.pid,
-            chain.join(" ← "),
-        );
+        let detail = format!("{:>6} samples", stack.samples);
+        stack_row(&mut out, &stack.alloc_bytes, &detail, stack);
     }
     out
+}
+
+/// One table row: the estimate with its bounds, `detail`, the pid and the first frames.
+fn stack_row(out: &mut String, estimate: &Estimate, detail: &str, stack: &StackProfile) {
+    let chain: Vec<String> = stack.frames.iter().take(4).map(frame_name).collect();
+    let _ = writeln!(
+        out,
+        "  {:>38}  {detail}  pid {}  {}",
+        estimate_bytes(estimate),
+        stack.pid,
+        chain.join(" ← "),
+    );
 }
 
 #[cfg(test)]

@@ -233,3 +233,49 @@ fn duration_limits_the_recording() {
     assert!(bytes > 0.0);
     assert!(target.child.try_wait().unwrap().is_none(), "target died");
 }
+
+/// Frees are tracked by default; on this kernel (≥ 6.13) through uprobe sessions, and the
+/// classic return probes they replace (`--no-sessions`, the fallback on older kernels) give
+/// the same, correct profile.
+#[test]
+fn sessions_and_classic_return_probes_agree() {
+    if !bpf_available("sessions_and_classic_return_probes_agree") {
+        return;
+    }
+    let dir = TempDir::new("returns");
+    for (mode, extra) in [("Sessions", &[][..]), ("Classic", &["--no-sessions"][..])] {
+        let out = dir.path(&format!("{mode}.json"));
+        let output = Command::new(allocscope())
+            .args([
+                "record",
+                "-v",
+                "--interval",
+                "64KiB",
+                "--confidence",
+                CONFIDENCE,
+            ])
+            .args(extra)
+            .arg("-o")
+            .arg(&out)
+            .arg("--")
+            .arg(fixture("workload", &[]))
+            .arg(ROUNDS.to_string())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{mode}: {stderr}");
+        assert!(
+            stderr.contains(&format!("allocation returns observed by: {mode}")),
+            "{mode} expected (kernel without uprobe sessions?):\n{stderr}"
+        );
+        let profile = read_profile(&out);
+        let pid = profile["processes"][0]["pid"].as_u64().unwrap() as u32;
+        check_workload_profile(&profile, pid, ROUNDS);
+        // The workload frees every block: nothing allocated since attach is live at exit
+        // but the stdio buffer.
+        let live = profile["processes"][0]["inuse_bytes"]["estimate"]
+            .as_f64()
+            .unwrap();
+        assert!(live < 1e6, "{mode}: {live} bytes live");
+    }
+}

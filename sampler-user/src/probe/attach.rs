@@ -93,6 +93,15 @@ pub enum AttachError {
     /// The object failed to load (verifier, missing kernel feature, permissions).
     #[error("loading the eBPF programs failed")]
     Load(#[from] aya::EbpfError),
+    /// The kernel refused a program (verifier, missing feature).
+    #[error("loading eBPF program {program}")]
+    LoadProgram {
+        /// Program name.
+        program: String,
+        /// Cause.
+        #[source]
+        source: aya::programs::ProgramError,
+    },
     /// A program is missing from the object (build mismatch).
     #[error("eBPF program {0} missing from the object")]
     MissingProgram(String),
@@ -191,22 +200,14 @@ pub fn attach(config: KernelConfig, targets: &[Target]) -> Result<Probes, Attach
         &AllocFn::ALL[..]
     };
     for &function in entries {
-        let name = program_name(function);
-        let program: &mut UProbe = ebpf
-            .program_mut(name)
-            .ok_or_else(|| AttachError::MissingProgram(name.to_owned()))?
-            .try_into()
-            .map_err(|source| attach_error(function, &targets[0], source))?;
         let wanted: Vec<(u64, &Target)> = (0u64..)
             .zip(targets)
             .filter(|(_, t)| t.allocator.functions.iter().any(|f| f.function == function))
             .collect();
-        let Some(&(_, first)) = wanted.first() else {
+        if wanted.is_empty() {
             continue;
-        };
-        program
-            .load()
-            .map_err(|source| attach_error(function, first, source))?;
+        }
+        let program = loaded_uprobe(&mut ebpf, program_name(function))?;
         for (slot, target) in wanted {
             let placement = attach_one(program, function, target, slot)?;
             points.push(AttachedPoint {
@@ -243,14 +244,7 @@ fn attach_return_probes(
     targets: &[Target],
 ) -> Result<Vec<AttachedPoint>, AttachError> {
     let mut points = Vec::new();
-    let returns: &mut UProbe = ebpf
-        .program_mut("alloc_return")
-        .ok_or_else(|| AttachError::MissingProgram("alloc_return".to_owned()))?
-        .try_into()
-        .map_err(|source| attach_error(AllocFn::Malloc, &targets[0], source))?;
-    returns
-        .load()
-        .map_err(|source| attach_error(AllocFn::Malloc, &targets[0], source))?;
+    let returns = loaded_uprobe(ebpf, "alloc_return")?;
     for (slot, target) in (0u64..).zip(targets) {
         for function in &target.allocator.functions {
             let placement = attach_one(returns, function.function, target, slot)?;
@@ -268,13 +262,7 @@ fn attach_return_probes(
 /// The entry probe of `free`, at its first emulated instruction.
 fn attach_free(ebpf: &mut Ebpf, targets: &[Target]) -> Result<Vec<AttachedPoint>, AttachError> {
     let mut points = Vec::new();
-    let free: &mut UProbe = ebpf
-        .program_mut("free_enter")
-        .ok_or_else(|| AttachError::MissingProgram("free_enter".to_owned()))?
-        .try_into()
-        .map_err(|source| attach_error(AllocFn::Malloc, &targets[0], source))?;
-    free.load()
-        .map_err(|source| attach_error(AllocFn::Malloc, &targets[0], source))?;
+    let free = loaded_uprobe(ebpf, "free_enter")?;
     for target in targets {
         let Some(placement) = target.allocator.free.clone() else {
             continue;
@@ -308,14 +296,7 @@ fn scope_of(target: &Target) -> UProbeScope {
 /// Attaches the benchmark's reference probe (counts calls, nothing else) to malloc.
 pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
     let mut ebpf = EbpfLoader::new().load(SAMPLER_OBJECT)?;
-    let program: &mut UProbe = ebpf
-        .program_mut("bare_count_enter")
-        .ok_or_else(|| AttachError::MissingProgram("bare_count_enter".to_owned()))?
-        .try_into()
-        .map_err(|source| attach_error(AllocFn::Malloc, target, source))?;
-    program
-        .load()
-        .map_err(|source| attach_error(AllocFn::Malloc, target, source))?;
+    let program = loaded_uprobe(&mut ebpf, "bare_count_enter")?;
     let placement = attach_one(program, AllocFn::Malloc, target, 0)?;
     let points = vec![AttachedPoint {
         pid: target.pid,
@@ -354,6 +335,23 @@ fn attach_one(
         .attach(point, &target.allocator.path, scope)
         .map_err(|source| attach_error(function, target, source))?;
     Ok(placement)
+}
+
+/// The uprobe program `name` of the object, loaded into the kernel (verified).
+fn loaded_uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, AttachError> {
+    let program: &mut UProbe = ebpf
+        .program_mut(name)
+        .ok_or_else(|| AttachError::MissingProgram(name.to_owned()))?
+        .try_into()
+        .map_err(|source| AttachError::LoadProgram {
+            program: name.to_owned(),
+            source,
+        })?;
+    program.load().map_err(|source| AttachError::LoadProgram {
+        program: name.to_owned(),
+        source,
+    })?;
+    Ok(program)
 }
 
 fn attach_error(
