@@ -243,7 +243,9 @@ fn free_tracked(pid: u32, address: u64) {
         pad: 0,
         address,
     };
-    if LIVE.remove(key).is_err() {
+    // A lockless lookup first: the unsampled majority stops here, without taking the
+    // bucket lock a delete takes even when the key is absent.
+    if LIVE.get_ptr(key).is_none() || LIVE.remove(key).is_err() {
         return;
     }
     let Some(mut entry) = SAMPLES.reserve::<FreeEvent>(0) else {
