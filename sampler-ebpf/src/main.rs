@@ -1,6 +1,13 @@
-//! allocscope's eBPF programs: one thin entry uprobe per allocator function, each reading
-//! the size argument(s) and handing over to [`sample::on_alloc`]; plus the bare counting
-//! probe the benchmark compares against. Requires kernel ≥ 5.8 (ring buffer).
+//! allocscope's eBPF programs, each a thin wrapper over [`sample`]:
+//!
+//! * one entry uprobe per allocator function, reading its size argument(s) and handing over
+//!   to [`sample::on_alloc`];
+//! * with frees tracked: `alloc_session`, entry and return of every allocator function as one
+//!   uprobe session (kernel ≥ 6.13; loaded by allocscope itself), or else the classic
+//!   `alloc_return` return probe; and `free_enter`;
+//! * `bare_count_enter`, the reference the benchmark compares against.
+//!
+//! Requires kernel ≥ 5.15 (ring buffer, attach cookies).
 #![no_std]
 #![no_main]
 

@@ -1,10 +1,11 @@
-//! The sampling decision: count the call, advance the thread's countdown, emit on success.
+//! The sampling decision: count the call, advance the thread's countdown, emit on success;
+//! with frees tracked, complete a sampled call at its return and forget freed blocks.
 //!
 //! Per call (the hot path, every allocation of a probed process): one pid/tid read, one LRU
 //! lookup (thread state), one per-CPU array slot (exact counters, indexed by the attach
-//! cookie) and a compare. Only a
-//! sampled call draws a new countdown, reads the caller's return address and the user stack,
-//! and writes to the ring buffer.
+//! cookie) and a compare. Only a sampled call draws a new countdown, reads the caller's
+//! return address and the user stack, and writes to the ring buffer. Per `free`: one
+//! lockless lookup in the live map.
 
 use aya_ebpf::{
     bindings::{pt_regs, BPF_F_USER_STACK},

@@ -64,9 +64,10 @@ pub fn bpf_available(test: &str) -> bool {
 
 static BUILD_LOCK: Mutex<()> = Mutex::new(());
 
-/// Compiles `tests/fixtures/NAME.c` with gcc (once per source change) and returns the binary.
-/// Frame pointers keep stacks whole; no sibling calls keeps each site function the direct
-/// caller of the allocator (`return malloc(n)` would otherwise be a jump).
+/// Compiles `tests/fixtures/NAME.c` with gcc and the flags in `tests/fixtures/cflags` (once
+/// per source change) and returns the binary. Frame pointers keep stacks whole; no sibling
+/// calls keeps each site function the direct caller of the allocator (`return malloc(n)`
+/// would otherwise be a jump).
 pub fn fixture(name: &str, extra_flags: &[&str]) -> PathBuf {
     let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let source = workspace().join("tests/fixtures").join(format!("{name}.c"));
@@ -74,24 +75,27 @@ pub fn fixture(name: &str, extra_flags: &[&str]) -> PathBuf {
     std::fs::create_dir_all(&out_dir).unwrap();
     let binary = out_dir.join(name);
     let this_file = Path::new(file!());
-    let newest_input = [source.clone(), workspace().join(this_file)]
-        .iter()
-        .filter_map(|p| p.metadata().ok()?.modified().ok())
-        .max();
+    let cflags_file = workspace().join("tests/fixtures/cflags");
+    let newest_input = [
+        source.clone(),
+        workspace().join(this_file),
+        cflags_file.clone(),
+    ]
+    .iter()
+    .filter_map(|p| p.metadata().ok()?.modified().ok())
+    .max();
     let fresh = match (binary.metadata(), newest_input) {
         (Ok(b), Some(input)) => b.modified().unwrap() >= input,
         _ => false,
     };
     if !fresh {
         let status = Command::new("gcc")
-            .args([
-                "-O2",
-                "-g",
-                "-fno-omit-frame-pointer",
-                "-fno-optimize-sibling-calls",
-                "-Wall",
-                "-o",
-            ])
+            .args(
+                std::fs::read_to_string(&cflags_file)
+                    .unwrap()
+                    .split_whitespace(),
+            )
+            .arg("-o")
             .arg(&binary)
             .arg(&source)
             .args(extra_flags)

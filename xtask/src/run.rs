@@ -45,22 +45,18 @@ pub fn is_root() -> bool {
     output(Command::new("id").arg("-u")).is_some_and(|uid| uid.trim() == "0")
 }
 
-/// Compiles `tests/fixtures/NAME.c` into `target/fixtures/NAME` (as the tests do).
+/// Compiles `tests/fixtures/NAME.c` into `target/fixtures/NAME` with the flags the tests use
+/// (`tests/fixtures/cflags`).
 pub fn fixture(name: &str) -> anyhow::Result<PathBuf> {
     let root = workspace();
     let out_dir = root.join("target/fixtures");
     std::fs::create_dir_all(&out_dir)?;
     let binary = out_dir.join(name);
+    let cflags = std::fs::read_to_string(root.join("tests/fixtures/cflags"))?;
     status(
         Command::new("gcc")
-            .args([
-                "-O2",
-                "-g",
-                "-fno-omit-frame-pointer",
-                "-fno-optimize-sibling-calls",
-                "-Wall",
-                "-o",
-            ])
+            .args(cflags.split_whitespace())
+            .arg("-o")
             .arg(&binary)
             .arg(root.join("tests/fixtures").join(format!("{name}.c"))),
     )?;
