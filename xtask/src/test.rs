@@ -1,8 +1,16 @@
 //! What CI runs: set up, build the release binary the integration tests drive, check
 //! formatting and lints (the eBPF crate's too, on nightly for the BPF target), run every
 //! test. Integration tests need root; under `CI=true` they fail instead of skipping.
+//!
+//! cargo prints one `test result:` line per test binary, the last often a doc-test run with
+//! nothing in it; the closing `tests: N passed, N failed` line sums them all.
 
-use std::process::Command;
+use std::{
+    io::{BufRead as _, BufReader},
+    process::{Command, Stdio},
+};
+
+use anyhow::{bail, Context as _};
 
 use crate::run::{cargo, status, workspace};
 
@@ -38,5 +46,35 @@ pub fn run() -> anyhow::Result<()> {
             ])
             .args(["--", "-D", "warnings"]),
     )?;
-    status(cargo().args(["test", "--release"]))
+    let mut tests = cargo();
+    tests.args(["test", "--release"]).stdout(Stdio::piped());
+    eprintln!("xtask: {tests:?}");
+    let mut child = tests.spawn().context("starting cargo test")?;
+    let stdout = child.stdout.take().context("cargo test's stdout")?;
+    let (mut passed, mut failed) = (0u64, 0u64);
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some((p, f)) = counts(&line) {
+            passed += p;
+            failed += f;
+        }
+    }
+    let outcome = child.wait()?;
+    println!("tests: {passed} passed, {failed} failed");
+    if !outcome.success() {
+        bail!("cargo test failed: {outcome}");
+    }
+    Ok(())
+}
+
+/// Passed and failed counts of a `test result: ok. 3 passed; 0 failed; …` line.
+fn counts(line: &str) -> Option<(u64, u64)> {
+    let rest = line.strip_prefix("test result: ")?;
+    let number = |word: &str| -> Option<u64> {
+        rest.split(';')
+            .find_map(|part| part.trim().strip_suffix(word))
+            .and_then(|n| n.trim().rsplit(' ').next()?.parse().ok())
+    };
+    Some((number("passed")?, number("failed")?))
 }
