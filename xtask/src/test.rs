@@ -18,14 +18,14 @@ pub fn run() -> anyhow::Result<()> {
     crate::setup::run()?;
     status(cargo().args(["build", "--release"]))?;
     status(cargo().args(["fmt", "--all", "--check"]))?;
-    status(cargo().args([
-        "clippy",
-        "--release",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
+    // Every host crate, xtask included (it is not a default member).
+    let host_crates = ["--workspace", "--exclude", "sampler-ebpf", "--all-targets"];
+    status(
+        cargo()
+            .args(["clippy", "--release"])
+            .args(host_crates)
+            .args(["--", "-D", "warnings"]),
+    )?;
     status(
         Command::new("rustup")
             .current_dir(workspace())
