@@ -166,9 +166,7 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
         tokio::select! {
             read = reader.read(&mut batch) => {
                 read?;
-                for event in batch.drain(..) {
-                    recorder.add(&event);
-                }
+                recorder.add_all(batch.drain(..));
             }
             _ = refresh.tick() => {
                 // Keep the maps snapshot current while targets live (libraries loaded
@@ -180,9 +178,7 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
             }
             _ = snapshot_timer.tick(), if every.is_some() => {
                 reader.drain(&mut batch);
-                for event in batch.drain(..) {
-                    recorder.add(&event);
-                }
+                recorder.add_all(batch.drain(..));
                 let (counters, losses) = read_counters(&probes, &pids)?;
                 let now = Instant::now();
                 let settings = settings(&config, now - started);
@@ -216,9 +212,7 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
         Stop::TargetsExited => info!("stopping: every target exited"),
     }
     reader.drain(&mut batch);
-    for event in batch.drain(..) {
-        recorder.add(&event);
-    }
+    recorder.add_all(batch.drain(..));
     let (counters, losses) = read_counters(&probes, &pids)?;
     if let Some(logger) = ebpf_logger.as_mut() {
         logger.flush();

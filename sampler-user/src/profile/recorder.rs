@@ -67,11 +67,12 @@ impl Recorder {
     /// Re-reads the maps of targets still alive (late-loaded libraries) and their RSS, and
     /// checks where the kernel put each one's uprobe area.
     pub fn refresh(&mut self) {
+        self.stacks.refresh_live();
         for &pid in self.commands.keys() {
-            let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
-                continue;
-            };
-            match crate::probe::maps::uprobe_area(&text) {
+            if let Some(bytes) = read_rss(pid) {
+                self.rss.insert(pid, bytes);
+            }
+            match self.stacks.uprobe_area(pid) {
                 Some(area) if area != sampler_common::UPROBE_TRAMPOLINE && !self.warned_area => {
                     self.warned_area = true;
                     log::warn!(
@@ -84,22 +85,18 @@ impl Recorder {
                 _ => {}
             }
         }
-        self.stacks.refresh_live();
-        for (&pid, rss) in self.rss.iter_mut() {
-            if let Some(bytes) = read_rss(pid) {
-                *rss = bytes;
-            }
-        }
-        for &pid in self.commands.keys() {
-            if let (None, Some(bytes)) = (self.rss.get(&pid), read_rss(pid)) {
-                self.rss.insert(pid, bytes);
-            }
-        }
     }
 
     /// Notes that `pid` exited: its frames resolve with the maps it last had.
     pub fn mark_exited(&mut self, pid: u32) {
         self.stacks.mark_gone(pid);
+    }
+
+    /// Takes a batch of events, in order.
+    pub fn add_all(&mut self, events: impl IntoIterator<Item = Event>) {
+        for event in events {
+            self.add(&event);
+        }
     }
 
     /// Takes one event from the kernel.

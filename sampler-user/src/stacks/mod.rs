@@ -91,6 +91,8 @@ impl ModuleTable {
 #[derive(Debug, Default)]
 struct ProcessMaps {
     vmas: Vec<Vma>,
+    /// Start of the kernel's `[uprobes]` area, once the process has one.
+    uprobe_area: Option<u64>,
     gone: bool,
 }
 
@@ -114,9 +116,10 @@ impl StackTable {
         if entry.gone {
             return;
         }
-        match maps::read(pid) {
-            Ok(vmas) => {
-                entry.vmas = vmas
+        match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+            Ok(text) => {
+                entry.uprobe_area = maps::uprobe_area(&text);
+                entry.vmas = maps::parse(&text)
                     .into_iter()
                     .filter(|vma| vma.executable && vma.path.is_some())
                     .collect()
@@ -137,6 +140,11 @@ impl StackTable {
         for pid in live {
             self.refresh(pid);
         }
+    }
+
+    /// Where the kernel put `pid`'s uprobe area, as of the last maps read.
+    pub fn uprobe_area(&self, pid: u32) -> Option<u64> {
+        self.maps.get(&pid)?.uprobe_area
     }
 
     /// Marks `pid` as exited: its last snapshot stays, nothing is re-read.
@@ -235,6 +243,7 @@ mod tests {
             ProcessMaps {
                 vmas: vec![],
                 gone: true,
+                ..ProcessMaps::default()
             },
         );
         table.maps.insert(
@@ -242,6 +251,7 @@ mod tests {
             ProcessMaps {
                 vmas: vec![],
                 gone: true,
+                ..ProcessMaps::default()
             },
         );
         let a = table.intern(1, &[1, 2, 3]);
@@ -270,6 +280,7 @@ mod tests {
             ProcessMaps {
                 vmas: vec![vma],
                 gone: true,
+                ..ProcessMaps::default()
             },
         );
         let id = table.intern(7, &[0x1010, 0x5000]);
