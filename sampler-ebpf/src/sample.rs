@@ -78,7 +78,8 @@ pub fn on_alloc<C: EbpfContext>(
         state.marker_ret = caller;
         state.marker_ip = ip;
         state.marker_fn = function as u64;
-        state.marker_armed = u64::from(returns == Returns::Classic && config::track_frees());
+        // Set by `arm` once this call knows whether its return is observed.
+        state.marker_armed = 0;
     }
     let slot = count_call(ctx, size);
     let tracking = config::track_frees();
@@ -126,12 +127,14 @@ pub fn on_alloc<C: EbpfContext>(
     false
 }
 
-/// Notes, for a marker this call left, whether its return will be observed; passes
-/// `wants_return` through.
+/// Notes, for a marker this call left, whether its return will be observed (classic
+/// return probes observe every call; a session only the calls that ask); passes
+/// `wants_return` through. Without free tracking no return is observed at all.
 #[inline(always)]
 fn arm(state: &mut ThreadState, function: AllocFn, returns: Returns, wants_return: bool) -> bool {
-    if returns == Returns::OnRequest && function.may_nest_malloc() {
-        state.marker_armed = u64::from(wants_return);
+    if function.may_nest_malloc() {
+        let observed = returns == Returns::Classic || wants_return;
+        state.marker_armed = u64::from(config::track_frees() && observed);
     }
     wants_return
 }

@@ -279,3 +279,41 @@ fn sessions_and_classic_return_probes_agree() {
         assert!(live < 1e6, "{mode}: {live} bytes live");
     }
 }
+
+/// A realloc that calls no malloc leaves its nesting marker behind; the malloc called next
+/// from the same frame (same stack pointer) must still be counted, in every return mode.
+#[test]
+fn calls_from_the_same_frame_are_not_taken_for_nested_ones() {
+    if !bpf_available("calls_from_the_same_frame_are_not_taken_for_nested_ones") {
+        return;
+    }
+    let dir = TempDir::new("nesting");
+    let rounds = 20_000u64;
+    for extra in [&["--alloc-only"][..], &[][..], &["--no-sessions"][..]] {
+        let out = dir.path("nesting.json");
+        let output = Command::new(allocscope())
+            .args(["record", "-i", "64KiB"])
+            .args(extra)
+            .arg("-o")
+            .arg(&out)
+            .arg("--")
+            .arg(fixture("nesting", &[]))
+            .arg(rounds.to_string())
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let calls = read_profile(&out)["processes"][0]["exact"]["calls"]
+            .as_u64()
+            .unwrap();
+        // Three calls a round, plus stdio's buffer.
+        assert!(
+            (3 * rounds..3 * rounds + 10).contains(&calls),
+            "{extra:?}: {calls} calls, expected {}",
+            3 * rounds
+        );
+    }
+}
