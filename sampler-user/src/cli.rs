@@ -12,7 +12,18 @@ Examples:
   sudo allocscope record --interval 64KiB -o heap.json -- ./my-program --its-args
   sudo allocscope record -p 4242 -o heap.pb.gz          # format from the extension
   sudo allocscope record -p 4242 --every 60s --keep 24 -o snapshots/
-  allocscope report heap.json -o heap.svg               # convert a recording";
+  allocscope report heap.json -o heap.svg               # convert a recording
+  sudo allocscope top -p 4242                           # watch it live";
+
+const TOP_KEYS: &str = "\
+Keys:
+  q quit · ↑↓/j k move · Enter expand/collapse the stack · s cycle the sort column
+  p pause · / filter by function or module (regex) · l leak view (live longer than
+  --leaks-older-than) · w write a snapshot · ? help
+
+Examples:
+  sudo allocscope top -p 4242
+  sudo allocscope top --interval 64KiB -- ./my-program --its-args";
 
 /// Sampling allocation profiler: eBPF uprobes on the allocator of running processes,
 /// per-stack estimates of allocated bytes with confidence bounds.
@@ -30,6 +41,9 @@ pub enum Command {
     /// Record allocations of processes and write a profile.
     #[command(after_help = EXAMPLES)]
     Record(RecordArgs),
+    /// Watch allocations live in a full-screen, top-style view.
+    #[command(after_help = TOP_KEYS)]
+    Top(TopArgs),
     /// Print the top stacks of a saved JSON profile, or convert it to another format.
     #[command(after_help = EXAMPLES)]
     Report(ReportArgs),
@@ -42,9 +56,9 @@ pub enum Command {
     },
 }
 
-/// `allocscope record`.
+/// What to profile: shared by `record` and `top`.
 #[derive(Debug, Args)]
-pub struct RecordArgs {
+pub struct TargetArgs {
     /// Process to profile (repeat for several).
     #[arg(short, long = "pid", value_name = "PID", help_heading = "Targets")]
     pub pids: Vec<String>,
@@ -52,12 +66,11 @@ pub struct RecordArgs {
     /// Command to start and profile from its first allocation (after `--`).
     #[arg(last = true, value_name = "CMD", help_heading = "Targets")]
     pub command: Vec<OsString>,
+}
 
-    /// Stop after this long (e.g. 10, 30s, 500ms, 2m); default: until Ctrl-C, SIGTERM or
-    /// the targets exit.
-    #[arg(short, long, value_name = "DURATION", help_heading = "Recording")]
-    pub duration: Option<String>,
-
+/// How to sample: shared by `record` and `top`.
+#[derive(Debug, Args)]
+pub struct SamplingArgs {
     /// Mean sampling interval: on average one sample per this many allocated bytes
     /// (e.g. 512KiB, 64K, 4096).
     #[arg(
@@ -65,13 +78,13 @@ pub struct RecordArgs {
         long,
         value_name = "BYTES",
         default_value = "512KiB",
-        help_heading = "Recording"
+        help_heading = "Sampling"
     )]
     pub interval: String,
 
     /// Count allocations only: no free tracking, no live-heap numbers, the lowest overhead
     /// (no return probes, no probe on free).
-    #[arg(long, help_heading = "Recording")]
+    #[arg(long, help_heading = "Sampling")]
     pub alloc_only: bool,
 
     /// Observe returns with a classic return probe on every allocation even where the kernel
@@ -85,23 +98,45 @@ pub struct RecordArgs {
         long,
         value_name = "N",
         default_value_t = 65536,
-        help_heading = "Recording"
+        help_heading = "Sampling"
     )]
     pub max_tracked: u32,
-
-    /// List stacks whose sampled allocations have been live longer than DURATION (leak
-    /// candidates), e.g. 30s.
-    #[arg(long, value_name = "DURATION", help_heading = "Output")]
-    pub leaks_older_than: Option<String>,
 
     /// Confidence level of every lower/upper bound, in (0, 1).
     #[arg(
         long,
         value_name = "LEVEL",
         default_value_t = 0.95,
-        help_heading = "Output"
+        help_heading = "Sampling"
     )]
     pub confidence: f64,
+
+    /// Show probe points, eBPF-side log records and progress on stderr (`top`: after it
+    /// exits).
+    #[arg(short, long, help_heading = "Output")]
+    pub verbose: bool,
+}
+
+/// `allocscope record`.
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    /// What to profile.
+    #[command(flatten)]
+    pub targets: TargetArgs,
+
+    /// How to sample.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+
+    /// Stop after this long (e.g. 10, 30s, 500ms, 2m); default: until Ctrl-C, SIGTERM or
+    /// the targets exit.
+    #[arg(short, long, value_name = "DURATION", help_heading = "Recording")]
+    pub duration: Option<String>,
+
+    /// List stacks whose sampled allocations have been live longer than DURATION (leak
+    /// candidates), e.g. 30s.
+    #[arg(long, value_name = "DURATION", help_heading = "Output")]
+    pub leaks_older_than: Option<String>,
 
     /// Output file, or with --every a directory for the snapshots.
     #[arg(short, long, value_name = "PATH", help_heading = "Output")]
@@ -126,10 +161,57 @@ pub struct RecordArgs {
     /// With --every: keep at most N snapshot files in the directory, deleting the oldest.
     #[arg(long, value_name = "N", requires = "every", help_heading = "Output")]
     pub keep: Option<usize>,
+}
 
-    /// Show probe points, eBPF-side log records and progress on stderr.
-    #[arg(short, long, help_heading = "Output")]
-    pub verbose: bool,
+/// `allocscope top`.
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// What to profile.
+    #[command(flatten)]
+    pub targets: TargetArgs,
+
+    /// How to sample.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+
+    /// Length of the window the RATE column and the header's rates cover (e.g. 10s, 1m).
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "10s",
+        help_heading = "View"
+    )]
+    pub window: String,
+
+    /// Age beyond which a live sampled allocation counts as a leak candidate in the leak
+    /// view (key l).
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "30s",
+        help_heading = "View"
+    )]
+    pub leaks_older_than: String,
+
+    /// Directory the snapshot key (w) writes into.
+    #[arg(
+        short,
+        long,
+        value_name = "DIR",
+        default_value = ".",
+        help_heading = "Snapshots"
+    )]
+    pub output: PathBuf,
+
+    /// Format of the snapshots key w writes.
+    #[arg(
+        short,
+        long,
+        value_enum,
+        default_value = "json",
+        help_heading = "Snapshots"
+    )]
+    pub format: Format,
 }
 
 /// `allocscope report`.

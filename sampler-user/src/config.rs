@@ -5,7 +5,7 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 use sampler_common::geometric::MAX_INTERVAL;
 
 use crate::{
-    cli::RecordArgs,
+    cli::{RecordArgs, SamplingArgs, TargetArgs, TopArgs},
     export::{Format, Value},
 };
 
@@ -39,13 +39,9 @@ pub enum Output {
     },
 }
 
-/// A validated `record` invocation.
+/// How to sample, validated (shared by `record` and `top`).
 #[derive(Clone, Debug)]
-pub struct RecordConfig {
-    /// What to profile.
-    pub targets: Targets,
-    /// Recording length limit.
-    pub duration: Option<Duration>,
+pub struct SamplingConfig {
     /// Mean sampling interval in bytes.
     pub interval: u64,
     /// No free tracking.
@@ -54,40 +50,70 @@ pub struct RecordConfig {
     pub max_tracked: u32,
     /// Use uprobe sessions where the kernel has them.
     pub sessions: bool,
-    /// Age beyond which live sampled allocations are leak candidates.
-    pub leaks_older_than: Option<Duration>,
     /// Confidence of the bounds.
     pub confidence: f64,
+    /// Verbose diagnostics.
+    pub verbose: bool,
+}
+
+/// A validated `record` invocation.
+#[derive(Clone, Debug)]
+pub struct RecordConfig {
+    /// What to profile.
+    pub targets: Targets,
+    /// How to sample.
+    pub sampling: SamplingConfig,
+    /// Recording length limit.
+    pub duration: Option<Duration>,
+    /// Age beyond which live sampled allocations are leak candidates.
+    pub leaks_older_than: Option<Duration>,
     /// Where the profile goes.
     pub output: Output,
     /// Output format.
     pub format: Format,
     /// What folded and SVG output show (`None`: the profile's default).
     pub value: Option<Value>,
-    /// Verbose diagnostics.
-    pub verbose: bool,
 }
 
-impl RecordArgs {
-    /// Validates the arguments.
-    pub fn into_config(self) -> Result<RecordConfig, BadInput> {
-        let targets = match (self.pids.is_empty(), self.command.is_empty()) {
-            (false, true) => Targets::Pids(
+/// A validated `top` invocation.
+#[derive(Clone, Debug)]
+pub struct TopConfig {
+    /// What to profile.
+    pub targets: Targets,
+    /// How to sample.
+    pub sampling: SamplingConfig,
+    /// Window of the rates shown.
+    pub window: Duration,
+    /// Age beyond which live sampled allocations are leak candidates (leak view).
+    pub leaks_older_than: Duration,
+    /// Where the snapshot key writes.
+    pub snapshot_dir: PathBuf,
+    /// Snapshot format.
+    pub format: Format,
+}
+
+impl TargetArgs {
+    /// Validates the targets.
+    pub fn into_targets(self) -> Result<Targets, BadInput> {
+        match (self.pids.is_empty(), self.command.is_empty()) {
+            (false, true) => Ok(Targets::Pids(
                 self.pids
                     .iter()
                     .map(|p| parse_pid(p))
                     .collect::<Result<_, _>>()?,
-            ),
-            (true, false) => Targets::Command(self.command),
-            (false, false) => {
-                return Err(BadInput("give either -p PID or -- CMD, not both".into()))
-            }
-            (true, true) => {
-                return Err(BadInput(
-                    "nothing to profile: give -p PID or -- CMD ARGS".into(),
-                ))
-            }
-        };
+            )),
+            (true, false) => Ok(Targets::Command(self.command)),
+            (false, false) => Err(BadInput("give either -p PID or -- CMD, not both".into())),
+            (true, true) => Err(BadInput(
+                "nothing to profile: give -p PID or -- CMD ARGS".into(),
+            )),
+        }
+    }
+}
+
+impl SamplingArgs {
+    /// Validates the sampling parameters.
+    pub fn into_config(self) -> Result<SamplingConfig, BadInput> {
         let interval = parse_size(&self.interval)
             .map_err(|why| BadInput(format!("invalid --interval {:?}: {why}", self.interval)))?;
         if interval == 0 || interval > MAX_INTERVAL {
@@ -96,43 +122,56 @@ impl RecordArgs {
                 self.interval
             )));
         }
-        let duration = self
-            .duration
-            .as_deref()
-            .map(|d| {
-                parse_duration(d)
-                    .map_err(|why| BadInput(format!("invalid --duration {d:?}: {why}")))
-            })
-            .transpose()?;
         if !(self.confidence > 0.0 && self.confidence < 1.0) {
             return Err(BadInput(format!(
                 "invalid --confidence {}: must be strictly between 0 and 1",
                 self.confidence
             )));
         }
+        if self.max_tracked == 0 {
+            return Err(BadInput(
+                "invalid --max-tracked 0: track at least one allocation".into(),
+            ));
+        }
+        Ok(SamplingConfig {
+            interval,
+            alloc_only: self.alloc_only,
+            max_tracked: self.max_tracked,
+            sessions: !self.no_sessions,
+            confidence: self.confidence,
+            verbose: self.verbose,
+        })
+    }
+}
+
+/// Parses the duration given to `flag`, naming the flag in the error.
+fn duration_flag(flag: &str, text: &str) -> Result<Duration, BadInput> {
+    parse_duration(text).map_err(|why| BadInput(format!("invalid {flag} {text:?}: {why}")))
+}
+
+impl RecordArgs {
+    /// Validates the arguments.
+    pub fn into_config(self) -> Result<RecordConfig, BadInput> {
+        let targets = self.targets.into_targets()?;
+        let sampling = self.sampling.into_config()?;
+        let duration = self
+            .duration
+            .as_deref()
+            .map(|d| duration_flag("--duration", d))
+            .transpose()?;
         let every = self
             .every
             .as_deref()
-            .map(|d| {
-                parse_duration(d).map_err(|why| BadInput(format!("invalid --every {d:?}: {why}")))
-            })
+            .map(|d| duration_flag("--every", d))
             .transpose()?;
         let leaks_older_than = self
             .leaks_older_than
             .as_deref()
-            .map(|d| {
-                parse_duration(d)
-                    .map_err(|why| BadInput(format!("invalid --leaks-older-than {d:?}: {why}")))
-            })
+            .map(|d| duration_flag("--leaks-older-than", d))
             .transpose()?;
-        if self.alloc_only && leaks_older_than.is_some() {
+        if sampling.alloc_only && leaks_older_than.is_some() {
             return Err(BadInput(
                 "--leaks-older-than needs free tracking: drop --alloc-only".into(),
-            ));
-        }
-        if self.max_tracked == 0 {
-            return Err(BadInput(
-                "invalid --max-tracked 0: track at least one allocation".into(),
             ));
         }
         if self.keep == Some(0) {
@@ -158,17 +197,36 @@ impl RecordArgs {
         };
         Ok(RecordConfig {
             targets,
+            sampling,
             duration,
-            interval,
-            alloc_only: self.alloc_only,
-            max_tracked: self.max_tracked,
-            sessions: !self.no_sessions,
             leaks_older_than,
-            confidence: self.confidence,
             output,
             format,
             value: self.value,
-            verbose: self.verbose,
+        })
+    }
+}
+
+impl TopArgs {
+    /// Validates the arguments.
+    pub fn into_config(self) -> Result<TopConfig, BadInput> {
+        let targets = self.targets.into_targets()?;
+        let sampling = self.sampling.into_config()?;
+        let window = duration_flag("--window", &self.window)?;
+        if window < Duration::from_secs(1) {
+            return Err(BadInput(format!(
+                "invalid --window {:?}: at least 1s (the view refreshes every second)",
+                self.window
+            )));
+        }
+        let leaks_older_than = duration_flag("--leaks-older-than", &self.leaks_older_than)?;
+        Ok(TopConfig {
+            targets,
+            sampling,
+            window,
+            leaks_older_than,
+            snapshot_dir: self.output,
+            format: self.format,
         })
     }
 }
@@ -276,7 +334,7 @@ mod tests {
         let config = record(&["-p", "1", "-o", "x.folded"]).unwrap();
         assert_eq!(config.targets, Targets::Pids(vec![1]));
         assert_eq!(config.format, Format::Folded);
-        assert_eq!(config.interval, 512 * 1024);
+        assert_eq!(config.sampling.interval, 512 * 1024);
         let config = record(&["-p", "1", "-o", "d/", "--every", "1m", "--keep", "3"]).unwrap();
         assert_eq!(
             config.output,
@@ -305,7 +363,7 @@ mod tests {
             Targets::Command(vec!["ls".into(), "-l".into()])
         );
         assert_eq!(config.format, Format::Json);
-        assert_eq!(config.interval, 65536);
+        assert_eq!(config.sampling.interval, 65536);
         assert!(record(&["-o", "x"])
             .unwrap_err()
             .contains("nothing to profile"));

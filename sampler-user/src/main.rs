@@ -9,36 +9,57 @@ use clap::Parser as _;
 use sampler_user::{
     cli::{self, Command},
     config::BadInput,
-    record, reference, report,
+    record, reference, report, top,
 };
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    let args = match cli.command {
-        Command::Record(args) => args,
-        Command::ReferenceProbe { pid } => return exit_code(reference::run(pid)),
+    match cli.command {
+        Command::Record(args) => {
+            init_logging(args.sampling.verbose);
+            exit_code(run_record(args))
+        }
+        Command::Top(args) => exit_code(run_top(args)),
+        Command::ReferenceProbe { pid } => exit_code(reference::run(pid)),
         Command::Report(args) => {
             init_logging(false);
-            return exit_code(report::run(args));
+            exit_code(report::run(args))
         }
-    };
-    let verbose = args.verbose;
-    init_logging(verbose);
-    let result = args
-        .into_config()
-        .map_err(anyhow::Error::from)
-        .and_then(|config| record::prepare(config).map_err(anyhow::Error::from))
-        .and_then(|prepared| {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(record::run(prepared))
-        });
-    exit_code(result)
+    }
+}
+
+fn run_record(args: cli::RecordArgs) -> anyhow::Result<()> {
+    let config = args.into_config()?;
+    let prepared = record::prepare(&config)?;
+    runtime()?.block_on(record::run(config, prepared))
+}
+
+fn run_top(args: cli::TopArgs) -> anyhow::Result<()> {
+    let config = args.into_config()?;
+    // Log records would scribble over the screen: they are kept and shown in the view's
+    // status line, and printed once the terminal is restored.
+    let log = top::LogBuffer::default();
+    init_logging_to(config.sampling.verbose, Some(log.clone()));
+    let prepared = top::prepare(&config)?;
+    let result = runtime()?.block_on(top::run(config, prepared, log.clone()));
+    eprint!("{}", log.take_all());
+    result
+}
+
+/// The daemon side runs on one thread: intake, timers and signals are all I/O-bound.
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
 }
 
 /// Warnings only by default; `--verbose` adds our progress and the eBPF side's records.
 fn init_logging(verbose: bool) {
+    init_logging_to(verbose, None);
+}
+
+/// Like [`init_logging`], into `buffer` instead of stderr when given.
+fn init_logging_to(verbose: bool, buffer: Option<top::LogBuffer>) {
     let (ours, aya) = if verbose {
         (log::LevelFilter::Debug, log::LevelFilter::Warn)
     } else {
@@ -54,6 +75,10 @@ fn init_logging(verbose: bool) {
         .filter_module("aya_obj", aya)
         .format_target(false)
         .format_timestamp(None)
+        .target(match buffer {
+            Some(buffer) => env_logger::Target::Pipe(Box::new(buffer)),
+            None => env_logger::Target::Stderr,
+        })
         .init();
 }
 

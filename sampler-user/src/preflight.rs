@@ -119,16 +119,23 @@ pub fn check_output(output: &Output) -> Result<(), BadInput> {
             };
             (dir, path.clone())
         }
-        Output::Snapshots { dir, .. } => {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                BadInput(format!(
-                    "cannot create snapshot directory {}: {e}",
-                    dir.display()
-                ))
-            })?;
-            (dir.clone(), dir.clone())
-        }
+        Output::Snapshots { dir, .. } => return check_snapshot_dir(dir),
     };
+    check_writable(&dir, &shown)
+}
+
+/// Creates the snapshot directory `dir` if missing and proves it accepts files.
+pub fn check_snapshot_dir(dir: &Path) -> Result<(), BadInput> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        BadInput(format!(
+            "cannot create snapshot directory {}: {e}",
+            dir.display()
+        ))
+    })?;
+    check_writable(dir, dir)
+}
+
+fn check_writable(dir: &Path, shown: &Path) -> Result<(), BadInput> {
     let probe = dir.join(format!(".allocscope-write-test-{}", std::process::id()));
     File::create(&probe)
         .and_then(|_| std::fs::remove_file(&probe))

@@ -216,6 +216,16 @@ impl Fixture {
         );
     }
 
+    /// The next line the fixture prints, without its newline (panics on EOF).
+    pub fn line(&mut self) -> String {
+        let mut line = String::new();
+        assert!(
+            self.stdout.read_line(&mut line).unwrap() > 0,
+            "fixture closed its stdout"
+        );
+        line.trim_end().to_owned()
+    }
+
     /// Lets the fixture go on.
     pub fn go(&mut self) {
         self.stdin.write_all(b"go\n").unwrap();

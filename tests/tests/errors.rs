@@ -46,6 +46,28 @@ fn invalid_arguments_exit_2() {
 }
 
 #[test]
+fn top_without_a_terminal_exits_2() {
+    // The test harness's stdin and stdout are pipes, not a TTY.
+    let me = std::process::id().to_string();
+    let output = Command::new(allocscope())
+        .args(["top", "-p", &me])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_bad_input(&output, "allocscope top needs a terminal");
+    assert_bad_input(&output, "allocscope record");
+    // Its own flags are checked too.
+    assert_bad_input(
+        &run(&["top", "-p", &me, "--window", "500ms"]),
+        "invalid --window",
+    );
+    assert_bad_input(
+        &run(&["top", "-p", &me, "--leaks-older-than", "never"]),
+        "invalid --leaks-older-than",
+    );
+}
+
+#[test]
 fn missing_pid_exits_2() {
     if !bpf_available("missing_pid_exits_2") {
         return;

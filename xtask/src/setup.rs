@@ -5,7 +5,7 @@
 //!   21 that Debian 12 lacks);
 //! * Debian packages: gcc builds the C fixtures; util-linux's setpriv runs the
 //!   unprivileged-user test; golang-go provides `go tool pprof`, the reader our pprof
-//!   files are tested against.
+//!   files are tested against; tmux is the real terminal `allocscope top` is tested in.
 
 use std::process::Command;
 
@@ -18,6 +18,7 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("gcc", "gcc"),
     ("setpriv", "util-linux"),
     ("go", "golang-go"),
+    ("tmux", "tmux"),
 ];
 
 pub fn run() -> anyhow::Result<()> {

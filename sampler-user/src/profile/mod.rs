@@ -5,7 +5,7 @@ mod recorder;
 
 use serde::{Deserialize, Serialize};
 
-pub use recorder::Recorder;
+pub use recorder::{ProcessTally, Recorder, StackTally, Tally};
 
 use crate::{
     collect::Losses,

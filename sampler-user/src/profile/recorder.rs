@@ -14,7 +14,7 @@ use super::{
 use crate::{
     collect::{Event, Losses, Sample},
     stacks::{self, symbolize::FrameInfo, symbolize::Symbolizer, Frame, StackId, StackTable},
-    stats::{estimate::Window, SampleObs, SampleSet},
+    stats::{estimate::Window, rate::RateTracker, SampleObs, SampleSet},
 };
 
 /// A sampled block still live.
@@ -45,9 +45,87 @@ pub struct Recorder {
     rss: BTreeMap<u32, u64>,
     /// Whether the unusual uprobe-area address was reported already.
     warned_area: bool,
+    /// Per stack, samples in one-second buckets over the recent window (`top` only).
+    recent: Option<Recent>,
+}
+
+/// Per-stack rate trackers that all cover the same time.
+#[derive(Debug)]
+struct Recent {
+    window_ns: u64,
+    started_ns: u64,
+    per_stack: Vec<RateTracker>,
+}
+
+impl Recent {
+    const BUCKET_NS: u64 = 1_000_000_000;
+
+    fn tracker(&self) -> RateTracker {
+        let buckets = self.window_ns.div_ceil(Self::BUCKET_NS) as usize + 1;
+        let mut tracker = RateTracker::new(Self::BUCKET_NS, buckets);
+        // Every stack's window starts with the recording, not with its first sample:
+        // otherwise a new stack's rate would be divided by the few seconds since it appeared.
+        tracker.start(self.started_ns);
+        tracker
+    }
+}
+
+/// One stack's raw sample sets with its frames resolved: for views that group stacks and
+/// estimate the groups themselves (`top`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StackTally {
+    /// Process id.
+    pub pid: u32,
+    /// Frames, leaf (the allocator's caller) first.
+    pub frames: Vec<FrameInfo>,
+    /// Samples since the start.
+    pub all: SampleSet,
+    /// Samples whose blocks are still live.
+    pub live: SampleSet,
+    /// Live samples older than the leak age.
+    pub leaked: SampleSet,
+    /// Samples in the recent window (estimate with `Window::SLIDING`, divide by
+    /// [`Tally::recent_seconds`]).
+    pub recent: SampleSet,
+}
+
+/// One process's side of a [`Tally`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcessTally {
+    /// Process id.
+    pub pid: u32,
+    /// Command name.
+    pub command: String,
+    /// Resident set size last read.
+    pub rss_bytes: Option<u64>,
+    /// Sampled blocks whose frees could not be tracked.
+    pub untracked_samples: u64,
+}
+
+/// Every stack's raw sample sets at one moment.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Tally {
+    /// Stacks, in no particular order.
+    pub stacks: Vec<StackTally>,
+    /// Targets.
+    pub processes: Vec<ProcessTally>,
+    /// Seconds the `recent` sets cover.
+    pub recent_seconds: f64,
 }
 
 impl Recorder {
+    /// A recorder that also keeps each stack's samples over the last `window`, for rates.
+    pub fn with_recent(window: std::time::Duration) -> Recorder {
+        Recorder {
+            recent: Some(Recent {
+                window_ns: window.as_nanos() as u64,
+                started_ns: crate::recording::monotonic_ns(),
+                per_stack: Vec::new(),
+            }),
+            ..Recorder::default()
+        }
+    }
+
     /// Starts tracking `pid`: remembers its command name, executable, maps and RSS while it
     /// surely lives.
     pub fn track(&mut self, pid: u32) {
@@ -124,6 +202,13 @@ impl Recorder {
         };
         self.per_stack[id].add(obs);
         self.per_stack_period[id].add(obs);
+        if let Some(recent) = &mut self.recent {
+            while recent.per_stack.len() <= id {
+                let tracker = recent.tracker();
+                recent.per_stack.push(tracker);
+            }
+            recent.per_stack[id].add(sample.timestamp_ns, obs);
+        }
         if sample.tracked {
             // A free of the previous block here was lost (ring buffer full): forget it.
             self.free(sample.pid, sample.address);
@@ -264,6 +349,66 @@ impl Recorder {
             losses,
             modules,
             stacks,
+        }
+    }
+
+    /// Every stack's sample sets now (`now_ns`, CLOCK_MONOTONIC), frames resolved; live
+    /// blocks allocated more than `leak_age` ago are `leaked`.
+    pub async fn tally(
+        &self,
+        symbolizer: &Symbolizer,
+        now_ns: u64,
+        leak_age: std::time::Duration,
+    ) -> Tally {
+        let resolved = self.resolve_frames(symbolizer).await;
+        let (_, leaks) = self.leak_candidates(leak_age, now_ns);
+        let stacks = self
+            .per_stack
+            .iter()
+            .enumerate()
+            .map(|(id, all)| {
+                let (pid, frames) = self.stacks.stack(id as StackId);
+                let recent = self
+                    .recent
+                    .as_ref()
+                    .and_then(|recent| {
+                        let tracker = recent.per_stack.get(id)?;
+                        Some(tracker.window(now_ns, recent.window_ns).0)
+                    })
+                    .unwrap_or_default();
+                StackTally {
+                    pid,
+                    frames: frames
+                        .iter()
+                        .flat_map(|frame| resolved[frame].iter().cloned())
+                        .collect(),
+                    all: *all,
+                    live: self.per_stack_live[id],
+                    leaked: leaks
+                        .get(&(id as StackId))
+                        .map(|(set, _)| *set)
+                        .unwrap_or_default(),
+                    recent,
+                }
+            })
+            .collect();
+        let recent_seconds = self.recent.as_ref().map_or(0.0, |recent| {
+            recent.tracker().coverage(now_ns, recent.window_ns).1
+        });
+        let processes = self
+            .commands
+            .iter()
+            .map(|(&pid, command)| ProcessTally {
+                pid,
+                command: command.clone(),
+                rss_bytes: self.rss.get(&pid).copied(),
+                untracked_samples: self.untracked.get(&pid).copied().unwrap_or(0),
+            })
+            .collect();
+        Tally {
+            stacks,
+            processes,
+            recent_seconds,
         }
     }
 

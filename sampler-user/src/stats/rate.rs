@@ -69,22 +69,39 @@ impl RateTracker {
 
     /// Rates over the `window_ns` before `now_ns`.
     pub fn rates(&self, now_ns: u64, window_ns: u64, confidence: f64, interval: u64) -> Rates {
-        let start = self.start_ns.unwrap_or(now_ns);
-        let from = now_ns.saturating_sub(window_ns).max(start);
-        let first_bucket = from / self.bucket_ns;
-        let mut set = SampleSet::default();
-        for (_, bucket) in self.buckets.iter().filter(|(b, _)| *b >= first_bucket) {
-            set.merge(bucket);
-        }
-        // The buckets cover from the start of the first one (or the start of observation).
-        let covered_from = (first_bucket * self.bucket_ns).max(start);
-        let seconds = now_ns.saturating_sub(covered_from) as f64 / 1e9;
+        let (set, seconds) = self.window(now_ns, window_ns);
         let e = set.estimate(confidence, Window::SLIDING, interval);
         Rates {
             bytes_per_second: e.bytes.per_second(seconds),
             objects_per_second: e.objects.per_second(seconds),
             seconds,
         }
+    }
+
+    /// The samples of the `window_ns` before `now_ns` (whole buckets) and the seconds they
+    /// cover, for callers that merge several trackers before estimating (estimate the merged
+    /// set with [`Window::SLIDING`]).
+    pub fn window(&self, now_ns: u64, window_ns: u64) -> (SampleSet, f64) {
+        let (first_bucket, seconds) = self.coverage(now_ns, window_ns);
+        let mut set = SampleSet::default();
+        for (_, bucket) in self.buckets.iter().filter(|(b, _)| *b >= first_bucket) {
+            set.merge(bucket);
+        }
+        (set, seconds)
+    }
+
+    /// The first bucket inside the window, and the seconds from its start (or the start of
+    /// observation) to `now_ns`: every tracker with the same bucket width and start covers
+    /// the same time.
+    pub fn coverage(&self, now_ns: u64, window_ns: u64) -> (u64, f64) {
+        let start = self.start_ns.unwrap_or(now_ns);
+        let from = now_ns.saturating_sub(window_ns).max(start);
+        let first_bucket = from / self.bucket_ns;
+        let covered_from = (first_bucket * self.bucket_ns).max(start);
+        (
+            first_bucket,
+            now_ns.saturating_sub(covered_from) as f64 / 1e9,
+        )
     }
 }
 

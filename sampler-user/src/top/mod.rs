@@ -1,0 +1,313 @@
+//! `allocscope top`: a live, top-style view of a recording.
+//!
+//! Three parts kept apart: [`model`] turns the recording's sample sets into rows (pure),
+//! [`app`] holds the view's state and handles keys (pure), [`ui`] draws it (pure over a
+//! ratatui frame). This module wires them: the tokio thread takes samples and, once a
+//! second, builds a [`model::Picture`] it hands to the [`screen`] thread, which owns the
+//! terminal. Quitting, SIGTERM and SIGINT restore the terminal and detach every probe;
+//! a target that exits leaves its last picture on screen.
+
+pub mod app;
+pub mod model;
+pub mod screen;
+pub mod ui;
+
+use std::{
+    collections::{BTreeSet, VecDeque},
+    io::IsTerminal as _,
+    sync::{mpsc::TrySendError, Arc, Mutex},
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::Context as _;
+use tokio::signal::unix::{signal, SignalKind};
+
+use self::{
+    model::{CounterHistory, HistoryPoint, Picture, TargetState, Totals, ViewSettings},
+    screen::{FromScreen, ToScreen},
+};
+use crate::{
+    config::{BadInput, TopConfig},
+    export::{self, Value},
+    preflight,
+    probe::attach::ReturnProbes,
+    profile::Settings,
+    record::snapshot_name,
+    recording::{self, monotonic_ns, Happening, Prepared, Recording},
+};
+
+/// Seconds of history the sparklines show.
+const HISTORY_SECONDS: usize = 60;
+
+/// Refuses without a terminal, then runs the checks every recording runs (and, for
+/// `-- CMD`, forks the paused child). Must run before any thread exists.
+pub fn prepare(config: &TopConfig) -> Result<Prepared, BadInput> {
+    if !(std::io::stdout().is_terminal() && std::io::stdin().is_terminal()) {
+        return Err(BadInput(
+            "allocscope top needs a terminal (stdin and stdout must be a TTY); to profile \
+             without one, use `allocscope record ... -o FILE` (or `--every` for snapshots)"
+                .into(),
+        ));
+    }
+    recording::prepare(&config.targets, || {
+        preflight::check_snapshot_dir(&config.snapshot_dir)
+    })
+}
+
+/// Log records while the screen is up: kept in memory, the latest shown in the status line,
+/// all of them printed once the terminal is restored.
+#[derive(Clone, Debug, Default)]
+pub struct LogBuffer(Arc<Mutex<LogState>>);
+
+#[derive(Debug, Default)]
+struct LogState {
+    partial: Vec<u8>,
+    lines: Vec<String>,
+    unseen: Option<String>,
+}
+
+impl LogBuffer {
+    /// The latest line not shown yet.
+    pub fn unseen(&self) -> Option<String> {
+        self.0.lock().ok()?.unseen.take()
+    }
+
+    /// Every line so far, newline-terminated, emptying the buffer.
+    pub fn take_all(&self) -> String {
+        let Ok(mut state) = self.0.lock() else {
+            return String::new();
+        };
+        let mut text: String = state.lines.drain(..).map(|l| l + "\n").collect();
+        if !state.partial.is_empty() {
+            text.push_str(&String::from_utf8_lossy(&state.partial));
+            text.push('\n');
+            state.partial.clear();
+        }
+        text
+    }
+}
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let Ok(mut state) = self.0.lock() else {
+            return Ok(buf.len());
+        };
+        state.partial.extend_from_slice(buf);
+        while let Some(end) = state.partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = state.partial.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line).trim_end().to_owned();
+            state.unseen = Some(line.clone());
+            state.lines.push(line);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What the loop keeps between pictures.
+struct Watch {
+    config: TopConfig,
+    started: Instant,
+    counters: CounterHistory,
+    history: VecDeque<HistoryPoint>,
+    exited: BTreeSet<u32>,
+    finished: bool,
+    cost_ns: f64,
+}
+
+/// Attaches, shows the view until the user quits (or SIGTERM/SIGINT), detaches.
+pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyhow::Result<()> {
+    let mut recording = Recording::start(prepared, &config.sampling, Some(config.window))?;
+    let sessions = recording.returns() == Some(ReturnProbes::Sessions);
+    let mut watch = Watch {
+        cost_ns: model::probe_cost_ns(config.sampling.alloc_only, sessions),
+        config,
+        started: Instant::now(),
+        counters: CounterHistory::default(),
+        history: VecDeque::new(),
+        exited: BTreeSet::new(),
+        finished: false,
+    };
+    let (to_screen, incoming) = std::sync::mpsc::sync_channel::<ToScreen>(4);
+    let (outgoing, mut from_screen) = tokio::sync::mpsc::unbounded_channel();
+    let screen = screen::spawn(incoming, outgoing, log).context("starting the screen thread")?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let send = |message: ToScreen| match to_screen.try_send(message) {
+        // A busy screen skips a picture; the next one carries everything.
+        Ok(()) | Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {}
+    };
+    let outcome: anyhow::Result<()> = loop {
+        tokio::select! {
+            happened = recording.next(), if !watch.finished => {
+                match happened {
+                    Ok(Happening::Exited(pid)) => {
+                        watch.exited.insert(pid);
+                    }
+                    Ok(Happening::AllExited) => {
+                        watch.exited.extend(recording.pids().iter().copied());
+                        if let Err(e) = recording.detach(false) {
+                            break Err(e);
+                        }
+                        watch.finished = true;
+                        match watch.picture(&mut recording).await {
+                            Ok(picture) => send(ToScreen::Picture(Box::new(picture))),
+                            Err(e) => break Err(e),
+                        }
+                        send(ToScreen::Status(
+                            "every target exited: the last numbers stay on screen; q quits".into(),
+                        ));
+                    }
+                    Err(e) => break Err(e),
+                }
+            }
+            _ = tick.tick(), if !watch.finished => {
+                match watch.picture(&mut recording).await {
+                    Ok(picture) => send(ToScreen::Picture(Box::new(picture))),
+                    Err(e) => break Err(e),
+                }
+            }
+            command = from_screen.recv() => match command {
+                Some(FromScreen::WriteSnapshot) => {
+                    let message = match watch.write_snapshot(&mut recording).await {
+                        Ok(path) => format!("wrote {}", path.display()),
+                        Err(e) => format!("snapshot failed: {e:#}"),
+                    };
+                    send(ToScreen::Status(message));
+                }
+                Some(FromScreen::Quit) | None => break Ok(()),
+            },
+            _ = sigint.recv() => break Ok(()),
+            _ = sigterm.recv() => break Ok(()),
+        }
+    };
+    // Give the terminal back first (the screen thread sees the channel close within
+    // 100 ms), then detach: a command started for this view stops with it.
+    drop(to_screen);
+    let screen = tokio::task::spawn_blocking(move || screen.join()).await;
+    let detached = recording.detach(true);
+    let elapsed = watch.started.elapsed();
+    eprintln!(
+        "allocscope top: detached from pid {} after {}",
+        recording
+            .pids()
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        humantime::format_duration(Duration::from_secs(elapsed.as_secs()))
+    );
+    match screen {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => return Err(anyhow::Error::from(e).context("terminal")),
+        Ok(Err(_)) => anyhow::bail!("the screen thread panicked"),
+        Err(e) => return Err(anyhow::Error::from(e).context("waiting for the screen thread")),
+    }
+    outcome?;
+    detached
+}
+
+impl Watch {
+    /// The recording now.
+    async fn picture(&mut self, recording: &mut Recording) -> anyhow::Result<Picture> {
+        let (counters, losses) = recording.counters()?;
+        let now_ns = monotonic_ns();
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let tally = recording
+            .recorder
+            .tally(&recording.symbolizer, now_ns, self.config.leaks_older_than)
+            .await;
+        let calls: u64 = counters.values().map(|c| c.calls).sum();
+        let bytes: u64 = counters.values().map(|c| c.bytes).sum();
+        let samples: u64 = tally.stacks.iter().map(|s| s.all.samples()).sum();
+        let window = self.config.window.as_secs_f64();
+        self.counters
+            .push(elapsed, calls, bytes, samples, window.max(2.0) + 2.0);
+        let (calls_per_second, bytes_per_second, samples_per_second) = self.counters.rates(window);
+        let settings = ViewSettings {
+            interval: self.config.sampling.interval,
+            confidence: self.config.sampling.confidence,
+            alloc_only: self.config.sampling.alloc_only,
+            leak_age_seconds: self.config.leaks_older_than.as_secs_f64(),
+            window_seconds: window,
+        };
+        let targets = tally
+            .processes
+            .iter()
+            .map(|p| TargetState {
+                pid: p.pid,
+                command: p.command.clone(),
+                exited: self.exited.contains(&p.pid),
+            })
+            .collect();
+        let mut picture = Picture {
+            elapsed_seconds: elapsed,
+            settings,
+            targets,
+            totals: Totals {
+                calls_per_second,
+                bytes_per_second,
+                samples_per_second,
+                lost: losses.total(),
+                probe_cores: calls_per_second * self.cost_ns / 1e9,
+            },
+            tally,
+            history: Vec::new(),
+            finished: self.finished,
+        };
+        if !self.finished {
+            self.history.push_back(HistoryPoint {
+                bytes_per_second: self.counters.last_bytes_per_second(),
+                live_bytes: model::live_heap(&picture).map_or(0.0, |e| e.estimate),
+            });
+            while self.history.len() > HISTORY_SECONDS {
+                self.history.pop_front();
+            }
+        }
+        picture.history = self.history.iter().copied().collect();
+        Ok(picture)
+    }
+
+    /// Writes the recording so far into the snapshot directory.
+    async fn write_snapshot(
+        &mut self,
+        recording: &mut Recording,
+    ) -> anyhow::Result<std::path::PathBuf> {
+        let (counters, losses) = recording.counters()?;
+        let settings = Settings {
+            interval: self.config.sampling.interval,
+            confidence: self.config.sampling.confidence,
+            duration_seconds: self.started.elapsed().as_secs_f64(),
+            alloc_only: self.config.sampling.alloc_only,
+            leaks_older_than: (!self.config.sampling.alloc_only)
+                .then_some(self.config.leaks_older_than),
+        };
+        let profile = recording
+            .recorder
+            .profile(
+                &recording.symbolizer,
+                settings,
+                &counters,
+                losses,
+                None,
+                monotonic_ns(),
+            )
+            .await;
+        let path = self
+            .config
+            .snapshot_dir
+            .join(snapshot_name(SystemTime::now(), self.config.format));
+        export::write_file(
+            &profile,
+            self.config.format,
+            Value::default_for(&profile),
+            &path,
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    }
+}

@@ -1,0 +1,765 @@
+//! Drawing the [`App`] onto a ratatui frame: header, sparklines, the stack table, status and
+//! key footer. Pure over the app state, so the tests draw on ratatui's `TestBackend`.
+
+use ratatui::{
+    layout::{Constraint, Layout, Rect},
+    style::{Modifier, Style, Stylize as _},
+    text::{Line, Span},
+    widgets::{Block, Cell, Clear, Paragraph, Row as TableRow, Sparkline, Table, Wrap},
+    Frame,
+};
+
+use super::{
+    app::App,
+    model::{self, compact_bytes, compact_count, relative_bound, Column, Picture},
+};
+use crate::summary;
+
+const KEYS: &str = "q quit ↑↓/jk move ⏎ expand s sort p pause / filter l leaks w write ? help";
+
+/// Draws the whole screen.
+pub fn draw(frame: &mut Frame, app: &mut App) {
+    let [header, sparks, table, status, footer] = Layout::vertical([
+        Constraint::Length(3),
+        Constraint::Length(if frame.area().height >= 20 { 3 } else { 0 }),
+        Constraint::Min(3),
+        Constraint::Length(1),
+        Constraint::Length(1),
+    ])
+    .areas(frame.area());
+    draw_header(frame, header, app);
+    draw_sparklines(frame, sparks, app.picture());
+    draw_table(frame, table, app);
+    draw_status(frame, status, app);
+    frame.render_widget(
+        Paragraph::new(KEYS).style(Style::new().add_modifier(Modifier::REVERSED)),
+        footer,
+    );
+    if app.help() {
+        draw_help(frame, app);
+    }
+}
+
+fn draw_header(frame: &mut Frame, area: Rect, app: &App) {
+    let picture = app.picture();
+    let settings = &picture.settings;
+    let targets: Vec<String> = picture
+        .targets
+        .iter()
+        .map(|t| {
+            let state = if t.exited { " exited" } else { "" };
+            format!("{} ({}){state}", t.pid, t.command)
+        })
+        .collect();
+    let mut first = vec![
+        Span::from("allocscope top").bold(),
+        Span::from(format!(" · pid {}", targets.join(", "))),
+        Span::from(format!(
+            " · {} · interval {} · {} bounds",
+            clock(picture.elapsed_seconds),
+            compact_bytes(settings.interval as f64),
+            summary::percent(settings.confidence)
+        )),
+    ];
+    if picture.finished {
+        first.push(Span::from("  EXITED").bold().red());
+    }
+    if app.paused() {
+        first.push(Span::from("  PAUSED").bold().yellow());
+    }
+    if app.leak_view() {
+        first.push(Span::from("  LEAKS").bold().magenta());
+    }
+    let totals = &picture.totals;
+    let sampled = model::sampled_rate(picture);
+    let window = model::seconds_label(settings.window_seconds);
+    let lost = if totals.lost > 0 {
+        Span::from(format!("lost {}", totals.lost)).red().bold()
+    } else {
+        Span::from("lost 0")
+    };
+    let second = Line::from(vec![
+        Span::from(format!(
+            "rate {window}  exact {}/s {} calls/s │ sampled {}/s {} │ {} smp/s │ ",
+            compact_bytes(totals.bytes_per_second),
+            compact_count(totals.calls_per_second),
+            compact_bytes(sampled.estimate),
+            relative_bound(&sampled),
+            format_rate(totals.samples_per_second),
+        )),
+        lost,
+    ]);
+    let rss: u64 = picture
+        .tally
+        .processes
+        .iter()
+        .filter_map(|p| p.rss_bytes)
+        .sum();
+    let untracked: u64 = picture
+        .tally
+        .processes
+        .iter()
+        .map(|p| p.untracked_samples)
+        .sum();
+    let live = match model::live_heap(picture) {
+        Some(live) => {
+            let mut text = format!(
+                "live heap {} (since attach) │ RSS {}",
+                model::bytes_cell(&live),
+                compact_bytes(rss as f64)
+            );
+            if untracked > 0 {
+                text.push_str(&format!(" · {untracked} untracked"));
+            }
+            text
+        }
+        None => format!(
+            "live heap not tracked (--alloc-only) · RSS {}",
+            compact_bytes(rss as f64)
+        ),
+    };
+    let third = format!(
+        "{live} │ probes ≈ {:.1}% of a core",
+        totals.probe_cores * 100.0
+    );
+    frame.render_widget(
+        Paragraph::new(vec![Line::from(first), second, Line::from(third)]),
+        area,
+    );
+}
+
+fn clock(seconds: f64) -> String {
+    let s = seconds.max(0.0) as u64;
+    if s >= 3600 {
+        format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+    } else {
+        format!("{}:{:02}", s / 60, s % 60)
+    }
+}
+
+fn format_rate(per_second: f64) -> String {
+    if per_second < 10.0 {
+        format!("{per_second:.1}")
+    } else {
+        compact_count(per_second)
+    }
+}
+
+fn draw_sparklines(frame: &mut Frame, area: Rect, picture: &Picture) {
+    if area.height == 0 {
+        return;
+    }
+    let [left, right] =
+        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
+    let rates: Vec<u64> = picture
+        .history
+        .iter()
+        .map(|p| p.bytes_per_second as u64)
+        .collect();
+    let live: Vec<u64> = picture
+        .history
+        .iter()
+        .map(|p| p.live_bytes as u64)
+        .collect();
+    let spark = |title: String, data: &[u64], area: Rect, frame: &mut Frame| {
+        // Newest at the right edge.
+        let width = area.width.saturating_sub(1) as usize;
+        let data = &data[data.len().saturating_sub(width)..];
+        frame.render_widget(
+            Sparkline::default()
+                .block(Block::new().title(title))
+                .data(data)
+                .style(Style::new().cyan()),
+            area,
+        );
+    };
+    let max_rate = rates.iter().copied().max().unwrap_or(0);
+    spark(
+        format!(
+            "alloc B/s, last {}s (max {})",
+            rates.len(),
+            compact_bytes(max_rate as f64)
+        ),
+        &rates,
+        left,
+        frame,
+    );
+    if picture.settings.alloc_only {
+        frame.render_widget(Paragraph::new("live heap: not tracked"), right);
+    } else {
+        let max_live = live.iter().copied().max().unwrap_or(0);
+        spark(
+            format!(
+                "live heap, last {}s (max {})",
+                live.len(),
+                compact_bytes(max_live as f64)
+            ),
+            &live,
+            right,
+            frame,
+        );
+    }
+}
+
+/// The columns that fit in `width`, leaving the function at least 30 cells.
+fn fitting_columns(all: &[Column], width: u16) -> Vec<Column> {
+    let mut columns: Vec<Column> = all.to_vec();
+    let needed =
+        |columns: &[Column]| -> u16 { columns.iter().map(|c| c.width() + 1).sum::<u16>() + 30 };
+    // Drop the least essential first: objects, the average rate, samples.
+    for drop in [
+        Column::Objects,
+        Column::LeakedObjects,
+        Column::Average,
+        Column::Samples,
+    ] {
+        if needed(&columns) <= width {
+            break;
+        }
+        if columns.len() > 1 {
+            columns.retain(|c| *c != drop);
+        }
+    }
+    while needed(&columns) > width && columns.len() > 1 {
+        columns.pop();
+    }
+    columns
+}
+
+fn draw_table(frame: &mut Frame, area: Rect, app: &mut App) {
+    let picture = app.picture();
+    let settings = picture.settings;
+    let columns = fitting_columns(app.columns(), area.width);
+    let sort = app.sort_column();
+    let header = TableRow::new(
+        columns
+            .iter()
+            .map(|c| {
+                let title = c.title(&settings);
+                let cell = if *c == sort {
+                    Cell::from(format!("{title}▼")).bold()
+                } else {
+                    Cell::from(title)
+                };
+                cell
+            })
+            .chain([Cell::from(if app.leak_view() {
+                "FUNCTION ← CALLER  (live longer than the leak age)"
+            } else {
+                "FUNCTION ← CALLER"
+            })]),
+    )
+    .style(Style::new().add_modifier(Modifier::REVERSED));
+    let height = area.height.saturating_sub(1) as usize;
+    app.page = height;
+    // Every display line: group rows, and under expanded ones their stacks.
+    let mut lines: Vec<TableRow> = Vec::new();
+    let (mut selected_start, mut selected_end) = (0, 0);
+    for (index, row) in app.rows().iter().enumerate() {
+        let selected = index == app.selected();
+        if selected {
+            selected_start = lines.len();
+        }
+        let uncertain = row.values.uncertain();
+        let mut style = Style::new();
+        if uncertain {
+            style = style.add_modifier(Modifier::DIM);
+        }
+        if selected {
+            style = style.add_modifier(Modifier::REVERSED);
+        }
+        let expander = if app.is_expanded(row) { "▾" } else { "▸" };
+        let marker = if uncertain { "~" } else { " " };
+        let mut label = format!("{expander}{marker}{}", row.label());
+        if !row.module.is_empty() {
+            label.push_str(&format!("  ({})", row.module));
+        }
+        if app.picture().targets.len() > 1 {
+            label = format!("{label}  [{}]", row.key.pid);
+        }
+        lines.push(
+            TableRow::new(
+                columns
+                    .iter()
+                    .map(|c| Cell::from(c.cell(&row.values)))
+                    .chain([Cell::from(label)]),
+            )
+            .style(style),
+        );
+        if app.is_expanded(row) {
+            let several = row.members.len() > 1;
+            for (m, member) in row.members.iter().enumerate() {
+                if several {
+                    lines.push(TableRow::new(
+                        columns
+                            .iter()
+                            .map(|c| Cell::from(c.cell(&member.values)).dim())
+                            .chain([Cell::from(format!(
+                                "  stack {} of {}",
+                                m + 1,
+                                row.members.len()
+                            ))
+                            .italic()]),
+                    ));
+                }
+                for (depth, text) in member.frames.iter().enumerate() {
+                    let branch = if depth + 1 == member.frames.len() {
+                        "└"
+                    } else {
+                        "│"
+                    };
+                    lines.push(TableRow::new(
+                        columns
+                            .iter()
+                            .map(|_| Cell::from(""))
+                            .chain([Cell::from(format!("  {branch} {text}")).dim()]),
+                    ));
+                }
+            }
+        }
+        if selected {
+            selected_end = lines.len().saturating_sub(1);
+        }
+    }
+    if lines.is_empty() {
+        let message = if app.filter().is_some() {
+            "no stack matches the filter (Esc clears it)"
+        } else if app.leak_view() {
+            "no sampled allocation has been live longer than the leak age yet"
+        } else {
+            "no samples yet: waiting for allocations"
+        };
+        lines.push(TableRow::new(
+            columns
+                .iter()
+                .map(|_| Cell::from(""))
+                .chain([Cell::from(message).italic()]),
+        ));
+    }
+    // Scroll so the selected row and as much of its expansion as fits are visible.
+    let mut offset = (selected_end + 1).saturating_sub(height);
+    offset = offset.min(selected_start);
+    let visible: Vec<TableRow> = lines.into_iter().skip(offset).take(height).collect();
+    let widths: Vec<Constraint> = columns
+        .iter()
+        .map(|c| Constraint::Length(c.width()))
+        .chain([Constraint::Min(10)])
+        .collect();
+    frame.render_widget(
+        Table::new(visible, widths).header(header).column_spacing(1),
+        area,
+    );
+}
+
+fn draw_status(frame: &mut Frame, area: Rect, app: &App) {
+    let line = if let Some(input) = app.input() {
+        Line::from(vec![
+            Span::from("filter (regex on function or module, Enter applies, Esc cancels): /")
+                .bold(),
+            Span::from(format!("{input}_")),
+        ])
+    } else {
+        let mut spans = Vec::new();
+        if let Some(filter) = app.filter() {
+            spans.push(Span::from(format!("filter /{filter}/ (Esc clears)  ")).yellow());
+        }
+        let rows = app.rows().len();
+        spans.push(Span::from(format!("{rows} groups  ")));
+        let uncertain = app.rows().iter().filter(|r| r.values.uncertain()).count();
+        if uncertain > 0 {
+            spans.push(
+                Span::from(format!(
+                    "~ = under {} samples ({uncertain})  ",
+                    model::UNCERTAIN_SAMPLES
+                ))
+                .dim(),
+            );
+        }
+        spans.push(Span::from(app.status().to_owned()));
+        Line::from(spans)
+    };
+    frame.render_widget(Paragraph::new(line), area);
+}
+
+fn draw_help(frame: &mut Frame, app: &App) {
+    let area = frame.area();
+    let width = area.width.min(76);
+    let height = area.height.min(20);
+    let popup = Rect {
+        x: area.x + (area.width - width) / 2,
+        y: area.y + (area.height - height) / 2,
+        width,
+        height,
+    };
+    let settings = &app.picture().settings;
+    let text = vec![
+        Line::from("Keys").bold(),
+        Line::from("  q, Ctrl-C   quit: restores the terminal, detaches every probe"),
+        Line::from("  ↑↓ j k      move     PgUp PgDn Home End  jump"),
+        Line::from("  Enter       expand/collapse the selected row's stacks"),
+        Line::from("  s           sort by the next column (▼ marks it)"),
+        Line::from("  p           pause the display (sampling goes on)"),
+        Line::from("  /           filter by function or module (regex); Esc clears"),
+        Line::from(format!(
+            "  l           leak view: live for longer than {}",
+            model::seconds_label(settings.leak_age_seconds)
+        )),
+        Line::from("  w           write a snapshot file now (--format, into --output)"),
+        Line::from(""),
+        Line::from("Numbers").bold(),
+        Line::from(format!(
+            "  Estimates from samples, ± is half the {} interval, relative.",
+            summary::percent(settings.confidence)
+        )),
+        Line::from(format!(
+            "  ~ marks rows with under {} samples: treat as rough.",
+            model::UNCERTAIN_SAMPLES
+        )),
+        Line::from("  Rows group stacks by allocating function and its caller."),
+        Line::from("  Live numbers count blocks allocated since allocscope attached."),
+    ];
+    frame.render_widget(Clear, popup);
+    frame.render_widget(
+        Paragraph::new(text)
+            .wrap(Wrap { trim: false })
+            .block(Block::bordered().title(" help (any key closes) ")),
+        popup,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use crossterm::event::{KeyCode, KeyEvent};
+    use ratatui::{backend::TestBackend, buffer::Buffer, Terminal};
+
+    use super::*;
+    use crate::{
+        profile::{ProcessTally, StackTally, Tally},
+        stacks::symbolize::FrameInfo,
+        stats::{SampleObs, SampleSet},
+        top::{
+            app::Action,
+            model::{rows, RowQuery, TargetState, Totals, ViewSettings},
+        },
+    };
+
+    const INTERVAL: u64 = 65536;
+
+    /// `n` samples of `size`-byte blocks.
+    fn samples(n: u64, size: u64) -> SampleSet {
+        let mut set = SampleSet::default();
+        for _ in 0..n {
+            set.add(SampleObs {
+                size,
+                offset: 0,
+                interval: INTERVAL,
+            });
+        }
+        set
+    }
+
+    fn frame(function: &str, module: &str, line: u32) -> FrameInfo {
+        FrameInfo {
+            function: Some(function.to_owned()),
+            module: Some(format!("/opt/app/{module}")),
+            file: Some("/src/app.c".to_owned()),
+            line: Some(line),
+            address: 0x1000 + u64::from(line),
+        }
+    }
+
+    /// `(function, caller, module, all, live, recent)` per stack.
+    fn stack(
+        function: &str,
+        caller: &str,
+        module: &str,
+        all: u64,
+        live: u64,
+        recent: u64,
+    ) -> StackTally {
+        StackTally {
+            pid: 42,
+            frames: vec![
+                frame(function, module, 10),
+                frame(caller, module, 20),
+                frame("main", "app", 30),
+            ],
+            all: samples(all, 4096),
+            live: samples(live, 4096),
+            leaked: samples(live / 2, 4096),
+            recent: samples(recent, 4096),
+        }
+    }
+
+    /// Four groups, one of them two stacks; `rare_site` has two samples (uncertain).
+    fn picture() -> Picture {
+        Picture {
+            elapsed_seconds: 30.0,
+            settings: ViewSettings {
+                interval: INTERVAL,
+                window_seconds: 10.0,
+                ..ViewSettings::default()
+            },
+            targets: vec![TargetState {
+                pid: 42,
+                command: "app".into(),
+                exited: false,
+            }],
+            totals: Totals {
+                calls_per_second: 12_000.0,
+                bytes_per_second: 3.0e6,
+                samples_per_second: 45.0,
+                lost: 0,
+                probe_cores: 0.015,
+            },
+            tally: Tally {
+                stacks: vec![
+                    stack("hot_alloc", "parse_request", "app", 400, 10, 200),
+                    stack("grow_cache", "handle", "libcache.so", 150, 140, 20),
+                    // Same function and caller, reached from elsewhere: one group.
+                    StackTally {
+                        frames: vec![
+                            frame("grow_cache", "libcache.so", 10),
+                            frame("handle", "libcache.so", 20),
+                            frame("worker", "app", 40),
+                        ],
+                        ..stack("grow_cache", "handle", "libcache.so", 50, 50, 5)
+                    },
+                    stack("rare_site", "startup", "app", 2, 2, 0),
+                    stack("churn", "loop_body", "app", 100, 0, 60),
+                ],
+                processes: vec![ProcessTally {
+                    pid: 42,
+                    command: "app".into(),
+                    rss_bytes: Some(64 << 20),
+                    untracked_samples: 0,
+                }],
+                recent_seconds: 10.0,
+            },
+            history: (0..60)
+                .map(|i| model::HistoryPoint {
+                    bytes_per_second: 3.0e6,
+                    live_bytes: f64::from(i) * 1e5,
+                })
+                .collect(),
+            finished: false,
+        }
+    }
+
+    fn app() -> App {
+        let mut app = App::default();
+        app.update(picture());
+        app
+    }
+
+    fn render(app: &mut App, width: u16, height: u16) -> Buffer {
+        let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
+        terminal.draw(|frame| draw(frame, app)).unwrap();
+        terminal.backend().buffer().clone()
+    }
+
+    fn text(buffer: &Buffer) -> String {
+        let area = buffer.area;
+        (0..area.height)
+            .map(|y| {
+                (0..area.width)
+                    .map(|x| buffer[(x, y)].symbol())
+                    .collect::<String>()
+                    .trim_end()
+                    .to_owned()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The row (line index) whose text contains `needle`.
+    fn line_of(buffer: &Buffer, needle: &str) -> u16 {
+        let screen = text(buffer);
+        screen
+            .lines()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("{needle:?} not on screen:\n{screen}")) as u16
+    }
+
+    fn key(code: KeyCode) -> KeyEvent {
+        KeyEvent::from(code)
+    }
+
+    fn press(app: &mut App, keys: &str) {
+        for c in keys.chars() {
+            app.on_key(key(KeyCode::Char(c)));
+        }
+    }
+
+    #[test]
+    fn stacks_group_by_function_and_caller_with_merged_bounds() {
+        let rows = rows(&picture(), &RowQuery::default());
+        let labels: Vec<String> = rows.iter().map(|r| r.label()).collect();
+        // Sorted by the window's rate: 200, 60, 25 (two stacks), 0 recent samples.
+        assert_eq!(
+            labels,
+            [
+                "hot_alloc ← parse_request",
+                "churn ← loop_body",
+                "grow_cache ← handle",
+                "rare_site ← startup"
+            ]
+        );
+        let grow = &rows[2];
+        assert_eq!(grow.members.len(), 2);
+        assert_eq!(grow.values.samples, 200);
+        // The group's estimate is the sum of its members' (Horvitz-Thompson is additive)...
+        let sum: f64 = grow
+            .members
+            .iter()
+            .map(|m| m.values.live.unwrap().estimate)
+            .sum();
+        let live = grow.values.live.unwrap();
+        assert!((live.estimate - sum).abs() < 1e-6 * sum);
+        // ...but its interval is the group's own, narrower than the sum of the members'.
+        let summed_width: f64 = grow
+            .members
+            .iter()
+            .map(|m| m.values.live.unwrap().upper - m.values.live.unwrap().lower)
+            .sum();
+        assert!(live.upper - live.lower < summed_width);
+        assert!(rows[3].values.uncertain() && !rows[0].values.uncertain());
+    }
+
+    #[test]
+    fn renders_in_80_by_24_with_uncertain_rows_marked() {
+        let mut app = app();
+        let buffer = render(&mut app, 80, 24);
+        let screen = text(&buffer);
+        assert!(screen.contains("pid 42 (app)"), "{screen}");
+        assert!(screen.contains("RSS 64.0M"), "{screen}");
+        assert!(screen.contains("probes ≈ 1.5% of a core"), "{screen}");
+        assert!(screen.contains("RATE 10s▼"), "{screen}");
+        assert!(screen.contains("q quit"), "footer:\n{screen}");
+        // 80 columns: the objects column gives way, the function keeps 30+ cells.
+        assert!(!screen.contains("LIVE OBJ"), "{screen}");
+        assert!(
+            screen.contains("▸ hot_alloc ← parse_request  (app)"),
+            "{screen}"
+        );
+        // The uncertain row: a `~` and dimmed; certain rows are not.
+        let rare = line_of(&buffer, "rare_site");
+        let hot = line_of(&buffer, "hot_alloc");
+        assert!(screen
+            .lines()
+            .nth(rare as usize)
+            .unwrap()
+            .contains("▸~rare_site"));
+        assert!(buffer[(0, rare)].modifier.contains(Modifier::DIM));
+        assert!(!buffer[(0, hot)].modifier.contains(Modifier::DIM));
+        // The first row is selected (reversed).
+        assert!(buffer[(0, hot)].modifier.contains(Modifier::REVERSED));
+        assert!(screen.contains("~ = under 5 samples (1)"), "{screen}");
+        // Wider: every column.
+        let wide = text(&render(&mut app, 120, 30));
+        assert!(wide.contains("LIVE OBJ"), "{wide}");
+    }
+
+    #[test]
+    fn narrow_and_tiny_terminals_still_draw() {
+        let mut app = app();
+        let screen = text(&render(&mut app, 50, 12));
+        assert!(screen.contains("hot_alloc"), "{screen}");
+        assert!(screen.contains("RATE 10s"), "{screen}");
+        assert!(!screen.contains("RATE all"), "{screen}");
+        // Too small to be useful, but no panic.
+        render(&mut app, 10, 4);
+        render(&mut app, 1, 1);
+    }
+
+    #[test]
+    fn keys_sort_expand_filter_and_toggle_views() {
+        let mut app = app();
+        // s: sort by the next column (the average rate), then live bytes.
+        press(&mut app, "s");
+        assert_eq!(app.sort_column(), Column::Average);
+        press(&mut app, "s");
+        assert_eq!(app.sort_column(), Column::Live);
+        let screen = text(&render(&mut app, 100, 30));
+        assert!(screen.contains("LIVE▼"), "{screen}");
+        assert_eq!(app.rows()[0].key.function, "grow_cache");
+        // The selection stayed on hot_alloc, now further down; Enter expands it.
+        let selected = &app.rows()[app.selected()];
+        assert_eq!(selected.key.function, "hot_alloc");
+        app.on_key(key(KeyCode::Enter));
+        let screen = text(&render(&mut app, 100, 30));
+        assert!(screen.contains("▾ hot_alloc"), "{screen}");
+        assert!(screen.contains("│ parse_request  app.c:20"), "{screen}");
+        assert!(screen.contains("└ main  app.c:30"), "{screen}");
+        // A group of two stacks shows each with its own numbers.
+        app.on_key(key(KeyCode::Home));
+        app.on_key(key(KeyCode::Enter));
+        let screen = text(&render(&mut app, 100, 40));
+        assert!(screen.contains("stack 1 of 2"), "{screen}");
+        assert!(screen.contains("└ worker  app.c:40"), "{screen}");
+        // /: a regex on functions or modules.
+        press(&mut app, "/libcache");
+        assert_eq!(app.input(), Some("libcache"));
+        app.on_key(key(KeyCode::Enter));
+        assert_eq!(app.rows().len(), 1);
+        let screen = text(&render(&mut app, 100, 30));
+        assert!(screen.contains("filter /libcache/"), "{screen}");
+        assert!(!screen.contains("hot_alloc"), "{screen}");
+        // A bad regex is refused with a message; the old filter stays.
+        press(&mut app, "/(");
+        app.on_key(key(KeyCode::Enter));
+        assert!(app.status().contains("invalid regex"), "{}", app.status());
+        assert_eq!(app.filter(), Some("libcache"));
+        app.on_key(key(KeyCode::Esc));
+        assert_eq!(app.rows().len(), 4);
+        // l: only stacks with blocks live longer than the leak age.
+        press(&mut app, "l");
+        let screen = text(&render(&mut app, 100, 30));
+        assert!(
+            screen.contains("LEAKS") && screen.contains(">30s LIVE▼"),
+            "{screen}"
+        );
+        assert!(!screen.contains("churn"), "{screen}");
+        press(&mut app, "l");
+        // p: pictures are ignored until p again.
+        press(&mut app, "p");
+        let mut later = picture();
+        later.elapsed_seconds = 99.0;
+        app.update(later.clone());
+        assert_eq!(app.picture().elapsed_seconds, 30.0);
+        assert!(text(&render(&mut app, 100, 30)).contains("PAUSED"));
+        press(&mut app, "p");
+        app.update(later);
+        assert_eq!(app.picture().elapsed_seconds, 99.0);
+        // ?: help; any key closes it.
+        press(&mut app, "?");
+        assert!(text(&render(&mut app, 80, 24)).contains("help (any key closes)"));
+        press(&mut app, "x");
+        assert!(!app.help());
+        assert_eq!(app.on_key(key(KeyCode::Char('w'))), Action::WriteSnapshot);
+        assert_eq!(app.on_key(key(KeyCode::Char('q'))), Action::Quit);
+    }
+
+    #[test]
+    fn exited_and_alloc_only_pictures() {
+        let mut app = App::default();
+        let mut p = picture();
+        p.finished = true;
+        p.targets[0].exited = true;
+        p.settings.alloc_only = true;
+        app.update(p);
+        let screen = text(&render(&mut app, 100, 30));
+        assert!(
+            screen.contains("42 (app) exited") && screen.contains("EXITED"),
+            "{screen}"
+        );
+        assert!(screen.contains("live heap not tracked"), "{screen}");
+        assert!(!screen.contains("LIVE"), "{screen}");
+        press(&mut app, "l");
+        assert!(app.status().contains("--alloc-only"));
+        // No samples yet: the table says so.
+        let mut empty = App::default();
+        empty.update(Picture::default());
+        assert!(text(&render(&mut empty, 80, 24)).contains("no samples yet"));
+    }
+}

@@ -1,0 +1,299 @@
+//! `allocscope top` in a real terminal: tmux runs it on a paced workload of known call sites,
+//! `send-keys` drives it, `capture-pane` shows what a user would see.
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use tests::{allocscope, bpf_available, first_byte, wait_until, Fixture, TempDir, INT3};
+
+/// A private tmux server (its own socket), killed on drop.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    /// Starts `command` (run by sh) in a detached session of `width`×`height`.
+    fn start(name: &str, command: &str, width: u16, height: u16) -> Tmux {
+        let tmux = Tmux {
+            socket: format!("allocscope-{name}-{}", std::process::id()),
+        };
+        let ok = tmux
+            .command()
+            .args(["new-session", "-d", "-s", "top"])
+            .args(["-x", &width.to_string(), "-y", &height.to_string()])
+            .arg(command)
+            .status()
+            .expect("running tmux (cargo xtask setup installs it)")
+            .success();
+        assert!(ok, "tmux new-session failed");
+        tmux
+    }
+
+    fn command(&self) -> Command {
+        let mut command = Command::new("tmux");
+        command.args(["-L", &self.socket]);
+        command
+    }
+
+    /// Sends keys (tmux key names: `Enter`, `Escape`, `q`, or literal text).
+    fn send(&self, keys: &[&str]) {
+        let ok = self
+            .command()
+            .args(["send-keys", "-t", "top"])
+            .args(keys)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "tmux send-keys {keys:?} failed");
+    }
+
+    /// The screen's text now.
+    fn screen(&self) -> String {
+        let out = self
+            .command()
+            .args(["capture-pane", "-p", "-t", "top"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits until the screen satisfies `predicate`; panics with the screen otherwise.
+    fn wait_for(&self, what: &str, timeout: Duration, predicate: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let screen = self.screen();
+            if predicate(&screen) {
+                return screen;
+            }
+            if Instant::now() > deadline {
+                panic!("timed out waiting for {what}; the screen shows:\n{screen}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.command().arg("kill-server").status();
+    }
+}
+
+/// `12.3M/s` → bytes per second.
+fn parse_rate(cell: &str) -> f64 {
+    let number = cell.trim_end_matches("/s");
+    let (digits, unit) = number.split_at(number.len() - 1);
+    let scale = match unit {
+        "B" => 1.0,
+        "K" => 1024.0,
+        "M" => 1024.0 * 1024.0,
+        "G" => 1024.0 * 1024.0 * 1024.0,
+        _ => panic!("unexpected unit in {cell:?}"),
+    };
+    digits.parse::<f64>().unwrap() * scale
+}
+
+/// The first cell (the sort column's value) of the row whose label contains `site`.
+fn first_cell<'a>(screen: &'a str, site: &str) -> &'a str {
+    screen
+        .lines()
+        .find(|line| line.contains(&format!("{site} ←")))
+        .and_then(|line| line.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no row for {site}:\n{screen}"))
+}
+
+fn start_fixture() -> (Fixture, u64) {
+    let mut fixture = Fixture::start("top", &[], &[]);
+    let line = fixture.line();
+    let address = line
+        .strip_prefix("malloc 0x")
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        .unwrap_or_else(|| panic!("fixture said {line:?}"));
+    (fixture, address)
+}
+
+fn top_command(pid: u32, dir: &TempDir, extra: &str) -> String {
+    format!(
+        "{} top -p {pid} -i 64KiB --leaks-older-than 2s -o {} {extra} 2>{}; echo $? >{}; sleep 600",
+        allocscope().display(),
+        dir.0.display(),
+        dir.path("stderr").display(),
+        dir.path("exit").display(),
+    )
+}
+
+fn exit_status(dir: &TempDir) -> Option<String> {
+    std::fs::read_to_string(dir.path("exit"))
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+#[test]
+fn top_shows_known_sites_and_obeys_keys_in_a_real_terminal() {
+    if !bpf_available("top_shows_known_sites_and_obeys_keys_in_a_real_terminal") {
+        return;
+    }
+    let (mut fixture, malloc) = start_fixture();
+    let pid = fixture.pid();
+    let dir = TempDir::new("top-keys");
+    let tmux = Tmux::start("keys", &top_command(pid, &dir, ""), 80, 24);
+
+    // The header names the target; after the window fills, both churn sites have rates.
+    let screen = tmux.wait_for("both churn sites", Duration::from_secs(20), |s| {
+        s.contains("churn_buffers ←") && s.contains("churn_strings ←") && s.contains("0:06")
+    });
+    assert!(screen.contains(&format!("pid {pid} (top)")), "{screen}");
+    assert_eq!(
+        first_byte(pid, malloc),
+        INT3,
+        "malloc is probed while top runs"
+    );
+    // Default sort: the window's rate, so churn_buffers (25.6x churn_strings) comes first.
+    let buffers = screen.find("churn_buffers ←").unwrap();
+    let strings = screen.find("churn_strings ←").unwrap();
+    assert!(buffers < strings, "rate order:\n{screen}");
+    let ratio = parse_rate(first_cell(&screen, "churn_buffers"))
+        / parse_rate(first_cell(&screen, "churn_strings"));
+    assert!(
+        (17.0..=38.0).contains(&ratio),
+        "churn_buffers/churn_strings rate ratio {ratio}, expected 25.6:\n{screen}"
+    );
+    assert!(screen.contains("RATE 10s▼"), "{screen}");
+
+    // s: the next column sorts.
+    tmux.send(&["s"]);
+    tmux.wait_for("sort by RATE all", Duration::from_secs(5), |s| {
+        s.contains("RATE all▼")
+    });
+
+    // /: filter by function; only matching groups stay.
+    tmux.send(&["/"]);
+    tmux.send(&["-l", "strings"]);
+    tmux.send(&["Enter"]);
+    let screen = tmux.wait_for("the filter", Duration::from_secs(5), |s| {
+        s.contains("filter /strings/") && !s.contains("churn_buffers ←")
+    });
+    assert!(screen.contains("churn_strings ←"), "{screen}");
+
+    // Enter: the full stack of the selected group, with source lines.
+    tmux.send(&["Enter"]);
+    let screen = tmux.wait_for("the expanded stack", Duration::from_secs(5), |s| {
+        s.contains("│ main") || s.contains("└ main")
+    });
+    assert!(screen.contains("top.c:"), "{screen}");
+    tmux.send(&["Escape"]);
+    tmux.wait_for("the filter cleared", Duration::from_secs(5), |s| {
+        s.contains("churn_buffers ←")
+    });
+
+    // l: the leak view lists what stays live longer than 2 s: grow_cache, not the churn.
+    tmux.send(&["l"]);
+    let screen = tmux.wait_for("the leak view", Duration::from_secs(10), |s| {
+        s.contains("LEAKS") && s.contains("grow_cache ←")
+    });
+    assert!(!screen.contains("churn_buffers ←"), "{screen}");
+    assert!(!screen.contains("churn_strings ←"), "{screen}");
+    tmux.send(&["l"]);
+
+    // w: a snapshot file, named in the status line, that `report` reads.
+    tmux.send(&["w"]);
+    let screen = tmux.wait_for("the snapshot", Duration::from_secs(10), |s| {
+        s.contains("wrote ")
+    });
+    let written: Vec<_> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("allocscope-") && n.ends_with(".json"))
+        .collect();
+    assert_eq!(written.len(), 1, "{written:?}\n{screen}");
+    let profile: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path(&written[0])).unwrap()).unwrap();
+    let text = profile.to_string();
+    assert!(text.contains("grow_cache") && text.contains("churn_buffers"));
+
+    // q: the terminal is restored, every probe detached, the target keeps running.
+    tmux.send(&["q"]);
+    assert!(
+        wait_until(Duration::from_secs(10), || exit_status(&dir).is_some()),
+        "top did not exit after q:\n{}",
+        tmux.screen()
+    );
+    assert_eq!(exit_status(&dir).as_deref(), Some("0"));
+    let screen = tmux.screen();
+    assert!(
+        !screen.contains("RATE 10s"),
+        "alternate screen left:\n{screen}"
+    );
+    let stderr = std::fs::read_to_string(dir.path("stderr")).unwrap();
+    assert!(
+        stderr.contains(&format!("detached from pid {pid}")),
+        "{stderr}"
+    );
+    assert_ne!(first_byte(pid, malloc), INT3, "malloc still probed after q");
+    // Still allocating, unprobed: it prints progress again.
+    let before = fixture.line();
+    let after = fixture.line();
+    assert_ne!(before, after);
+    assert!(
+        fixture.child.try_wait().unwrap().is_none(),
+        "the target died"
+    );
+}
+
+#[test]
+fn top_survives_sigterm_and_target_exit() {
+    if !bpf_available("top_survives_sigterm_and_target_exit") {
+        return;
+    }
+    // A target that exits: its last picture stays, marked exited; q still leaves cleanly.
+    let (mut fixture, _) = start_fixture();
+    let pid = fixture.pid();
+    let dir = TempDir::new("top-exit");
+    let tmux = Tmux::start("exit", &top_command(pid, &dir, ""), 100, 30);
+    tmux.wait_for("a first row", Duration::from_secs(20), |s| {
+        s.contains("churn_buffers ←")
+    });
+    fixture.child.kill().unwrap();
+    fixture.child.wait().unwrap();
+    let screen = tmux.wait_for("EXITED", Duration::from_secs(10), |s| s.contains("EXITED"));
+    assert!(screen.contains(&format!("{pid} (top) exited")), "{screen}");
+    assert!(
+        screen.contains("churn_buffers ←"),
+        "the last picture stays:\n{screen}"
+    );
+    tmux.send(&["q"]);
+    assert!(wait_until(Duration::from_secs(10), || exit_status(&dir).is_some()));
+    assert_eq!(exit_status(&dir).as_deref(), Some("0"));
+
+    // SIGTERM: the terminal is restored and every probe detached.
+    let (fixture, malloc) = start_fixture();
+    let pid = fixture.pid();
+    let dir = TempDir::new("top-term");
+    let tmux = Tmux::start("term", &top_command(pid, &dir, ""), 80, 24);
+    tmux.wait_for("a first row", Duration::from_secs(20), |s| {
+        s.contains("churn_buffers ←")
+    });
+    assert_eq!(first_byte(pid, malloc), INT3);
+    let killed = Command::new("pkill")
+        .args(["-TERM", "-f"])
+        .arg(format!("^{} top -p {pid} ", allocscope().display()))
+        .status()
+        .unwrap();
+    assert!(killed.success(), "no allocscope top process to signal");
+    assert!(
+        wait_until(Duration::from_secs(10), || exit_status(&dir).is_some()),
+        "top did not exit on SIGTERM:\n{}",
+        tmux.screen()
+    );
+    assert_eq!(exit_status(&dir).as_deref(), Some("0"));
+    assert!(!tmux.screen().contains("RATE 10s"), "alternate screen left");
+    assert_ne!(
+        first_byte(pid, malloc),
+        INT3,
+        "malloc still probed after SIGTERM"
+    );
+    drop(fixture);
+}
