@@ -27,7 +27,11 @@ use crate::{
 /// Runs every check that can fail on bad input, then (for `-- CMD`) forks the paused
 /// child. Must run before any thread exists.
 pub fn prepare(config: &RecordConfig) -> Result<Prepared, BadInput> {
-    recording::prepare(&config.targets, || preflight::check_output(&config.output))
+    recording::prepare(
+        &config.targets,
+        || preflight::check_output(&config.output),
+        || Ok(None),
+    )
 }
 
 /// Why recording stopped.

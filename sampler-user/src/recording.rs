@@ -33,10 +33,12 @@ pub struct Prepared {
 }
 
 /// Runs every check that can fail on bad input (privileges, targets, then the caller's own
-/// `check`), then for `-- CMD` forks the paused child. Must run before any thread exists.
+/// `check`), then for `-- CMD` forks the paused child, its stdin and output redirected when
+/// `redirect` is given. Must run before any thread exists.
 pub fn prepare(
     targets: &Targets,
     check: impl FnOnce() -> Result<(), BadInput>,
+    redirect: impl FnOnce() -> Result<Option<spawn::Redirect>, BadInput>,
 ) -> Result<Prepared, BadInput> {
     preflight::check_privileges()?;
     let mut resolved = match targets {
@@ -60,7 +62,7 @@ pub fn prepare(
     let mut command = String::new();
     if let Targets::Command(argv) = targets {
         command = argv[0].to_string_lossy().into_owned();
-        let paused = spawn::spawn_paused(argv)
+        let paused = spawn::spawn_paused(argv, redirect()?)
             .map_err(|e| BadInput(format!("cannot start {command}: {e}")))?;
         resolved[0].pid = paused.pid;
         child = Some(paused);

@@ -34,8 +34,18 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// Forks a child that will exec `argv` once released. Call before any thread is started.
-pub fn spawn_paused(argv: &[OsString]) -> io::Result<PausedChild> {
+/// Where a spawned command's standard streams go instead of ours.
+#[derive(Debug)]
+pub struct Redirect {
+    /// Standard input (e.g. /dev/null).
+    pub stdin: OwnedFd,
+    /// Standard output and error.
+    pub output: OwnedFd,
+}
+
+/// Forks a child that will exec `argv` once released, with its standard streams redirected
+/// when `redirect` is given. Call before any thread is started.
+pub fn spawn_paused(argv: &[OsString], redirect: Option<Redirect>) -> io::Result<PausedChild> {
     let args: Vec<CString> = argv
         .iter()
         .map(|a| CString::new(a.as_bytes()).map_err(|_| io::Error::other("argument contains NUL")))
@@ -53,6 +63,11 @@ pub fn spawn_paused(argv: &[OsString]) -> io::Result<PausedChild> {
     if pid == 0 {
         // SAFETY: child side, see above.
         unsafe {
+            if let Some(redirect) = &redirect {
+                libc::dup2(redirect.stdin.as_raw_fd(), 0);
+                libc::dup2(redirect.output.as_raw_fd(), 1);
+                libc::dup2(redirect.output.as_raw_fd(), 2);
+            }
             let mut byte = 0u8;
             if libc::read(go_read.as_raw_fd(), (&raw mut byte).cast(), 1) == 1 {
                 libc::execvp(pointers[0], pointers.as_ptr());
@@ -62,7 +77,7 @@ pub fn spawn_paused(argv: &[OsString]) -> io::Result<PausedChild> {
             libc::_exit(127);
         }
     }
-    drop((go_read, status_write));
+    drop((go_read, status_write, redirect));
     Ok(PausedChild {
         pid: pid as u32,
         go: go_write,

@@ -27,13 +27,14 @@ use self::{
     screen::{FromScreen, ToScreen},
 };
 use crate::{
-    config::{BadInput, TopConfig},
+    config::{BadInput, Targets, TopConfig},
     export::{self, Value},
     preflight,
     probe::attach::ReturnProbes,
     profile::Settings,
     record::snapshot_name,
     recording::{self, monotonic_ns, Happening, Prepared, Recording},
+    spawn,
 };
 
 /// Seconds of history the sparklines show.
@@ -49,10 +50,29 @@ pub fn prepare(config: &TopConfig) -> Result<Prepared, BadInput> {
                 .into(),
         ));
     }
-    recording::prepare(&config.targets, || {
-        preflight::check_snapshot_dir(&config.snapshot_dir)
+    recording::prepare(
+        &config.targets,
+        || preflight::check_snapshot_dir(&config.snapshot_dir),
+        || command_output(config).map(Some),
+    )
+}
+
+/// A command started under the view must neither draw on the screen nor read the keys: its
+/// stdin is /dev/null and its output goes to [`COMMAND_LOG`] in the snapshot directory.
+fn command_output(config: &TopConfig) -> Result<spawn::Redirect, BadInput> {
+    let path = config.snapshot_dir.join(COMMAND_LOG);
+    let output = std::fs::File::create(&path)
+        .map_err(|e| BadInput(format!("cannot create {}: {e}", path.display())))?;
+    let stdin = std::fs::File::open("/dev/null")
+        .map_err(|e| BadInput(format!("cannot open /dev/null: {e}")))?;
+    Ok(spawn::Redirect {
+        stdin: stdin.into(),
+        output: output.into(),
     })
 }
+
+/// Where the output of `top -- CMD` goes (in the `-o` directory).
+pub const COMMAND_LOG: &str = "allocscope-command.log";
 
 /// Log records while the screen is up: kept in memory, the latest shown in the status line,
 /// all of them printed once the terminal is restored.
@@ -141,6 +161,13 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
         // A busy screen skips a picture; the next one carries everything.
         Ok(()) | Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {}
     };
+    if let Targets::Command(argv) = &watch.config.targets {
+        send(ToScreen::Status(format!(
+            "{}'s output goes to {}",
+            argv[0].to_string_lossy(),
+            watch.config.snapshot_dir.join(COMMAND_LOG).display()
+        )));
+    }
     let outcome: anyhow::Result<()> = loop {
         tokio::select! {
             happened = recording.next(), if !watch.finished => {
