@@ -297,3 +297,50 @@ fn top_survives_sigterm_and_target_exit() {
     );
     drop(fixture);
 }
+
+#[test]
+fn top_runs_a_command_without_letting_it_touch_the_screen() {
+    if !bpf_available("top_runs_a_command_without_letting_it_touch_the_screen") {
+        return;
+    }
+    let program = tests::fixture("top", &[]);
+    let dir = TempDir::new("top-command");
+    let command = format!(
+        "{} top -i 64KiB -o {} -- {} 2>{}; echo $? >{}; sleep 600",
+        allocscope().display(),
+        dir.0.display(),
+        program.display(),
+        dir.path("stderr").display(),
+        dir.path("exit").display(),
+    );
+    let tmux = Tmux::start("command", &command, 80, 24);
+    let screen = tmux.wait_for("the command's sites", Duration::from_secs(20), |s| {
+        s.contains("churn_buffers ←") && s.contains("0:02")
+    });
+    // Its output went to the log, not over the view.
+    assert!(!screen.contains("progress"), "{screen}");
+    let log = dir.path("allocscope-command.log");
+    assert!(
+        wait_until(Duration::from_secs(5), || std::fs::read_to_string(&log)
+            .is_ok_and(|l| l.contains("progress 1"))),
+        "no output in {}",
+        log.display()
+    );
+    let pid: u32 = screen
+        .split("pid ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in the header:\n{screen}"));
+    tmux.send(&["q"]);
+    assert!(wait_until(Duration::from_secs(10), || exit_status(&dir).is_some()));
+    assert_eq!(exit_status(&dir).as_deref(), Some("0"));
+    // The command was started for the view: it stops with it.
+    assert!(
+        wait_until(Duration::from_secs(5), || !std::path::Path::new(&format!(
+            "/proc/{pid}/exe"
+        ))
+        .exists()),
+        "the command (pid {pid}) still runs after q"
+    );
+}

@@ -169,6 +169,11 @@ pub fn attach(config: KernelConfig, targets: &[Target]) -> Result<Probes, Attach
         .load(SAMPLER_OBJECT)?;
     let mut points = Vec::new();
     let tracking = config.track_frees.is_some();
+    if tracking {
+        // `free` first: a block sampled in the moments between attaching the allocation
+        // probes and this one would otherwise have its free missed and stay "live" forever.
+        points.extend(attach_free(&mut ebpf, targets)?);
+    }
     let sessions = if tracking && config.sessions {
         match session::attach(&ebpf, SAMPLER_OBJECT, targets) {
             Ok(sessions) => Some(sessions),
@@ -220,9 +225,6 @@ pub fn attach(config: KernelConfig, targets: &[Target]) -> Result<Probes, Attach
     }
     if tracking && sessions.is_none() {
         points.extend(attach_return_probes(&mut ebpf, targets)?);
-    }
-    if tracking {
-        points.extend(attach_free(&mut ebpf, targets)?);
     }
     let returns = match (tracking, &sessions) {
         (false, _) => ReturnProbes::None,

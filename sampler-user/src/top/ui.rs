@@ -236,18 +236,13 @@ fn draw_table(frame: &mut Frame, area: Rect, app: &mut App) {
             .iter()
             .map(|c| {
                 let title = c.title(&settings);
-                let cell = if *c == sort {
+                if *c == sort {
                     Cell::from(format!("{title}▼")).bold()
                 } else {
                     Cell::from(title)
-                };
-                cell
+                }
             })
-            .chain([Cell::from(if app.leak_view() {
-                "FUNCTION ← CALLER  (live longer than the leak age)"
-            } else {
-                "FUNCTION ← CALLER"
-            })]),
+            .chain([Cell::from("FUNCTION ← CALLER")]),
     )
     .style(Style::new().add_modifier(Modifier::REVERSED));
     let height = area.height.saturating_sub(1) as usize;
