@@ -328,38 +328,26 @@ pub fn relative_bound(estimate: &Estimate) -> String {
 
 /// `12.3M ±8%`, or `<12.3M` (the upper bound) with no samples.
 pub fn bytes_cell(estimate: &Estimate) -> String {
-    if estimate.samples == 0 {
-        format!("<{}", compact_bytes(estimate.upper))
-    } else {
-        format!(
-            "{} {}",
-            compact_bytes(estimate.estimate),
-            relative_bound(estimate)
-        )
-    }
+    cell(estimate, compact_bytes, "")
 }
 
 /// `12.3M/s ±8%`, or `<12.3M/s` with no samples.
 pub fn rate_cell(estimate: &Estimate) -> String {
-    if estimate.samples == 0 {
-        format!("<{}/s", compact_bytes(estimate.upper))
-    } else {
-        format!(
-            "{}/s {}",
-            compact_bytes(estimate.estimate),
-            relative_bound(estimate)
-        )
-    }
+    cell(estimate, compact_bytes, "/s")
 }
 
 /// `4.5k ±8%`, or `<30` with no samples.
 pub fn count_cell(estimate: &Estimate) -> String {
+    cell(estimate, compact_count, "")
+}
+
+fn cell(estimate: &Estimate, number: fn(f64) -> String, unit: &str) -> String {
     if estimate.samples == 0 {
-        format!("<{}", compact_count(estimate.upper))
+        format!("<{}{unit}", number(estimate.upper))
     } else {
         format!(
-            "{} {}",
-            compact_count(estimate.estimate),
+            "{}{unit} {}",
+            number(estimate.estimate),
             relative_bound(estimate)
         )
     }

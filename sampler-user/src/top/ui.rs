@@ -303,11 +303,9 @@ fn draw_table(frame: &mut Frame, area: Rect, app: &mut App) {
                     } else {
                         "│"
                     };
-                    lines.push(TableRow::new(
-                        columns
-                            .iter()
-                            .map(|_| Cell::from(""))
-                            .chain([Cell::from(format!("  {branch} {text}")).dim()]),
+                    lines.push(name_only(
+                        &columns,
+                        Cell::from(format!("  {branch} {text}")).dim(),
                     ));
                 }
             }
@@ -324,12 +322,7 @@ fn draw_table(frame: &mut Frame, area: Rect, app: &mut App) {
         } else {
             "no samples yet: waiting for allocations"
         };
-        lines.push(TableRow::new(
-            columns
-                .iter()
-                .map(|_| Cell::from(""))
-                .chain([Cell::from(message).italic()]),
-        ));
+        lines.push(name_only(&columns, Cell::from(message).italic()));
     }
     // Scroll so the selected row and as much of its expansion as fits are visible.
     let mut offset = (selected_end + 1).saturating_sub(height);
@@ -344,6 +337,11 @@ fn draw_table(frame: &mut Frame, area: Rect, app: &mut App) {
         Table::new(visible, widths).header(header).column_spacing(1),
         area,
     );
+}
+
+/// A table line with only the name column filled.
+fn name_only<'a>(columns: &[Column], name: Cell<'a>) -> TableRow<'a> {
+    TableRow::new(columns.iter().map(|_| Cell::from("")).chain([name]))
 }
 
 fn draw_status(frame: &mut Frame, area: Rect, app: &App) {
