@@ -7,6 +7,7 @@ use sampler_common::geometric::MAX_INTERVAL;
 use crate::{
     cli::{RecordArgs, SamplingArgs, TargetArgs, TopArgs},
     export::{Format, Value},
+    profile::Settings,
 };
 
 /// An error in the user's input, reported before anything is attached (exit code 2).
@@ -54,6 +55,20 @@ pub struct SamplingConfig {
     pub confidence: f64,
     /// Verbose diagnostics.
     pub verbose: bool,
+}
+
+impl SamplingConfig {
+    /// The settings a profile records: these, `recorded` long, with leak candidates older
+    /// than `leaks_older_than` (ignored without free tracking).
+    pub fn settings(&self, recorded: Duration, leaks_older_than: Option<Duration>) -> Settings {
+        Settings {
+            interval: self.interval,
+            confidence: self.confidence,
+            duration_seconds: recorded.as_secs_f64(),
+            alloc_only: self.alloc_only,
+            leaks_older_than,
+        }
+    }
 }
 
 /// A validated `record` invocation.

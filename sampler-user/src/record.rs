@@ -19,7 +19,7 @@ use crate::{
     config::{BadInput, Output, RecordConfig},
     export::{self, Value},
     preflight,
-    profile::{Profile, Settings},
+    profile::Profile,
     recording::{self, monotonic_ns, Happening, Prepared, Recording},
     summary,
 };
@@ -77,7 +77,7 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<()>
             _ = snapshot_timer.tick(), if every.is_some() => {
                 let (counters, losses) = recording.counters()?;
                 let now = Instant::now();
-                let settings = settings(&config, now - started);
+                let settings = config.sampling.settings(now - started, config.leaks_older_than);
                 let period = Some((now - period_started).as_secs_f64());
                 let profile = recording
                     .recorder
@@ -110,7 +110,9 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<()>
         .recorder
         .profile(
             &recording.symbolizer,
-            settings(&config, stopped - started),
+            config
+                .sampling
+                .settings(stopped - started, config.leaks_older_than),
             &counters,
             losses,
             period,
@@ -121,16 +123,6 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<()>
     eprint!("{}", summary::render(&profile, 10));
     eprintln!("wrote {} ({})", written.display(), config.format.name());
     Ok(())
-}
-
-fn settings(config: &RecordConfig, recorded: Duration) -> Settings {
-    Settings {
-        interval: config.sampling.interval,
-        confidence: config.sampling.confidence,
-        duration_seconds: recorded.as_secs_f64(),
-        alloc_only: config.sampling.alloc_only,
-        leaks_older_than: config.leaks_older_than,
-    }
 }
 
 /// Writes the profile where the configuration says; returns the file written.

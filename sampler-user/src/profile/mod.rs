@@ -7,10 +7,17 @@ use serde::{Deserialize, Serialize};
 
 pub use recorder::{ProcessTally, Recorder, StackTally, Tally};
 
+use std::collections::BTreeMap;
+
+use sampler_common::ProcessCounters;
+
 use crate::{
     collect::Losses,
     stacks::symbolize::FrameInfo,
-    stats::{estimate::Posterior, Estimate},
+    stats::{
+        estimate::{Posterior, Window},
+        Estimate, SampleSet,
+    },
 };
 
 /// Schema tag of the JSON export.
@@ -181,6 +188,120 @@ pub struct Module {
     pub path: String,
     /// GNU build id in hex, when the file has one.
     pub build_id: Option<String>,
+}
+
+impl Profile {
+    /// Every estimate of `tally`: since the start and, when `period_seconds` is given, over
+    /// the current period; leak values for the stacks with leaked samples when
+    /// `settings.leaks_older_than` applies (frees tracked).
+    pub fn from_tally(
+        tally: &Tally,
+        settings: Settings,
+        counters: &BTreeMap<u32, ProcessCounters>,
+        losses: Losses,
+        period_seconds: Option<f64>,
+    ) -> Profile {
+        let estimate = |set: &SampleSet| {
+            set.estimate(settings.confidence, Window::RECORDING, settings.interval)
+        };
+        let tracking = !settings.alloc_only;
+        let leak_age = settings
+            .leaks_older_than
+            .filter(|_| tracking)
+            .map(|age| age.as_secs_f64());
+        let mut per_pid: BTreeMap<u32, (SampleSet, SampleSet)> = tally
+            .processes
+            .iter()
+            .map(|p| (p.pid, Default::default()))
+            .collect();
+        let mut stacks = Vec::with_capacity(tally.stacks.len());
+        for stack in &tally.stacks {
+            let totals = per_pid.entry(stack.pid).or_default();
+            totals.0.merge(&stack.all);
+            totals.1.merge(&stack.live);
+            let alloc = estimate(&stack.all);
+            let inuse = tracking.then(|| estimate(&stack.live));
+            let leak = leak_age
+                .zip(stack.oldest_leaked_seconds)
+                .map(|(age, oldest)| {
+                    let e = estimate(&stack.leaked);
+                    LeakValues {
+                        older_than_seconds: age,
+                        inuse_bytes: e.bytes,
+                        inuse_objects: e.objects,
+                        oldest_seconds: oldest,
+                    }
+                });
+            let period = period_seconds.map(|seconds| {
+                let e =
+                    stack
+                        .period
+                        .estimate(settings.confidence, Window::SLIDING, settings.interval);
+                PeriodValues {
+                    seconds,
+                    alloc_bytes: e.bytes,
+                    alloc_objects: e.objects,
+                }
+            });
+            stacks.push(StackProfile {
+                pid: stack.pid,
+                frames: stack.frames.clone(),
+                samples: stack.all.samples(),
+                alloc_bytes: alloc.bytes,
+                alloc_objects: alloc.objects,
+                alloc_bytes_by_trials: alloc.bytes_by_trials,
+                alloc_posterior: stack.all.posterior(settings.interval),
+                inuse_bytes: inuse.map(|e| e.bytes),
+                inuse_objects: inuse.map(|e| e.objects),
+                leak,
+                period,
+            });
+        }
+        stacks.sort_by(|a, b| b.alloc_bytes.estimate.total_cmp(&a.alloc_bytes.estimate));
+        let processes = per_pid
+            .iter()
+            .map(|(&pid, (set, live))| {
+                let alloc = estimate(set);
+                let inuse = tracking.then(|| estimate(live));
+                let exact = counters.get(&pid).copied().unwrap_or_default();
+                let known = tally.processes.iter().find(|p| p.pid == pid);
+                ProcessProfile {
+                    pid,
+                    command: known.map(|p| p.command.clone()).unwrap_or_default(),
+                    executable: known.map(|p| p.executable.clone()).unwrap_or_default(),
+                    exact: ExactCounts {
+                        calls: exact.calls,
+                        bytes: exact.bytes,
+                    },
+                    samples: set.samples(),
+                    alloc_bytes: alloc.bytes,
+                    alloc_objects: alloc.objects,
+                    inuse_bytes: inuse.map(|e| e.bytes),
+                    inuse_objects: inuse.map(|e| e.objects),
+                    untracked_samples: known.map_or(0, |p| p.untracked_samples),
+                    rss_bytes: known.and_then(|p| p.rss_bytes),
+                }
+            })
+            .collect();
+        let executables: Vec<&str> = tally
+            .processes
+            .iter()
+            .map(|p| p.executable.as_str())
+            .filter(|exe| !exe.is_empty())
+            .collect();
+        let modules = modules_of(&stacks, &executables);
+        Profile {
+            schema: SCHEMA.to_owned(),
+            sampling: settings.sampling(),
+            duration_seconds: settings.duration_seconds,
+            alloc_only: settings.alloc_only,
+            leaks_older_than_seconds: leak_age,
+            processes,
+            losses,
+            modules,
+            stacks,
+        }
+    }
 }
 
 /// A finished recording: the model all exporters and the summary read.

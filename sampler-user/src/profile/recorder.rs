@@ -1,20 +1,18 @@
 //! Aggregation as samples arrive: normalize + intern the stack, add to running sums (O(1)
 //! per event, nothing resolved); with frees tracked, a map of sampled live blocks so each
-//! free takes back exactly what its sample added. [`Recorder::profile`] symbolizes each
-//! distinct frame once (cached across snapshots) and computes every estimate.
+//! free takes back exactly what its sample added. [`Recorder::tally`] symbolizes each
+//! distinct frame once (cached across snapshots) and hands out every stack's sample sets;
+//! [`Recorder::profile`] estimates them ([`Profile::from_tally`], pure), `top` groups them.
 
 use std::collections::{BTreeMap, HashMap};
 
 use sampler_common::ProcessCounters;
 
-use super::{
-    modules_of, ExactCounts, LeakValues, PeriodValues, ProcessProfile, Profile, Settings,
-    StackProfile, SCHEMA,
-};
+use super::{Profile, Settings};
 use crate::{
     collect::{Event, Losses, Sample},
     stacks::{self, symbolize::FrameInfo, symbolize::Symbolizer, Frame, StackId, StackTable},
-    stats::{estimate::Window, rate::RateTracker, SampleObs, SampleSet},
+    stats::{rate::RateTracker, SampleObs, SampleSet},
 };
 
 /// A sampled block still live.
@@ -84,6 +82,10 @@ pub struct StackTally {
     pub live: SampleSet,
     /// Live samples older than the leak age.
     pub leaked: SampleSet,
+    /// Age in seconds of the oldest of them (`None`: none).
+    pub oldest_leaked_seconds: Option<f64>,
+    /// Samples since the last [`Recorder::start_period`].
+    pub period: SampleSet,
     /// Samples in the recent window (estimate with `Window::SLIDING`, divide by
     /// [`Tally::recent_seconds`]).
     pub recent: SampleSet,
@@ -96,6 +98,8 @@ pub struct ProcessTally {
     pub pid: u32,
     /// Command name.
     pub command: String,
+    /// Path of the executable (empty when it could not be read).
+    pub executable: String,
     /// Resident set size last read.
     pub rss_bytes: Option<u64>,
     /// Sampled blocks whose frees could not be tracked.
@@ -251,117 +255,23 @@ impl Recorder {
         period_seconds: Option<f64>,
         now_ns: u64,
     ) -> Profile {
-        let resolved = self.resolve_frames(symbolizer).await;
-        let window = Window::RECORDING;
-        let estimate =
-            |set: &SampleSet| set.estimate(settings.confidence, window, settings.interval);
-        let tracking = !settings.alloc_only;
-        let leaks = settings
-            .leaks_older_than
-            .filter(|_| tracking)
-            .map(|age| self.leak_candidates(age, now_ns));
-        let mut per_pid: BTreeMap<u32, (SampleSet, SampleSet)> = self
-            .commands
-            .keys()
-            .map(|&pid| (pid, Default::default()))
-            .collect();
-        let mut stacks = Vec::with_capacity(self.per_stack.len());
-        for (id, set) in self.per_stack.iter().enumerate() {
-            let (pid, frames) = self.stacks.stack(id as stacks::StackId);
-            let totals = per_pid.entry(pid).or_default();
-            totals.0.merge(set);
-            totals.1.merge(&self.per_stack_live[id]);
-            let alloc = estimate(set);
-            let inuse = tracking.then(|| estimate(&self.per_stack_live[id]));
-            let leak = leaks.as_ref().and_then(|(age, candidates)| {
-                let (set, oldest_ns) = candidates.get(&(id as StackId))?;
-                let e = estimate(set);
-                Some(LeakValues {
-                    older_than_seconds: *age,
-                    inuse_bytes: e.bytes,
-                    inuse_objects: e.objects,
-                    oldest_seconds: now_ns.saturating_sub(*oldest_ns) as f64 / 1e9,
-                })
-            });
-            let period = period_seconds.map(|seconds| {
-                let e = self.per_stack_period[id].estimate(
-                    settings.confidence,
-                    Window::SLIDING,
-                    settings.interval,
-                );
-                PeriodValues {
-                    seconds,
-                    alloc_bytes: e.bytes,
-                    alloc_objects: e.objects,
-                }
-            });
-            stacks.push(StackProfile {
-                pid,
-                frames: frames
-                    .iter()
-                    .flat_map(|frame| resolved[frame].iter().cloned())
-                    .collect(),
-                samples: set.samples(),
-                alloc_bytes: alloc.bytes,
-                alloc_objects: alloc.objects,
-                alloc_bytes_by_trials: alloc.bytes_by_trials,
-                alloc_posterior: set.posterior(settings.interval),
-                inuse_bytes: inuse.map(|e| e.bytes),
-                inuse_objects: inuse.map(|e| e.objects),
-                leak,
-                period,
-            });
-        }
-        stacks.sort_by(|a, b| b.alloc_bytes.estimate.total_cmp(&a.alloc_bytes.estimate));
-        let processes = per_pid
-            .iter()
-            .map(|(&pid, (set, live))| {
-                let alloc = estimate(set);
-                let inuse = tracking.then(|| estimate(live));
-                let exact = counters.get(&pid).copied().unwrap_or_default();
-                ProcessProfile {
-                    pid,
-                    command: self.commands.get(&pid).cloned().unwrap_or_default(),
-                    executable: self.executables.get(&pid).cloned().unwrap_or_default(),
-                    exact: ExactCounts {
-                        calls: exact.calls,
-                        bytes: exact.bytes,
-                    },
-                    samples: set.samples(),
-                    alloc_bytes: alloc.bytes,
-                    alloc_objects: alloc.objects,
-                    inuse_bytes: inuse.map(|e| e.bytes),
-                    inuse_objects: inuse.map(|e| e.objects),
-                    untracked_samples: self.untracked.get(&pid).copied().unwrap_or(0),
-                    rss_bytes: self.rss.get(&pid).copied(),
-                }
-            })
-            .collect();
-        let executables: Vec<&str> = self.executables.values().map(String::as_str).collect();
-        let modules = modules_of(&stacks, &executables);
-        Profile {
-            schema: SCHEMA.to_owned(),
-            sampling: settings.sampling(),
-            duration_seconds: settings.duration_seconds,
-            alloc_only: settings.alloc_only,
-            leaks_older_than_seconds: leaks.as_ref().map(|(age, _)| *age),
-            processes,
-            losses,
-            modules,
-            stacks,
-        }
+        let leak_age = settings.leaks_older_than.filter(|_| !settings.alloc_only);
+        let tally = self.tally(symbolizer, now_ns, leak_age).await;
+        Profile::from_tally(&tally, settings, counters, losses, period_seconds)
     }
 
     /// Every stack's sample sets now (`now_ns`, CLOCK_MONOTONIC), frames resolved; live
-    /// blocks allocated more than `leak_age` ago are `leaked`.
+    /// blocks allocated more than `leak_age` ago are `leaked` (none without a leak age).
     pub async fn tally(
         &self,
         symbolizer: &Symbolizer,
         now_ns: u64,
-        leak_age: std::time::Duration,
+        leak_age: Option<std::time::Duration>,
     ) -> Tally {
         let resolved = self.resolve_frames(symbolizer).await;
-        let (_, leaks) = self.leak_candidates(leak_age, now_ns);
+        let leaks = leak_age
+            .map(|age| self.leak_candidates(age, now_ns))
+            .unwrap_or_default();
         let stacks = self
             .per_stack
             .iter()
@@ -388,6 +298,10 @@ impl Recorder {
                         .get(&(id as StackId))
                         .map(|(set, _)| *set)
                         .unwrap_or_default(),
+                    oldest_leaked_seconds: leaks
+                        .get(&(id as StackId))
+                        .map(|(_, oldest_ns)| now_ns.saturating_sub(*oldest_ns) as f64 / 1e9),
+                    period: self.per_stack_period[id],
                     recent,
                 }
             })
@@ -401,6 +315,7 @@ impl Recorder {
             .map(|(&pid, command)| ProcessTally {
                 pid,
                 command: command.clone(),
+                executable: self.executables.get(&pid).cloned().unwrap_or_default(),
                 rss_bytes: self.rss.get(&pid).copied(),
                 untracked_samples: self.untracked.get(&pid).copied().unwrap_or(0),
             })
@@ -418,7 +333,7 @@ impl Recorder {
         &self,
         age: std::time::Duration,
         now_ns: u64,
-    ) -> (f64, HashMap<StackId, (SampleSet, u64)>) {
+    ) -> HashMap<StackId, (SampleSet, u64)> {
         let cutoff = now_ns.saturating_sub(age.as_nanos() as u64);
         let mut candidates: HashMap<StackId, (SampleSet, u64)> = HashMap::new();
         for block in self.live.values().filter(|b| b.allocated_ns <= cutoff) {
@@ -428,7 +343,7 @@ impl Recorder {
             set.add(block.obs);
             *oldest = (*oldest).min(block.allocated_ns);
         }
-        (age.as_secs_f64(), candidates)
+        candidates
     }
 
     async fn resolve_frames(&self, symbolizer: &Symbolizer) -> HashMap<Frame, Vec<FrameInfo>> {

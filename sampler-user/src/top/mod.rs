@@ -31,7 +31,6 @@ use crate::{
     export::{self, Value},
     preflight,
     probe::attach::ReturnProbes,
-    profile::Settings,
     record::snapshot_name,
     recording::{self, monotonic_ns, Happening, Prepared, Recording},
     spawn,
@@ -246,7 +245,11 @@ impl Watch {
         let elapsed = self.started.elapsed().as_secs_f64();
         let tally = recording
             .recorder
-            .tally(&recording.symbolizer, now_ns, self.config.leaks_older_than)
+            .tally(
+                &recording.symbolizer,
+                now_ns,
+                Some(self.config.leaks_older_than),
+            )
             .await;
         let calls: u64 = counters.values().map(|c| c.calls).sum();
         let bytes: u64 = counters.values().map(|c| c.bytes).sum();
@@ -305,14 +308,10 @@ impl Watch {
         recording: &mut Recording,
     ) -> anyhow::Result<std::path::PathBuf> {
         let (counters, losses) = recording.counters()?;
-        let settings = Settings {
-            interval: self.config.sampling.interval,
-            confidence: self.config.sampling.confidence,
-            duration_seconds: self.started.elapsed().as_secs_f64(),
-            alloc_only: self.config.sampling.alloc_only,
-            leaks_older_than: (!self.config.sampling.alloc_only)
-                .then_some(self.config.leaks_older_than),
-        };
+        let settings = self
+            .config
+            .sampling
+            .settings(self.started.elapsed(), Some(self.config.leaks_older_than));
         let profile = recording
             .recorder
             .profile(

@@ -480,6 +480,8 @@ mod tests {
             all: samples(all, 4096),
             live: samples(live, 4096),
             leaked: samples(live / 2, 4096),
+            oldest_leaked_seconds: (live >= 2).then_some(40.0),
+            period: SampleSet::default(),
             recent: samples(recent, 4096),
         }
     }
@@ -524,6 +526,7 @@ mod tests {
                 processes: vec![ProcessTally {
                     pid: 42,
                     command: "app".into(),
+                    executable: "/opt/app/app".into(),
                     rss_bytes: Some(64 << 20),
                     untracked_samples: 0,
                 }],
