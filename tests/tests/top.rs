@@ -114,9 +114,11 @@ fn start_fixture() -> (Fixture, u64) {
     (fixture, address)
 }
 
-fn top_command(pid: u32, dir: &TempDir, extra: &str) -> String {
+/// The shell command tmux runs: `allocscope top` on `target` (`-p PID` or `-- CMD`), its
+/// stderr and exit status saved in `dir`.
+fn top_command(target: &str, dir: &TempDir) -> String {
     format!(
-        "{} top -p {pid} -i 64KiB --leaks-older-than 2s -o {} {extra} 2>{}; echo $? >{}; sleep 600",
+        "{} top -i 64KiB --leaks-older-than 2s -o {} {target} 2>{}; echo $? >{}; sleep 600",
         allocscope().display(),
         dir.0.display(),
         dir.path("stderr").display(),
@@ -139,7 +141,7 @@ fn top_shows_known_sites_and_obeys_keys_in_a_real_terminal() {
     let (mut fixture, malloc) = start_fixture();
     let pid = fixture.pid();
     let dir = TempDir::new("top-keys");
-    let tmux = Tmux::start("keys", &top_command(pid, &dir, ""), 80, 24);
+    let tmux = Tmux::start("keys", &top_command(&format!("-p {pid}"), &dir), 80, 24);
 
     // The header names the target; after the window fills, both churn sites have rates.
     let screen = tmux.wait_for("both churn sites", Duration::from_secs(20), |s| {
@@ -252,7 +254,7 @@ fn top_survives_sigterm_and_target_exit() {
     let (mut fixture, _) = start_fixture();
     let pid = fixture.pid();
     let dir = TempDir::new("top-exit");
-    let tmux = Tmux::start("exit", &top_command(pid, &dir, ""), 100, 30);
+    let tmux = Tmux::start("exit", &top_command(&format!("-p {pid}"), &dir), 100, 30);
     tmux.wait_for("a first row", Duration::from_secs(20), |s| {
         s.contains("churn_buffers ←")
     });
@@ -272,14 +274,14 @@ fn top_survives_sigterm_and_target_exit() {
     let (fixture, malloc) = start_fixture();
     let pid = fixture.pid();
     let dir = TempDir::new("top-term");
-    let tmux = Tmux::start("term", &top_command(pid, &dir, ""), 80, 24);
+    let tmux = Tmux::start("term", &top_command(&format!("-p {pid}"), &dir), 80, 24);
     tmux.wait_for("a first row", Duration::from_secs(20), |s| {
         s.contains("churn_buffers ←")
     });
     assert_eq!(first_byte(pid, malloc), INT3);
     let killed = Command::new("pkill")
         .args(["-TERM", "-f"])
-        .arg(format!("^{} top -p {pid} ", allocscope().display()))
+        .arg(format!("^{} top .* -p {pid}$", allocscope().display()))
         .status()
         .unwrap();
     assert!(killed.success(), "no allocscope top process to signal");
@@ -305,14 +307,7 @@ fn top_runs_a_command_without_letting_it_touch_the_screen() {
     }
     let program = tests::fixture("top", &[]);
     let dir = TempDir::new("top-command");
-    let command = format!(
-        "{} top -i 64KiB -o {} -- {} 2>{}; echo $? >{}; sleep 600",
-        allocscope().display(),
-        dir.0.display(),
-        program.display(),
-        dir.path("stderr").display(),
-        dir.path("exit").display(),
-    );
+    let command = top_command(&format!("-- {}", program.display()), &dir);
     let tmux = Tmux::start("command", &command, 80, 24);
     let screen = tmux.wait_for("the command's sites", Duration::from_secs(20), |s| {
         s.contains("churn_buffers ←") && s.contains("0:02")
