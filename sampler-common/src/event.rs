@@ -39,11 +39,18 @@ pub enum AllocFn {
     Valloc = 6,
     /// `pvalloc(size)`
     Pvalloc = 7,
+    /// C++ `operator new(size, …)` and `new[]`, and the other entry points that take the size
+    /// first and may reach a probed `malloc` (jemalloc's `mallocx`, mimalloc's `mi_zalloc`).
+    New = 8,
 }
 
 impl AllocFn {
     /// Number of probed functions (length of per-function tables).
-    pub const COUNT: usize = 8;
+    pub const COUNT: usize = 9;
+
+    /// Length of per-function tables in the kernel: a power of two at least [`Self::COUNT`],
+    /// so an index masked with `FUNCTION_SLOTS - 1` is provably in range.
+    pub const FUNCTION_SLOTS: usize = 16;
 
     /// Every probed function, in discriminant order.
     pub const ALL: [AllocFn; Self::COUNT] = [
@@ -55,6 +62,7 @@ impl AllocFn {
         AllocFn::Memalign,
         AllocFn::Valloc,
         AllocFn::Pvalloc,
+        AllocFn::New,
     ];
 
     /// The C symbol name of the function.
@@ -68,6 +76,7 @@ impl AllocFn {
             AllocFn::Memalign => "memalign",
             AllocFn::Valloc => "valloc",
             AllocFn::Pvalloc => "pvalloc",
+            AllocFn::New => "operator new",
         }
     }
 
@@ -81,8 +90,13 @@ impl AllocFn {
     }
 
     /// Functions that may call `malloc` internally (glibc: realloc(NULL, n) and the memalign
-    /// family with small alignments tail-call or call `__libc_malloc`). Their entry leaves a
-    /// marker in [`ThreadState`] so the nested `malloc` is not counted a second time.
+    /// family with small alignments tail-call or call `__libc_malloc`; jemalloc 5.2's
+    /// `operator new` calls its `malloc`). Their entry leaves a marker in [`ThreadState`] so
+    /// the nested `malloc` is not counted a second time. Only `malloc` checks the marker:
+    /// the (stack pointer, return address) pair then identifies the outer call exactly, as
+    /// no other call site can reach `malloc` with the same pair. A probed function that
+    /// merely jumps to another one (jemalloc's `new[]` to `new`) is not probed at all
+    /// (`probe::allocator`).
     pub const fn may_nest_malloc(self) -> bool {
         !matches!(self, AllocFn::Malloc | AllocFn::Calloc)
     }
@@ -96,6 +110,33 @@ pub enum EventKind {
     Alloc = 1,
     /// A [`FreeEvent`].
     Free = 2,
+    /// A [`ProcessEvent`].
+    Process = 3,
+}
+
+/// [`ProcessEvent::what`]: a followed process forked a new process (`pid`, from `parent`).
+pub const PROCESS_FORK: u32 = 1;
+/// [`ProcessEvent::what`]: a followed process (`pid`) exec'd a new program.
+pub const PROCESS_EXEC: u32 = 2;
+
+/// The attach cookie (counter slot) of probes attached to every process (`--all`): their
+/// calls are counted per process in a hash keyed by pid instead of an array slot.
+pub const HOST_SLOT: u32 = u32::MAX;
+
+/// A followed process forked or exec'd (`--follow`): user space attaches to it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessEvent {
+    /// [`EventKind::Process`].
+    pub kind: u32,
+    /// [`PROCESS_FORK`] or [`PROCESS_EXEC`].
+    pub what: u32,
+    /// The new (or exec'ing) process.
+    pub pid: u32,
+    /// The forking process (0 for an exec).
+    pub parent: u32,
+    /// `bpf_ktime_get_ns()` at the event.
+    pub timestamp_ns: u64,
 }
 
 /// [`AllocEvent::flags`]: the stack was taken at the allocator's return, so `stack[0]` is
@@ -242,6 +283,8 @@ mod pod {
     unsafe impl aya::Pod for super::AllocEvent {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::FreeEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ProcessEvent {}
     // SAFETY: as above (the padding is an explicit field).
     unsafe impl aya::Pod for super::LiveKey {}
 }

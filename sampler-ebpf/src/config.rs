@@ -18,10 +18,15 @@ static TRACK_FREES: u8 = 0;
 #[no_mangle]
 static LOG_ENABLED: u8 = 0;
 
-/// Code size of each probed function (by AllocFn), for recognizing a malloc called from
-/// inside it: a return address within [entry, entry + size) means a nested call.
+/// Non-zero when user space wants to hear of every exec on the host (`--comm`, `--all`):
+/// new processes are found as they start, not at the next /proc scan.
 #[no_mangle]
-static FUNCTION_SIZE: [u64; sampler_common::AllocFn::COUNT] = [0; sampler_common::AllocFn::COUNT];
+static WATCH_EXECS: u8 = 0;
+
+/// Non-zero in host mode (`--all`): probes see every process, the excluded ones are
+/// skipped in the program.
+#[no_mangle]
+static HOST_MODE: u8 = 0;
 
 #[inline(always)]
 pub fn interval() -> u64 {
@@ -48,8 +53,19 @@ pub fn log_enabled() -> bool {
 }
 
 #[inline(always)]
+pub fn host_mode() -> bool {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&HOST_MODE) != 0 }
+}
+
+#[inline(always)]
 pub fn function_size(function: u64) -> u64 {
-    let index = (function as usize) & (sampler_common::AllocFn::COUNT - 1);
-    // SAFETY: as above; the index is masked into range.
-    unsafe { core::ptr::read_volatile(&FUNCTION_SIZE[index]) }
+    let index = (function as u32) & (sampler_common::AllocFn::FUNCTION_SLOTS as u32 - 1);
+    crate::maps::FUNCTION_SIZES.get(index).copied().unwrap_or(0)
+}
+
+#[inline(always)]
+pub fn watch_execs() -> bool {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&WATCH_EXECS) != 0 }
 }

@@ -5,6 +5,8 @@
 //! * with frees tracked: `alloc_session`, entry and return of every allocator function as one
 //!   uprobe session (kernel ≥ 6.13; loaded by allocscope itself), or else the classic
 //!   `alloc_return` return probe; and `free_enter`;
+//! * `task_newtask`, `process_exec`, `process_exit`: processes followed through fork and
+//!   exec (`--follow`), and thread exits (their sampling state is dropped);
 //! * `bare_count_enter`, the reference the benchmark compares against.
 //!
 //! Requires kernel ≥ 5.15 (ring buffer, attach cookies).
@@ -12,12 +14,13 @@
 #![no_main]
 
 mod config;
+mod follow;
 mod maps;
 mod sample;
 
 use aya_ebpf::{
-    macros::{uprobe, uretprobe},
-    programs::{ProbeContext, RetProbeContext},
+    macros::{tracepoint, uprobe, uretprobe},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use sampler_common::AllocFn;
 
@@ -118,6 +121,18 @@ pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
     0
 }
 
+#[uprobe]
+pub fn new_enter(ctx: ProbeContext) -> u32 {
+    sample::on_alloc(
+        &ctx,
+        AllocFn::New,
+        arg(&ctx, 0),
+        0,
+        sample::Returns::Classic,
+    );
+    0
+}
+
 /// Entry and return of every allocator function as one uprobe session (kernel ≥ 6.13):
 /// only sampled calls pay for the return. Loaded by allocscope's own loader (aya 0.14 has
 /// no session links); the section is plain `uprobe` so aya's parser accepts the object.
@@ -139,6 +154,24 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
 #[uprobe]
 pub fn free_enter(ctx: ProbeContext) -> u32 {
     sample::on_free(arg(&ctx, 0));
+    0
+}
+
+#[tracepoint]
+pub fn task_newtask(ctx: TracePointContext) -> u32 {
+    follow::on_new_task(&ctx);
+    0
+}
+
+#[tracepoint]
+pub fn process_exec(_ctx: TracePointContext) -> u32 {
+    follow::on_exec();
+    0
+}
+
+#[tracepoint]
+pub fn process_exit(ctx: TracePointContext) -> u32 {
+    follow::on_exit(&ctx);
     0
 }
 

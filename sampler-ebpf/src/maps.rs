@@ -3,7 +3,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use sampler_common::{LiveKey, LossCounter, ProcessCounters, ThreadState};
 
@@ -21,6 +21,26 @@ pub static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(
 #[map]
 pub static COUNTERS: PerCpuArray<ProcessCounters> =
     PerCpuArray::with_max_entries(sampler_common::MAX_TARGETS, 0);
+
+/// pid → exact calls and bytes of a process probed through host-wide probes (`--all`,
+/// cookie [`sampler_common::HOST_SLOT`]), one copy per CPU.
+#[map]
+pub static HOST_COUNTERS: PerCpuHashMap<u32, ProcessCounters> =
+    PerCpuHashMap::with_max_entries(16384, 0);
+
+/// pids the host-wide probes must ignore (`--exclude-*`, allocscope itself).
+#[map]
+pub static EXCLUDED: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
+
+/// pids followed through fork (`--follow`): their new processes are followed too.
+#[map]
+pub static FOLLOWED: HashMap<u32, u8> = HashMap::with_max_entries(65536, 0);
+
+/// Code size of each probed function (by AllocFn): the largest over the probed allocators,
+/// updated by user space as allocators are found, for recognizing a call nested in it.
+#[map]
+pub static FUNCTION_SIZES: Array<u64> =
+    Array::with_max_entries(sampler_common::AllocFn::FUNCTION_SLOTS as u32, 0);
 
 /// (pid, address) → allocation time: sampled allocations not yet freed. A free looks its
 /// pointer up here: one failed lookup for the unsampled majority. Sized by user space

@@ -18,13 +18,13 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use sampler_common::{
-    geometric, AllocEvent, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, ThreadState,
-    FLAG_STACK_AT_RETURN, FLAG_TRACKED,
+    geometric, AllocEvent, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, ProcessCounters,
+    ThreadState, FLAG_STACK_AT_RETURN, FLAG_TRACKED, HOST_SLOT,
 };
 
 use crate::{
     config,
-    maps::{count_loss, COUNTERS, LIVE, SAMPLES, THREADS},
+    maps::{count_loss, COUNTERS, EXCLUDED, HOST_COUNTERS, LIVE, SAMPLES, THREADS},
 };
 
 /// How the return of an allocation call is observed.
@@ -49,6 +49,9 @@ pub fn on_alloc<C: EbpfContext>(
 ) -> bool {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    if excluded(pid) {
+        return false;
+    }
     let Some(state) = thread_state(tid) else {
         count_loss(LossCounter::ThreadStateFull);
         if config::log_enabled() {
@@ -72,7 +75,18 @@ pub fn on_alloc<C: EbpfContext>(
                 return false;
             }
         }
-    } else if function.may_nest_malloc() {
+    } else if state.marker_sp != 0 && sp < state.marker_sp {
+        // Another probed function called (not tail-called) from inside the marked one
+        // (tcmalloc's posix_memalign calls its memalign): counted by the outer call. Only
+        // the call form is sound here: a stale marker's (sp, return address) pair can
+        // repeat for a non-malloc function, but a return address inside the marked function
+        // means that function is running now.
+        caller = return_address(sp);
+        if caller.wrapping_sub(state.marker_ip) < config::function_size(state.marker_fn) {
+            return false;
+        }
+    }
+    if function.may_nest_malloc() {
         caller = return_address(sp);
         state.marker_sp = sp;
         state.marker_ret = caller;
@@ -81,7 +95,7 @@ pub fn on_alloc<C: EbpfContext>(
         // Set by `arm` once this call knows whether its return is observed.
         state.marker_armed = 0;
     }
-    let slot = count_call(ctx, size);
+    let slot = count_call(ctx, pid, size);
     let tracking = config::track_frees();
     let mut wants_return = false;
     if tracking && function == AllocFn::Realloc && pointer != 0 && is_live(pid, pointer) {
@@ -225,7 +239,18 @@ pub fn on_free(address: u64) {
         return;
     }
     let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if excluded(pid) {
+        return;
+    }
     free_tracked(pid, address);
+}
+
+/// In host mode (`--all`): whether `pid` is one the user excluded (or allocscope itself).
+/// Pruned by the verifier otherwise: scoped probes only ever fire in their own process.
+#[inline(always)]
+fn excluded(pid: u32) -> bool {
+    // SAFETY: a lockless lookup; the value is not read.
+    config::host_mode() && unsafe { EXCLUDED.get(&pid) }.is_some()
 }
 
 #[inline(always)]
@@ -306,11 +331,13 @@ fn thread_state(tid: u32) -> Option<*mut ThreadState> {
 /// Adds the call to its target's exact counters. User space attaches each target's probes
 /// with that target's slot as the cookie.
 #[inline(always)]
-fn count_call<C: EbpfContext>(ctx: &C, size: u64) -> u32 {
+fn count_call<C: EbpfContext>(ctx: &C, pid: u32, size: u64) -> u32 {
     // SAFETY: the helper only reads the cookie of the running program's attachment. The
     // session program packs the function above the slot: keep the low 32 bits.
     let slot = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
-    if let Some(counters) = COUNTERS.get_ptr_mut(slot) {
+    if slot == HOST_SLOT {
+        count_host_call(pid, size);
+    } else if let Some(counters) = COUNTERS.get_ptr_mut(slot) {
         // SAFETY: per-CPU value of this CPU; nothing else writes it during this run.
         let counters = unsafe { &mut *counters };
         counters.calls += 1;
@@ -319,6 +346,26 @@ fn count_call<C: EbpfContext>(ctx: &C, size: u64) -> u32 {
         count_loss(LossCounter::CountersFull);
     }
     slot
+}
+
+/// A call seen by a host-wide probe: counted in the process's own entry, created on its
+/// first call (each CPU has its own copy, so no other writer races this one).
+#[inline(always)]
+fn count_host_call(pid: u32, size: u64) {
+    if let Some(counters) = HOST_COUNTERS.get_ptr_mut(&pid) {
+        // SAFETY: per-CPU value of this CPU; nothing else writes it during this run.
+        let counters = unsafe { &mut *counters };
+        counters.calls += 1;
+        counters.bytes += size;
+        return;
+    }
+    let first = ProcessCounters {
+        calls: 1,
+        bytes: size,
+    };
+    if HOST_COUNTERS.insert(&pid, &first, 0).is_err() {
+        count_loss(LossCounter::CountersFull);
+    }
 }
 
 #[inline(always)]
@@ -426,7 +473,7 @@ pub fn on_session(ctx: &ProbeContext) -> u32 {
     };
     let arg = |n: usize| ctx.arg::<u64>(n).unwrap_or(0);
     let (size, pointer) = match function {
-        AllocFn::Malloc | AllocFn::Valloc | AllocFn::Pvalloc => (arg(0), 0),
+        AllocFn::Malloc | AllocFn::Valloc | AllocFn::Pvalloc | AllocFn::New => (arg(0), 0),
         AllocFn::Calloc => (geometric::saturating_product(arg(0), arg(1)), 0),
         AllocFn::Realloc => (arg(1), arg(0)),
         AllocFn::PosixMemalign => (arg(2), arg(0)),

@@ -63,6 +63,26 @@ pub struct TargetArgs {
     #[arg(short, long = "pid", value_name = "PID", help_heading = "Targets")]
     pub pids: Vec<String>,
 
+    /// Processes whose name (/proc/PID/comm) matches this regex, now and as they start.
+    #[arg(long, value_name = "REGEX", help_heading = "Targets")]
+    pub comm: Option<String>,
+
+    /// Every process on the host (each allocator file probed once, for all).
+    #[arg(long, help_heading = "Targets")]
+    pub all: bool,
+
+    /// Also profile the processes the targets start (fork, exec), and theirs.
+    #[arg(long, help_heading = "Targets")]
+    pub follow: bool,
+
+    /// Leave processes whose name matches this regex alone (with --all, --comm, --follow).
+    #[arg(long, value_name = "REGEX", help_heading = "Targets")]
+    pub exclude_comm: Option<String>,
+
+    /// Leave this process alone (repeat for several).
+    #[arg(long = "exclude-pid", value_name = "PID", help_heading = "Targets")]
+    pub exclude_pids: Vec<String>,
+
     /// Command to start and profile from its first allocation (after `--`).
     #[arg(last = true, value_name = "CMD", help_heading = "Targets")]
     pub command: Vec<OsString>,

@@ -16,12 +16,60 @@ use crate::{
 pub struct BadInput(pub String);
 
 /// What to profile.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Targets {
-    /// Running processes.
-    Pids(Vec<u32>),
-    /// A command to start.
-    Command(Vec<OsString>),
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Targets {
+    /// Running processes (`-p`).
+    pub pids: Vec<u32>,
+    /// Processes by name, now and later (`--comm`).
+    pub comm: Option<Pattern>,
+    /// Every process (`--all`).
+    pub all: bool,
+    /// A command to start (`-- CMD`); empty if none.
+    pub command: Vec<OsString>,
+    /// Follow the targets' new processes (`--follow`).
+    pub follow: bool,
+    /// Processes never profiled, by name.
+    pub exclude_comm: Option<Pattern>,
+    /// Processes never profiled, by pid.
+    pub exclude_pids: Vec<u32>,
+}
+
+impl Targets {
+    /// Whether new processes can become targets while recording (so a recording does not
+    /// end when the current ones exit).
+    pub fn waits_for_new(&self) -> bool {
+        self.all || self.comm.is_some()
+    }
+
+    /// Whether `pid` named `comm` must be left alone.
+    pub fn excludes(&self, pid: u32, comm: &str) -> bool {
+        pid == std::process::id()
+            || self.exclude_pids.contains(&pid)
+            || self
+                .exclude_comm
+                .as_ref()
+                .is_some_and(|p| p.0.is_match(comm))
+    }
+}
+
+/// A regular expression over process names, compared by its text.
+#[derive(Clone, Debug)]
+pub struct Pattern(pub regex::Regex);
+
+impl PartialEq for Pattern {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.as_str() == other.0.as_str()
+    }
+}
+
+impl Eq for Pattern {}
+
+impl Pattern {
+    fn parse(flag: &str, text: &str) -> Result<Pattern, BadInput> {
+        regex::Regex::new(text)
+            .map(Pattern)
+            .map_err(|e| BadInput(format!("invalid {flag} {text:?}: {e}")))
+    }
 }
 
 /// Where a recording goes.
@@ -110,19 +158,57 @@ pub struct TopConfig {
 impl TargetArgs {
     /// Validates the targets.
     pub fn into_targets(self) -> Result<Targets, BadInput> {
-        match (self.pids.is_empty(), self.command.is_empty()) {
-            (false, true) => Ok(Targets::Pids(
-                self.pids
-                    .iter()
-                    .map(|p| parse_pid(p))
-                    .collect::<Result<_, _>>()?,
-            )),
-            (true, false) => Ok(Targets::Command(self.command)),
-            (false, false) => Err(BadInput("give either -p PID or -- CMD, not both".into())),
-            (true, true) => Err(BadInput(
-                "nothing to profile: give -p PID or -- CMD ARGS".into(),
-            )),
+        let pids: Vec<u32> = self
+            .pids
+            .iter()
+            .map(|p| parse_pid(p))
+            .collect::<Result<_, _>>()?;
+        let exclude_pids: Vec<u32> = self
+            .exclude_pids
+            .iter()
+            .map(|p| parse_pid(p))
+            .collect::<Result<_, _>>()?;
+        let comm = self
+            .comm
+            .as_deref()
+            .map(|c| Pattern::parse("--comm", c))
+            .transpose()?;
+        let exclude_comm = self
+            .exclude_comm
+            .as_deref()
+            .map(|c| Pattern::parse("--exclude-comm", c))
+            .transpose()?;
+        let selected = !pids.is_empty() || comm.is_some();
+        let command = !self.command.is_empty();
+        if command && (selected || self.all) {
+            return Err(BadInput(
+                "give either -p PID / --comm / --all or -- CMD, not both".into(),
+            ));
         }
+        if self.all && selected {
+            return Err(BadInput(
+                "--all already profiles every process: drop -p and --comm".into(),
+            ));
+        }
+        if !(selected || command || self.all) {
+            return Err(BadInput(
+                "nothing to profile: give -p PID, --comm REGEX, --all or -- CMD ARGS".into(),
+            ));
+        }
+        if let Some(&own) = pids.iter().find(|&&p| p == std::process::id()) {
+            return Err(BadInput(format!(
+                "pid {own} is allocscope itself: it never profiles itself"
+            )));
+        }
+        Ok(Targets {
+            pids,
+            comm,
+            all: self.all,
+            command: self.command,
+            follow: self.follow,
+            exclude_comm,
+            exclude_pids,
+        })
     }
 }
 
@@ -347,7 +433,7 @@ mod tests {
     #[test]
     fn record_validates_targets_interval_and_format() {
         let config = record(&["-p", "1", "-o", "x.folded"]).unwrap();
-        assert_eq!(config.targets, Targets::Pids(vec![1]));
+        assert_eq!(config.targets.pids, vec![1]);
         assert_eq!(config.format, Format::Folded);
         assert_eq!(config.sampling.interval, 512 * 1024);
         let config = record(&["-p", "1", "-o", "d/", "--every", "1m", "--keep", "3"]).unwrap();
@@ -374,8 +460,8 @@ mod tests {
         );
         let config = record(&["-o", "x", "--interval", "64KiB", "--", "ls", "-l"]).unwrap();
         assert_eq!(
-            config.targets,
-            Targets::Command(vec!["ls".into(), "-l".into()])
+            config.targets.command,
+            vec![OsString::from("ls"), OsString::from("-l")]
         );
         assert_eq!(config.format, Format::Json);
         assert_eq!(config.sampling.interval, 65536);

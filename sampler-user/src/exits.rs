@@ -16,19 +16,38 @@ fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// Watches pids and reports each one's exit on a channel.
-pub fn watch(pids: &[u32]) -> std::io::Result<mpsc::UnboundedReceiver<u32>> {
-    let (sender, receiver) = mpsc::unbounded_channel();
-    for &pid in pids {
+/// Watches processes and reports each one's exit on a channel.
+pub struct Watcher {
+    sender: mpsc::UnboundedSender<u32>,
+    /// The pids of processes that exited, in order.
+    pub exited: mpsc::UnboundedReceiver<u32>,
+}
+
+impl Watcher {
+    /// A watcher with nothing watched yet.
+    pub fn new() -> Watcher {
+        let (sender, exited) = mpsc::unbounded_channel();
+        Watcher { sender, exited }
+    }
+
+    /// Reports `pid`'s exit once it happens. Fails with ESRCH if it is already gone. Must
+    /// run inside the tokio runtime.
+    pub fn watch(&self, pid: u32) -> std::io::Result<()> {
         // SAFETY: the OwnedFd keeps the pidfd open and unchanged for the AsyncFd's lifetime.
         let fd = unsafe { AsyncFd::register(pidfd_open(pid)?) }.map_err(std::io::Error::from)?;
-        let sender = sender.clone();
+        let sender = self.sender.clone();
         tokio::spawn(async move {
             let _ = fd.readable().await;
             let _ = sender.send(pid);
         });
+        Ok(())
     }
-    Ok(receiver)
+}
+
+impl Default for Watcher {
+    fn default() -> Self {
+        Watcher::new()
+    }
 }
 
 /// Reaps a child that has exited and returns its wait status description.

@@ -21,4 +21,5 @@ pub mod spawn;
 pub mod stacks;
 pub mod stats;
 pub mod summary;
+pub mod targets;
 pub mod top;

@@ -9,10 +9,8 @@ use std::{
 
 use crate::{
     config::{BadInput, Output},
-    probe::{
-        allocator::{self, Allocator},
-        maps,
-    },
+    probe::allocator::Allocator,
+    targets::{self, AllocatorCache},
 };
 
 const CAP_SYS_ADMIN: u32 = 21;
@@ -44,16 +42,6 @@ pub fn check_privileges() -> Result<(), BadInput> {
     }
 }
 
-/// Finds the allocator of a running process.
-pub fn allocator_of_pid(pid: u32) -> Result<Allocator, BadInput> {
-    if !Path::new(&format!("/proc/{pid}")).exists() {
-        return Err(BadInput(format!("no such process: pid {pid}")));
-    }
-    let vmas = maps::read(pid)
-        .map_err(|e| BadInput(format!("cannot read the memory map of pid {pid}: {e}")))?;
-    allocator::find(&vmas).map_err(|e| BadInput(format!("pid {pid}: {e}")))
-}
-
 /// Resolves `program` like execvp would (a path, or a name searched in PATH).
 pub fn resolve_command(program: &OsStr) -> Result<PathBuf, BadInput> {
     let is_executable = |path: &Path| {
@@ -78,28 +66,36 @@ pub fn resolve_command(program: &OsStr) -> Result<PathBuf, BadInput> {
     })
 }
 
-/// The allocator a command will use: the C library this process uses, which a dynamically
-/// linked command maps too. A statically linked command has none to probe.
-pub fn allocator_for_command(program: &Path) -> Result<Allocator, BadInput> {
+/// The allocators a command will use, before it starts: a statically linked one in the
+/// executable itself, and those among the libraries the dynamic loader will map for it
+/// (LD_PRELOAD included). A script runs an interpreter found only at exec: the C library
+/// this process uses stands in until then (the targets' maps are re-read every second).
+pub fn allocators_for_command(
+    program: &Path,
+    cache: &mut AllocatorCache,
+) -> Result<Vec<Allocator>, BadInput> {
     let data = std::fs::read(program)
         .map_err(|e| BadInput(format!("cannot read {}: {e}", program.display())))?;
-    if data.starts_with(b"\x7fELF") && !is_dynamically_linked(&data) {
+    let mut found: Vec<Allocator> = Vec::new();
+    if data.starts_with(b"\x7fELF") {
+        found.extend(cache.of_file(program, true));
+        if let Some(interpreter) = targets::interpreter_of(&data) {
+            for library in targets::libraries_of(program, &interpreter) {
+                found.extend(cache.of_file(&library, false));
+            }
+        }
+    } else if let Ok(own) = cache.of_pid(std::process::id()) {
+        found.extend(own.into_iter().filter(|a| a.file.family == "glibc"));
+    }
+    if found.is_empty() {
         return Err(BadInput(format!(
-            "{}: no allocator found: statically linked, no libc.so to probe",
+            "{}: no allocator found: neither it nor any library it loads defines malloc \
+             (statically linked and stripped?)",
             program.display()
         )));
     }
-    let own = maps::read(std::process::id())
-        .map_err(|e| BadInput(format!("cannot read own memory map: {e}")))?;
-    allocator::find(&own).map_err(|e| BadInput(e.to_string()))
-}
-
-fn is_dynamically_linked(elf: &[u8]) -> bool {
-    use object::Object as _;
-    object::File::parse(elf)
-        .ok()
-        .and_then(|file| file.section_by_name(".interp").map(|_| ()))
-        .is_some()
+    found.sort_by_key(|a| (!a.in_executable, a.file.family == "glibc"));
+    Ok(found)
 }
 
 /// Proves that the output can be written before anything is attached: a file's directory

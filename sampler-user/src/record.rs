@@ -45,7 +45,6 @@ enum Stop {
 /// Attaches, records and writes the profile.
 pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<()> {
     let mut recording = Recording::start(prepared, &config.sampling, None)?;
-    let pids = recording.pids().to_vec();
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let started = Instant::now();
@@ -61,11 +60,8 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<()>
     );
     let mut period_started = Instant::now();
     eprintln!(
-        "allocscope: recording pid {} (Ctrl-C to stop)",
-        pids.iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
+        "allocscope: recording {} (Ctrl-C to stop)",
+        recording.describe()
     );
     let stop = loop {
         tokio::select! {
@@ -79,10 +75,11 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<()>
                 let now = Instant::now();
                 let settings = config.sampling.settings(now - started, config.leaks_older_than);
                 let period = Some((now - period_started).as_secs_f64());
-                let profile = recording
+                let mut profile = recording
                     .recorder
                     .profile(&recording.symbolizer, settings, &counters, losses, period, monotonic_ns())
                     .await;
+                profile.probes = recording.probe_points();
                 write_output(&config, &profile)?;
                 recording.recorder.start_period();
                 period_started = Instant::now();
@@ -106,7 +103,7 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<()>
     recording.detach(matches!(stop, Stop::Signal(_)))?;
     let (counters, losses) = recording.counters()?;
     let period = every.map(|_| (stopped - period_started).as_secs_f64());
-    let profile = recording
+    let mut profile = recording
         .recorder
         .profile(
             &recording.symbolizer,
@@ -119,6 +116,7 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<()>
             stopped_ns,
         )
         .await;
+    profile.probes = recording.probe_points();
     let written = write_output(&config, &profile)?;
     eprint!("{}", summary::render(&profile, 10));
     eprintln!("wrote {} ({})", written.display(), config.format.name());

@@ -1,35 +1,51 @@
 //! A running recording, shared by `record` and `top`: prepare (checks, paused child) →
-//! attach → take samples and watch the targets → read the kernel's counters → detach.
+//! attach → take samples and watch the targets come and go → read the kernel's counters →
+//! detach.
 //!
 //! What each command does with the samples (write files, draw a screen) stays in its own
 //! module; this one owns everything whose order matters for correctness: the child runs only
-//! once the probes are attached, the ring buffer is drained before counters are read, and the
-//! probes are detached before the slow work (symbolizing, writing) at the end.
+//! once the probes are attached, a followed process is followed in the kernel before it
+//! runs, the ring buffer is drained before counters are read, and the probes are detached
+//! before the slow work (symbolizing, writing) at the end.
+//!
+//! Targets change while recording: `--comm` and `--all` find new processes by scanning
+//! /proc every second, `--follow` hears of forks and execs from the kernel, and every
+//! target's maps are re-read for allocators loaded late. A process that exits is finalized:
+//! its probes detach, its exact counters are read and its counter slot is reused; its frames
+//! still resolve (the files stay open, see [`crate::stacks`]).
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    time::Duration,
+};
 
 use anyhow::Context as _;
-use aya::maps::{PerCpuArray, RingBuf};
-use log::debug;
-use sampler_common::ProcessCounters;
-use tokio::sync::mpsc;
+use aya::maps::{PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf};
+use log::{debug, info, warn};
+use sampler_common::{ProcessCounters, MAX_TARGETS};
 
 use crate::{
     collect::{self, Event, Losses, SampleReader},
     config::{BadInput, SamplingConfig, Targets},
     exits, preflight,
-    probe::attach::{self, KernelConfig, Probes, ReturnProbes, Target},
-    profile::Recorder,
+    probe::{
+        allocator::Allocator,
+        attach::{AttachedPoint, KernelConfig, Probes, ReturnProbes, Scope, Target},
+    },
+    profile::{ProbePoint, Recorder},
     spawn::{self, PausedChild},
     stacks::symbolize::Symbolizer,
+    targets::{self, AllocatorCache, FindError},
 };
 
 /// Everything prepared before the runtime starts: validated targets and, for `-- CMD`, the
 /// paused child.
 pub struct Prepared {
-    targets: Vec<Target>,
+    targets: Targets,
+    initial: Vec<Target>,
     child: Option<PausedChild>,
     command: String,
+    cache: AllocatorCache,
 }
 
 /// Runs every check that can fail on bad input (privileges, targets, then the caller's own
@@ -41,36 +57,46 @@ pub fn prepare(
     redirect: impl FnOnce() -> Result<Option<spawn::Redirect>, BadInput>,
 ) -> Result<Prepared, BadInput> {
     preflight::check_privileges()?;
-    let mut resolved = match targets {
-        Targets::Pids(pids) => pids
-            .iter()
-            .map(|&pid| {
-                Ok(Target {
-                    pid,
-                    allocator: preflight::allocator_of_pid(pid)?,
-                })
-            })
-            .collect::<Result<Vec<_>, BadInput>>()?,
-        Targets::Command(argv) => {
-            let program = preflight::resolve_command(&argv[0])?;
-            let allocator = preflight::allocator_for_command(&program)?;
-            vec![Target { pid: 0, allocator }]
+    let mut cache = AllocatorCache::default();
+    let mut initial = Vec::new();
+    let mut problems = Vec::new();
+    for &pid in &targets.pids {
+        match cache.of_pid(pid) {
+            Ok(allocators) => initial.push(Target { pid, allocators }),
+            Err(FindError::Gone) => problems.push(format!("no such process: pid {pid}")),
+            Err(e) => problems.push(format!("pid {pid}: {e}")),
         }
-    };
+    }
+    let others = !initial.is_empty() || targets.waits_for_new();
+    if !problems.is_empty() && !others {
+        return Err(BadInput(problems.join("; ")));
+    }
+    for problem in problems {
+        warn!("{problem}: left out");
+    }
+    if !targets.command.is_empty() {
+        let program = preflight::resolve_command(&targets.command[0])?;
+        let allocators = preflight::allocators_for_command(&program, &mut cache)?;
+        initial.push(Target { pid: 0, allocators });
+    }
     check()?;
     let mut child = None;
     let mut command = String::new();
-    if let Targets::Command(argv) = targets {
-        command = argv[0].to_string_lossy().into_owned();
-        let paused = spawn::spawn_paused(argv, redirect()?)
+    if let Some(program) = targets.command.first() {
+        command = program.to_string_lossy().into_owned();
+        let paused = spawn::spawn_paused(&targets.command, redirect()?)
             .map_err(|e| BadInput(format!("cannot start {command}: {e}")))?;
-        resolved[0].pid = paused.pid;
+        if let Some(target) = initial.last_mut() {
+            target.pid = paused.pid;
+        }
         child = Some(paused);
     }
     Ok(Prepared {
-        targets: resolved,
+        targets: targets.clone(),
+        initial,
         child,
         command,
+        cache,
     })
 }
 
@@ -79,7 +105,7 @@ pub fn prepare(
 pub enum Happening {
     /// A target exited (its samples so far stay; its frames resolve with its last maps).
     Exited(u32),
-    /// The last target exited.
+    /// The last target exited, and no new one can come (`-p`, `-- CMD`).
     AllExited,
 }
 
@@ -92,13 +118,36 @@ pub struct Recording {
     pub recorder: Recorder,
     /// Resolves frames for [`Recorder::profile`].
     pub symbolizer: Symbolizer,
-    exited: mpsc::UnboundedReceiver<u32>,
+    targets: Targets,
+    cache: AllocatorCache,
+    watcher: exits::Watcher,
+    /// Attached processes still running → their counter slot.
+    running: BTreeMap<u32, u32>,
+    /// Every process ever attached (or seen host-wide), in order.
     pids: Vec<u32>,
-    running: usize,
+    free_slots: Vec<u32>,
+    next_slot: u32,
+    /// Final counters of processes that exited (their slots were reused).
+    finished: BTreeMap<u32, ProcessCounters>,
+    /// Host mode: allocator files probed for every process.
+    host_files: HashSet<(String, u64)>,
+    /// Processes looked at by a scan, with the executable they had then (an exec makes
+    /// them new again).
+    scanned: HashMap<u32, (String, u64)>,
+    /// Every probe point attached.
+    points: Vec<AttachedPoint>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     refresh: tokio::time::Interval,
+    scan: tokio::time::Interval,
     spawned: Option<u32>,
+    said_waiting: bool,
     last_counters: Option<(BTreeMap<u32, ProcessCounters>, Losses)>,
+    /// When the exact counters were last read (CLOCK_MONOTONIC ns).
+    counted_ns: u64,
+    /// Once detaching: samples and frees after this moment are dropped, so the profile
+    /// covers exactly what the final counters cover (removing a breakpoint takes the kernel
+    /// milliseconds, and the probes still fire meanwhile).
+    cutoff_ns: Option<u64>,
 }
 
 impl Recording {
@@ -111,35 +160,25 @@ impl Recording {
     ) -> anyhow::Result<Recording> {
         let Prepared {
             targets,
+            initial,
             child,
             command,
+            cache,
         } = prepared;
         let kernel = KernelConfig {
             interval: sampling.interval,
             log: sampling.verbose,
             track_frees: (!sampling.alloc_only).then_some(sampling.max_tracked),
             sessions: sampling.sessions,
+            host: targets.all,
+            follow: targets.follow,
+            watch_execs: targets.waits_for_new(),
         };
-        let mut probes = attach::attach(kernel, &targets).context("attaching probes")?;
-        for point in &probes.points {
-            let how = if point.placement.emulated {
-                "emulated"
-            } else {
-                "single-stepped"
-            };
-            debug!(
-                "probe: pid {} {}+{:#x} in {}: `{}` ({how})",
-                point.pid,
-                point.probe,
-                point.placement.offset,
-                point.path.display(),
-                point.placement.instruction,
-            );
-        }
+        let mut probes = Probes::load(kernel).context("loading the eBPF programs")?;
         debug!("allocation returns observed by: {:?}", probes.returns);
         let logger = if sampling.verbose {
             aya_log::EbpfLogger::init(&mut probes.ebpf)
-                .map_err(|e| log::warn!("eBPF log unavailable: {e}"))
+                .map_err(|e| warn!("eBPF log unavailable: {e}"))
                 .ok()
         } else {
             None
@@ -151,36 +190,64 @@ impl Recording {
                 .context("SAMPLES map missing")?,
         )?;
         let reader = SampleReader::new(ring)?;
-        let spawned = child.as_ref().map(|c| c.pid);
-        if let Some(child) = child {
-            child
-                .release()
-                .map_err(|e| BadInput(format!("cannot run {command}: {e}")))?;
-        }
-        let mut recorder = match recent {
+        let recorder = match recent {
             Some(window) => Recorder::with_recent(window),
             None => Recorder::default(),
         };
-        let pids: Vec<u32> = targets.iter().map(|t| t.pid).collect();
-        for &pid in &pids {
-            recorder.track(pid);
-        }
-        let symbolizer = Symbolizer::spawn().context("starting the symbolizer thread")?;
-        let exited = exits::watch(&pids).context("watching target processes")?;
-        Ok(Recording {
+        let mut recording = Recording {
             probes: Some(probes),
             reader,
             batch: Vec::new(),
             recorder,
-            symbolizer,
-            exited,
-            running: pids.len(),
-            pids,
+            symbolizer: Symbolizer::spawn().context("starting the symbolizer thread")?,
+            targets,
+            cache,
+            watcher: exits::Watcher::new(),
+            running: BTreeMap::new(),
+            pids: Vec::new(),
+            free_slots: Vec::new(),
+            next_slot: 0,
+            finished: BTreeMap::new(),
+            host_files: HashSet::new(),
+            scanned: HashMap::new(),
+            points: Vec::new(),
             logger,
             refresh: tokio::time::interval(Duration::from_millis(250)),
-            spawned,
+            scan: tokio::time::interval(Duration::from_secs(1)),
+            spawned: child.as_ref().map(|c| c.pid),
+            said_waiting: false,
             last_counters: None,
-        })
+            counted_ns: 0,
+            cutoff_ns: None,
+        };
+        for target in initial {
+            if recording.targets.follow {
+                recording.probes_mut()?.follow(target.pid)?;
+            }
+            if let Err(e) = recording.attach(target.pid, &target.allocators) {
+                if Some(target.pid) == recording.spawned {
+                    return Err(e.context(format!("attaching to {command}")));
+                }
+                warn!("pid {}: {e:#}: left out", target.pid);
+            }
+        }
+        if let Some(child) = child {
+            let pid = child.pid;
+            child
+                .release()
+                .map_err(|e| BadInput(format!("cannot run {command}: {e}")))?;
+            // Past exec now: its own name, executable and maps.
+            recording.recorder.track(pid);
+        }
+        recording.discover()?;
+        if recording.running.is_empty() && !recording.targets.waits_for_new() {
+            anyhow::bail!("every target exited while the probes were being attached");
+        }
+        Ok(recording)
+    }
+
+    fn probes_mut(&mut self) -> anyhow::Result<&mut Probes> {
+        self.probes.as_mut().context("the probes are detached")
     }
 
     /// How allocation returns are observed (`None` once detached).
@@ -188,9 +255,271 @@ impl Recording {
         self.probes.as_ref().map(|p| p.returns)
     }
 
-    /// The targets' pids.
+    /// Every process attached so far (host-wide: every one seen allocating).
     pub fn pids(&self) -> &[u32] {
         &self.pids
+    }
+
+    /// Every probe point attached so far.
+    pub fn points(&self) -> &[AttachedPoint] {
+        &self.points
+    }
+
+    /// What is being recorded, for people: "pid 12, 13 and the processes they start".
+    pub fn describe(&self) -> String {
+        let pids = || {
+            self.running
+                .keys()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let what = if self.targets.all {
+            "every process".to_owned()
+        } else if let Some(pattern) = &self.targets.comm {
+            format!("processes named like {:?}", pattern.0.as_str())
+        } else {
+            format!("pid {}", pids())
+        };
+        if self.targets.follow {
+            format!("{what} and the processes they start")
+        } else {
+            what
+        }
+    }
+
+    /// Every probe point attached so far, as profiles report them.
+    pub fn probe_points(&self) -> Vec<ProbePoint> {
+        self.points
+            .iter()
+            .map(|point| ProbePoint {
+                pid: point.pid,
+                file: point.path.display().to_string(),
+                function: point.probe.to_string(),
+                offset: point.file_offset + point.placement.offset,
+                instruction: point.placement.instruction.clone(),
+                emulated: point.placement.emulated,
+            })
+            .collect()
+    }
+
+    /// Attaches `allocators` in process `pid` (new ones only, if it is attached already)
+    /// and starts watching it. A process that vanishes meanwhile is an error for the caller
+    /// to report and move on.
+    fn attach(&mut self, pid: u32, allocators: &[Allocator]) -> anyhow::Result<()> {
+        let new = !self.running.contains_key(&pid);
+        let slot = match self.running.get(&pid) {
+            Some(&slot) => slot,
+            None => match self.free_slots.pop() {
+                Some(slot) => slot,
+                None if self.next_slot < MAX_TARGETS => {
+                    self.next_slot += 1;
+                    self.next_slot - 1
+                }
+                None => {
+                    anyhow::bail!("{MAX_TARGETS} processes attached at once: no counter slot left")
+                }
+            },
+        };
+        let attached = self
+            .probes_mut()?
+            .add(Scope::Process { pid, slot }, allocators);
+        let points = match attached {
+            Ok(points) => points,
+            Err(e) => {
+                if new {
+                    self.probes_mut()?.remove(pid);
+                    self.free_slots.push(slot);
+                }
+                if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                    anyhow::bail!("exited while the probes were being attached");
+                }
+                return Err(e.into());
+            }
+        };
+        for point in &points {
+            log_point(point);
+        }
+        self.points.extend(points);
+        if new {
+            if let Err(e) = self.watcher.watch(pid) {
+                self.probes_mut()?.remove(pid);
+                self.free_slots.push(slot);
+                anyhow::bail!("exited while the probes were being attached ({e})");
+            }
+            self.running.insert(pid, slot);
+            if !self.pids.contains(&pid) {
+                self.pids.push(pid);
+            }
+            self.recorder.track(pid);
+            info!(
+                "attached to pid {pid} ({}): {}",
+                targets::comm_of(pid).unwrap_or_default(),
+                describe(allocators)
+            );
+        }
+        let mut described: Vec<String> = allocators.iter().map(Allocator::describe).collect();
+        described.dedup();
+        self.recorder.set_allocators(pid, described);
+        Ok(())
+    }
+
+    /// Looks for new targets (`--comm`, `--all`) and for allocators the current targets
+    /// loaded since they were attached.
+    fn discover(&mut self) -> anyhow::Result<()> {
+        if self.targets.all {
+            self.scan_host()?;
+        } else if self.targets.comm.is_some() {
+            self.scan_comm();
+        }
+        let running: Vec<u32> = self.running.keys().copied().collect();
+        for pid in running {
+            if let Ok(allocators) = self.cache.of_pid(pid) {
+                if let Err(e) = self.attach(pid, &allocators) {
+                    debug!("pid {pid}: late allocators: {e:#}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The processes a scan has not looked at since they started or exec'd.
+    fn unscanned(&mut self) -> Vec<u32> {
+        let pids = targets::all_pids();
+        let alive: HashSet<u32> = pids.iter().copied().collect();
+        self.scanned.retain(|pid, _| alive.contains(pid));
+        pids.into_iter()
+            .filter(|&pid| {
+                let Ok(exe) = std::fs::metadata(format!("/proc/{pid}/exe")) else {
+                    return false; // a kernel thread, or gone
+                };
+                use std::os::unix::fs::MetadataExt as _;
+                let id = targets::file_id(exe.dev(), exe.ino());
+                self.scanned.insert(pid, id.clone()) != Some(id)
+            })
+            .collect()
+    }
+
+    /// `--comm`: attaches to new processes whose name matches, excluded ones and
+    /// ourselves aside.
+    fn scan_comm(&mut self) {
+        for pid in self.unscanned() {
+            self.consider_comm(pid);
+        }
+        if self.running.is_empty() && !self.said_waiting {
+            self.said_waiting = true;
+            if let Some(pattern) = &self.targets.comm {
+                eprintln!(
+                    "allocscope: no process matches --comm {:?} yet: waiting for one to start",
+                    pattern.0.as_str()
+                );
+            }
+        } else if !self.running.is_empty() {
+            self.said_waiting = false;
+        }
+    }
+
+    fn consider_comm(&mut self, pid: u32) {
+        let (Some(pattern), Some(comm)) = (&self.targets.comm, targets::comm_of(pid)) else {
+            return;
+        };
+        if !pattern.0.is_match(&comm) || self.targets.excludes(pid, &comm) {
+            return;
+        }
+        match self.allocators_of(pid) {
+            Ok(allocators) => {
+                if let Err(e) = self.attach(pid, &allocators) {
+                    warn!("pid {pid} ({comm}): {e:#}");
+                }
+            }
+            Err(FindError::Gone) => {}
+            Err(e) => warn!("pid {pid} ({comm}) matches --comm but: {e}"),
+        }
+    }
+
+    /// The allocators of `pid`; for a program that has just exec'd and whose libraries
+    /// the dynamic loader has not mapped yet, those it is about to map.
+    fn allocators_of(&mut self, pid: u32) -> Result<Vec<Allocator>, FindError> {
+        match self.cache.of_pid(pid) {
+            Err(FindError::NoAllocator(why)) => {
+                let exe = std::path::PathBuf::from(format!("/proc/{pid}/exe"));
+                preflight::allocators_for_command(&exe, &mut self.cache)
+                    .map_err(|_| FindError::NoAllocator(why))
+            }
+            found => found,
+        }
+    }
+
+    /// `--all`: probes each allocator file of each new process once, for every process;
+    /// excluded processes (and allocscope) are told to the kernel, which skips them.
+    fn scan_host(&mut self) -> anyhow::Result<()> {
+        self.probes_mut()?.exclude(std::process::id())?;
+        for pid in self.unscanned() {
+            self.consider_host(pid)?;
+        }
+        Ok(())
+    }
+
+    fn consider_host(&mut self, pid: u32) -> anyhow::Result<()> {
+        let Some(comm) = targets::comm_of(pid) else {
+            return Ok(());
+        };
+        if self.targets.excludes(pid, &comm) {
+            self.probes_mut()?.exclude(pid)?;
+            return Ok(());
+        }
+        let Ok(allocators) = self.cache.of_pid(pid) else {
+            return Ok(());
+        };
+        for allocator in allocators {
+            if self.host_files.contains(&allocator.file_id) {
+                continue;
+            }
+            match self
+                .probes_mut()?
+                .add(Scope::Host, std::slice::from_ref(&allocator))
+            {
+                Ok(points) => {
+                    info!("probing {} for every process", allocator.describe());
+                    points.iter().for_each(log_point);
+                    self.points.extend(points);
+                    self.host_files.insert(allocator.file_id.clone());
+                }
+                Err(e) => debug!("{}: {e:#}", allocator.describe()),
+            }
+        }
+        Ok(())
+    }
+
+    /// A followed process forked (`parent` ≠ 0), or a process exec'd (a followed one, or
+    /// any with `--comm` and `--all`).
+    fn on_process(&mut self, pid: u32, parent: u32) {
+        if self.targets.exclude_pids.contains(&pid) {
+            return;
+        }
+        if parent == 0 && !self.running.contains_key(&pid) {
+            // Not a target (yet): a new program for `--comm` or `--all` to look at now.
+            if self.targets.all {
+                if let Err(e) = self.consider_host(pid) {
+                    warn!("looking at new process {pid}: {e:#}");
+                }
+            } else {
+                self.consider_comm(pid);
+            }
+            return;
+        }
+        match self.allocators_of(pid) {
+            Ok(allocators) => {
+                if let Err(e) = self.attach(pid, &allocators) {
+                    debug!("followed pid {pid}: {e:#}");
+                } else if parent == 0 {
+                    // An exec: a new name and executable, maybe new allocators.
+                    self.recorder.track(pid);
+                }
+            }
+            Err(FindError::Gone) => {}
+            Err(e) => warn!("followed pid {pid}: {e}"),
+        }
     }
 
     /// Takes samples until a target exits. Cancel-safe: every record read is in the
@@ -200,7 +529,7 @@ impl Recording {
             tokio::select! {
                 read = self.reader.read(&mut self.batch) => {
                     read?;
-                    self.recorder.add_all(self.batch.drain(..));
+                    self.take_batch();
                 }
                 _ = self.refresh.tick() => {
                     // Keep the maps snapshot current while targets live (libraries loaded
@@ -210,10 +539,11 @@ impl Recording {
                         logger.flush();
                     }
                 }
-                Some(pid) = self.exited.recv() => {
-                    self.recorder.mark_exited(pid);
-                    self.running = self.running.saturating_sub(1);
-                    return Ok(if self.running == 0 {
+                _ = self.scan.tick() => self.discover()?,
+                Some(pid) = self.watcher.exited.recv() => {
+                    self.finalize(pid)?;
+                    let waits = self.targets.waits_for_new();
+                    return Ok(if self.running.is_empty() && !waits {
                         Happening::AllExited
                     } else {
                         Happening::Exited(pid)
@@ -223,29 +553,103 @@ impl Recording {
         }
     }
 
+    /// Moves the batch into the recorder, acting on process events first.
+    fn take_batch(&mut self) {
+        let mut batch = std::mem::take(&mut self.batch);
+        if let Some(cutoff) = self.cutoff_ns {
+            batch.retain(|event| match event {
+                Event::Alloc(sample) => sample.timestamp_ns <= cutoff,
+                Event::Free(freed) => freed.timestamp_ns <= cutoff,
+                Event::Process { .. } => true,
+            });
+        }
+        for event in &batch {
+            match *event {
+                Event::Process { pid, parent } => self.on_process(pid, parent),
+                Event::Alloc(ref sample) if !self.recorder.tracks(sample.pid) => {
+                    // Host-wide: a process seen for the first time.
+                    self.recorder.track(sample.pid);
+                    self.pids.push(sample.pid);
+                }
+                _ => {}
+            }
+        }
+        self.recorder.add_all(batch);
+    }
+
+    /// A target exited: its probes go, its exact counters are kept and its slot reused.
+    fn finalize(&mut self, pid: u32) -> anyhow::Result<()> {
+        self.catch_up();
+        self.recorder.mark_exited(pid);
+        let Some(slot) = self.running.remove(&pid) else {
+            return Ok(());
+        };
+        let Some(probes) = self.probes.as_mut() else {
+            return Ok(());
+        };
+        probes.remove(pid);
+        let last = {
+            let map = probes
+                .ebpf
+                .map("COUNTERS")
+                .context("COUNTERS map missing")?;
+            collect::read_counters(&PerCpuArray::try_from(map)?, &[(pid, slot)])?
+        };
+        let before = self.finished.get(&pid).copied().unwrap_or_default();
+        let total = add(before, last.get(&pid).copied().unwrap_or_default());
+        self.finished.insert(pid, total);
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+        let zeros = PerCpuValues::try_from(vec![ProcessCounters::default(); cpus])?;
+        let map = probes
+            .ebpf
+            .map_mut("COUNTERS")
+            .context("COUNTERS map missing")?;
+        let mut counters: PerCpuArray<_, ProcessCounters> = PerCpuArray::try_from(map)?;
+        counters.set(slot, zeros, 0)?;
+        self.free_slots.push(slot);
+        Ok(())
+    }
+
     /// Moves every sample waiting in the ring buffer into the recorder.
     pub fn catch_up(&mut self) {
         self.reader.drain(&mut self.batch);
-        self.recorder.add_all(self.batch.drain(..));
+        self.take_batch();
     }
 
-    /// Catches up, then reads the kernel's exact counters per target and the loss counters
+    /// Catches up, then reads the kernel's exact counters per process and the loss counters
     /// (after detaching: the values read last).
     pub fn counters(&mut self) -> anyhow::Result<(BTreeMap<u32, ProcessCounters>, Losses)> {
         self.catch_up();
         if let Some(probes) = &self.probes {
-            let counters = {
+            let slots: Vec<(u32, u32)> = self.running.iter().map(|(&p, &s)| (p, s)).collect();
+            self.counted_ns = monotonic_ns();
+            let mut counters = {
                 let map = probes
                     .ebpf
                     .map("COUNTERS")
                     .context("COUNTERS map missing")?;
-                collect::read_counters(&PerCpuArray::try_from(map)?, &self.pids)?
+                collect::read_counters(&PerCpuArray::try_from(map)?, &slots)?
             };
+            if self.targets.all {
+                let map = probes
+                    .ebpf
+                    .map("HOST_COUNTERS")
+                    .context("HOST_COUNTERS map missing")?;
+                let host = collect::read_host_counters(&PerCpuHashMap::try_from(map)?)?;
+                for (pid, c) in host {
+                    let total = add(counters.get(&pid).copied().unwrap_or_default(), c);
+                    counters.insert(pid, total);
+                }
+            }
+            for (&pid, &c) in &self.finished {
+                let total = add(counters.get(&pid).copied().unwrap_or_default(), c);
+                counters.insert(pid, total);
+            }
             let losses = {
                 let map = probes.ebpf.map("LOSSES").context("LOSSES map missing")?;
                 collect::read_losses(&PerCpuArray::try_from(map)?)?
             };
-            self.last_counters = Some((counters.clone(), losses));
+            self.last_counters = Some((counters, losses));
         }
         self.last_counters
             .clone()
@@ -260,6 +664,7 @@ impl Recording {
             return Ok(());
         }
         self.counters()?;
+        self.cutoff_ns = Some(self.counted_ns);
         if let Some(logger) = self.logger.as_mut() {
             logger.flush();
         }
@@ -271,17 +676,49 @@ impl Recording {
                 unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
             }
             if let Some(status) = exits::reap(pid) {
-                log::info!("command {status}");
+                info!("command {status}");
             }
         }
         if self.reader.malformed > 0 {
-            log::warn!(
+            warn!(
                 "{} malformed ring-buffer records ignored",
                 self.reader.malformed
             );
         }
         Ok(())
     }
+}
+
+fn add(a: ProcessCounters, b: ProcessCounters) -> ProcessCounters {
+    ProcessCounters {
+        calls: a.calls + b.calls,
+        bytes: a.bytes + b.bytes,
+    }
+}
+
+fn describe(allocators: &[Allocator]) -> String {
+    allocators
+        .iter()
+        .map(Allocator::describe)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn log_point(point: &AttachedPoint) {
+    let how = if point.placement.emulated {
+        "emulated"
+    } else {
+        "single-stepped"
+    };
+    debug!(
+        "probe: pid {} {}+{:#x} at {:#x} in {}: `{}` ({how})",
+        point.pid,
+        point.probe,
+        point.placement.offset,
+        point.file_offset,
+        point.path.display(),
+        point.placement.instruction,
+    );
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`, so ages of sampled

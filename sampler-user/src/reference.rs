@@ -8,6 +8,7 @@ use aya::maps::PerCpuArray;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
+    config::BadInput,
     preflight,
     probe::attach::{self, Target},
 };
@@ -15,10 +16,13 @@ use crate::{
 /// Attaches, waits for SIGINT or SIGTERM, prints the number of calls seen.
 pub fn run(pid: u32) -> anyhow::Result<()> {
     preflight::check_privileges()?;
-    let target = Target {
-        pid,
-        allocator: preflight::allocator_of_pid(pid)?,
-    };
+    if pid == std::process::id() {
+        return Err(BadInput(format!("pid {pid} is allocscope itself")).into());
+    }
+    let allocators = crate::targets::AllocatorCache::default()
+        .of_pid(pid)
+        .map_err(|e| BadInput(format!("pid {pid}: {e}")))?;
+    let target = Target { pid, allocators };
     let probes = attach::attach_reference(&target).context("attaching the reference probe")?;
     eprintln!("allocscope: reference probe recording pid {pid} (counting malloc calls)");
     let runtime = tokio::runtime::Builder::new_current_thread()

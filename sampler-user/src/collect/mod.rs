@@ -7,10 +7,10 @@
 use std::collections::BTreeMap;
 
 use anyhow::Context as _;
-use aya::maps::{MapData, PerCpuArray, RingBuf};
+use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use sampler_common::{
-    AllocEvent, AllocFn, EventKind, FreeEvent, LossCounter, ProcessCounters, FLAG_STACK_AT_RETURN,
-    FLAG_TRACKED, MAX_STACK_DEPTH,
+    AllocEvent, AllocFn, EventKind, FreeEvent, LossCounter, ProcessCounters, ProcessEvent,
+    FLAG_STACK_AT_RETURN, FLAG_TRACKED, MAX_STACK_DEPTH, PROCESS_EXEC, PROCESS_FORK,
 };
 use tokio::io::unix::AsyncFd;
 
@@ -63,6 +63,13 @@ pub enum Event {
     Alloc(Sample),
     /// A tracked block freed.
     Free(Freed),
+    /// A followed process forked (`parent` set) or exec'd (`parent` 0).
+    Process {
+        /// The new or exec'ing process.
+        pid: u32,
+        /// The forking process; 0 for an exec.
+        parent: u32,
+    },
 }
 
 /// Decodes one ring-buffer record; `None` for a record of the wrong size or content.
@@ -79,6 +86,22 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
             timestamp_ns: event.timestamp_ns,
             address: event.address,
         }));
+    }
+    if kind == EventKind::Process as u32 {
+        if bytes.len() < std::mem::size_of::<ProcessEvent>() {
+            return None;
+        }
+        // SAFETY: the length was checked; ProcessEvent is plain integers.
+        let event: ProcessEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        let parent = match event.what {
+            PROCESS_FORK => event.parent,
+            PROCESS_EXEC => 0,
+            _ => return None,
+        };
+        return Some(Event::Process {
+            pid: event.pid,
+            parent,
+        });
     }
     if kind != EventKind::Alloc as u32 || bytes.len() < std::mem::size_of::<AllocEvent>() {
         return None;
@@ -194,22 +217,36 @@ pub fn read_losses(map: &PerCpuArray<&MapData, u64>) -> anyhow::Result<Losses> {
     })
 }
 
-/// Reads the `COUNTERS` per-CPU array: exact calls and bytes of target slot `i` (the pid
-/// `pids[i]`), summed over CPUs.
+fn sum(values: &[ProcessCounters]) -> ProcessCounters {
+    values
+        .iter()
+        .fold(ProcessCounters::default(), |acc, c| ProcessCounters {
+            calls: acc.calls + c.calls,
+            bytes: acc.bytes + c.bytes,
+        })
+}
+
+/// Reads the `COUNTERS` per-CPU array: exact calls and bytes of each (pid, slot), summed
+/// over CPUs.
 pub fn read_counters(
     map: &PerCpuArray<&MapData, ProcessCounters>,
-    pids: &[u32],
+    slots: &[(u32, u32)],
 ) -> anyhow::Result<BTreeMap<u32, ProcessCounters>> {
     let mut totals = BTreeMap::new();
-    for (slot, &pid) in (0u32..).zip(pids) {
-        let total = map
-            .get(&slot, 0)?
-            .iter()
-            .fold(ProcessCounters::default(), |acc, c| ProcessCounters {
-                calls: acc.calls + c.calls,
-                bytes: acc.bytes + c.bytes,
-            });
-        totals.insert(pid, total);
+    for &(pid, slot) in slots {
+        totals.insert(pid, sum(&map.get(&slot, 0)?));
+    }
+    Ok(totals)
+}
+
+/// Reads the `HOST_COUNTERS` per-CPU hash (`--all`): exact calls and bytes per pid.
+pub fn read_host_counters(
+    map: &PerCpuHashMap<&MapData, u32, ProcessCounters>,
+) -> anyhow::Result<BTreeMap<u32, ProcessCounters>> {
+    let mut totals = BTreeMap::new();
+    for entry in map.iter() {
+        let (pid, values) = entry?;
+        totals.insert(pid, sum(&values));
     }
     Ok(totals)
 }

@@ -208,6 +208,8 @@ pub(crate) mod tests {
                 pid: 42,
                 command: "app".into(),
                 executable: "/bin/app".into(),
+                cgroup: Some("/system.slice/app.service".into()),
+                allocators: vec!["glibc (/lib/libc.so.6)".into()],
                 exact: ExactCounts {
                     calls: 300,
                     bytes: 30000,
@@ -244,6 +246,7 @@ pub(crate) mod tests {
                     200.0,
                 ),
             ],
+            probes: Vec::new(),
         }
     }
 

@@ -1,13 +1,28 @@
-//! Which allocator a process uses, and which of its functions to probe.
+//! Which allocators a process uses, and which of their entry points to probe.
 //!
-//! This first version knows glibc: the mapped `libc.so.6` provides the malloc family. The
-//! function sizes from its dynamic symbol table let the kernel side recognize a malloc called
-//! from inside realloc or the memalign family (counted once, DESIGN.md §3).
+//! An allocator is any mapped ELF file that defines a malloc (by its plain name or a
+//! prefixed one: `je_`, `_rjem_`, `tc_`, `mi_`): glibc's `libc.so.6`, an interposed
+//! jemalloc, tcmalloc or mimalloc, or an allocator linked statically into the executable
+//! (read from its full symbol table). Every allocator a process maps is probed: an
+//! interposed library takes the calls, but the C library's own malloc can still be reached
+//! (by code that calls it directly), and each probed call is real memory. A function
+//! reached from another probed one (`new[]` tail-calling `new`, glibc's `realloc(NULL, n)`
+//! calling `malloc`) is recognized in the kernel and counted once (DESIGN.md §3).
+//!
+//! C++ `operator new`/`delete` are probed where an allocator defines them (tcmalloc,
+//! jemalloc, mimalloc replace them); libstdc++'s own versions call `malloc`/`free` and
+//! need no probe of their own. The analysis of a file is pure (bytes in, entry points
+//! out) and cached by the caller per file identity, so a host with a thousand processes
+//! parses its libc once.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::{HashMap, HashSet},
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use iced_x86::Register;
-use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+use object::{Object as _, ObjectSection as _, ObjectSymbol as _, ObjectSymbolTable as _};
 use sampler_common::AllocFn;
 
 use super::{
@@ -15,22 +30,22 @@ use super::{
     prologue::{self, Placement},
 };
 
-/// An allocator library found in a process, with the functions it exports.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Allocator {
-    /// Path of the library as the process maps it.
-    pub path: PathBuf,
-    /// Probed functions present in the library, one per distinct address.
-    pub functions: Vec<Function>,
-    /// Where to probe `free` (to track frees), if the library exports it.
-    pub free: Option<Placement>,
+/// What a probed entry point does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Allocates, with the arguments laid out like this function.
+    Alloc(AllocFn),
+    /// Frees the pointer in its first argument.
+    Free,
 }
 
-/// A probed function as the library defines it.
+/// A probed entry point as the file defines it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Function {
-    /// Which function.
+    /// Which function (argument layout).
     pub function: AllocFn,
+    /// The symbol chosen among its aliases (reported with `--verbose` and in JSON).
+    pub symbol: String,
     /// Symbol value (address in the file's virtual address space).
     pub address: u64,
     /// Code size in bytes.
@@ -41,68 +56,342 @@ pub struct Function {
     pub probe: Placement,
 }
 
+/// A probed free-like entry point (`free`, `sdallocx`, `operator delete`, `mi_free`…).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FreeFunction {
+    /// The symbol chosen among its aliases.
+    pub symbol: String,
+    /// File offset of the symbol.
+    pub file_offset: u64,
+    /// Where in it the probe goes.
+    pub probe: Placement,
+}
+
+/// The entry points of one allocator file (the pure analysis, shared between processes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocatorFile {
+    /// Which allocator this is ("glibc", "jemalloc", "tcmalloc", "mimalloc", "malloc").
+    pub family: &'static str,
+    /// Allocation entry points, one per distinct address.
+    pub functions: Vec<Function>,
+    /// Free entry points, one per distinct address.
+    pub frees: Vec<FreeFunction>,
+}
+
+/// An allocator found in a process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allocator {
+    /// Where to open (and attach to) the file: through the process's own view of it.
+    pub path: PathBuf,
+    /// The file's path as the process maps it (what users see).
+    pub shown: PathBuf,
+    /// Identity of the file (device, inode).
+    pub file_id: (String, u64),
+    /// Whether it is the executable itself (a statically linked allocator).
+    pub in_executable: bool,
+    /// Its entry points.
+    pub file: Arc<AllocatorFile>,
+}
+
+impl Allocator {
+    /// "jemalloc (/usr/lib/…/libjemalloc.so.2)" or "malloc (static, in /usr/bin/x)".
+    pub fn describe(&self) -> String {
+        if self.in_executable {
+            format!("{} (static, in {})", self.file.family, self.shown.display())
+        } else {
+            format!("{} ({})", self.file.family, self.shown.display())
+        }
+    }
+}
+
 /// Registers the allocation probes read: the size and pointer arguments.
 const ARGUMENT_REGISTERS: [Register; 3] = [Register::RDI, Register::RSI, Register::RDX];
 
 /// Errors finding an allocator.
 #[derive(Debug, thiserror::Error)]
 pub enum AllocatorError {
-    /// No mapping looks like glibc.
-    #[error("no allocator found: the process maps no libc.so (statically linked or not glibc?)")]
-    NoLibc,
-    /// The library could not be read or parsed.
-    #[error("cannot read allocator library {path}")]
-    Unreadable {
-        /// The library.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The library has no malloc symbol.
-    #[error("{path} exports no malloc to probe")]
-    NoMalloc {
-        /// The library.
-        path: PathBuf,
-    },
+    /// No mapped file defines a malloc.
+    #[error(
+        "no allocator found: neither the executable nor any library it maps defines malloc \
+         (a stripped static binary, or no allocator at all)"
+    )]
+    NoAllocator,
 }
 
-/// Finds glibc among the mappings.
-pub fn find(vmas: &[Vma]) -> Result<Allocator, AllocatorError> {
-    let path = vmas
+/// The allocation role of a symbol name, if it is an entry point we probe. Pure.
+pub fn classify(name: &str) -> Option<Role> {
+    // Versioned names (malloc@@GLIBC_2.2.5) appear in some tables.
+    let name = name.split('@').next().unwrap_or(name);
+    if name.starts_with("_ZdlPv") || name.starts_with("_ZdaPv") {
+        return Some(Role::Free);
+    }
+    if name.starts_with("_Znwm") || name.starts_with("_Znam") {
+        return Some(Role::Alloc(AllocFn::New));
+    }
+    if let Some(base) = name
+        .strip_prefix("tc_")
+        .or_else(|| name.strip_prefix("mi_"))
+    {
+        // tcmalloc's and mimalloc's own names for operator new and delete.
+        if base.starts_with("new") {
+            return Some(Role::Alloc(AllocFn::New));
+        }
+        if base.starts_with("delete") {
+            return Some(Role::Free);
+        }
+    }
+    ["", "je_", "_rjem_", "tc_", "mi_"]
         .iter()
-        .filter_map(|vma| vma.path.as_deref())
-        .find(|path| is_libc(path))
-        .ok_or(AllocatorError::NoLibc)?;
-    let data = std::fs::read(path).map_err(|source| AllocatorError::Unreadable {
-        path: path.to_owned(),
-        source,
-    })?;
-    let functions = exported_functions(&data).map_err(|source| AllocatorError::Unreadable {
-        path: path.to_owned(),
-        source,
-    })?;
-    let free = free_placement(&data);
-    if !functions.iter().any(|f| f.function == AllocFn::Malloc) {
-        return Err(AllocatorError::NoMalloc {
-            path: path.to_owned(),
+        .find_map(|prefix| classify_base(name.strip_prefix(prefix)?))
+}
+
+fn classify_base(base: &str) -> Option<Role> {
+    let alloc = |f| Some(Role::Alloc(f));
+    match base {
+        "malloc" => alloc(AllocFn::Malloc),
+        "calloc" => alloc(AllocFn::Calloc),
+        "realloc" | "rallocx" => alloc(AllocFn::Realloc),
+        "posix_memalign" => alloc(AllocFn::PosixMemalign),
+        "aligned_alloc" => alloc(AllocFn::AlignedAlloc),
+        "memalign" => alloc(AllocFn::Memalign),
+        "valloc" => alloc(AllocFn::Valloc),
+        "pvalloc" => alloc(AllocFn::Pvalloc),
+        "mallocx" | "zalloc" => alloc(AllocFn::New),
+        "free" | "cfree" | "sdallocx" | "dallocx" | "free_size" | "free_aligned"
+        | "free_size_aligned" | "free_sized" => Some(Role::Free),
+        _ => None,
+    }
+}
+
+/// Analyses an ELF file: its allocation and free entry points, or `None` if it defines no
+/// malloc (not an allocator). `full_symbols` also reads the static symbol table (the
+/// executable, where a statically linked allocator's symbols are local). Pure.
+pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<AllocatorFile> {
+    let file = object::File::parse(elf).ok()?;
+    let mut allocs: Vec<(AllocFn, String, u64, u64)> = Vec::new();
+    let mut frees: Vec<(String, u64, u64)> = Vec::new();
+    let statics = full_symbols.then(|| file.symbols()).into_iter().flatten();
+    let mut names: Vec<String> = Vec::new();
+    for symbol in file.dynamic_symbols().chain(statics) {
+        if !symbol.is_definition() || symbol.kind() != object::SymbolKind::Text {
+            continue;
+        }
+        let Ok(name) = symbol.name() else { continue };
+        let name = name.split('@').next().unwrap_or(name).to_owned();
+        match classify(&name) {
+            Some(Role::Alloc(function)) => {
+                allocs.push((function, name.clone(), symbol.address(), symbol.size()))
+            }
+            Some(Role::Free) => frees.push((name.clone(), symbol.address(), symbol.size())),
+            None => {}
+        }
+        names.push(name);
+    }
+    let defines_malloc = allocs
+        .iter()
+        .any(|(f, name, ..)| *f == AllocFn::Malloc || name.ends_with("mallocx"));
+    if !defines_malloc {
+        return None;
+    }
+    // A function that only jumps to another probed one (jemalloc's `new[]` to `new`,
+    // mimalloc's `valloc` to `mi_valloc` through the PLT) is left to that one: probing
+    // both would count each call twice.
+    let candidates: HashSet<u64> = allocs
+        .iter()
+        .map(|a| a.2)
+        .chain(frees.iter().map(|f| f.1))
+        .collect();
+    let candidate_names: HashSet<&str> = allocs
+        .iter()
+        .map(|a| a.1.as_str())
+        .chain(frees.iter().map(|f| f.0.as_str()))
+        .collect();
+    let got = got_symbols(&file);
+    let forwards = |address: u64, size: u64| {
+        let code = code_at(&file, address, size).unwrap_or_default();
+        match jump_target(code, address) {
+            Some(target) if candidates.contains(&target) && target != address => true,
+            Some(target) => plt_import(&file, target, &got)
+                .is_some_and(|name| candidate_names.contains(name.as_str())),
+            None => false,
+        }
+    };
+    let forwarders: HashSet<u64> = allocs
+        .iter()
+        .map(|a| (a.2, a.3))
+        .chain(frees.iter().map(|f| (f.1, f.2)))
+        .filter(|&(address, size)| forwards(address, size))
+        .map(|(address, _)| address)
+        .collect();
+    allocs.retain(|a| !forwarders.contains(&a.2));
+    frees.retain(|f| !forwarders.contains(&f.1));
+    // One probe per address: of aliases (tcmalloc's malloc and tc_malloc, glibc's memalign
+    // and aligned_alloc) keep the first in AllocFn order, then the shortest name, whose
+    // arguments are laid out alike.
+    allocs.sort_by(|a, b| (a.0 as u32, a.1.len(), &a.1).cmp(&(b.0 as u32, b.1.len(), &b.1)));
+    let mut functions: Vec<Function> = Vec::new();
+    for (function, symbol, address, size) in allocs {
+        if functions.iter().any(|kept| kept.address == address) {
+            continue;
+        }
+        let code = code_at(&file, address, size).unwrap_or_default();
+        functions.push(Function {
+            function,
+            symbol,
+            address,
+            size,
+            file_offset: file_offset_of(&file, address).unwrap_or(0),
+            probe: prologue::choose(code, &ARGUMENT_REGISTERS),
         });
     }
-    Ok(Allocator {
-        path: path.to_owned(),
+    frees.sort_by(|a, b| (a.0.len(), &a.0).cmp(&(b.0.len(), &b.0)));
+    let mut kept_frees: Vec<(u64, FreeFunction)> = Vec::new();
+    for (symbol, address, size) in frees {
+        if kept_frees.iter().any(|(kept, _)| *kept == address) {
+            continue;
+        }
+        let code = code_at(&file, address, size).unwrap_or_default();
+        kept_frees.push((
+            address,
+            FreeFunction {
+                symbol,
+                file_offset: file_offset_of(&file, address).unwrap_or(0),
+                probe: prologue::choose(code, &[Register::RDI]),
+            },
+        ));
+    }
+    Some(AllocatorFile {
+        family: family(&names, file_name),
         functions,
-        free,
+        frees: kept_frees.into_iter().map(|(_, f)| f).collect(),
     })
 }
 
-/// Where to probe `free(ptr)`: it reads only `rdi`.
-pub fn free_placement(elf: &[u8]) -> Option<Placement> {
-    let file = object::File::parse(elf).ok()?;
-    let symbol = file.dynamic_symbols().chain(file.symbols()).find(|s| {
-        s.is_definition() && s.name().is_ok_and(|n| n.split('@').next() == Some("free"))
-    })?;
-    let code = code_at(&file, symbol.address(), symbol.size())?;
-    Some(prologue::choose(code, &[Register::RDI]))
+/// Where a function goes if its first instruction (after `endbr64`) is an unconditional
+/// direct jump: the whole function is a forwarder. Pure.
+pub fn jump_target(code: &[u8], address: u64) -> Option<u64> {
+    let mut decoder = iced_x86::Decoder::with_ip(64, code, address, iced_x86::DecoderOptions::NONE);
+    let mut instruction = decoder.decode();
+    if instruction.code() == iced_x86::Code::Endbr64 {
+        instruction = decoder.decode();
+    }
+    (instruction.flow_control() == iced_x86::FlowControl::UnconditionalBranch
+        && instruction.op0_kind() == iced_x86::OpKind::NearBranch64)
+        .then(|| instruction.near_branch_target())
+}
+
+/// GOT slot address → the imported symbol it is resolved to (jump-slot relocations).
+fn got_symbols(file: &object::File) -> HashMap<u64, String> {
+    let Some(symbols) = file.dynamic_symbol_table() else {
+        return HashMap::new();
+    };
+    file.dynamic_relocations()
+        .into_iter()
+        .flatten()
+        .filter_map(|(slot, relocation)| match relocation.target() {
+            object::RelocationTarget::Symbol(index) => {
+                let name = symbols.symbol_by_index(index).ok()?.name().ok()?;
+                Some((slot, name.split('@').next().unwrap_or(name).to_owned()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The symbol a PLT stub at `address` jumps to (`jmp *GOT(%rip)`, after `endbr64`), if
+/// `address` is one.
+fn plt_import<'a>(
+    file: &object::File,
+    address: u64,
+    got: &'a HashMap<u64, String>,
+) -> Option<&'a String> {
+    let section = file
+        .sections()
+        .find(|s| (s.address()..s.address() + s.size()).contains(&address))?;
+    if !section.name().is_ok_and(|n| n.starts_with(".plt")) {
+        return None;
+    }
+    let code = section.data_range(address, 16).ok()??;
+    let mut decoder = iced_x86::Decoder::with_ip(64, code, address, iced_x86::DecoderOptions::NONE);
+    let mut instruction = decoder.decode();
+    if instruction.code() == iced_x86::Code::Endbr64 {
+        instruction = decoder.decode();
+    }
+    if instruction.flow_control() != iced_x86::FlowControl::IndirectBranch
+        || !instruction.is_ip_rel_memory_operand()
+    {
+        return None;
+    }
+    got.get(&instruction.ip_rel_memory_address())
+}
+
+/// Names the allocator from the symbols it defines (or its file name).
+fn family(names: &[String], file_name: &str) -> &'static str {
+    let has = |wanted: &str| names.iter().any(|n| n == wanted);
+    let has_prefix = |prefix: &str| names.iter().any(|n| n.starts_with(prefix));
+    if has("mallocx") || has_prefix("je_") || has_prefix("_rjem_") {
+        "jemalloc"
+    } else if has("tc_malloc") {
+        "tcmalloc"
+    } else if has("mi_malloc") {
+        "mimalloc"
+    } else if is_libc(file_name) || has("__libc_malloc") {
+        "glibc"
+    } else {
+        "malloc"
+    }
+}
+
+/// Finds every allocator among `pid`'s executable mappings; `analysed` is asked for the
+/// analysis of each distinct file (a cache by file identity), given the path to read and
+/// whether it is the executable.
+pub fn find(
+    pid: u32,
+    vmas: &[Vma],
+    executable: Option<&Path>,
+    mut analysed: impl FnMut(&Vma, &Path, bool) -> Option<Arc<AllocatorFile>>,
+) -> Result<Vec<Allocator>, AllocatorError> {
+    let mut found: Vec<Allocator> = Vec::new();
+    let mut seen: Vec<&(String, u64)> = Vec::new();
+    for vma in vmas.iter().filter(|v| v.executable) {
+        let Some(shown) = vma.path.as_deref() else {
+            continue;
+        };
+        if seen.contains(&&vma.file_id) {
+            continue;
+        }
+        seen.push(&vma.file_id);
+        let in_executable = executable == Some(shown);
+        let path = vma.file_in(pid);
+        if let Some(file) = analysed(vma, &path, in_executable) {
+            found.push(Allocator {
+                path,
+                shown: shown.to_owned(),
+                file_id: vma.file_id.clone(),
+                in_executable,
+                file,
+            });
+        }
+    }
+    if found.is_empty() {
+        return Err(AllocatorError::NoAllocator);
+    }
+    // The interposer first (it takes the calls), the C library last.
+    found.sort_by_key(|a| (!a.in_executable, a.file.family == "glibc"));
+    Ok(found)
+}
+
+/// Reads and analyses one file (mapped, not copied: libraries can be large).
+pub fn analyse_file(path: &Path, full_symbols: bool, shown: &Path) -> Option<AllocatorFile> {
+    let file = std::fs::File::open(path).ok()?;
+    // SAFETY: the mapping is read-only and private; a library being replaced on disk is a
+    // new inode (the package manager renames), so the bytes read do not change under us.
+    let data = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let name = shown
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    analyse(&data, full_symbols, name)
 }
 
 /// The file offset of virtual `address`, through the section holding it.
@@ -122,48 +411,8 @@ fn code_at<'data>(file: &object::File<'data>, address: u64, size: u64) -> Option
         .ok()?
 }
 
-fn is_libc(path: &Path) -> bool {
-    path.file_name()
-        .and_then(|name| name.to_str())
-        .is_some_and(|name| name.starts_with("libc.so") || name.starts_with("libc-2."))
-}
-
-/// The probed functions an ELF file defines (dynamic symbols first, the static table as a
-/// fallback). Aliases are dropped: glibc's memalign and aligned_alloc are one function at one
-/// address, and two probes there would count each call twice; the one kept comes first in
-/// [`AllocFn::ALL`] order (the arguments of aliases are laid out alike). Pure: takes the
-/// file's bytes.
-pub fn exported_functions(elf: &[u8]) -> std::io::Result<Vec<Function>> {
-    let file = object::File::parse(elf).map_err(std::io::Error::other)?;
-    let mut found: Vec<Function> = Vec::new();
-    for symbol in file.dynamic_symbols().chain(file.symbols()) {
-        if !symbol.is_definition() || symbol.kind() != object::SymbolKind::Text {
-            continue;
-        }
-        let Ok(name) = symbol.name() else { continue };
-        // Versioned names (malloc@@GLIBC_2.2.5) appear in some tables.
-        let name = name.split('@').next().unwrap_or(name);
-        if let Some(function) = AllocFn::ALL.into_iter().find(|f| f.symbol() == name) {
-            if !found.iter().any(|f| f.function == function) {
-                let code = code_at(&file, symbol.address(), symbol.size()).unwrap_or_default();
-                found.push(Function {
-                    function,
-                    address: symbol.address(),
-                    size: symbol.size(),
-                    file_offset: file_offset_of(&file, symbol.address()).unwrap_or(0),
-                    probe: prologue::choose(code, &ARGUMENT_REGISTERS),
-                });
-            }
-        }
-    }
-    found.sort_by_key(|f| f.function as u32);
-    let mut distinct: Vec<Function> = Vec::with_capacity(found.len());
-    for function in found {
-        if !distinct.iter().any(|kept| kept.address == function.address) {
-            distinct.push(function);
-        }
-    }
-    Ok(distinct)
+fn is_libc(name: &str) -> bool {
+    name.starts_with("libc.so") || name.starts_with("libc-2.")
 }
 
 #[cfg(test)]
@@ -172,20 +421,96 @@ mod tests {
 
     #[test]
     fn recognizes_libc_names() {
-        assert!(is_libc(Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6")));
-        assert!(is_libc(Path::new("/lib/libc-2.31.so")));
-        assert!(!is_libc(Path::new("/usr/lib/libcap.so.2")));
-        assert!(!is_libc(Path::new("/usr/lib/libcrypt.so.1")));
+        assert!(is_libc("libc.so.6"));
+        assert!(is_libc("libc-2.31.so"));
+        assert!(!is_libc("libcap.so.2"));
+        assert!(!is_libc("libcrypt.so.1"));
     }
 
     #[test]
-    fn no_libc_is_a_clear_error() {
-        let err = find(&[]).unwrap_err();
+    fn classifies_entry_points_of_every_family() {
+        let alloc = |f| Some(Role::Alloc(f));
+        assert_eq!(classify("malloc@@GLIBC_2.2.5"), alloc(AllocFn::Malloc));
+        assert_eq!(classify("je_malloc"), alloc(AllocFn::Malloc));
+        assert_eq!(classify("_rjem_mallocx"), alloc(AllocFn::New));
+        assert_eq!(classify("_rjem_sdallocx"), Some(Role::Free));
+        assert_eq!(classify("rallocx"), alloc(AllocFn::Realloc));
+        assert_eq!(classify("dallocx"), Some(Role::Free));
+        assert_eq!(classify("tc_newarray_nothrow"), alloc(AllocFn::New));
+        assert_eq!(classify("tc_delete_sized"), Some(Role::Free));
+        assert_eq!(classify("mi_zalloc"), alloc(AllocFn::New));
+        assert_eq!(classify("mi_calloc"), alloc(AllocFn::Calloc));
+        assert_eq!(classify("mi_free"), Some(Role::Free));
+        assert_eq!(classify("_ZnamSt11align_val_t"), alloc(AllocFn::New));
+        assert_eq!(classify("_ZdlPvm"), Some(Role::Free));
+        assert_eq!(classify("malloc_usable_size"), None);
+        assert_eq!(classify("tc_malloc_stats"), None);
+        assert_eq!(classify("mi_malloc_size"), None);
+        assert_eq!(classify("mi_malloc_aligned"), None);
+        assert_eq!(classify("xallocx"), None);
+        // glibc functions that merely start like C++'s.
+        assert_eq!(classify("newlocale"), None);
+        assert_eq!(classify("delete_module"), None);
+    }
+
+    #[test]
+    fn recognizes_forwarders() {
+        // endbr64; jmp rel32 (to 0x1000 + 9 + 0x10)
+        let code = [0xf3, 0x0f, 0x1e, 0xfa, 0xe9, 0x10, 0, 0, 0];
+        assert_eq!(jump_target(&code, 0x1000), Some(0x1019));
+        // jmp rel8
+        assert_eq!(jump_target(&[0xeb, 0x05], 0x2000), Some(0x2007));
+        // push rbp; ... is a function of its own
+        assert_eq!(jump_target(&[0x55, 0x48, 0x89, 0xe5], 0x3000), None);
+        // a conditional jump is not a forwarder
+        assert_eq!(jump_target(&[0x74, 0x05], 0x3000), None);
+    }
+
+    #[test]
+    fn no_allocator_is_a_clear_error() {
+        let err = find(1, &[], None, |_, _, _| None).unwrap_err();
         assert!(err.to_string().contains("no allocator found"), "{err}");
     }
 
     #[test]
-    fn garbage_is_not_an_elf() {
-        assert!(exported_functions(b"not an elf").is_err());
+    fn garbage_is_not_an_allocator() {
+        assert!(analyse(b"not an elf", true, "x").is_none());
+    }
+
+    /// The machine's own C library: every glibc entry point, memalign/aligned_alloc once.
+    #[test]
+    fn analyses_this_machines_libc() {
+        let own = super::super::maps::read(std::process::id()).unwrap();
+        let libc = own
+            .iter()
+            .find(|v| {
+                v.path
+                    .as_ref()
+                    .is_some_and(|p| p.to_string_lossy().contains("libc.so"))
+            })
+            .expect("tests link glibc");
+        let path = libc.path.clone().unwrap();
+        let file = analyse_file(&path, false, &path).expect("libc is an allocator");
+        assert_eq!(file.family, "glibc");
+        let names: Vec<&str> = file.functions.iter().map(|f| f.symbol.as_str()).collect();
+        for wanted in [
+            "malloc",
+            "calloc",
+            "realloc",
+            "posix_memalign",
+            "valloc",
+            "pvalloc",
+        ] {
+            assert!(names.contains(&wanted), "{wanted} missing from {names:?}");
+        }
+        assert!(file.frees.iter().any(|f| f.symbol == "free"));
+        let mut addresses: Vec<u64> = file.functions.iter().map(|f| f.address).collect();
+        addresses.sort_unstable();
+        addresses.dedup();
+        assert_eq!(
+            addresses.len(),
+            file.functions.len(),
+            "one probe per address"
+        );
     }
 }

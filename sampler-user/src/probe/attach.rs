@@ -1,20 +1,35 @@
-//! Loading the eBPF object and attaching its uprobes, scoped per process in the kernel.
+//! Loading the eBPF object and attaching its probes, process by process or host-wide.
 //!
-//! Attachment is by file and symbol with `UProbeScope::OneProcess(pid)`: the kernel installs
-//! the breakpoint only in that process's address space, so no other process pays the trap.
-//! Dropping [`Probes`] (or the process dying, even by SIGKILL) closes the file descriptors
+//! [`Probes::load`] loads every program once; [`Probes::add`] then attaches one process's
+//! allocators (or, host-wide, one allocator file for every process), at any time during a
+//! recording: processes found later (`--comm`, `--follow`, a late `dlopen`) are added the
+//! same way. Per process, attachment is scoped in the kernel (`UProbeScope::OneProcess`,
+//! the session link's pid): the breakpoint is installed only in that address space, so no
+//! other process pays the trap (DESIGN.md §5). Host-wide (`--all`) each allocator file is
+//! probed once for every process that maps it, now or later; the excluded ones pay the trap
+//! and are dropped by the program's first lookup.
+//!
+//! Attachments are by file offset through the process's own view of the file
+//! (`/proc/PID/map_files`), so a library inside a container is the container's file.
+//! Dropping [`Probes`] (or allocscope dying, even by SIGKILL) closes the file descriptors
 //! and the kernel removes every breakpoint: the target is never left patched.
 
-use std::{num::NonZeroU32, path::PathBuf};
+use std::{
+    collections::{HashMap, HashSet},
+    os::fd::OwnedFd,
+    path::PathBuf,
+};
 
 use aya::{
+    maps::{Array, HashMap as BpfHashMap, MapData},
     programs::{
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
-        UProbe,
+        trace_point::TracePointLinkId,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+        TracePoint, UProbe,
     },
     Ebpf, EbpfLoader,
 };
-use sampler_common::{geometric, AllocFn, MAX_TARGETS};
+use sampler_common::{geometric, AllocFn, HOST_SLOT};
 
 use super::{allocator::Allocator, prologue::Placement, session};
 
@@ -33,50 +48,95 @@ pub struct KernelConfig {
     pub track_frees: Option<u32>,
     /// Try uprobe sessions for the returns (else classic return probes on every call).
     pub sessions: bool,
+    /// Host mode (`--all`): probes attached host-wide, excluded pids skipped in the kernel.
+    pub host: bool,
+    /// Follow new processes of followed ones through fork and exec (`--follow`).
+    pub follow: bool,
+    /// Report every exec on the host (`--comm`, `--all`: new processes found at once).
+    pub watch_execs: bool,
 }
 
-/// One process to probe and the allocator found in it.
+/// One process to probe and the allocators found in it.
 #[derive(Clone, Debug)]
 pub struct Target {
     /// Process id.
     pub pid: u32,
-    /// Its allocator.
-    pub allocator: Allocator,
+    /// Its allocators (an interposed one first, the C library last).
+    pub allocators: Vec<Allocator>,
+}
+
+/// Where probes take effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// In one process, counted in counter slot `slot`.
+    Process {
+        /// The process.
+        pid: u32,
+        /// Its slot in the kernel's counter array (the attach cookie).
+        slot: u32,
+    },
+    /// In every process mapping the file (`--all`), counted per pid.
+    Host,
+}
+
+impl Scope {
+    fn key(self) -> u32 {
+        match self {
+            Scope::Process { pid, .. } => pid,
+            Scope::Host => 0,
+        }
+    }
+
+    fn slot(self) -> u32 {
+        match self {
+            Scope::Process { slot, .. } => slot,
+            Scope::Host => HOST_SLOT,
+        }
+    }
+
+    fn uprobe_scope(self) -> UProbeScope {
+        match self {
+            Scope::Process { pid, .. } => std::num::NonZeroU32::new(pid)
+                .map_or(UProbeScope::AllProcesses, UProbeScope::OneProcess),
+            Scope::Host => UProbeScope::AllProcesses,
+        }
+    }
 }
 
 /// What a probe point observes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProbeKind {
     /// An allocation function's entry.
-    Entry(AllocFn),
+    Entry(String),
     /// An allocation function's return.
-    Return(AllocFn),
-    /// `free`'s entry.
-    Free,
+    Return(String),
+    /// A free function's entry.
+    Free(String),
     /// An allocation function's entry and, when asked, its return (uprobe session).
-    Session(AllocFn),
+    Session(String),
 }
 
 impl std::fmt::Display for ProbeKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ProbeKind::Entry(function) => write!(f, "{}", function.symbol()),
-            ProbeKind::Return(function) => write!(f, "{} (return)", function.symbol()),
-            ProbeKind::Free => write!(f, "free"),
-            ProbeKind::Session(function) => write!(f, "{} (session)", function.symbol()),
+            ProbeKind::Entry(symbol) | ProbeKind::Free(symbol) => write!(f, "{symbol}"),
+            ProbeKind::Return(symbol) => write!(f, "{symbol} (return)"),
+            ProbeKind::Session(symbol) => write!(f, "{symbol} (session)"),
         }
     }
 }
 
-/// A probe point actually attached (reported with `--verbose`).
+/// A probe point actually attached (reported with `--verbose` and in JSON).
 #[derive(Clone, Debug)]
 pub struct AttachedPoint {
-    /// Process id.
+    /// Process id (0: every process).
     pub pid: u32,
     /// What it observes.
     pub probe: ProbeKind,
-    /// Library path.
+    /// The file, as the process maps it.
     pub path: PathBuf,
+    /// File offset of the function.
+    pub file_offset: u64,
     /// Where in the function the probe sits.
     pub placement: Placement,
 }
@@ -87,9 +147,6 @@ pub enum AttachError {
     /// The interval cannot be represented by the kernel's sampler.
     #[error("sampling interval {0} is out of range")]
     Interval(u64),
-    /// More targets than the kernel side has counter slots.
-    #[error("{0} target processes: at most {MAX_TARGETS} per session")]
-    TooManyTargets(usize),
     /// The object failed to load (verifier, missing kernel feature, permissions).
     #[error("loading the eBPF programs failed")]
     Load(#[from] aya::EbpfError),
@@ -105,19 +162,25 @@ pub enum AttachError {
     /// A program is missing from the object (build mismatch).
     #[error("eBPF program {0} missing from the object")]
     MissingProgram(String),
-    /// Loading or attaching a program failed.
+    /// A map is missing from the object (build mismatch) or refused an update.
+    #[error("eBPF map {0}")]
+    Map(String),
+    /// Attaching a probe failed.
     #[error("attaching {symbol} in {path} for pid {pid}")]
     Attach {
         /// Symbol.
-        symbol: &'static str,
+        symbol: String,
         /// Library.
         path: PathBuf,
-        /// Process.
+        /// Process (0: every process).
         pid: u32,
         /// Cause.
         #[source]
-        source: aya::programs::ProgramError,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// Attaching a scheduler tracepoint (for `--follow`) failed.
+    #[error("attaching tracepoint {0} (is tracefs mounted at /sys/kernel/tracing?)")]
+    Tracepoint(String, #[source] aya::programs::ProgramError),
 }
 
 /// How the returns of allocation calls are observed.
@@ -131,217 +194,389 @@ pub enum ReturnProbes {
     Sessions,
 }
 
+enum Link {
+    Uprobe(&'static str, UProbeLinkId),
+    Session(#[allow(dead_code)] OwnedFd),
+}
+
 /// The loaded object with its attached links; detaches everything when dropped.
 pub struct Probes {
     /// The eBPF object (maps are taken from it by the collector).
     pub ebpf: Ebpf,
-    /// What was attached.
-    pub points: Vec<AttachedPoint>,
     /// How allocation returns are observed.
     pub returns: ReturnProbes,
-    /// The session links, when used (closed on drop).
-    _sessions: Option<session::Sessions>,
+    config: KernelConfig,
+    sessions: Option<session::SessionProgram>,
+    links: HashMap<u32, Vec<Link>>,
+    probed: HashSet<(u32, (String, u64))>,
+    sizes: [u64; AllocFn::FUNCTION_SLOTS],
+    _tracepoints: Vec<TracePointLinkId>,
 }
 
-/// Loads the sampler with `config` and attaches the entry probes for every target. Target
-/// `i` gets counter slot `i` (the probes' attach cookie): `COUNTERS[i]` holds its exact counts.
-pub fn attach(config: KernelConfig, targets: &[Target]) -> Result<Probes, AttachError> {
-    if targets.len() > MAX_TARGETS as usize {
-        return Err(AttachError::TooManyTargets(targets.len()));
-    }
-    let scale =
-        geometric::scale_q32(config.interval).ok_or(AttachError::Interval(config.interval))?;
-    let mut sizes = [0u64; AllocFn::COUNT];
-    for target in targets {
-        for f in &target.allocator.functions {
-            sizes[f.function as usize] = sizes[f.function as usize].max(f.size);
-        }
-    }
-    let log = u8::from(config.log);
-    let track = u8::from(config.track_frees.is_some());
-    let mut ebpf = EbpfLoader::new()
-        .override_global("INTERVAL", &config.interval, true)
-        .override_global("SCALE_Q32", &scale, true)
-        .override_global("LOG_ENABLED", &log, true)
-        .override_global("TRACK_FREES", &track, true)
-        .override_global("FUNCTION_SIZE", &sizes, true)
-        .map_max_entries("LIVE", config.track_frees.unwrap_or(1).max(1))
-        .load(SAMPLER_OBJECT)?;
-    let mut points = Vec::new();
-    let tracking = config.track_frees.is_some();
-    if tracking {
-        // `free` first: a block sampled in the moments between attaching the allocation
-        // probes and this one would otherwise have its free missed and stay "live" forever.
-        points.extend(attach_free(&mut ebpf, targets)?);
-    }
-    let sessions = if tracking && config.sessions {
-        match session::attach(&ebpf, SAMPLER_OBJECT, targets) {
-            Ok(sessions) => Some(sessions),
-            Err(why) => {
-                log::info!(
-                    "uprobe sessions unavailable ({why}): every allocation pays a return probe"
-                );
-                None
+const FREE_PROGRAM: &str = "free_enter";
+const RETURN_PROGRAM: &str = "alloc_return";
+
+impl Probes {
+    /// Loads the sampler with `config` (every program verified now, nothing attached yet but
+    /// the scheduler tracepoints).
+    pub fn load(config: KernelConfig) -> Result<Probes, AttachError> {
+        let scale =
+            geometric::scale_q32(config.interval).ok_or(AttachError::Interval(config.interval))?;
+        let log = u8::from(config.log);
+        let track = u8::from(config.track_frees.is_some());
+        let host = u8::from(config.host);
+        let watch_execs = u8::from(config.watch_execs);
+        let mut ebpf = EbpfLoader::new()
+            .override_global("INTERVAL", &config.interval, true)
+            .override_global("SCALE_Q32", &scale, true)
+            .override_global("LOG_ENABLED", &log, true)
+            .override_global("TRACK_FREES", &track, true)
+            .override_global("HOST_MODE", &host, true)
+            .override_global("WATCH_EXECS", &watch_execs, true)
+            .map_max_entries("LIVE", config.track_frees.unwrap_or(1).max(1))
+            .load(SAMPLER_OBJECT)?;
+        let tracking = config.track_frees.is_some();
+        let sessions = if tracking && config.sessions {
+            match session::load(&ebpf, SAMPLER_OBJECT) {
+                Ok(sessions) => Some(sessions),
+                Err(why) => {
+                    log::info!(
+                        "uprobe sessions unavailable ({why}): every allocation pays a return probe"
+                    );
+                    None
+                }
             }
-        }
-    } else {
-        None
-    };
-    if sessions.is_some() {
-        for target in targets {
-            for f in &target.allocator.functions {
-                points.push(AttachedPoint {
-                    pid: target.pid,
-                    probe: ProbeKind::Session(f.function),
-                    path: target.allocator.path.clone(),
-                    placement: f.probe.clone(),
-                });
-            }
-        }
-    }
-    let entries = if sessions.is_some() {
-        &[][..]
-    } else {
-        &AllocFn::ALL[..]
-    };
-    for &function in entries {
-        let wanted: Vec<(u64, &Target)> = (0u64..)
-            .zip(targets)
-            .filter(|(_, t)| t.allocator.functions.iter().any(|f| f.function == function))
-            .collect();
-        if wanted.is_empty() {
-            continue;
-        }
-        let program = loaded_uprobe(&mut ebpf, program_name(function))?;
-        for (slot, target) in wanted {
-            let placement = attach_one(program, function, target, slot)?;
-            points.push(AttachedPoint {
-                pid: target.pid,
-                probe: ProbeKind::Entry(function),
-                path: target.allocator.path.clone(),
-                placement,
-            });
-        }
-    }
-    if tracking && sessions.is_none() {
-        points.extend(attach_return_probes(&mut ebpf, targets)?);
-    }
-    let returns = match (tracking, &sessions) {
-        (false, _) => ReturnProbes::None,
-        (true, Some(_)) => ReturnProbes::Sessions,
-        (true, None) => ReturnProbes::Classic,
-    };
-    Ok(Probes {
-        ebpf,
-        points,
-        returns,
-        _sessions: sessions,
-    })
-}
-
-/// Classic return probes on every allocation function (at the same points as the entries,
-/// where `[rsp]` is still the return address).
-fn attach_return_probes(
-    ebpf: &mut Ebpf,
-    targets: &[Target],
-) -> Result<Vec<AttachedPoint>, AttachError> {
-    let mut points = Vec::new();
-    let returns = loaded_uprobe(ebpf, "alloc_return")?;
-    for (slot, target) in (0u64..).zip(targets) {
-        for function in &target.allocator.functions {
-            let placement = attach_one(returns, function.function, target, slot)?;
-            points.push(AttachedPoint {
-                pid: target.pid,
-                probe: ProbeKind::Return(function.function),
-                path: target.allocator.path.clone(),
-                placement,
-            });
-        }
-    }
-    Ok(points)
-}
-
-/// The entry probe of `free`, at its first emulated instruction.
-fn attach_free(ebpf: &mut Ebpf, targets: &[Target]) -> Result<Vec<AttachedPoint>, AttachError> {
-    let mut points = Vec::new();
-    let free = loaded_uprobe(ebpf, "free_enter")?;
-    for target in targets {
-        let Some(placement) = target.allocator.free.clone() else {
-            continue;
+        } else {
+            None
         };
-        let scope = scope_of(target);
+        let mut programs: Vec<&'static str> = Vec::new();
+        if tracking {
+            programs.push(FREE_PROGRAM);
+        }
+        if sessions.is_none() {
+            programs.extend(AllocFn::ALL.iter().map(|&f| program_name(f)));
+            if tracking {
+                programs.push(RETURN_PROGRAM);
+            }
+        }
+        for name in programs {
+            loaded_uprobe(&mut ebpf, name)?;
+        }
+        let mut tracepoints = vec![attach_tracepoint(
+            &mut ebpf,
+            "process_exit",
+            "sched",
+            "sched_process_exit",
+        )?];
+        if config.follow {
+            tracepoints.push(attach_tracepoint(
+                &mut ebpf,
+                "task_newtask",
+                "task",
+                "task_newtask",
+            )?);
+        }
+        if config.follow || config.watch_execs {
+            tracepoints.push(attach_tracepoint(
+                &mut ebpf,
+                "process_exec",
+                "sched",
+                "sched_process_exec",
+            )?);
+        }
+        let returns = match (tracking, &sessions) {
+            (false, _) => ReturnProbes::None,
+            (true, Some(_)) => ReturnProbes::Sessions,
+            (true, None) => ReturnProbes::Classic,
+        };
+        Ok(Probes {
+            ebpf,
+            returns,
+            config,
+            sessions,
+            links: HashMap::new(),
+            probed: HashSet::new(),
+            sizes: [0; AllocFn::FUNCTION_SLOTS],
+            _tracepoints: tracepoints,
+        })
+    }
+
+    /// Attaches the probes of `allocators` in `scope`, skipping files already probed
+    /// there. `free` goes first: a block sampled between the allocation probes and it
+    /// would have its free missed and stay "live" forever. Returns the points attached.
+    pub fn add(
+        &mut self,
+        scope: Scope,
+        allocators: &[Allocator],
+    ) -> Result<Vec<AttachedPoint>, AttachError> {
+        let mut points = Vec::new();
+        for allocator in allocators {
+            if !self.probed.insert((scope.key(), allocator.file_id.clone())) {
+                continue;
+            }
+            self.note_sizes(allocator)?;
+            if self.config.track_frees.is_some() {
+                points.extend(self.attach_frees(scope, allocator)?);
+            }
+            points.extend(self.attach_allocations(scope, allocator)?);
+        }
+        Ok(points)
+    }
+
+    /// Detaches everything attached for `pid` (it exited).
+    pub fn remove(&mut self, pid: u32) {
+        for link in self.links.remove(&pid).unwrap_or_default() {
+            if let Link::Uprobe(name, id) = link {
+                if let Some(program) = self
+                    .ebpf
+                    .program_mut(name)
+                    .and_then(|p| <&mut UProbe>::try_from(p).ok())
+                {
+                    let _ = program.detach(id);
+                }
+            }
+        }
+        self.probed.retain(|(key, _)| *key != pid);
+    }
+
+    /// Host mode: makes the programs ignore `pid`.
+    pub fn exclude(&mut self, pid: u32) -> Result<(), AttachError> {
+        let mut map: BpfHashMap<&mut MapData, u32, u8> = self.map_mut("EXCLUDED")?;
+        map.insert(pid, 1, 0)
+            .map_err(|e| AttachError::Map(format!("EXCLUDED: {e}")))
+    }
+
+    /// `--follow`: the kernel follows `pid`'s new processes from their creation on.
+    pub fn follow(&mut self, pid: u32) -> Result<(), AttachError> {
+        let mut map: BpfHashMap<&mut MapData, u32, u8> = self.map_mut("FOLLOWED")?;
+        map.insert(pid, 1, 0)
+            .map_err(|e| AttachError::Map(format!("FOLLOWED: {e}")))
+    }
+
+    fn map_mut<'a, T: TryFrom<&'a mut aya::maps::Map>>(
+        &'a mut self,
+        name: &str,
+    ) -> Result<T, AttachError> {
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| AttachError::Map(format!("{name} missing")))?;
+        T::try_from(map).map_err(|_| AttachError::Map(format!("{name} has the wrong type")))
+    }
+
+    /// Raises the kernel's per-function code sizes to cover `allocator`'s functions.
+    fn note_sizes(&mut self, allocator: &Allocator) -> Result<(), AttachError> {
+        let mut changed = Vec::new();
+        for f in &allocator.file.functions {
+            let index = f.function as usize;
+            if f.size > self.sizes[index] {
+                self.sizes[index] = f.size;
+                changed.push((index as u32, f.size));
+            }
+        }
+        if changed.is_empty() {
+            return Ok(());
+        }
+        let mut map: Array<&mut MapData, u64> = self.map_mut("FUNCTION_SIZES")?;
+        for (index, size) in changed {
+            map.set(index, size, 0)
+                .map_err(|e| AttachError::Map(format!("FUNCTION_SIZES: {e}")))?;
+        }
+        Ok(())
+    }
+
+    fn attach_frees(
+        &mut self,
+        scope: Scope,
+        allocator: &Allocator,
+    ) -> Result<Vec<AttachedPoint>, AttachError> {
+        let mut points = Vec::new();
+        for free in &allocator.file.frees {
+            let offset = free.file_offset + free.probe.offset;
+            let id = self.attach_uprobe(FREE_PROGRAM, scope, allocator, offset, &free.symbol)?;
+            self.links
+                .entry(scope.key())
+                .or_default()
+                .push(Link::Uprobe(FREE_PROGRAM, id));
+            points.push(AttachedPoint {
+                pid: scope.key(),
+                probe: ProbeKind::Free(free.symbol.clone()),
+                path: allocator.shown.clone(),
+                file_offset: free.file_offset,
+                placement: free.probe.clone(),
+            });
+        }
+        Ok(points)
+    }
+
+    fn attach_allocations(
+        &mut self,
+        scope: Scope,
+        allocator: &Allocator,
+    ) -> Result<Vec<AttachedPoint>, AttachError> {
+        let functions = &allocator.file.functions;
+        let point = |probe: ProbeKind, f: &super::allocator::Function| AttachedPoint {
+            pid: scope.key(),
+            probe,
+            path: allocator.shown.clone(),
+            file_offset: f.file_offset,
+            placement: f.probe.clone(),
+        };
+        let mut points = Vec::new();
+        if let Some(sessions) = &self.sessions {
+            let offsets: Vec<u64> = functions
+                .iter()
+                .map(|f| f.file_offset + f.probe.offset)
+                .collect();
+            let cookies: Vec<u64> = functions
+                .iter()
+                .map(|f| (f.function as u64) << 32 | u64::from(scope.slot()))
+                .collect();
+            let link = sessions
+                .link(&allocator.path, scope.key(), &offsets, &cookies)
+                .map_err(|source| AttachError::Attach {
+                    symbol: "allocation functions (session)".into(),
+                    path: allocator.shown.clone(),
+                    pid: scope.key(),
+                    source: Box::new(source),
+                })?;
+            self.links
+                .entry(scope.key())
+                .or_default()
+                .push(Link::Session(link));
+            points.extend(
+                functions
+                    .iter()
+                    .map(|f| point(ProbeKind::Session(f.symbol.clone()), f)),
+            );
+            return Ok(points);
+        }
+        for f in functions {
+            let offset = f.file_offset + f.probe.offset;
+            let mut programs = vec![(program_name(f.function), ProbeKind::Entry(f.symbol.clone()))];
+            if self.config.track_frees.is_some() {
+                // At the same point as the entry, where `[rsp]` is still the return address.
+                programs.push((RETURN_PROGRAM, ProbeKind::Return(f.symbol.clone())));
+            }
+            for (name, kind) in programs {
+                let id = self.attach_uprobe(name, scope, allocator, offset, &f.symbol)?;
+                self.links
+                    .entry(scope.key())
+                    .or_default()
+                    .push(Link::Uprobe(name, id));
+                points.push(point(kind, f));
+            }
+        }
+        Ok(points)
+    }
+
+    fn attach_uprobe(
+        &mut self,
+        name: &'static str,
+        scope: Scope,
+        allocator: &Allocator,
+        offset: u64,
+        symbol: &str,
+    ) -> Result<UProbeLinkId, AttachError> {
+        let program = uprobe(&mut self.ebpf, name)?;
         let point = UProbeAttachPoint {
-            location: UProbeAttachLocation::SymbolOffset("free", placement.offset),
-            cookie: None,
+            location: UProbeAttachLocation::AbsoluteOffset(offset),
+            cookie: Some(u64::from(scope.slot())),
         };
-        free.attach(point, &target.allocator.path, scope)
+        program
+            .attach(point, &allocator.path, scope.uprobe_scope())
             .map_err(|source| AttachError::Attach {
-                symbol: "free",
-                path: target.allocator.path.clone(),
-                pid: target.pid,
-                source,
-            })?;
-        points.push(AttachedPoint {
-            pid: target.pid,
-            probe: ProbeKind::Free,
-            path: target.allocator.path.clone(),
-            placement,
-        });
+                symbol: symbol.to_owned(),
+                path: allocator.shown.clone(),
+                pid: scope.key(),
+                source: Box::new(source),
+            })
     }
-    Ok(points)
 }
 
-fn scope_of(target: &Target) -> UProbeScope {
-    NonZeroU32::new(target.pid).map_or(UProbeScope::AllProcesses, UProbeScope::OneProcess)
-}
-
-/// Attaches the benchmark's reference probe (counts calls, nothing else) to malloc.
+/// Attaches the benchmark's reference probe (counts calls, nothing else) to malloc of the
+/// target's first allocator.
 pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
+    let config = KernelConfig {
+        interval: 512 * 1024,
+        log: false,
+        track_frees: None,
+        sessions: false,
+        host: false,
+        follow: false,
+        watch_execs: false,
+    };
     let mut ebpf = EbpfLoader::new().load(SAMPLER_OBJECT)?;
-    let program = loaded_uprobe(&mut ebpf, "bare_count_enter")?;
-    let placement = attach_one(program, AllocFn::Malloc, target, 0)?;
-    let points = vec![AttachedPoint {
-        pid: target.pid,
-        probe: ProbeKind::Entry(AllocFn::Malloc),
-        path: target.allocator.path.clone(),
-        placement,
-    }];
-    Ok(Probes {
-        ebpf,
-        points,
-        returns: ReturnProbes::None,
-        _sessions: None,
-    })
-}
-
-/// Attaches `program` at `function`'s chosen probe point in `target`; returns the point.
-fn attach_one(
-    program: &mut UProbe,
-    function: AllocFn,
-    target: &Target,
-    slot: u64,
-) -> Result<Placement, AttachError> {
-    let scope = scope_of(target);
-    let placement = target
-        .allocator
+    let allocator = target
+        .allocators
+        .first()
+        .ok_or_else(|| AttachError::MissingProgram("no allocator".into()))?;
+    let malloc = allocator
+        .file
         .functions
         .iter()
-        .find(|f| f.function == function)
-        .map(|f| f.probe.clone())
-        .unwrap_or_else(Placement::entry);
+        .find(|f| f.function == AllocFn::Malloc)
+        .ok_or_else(|| AttachError::MissingProgram("malloc".into()))?;
+    let program = loaded_uprobe(&mut ebpf, "bare_count_enter")?;
+    let scope = Scope::Process {
+        pid: target.pid,
+        slot: 0,
+    };
     let point = UProbeAttachPoint {
-        location: UProbeAttachLocation::SymbolOffset(function.symbol(), placement.offset),
-        cookie: Some(slot),
+        location: UProbeAttachLocation::AbsoluteOffset(malloc.file_offset + malloc.probe.offset),
+        cookie: None,
     };
     program
-        .attach(point, &target.allocator.path, scope)
-        .map_err(|source| attach_error(function, target, source))?;
-    Ok(placement)
+        .attach(point, &allocator.path, scope.uprobe_scope())
+        .map_err(|source| AttachError::Attach {
+            symbol: "malloc".into(),
+            path: allocator.shown.clone(),
+            pid: target.pid,
+            source: Box::new(source),
+        })?;
+    Ok(Probes {
+        ebpf,
+        returns: ReturnProbes::None,
+        config,
+        sessions: None,
+        links: HashMap::new(),
+        probed: HashSet::new(),
+        sizes: [0; AllocFn::FUNCTION_SLOTS],
+        _tracepoints: Vec::new(),
+    })
+}
+
+/// The uprobe program `name` of the object (loaded by [`Probes::load`]).
+fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, AttachError> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| AttachError::MissingProgram(name.to_owned()))?
+        .try_into()
+        .map_err(|source| AttachError::LoadProgram {
+            program: name.to_owned(),
+            source,
+        })
 }
 
 /// The uprobe program `name` of the object, loaded into the kernel (verified).
 fn loaded_uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, AttachError> {
-    let program: &mut UProbe = ebpf
+    let program = uprobe(ebpf, name)?;
+    program.load().map_err(|source| AttachError::LoadProgram {
+        program: name.to_owned(),
+        source,
+    })?;
+    Ok(program)
+}
+
+/// Loads tracepoint program `name` and attaches it to `category`/`event`, mounting tracefs
+/// first if nothing has (a fresh machine often has it unmounted).
+fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    name: &str,
+    category: &str,
+    event: &str,
+) -> Result<TracePointLinkId, AttachError> {
+    ensure_tracefs();
+    let program: &mut TracePoint = ebpf
         .program_mut(name)
         .ok_or_else(|| AttachError::MissingProgram(name.to_owned()))?
         .try_into()
@@ -353,19 +588,22 @@ fn loaded_uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, A
         program: name.to_owned(),
         source,
     })?;
-    Ok(program)
+    program
+        .attach(category, event)
+        .map_err(|e| AttachError::Tracepoint(format!("{category}/{event}"), e))
 }
 
-fn attach_error(
-    function: AllocFn,
-    target: &Target,
-    source: aya::programs::ProgramError,
-) -> AttachError {
-    AttachError::Attach {
-        symbol: function.symbol(),
-        path: target.allocator.path.clone(),
-        pid: target.pid,
-        source,
+/// Mounts tracefs at /sys/kernel/tracing unless it (or debugfs's tracing) is there.
+fn ensure_tracefs() {
+    let mounted = |dir: &str| std::path::Path::new(dir).join("events").is_dir();
+    if mounted("/sys/kernel/tracing") || mounted("/sys/kernel/debug/tracing") {
+        return;
+    }
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+        .status();
+    if !status.is_ok_and(|s| s.success()) {
+        log::warn!("tracefs is not mounted and mounting it at /sys/kernel/tracing failed");
     }
 }
 
@@ -380,5 +618,6 @@ pub fn program_name(function: AllocFn) -> &'static str {
         AllocFn::Memalign => "memalign_enter",
         AllocFn::Valloc => "valloc_enter",
         AllocFn::Pvalloc => "pvalloc_enter",
+        AllocFn::New => "new_enter",
     }
 }

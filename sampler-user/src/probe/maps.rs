@@ -13,6 +13,9 @@ pub struct Vma {
     pub offset: u64,
     /// Whether the mapping is executable.
     pub executable: bool,
+    /// Device (`major:minor`) and inode of the backing file: the identity of the file itself,
+    /// whatever path or mount namespace it is seen through (inode 0: none).
+    pub file_id: (String, u64),
     /// Backing file path, if the mapping has one (not `[heap]`, `[vdso]`, anonymous).
     pub path: Option<PathBuf>,
 }
@@ -38,7 +41,7 @@ fn parse_line(line: &str) -> Option<Vma> {
     let (start, end) = fields.next()?.split_once('-')?;
     let perms = fields.next()?;
     let offset = fields.next()?;
-    let _dev = fields.next()?;
+    let dev = fields.next()?;
     let inode = fields.next()?;
     let path = fields.next().map(str::trim_start).unwrap_or("");
     let path = (inode != "0" && path.starts_with('/'))
@@ -48,6 +51,7 @@ fn parse_line(line: &str) -> Option<Vma> {
         end: u64::from_str_radix(end, 16).ok()?,
         offset: u64::from_str_radix(offset, 16).ok()?,
         executable: perms.as_bytes().get(2) == Some(&b'x'),
+        file_id: (dev.to_owned(), inode.parse().ok()?),
         path,
     })
 }
@@ -56,6 +60,18 @@ fn parse_line(line: &str) -> Option<Vma> {
 pub fn uprobe_area(text: &str) -> Option<u64> {
     let line = text.lines().find(|line| line.ends_with("[uprobes]"))?;
     u64::from_str_radix(line.split('-').next()?, 16).ok()
+}
+
+impl Vma {
+    /// The file this mapping maps, opened through `pid`'s own view of it
+    /// (`/proc/PID/map_files/START-END`): right even when the process lives in another mount
+    /// namespace or root (a container) or the file was deleted since (an upgraded library).
+    pub fn file_in(&self, pid: u32) -> PathBuf {
+        PathBuf::from(format!(
+            "/proc/{pid}/map_files/{:x}-{:x}",
+            self.start, self.end
+        ))
+    }
 }
 
 /// Reads and parses `/proc/PID/maps`.
@@ -88,6 +104,11 @@ garbage line
         assert_eq!(uprobe_area(SAMPLE), Some(0x7fff_ffff_e000));
         assert_eq!(uprobe_area("garbage"), None);
         assert_eq!(vmas[1].path.as_deref(), Some("/usr/bin/demo".as_ref()));
+        assert_eq!(vmas[1].file_id, ("fe:01".to_owned(), 1234));
+        assert_eq!(
+            vmas[1].file_in(7),
+            PathBuf::from("/proc/7/map_files/5581f0a01000-5581f0a02000")
+        );
         assert!(vmas[1].executable && !vmas[0].executable);
         assert_eq!(vmas[2].path, None);
         assert_eq!(vmas[5].path.as_deref(), Some("/tmp/a b".as_ref()));

@@ -15,11 +15,10 @@ use std::{
     ffi::CString,
     io,
     os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd},
+    path::Path,
 };
 
 use aya::{maps::Map, Ebpf};
-
-use super::attach::Target;
 
 /// `BPF_TRACE_UPROBE_SESSION` in enum bpf_attach_type (not in aya-obj 0.3's bindings).
 const BPF_TRACE_UPROBE_SESSION: u32 = 57;
@@ -30,10 +29,9 @@ const BPF_LINK_CREATE: libc::c_long = 28;
 /// The program in the eBPF object.
 const PROGRAM: &str = "alloc_session";
 
-/// The loaded session program and its links (one per target process).
-pub struct Sessions {
-    _program: OwnedFd,
-    _links: Vec<OwnedFd>,
+/// The loaded session program; links to it are made per allocator file and process.
+pub struct SessionProgram {
+    program: OwnedFd,
 }
 
 /// `union bpf_attr` for BPF_PROG_LOAD, up to `expected_attach_type` (the kernel zero-fills
@@ -112,9 +110,9 @@ fn map_fds(ebpf: &Ebpf) -> HashMap<String, i32> {
         .collect()
 }
 
-/// Loads the session program from `object` against `ebpf`'s maps and attaches it to every
-/// allocation function of every target: cookie = function << 32 | target slot.
-pub fn attach(ebpf: &Ebpf, object: &[u8], targets: &[Target]) -> io::Result<Sessions> {
+/// Loads the session program from `object` against `ebpf`'s maps. Its links carry the
+/// cookie function << 32 | target slot.
+pub fn load(ebpf: &Ebpf, object: &[u8]) -> io::Result<SessionProgram> {
     let mut obj = aya_obj::Object::parse(object).map_err(io::Error::other)?;
     let fds = map_fds(ebpf);
     let maps: Vec<(String, aya_obj::Map)> = obj
@@ -173,44 +171,40 @@ pub fn attach(ebpf: &Ebpf, object: &[u8], targets: &[Target]) -> io::Result<Sess
             format!("loading {PROGRAM}: {e} (verifier: {})", tail.join(" | ")),
         )
     })?;
-    let mut links = Vec::new();
-    for (slot, target) in (0u64..).zip(targets) {
-        let path = CString::new(target.allocator.path.as_os_str().as_encoded_bytes())
-            .map_err(io::Error::other)?;
-        let (offsets, cookies): (Vec<u64>, Vec<u64>) = target
-            .allocator
-            .functions
-            .iter()
-            .map(|f| {
-                (
-                    f.file_offset + f.probe.offset,
-                    (f.function as u64) << 32 | slot,
-                )
-            })
-            .unzip();
+    Ok(SessionProgram {
+        program: program_fd,
+    })
+}
+
+impl SessionProgram {
+    /// Links the program at `offsets` of the file at `path` (each with its cookie), in
+    /// process `pid` only (0: every process). Closing the returned link detaches it.
+    pub fn link(
+        &self,
+        path: &Path,
+        pid: u32,
+        offsets: &[u64],
+        cookies: &[u64],
+    ) -> io::Result<OwnedFd> {
+        let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
         let mut attr = UprobeMultiLinkAttr {
-            prog_fd: program_fd.as_raw_fd() as u32,
+            prog_fd: self.program.as_raw_fd() as u32,
             attach_type: BPF_TRACE_UPROBE_SESSION,
-            path: path.as_ptr() as u64,
+            path: c_path.as_ptr() as u64,
             offsets: offsets.as_ptr() as u64,
             cookies: cookies.as_ptr() as u64,
             cnt: offsets.len() as u32,
-            pid: target.pid,
+            pid,
             ..Default::default()
         };
-        let link = bpf(BPF_LINK_CREATE, &mut attr).map_err(|e| {
+        bpf(BPF_LINK_CREATE, &mut attr).map_err(|e| {
             io::Error::new(
                 e.kind(),
                 format!(
-                    "session link for pid {} at offsets {offsets:x?}: {e}",
-                    target.pid
+                    "session link for pid {pid} in {} at offsets {offsets:x?}: {e}",
+                    path.display()
                 ),
             )
-        })?;
-        links.push(link);
+        })
     }
-    Ok(Sessions {
-        _program: program_fd,
-        _links: links,
-    })
 }

@@ -107,6 +107,13 @@ pub struct ProcessProfile {
     pub command: String,
     /// Path of the executable (`/proc/PID/exe`).
     pub executable: String,
+    /// Its cgroup (v2 path), grouping a container's or a systemd unit's processes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    /// The allocators probed in it ("jemalloc (/usr/lib/…/libjemalloc.so.2)"); empty when
+    /// probed host-wide (`--all`: see `probes`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allocators: Vec<String>,
     /// Exact counters.
     pub exact: ExactCounts,
     /// Samples received.
@@ -269,6 +276,8 @@ impl Profile {
                     pid,
                     command: known.map(|p| p.command.clone()).unwrap_or_default(),
                     executable: known.map(|p| p.executable.clone()).unwrap_or_default(),
+                    cgroup: known.and_then(|p| p.cgroup.clone()),
+                    allocators: known.map(|p| p.allocators.clone()).unwrap_or_default(),
                     exact: ExactCounts {
                         calls: exact.calls,
                         bytes: exact.bytes,
@@ -300,6 +309,7 @@ impl Profile {
             losses,
             modules,
             stacks,
+            probes: Vec::new(),
         }
     }
 }
@@ -326,4 +336,25 @@ pub struct Profile {
     pub modules: Vec<Module>,
     /// Per stack estimates, largest estimated bytes first.
     pub stacks: Vec<StackProfile>,
+    /// Every probe point attached: which function of which file, in which process (pid 0:
+    /// every process, `--all`), and on which instruction.
+    #[serde(default)]
+    pub probes: Vec<ProbePoint>,
+}
+
+/// One probe point, as attached.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProbePoint {
+    /// Process (0: every process mapping the file).
+    pub pid: u32,
+    /// The file, as the process maps it.
+    pub file: String,
+    /// The function and how it is probed (`malloc (session)`, `free`).
+    pub function: String,
+    /// File offset of the probed instruction.
+    pub offset: u64,
+    /// That instruction, and whether the kernel emulates it (else it is single-stepped).
+    pub instruction: String,
+    /// Whether the kernel emulates the instruction (the cheap case).
+    pub emulated: bool,
 }

@@ -39,6 +39,9 @@ pub struct Recorder {
     untracked: BTreeMap<u32, u64>,
     commands: BTreeMap<u32, String>,
     executables: BTreeMap<u32, String>,
+    cgroups: BTreeMap<u32, String>,
+    /// Per pid: its allocators as described to users.
+    allocators: BTreeMap<u32, Vec<String>>,
     /// Per pid: the last resident set size read (kept after the process exits).
     rss: BTreeMap<u32, u64>,
     /// Whether the unusual uprobe-area address was reported already.
@@ -104,6 +107,10 @@ pub struct ProcessTally {
     pub rss_bytes: Option<u64>,
     /// Sampled blocks whose frees could not be tracked.
     pub untracked_samples: u64,
+    /// Its cgroup (v2 path): a container, a systemd unit.
+    pub cgroup: Option<String>,
+    /// Its allocators as probed ("jemalloc (/usr/lib/…)"); empty host-wide (`--all`).
+    pub allocators: Vec<String>,
 }
 
 /// Every stack's raw sample sets at one moment.
@@ -137,6 +144,9 @@ impl Recorder {
             .map(|c| c.trim_end().to_owned())
             .unwrap_or_default();
         self.commands.insert(pid, command);
+        if let Some(cgroup) = crate::targets::cgroup_of(pid) {
+            self.cgroups.insert(pid, cgroup);
+        }
         if let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) {
             self.executables.insert(pid, exe.display().to_string());
         }
@@ -169,6 +179,16 @@ impl Recorder {
         }
     }
 
+    /// Whether `pid` is tracked already.
+    pub fn tracks(&self, pid: u32) -> bool {
+        self.commands.contains_key(&pid)
+    }
+
+    /// Records the allocators probed in `pid` (reported per process).
+    pub fn set_allocators(&mut self, pid: u32, allocators: Vec<String>) {
+        self.allocators.insert(pid, allocators);
+    }
+
     /// Notes that `pid` exited: its frames resolve with the maps it last had.
     pub fn mark_exited(&mut self, pid: u32) {
         self.stacks.mark_gone(pid);
@@ -186,6 +206,7 @@ impl Recorder {
         match event {
             Event::Alloc(sample) => self.add_sample(sample),
             Event::Free(freed) => self.free(freed.pid, freed.address),
+            Event::Process { .. } => {}
         }
     }
 
@@ -318,6 +339,8 @@ impl Recorder {
                 executable: self.executables.get(&pid).cloned().unwrap_or_default(),
                 rss_bytes: self.rss.get(&pid).copied(),
                 untracked_samples: self.untracked.get(&pid).copied().unwrap_or(0),
+                cgroup: self.cgroups.get(&pid).cloned(),
+                allocators: self.allocators.get(&pid).cloned().unwrap_or_default(),
             })
             .collect();
         Tally {

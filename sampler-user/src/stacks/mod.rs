@@ -273,6 +273,7 @@ mod tests {
             end: 0x2000,
             offset: 0x400,
             executable: true,
+            file_id: ("fe:01".into(), 7),
             path: Some("/bin/x".into()),
         };
         table.maps.insert(

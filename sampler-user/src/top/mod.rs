@@ -27,7 +27,7 @@ use self::{
     screen::{FromScreen, ToScreen},
 };
 use crate::{
-    config::{BadInput, Targets, TopConfig},
+    config::{BadInput, TopConfig},
     export::{self, Value},
     preflight,
     probe::attach::ReturnProbes,
@@ -160,10 +160,10 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
         // A busy screen skips a picture; the next one carries everything.
         Ok(()) | Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {}
     };
-    if let Targets::Command(argv) = &watch.config.targets {
+    if let Some(program) = watch.config.targets.command.first() {
         send(ToScreen::Status(format!(
             "{}'s output goes to {}",
-            argv[0].to_string_lossy(),
+            program.to_string_lossy(),
             watch.config.snapshot_dir.join(COMMAND_LOG).display()
         )));
     }

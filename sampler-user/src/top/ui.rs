@@ -529,6 +529,8 @@ mod tests {
                     executable: "/opt/app/app".into(),
                     rss_bytes: Some(64 << 20),
                     untracked_samples: 0,
+                    cgroup: None,
+                    allocators: Vec::new(),
                 }],
                 recent_seconds: 10.0,
             },

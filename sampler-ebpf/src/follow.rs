@@ -1,0 +1,83 @@
+//! Process events for `--follow` and thread clean-up, from three scheduler tracepoints.
+//!
+//! A new process whose parent is followed is followed from its creation on, in the kernel,
+//! before it runs: nothing it forks in turn can slip by. User space hears of each fork and
+//! exec of a followed process and attaches to it. A thread's exit drops its sampling state
+//! (its countdown), so threads created and destroyed by the thousand do not fill the map.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    programs::TracePointContext,
+};
+use sampler_common::{EventKind, ProcessEvent, PROCESS_EXEC, PROCESS_FORK};
+
+use crate::maps::{count_loss, FOLLOWED, SAMPLES, THREADS};
+
+/// `clone(2)` flag: the new task is a thread of the caller's process.
+const CLONE_THREAD: u64 = 0x0001_0000;
+
+/// task:task_newtask — `pid` at offset 8, `clone_flags` at 32 (its format file). Runs in
+/// the parent.
+#[inline(always)]
+pub fn on_new_task(ctx: &TracePointContext) {
+    // SAFETY: offsets from the tracepoint's format; the reads are bounds-checked helpers.
+    let (pid, flags) = unsafe { (ctx.read_at::<i32>(8), ctx.read_at::<u64>(32)) };
+    let (Ok(pid), Ok(flags)) = (pid, flags) else {
+        return;
+    };
+    if flags & CLONE_THREAD != 0 {
+        return;
+    }
+    let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: a lookup whose value is not read.
+    if unsafe { FOLLOWED.get(&parent) }.is_none() {
+        return;
+    }
+    let child = pid as u32;
+    let _ = FOLLOWED.insert(&child, &1, 0);
+    emit(PROCESS_FORK, child, parent);
+}
+
+/// sched:sched_process_exec — runs in the process that exec'd (its new name already set).
+#[inline(always)]
+pub fn on_exec() {
+    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: a lookup whose value is not read.
+    if crate::config::watch_execs() || unsafe { FOLLOWED.get(&pid) }.is_some() {
+        emit(PROCESS_EXEC, pid, 0);
+    }
+}
+
+/// sched:sched_process_exit — runs in each exiting thread; `group_dead` (offset 32) says
+/// the whole process is gone.
+#[inline(always)]
+pub fn on_exit(ctx: &TracePointContext) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    // SAFETY: lookups whose values are not read.
+    if unsafe { THREADS.get(&tid) }.is_some() {
+        let _ = THREADS.remove(&tid);
+    }
+    // SAFETY: as in on_new_task.
+    let group_dead = unsafe { ctx.read_at::<u8>(32) }.unwrap_or(0) != 0;
+    let pid = (pid_tgid >> 32) as u32;
+    if group_dead && unsafe { FOLLOWED.get(&pid) }.is_some() {
+        let _ = FOLLOWED.remove(&pid);
+    }
+}
+
+fn emit(what: u32, pid: u32, parent: u32) {
+    let Some(mut entry) = SAMPLES.reserve::<ProcessEvent>(0) else {
+        count_loss(sampler_common::LossCounter::RingBufFull);
+        return;
+    };
+    entry.write(ProcessEvent {
+        kind: EventKind::Process as u32,
+        what,
+        pid,
+        parent,
+        // SAFETY: helper without preconditions.
+        timestamp_ns: unsafe { bpf_ktime_get_ns() },
+    });
+    entry.submit(0);
+}

@@ -1,0 +1,236 @@
+//! Finding target processes and their allocators: /proc scans (by name, or every process),
+//! what a process is (name, cgroup), and the allocator analysis, cached per file identity so
+//! a host-wide recording reads each distinct library once however many processes map it.
+
+use std::{
+    collections::HashMap,
+    ffi::OsStr,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use crate::probe::{
+    allocator::{self, Allocator, AllocatorError, AllocatorFile},
+    maps::{self, Vma},
+};
+
+/// Why a process's allocators could not be found.
+#[derive(Debug, thiserror::Error)]
+pub enum FindError {
+    /// The process does not exist (any more).
+    #[error("no such process")]
+    Gone,
+    /// Its memory map is unreadable.
+    #[error("cannot read its memory map: {0}")]
+    Maps(std::io::Error),
+    /// It maps no allocator.
+    #[error(transparent)]
+    NoAllocator(#[from] AllocatorError),
+}
+
+/// Allocator analyses by file identity (device, inode); `None` for a file that is not one.
+#[derive(Default)]
+pub struct AllocatorCache {
+    files: HashMap<(String, u64), Option<Arc<AllocatorFile>>>,
+}
+
+impl AllocatorCache {
+    /// The allocators `pid` maps now.
+    pub fn of_pid(&mut self, pid: u32) -> Result<Vec<Allocator>, FindError> {
+        let vmas = maps::read(pid).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => FindError::Gone,
+            _ => FindError::Maps(e),
+        })?;
+        if vmas.is_empty() {
+            // A zombie, or a kernel thread: nothing mapped.
+            return Err(FindError::Gone);
+        }
+        let executable = executable_of(pid, &vmas);
+        Ok(allocator::find(
+            pid,
+            &vmas,
+            executable.as_deref(),
+            |vma, path, in_executable| self.analysed(vma, path, in_executable),
+        )?)
+    }
+
+    fn analysed(
+        &mut self,
+        vma: &Vma,
+        path: &Path,
+        in_executable: bool,
+    ) -> Option<Arc<AllocatorFile>> {
+        let shown = vma.path.clone().unwrap_or_default();
+        self.files
+            .entry(vma.file_id.clone())
+            .or_insert_with(|| allocator::analyse_file(path, in_executable, &shown).map(Arc::new))
+            .clone()
+    }
+
+    /// The allocators of a file on this host's file system (the command to start, its
+    /// libraries), outside any process.
+    pub fn of_file(&mut self, path: &Path, in_executable: bool) -> Option<Allocator> {
+        let metadata = std::fs::metadata(path).ok()?;
+        let file_id = file_id(metadata.dev(), metadata.ino());
+        let file = self
+            .files
+            .entry(file_id.clone())
+            .or_insert_with(|| allocator::analyse_file(path, in_executable, path).map(Arc::new))
+            .clone()?;
+        Some(Allocator {
+            path: path.to_owned(),
+            shown: path.to_owned(),
+            file_id,
+            in_executable,
+            file,
+        })
+    }
+}
+
+/// The identity maps shows for a file: `major:minor` in hex, and the inode.
+pub fn file_id(dev: u64, inode: u64) -> (String, u64) {
+    let major = libc::major(dev);
+    let minor = libc::minor(dev);
+    (format!("{major:02x}:{minor:02x}"), inode)
+}
+
+/// The mapped path of `pid`'s executable: the file of `/proc/PID/exe` among its mappings.
+fn executable_of(pid: u32, vmas: &[Vma]) -> Option<PathBuf> {
+    let metadata = std::fs::metadata(format!("/proc/{pid}/exe")).ok()?;
+    let id = file_id(metadata.dev(), metadata.ino());
+    vmas.iter()
+        .find(|vma| vma.file_id == id)
+        .and_then(|vma| vma.path.clone())
+}
+
+/// The name (`comm`) of `pid`, if it lives.
+pub fn comm_of(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|c| c.trim_end().to_owned())
+}
+
+/// The cgroup (v2 path) of `pid`: groups a container's or a systemd unit's processes.
+pub fn cgroup_of(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    cgroup_path(&text)
+}
+
+/// The unified-hierarchy path from the text of /proc/PID/cgroup (`0::/system.slice/x`), else
+/// the first controller's. Pure.
+pub fn cgroup_path(text: &str) -> Option<String> {
+    let paths: Vec<(&str, &str)> = text
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.splitn(3, ':');
+            let id = fields.next()?;
+            let _controllers = fields.next()?;
+            Some((id, fields.next()?))
+        })
+        .collect();
+    paths
+        .iter()
+        .find(|(id, _)| *id == "0")
+        .or_else(|| paths.first())
+        .map(|(_, path)| (*path).to_owned())
+}
+
+/// Every process now (pids of /proc), kernel threads included (they map nothing and are
+/// skipped when their allocators are asked for).
+pub fn all_pids() -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// The libraries a dynamically linked `program` will load (LD_PRELOAD included), as the
+/// system's dynamic loader resolves them in `--list` mode, which loads nothing and runs
+/// nothing of the program. `interpreter` is the program's PT_INTERP.
+pub fn libraries_of(program: &Path, interpreter: &Path) -> Vec<PathBuf> {
+    let Ok(output) = std::process::Command::new(interpreter)
+        .arg("--list")
+        .arg(program)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+    else {
+        return Vec::new();
+    };
+    loader_list(&String::from_utf8_lossy(&output.stdout))
+}
+
+/// The resolved paths in the dynamic loader's `--list` output. Pure.
+pub fn loader_list(text: &str) -> Vec<PathBuf> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let path = match line.split_once("=>") {
+                Some((_, rest)) => rest.trim(),
+                None => line,
+            };
+            let path = path.split(" (").next()?.trim();
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect()
+}
+
+/// The PT_INTERP of an ELF file (its dynamic loader), `None` when statically linked.
+pub fn interpreter_of(elf: &[u8]) -> Option<PathBuf> {
+    use object::{Object as _, ObjectSection as _};
+    let file = object::File::parse(elf).ok()?;
+    let data = file.section_by_name(".interp")?.data().ok()?;
+    let path = data.split(|&b| b == 0).next()?;
+    Some(PathBuf::from(
+        <OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_cgroup_paths() {
+        assert_eq!(
+            cgroup_path("0::/system.slice/nginx.service\n").as_deref(),
+            Some("/system.slice/nginx.service")
+        );
+        assert_eq!(
+            cgroup_path("12:pids:/docker/abc\n0::/docker/abc\n").as_deref(),
+            Some("/docker/abc")
+        );
+        assert_eq!(cgroup_path("3:cpu:/a\n").as_deref(), Some("/a"));
+        assert_eq!(cgroup_path(""), None);
+    }
+
+    #[test]
+    fn parses_the_loader_list() {
+        let text = "\tlinux-vdso.so.1 (0x00007ffc)\n\
+                    \t/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 (0x00007f01)\n\
+                    \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f02)\n\
+                    \tlibmissing.so => not found\n\
+                    \t/lib64/ld-linux-x86-64.so.2 (0x00007f03)\n";
+        assert_eq!(
+            loader_list(text),
+            vec![
+                PathBuf::from("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
+                PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"),
+                PathBuf::from("/lib64/ld-linux-x86-64.so.2"),
+            ]
+        );
+    }
+
+    #[test]
+    fn finds_this_process_allocator() {
+        let mut cache = AllocatorCache::default();
+        let found = cache.of_pid(std::process::id()).unwrap();
+        assert!(found.iter().any(|a| a.file.family == "glibc"), "{found:?}");
+        assert!(matches!(cache.of_pid(u32::MAX - 1), Err(FindError::Gone)));
+    }
+}
