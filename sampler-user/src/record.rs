@@ -80,6 +80,7 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<()>
                     .profile(&recording.symbolizer, settings, &counters, losses, period, monotonic_ns())
                     .await;
                 profile.probes = recording.probe_points();
+                profile.thread_states = recording.thread_states();
                 write_output(&config, &profile)?;
                 recording.recorder.start_period();
                 period_started = Instant::now();
@@ -117,6 +118,7 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<()>
         )
         .await;
     profile.probes = recording.probe_points();
+    profile.thread_states = recording.thread_states();
     let written = write_output(&config, &profile)?;
     eprint!("{}", summary::render(&profile, 10));
     eprintln!("wrote {} ({})", written.display(), config.format.name());

@@ -142,6 +142,8 @@ pub struct Recording {
     spawned: Option<u32>,
     said_waiting: bool,
     last_counters: Option<(BTreeMap<u32, ProcessCounters>, Losses)>,
+    /// Entries of the kernel's thread-state map when the counters were last read.
+    thread_states: Option<u64>,
     /// When the exact counters were last read (CLOCK_MONOTONIC ns).
     counted_ns: u64,
     /// Once detaching: samples and frees after this moment are dropped, so the profile
@@ -218,6 +220,7 @@ impl Recording {
             said_waiting: false,
             last_counters: None,
             counted_ns: 0,
+            thread_states: None,
             cutoff_ns: None,
         };
         for target in initial {
@@ -286,6 +289,11 @@ impl Recording {
         } else {
             what
         }
+    }
+
+    /// Entries of the kernel's per-thread state map at the last counter read.
+    pub fn thread_states(&self) -> Option<u64> {
+        self.thread_states
     }
 
     /// Every probe point attached so far, as profiles report them.
@@ -649,6 +657,11 @@ impl Recording {
                 let map = probes.ebpf.map("LOSSES").context("LOSSES map missing")?;
                 collect::read_losses(&PerCpuArray::try_from(map)?)?
             };
+            if let Some(map) = probes.ebpf.map("THREADS") {
+                let threads: aya::maps::HashMap<_, u32, sampler_common::ThreadState> =
+                    aya::maps::HashMap::try_from(map)?;
+                self.thread_states = Some(threads.keys().filter(Result::is_ok).count() as u64);
+            }
             self.last_counters = Some((counters, losses));
         }
         self.last_counters

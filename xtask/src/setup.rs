@@ -5,7 +5,10 @@
 //!   21 that Debian 12 lacks);
 //! * Debian packages: gcc builds the C fixtures; util-linux's setpriv runs the
 //!   unprivileged-user test; golang-go provides `go tool pprof`, the reader our pprof
-//!   files are tested against; tmux is the real terminal `allocscope top` is tested in.
+//!   files are tested against; tmux is the real terminal `allocscope top` is tested in;
+//!   libjemalloc2 and libgoogle-perftools4 are the other allocators profiled in the tests
+//!   (with glibc), libc6-dev's libc.a links the statically linked fixture, and unshare
+//!   starts the container-like target.
 
 use std::process::Command;
 
@@ -14,11 +17,19 @@ use anyhow::{bail, Context as _};
 use crate::run::{is_root, output, status};
 
 const BPF_LINKER_VERSION: &str = "0.10.0";
+/// (a program on PATH or an absolute file path that shows the package is there, package).
 const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("gcc", "gcc"),
+    ("/usr/lib/x86_64-linux-gnu/libc.a", "libc6-dev"),
     ("setpriv", "util-linux"),
+    ("unshare", "util-linux"),
     ("go", "golang-go"),
     ("tmux", "tmux"),
+    ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "libjemalloc2"),
+    (
+        "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
+        "libgoogle-perftools4",
+    ),
 ];
 
 pub fn run() -> anyhow::Result<()> {
@@ -79,9 +90,17 @@ fn bpf_linker() -> anyhow::Result<()> {
 fn debian_packages() -> anyhow::Result<()> {
     let missing: Vec<&str> = DEBIAN_PACKAGES
         .iter()
-        .filter(|(program, _)| output(Command::new("which").arg(program)).is_none())
+        .filter(|(check, _)| {
+            if check.starts_with('/') {
+                !std::path::Path::new(check).exists()
+            } else {
+                output(Command::new("which").arg(check)).is_none()
+            }
+        })
         .map(|(_, package)| *package)
         .collect();
+    let mut missing = missing;
+    missing.dedup();
     if missing.is_empty() {
         return Ok(());
     }

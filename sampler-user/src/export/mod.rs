@@ -247,6 +247,7 @@ pub(crate) mod tests {
                 ),
             ],
             probes: Vec::new(),
+            thread_states: None,
         }
     }
 

@@ -310,6 +310,7 @@ impl Profile {
             modules,
             stacks,
             probes: Vec::new(),
+            thread_states: None,
         }
     }
 }
@@ -340,6 +341,10 @@ pub struct Profile {
     /// every process, `--all`), and on which instruction.
     #[serde(default)]
     pub probes: Vec<ProbePoint>,
+    /// Per-thread sampling states the kernel held when the counters were last read: about
+    /// the number of live threads of the targets (exited threads' states are dropped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_states: Option<u64>,
 }
 
 /// One probe point, as attached.

@@ -381,7 +381,7 @@ impl Recorder {
             .iter()
             .filter_map(|frame| match *frame {
                 Frame::File { module, offset } => {
-                    Some((self.stacks.modules().path(module).to_owned(), offset))
+                    Some((self.stacks.modules().source(module), offset))
                 }
                 Frame::Unknown { .. } => None,
             })
@@ -391,7 +391,15 @@ impl Recorder {
             .into_iter()
             .map(|frame| {
                 let infos = match frame {
-                    Frame::File { .. } => names.next().unwrap_or_default(),
+                    Frame::File { module, .. } => {
+                        // Read through the open file; named as the process showed it.
+                        let shown = self.stacks.modules().path(module).display().to_string();
+                        let mut infos = names.next().unwrap_or_default();
+                        for info in &mut infos {
+                            info.module = Some(shown.clone());
+                        }
+                        infos
+                    }
                     Frame::Unknown { address } => vec![FrameInfo {
                         address,
                         ..FrameInfo::default()

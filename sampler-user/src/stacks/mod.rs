@@ -4,8 +4,10 @@
 //! exit a millisecond later, so each address is normalized on arrival to (module, file
 //! offset) with a cached copy of the process's maps (re-read on a miss while the process
 //! lives). Normalized stacks are interned into [`StackId`]s; names are resolved once per
-//! distinct frame, at the end, by [`symbolize`] from the files on disk — which still works
-//! after the process has gone.
+//! distinct frame, at the end, by [`symbolize`]. Each module file is opened when first seen,
+//! through the process's own view of it (`/proc/PID/map_files`), and kept open: symbols
+//! then come from the very file the process mapped, even after the process has gone, the
+//! file was replaced on disk, or it lives in a container's file system.
 
 pub mod symbolize;
 
@@ -62,28 +64,41 @@ pub fn caller_chain(return_address: u64, raw: &[u64], at_return: bool) -> Vec<u6
     chain
 }
 
-/// Interned module paths.
+/// Interned modules: a path as processes show it, and the file itself, kept open.
 #[derive(Debug, Default)]
 pub struct ModuleTable {
     paths: Vec<PathBuf>,
-    index: HashMap<PathBuf, ModuleId>,
+    files: Vec<Option<std::fs::File>>,
+    index: HashMap<(PathBuf, (String, u64)), ModuleId>,
 }
 
 impl ModuleTable {
-    /// The id of `path`, interning it.
-    pub fn intern(&mut self, path: &Path) -> ModuleId {
-        if let Some(&id) = self.index.get(path) {
+    /// The id of the file `file_id` shown as `path`, interning it; `open` is where to open
+    /// it now (tried once).
+    pub fn intern(&mut self, path: &Path, file_id: &(String, u64), open: &Path) -> ModuleId {
+        let key = (path.to_owned(), file_id.clone());
+        if let Some(&id) = self.index.get(&key) {
             return id;
         }
         let id = self.paths.len() as ModuleId;
         self.paths.push(path.to_owned());
-        self.index.insert(path.to_owned(), id);
+        self.files.push(std::fs::File::open(open).ok());
+        self.index.insert(key, id);
         id
     }
 
-    /// The path of module `id`.
+    /// The path of module `id`, as the process showed it.
     pub fn path(&self, id: ModuleId) -> &Path {
         &self.paths[id as usize]
+    }
+
+    /// Where to read module `id` from: its open file (`/proc/self/fd/N`), else its path.
+    pub fn source(&self, id: ModuleId) -> PathBuf {
+        use std::os::fd::AsRawFd as _;
+        match &self.files[id as usize] {
+            Some(file) => PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
+            None => self.paths[id as usize].clone(),
+        }
     }
 }
 
@@ -152,11 +167,11 @@ impl StackTable {
         self.maps.entry(pid).or_default().gone = true;
     }
 
-    fn lookup(&self, pid: u32, address: u64) -> Option<(&Path, u64)> {
+    fn lookup(&self, pid: u32, address: u64) -> Option<(&Vma, u64)> {
         let vmas = &self.maps.get(&pid)?.vmas;
         vmas.iter().find_map(|vma| {
-            let offset = vma.file_offset(address)?;
-            Some((vma.path.as_deref()?, offset))
+            vma.path.as_ref()?;
+            Some((vma, vma.file_offset(address)?))
         })
     }
 
@@ -166,10 +181,11 @@ impl StackTable {
             self.refresh(pid);
         }
         match self.lookup(pid, address) {
-            Some((path, offset)) => {
-                let path = path.to_owned();
+            Some((vma, offset)) => {
+                let vma = vma.clone();
+                let path = vma.path.clone().unwrap_or_default();
                 Frame::File {
-                    module: self.modules.intern(&path),
+                    module: self.modules.intern(&path, &vma.file_id, &vma.file_in(pid)),
                     offset,
                 }
             }
