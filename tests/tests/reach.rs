@@ -13,19 +13,11 @@ use std::{
 use serde_json::Value;
 use tests::{
     allocscope, bpf_available, check_workload_profile, fixture, fixture_as, read_profile, run,
-    site, start_recording, wait_until, Fixture, TempDir, Workload,
+    site, start_recording, wait_until, TempDir, Workload,
 };
 
 const CONFIDENCE: &str = "0.9999";
 const ROUNDS: u64 = 2000;
-const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
-const TCMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4";
-
-fn workload_with(env: &[(&str, &str)]) -> Workload {
-    let mut command = Command::new(fixture("workload", &[]));
-    command.envs(env.iter().copied());
-    Workload::start_with(command, ROUNDS, &[])
-}
 
 fn process(profile: &Value, pid: u32) -> &Value {
     profile["processes"]
