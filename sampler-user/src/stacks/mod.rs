@@ -315,7 +315,11 @@ mod tests {
 
     impl ModuleTable {
         fn intern_lookup(&self, path: &str) -> ModuleId {
-            self.index[Path::new(path)]
+            self.index
+                .iter()
+                .find(|((p, _), _)| p == Path::new(path))
+                .map(|(_, &id)| id)
+                .expect("module interned")
         }
     }
 }
