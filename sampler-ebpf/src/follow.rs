@@ -30,11 +30,11 @@ pub fn on_new_task(ctx: &TracePointContext) {
     }
     let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: a lookup whose value is not read.
-    if unsafe { FOLLOWED.get(&parent) }.is_none() {
+    if unsafe { FOLLOWED.get(parent) }.is_none() {
         return;
     }
     let child = pid as u32;
-    let _ = FOLLOWED.insert(&child, &1, 0);
+    let _ = FOLLOWED.insert(child, 1, 0);
     emit(PROCESS_FORK, child, parent);
 }
 
@@ -43,7 +43,7 @@ pub fn on_new_task(ctx: &TracePointContext) {
 pub fn on_exec() {
     let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: a lookup whose value is not read.
-    if crate::config::watch_execs() || unsafe { FOLLOWED.get(&pid) }.is_some() {
+    if crate::config::watch_execs() || unsafe { FOLLOWED.get(pid) }.is_some() {
         emit(PROCESS_EXEC, pid, 0);
     }
 }
@@ -55,14 +55,15 @@ pub fn on_exit(ctx: &TracePointContext) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     // SAFETY: lookups whose values are not read.
-    if unsafe { THREADS.get(&tid) }.is_some() {
-        let _ = THREADS.remove(&tid);
+    if unsafe { THREADS.get(tid) }.is_some() {
+        let _ = THREADS.remove(tid);
     }
     // SAFETY: as in on_new_task.
     let group_dead = unsafe { ctx.read_at::<u8>(32) }.unwrap_or(0) != 0;
     let pid = (pid_tgid >> 32) as u32;
-    if group_dead && unsafe { FOLLOWED.get(&pid) }.is_some() {
-        let _ = FOLLOWED.remove(&pid);
+    // SAFETY: a lookup whose value is not read.
+    if group_dead && unsafe { FOLLOWED.get(pid) }.is_some() {
+        let _ = FOLLOWED.remove(pid);
     }
 }
 

@@ -250,7 +250,7 @@ pub fn on_free(address: u64) {
 #[inline(always)]
 fn excluded(pid: u32) -> bool {
     // SAFETY: a lockless lookup; the value is not read.
-    config::host_mode() && unsafe { EXCLUDED.get(&pid) }.is_some()
+    config::host_mode() && unsafe { EXCLUDED.get(pid) }.is_some()
 }
 
 #[inline(always)]
@@ -352,7 +352,7 @@ fn count_call<C: EbpfContext>(ctx: &C, pid: u32, size: u64) -> u32 {
 /// first call (each CPU has its own copy, so no other writer races this one).
 #[inline(always)]
 fn count_host_call(pid: u32, size: u64) {
-    if let Some(counters) = HOST_COUNTERS.get_ptr_mut(&pid) {
+    if let Some(counters) = HOST_COUNTERS.get_ptr_mut(pid) {
         // SAFETY: per-CPU value of this CPU; nothing else writes it during this run.
         let counters = unsafe { &mut *counters };
         counters.calls += 1;
@@ -363,7 +363,7 @@ fn count_host_call(pid: u32, size: u64) {
         calls: 1,
         bytes: size,
     };
-    if HOST_COUNTERS.insert(&pid, &first, 0).is_err() {
+    if HOST_COUNTERS.insert(pid, first, 0).is_err() {
         count_loss(LossCounter::CountersFull);
     }
 }
