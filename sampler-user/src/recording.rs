@@ -336,7 +336,7 @@ impl Recording {
             Ok(points) => points,
             Err(e) => {
                 if new {
-                    self.probes_mut()?.remove(pid);
+                    self.probes_mut()?.remove(pid).close_in_background();
                     self.free_slots.push(slot);
                 }
                 if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
@@ -351,7 +351,7 @@ impl Recording {
         self.points.extend(points);
         if new {
             if let Err(e) = self.watcher.watch(pid) {
-                self.probes_mut()?.remove(pid);
+                self.probes_mut()?.remove(pid).close_in_background();
                 self.free_slots.push(slot);
                 anyhow::bail!("exited while the probes were being attached ({e})");
             }
@@ -592,10 +592,11 @@ impl Recording {
         let Some(slot) = self.running.remove(&pid) else {
             return Ok(());
         };
+        info!("pid {pid} exited: its probes go, its counters are kept");
         let Some(probes) = self.probes.as_mut() else {
             return Ok(());
         };
-        probes.remove(pid);
+        probes.remove(pid).close_in_background();
         let last = {
             let map = probes
                 .ebpf

@@ -37,6 +37,17 @@ fn pids(profile: &Value) -> Vec<u32> {
         .collect()
 }
 
+/// Checks that a process's estimated allocated bytes bound its exact (counted) bytes.
+fn assert_estimate_bounds_exact(process: &Value) {
+    let exact = process["exact"]["bytes"].as_f64().unwrap();
+    let total = &process["alloc_bytes"];
+    assert!(
+        total["lower"].as_f64().unwrap() <= exact && exact <= total["upper"].as_f64().unwrap(),
+        "pid {}: estimate {total} does not bound the exact {exact} bytes",
+        process["pid"]
+    );
+}
+
 /// Waits for the recorder to exit by itself and checks it succeeded.
 fn finish(mut recorder: std::process::Child) {
     let status = recorder.wait().unwrap();
@@ -87,6 +98,101 @@ fn statically_linked_allocator_is_found_in_the_executable() {
 }
 
 #[test]
+fn glibc_jemalloc_and_tcmalloc_processes_in_one_session() {
+    if !bpf_available("glibc_jemalloc_and_tcmalloc_processes_in_one_session") {
+        return;
+    }
+    let dir = TempDir::new("allocators");
+    let out = dir.path("allocators.json");
+    // Debian's libjemalloc2 and libgoogle-perftools4 (cargo xtask setup installs them).
+    let preloads = [
+        ("glibc", None),
+        (
+            "jemalloc",
+            Some("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
+        ),
+        (
+            "tcmalloc",
+            Some("/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"),
+        ),
+    ];
+    let mut workloads: Vec<(&str, Workload)> = preloads
+        .iter()
+        .map(|&(family, preload)| {
+            let mut command = Command::new(fixture("workload", &[]));
+            if let Some(library) = preload {
+                assert!(
+                    Path::new(library).exists(),
+                    "{library} missing: run cargo xtask setup"
+                );
+                command.env("LD_PRELOAD", library);
+            }
+            (family, Workload::start_with(command, ROUNDS, &[]))
+        })
+        .collect();
+    let mut args = vec![
+        "record".to_owned(),
+        "--interval".into(),
+        "64KiB".into(),
+        "--confidence".into(),
+        CONFIDENCE.into(),
+        "-o".into(),
+        out.display().to_string(),
+    ];
+    for (_, workload) in &workloads {
+        args.extend(["-p".to_owned(), workload.pid().to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (recorder, stderr) = start_recording(&args);
+    let drained = drain(stderr);
+    for (_, workload) in &mut workloads {
+        workload.go();
+    }
+    // They exit one after the other while the others still allocate: each exit detaches
+    // that process's probes during the recording.
+    for (_, workload) in &mut workloads {
+        assert_eq!(workload.line(), "done");
+    }
+    interrupt(recorder);
+    let said = drained.join().unwrap();
+    let profile = read_profile(&out);
+    for (family, workload) in &workloads {
+        let pid = workload.pid();
+        // Every site of each process within bounds and attributed to that process.
+        check_workload_profile(&profile, pid, ROUNDS);
+        let allocators = process(&profile, pid)["allocators"].as_array().unwrap();
+        assert!(
+            allocators[0].as_str().unwrap().starts_with(family),
+            "pid {pid} should use {family} first: {allocators:?}\n{said}"
+        );
+    }
+    let probed = |file: &str, function: &str| {
+        profile["probes"].as_array().unwrap().iter().any(|p| {
+            p["file"].as_str().unwrap().contains(file)
+                && p["function"].as_str().unwrap().starts_with(function)
+        })
+    };
+    assert!(
+        probed("libjemalloc.so.2", "mallocx"),
+        "{:#}",
+        profile["probes"]
+    );
+    assert!(probed("libjemalloc.so.2", "sdallocx"));
+    assert!(probed("libtcmalloc.so", "malloc"));
+    assert!(probed("libtcmalloc.so", "tc_new_nothrow"));
+}
+
+/// Reads the rest of allocscope's stderr on a thread (so it never blocks on a full pipe);
+/// the text is returned by `join`.
+fn drain(mut stderr: BufReader<std::process::ChildStderr>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut rest);
+        rest
+    })
+}
+
+#[test]
 fn attaching_mid_run_the_estimates_cover_what_the_counters_cover() {
     if !bpf_available("attaching_mid_run_the_estimates_cover_what_the_counters_cover") {
         return;
@@ -112,13 +218,7 @@ fn attaching_mid_run_the_estimates_cover_what_the_counters_cover() {
     ]);
     assert!(output.status.success(), "{output:?}");
     let profile = read_profile(&out);
-    let process = process(&profile, workload.pid());
-    let exact = process["exact"]["bytes"].as_f64().unwrap();
-    let total = &process["alloc_bytes"];
-    assert!(
-        total["lower"].as_f64().unwrap() <= exact && exact <= total["upper"].as_f64().unwrap(),
-        "estimate {total} does not bound the exact {exact} bytes"
-    );
+    assert_estimate_bounds_exact(process(&profile, workload.pid()));
 }
 
 #[test]
@@ -173,12 +273,7 @@ fn follow_takes_in_forked_and_execed_processes() {
             calls > iterations / 2 && calls <= iterations + 10,
             "child {pid}: {calls} calls of {iterations}"
         );
-        let exact = child["exact"]["bytes"].as_f64().unwrap();
-        let total = &child["alloc_bytes"];
-        assert!(
-            total["lower"].as_f64().unwrap() <= exact && exact <= total["upper"].as_f64().unwrap(),
-            "child {pid}: estimate {total} vs exact {exact}"
-        );
+        assert_estimate_bounds_exact(child);
     }
     let execed = processes
         .iter()
@@ -224,10 +319,7 @@ fn comm_waits_for_a_matching_process_and_takes_it_in() {
     let mut workload = Workload::start_with(Command::new(&renamed), ROUNDS, &[]);
     let pid = workload.pid();
     // Found at its exec, or by the next scan at the latest (stderr drained meanwhile).
-    std::thread::spawn(move || {
-        let mut rest = String::new();
-        while stderr.read_line(&mut rest).unwrap_or(0) > 0 {}
-    });
+    let _drained = drain(stderr);
     assert!(wait_until(Duration::from_secs(5), || {
         std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| !m.is_empty())
             && tests::first_byte(pid, workload.malloc) == tests::INT3

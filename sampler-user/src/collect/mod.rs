@@ -154,6 +154,7 @@ impl SampleReader {
     pub async fn read(&mut self, out: &mut Vec<Event>) -> anyhow::Result<()> {
         let mut guard = self.ring.readable_mut().await?;
         self.malformed += drain_ring(guard.get_inner_mut(), out);
+        // Clears only the readiness this guard saw: a wakeup that came in since stays.
         guard.clear_ready();
         Ok(())
     }

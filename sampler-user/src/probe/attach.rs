@@ -18,6 +18,7 @@ use std::{
     collections::{HashMap, HashSet},
     os::fd::OwnedFd,
     path::PathBuf,
+    time::Instant,
 };
 
 use aya::{
@@ -199,6 +200,32 @@ enum Link {
     Session(#[allow(dead_code)] OwnedFd),
 }
 
+/// Links taken from [`Probes`], still attached until dropped.
+#[derive(Default)]
+pub struct Detached {
+    uprobes: Vec<aya::programs::uprobe::UProbeLink>,
+    sessions: Vec<OwnedFd>,
+}
+
+impl Detached {
+    /// Drops the links on a thread of their own (the kernel's detach blocks).
+    pub fn close_in_background(self) {
+        if self.uprobes.is_empty() && self.sessions.is_empty() {
+            return;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("detach".into())
+            .spawn(move || {
+                let (links, started) = (self.uprobes.len() + self.sessions.len(), Instant::now());
+                drop(self);
+                log::debug!("closed {links} links in {:?}", started.elapsed());
+            });
+        if let Err(e) = spawned {
+            log::debug!("detaching on this thread: {e}");
+        }
+    }
+}
+
 /// The loaded object with its attached links; detaches everything when dropped.
 pub struct Probes {
     /// The eBPF object (maps are taken from it by the collector).
@@ -324,19 +351,33 @@ impl Probes {
     }
 
     /// Detaches everything attached for `pid` (it exited).
-    pub fn remove(&mut self, pid: u32) {
+    ///
+    /// The links are handed back, not closed: closing one waits for the kernel to remove
+    /// its breakpoints and for every program run in flight (an RCU grace period, tens of
+    /// milliseconds), a second or more for a process's dozens of links, during which the
+    /// caller would not read the ring buffer. [`Detached::close_in_background`] closes them
+    /// on a thread of their own.
+    #[must_use = "the links stay attached until the Detached is dropped"]
+    pub fn remove(&mut self, pid: u32) -> Detached {
+        let mut detached = Detached::default();
         for link in self.links.remove(&pid).unwrap_or_default() {
-            if let Link::Uprobe(name, id) = link {
-                if let Some(program) = self
-                    .ebpf
-                    .program_mut(name)
-                    .and_then(|p| <&mut UProbe>::try_from(p).ok())
-                {
-                    let _ = program.detach(id);
+            match link {
+                Link::Uprobe(name, id) => {
+                    if let Some(program) = self
+                        .ebpf
+                        .program_mut(name)
+                        .and_then(|p| <&mut UProbe>::try_from(p).ok())
+                    {
+                        if let Ok(link) = program.take_link(id) {
+                            detached.uprobes.push(link);
+                        }
+                    }
                 }
+                Link::Session(fd) => detached.sessions.push(fd),
             }
         }
         self.probed.retain(|(key, _)| *key != pid);
+        detached
     }
 
     /// Host mode: makes the programs ignore `pid`.

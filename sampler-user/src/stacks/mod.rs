@@ -3,7 +3,8 @@
 //! A sample's raw addresses mean something only in the address space of a process that may
 //! exit a millisecond later, so each address is normalized on arrival to (module, file
 //! offset) with a cached copy of the process's maps (re-read on a miss while the process
-//! lives). Normalized stacks are interned into [`StackId`]s; names are resolved once per
+//! lives, and only when the copy is older than the sample: an address nothing maps, such
+//! as JIT code, costs one read per batch, not one per sample). Normalized stacks are interned into [`StackId`]s; names are resolved once per
 //! distinct frame, at the end, by [`symbolize`]. Each module file is opened when first seen,
 //! through the process's own view of it (`/proc/PID/map_files`), and kept open: symbols
 //! then come from the very file the process mapped, even after the process has gone, the
@@ -108,6 +109,8 @@ struct ProcessMaps {
     vmas: Vec<Vma>,
     /// Start of the kernel's `[uprobes]` area, once the process has one.
     uprobe_area: Option<u64>,
+    /// When the maps were last read (CLOCK_MONOTONIC ns, the samples' clock).
+    read_ns: u64,
     gone: bool,
 }
 
@@ -131,7 +134,10 @@ impl StackTable {
         if entry.gone {
             return;
         }
+        entry.read_ns = crate::recording::monotonic_ns();
         match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+            // A process that exited but was not reaped yet has no maps left.
+            Ok(text) if text.is_empty() => entry.gone = true,
             Ok(text) => {
                 entry.uprobe_area = maps::uprobe_area(&text);
                 entry.vmas = maps::parse(&text)
@@ -175,8 +181,9 @@ impl StackTable {
         })
     }
 
-    fn normalize(&mut self, pid: u32, address: u64) -> Frame {
-        if self.lookup(pid, address).is_none() {
+    fn normalize(&mut self, pid: u32, address: u64, taken_ns: u64) -> Frame {
+        let stale = self.maps.get(&pid).is_none_or(|m| m.read_ns < taken_ns);
+        if stale && self.lookup(pid, address).is_none() {
             // A library loaded after the last snapshot, most likely.
             self.refresh(pid);
         }
@@ -193,11 +200,12 @@ impl StackTable {
         }
     }
 
-    /// Normalizes `addresses` (leaf first) of process `pid` and returns the stack's id.
-    pub fn intern(&mut self, pid: u32, addresses: &[u64]) -> StackId {
+    /// Normalizes `addresses` (leaf first) of process `pid`, taken at `taken_ns`
+    /// (CLOCK_MONOTONIC), and returns the stack's id.
+    pub fn intern(&mut self, pid: u32, addresses: &[u64], taken_ns: u64) -> StackId {
         let frames: Vec<Frame> = addresses
             .iter()
-            .map(|&address| self.normalize(pid, address))
+            .map(|&address| self.normalize(pid, address, taken_ns))
             .collect();
         let key = (pid, frames);
         if let Some(&id) = self.index.get(&key) {
@@ -270,10 +278,10 @@ mod tests {
                 ..ProcessMaps::default()
             },
         );
-        let a = table.intern(1, &[1, 2, 3]);
-        let b = table.intern(1, &[1, 2, 3]);
-        let c = table.intern(2, &[1, 2, 3]);
-        let d = table.intern(1, &[1, 2]);
+        let a = table.intern(1, &[1, 2, 3], 0);
+        let b = table.intern(1, &[1, 2, 3], 0);
+        let c = table.intern(2, &[1, 2, 3], 0);
+        let d = table.intern(1, &[1, 2], 0);
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_ne!(a, d);
@@ -300,7 +308,7 @@ mod tests {
                 ..ProcessMaps::default()
             },
         );
-        let id = table.intern(7, &[0x1010, 0x5000]);
+        let id = table.intern(7, &[0x1010, 0x5000], 0);
         let (_, frames) = table.stack(id);
         let module = table.modules().intern_lookup("/bin/x");
         assert_eq!(
@@ -311,6 +319,50 @@ mod tests {
             }
         );
         assert_eq!(frames[1], Frame::Unknown { address: 0x5000 });
+    }
+
+    #[test]
+    fn a_process_that_exited_keeps_its_last_maps() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let mut table = StackTable::default();
+        table.snapshot(pid);
+        let text = table.maps[&pid].vmas[0].start + 1;
+        child.kill().unwrap();
+        // Not reaped yet: a zombie, whose maps file reads empty.
+        let dead = (0..500).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.is_empty())
+        });
+        assert!(dead, "sleep did not become a zombie");
+        // An unmapped address in a sample newer than the copy forces a re-read, which
+        // finds nothing: the last copy stays for the samples still to come.
+        table.intern(pid, &[0x10], crate::recording::monotonic_ns());
+        assert!(table.maps[&pid].gone);
+        let id = table.intern(pid, &[text], crate::recording::monotonic_ns());
+        assert!(
+            matches!(table.stack(id).1[0], Frame::File { .. }),
+            "{:?}",
+            table.stack(id)
+        );
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn unmapped_addresses_reread_the_maps_once_per_newer_sample() {
+        let mut table = StackTable::default();
+        let pid = std::process::id();
+        table.snapshot(pid);
+        let first_read = table.maps[&pid].read_ns;
+        // Older than the copy: the copy already answered for that moment.
+        table.intern(pid, &[0x10], first_read - 1);
+        assert_eq!(table.maps[&pid].read_ns, first_read);
+        // Newer: one re-read.
+        table.intern(pid, &[0x10], crate::recording::monotonic_ns());
+        assert!(table.maps[&pid].read_ns > first_read);
     }
 
     impl ModuleTable {
