@@ -131,6 +131,9 @@ pub struct Recording {
     finished: BTreeMap<u32, ProcessCounters>,
     /// Host mode: allocator files probed for every process.
     host_files: HashSet<(String, u64)>,
+    /// Host mode: processes left alone (allocscope, `--exclude-*`). The kernel skips them
+    /// once told; what it sent before that is dropped here.
+    excluded: HashSet<u32>,
     /// Processes looked at by a scan, with the executable they had then (an exec makes
     /// them new again).
     scanned: HashMap<u32, (String, u64)>,
@@ -211,6 +214,7 @@ impl Recording {
             next_slot: 0,
             finished: BTreeMap::new(),
             host_files: HashSet::new(),
+            excluded: HashSet::new(),
             scanned: HashMap::new(),
             points: Vec::new(),
             logger,
@@ -461,24 +465,63 @@ impl Recording {
     /// `--all`: probes each allocator file of each new process once, for every process;
     /// excluded processes (and allocscope) are told to the kernel, which skips them.
     fn scan_host(&mut self) -> anyhow::Result<()> {
-        self.probes_mut()?.exclude(std::process::id())?;
-        for pid in self.unscanned() {
+        self.exclude(std::process::id())?;
+        let pids = self.unscanned();
+        // Every excluded process first, so none is sampled once the first file is probed.
+        for &pid in &pids {
+            self.excludes(pid)?;
+        }
+        for pid in pids {
             self.consider_host(pid)?;
         }
         Ok(())
     }
 
-    fn consider_host(&mut self, pid: u32) -> anyhow::Result<()> {
+    /// Host mode: whether `pid` is to be left alone; if so, the kernel is told.
+    fn excludes(&mut self, pid: u32) -> anyhow::Result<bool> {
+        if self.excluded.contains(&pid) {
+            return Ok(true);
+        }
         let Some(comm) = targets::comm_of(pid) else {
-            return Ok(());
+            return Ok(false);
         };
-        if self.targets.excludes(pid, &comm) {
+        if !self.targets.excludes(pid, &comm) {
+            return Ok(false);
+        }
+        self.exclude(pid)?;
+        Ok(true)
+    }
+
+    /// Host-wide: a process sampled for the first time is tracked, unless it is to be left
+    /// alone (an excluded name it exec'd into since the last scan is caught here).
+    fn first_seen(&mut self, pid: u32) {
+        match self.excludes(pid) {
+            Ok(true) => {}
+            Ok(false) => {
+                self.recorder.track(pid);
+                self.pids.push(pid);
+            }
+            Err(e) => warn!("pid {pid}: the kernel was not told to skip it ({e:#}); its samples are dropped here"),
+        }
+    }
+
+    fn exclude(&mut self, pid: u32) -> anyhow::Result<()> {
+        if self.excluded.insert(pid) {
             self.probes_mut()?.exclude(pid)?;
+        }
+        Ok(())
+    }
+
+    fn consider_host(&mut self, pid: u32) -> anyhow::Result<()> {
+        if self.excludes(pid)? {
             return Ok(());
         }
         let Ok(allocators) = self.cache.of_pid(pid) else {
             return Ok(());
         };
+        let mut described: Vec<String> = allocators.iter().map(Allocator::describe).collect();
+        described.dedup();
+        self.recorder.set_allocators(pid, described);
         for allocator in allocators {
             if self.host_files.contains(&allocator.file_id) {
                 continue;
@@ -575,12 +618,17 @@ impl Recording {
             match *event {
                 Event::Process { pid, parent } => self.on_process(pid, parent),
                 Event::Alloc(ref sample) if !self.recorder.tracks(sample.pid) => {
-                    // Host-wide: a process seen for the first time.
-                    self.recorder.track(sample.pid);
-                    self.pids.push(sample.pid);
+                    self.first_seen(sample.pid)
                 }
                 _ => {}
             }
+        }
+        if !self.excluded.is_empty() {
+            batch.retain(|event| match event {
+                Event::Alloc(sample) => !self.excluded.contains(&sample.pid),
+                Event::Free(freed) => !self.excluded.contains(&freed.pid),
+                Event::Process { .. } => true,
+            });
         }
         self.recorder.add_all(batch);
     }
@@ -646,6 +694,9 @@ impl Recording {
                     .context("HOST_COUNTERS map missing")?;
                 let host = collect::read_host_counters(&PerCpuHashMap::try_from(map)?)?;
                 for (pid, c) in host {
+                    if self.excluded.contains(&pid) {
+                        continue;
+                    }
                     let total = add(counters.get(&pid).copied().unwrap_or_default(), c);
                     counters.insert(pid, total);
                 }

@@ -13,7 +13,7 @@ use std::{
 use serde_json::Value;
 use tests::{
     allocscope, bpf_available, check_workload_profile, fixture, fixture_as, read_profile, run,
-    site, start_recording, wait_until, TempDir, Workload,
+    site, start_recording, wait_until, Fixture, TempDir, Workload,
 };
 
 const CONFIDENCE: &str = "0.9999";
@@ -180,6 +180,68 @@ fn glibc_jemalloc_and_tcmalloc_processes_in_one_session() {
     assert!(probed("libjemalloc.so.2", "sdallocx"));
     assert!(probed("libtcmalloc.so", "malloc"));
     assert!(probed("libtcmalloc.so", "tc_new_nothrow"));
+}
+
+#[test]
+fn threads_by_the_thousand_keep_their_attribution_and_leave_no_state() {
+    if !bpf_available("threads_by_the_thousand_keep_their_attribution_and_leave_no_state") {
+        return;
+    }
+    let dir = TempDir::new("threads");
+    let out = dir.path("threads.json");
+    let (threads, per_thread) = (4000u64, 500u64);
+    let mut fixture = Fixture::start(
+        "threads",
+        &[&threads.to_string(), &per_thread.to_string()],
+        &[],
+    );
+    fixture.expect("ready");
+    let pid = fixture.pid();
+    let (recorder, stderr) = start_recording(&[
+        "record",
+        "-p",
+        &pid.to_string(),
+        "--interval",
+        "64KiB",
+        "--confidence",
+        CONFIDENCE,
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let drained = drain(stderr);
+    fixture.go();
+    assert_eq!(fixture.line(), "done");
+    // Every worker has exited; the process lives on.
+    interrupt(recorder);
+    let said = drained.join().unwrap();
+    let profile = read_profile(&out);
+    let calls = threads * per_thread;
+    let process = process(&profile, pid);
+    // Besides the workers' calls, glibc allocates a thread's TLS vector at its creation.
+    let exact = process["exact"]["calls"].as_u64().unwrap();
+    assert!(
+        (calls..calls + 3 * threads).contains(&exact),
+        "exact calls {exact}, expected {calls} and a few per thread"
+    );
+    assert_estimate_bounds_exact(process);
+    let stacks = site(&profile, pid, "thread_site");
+    assert_eq!(stacks.len(), 1, "{stacks:#?}");
+    assert_eq!(stacks[0]["frames"][1]["function"], "worker");
+    let truth = (calls * 512) as f64;
+    let bytes = &stacks[0]["alloc_bytes"];
+    assert!(
+        bytes["lower"].as_f64().unwrap() <= truth && truth <= bytes["upper"].as_f64().unwrap(),
+        "thread_site: true {truth} outside {bytes}"
+    );
+    let losses = &profile["losses"];
+    assert_eq!(losses["thread_state_full"], 0, "{losses}");
+    assert_eq!(losses["ringbuf_full"], 0, "{losses}");
+    // Each thread's countdown went with the thread: what is left is the main thread's.
+    let states = profile["thread_states"].as_u64().unwrap();
+    assert!(
+        states <= 2,
+        "{states} thread states left after 4000 threads\n{said}"
+    );
 }
 
 /// Reads the rest of allocscope's stderr on a thread (so it never blocks on a full pipe);

@@ -109,7 +109,8 @@ pub struct ProcessTally {
     pub untracked_samples: u64,
     /// Its cgroup (v2 path): a container, a systemd unit.
     pub cgroup: Option<String>,
-    /// Its allocators as probed ("jemalloc (/usr/lib/…)"); empty host-wide (`--all`).
+    /// Its allocators as probed ("jemalloc (/usr/lib/…)"); host-wide (`--all`), those it
+    /// mapped when it was first looked at.
     pub allocators: Vec<String>,
 }
 

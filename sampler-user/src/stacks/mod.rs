@@ -328,9 +328,20 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id();
+        // Spawned is not yet exec'd: in between, its maps may be the parent's or none. Once
+        // named sleep it runs in its own memory; once that maps libc, sleep itself is mapped.
+        let execed = (0..500).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            let read = |what| std::fs::read_to_string(format!("/proc/{pid}/{what}"));
+            read("comm").is_ok_and(|c| c == "sleep\n")
+                && read("maps").is_ok_and(|m| m.contains("libc"))
+        });
+        assert!(execed, "sleep did not start");
         let mut table = StackTable::default();
         table.snapshot(pid);
-        let text = table.maps[&pid].vmas[0].start + 1;
+        let vmas = &table.maps[&pid].vmas;
+        assert!(!vmas.is_empty(), "no file mapping read for sleep");
+        let text = vmas[0].start + 1;
         child.kill().unwrap();
         // Not reaped yet: a zombie, whose maps file reads empty.
         let dead = (0..500).any(|_| {
