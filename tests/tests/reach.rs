@@ -403,25 +403,29 @@ fn a_process_in_its_own_mount_namespace_and_root_is_profiled_and_symbolized() {
     let dir = TempDir::new("container");
     let root = dir.path("root");
     let workload = fixture("workload", &[]);
-    // A root of its own: the workload and copies (new inodes) of its libc and loader.
-    let copy = |from: &Path, to: &str| {
-        let target = root.join(to.trim_start_matches('/'));
+    // A root of its own: the workload and copies (new inodes) of its libc, at the path the
+    // host's has, and of the loader.
+    let copy = |from: &Path, to: &Path| {
+        let target = root.join(to.strip_prefix("/").unwrap());
         std::fs::create_dir_all(target.parent().unwrap()).unwrap();
         std::fs::copy(from, &target).unwrap();
     };
-    copy(&workload, "/workload");
-    for library in [
-        "/lib/x86_64-linux-gnu/libc.so.6",
-        "/lib64/ld-linux-x86-64.so.2",
-    ] {
-        let real = std::fs::canonicalize(library).unwrap();
-        copy(&real, library);
-    }
+    copy(&workload, Path::new("/workload"));
+    let host_libc_path = std::fs::canonicalize("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
+    copy(&host_libc_path, &host_libc_path);
+    let loader = Path::new("/lib64/ld-linux-x86-64.so.2");
+    copy(&std::fs::canonicalize(loader).unwrap(), loader);
+    // And a process on the host beside it, in the host's libc.
+    let mut neighbour = Workload::start(ROUNDS, &[]);
+    // As a container runtime does: a mount namespace of its own, the root bind-mounted and
+    // pivoted into, so its maps show its own paths (`/usr/lib/…/libc.so.6`), not the
+    // host's path to them.
+    std::fs::create_dir_all(root.join("old")).unwrap();
     let mut command = Command::new("unshare");
     command
-        .arg("--mount")
-        .arg(format!("--root={}", root.display()))
-        .arg("/workload");
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind "$0" "$0" && cd "$0" && pivot_root . old && exec /workload "$@""#)
+        .arg(&root);
     let mut target = Workload::start_with(command, ROUNDS, &[]);
     let pid = target.pid();
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
@@ -431,6 +435,8 @@ fn a_process_in_its_own_mount_namespace_and_root_is_profiled_and_symbolized() {
         "record",
         "-p",
         &pid.to_string(),
+        "-p",
+        &neighbour.pid().to_string(),
         "--interval",
         "64KiB",
         "--confidence",
@@ -439,11 +445,28 @@ fn a_process_in_its_own_mount_namespace_and_root_is_profiled_and_symbolized() {
         out.to_str().unwrap(),
     ]);
     target.go();
+    neighbour.go();
     assert_eq!(target.line(), "done");
+    assert_eq!(neighbour.line(), "done");
     finish(recorder);
     let profile = read_profile(&out);
     // Probed in its own libc, and symbolized from its own files.
     check_workload_profile(&profile, pid, ROUNDS);
+    check_workload_profile(&profile, neighbour.pid(), ROUNDS);
+    // Two files by one path: two modules, told apart, each with its file's build id.
+    let shown = host_libc_path.to_str().unwrap();
+    let libcs: Vec<&Value> = profile["modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["path"].as_str().unwrap().starts_with(shown))
+        .collect();
+    assert_eq!(libcs.len(), 2, "{:#}", profile["modules"]);
+    assert_ne!(libcs[0]["path"], libcs[1]["path"]);
+    assert!(
+        libcs.iter().all(|m| m["build_id"].is_string()),
+        "{libcs:#?}"
+    );
     let host_libc = std::fs::metadata("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
     let probed: Vec<PathBuf> = profile["probes"]
         .as_array()

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 pub use recorder::{ProcessTally, Recorder, StackTally, Tally};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use sampler_common::ProcessCounters;
 
@@ -23,9 +23,14 @@ use crate::{
 /// Schema tag of the JSON export.
 pub const SCHEMA: &str = "allocscope/v1";
 
-/// The distinct modules of `stacks`, with build ids read from the files; the targets'
-/// executables first (pprof takes the first mapping for the main binary).
-fn modules_of(stacks: &[StackProfile], executables: &[&str]) -> Vec<Module> {
+/// The distinct modules of `stacks`, with the build ids read from the files the processes
+/// mapped (`build_ids`, by module name; else from the path); the targets' executables first
+/// (pprof takes the first mapping for the main binary).
+fn modules_of(
+    stacks: &[StackProfile],
+    executables: &[&str],
+    build_ids: &HashMap<String, Option<String>>,
+) -> Vec<Module> {
     let mut paths: Vec<&str> = stacks
         .iter()
         .flat_map(|stack| stack.frames.iter().filter_map(|f| f.module.as_deref()))
@@ -36,18 +41,12 @@ fn modules_of(stacks: &[StackProfile], executables: &[&str]) -> Vec<Module> {
         .into_iter()
         .map(|path| Module {
             path: path.to_owned(),
-            build_id: build_id(std::path::Path::new(path)),
+            build_id: match build_ids.get(path) {
+                Some(id) => id.clone(),
+                None => crate::stacks::build_id(std::path::Path::new(path)),
+            },
         })
         .collect()
-}
-
-/// The GNU build id of an ELF file, in hex.
-pub fn build_id(path: &std::path::Path) -> Option<String> {
-    use object::Object as _;
-    let data = std::fs::read(path).ok()?;
-    let file = object::File::parse(&*data).ok()?;
-    let id = file.build_id().ok()??;
-    Some(id.iter().map(|byte| format!("{byte:02x}")).collect())
 }
 
 /// What the recording was asked to do (carried into every export).
@@ -110,8 +109,8 @@ pub struct ProcessProfile {
     /// Its cgroup (v2 path), grouping a container's or a systemd unit's processes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<String>,
-    /// The allocators probed in it ("jemalloc (/usr/lib/…/libjemalloc.so.2)"); empty when
-    /// probed host-wide (`--all`: see `probes`).
+    /// The allocators probed in it ("jemalloc (/usr/lib/…/libjemalloc.so.2)"); host-wide
+    /// (`--all`), those it mapped when first looked at, probed for every process (`probes`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allocators: Vec<String>,
     /// Exact counters.
@@ -298,7 +297,7 @@ impl Profile {
             .map(|p| p.executable.as_str())
             .filter(|exe| !exe.is_empty())
             .collect();
-        let modules = modules_of(&stacks, &executables);
+        let modules = modules_of(&stacks, &executables, &tally.build_ids);
         Profile {
             schema: SCHEMA.to_owned(),
             sampling: settings.sampling(),

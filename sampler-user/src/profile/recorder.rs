@@ -123,6 +123,8 @@ pub struct Tally {
     pub processes: Vec<ProcessTally>,
     /// Seconds the `recent` sets cover.
     pub recent_seconds: f64,
+    /// Build id of every module the frames name, read from the file the process mapped.
+    pub build_ids: HashMap<String, Option<String>>,
 }
 
 impl Recorder {
@@ -344,10 +346,23 @@ impl Recorder {
                 allocators: self.allocators.get(&pid).cloned().unwrap_or_default(),
             })
             .collect();
+        let modules = self.stacks.modules();
+        let build_ids = resolved
+            .keys()
+            .filter_map(|frame| match *frame {
+                Frame::File { module, .. } => Some(module),
+                Frame::Unknown { .. } => None,
+            })
+            .map(|module| {
+                let id = modules.build_id(module).map(str::to_owned);
+                (modules.name(module).to_owned(), id)
+            })
+            .collect();
         Tally {
             stacks,
             processes,
             recent_seconds,
+            build_ids,
         }
     }
 
@@ -394,10 +409,10 @@ impl Recorder {
                 let infos = match frame {
                     Frame::File { module, .. } => {
                         // Read through the open file; named as the process showed it.
-                        let shown = self.stacks.modules().path(module).display().to_string();
+                        let shown = self.stacks.modules().name(module);
                         let mut infos = names.next().unwrap_or_default();
                         for info in &mut infos {
-                            info.module = Some(shown.clone());
+                            info.module = Some(shown.to_owned());
                         }
                         infos
                     }

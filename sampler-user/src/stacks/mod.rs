@@ -4,17 +4,19 @@
 //! exit a millisecond later, so each address is normalized on arrival to (module, file
 //! offset) with a cached copy of the process's maps (re-read on a miss while the process
 //! lives, and only when the copy is older than the sample: an address nothing maps, such
-//! as JIT code, costs one read per batch, not one per sample). Normalized stacks are interned into [`StackId`]s; names are resolved once per
-//! distinct frame, at the end, by [`symbolize`]. Each module file is opened when first seen,
-//! through the process's own view of it (`/proc/PID/map_files`), and kept open: symbols
-//! then come from the very file the process mapped, even after the process has gone, the
-//! file was replaced on disk, or it lives in a container's file system.
+//! as JIT code, costs one read per batch, not one per sample). Normalized stacks are
+//! interned into [`StackId`]s; names are resolved once per distinct frame, at the end, by
+//! [`symbolize`]. Each module file is opened when first seen, through the process's own view
+//! of it (`/proc/PID/map_files`), and kept open: symbols and build ids then come from the very
+//! file the process mapped, even after the process has gone, the file was replaced on disk,
+//! or it lives in a container's file system.
 
 pub mod symbolize;
 
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
+    sync::OnceLock,
 };
 
 use crate::probe::maps::{self, Vma};
@@ -69,8 +71,12 @@ pub fn caller_chain(return_address: u64, raw: &[u64], at_return: bool) -> Vec<u6
 #[derive(Debug, Default)]
 pub struct ModuleTable {
     paths: Vec<PathBuf>,
+    names: Vec<String>,
     files: Vec<Option<std::fs::File>>,
+    build_ids: Vec<OnceLock<Option<String>>>,
     index: HashMap<(PathBuf, (String, u64)), ModuleId>,
+    /// How many distinct files go by each path (a container's libc and the host's).
+    files_per_path: HashMap<PathBuf, usize>,
 }
 
 impl ModuleTable {
@@ -82,8 +88,12 @@ impl ModuleTable {
             return id;
         }
         let id = self.paths.len() as ModuleId;
+        let seen = self.files_per_path.entry(path.to_owned()).or_default();
+        self.names.push(name(path, file_id, *seen));
+        *seen += 1;
         self.paths.push(path.to_owned());
         self.files.push(std::fs::File::open(open).ok());
+        self.build_ids.push(OnceLock::new());
         self.index.insert(key, id);
         id
     }
@@ -91,6 +101,19 @@ impl ModuleTable {
     /// The path of module `id`, as the process showed it.
     pub fn path(&self, id: ModuleId) -> &Path {
         &self.paths[id as usize]
+    }
+
+    /// The name of module `id` in profiles: its path, told apart from other files by the
+    /// same path seen earlier.
+    pub fn name(&self, id: ModuleId) -> &str {
+        &self.names[id as usize]
+    }
+
+    /// The GNU build id of module `id`, in hex, read once from the file itself.
+    pub fn build_id(&self, id: ModuleId) -> Option<&str> {
+        self.build_ids[id as usize]
+            .get_or_init(|| build_id(&self.source(id)))
+            .as_deref()
     }
 
     /// Where to read module `id` from: its open file (`/proc/self/fd/N`), else its path.
@@ -101,6 +124,25 @@ impl ModuleTable {
             None => self.paths[id as usize].clone(),
         }
     }
+}
+
+/// How module `path` is named when `earlier` other files went by the same path: the first
+/// keeps the plain path, later ones carry their device and inode.
+fn name(path: &Path, (device, inode): &(String, u64), earlier: usize) -> String {
+    if earlier == 0 {
+        path.display().to_string()
+    } else {
+        format!("{} (inode {inode} on {device})", path.display())
+    }
+}
+
+/// The GNU build id of an ELF file, in hex.
+pub fn build_id(path: &Path) -> Option<String> {
+    use object::Object as _;
+    let data = std::fs::read(path).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    let id = file.build_id().ok()??;
+    Some(id.iter().map(|byte| format!("{byte:02x}")).collect())
 }
 
 /// Cached executable mappings of one process, refreshed when an address misses.
@@ -319,6 +361,30 @@ mod tests {
             }
         );
         assert_eq!(frames[1], Frame::Unknown { address: 0x5000 });
+    }
+
+    #[test]
+    fn files_sharing_a_path_keep_their_own_names_and_build_ids() {
+        // A container's libc and the host's: one path, two files.
+        let shown = Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6");
+        let mut modules = ModuleTable::default();
+        let host = modules.intern(shown, &("fe:01".into(), 1), Path::new("/usr/bin/true"));
+        let container = modules.intern(shown, &("0:57".into(), 2), Path::new("/usr/bin/sleep"));
+        assert_eq!(
+            modules.intern(shown, &("fe:01".into(), 1), Path::new("/x")),
+            host
+        );
+        assert_eq!(modules.name(host), shown.to_str().unwrap());
+        assert_eq!(
+            modules.name(container),
+            "/usr/lib/x86_64-linux-gnu/libc.so.6 (inode 2 on 0:57)"
+        );
+        // Each build id is read from the file opened, never from the path shown.
+        let true_id = build_id(Path::new("/usr/bin/true"));
+        let sleep_id = build_id(Path::new("/usr/bin/sleep"));
+        assert!(true_id.is_some() && true_id != sleep_id);
+        assert_eq!(modules.build_id(host), true_id.as_deref());
+        assert_eq!(modules.build_id(container), sleep_id.as_deref());
     }
 
     #[test]

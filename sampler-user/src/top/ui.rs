@@ -533,6 +533,7 @@ mod tests {
                     allocators: Vec::new(),
                 }],
                 recent_seconds: 10.0,
+                ..Tally::default()
             },
             history: (0..60)
                 .map(|i| model::HistoryPoint {
