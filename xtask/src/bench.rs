@@ -124,16 +124,18 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     // What a process left out of `--all` pays beyond a bare uprobe: the reference copy's
     // added cost under the host-wide probes minus its cost beside `-p`, round by round.
-    let excluded = median(
-        rounds[0]
-            .iter()
-            .zip(&rounds[modes.len() - 1])
-            .map(|(alone, host)| host.reference - alone.reference)
-            .collect(),
-    );
+    let excluded: Vec<f64> = rounds[0]
+        .iter()
+        .zip(&rounds[modes.len() - 1])
+        .map(|(alone, host)| host.reference - alone.reference)
+        .collect();
+    let (low, high) = excluded
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(l, h), &x| (l.min(x), h.max(x)));
     println!(
-        "{HOST_MODE}: a process left out (--exclude-pid) pays the trap and +{excluded:.1} ns \
-         over a bare uprobe (median over rounds)"
+        "{HOST_MODE}: a process left out (--exclude-pid) pays the trap and {:+.1} ns over a \
+         bare uprobe (median over rounds; rounds from {low:+.1} to {high:+.1})",
+        median(excluded),
     );
     Ok(())
 }
