@@ -109,6 +109,14 @@ pub enum Happening {
     AllExited,
 }
 
+/// The kernel event that made a process a target: an exec or a fork, and when
+/// (CLOCK_MONOTONIC ns).
+#[derive(Clone, Copy, Debug)]
+struct Since {
+    event: &'static str,
+    timestamp_ns: u64,
+}
+
 /// Probes attached to the targets, samples flowing into a [`Recorder`].
 pub struct Recording {
     probes: Option<Probes>,
@@ -231,7 +239,7 @@ impl Recording {
             if recording.targets.follow {
                 recording.probes_mut()?.follow(target.pid)?;
             }
-            if let Err(e) = recording.attach(target.pid, &target.allocators) {
+            if let Err(e) = recording.attach(target.pid, &target.allocators, None) {
                 if Some(target.pid) == recording.spawned {
                     return Err(e.context(format!("attaching to {command}")));
                 }
@@ -316,9 +324,14 @@ impl Recording {
     }
 
     /// Attaches `allocators` in process `pid` (new ones only, if it is attached already)
-    /// and starts watching it. A process that vanishes meanwhile is an error for the caller
-    /// to report and move on.
-    fn attach(&mut self, pid: u32, allocators: &[Allocator]) -> anyhow::Result<()> {
+    /// and starts watching it; `since`: the event that made it a target, for the log. A
+    /// process that vanishes meanwhile is an error for the caller to report and move on.
+    fn attach(
+        &mut self,
+        pid: u32,
+        allocators: &[Allocator],
+        since: Option<Since>,
+    ) -> anyhow::Result<()> {
         let new = !self.running.contains_key(&pid);
         let slot = match self.running.get(&pid) {
             Some(&slot) => slot,
@@ -333,6 +346,8 @@ impl Recording {
                 }
             },
         };
+        // The ring buffer is not read meanwhile: the time is logged, to be kept short.
+        let started = std::time::Instant::now();
         let attached = self
             .probes_mut()?
             .add(Scope::Process { pid, slot }, allocators);
@@ -364,9 +379,16 @@ impl Recording {
                 self.pids.push(pid);
             }
             self.recorder.track(pid);
+            // What it allocated before this moment was not seen (its counters say how much
+            // the probes caught): how late they came is worth knowing.
+            let late = since.map_or_else(String::new, |since| {
+                let after = monotonic_ns().saturating_sub(since.timestamp_ns);
+                format!(", {:.1} ms after its {}", after as f64 / 1e6, since.event)
+            });
             info!(
-                "attached to pid {pid} ({}): {}",
+                "attached to pid {pid} ({}) in {:.1} ms{late}: {}",
                 targets::comm_of(pid).unwrap_or_default(),
+                started.elapsed().as_secs_f64() * 1e3,
                 describe(allocators)
             );
         }
@@ -387,7 +409,7 @@ impl Recording {
         let running: Vec<u32> = self.running.keys().copied().collect();
         for pid in running {
             if let Ok(allocators) = self.cache.of_pid(pid) {
-                if let Err(e) = self.attach(pid, &allocators) {
+                if let Err(e) = self.attach(pid, &allocators, None) {
                     debug!("pid {pid}: late allocators: {e:#}");
                 }
             }
@@ -416,7 +438,7 @@ impl Recording {
     /// ourselves aside.
     fn scan_comm(&mut self) {
         for pid in self.unscanned() {
-            self.consider_comm(pid);
+            self.consider_comm(pid, None);
         }
         if self.running.is_empty() && !self.said_waiting {
             self.said_waiting = true;
@@ -431,7 +453,7 @@ impl Recording {
         }
     }
 
-    fn consider_comm(&mut self, pid: u32) {
+    fn consider_comm(&mut self, pid: u32, since: Option<Since>) {
         let (Some(pattern), Some(comm)) = (&self.targets.comm, targets::comm_of(pid)) else {
             return;
         };
@@ -440,7 +462,7 @@ impl Recording {
         }
         match self.allocators_of(pid) {
             Ok(allocators) => {
-                if let Err(e) = self.attach(pid, &allocators) {
+                if let Err(e) = self.attach(pid, &allocators, since) {
                     warn!("pid {pid} ({comm}): {e:#}");
                 }
             }
@@ -544,7 +566,11 @@ impl Recording {
 
     /// A followed process forked (`parent` ≠ 0), or a process exec'd (a followed one, or
     /// any with `--comm` and `--all`).
-    fn on_process(&mut self, pid: u32, parent: u32) {
+    fn on_process(&mut self, pid: u32, parent: u32, timestamp_ns: u64) {
+        let since = Some(Since {
+            event: if parent == 0 { "exec" } else { "fork" },
+            timestamp_ns,
+        });
         if self.targets.exclude_pids.contains(&pid) {
             return;
         }
@@ -555,13 +581,13 @@ impl Recording {
                     warn!("looking at new process {pid}: {e:#}");
                 }
             } else {
-                self.consider_comm(pid);
+                self.consider_comm(pid, since);
             }
             return;
         }
         match self.allocators_of(pid) {
             Ok(allocators) => {
-                if let Err(e) = self.attach(pid, &allocators) {
+                if let Err(e) = self.attach(pid, &allocators, since) {
                     debug!("followed pid {pid}: {e:#}");
                 } else if parent == 0 {
                     // An exec: a new name and executable, maybe new allocators.
@@ -616,7 +642,11 @@ impl Recording {
         }
         for event in &batch {
             match *event {
-                Event::Process { pid, parent } => self.on_process(pid, parent),
+                Event::Process {
+                    pid,
+                    parent,
+                    timestamp_ns,
+                } => self.on_process(pid, parent, timestamp_ns),
                 Event::Alloc(ref sample) if !self.recorder.tracks(sample.pid) => {
                     self.first_seen(sample.pid)
                 }

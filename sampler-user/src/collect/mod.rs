@@ -69,6 +69,8 @@ pub enum Event {
         pid: u32,
         /// The forking process; 0 for an exec.
         parent: u32,
+        /// When (CLOCK_MONOTONIC ns).
+        timestamp_ns: u64,
     },
 }
 
@@ -101,6 +103,7 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
         return Some(Event::Process {
             pid: event.pid,
             parent,
+            timestamp_ns: event.timestamp_ns,
         });
     }
     if kind != EventKind::Alloc as u32 || bytes.len() < std::mem::size_of::<AllocEvent>() {
