@@ -63,6 +63,11 @@ fn pprof_export_opens_in_go_tool_pprof() {
     let raw = go_pprof(&["-raw"], &file);
     assert!(raw.contains("PeriodType: space bytes"), "{raw}");
     assert!(raw.contains("Period: 65536"), "{raw}");
+    // Per-process labels pprof can focus on and group by.
+    let tags = go_pprof(&["-tags"], &file);
+    for tag in ["pid:", "command:", "cgroup:"] {
+        assert!(tags.contains(tag), "no {tag} label in\n{tags}");
+    }
     // Sample types in Go's heap order (pprof marks the default one "[dflt]").
     let types = raw
         .lines()

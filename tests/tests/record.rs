@@ -218,13 +218,21 @@ fn duration_limits_the_recording() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(started.elapsed() < Duration::from_secs(20));
-    // Folded output: `command (pid);...;leaf bytes`, root first.
+    // Folded output: `cgroup;command (pid);...;leaf bytes`, root first.
     let folded = std::fs::read_to_string(&out).unwrap();
     let line = folded
         .lines()
         .find(|l| l.contains(";site_periodic_big "))
         .unwrap_or_else(|| panic!("no site_periodic_big line in\n{folded}"));
-    assert!(line.starts_with(&format!("workload ({pid});")), "{line}");
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let cgroup = cgroups
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("a cgroup v2 path");
+    assert!(
+        line.starts_with(&format!("{cgroup};workload ({pid});")),
+        "{line}"
+    );
     assert!(
         line.contains(";main;one_round;site_periodic_big "),
         "{line}"

@@ -1,5 +1,7 @@
 //! Folded stacks, the input of flamegraph.pl and inferno: one line per stack,
-//! `command (pid);root;…;leaf value`, value = the chosen estimate, rounded.
+//! `[cgroup;]command (pid);root;…;leaf value`, value = the chosen estimate, rounded. The
+//! cgroup, when known, is the outermost frame, so a flame graph groups a container's or a
+//! systemd unit's processes.
 
 use std::{collections::BTreeMap, io::Write};
 
@@ -16,15 +18,16 @@ pub fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::R
 
 /// The folded lines as (path, value), sorted by path, without zero values.
 pub fn lines(profile: &Profile, value: Value) -> Vec<(String, u64)> {
-    let commands: BTreeMap<u32, &str> = profile
+    let processes: BTreeMap<u32, (&str, Option<&str>)> = profile
         .processes
         .iter()
-        .map(|p| (p.pid, p.command.as_str()))
+        .map(|p| (p.pid, (p.command.as_str(), p.cgroup.as_deref())))
         .collect();
     let mut lines: BTreeMap<String, f64> = BTreeMap::new();
     for stack in &profile.stacks {
-        let command = commands.get(&stack.pid).copied().unwrap_or("?");
-        let mut path = vec![sanitize(&format!("{command} ({})", stack.pid))];
+        let (command, cgroup) = processes.get(&stack.pid).copied().unwrap_or(("?", None));
+        let mut path: Vec<String> = cgroup.map(sanitize).into_iter().collect();
+        path.push(sanitize(&format!("{command} ({})", stack.pid)));
         path.extend(stack.frames.iter().rev().map(frame_name));
         *lines.entry(path.join(";")).or_default() += value.of(stack);
     }

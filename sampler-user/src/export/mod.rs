@@ -283,6 +283,19 @@ pub(crate) mod tests {
         assert_eq!(decoded.sample.len(), 2);
         assert_eq!(decoded.sample[0].value, vec![100, 20000, 0, 0]);
         assert_eq!(decoded.sample[1].value, vec![200, 10000, 0, 0]);
+        let labels: Vec<(&str, &str, i64)> = decoded.sample[0]
+            .label
+            .iter()
+            .map(|l| (string(l.key), string(l.str), l.num))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("pid", "", 42),
+                ("command", "app", 0),
+                ("cgroup", "/system.slice/app.service", 0)
+            ]
+        );
         // First stack: two locations, the first holding the inlined frame then its caller.
         let location = |id: u64| decoded.location.iter().find(|l| l.id == id).unwrap();
         let function = |id: u64| string(decoded.function.iter().find(|f| f.id == id).unwrap().name);
@@ -310,7 +323,8 @@ pub(crate) mod tests {
         let text = String::from_utf8(out).unwrap();
         assert_eq!(
             text,
-            "app (42);main;leaf;inlined_leaf 100\napp (42);main;other 200\n"
+            "/system.slice/app.service;app (42);main;leaf;inlined_leaf 100\n\
+             /system.slice/app.service;app (42);main;other 200\n"
         );
         // Frees not tracked: in-use values are all zero, so no lines.
         assert!(folded::lines(&profile, Value::InuseBytes).is_empty());

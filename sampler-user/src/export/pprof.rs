@@ -7,7 +7,8 @@
 //! Locations carry file offsets inside their mapping (memory_start 0, file_offset 0), and
 //! are already symbolized (`has_functions`), so pprof does not try to re-symbolize them;
 //! inlined calls are extra lines of one location, innermost first, as the format wants.
-//! Samples carry `pid` (numeric) and `command` labels for `-tagfocus`.
+//! Samples carry `pid` (numeric), `command` and, when known, `cgroup` labels, for
+//! `-tagfocus` and `-tagroot` (a container's or a systemd unit's processes together).
 
 use std::{collections::HashMap, io::Write};
 
@@ -212,10 +213,11 @@ pub fn build(profile: &Profile) -> proto::Profile {
     let mut location_ids: HashMap<(Option<&str>, u64, Vec<u64>), u64> = HashMap::new();
     let pid_key = strings.id("pid");
     let command_key = strings.id("command");
-    let commands: HashMap<u32, &str> = profile
+    let cgroup_key = strings.id("cgroup");
+    let processes: HashMap<u32, (&str, Option<&str>)> = profile
         .processes
         .iter()
-        .map(|p| (p.pid, p.command.as_str()))
+        .map(|p| (p.pid, (p.command.as_str(), p.cgroup.as_deref())))
         .collect();
     let mut samples = Vec::with_capacity(profile.stacks.len());
     for stack in &profile.stacks {
@@ -282,18 +284,29 @@ pub fn build(profile: &Profile) -> proto::Profile {
                 value(stack.inuse_objects.map(|e| e.estimate)),
                 value(stack.inuse_bytes.map(|e| e.estimate)),
             ],
-            label: vec![
-                proto::Label {
-                    key: pid_key,
-                    num: i64::from(stack.pid),
-                    ..Default::default()
-                },
-                proto::Label {
-                    key: command_key,
-                    str: strings.id(commands.get(&stack.pid).copied().unwrap_or("")),
-                    ..Default::default()
-                },
-            ],
+            label: {
+                let (command, cgroup) = processes.get(&stack.pid).copied().unwrap_or(("", None));
+                let mut labels = vec![
+                    proto::Label {
+                        key: pid_key,
+                        num: i64::from(stack.pid),
+                        ..Default::default()
+                    },
+                    proto::Label {
+                        key: command_key,
+                        str: strings.id(command),
+                        ..Default::default()
+                    },
+                ];
+                if let Some(cgroup) = cgroup {
+                    labels.push(proto::Label {
+                        key: cgroup_key,
+                        str: strings.id(cgroup),
+                        ..Default::default()
+                    });
+                }
+                labels
+            },
         });
     }
     let comments = [
