@@ -40,20 +40,29 @@ pub fn draw(frame: &mut Frame, app: &mut App) {
     }
 }
 
-fn draw_header(frame: &mut Frame, area: Rect, app: &App) {
-    let picture = app.picture();
-    let settings = &picture.settings;
-    let targets: Vec<String> = picture
-        .targets
+/// The targets, by pid and name while they fit at a glance; beyond three (`--all`,
+/// `--comm`, `--follow`), how many and how many still run: the table names each one's.
+fn targets_label(targets: &[model::TargetState]) -> String {
+    if targets.len() > 3 {
+        let running = targets.iter().filter(|t| !t.exited).count();
+        return format!(" · {} processes, {running} running", targets.len());
+    }
+    let named: Vec<String> = targets
         .iter()
         .map(|t| {
             let state = if t.exited { " exited" } else { "" };
             format!("{} ({}){state}", t.pid, t.command)
         })
         .collect();
+    format!(" · pid {}", named.join(", "))
+}
+
+fn draw_header(frame: &mut Frame, area: Rect, app: &App) {
+    let picture = app.picture();
+    let settings = &picture.settings;
     let mut first = vec![
         Span::from("allocscope top").bold(),
-        Span::from(format!(" · pid {}", targets.join(", "))),
+        Span::from(targets_label(&picture.targets)),
         Span::from(format!(
             " · {} · interval {} · {} bounds",
             clock(picture.elapsed_seconds),
@@ -753,6 +762,14 @@ mod tests {
             "{screen}"
         );
         assert!(screen.contains("live heap not tracked"), "{screen}");
+        let many: Vec<model::TargetState> = (0..5)
+            .map(|pid| model::TargetState {
+                pid,
+                command: "worker".into(),
+                exited: pid < 2,
+            })
+            .collect();
+        assert_eq!(targets_label(&many), " · 5 processes, 3 running");
         assert!(!screen.contains("LIVE"), "{screen}");
         press(&mut app, "l");
         assert!(app.status().contains("--alloc-only"));
