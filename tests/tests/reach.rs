@@ -98,13 +98,14 @@ fn statically_linked_allocator_is_found_in_the_executable() {
 }
 
 #[test]
-fn glibc_jemalloc_and_tcmalloc_processes_in_one_session() {
-    if !bpf_available("glibc_jemalloc_and_tcmalloc_processes_in_one_session") {
+fn glibc_jemalloc_tcmalloc_and_mimalloc_processes_in_one_session() {
+    if !bpf_available("glibc_jemalloc_tcmalloc_and_mimalloc_processes_in_one_session") {
         return;
     }
     let dir = TempDir::new("allocators");
     let out = dir.path("allocators.json");
-    // Debian's libjemalloc2 and libgoogle-perftools4 (cargo xtask setup installs them).
+    // Debian's libjemalloc2, libgoogle-perftools4 and libmimalloc2.0 (cargo xtask setup
+    // installs them).
     let preloads = [
         ("glibc", None),
         (
@@ -114,6 +115,10 @@ fn glibc_jemalloc_and_tcmalloc_processes_in_one_session() {
         (
             "tcmalloc",
             Some("/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"),
+        ),
+        (
+            "mimalloc",
+            Some("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"),
         ),
     ];
     let mut workloads: Vec<(&str, Workload)> = preloads
@@ -180,6 +185,8 @@ fn glibc_jemalloc_and_tcmalloc_processes_in_one_session() {
     assert!(probed("libjemalloc.so.2", "sdallocx"));
     assert!(probed("libtcmalloc.so", "malloc"));
     assert!(probed("libtcmalloc.so", "tc_new_nothrow"));
+    assert!(probed("libmimalloc.so", "mi_posix_memalign"));
+    assert!(probed("libmimalloc.so", "mi_cfree"));
 }
 
 #[test]

@@ -6,7 +6,8 @@
 //! * Debian packages: gcc builds the C fixtures; util-linux's setpriv runs the
 //!   unprivileged-user test; golang-go provides `go tool pprof`, the reader our pprof
 //!   files are tested against; tmux is the real terminal `allocscope top` is tested in;
-//!   libjemalloc2 and libgoogle-perftools4 are the other allocators profiled in the tests
+//!   libjemalloc2, libgoogle-perftools4 and libmimalloc2.0 are the other allocators profiled
+//!   in the tests
 //!   (with glibc), libc6-dev's libc.a links the statically linked fixture, and unshare
 //!   starts the container-like target.
 
@@ -29,6 +30,10 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     (
         "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
         "libgoogle-perftools4",
+    ),
+    (
+        "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2",
+        "libmimalloc2.0",
     ),
 ];
 
