@@ -89,6 +89,17 @@ impl AllocFn {
         }
     }
 
+    /// The arguments (0-based) the probe reads: the size, the pointer of `realloc` and
+    /// `posix_memalign`, and `calloc`'s two factors.
+    pub const fn arguments(self) -> &'static [usize] {
+        match self {
+            AllocFn::Malloc | AllocFn::Valloc | AllocFn::Pvalloc | AllocFn::New => &[0],
+            AllocFn::Calloc | AllocFn::Realloc => &[0, 1],
+            AllocFn::PosixMemalign => &[0, 2],
+            AllocFn::AlignedAlloc | AllocFn::Memalign => &[1],
+        }
+    }
+
     /// Functions that may call `malloc` internally (glibc: realloc(NULL, n) and the memalign
     /// family with small alignments tail-call or call `__libc_malloc`; jemalloc 5.2's
     /// `operator new` calls its `malloc`). Their entry leaves a marker in [`ThreadState`] so

@@ -8,6 +8,7 @@
 #![cfg_attr(not(any(test, feature = "user")), no_std)]
 #![deny(missing_docs)]
 
+pub mod cookie;
 pub mod event;
 pub mod geometric;
 

@@ -1,6 +1,7 @@
 //! allocscope's eBPF programs, each a thin wrapper over [`sample`]:
 //!
-//! * one entry uprobe per allocator function, reading its size argument(s) and handing over
+//! * one entry uprobe per allocator function, reading its size argument(s) (where the attach
+//!   cookie says the prologue before the probe moved them) and handing over
 //!   to [`sample::on_alloc`];
 //! * with frees tracked: `alloc_session`, entry and return of every allocator function as one
 //!   uprobe session (kernel ≥ 6.13; loaded by allocscope itself), or else the classic
@@ -30,107 +31,65 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
     ctx.arg::<u64>(n).unwrap_or(0)
 }
 
-#[uprobe]
-pub fn malloc_enter(ctx: ProbeContext) -> u32 {
+/// Entry of `function` (classic uprobes): its arguments, where the cookie says they are.
+#[inline(always)]
+fn enter(ctx: &ProbeContext, function: AllocFn) -> u32 {
+    let cookie = sample::cookie(ctx);
+    let (size, pointer) = sample::arguments(ctx, cookie, function);
     sample::on_alloc(
-        &ctx,
-        AllocFn::Malloc,
-        arg(&ctx, 0),
-        0,
+        ctx,
+        cookie,
+        function,
+        size,
+        pointer,
         sample::Returns::Classic,
     );
     0
+}
+
+#[uprobe]
+pub fn malloc_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, AllocFn::Malloc)
 }
 
 #[uprobe]
 pub fn calloc_enter(ctx: ProbeContext) -> u32 {
-    let size = sampler_common::geometric::saturating_product(arg(&ctx, 0), arg(&ctx, 1));
-    sample::on_alloc(&ctx, AllocFn::Calloc, size, 0, sample::Returns::Classic);
-    0
+    enter(&ctx, AllocFn::Calloc)
 }
 
 #[uprobe]
 pub fn realloc_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(
-        &ctx,
-        AllocFn::Realloc,
-        arg(&ctx, 1),
-        arg(&ctx, 0),
-        sample::Returns::Classic,
-    );
-    0
+    enter(&ctx, AllocFn::Realloc)
 }
 
 #[uprobe]
 pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(
-        &ctx,
-        AllocFn::PosixMemalign,
-        arg(&ctx, 2),
-        arg(&ctx, 0),
-        sample::Returns::Classic,
-    );
-    0
+    enter(&ctx, AllocFn::PosixMemalign)
 }
 
 #[uprobe]
 pub fn aligned_alloc_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(
-        &ctx,
-        AllocFn::AlignedAlloc,
-        arg(&ctx, 1),
-        0,
-        sample::Returns::Classic,
-    );
-    0
+    enter(&ctx, AllocFn::AlignedAlloc)
 }
 
 #[uprobe]
 pub fn memalign_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(
-        &ctx,
-        AllocFn::Memalign,
-        arg(&ctx, 1),
-        0,
-        sample::Returns::Classic,
-    );
-    0
+    enter(&ctx, AllocFn::Memalign)
 }
 
 #[uprobe]
 pub fn valloc_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(
-        &ctx,
-        AllocFn::Valloc,
-        arg(&ctx, 0),
-        0,
-        sample::Returns::Classic,
-    );
-    0
+    enter(&ctx, AllocFn::Valloc)
 }
 
 #[uprobe]
 pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(
-        &ctx,
-        AllocFn::Pvalloc,
-        arg(&ctx, 0),
-        0,
-        sample::Returns::Classic,
-    );
-    0
+    enter(&ctx, AllocFn::Pvalloc)
 }
 
 #[uprobe]
 pub fn new_enter(ctx: ProbeContext) -> u32 {
-    sample::on_alloc(
-        &ctx,
-        AllocFn::New,
-        arg(&ctx, 0),
-        0,
-        sample::Returns::Classic,
-    );
-    0
+    enter(&ctx, AllocFn::New)
 }
 
 /// Entry and return of every allocator function as one uprobe session (kernel ≥ 6.13):

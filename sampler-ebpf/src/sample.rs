@@ -18,8 +18,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use sampler_common::{
-    geometric, AllocEvent, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, ProcessCounters,
-    ThreadState, FLAG_STACK_AT_RETURN, FLAG_TRACKED, HOST_SLOT,
+    cookie, geometric, AllocEvent, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter,
+    ProcessCounters, ThreadState, FLAG_STACK_AT_RETURN, FLAG_TRACKED, HOST_SLOT,
 };
 
 use crate::{
@@ -42,6 +42,7 @@ pub enum Returns {
 #[inline(always)]
 pub fn on_alloc<C: EbpfContext>(
     ctx: &C,
+    cookie: u64,
     function: AllocFn,
     size: u64,
     pointer: u64,
@@ -95,7 +96,7 @@ pub fn on_alloc<C: EbpfContext>(
         // Set by `arm` once this call knows whether its return is observed.
         state.marker_armed = 0;
     }
-    let slot = count_call(ctx, pid, size);
+    let slot = count_call(cookie::slot(cookie), pid, size);
     let tracking = config::track_frees();
     let mut wants_return = false;
     if tracking && function == AllocFn::Realloc && pointer != 0 && is_live(pid, pointer) {
@@ -328,13 +329,9 @@ fn thread_state(tid: u32) -> Option<*mut ThreadState> {
     THREADS.get_ptr_mut(tid)
 }
 
-/// Adds the call to its target's exact counters. User space attaches each target's probes
-/// with that target's slot as the cookie.
+/// Adds the call to the exact counters of target `slot` (from the attach cookie).
 #[inline(always)]
-fn count_call<C: EbpfContext>(ctx: &C, pid: u32, size: u64) -> u32 {
-    // SAFETY: the helper only reads the cookie of the running program's attachment. The
-    // session program packs the function above the slot: keep the low 32 bits.
-    let slot = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+fn count_call(slot: u32, pid: u32, size: u64) -> u32 {
     if slot == HOST_SLOT {
         count_host_call(pid, size);
     } else if let Some(counters) = COUNTERS.get_ptr_mut(slot) {
@@ -449,6 +446,63 @@ fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
     entry.submit(0);
 }
 
+/// The running program's attach cookie ([`sampler_common::cookie`]).
+#[inline(always)]
+pub fn cookie<C: EbpfContext>(ctx: &C) -> u64 {
+    // SAFETY: the helper only reads the cookie of the running program's attachment.
+    unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }
+}
+
+/// The size `function` is asked for and its pointer argument (`realloc`'s old block,
+/// `posix_memalign`'s `memptr`; 0 otherwise), each read where the cookie says it is.
+#[inline(always)]
+pub fn arguments(ctx: &ProbeContext, cookie: u64, function: AllocFn) -> (u64, u64) {
+    let arg = |n: usize| argument(ctx, cookie, n);
+    match function {
+        AllocFn::Malloc | AllocFn::Valloc | AllocFn::Pvalloc | AllocFn::New => (arg(0), 0),
+        AllocFn::Calloc => (geometric::saturating_product(arg(0), arg(1)), 0),
+        AllocFn::Realloc => (arg(1), arg(0)),
+        AllocFn::PosixMemalign => (arg(2), arg(0)),
+        AllocFn::AlignedAlloc | AllocFn::Memalign => (arg(1), 0),
+    }
+}
+
+/// Argument `n`: in its own register, or in the one the prologue before the probed
+/// instruction moved it to.
+#[inline(always)]
+fn argument(ctx: &ProbeContext, cookie: u64, n: usize) -> u64 {
+    use cookie::Register;
+    let Some(register) = Register::from_code(cookie::moved(cookie, n)) else {
+        return ctx.arg::<u64>(n).unwrap_or(0);
+    };
+    let regs = ctx.regs;
+    // The verifier accepts only constant offsets into the context: one volatile load per
+    // arm keeps the compiler from turning the match into a computed address.
+    // SAFETY: `regs` is the probed task's saved registers, valid for the program's run.
+    let read = |field: *const u64| unsafe { core::ptr::read_volatile(field) };
+    // SAFETY: each arm takes the address of a field of `*regs` (nothing is dereferenced
+    // but by `read`).
+    unsafe {
+        match register {
+            Register::Rdi => read(&raw const (*regs).rdi),
+            Register::Rsi => read(&raw const (*regs).rsi),
+            Register::Rdx => read(&raw const (*regs).rdx),
+            Register::Rcx => read(&raw const (*regs).rcx),
+            Register::R8 => read(&raw const (*regs).r8),
+            Register::R9 => read(&raw const (*regs).r9),
+            Register::Rax => read(&raw const (*regs).rax),
+            Register::Rbx => read(&raw const (*regs).rbx),
+            Register::Rbp => read(&raw const (*regs).rbp),
+            Register::R10 => read(&raw const (*regs).r10),
+            Register::R11 => read(&raw const (*regs).r11),
+            Register::R12 => read(&raw const (*regs).r12),
+            Register::R13 => read(&raw const (*regs).r13),
+            Register::R14 => read(&raw const (*regs).r14),
+            Register::R15 => read(&raw const (*regs).r15),
+        }
+    }
+}
+
 /// The uprobe-session program (kernel ≥ 6.13): the same program runs at the entry and, when
 /// the entry returned 0, at the return. One program serves every allocation function: the
 /// attach cookie carries the function (high 32 bits) and the target slot (low 32 bits).
@@ -468,18 +522,11 @@ pub fn on_session(ctx: &ProbeContext) -> u32 {
         on_return(ctx);
         return 0;
     }
-    let Some(function) = AllocFn::from_u32((cookie >> 32) as u32) else {
+    let Some(function) = AllocFn::from_u32(cookie::function(cookie)) else {
         return 1;
     };
-    let arg = |n: usize| ctx.arg::<u64>(n).unwrap_or(0);
-    let (size, pointer) = match function {
-        AllocFn::Malloc | AllocFn::Valloc | AllocFn::Pvalloc | AllocFn::New => (arg(0), 0),
-        AllocFn::Calloc => (geometric::saturating_product(arg(0), arg(1)), 0),
-        AllocFn::Realloc => (arg(1), arg(0)),
-        AllocFn::PosixMemalign => (arg(2), arg(0)),
-        AllocFn::AlignedAlloc | AllocFn::Memalign => (arg(1), 0),
-    };
-    if on_alloc(ctx, function, size, pointer, Returns::OnRequest) {
+    let (size, pointer) = arguments(ctx, cookie, function);
+    if on_alloc(ctx, cookie, function, size, pointer, Returns::OnRequest) {
         0
     } else {
         1

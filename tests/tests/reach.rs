@@ -186,6 +186,26 @@ fn glibc_jemalloc_tcmalloc_and_mimalloc_processes_in_one_session() {
     assert!(probed("libtcmalloc.so", "malloc"));
     assert!(probed("libtcmalloc.so", "tc_new_nothrow"));
     assert!(probed("libmimalloc.so", "mi_posix_memalign"));
+    // mimalloc's malloc moves the size to rsi before reusing rdi: the probe follows it to
+    // the first emulated instruction instead of single-stepping the entry (the sizes read
+    // there are checked above: exact bytes and every site's bounds).
+    let mimalloc_malloc = profile["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| {
+            p["file"].as_str().unwrap().contains("libmimalloc.so")
+                && p["function"].as_str().unwrap().starts_with("malloc")
+        })
+        .expect("mimalloc's malloc probed");
+    assert_eq!(mimalloc_malloc["emulated"], true, "{mimalloc_malloc:#}");
+    assert!(
+        mimalloc_malloc["instruction"]
+            .as_str()
+            .unwrap()
+            .contains("(rdi in rsi)"),
+        "{mimalloc_malloc:#}"
+    );
     assert!(probed("libmimalloc.so", "mi_cfree"));
 }
 

@@ -56,6 +56,21 @@ pub struct Function {
     pub probe: Placement,
 }
 
+impl Function {
+    /// The attach cookie of its probe for target `slot`: the function, the slot, and where
+    /// the probed instruction finds each argument the prologue moved.
+    pub fn cookie(&self, slot: u32) -> u64 {
+        let mut value = sampler_common::cookie::new(self.function as u32, slot);
+        for (own, now) in &self.probe.moved {
+            let n = ARGUMENT_REGISTERS.iter().position(|r| r == own);
+            if let (Some(n), Some(now)) = (n, prologue::cookie_register(*now)) {
+                value = sampler_common::cookie::with_moved(value, n, now);
+            }
+        }
+        value
+    }
+}
+
 /// A probed free-like entry point (`free`, `sdallocx`, `operator delete`, `mi_free`…).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FreeFunction {
@@ -104,8 +119,17 @@ impl Allocator {
     }
 }
 
-/// Registers the allocation probes read: the size and pointer arguments.
-const ARGUMENT_REGISTERS: [Register; 3] = [Register::RDI, Register::RSI, Register::RDX];
+/// The registers of the first three arguments (System V x86-64).
+pub const ARGUMENT_REGISTERS: [Register; 3] = [Register::RDI, Register::RSI, Register::RDX];
+
+/// The registers of the arguments the probe of `function` reads.
+fn argument_registers(function: AllocFn) -> Vec<Register> {
+    function
+        .arguments()
+        .iter()
+        .map(|&n| ARGUMENT_REGISTERS[n])
+        .collect()
+}
 
 /// Errors finding an allocator.
 #[derive(Debug, thiserror::Error)]
@@ -241,7 +265,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
             address,
             size,
             file_offset: file_offset_of(&file, address).unwrap_or(0),
-            probe: prologue::choose(code, &ARGUMENT_REGISTERS),
+            probe: prologue::choose(code, &argument_registers(function)),
         });
     }
     frees.sort_by(|a, b| (a.0.len(), &a.0).cmp(&(b.0.len(), &b.0)));
@@ -256,7 +280,8 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
             FreeFunction {
                 symbol,
                 file_offset: file_offset_of(&file, address).unwrap_or(0),
-                probe: prologue::choose(code, &[Register::RDI]),
+                // The free program reads its pointer in place (it has no cookie to look up).
+                probe: prologue::choose_in_place(code, &[Register::RDI]),
             },
         ));
     }

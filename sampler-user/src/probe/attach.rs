@@ -434,7 +434,9 @@ impl Probes {
         let mut points = Vec::new();
         for free in &allocator.file.frees {
             let offset = free.file_offset + free.probe.offset;
-            let id = self.attach_uprobe(FREE_PROGRAM, scope, allocator, offset, &free.symbol)?;
+            let cookie = u64::from(scope.slot());
+            let id =
+                self.attach_uprobe(FREE_PROGRAM, scope, allocator, offset, cookie, &free.symbol)?;
             self.links
                 .entry(scope.key())
                 .or_default()
@@ -469,10 +471,7 @@ impl Probes {
                 .iter()
                 .map(|f| f.file_offset + f.probe.offset)
                 .collect();
-            let cookies: Vec<u64> = functions
-                .iter()
-                .map(|f| (f.function as u64) << 32 | u64::from(scope.slot()))
-                .collect();
+            let cookies: Vec<u64> = functions.iter().map(|f| f.cookie(scope.slot())).collect();
             let link = sessions
                 .link(&allocator.path, scope.key(), &offsets, &cookies)
                 .map_err(|source| AttachError::Attach {
@@ -500,7 +499,8 @@ impl Probes {
                 programs.push((RETURN_PROGRAM, ProbeKind::Return(f.symbol.clone())));
             }
             for (name, kind) in programs {
-                let id = self.attach_uprobe(name, scope, allocator, offset, &f.symbol)?;
+                let cookie = f.cookie(scope.slot());
+                let id = self.attach_uprobe(name, scope, allocator, offset, cookie, &f.symbol)?;
                 self.links
                     .entry(scope.key())
                     .or_default()
@@ -517,12 +517,13 @@ impl Probes {
         scope: Scope,
         allocator: &Allocator,
         offset: u64,
+        cookie: u64,
         symbol: &str,
     ) -> Result<UProbeLinkId, AttachError> {
         let program = uprobe(&mut self.ebpf, name)?;
         let point = UProbeAttachPoint {
             location: UProbeAttachLocation::AbsoluteOffset(offset),
-            cookie: Some(u64::from(scope.slot())),
+            cookie: Some(cookie),
         };
         program
             .attach(point, &allocator.path, scope.uprobe_scope())

@@ -7,14 +7,17 @@
 //! `free`, whose first instruction is `test %rdi,%rdi` (DESIGN.md §5).
 //!
 //! So the probe goes on the first emulated instruction reached from the entry by falling
-//! through, provided nothing before it writes a register the probe reads (the arguments it
-//! records) or the stack pointer (the direct caller is read from `[rsp]`). When no such
-//! instruction comes early, the entry is used. The decoding is iced-x86's; the choice is
+//! through, provided nothing before it writes the stack pointer (the direct caller is read
+//! from `[rsp]`) or loses an argument the probe reads. An argument copied to another register
+//! (`mov rsi, rdi`) before its own is overwritten is followed there: the placement says where
+//! ([`Placement::moved`]) and the program reads it there (`sampler_common::cookie`). When no
+//! such instruction comes early, the entry is used. The decoding is iced-x86's; the choice is
 //! pure and tested on real byte sequences.
 
 use iced_x86::{
-    Code, Decoder, DecoderOptions, Instruction, InstructionInfoFactory, OpAccess, Register,
+    Code, Decoder, DecoderOptions, Instruction, InstructionInfoFactory, OpAccess, OpKind, Register,
 };
+use sampler_common::cookie;
 
 /// Instructions inspected before giving up and probing the entry.
 const MAX_INSTRUCTIONS: usize = 12;
@@ -26,8 +29,11 @@ pub struct Placement {
     pub offset: u64,
     /// The instruction probed, disassembled (`push rbp`).
     pub instruction: String,
-    /// Whether the kernel emulates it (false: the entry, single-stepped).
+    /// Whether the kernel emulates the instruction (false: the entry, single-stepped).
     pub emulated: bool,
+    /// Arguments no longer in their own register there: (its register at the entry, the
+    /// register holding it at the probe).
+    pub moved: Vec<(Register, Register)>,
 }
 
 impl Placement {
@@ -37,8 +43,41 @@ impl Placement {
             offset: 0,
             instruction: "(entry)".to_owned(),
             emulated: false,
+            moved: Vec::new(),
         }
     }
+}
+
+/// The cookie's code for `register` (a 64-bit general-purpose register other than `rsp`).
+pub fn cookie_register(register: Register) -> Option<cookie::Register> {
+    use cookie::Register as C;
+    Some(match register {
+        Register::RDI => C::Rdi,
+        Register::RSI => C::Rsi,
+        Register::RDX => C::Rdx,
+        Register::RCX => C::Rcx,
+        Register::R8 => C::R8,
+        Register::R9 => C::R9,
+        Register::RAX => C::Rax,
+        Register::RBX => C::Rbx,
+        Register::RBP => C::Rbp,
+        Register::R10 => C::R10,
+        Register::R11 => C::R11,
+        Register::R12 => C::R12,
+        Register::R13 => C::R13,
+        Register::R14 => C::R14,
+        Register::R15 => C::R15,
+        _ => return None,
+    })
+}
+
+/// `mov r64, r64`: (destination, source).
+fn register_copy(instruction: &Instruction) -> Option<(Register, Register)> {
+    let copies = matches!(instruction.code(), Code::Mov_r64_rm64 | Code::Mov_rm64_r64)
+        && instruction.op0_kind() == OpKind::Register
+        && instruction.op1_kind() == OpKind::Register;
+    let (to, from) = (instruction.op0_register(), instruction.op1_register());
+    (copies && cookie_register(to).is_some()).then_some((to, from))
 }
 
 /// Whether the x86 uprobe code emulates `instruction` instead of single-stepping it.
@@ -65,11 +104,23 @@ impl Prefixes for Instruction {
 }
 
 /// Chooses the probe point of the function whose code starts with `code`. `reads` are the
-/// registers the probe program reads (argument registers); the stack pointer is always kept.
+/// registers the probe program reads (argument registers), followed where they are copied
+/// to; the stack pointer is always kept.
 pub fn choose(code: &[u8], reads: &[Register]) -> Placement {
+    choose_with(code, reads, true)
+}
+
+/// As [`choose`], for a program that reads its arguments in their own registers only.
+pub fn choose_in_place(code: &[u8], reads: &[Register]) -> Placement {
+    choose_with(code, reads, false)
+}
+
+fn choose_with(code: &[u8], reads: &[Register], follow_copies: bool) -> Placement {
     let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
     let mut entry = None;
+    // Per argument register: the registers holding its entry value now.
+    let mut holders: Vec<(Register, Vec<Register>)> = reads.iter().map(|&r| (r, vec![r])).collect();
     for _ in 0..MAX_INSTRUCTIONS {
         if !decoder.can_decode() {
             break;
@@ -78,10 +129,20 @@ pub fn choose(code: &[u8], reads: &[Register]) -> Placement {
         if instruction.is_invalid() {
             break;
         }
+        let moved: Vec<(Register, Register)> = holders
+            .iter()
+            .filter(|(own, now)| !now.contains(own))
+            .map(|(own, now)| (*own, now[0]))
+            .collect();
+        let mut text = format!("{instruction}");
+        for (own, now) in &moved {
+            text.push_str(&format!(" ({own:?} in {now:?})").to_lowercase());
+        }
         let placement = Placement {
             offset: instruction.ip(),
-            instruction: format!("{instruction}"),
+            instruction: text,
             emulated: is_emulated(&instruction),
+            moved,
         };
         if entry.is_none() {
             entry = Some(placement.clone());
@@ -89,19 +150,36 @@ pub fn choose(code: &[u8], reads: &[Register]) -> Placement {
         if placement.emulated {
             return placement;
         }
-        // The probe must see the arguments and [rsp] as they were at the entry.
-        let writes = info.info(&instruction).used_registers().iter().any(|used| {
-            matches!(
-                used.access(),
-                OpAccess::Write
-                    | OpAccess::CondWrite
-                    | OpAccess::ReadWrite
-                    | OpAccess::ReadCondWrite
-            ) && (used.register().full_register() == Register::RSP
-                || reads.contains(&used.register().full_register()))
-        });
+        // The probe must see [rsp] as it was at the entry, and every argument somewhere.
+        let written: Vec<Register> = info
+            .info(&instruction)
+            .used_registers()
+            .iter()
+            .filter(|used| {
+                matches!(
+                    used.access(),
+                    OpAccess::Write
+                        | OpAccess::CondWrite
+                        | OpAccess::ReadWrite
+                        | OpAccess::ReadCondWrite
+                )
+            })
+            .map(|used| used.register().full_register())
+            .collect();
+        if written.contains(&Register::RSP) {
+            break;
+        }
+        let copy = register_copy(&instruction).filter(|_| follow_copies);
+        for (_, now) in &mut holders {
+            let copied = copy.is_some_and(|(_, from)| now.contains(&from));
+            now.retain(|register| !written.contains(register));
+            if let (true, Some((to, _))) = (copied, copy) {
+                now.push(to);
+            }
+        }
+        let lost = holders.iter().any(|(_, now)| now.is_empty());
         let ends_path = instruction.flow_control() != iced_x86::FlowControl::Next;
-        if writes || ends_path {
+        if lost || ends_path {
             break;
         }
     }
@@ -172,6 +250,34 @@ mod tests {
         let placement = choose(&POSIX_MEMALIGN, &ARGS);
         assert_eq!(placement.offset, 7, "{placement:?}");
         assert_eq!(placement.instruction, "push r12");
+    }
+
+    #[test]
+    fn an_argument_copied_before_its_register_is_reused_is_followed() {
+        // mimalloc 2.0.9 (Debian 12) malloc: mov rax,[rip+…]; mov rsi,rdi; mov rdi,fs:[rax];
+        // cmp rsi,400h; ja … — the size moves to rsi before rdi is reused.
+        let mimalloc_malloc = [
+            0x48, 0x8b, 0x05, 0x49, 0xb4, 0x00, 0x00, 0x48, 0x89, 0xfe, 0x64, 0x48, 0x8b, 0x38,
+            0x48, 0x81, 0xfe, 0x00, 0x04, 0x00, 0x00, 0x77, 0x29,
+        ];
+        let placement = choose(&mimalloc_malloc, &[Register::RDI]);
+        assert_eq!(placement.offset, 21, "{placement:?}");
+        assert!(placement.emulated);
+        assert_eq!(placement.moved, [(Register::RDI, Register::RSI)]);
+        assert!(
+            placement.instruction.ends_with("(rdi in rsi)"),
+            "{placement:?}"
+        );
+        // A program reading arguments in place only cannot go there.
+        let in_place = choose_in_place(&mimalloc_malloc, &[Register::RDI]);
+        assert_eq!((in_place.offset, in_place.emulated), (0, false));
+        // A copy that is itself overwritten is lost: back to the entry.
+        let copy_lost = [0x48, 0x89, 0xfe, 0x31, 0xff, 0x31, 0xf6, 0x55];
+        assert_eq!(choose(&copy_lost, &[Register::RDI]).offset, 0);
+        // Copied and still in place: not moved.
+        let copy_kept = [0x48, 0x89, 0xfe, 0x55];
+        let kept = choose(&copy_kept, &[Register::RDI]);
+        assert_eq!((kept.offset, kept.moved.len()), (3, 0), "{kept:?}");
     }
 
     #[test]

@@ -1,0 +1,146 @@
+//! The attach cookie of every allocation probe: which target's counters the call goes to,
+//! which function the session program is in, and where the probed instruction finds each
+//! argument.
+//!
+//! A probe sits on the first instruction the kernel emulates (`probe::prologue`); the
+//! instructions before it may have copied an argument to another register and reused its
+//! own (mimalloc's `malloc` moves the size from `rdi` to `rsi`). User space records where
+//! each argument went; the program reads it there. Layout, low to high bits:
+//!
+//! * 0–31: the target's counter slot ([`crate::HOST_SLOT`] for host-wide probes);
+//! * 32–47: the [`crate::AllocFn`] (session program only);
+//! * 48–63: four bits per argument `n` (at `48 + 4n`): 0 for its own register, else the
+//!   [`Register`] code it moved to.
+
+/// A general-purpose register an argument can have moved to, by its code in the cookie.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Register {
+    /// `rdi`
+    Rdi = 1,
+    /// `rsi`
+    Rsi = 2,
+    /// `rdx`
+    Rdx = 3,
+    /// `rcx`
+    Rcx = 4,
+    /// `r8`
+    R8 = 5,
+    /// `r9`
+    R9 = 6,
+    /// `rax`
+    Rax = 7,
+    /// `rbx`
+    Rbx = 8,
+    /// `rbp`
+    Rbp = 9,
+    /// `r10`
+    R10 = 10,
+    /// `r11`
+    R11 = 11,
+    /// `r12`
+    R12 = 12,
+    /// `r13`
+    R13 = 13,
+    /// `r14`
+    R14 = 14,
+    /// `r15`
+    R15 = 15,
+}
+
+impl Register {
+    /// Every register, in code order.
+    pub const ALL: [Register; 15] = [
+        Register::Rdi,
+        Register::Rsi,
+        Register::Rdx,
+        Register::Rcx,
+        Register::R8,
+        Register::R9,
+        Register::Rax,
+        Register::Rbx,
+        Register::Rbp,
+        Register::R10,
+        Register::R11,
+        Register::R12,
+        Register::R13,
+        Register::R14,
+        Register::R15,
+    ];
+
+    /// The register of a cookie code (0 and unknown codes: none).
+    pub const fn from_code(code: u8) -> Option<Register> {
+        if code == 0 || code as usize > Self::ALL.len() {
+            None
+        } else {
+            Some(Self::ALL[code as usize - 1])
+        }
+    }
+}
+
+/// Arguments that can be relocated (the probes read at most the third).
+pub const MAX_ARGUMENTS: usize = 3;
+
+const MOVED_SHIFT: u32 = 48;
+
+/// The counter slot.
+pub const fn slot(cookie: u64) -> u32 {
+    cookie as u32
+}
+
+/// The function's discriminant (session program).
+pub const fn function(cookie: u64) -> u32 {
+    ((cookie >> 32) & 0xffff) as u32
+}
+
+/// The code of the register argument `n` moved to; 0: it is in its own.
+pub const fn moved(cookie: u64, n: usize) -> u8 {
+    if n >= MAX_ARGUMENTS {
+        return 0;
+    }
+    ((cookie >> (MOVED_SHIFT + 4 * n as u32)) & 0xf) as u8
+}
+
+/// `cookie` telling that argument `n` is in `register` at the probed instruction.
+pub const fn with_moved(cookie: u64, n: usize, register: Register) -> u64 {
+    if n >= MAX_ARGUMENTS {
+        return cookie;
+    }
+    let shift = MOVED_SHIFT + 4 * n as u32;
+    (cookie & !(0xf << shift)) | ((register as u64) << shift)
+}
+
+/// A cookie of `function` and `slot`, arguments in place.
+pub const fn new(function: u32, slot: u32) -> u64 {
+    ((function as u64 & 0xffff) << 32) | slot as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_round_trip_without_touching_each_other() {
+        let plain = new(3, 0xffff_ffff);
+        assert_eq!((function(plain), slot(plain)), (3, 0xffff_ffff));
+        assert_eq!(
+            (moved(plain, 0), moved(plain, 1), moved(plain, 2)),
+            (0, 0, 0)
+        );
+        let cookie = with_moved(with_moved(plain, 0, Register::Rsi), 2, Register::R15);
+        assert_eq!((function(cookie), slot(cookie)), (3, 0xffff_ffff));
+        assert_eq!(moved(cookie, 0), Register::Rsi as u8);
+        assert_eq!(moved(cookie, 1), 0);
+        assert_eq!(moved(cookie, 2), Register::R15 as u8);
+        // Moving again replaces; out-of-range arguments change nothing.
+        let again = with_moved(cookie, 0, Register::Rax);
+        assert_eq!(moved(again, 0), Register::Rax as u8);
+        assert_eq!(with_moved(again, 3, Register::Rdi), again);
+        assert_eq!(moved(again, 7), 0);
+        for register in Register::ALL {
+            assert_eq!(Register::from_code(register as u8), Some(register));
+        }
+        assert_eq!(Register::from_code(0), None);
+        assert_eq!(Register::from_code(16), None);
+    }
+}
