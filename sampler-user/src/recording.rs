@@ -392,9 +392,7 @@ impl Recording {
                 describe(allocators)
             );
         }
-        let mut described: Vec<String> = allocators.iter().map(Allocator::describe).collect();
-        described.dedup();
-        self.recorder.set_allocators(pid, described);
+        self.recorder.set_allocators(pid, allocators);
         Ok(())
     }
 
@@ -541,9 +539,7 @@ impl Recording {
         let Ok(allocators) = self.cache.of_pid(pid) else {
             return Ok(());
         };
-        let mut described: Vec<String> = allocators.iter().map(Allocator::describe).collect();
-        described.dedup();
-        self.recorder.set_allocators(pid, described);
+        self.recorder.set_allocators(pid, &allocators);
         for allocator in allocators {
             if self.host_files.contains(&allocator.file_id) {
                 continue;

@@ -18,11 +18,7 @@ pub fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::R
 
 /// The folded lines as (path, value), sorted by path, without zero values.
 pub fn lines(profile: &Profile, value: Value) -> Vec<(String, u64)> {
-    let processes: BTreeMap<u32, (&str, Option<&str>)> = profile
-        .processes
-        .iter()
-        .map(|p| (p.pid, (p.command.as_str(), p.cgroup.as_deref())))
-        .collect();
+    let processes = profile.process_labels();
     let mut lines: BTreeMap<String, f64> = BTreeMap::new();
     for stack in &profile.stacks {
         let (command, cgroup) = processes.get(&stack.pid).copied().unwrap_or(("?", None));

@@ -214,11 +214,7 @@ pub fn build(profile: &Profile) -> proto::Profile {
     let pid_key = strings.id("pid");
     let command_key = strings.id("command");
     let cgroup_key = strings.id("cgroup");
-    let processes: HashMap<u32, (&str, Option<&str>)> = profile
-        .processes
-        .iter()
-        .map(|p| (p.pid, (p.command.as_str(), p.cgroup.as_deref())))
-        .collect();
+    let processes = profile.process_labels();
     let mut samples = Vec::with_capacity(profile.stacks.len());
     for stack in &profile.stacks {
         let mut location_id = Vec::new();

@@ -197,6 +197,14 @@ pub struct Module {
 }
 
 impl Profile {
+    /// Each process's command and cgroup by pid: what exports label a stack with.
+    pub fn process_labels(&self) -> HashMap<u32, (&str, Option<&str>)> {
+        self.processes
+            .iter()
+            .map(|p| (p.pid, (p.command.as_str(), p.cgroup.as_deref())))
+            .collect()
+    }
+
     /// Every estimate of `tally`: since the start and, when `period_seconds` is given, over
     /// the current period; leak values for the stacks with leaked samples when
     /// `settings.leaks_older_than` applies (frees tracked).

@@ -11,6 +11,7 @@ use sampler_common::ProcessCounters;
 use super::{Profile, Settings};
 use crate::{
     collect::{Event, Losses, Sample},
+    probe::allocator::Allocator,
     stacks::{self, symbolize::FrameInfo, symbolize::Symbolizer, Frame, StackId, StackTable},
     stats::{rate::RateTracker, SampleObs, SampleSet},
 };
@@ -187,9 +188,11 @@ impl Recorder {
         self.commands.contains_key(&pid)
     }
 
-    /// Records the allocators probed in `pid` (reported per process).
-    pub fn set_allocators(&mut self, pid: u32, allocators: Vec<String>) {
-        self.allocators.insert(pid, allocators);
+    /// Records the allocators probed in `pid` (each described once, as JSON reports them).
+    pub fn set_allocators(&mut self, pid: u32, allocators: &[Allocator]) {
+        let mut described: Vec<String> = allocators.iter().map(Allocator::describe).collect();
+        described.dedup();
+        self.allocators.insert(pid, described);
     }
 
     /// Notes that `pid` exited: its frames resolve with the maps it last had.
@@ -347,12 +350,15 @@ impl Recorder {
             })
             .collect();
         let modules = self.stacks.modules();
-        let build_ids = resolved
+        let module_ids: std::collections::HashSet<stacks::ModuleId> = resolved
             .keys()
             .filter_map(|frame| match *frame {
                 Frame::File { module, .. } => Some(module),
                 Frame::Unknown { .. } => None,
             })
+            .collect();
+        let build_ids = module_ids
+            .into_iter()
             .map(|module| {
                 let id = modules.build_id(module).map(str::to_owned);
                 (modules.name(module).to_owned(), id)

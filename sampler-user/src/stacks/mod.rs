@@ -98,11 +98,6 @@ impl ModuleTable {
         id
     }
 
-    /// The path of module `id`, as the process showed it.
-    pub fn path(&self, id: ModuleId) -> &Path {
-        &self.paths[id as usize]
-    }
-
     /// The name of module `id` in profiles: its path, told apart from other files by the
     /// same path seen earlier.
     pub fn name(&self, id: ModuleId) -> &str {
