@@ -218,6 +218,33 @@ pub struct LiveKey {
     pub address: u64,
 }
 
+/// Key of the lost-sample map: samples drawn but never delivered (the ring buffer was
+/// full), grouped by what their estimate needs. A lost sample still counts: its process's
+/// totals and bounds include it (under a "samples lost" pseudo-stack), only its stack is
+/// unknown.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LostKey {
+    /// Process id.
+    pub pid: u32,
+    /// Explicit padding (kept zero: the kernel hashes every key byte).
+    pub pad: u32,
+    /// Size of the sampled allocations.
+    pub size: u64,
+    /// Mean interval they were drawn under.
+    pub interval: u64,
+}
+
+/// Value of the lost-sample map, one copy per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LostSamples {
+    /// How many samples were lost.
+    pub samples: u64,
+    /// Sum of their remainders `size - offset` (the bytes after each sampled byte).
+    pub unseen: u64,
+}
+
 /// Exact per-process counters, one copy per CPU (summed by user space).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -267,7 +294,8 @@ pub struct ThreadState {
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LossCounter {
-    /// A sample was drawn but the ring buffer had no room: the sample is lost.
+    /// A sample was drawn but the ring buffer had no room: its stack is lost (its size is
+    /// kept in the lost-sample map, or counted in [`LossCounter::LostUnrecorded`]).
     RingBufFull = 0,
     /// A sample was sent without a user stack (bpf_get_stack failed).
     StackMissing = 1,
@@ -277,11 +305,19 @@ pub enum LossCounter {
     ThreadStateFull = 3,
     /// The live map was full: a sampled allocation's free cannot be tracked.
     LiveMapFull = 4,
+    /// A tracked block was freed but the ring buffer had no room for the event: it stays
+    /// live in the estimates (live numbers may be high).
+    FreeEventLost = 5,
+    /// A followed process's fork or exec event found the ring buffer full.
+    ProcessEventLost = 6,
+    /// A lost sample could not be entered in the lost-sample map (full): a process total
+    /// misses it, and says so.
+    LostUnrecorded = 7,
 }
 
 impl LossCounter {
     /// Number of loss counters (the size of the per-CPU array).
-    pub const COUNT: u32 = 5;
+    pub const COUNT: u32 = 8;
 }
 
 #[cfg(feature = "user")]
@@ -298,4 +334,8 @@ mod pod {
     unsafe impl aya::Pod for super::ProcessEvent {}
     // SAFETY: as above (the padding is an explicit field).
     unsafe impl aya::Pod for super::LiveKey {}
+    // SAFETY: as above (the padding is an explicit field).
+    unsafe impl aya::Pod for super::LostKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::LostSamples {}
 }

@@ -13,7 +13,7 @@ pub mod event;
 pub mod geometric;
 
 pub use event::{
-    AllocEvent, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, ProcessCounters, ProcessEvent,
-    ThreadState, FLAG_STACK_AT_RETURN, FLAG_TRACKED, HOST_SLOT, MAX_STACK_DEPTH, MAX_TARGETS,
-    PROCESS_EXEC, PROCESS_FORK, UPROBE_TRAMPOLINE,
+    AllocEvent, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, LostKey, LostSamples,
+    ProcessCounters, ProcessEvent, ThreadState, FLAG_STACK_AT_RETURN, FLAG_TRACKED, HOST_SLOT,
+    MAX_STACK_DEPTH, MAX_TARGETS, PROCESS_EXEC, PROCESS_FORK, UPROBE_TRAMPOLINE,
 };

@@ -69,7 +69,7 @@ pub fn on_exit(ctx: &TracePointContext) {
 
 fn emit(what: u32, pid: u32, parent: u32) {
     let Some(mut entry) = SAMPLES.reserve::<ProcessEvent>(0) else {
-        count_loss(sampler_common::LossCounter::RingBufFull);
+        count_loss(sampler_common::LossCounter::ProcessEventLost);
         return;
     };
     entry.write(ProcessEvent {

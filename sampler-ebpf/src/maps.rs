@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
-use sampler_common::{LiveKey, LossCounter, ProcessCounters, ThreadState};
+use sampler_common::{LiveKey, LossCounter, LostKey, LostSamples, ProcessCounters, ThreadState};
 
 /// Sampled allocations → user space. Sized for bursts of ~4000 samples in flight.
 #[map]
@@ -47,6 +47,12 @@ pub static FUNCTION_SIZES: Array<u64> =
 /// (`--max-tracked`); a full map counts `LiveMapFull`.
 #[map]
 pub static LIVE: HashMap<LiveKey, u64> = HashMap::with_max_entries(65536, 0);
+
+/// (pid, size, interval) → samples lost because the ring buffer was full, and their
+/// remainders, one copy per CPU: enough for user space to add them to their process's
+/// estimates exactly as if they had arrived (without a stack). Written only on a loss.
+#[map]
+pub static LOST: PerCpuHashMap<LostKey, LostSamples> = PerCpuHashMap::with_max_entries(16384, 0);
 
 /// [`LossCounter`] index → number of events or counts lost, per CPU.
 #[map]

@@ -18,13 +18,13 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use sampler_common::{
-    cookie, geometric, AllocEvent, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter,
-    ProcessCounters, ThreadState, FLAG_STACK_AT_RETURN, FLAG_TRACKED, HOST_SLOT,
+    cookie, geometric, AllocEvent, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, LostKey,
+    LostSamples, ProcessCounters, ThreadState, FLAG_STACK_AT_RETURN, FLAG_TRACKED, HOST_SLOT,
 };
 
 use crate::{
     config,
-    maps::{count_loss, COUNTERS, EXCLUDED, HOST_COUNTERS, LIVE, SAMPLES, THREADS},
+    maps::{count_loss, COUNTERS, EXCLUDED, HOST_COUNTERS, LIVE, LOST, SAMPLES, THREADS},
 };
 
 /// How the return of an allocation call is observed.
@@ -279,7 +279,7 @@ fn free_tracked(pid: u32, address: u64) {
         return;
     }
     let Some(mut entry) = SAMPLES.reserve::<FreeEvent>(0) else {
-        count_loss(LossCounter::RingBufFull);
+        count_loss(LossCounter::FreeEventLost);
         return;
     };
     // SAFETY: helper without preconditions.
@@ -395,6 +395,7 @@ struct Sample {
 fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
     let Some(mut entry) = SAMPLES.reserve::<AllocEvent>(0) else {
         count_loss(LossCounter::RingBufFull);
+        record_lost(sample);
         if config::log_enabled() {
             warn!(
                 ctx,
@@ -444,6 +445,38 @@ fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
         );
     }
     entry.submit(0);
+}
+
+/// Keeps what the estimates need of a sample that could not be sent: its size, interval
+/// and remainder, added up per (pid, size, interval). A block it tracked is forgotten, so
+/// its free sends nothing about a sample user space never saw.
+#[inline(always)]
+fn record_lost(sample: &Sample) {
+    if sample.flags & FLAG_TRACKED != 0 {
+        let _ = LIVE.remove(LiveKey {
+            pid: sample.pid,
+            pad: 0,
+            address: sample.address,
+        });
+    }
+    let key = LostKey {
+        pid: sample.pid,
+        pad: 0,
+        size: sample.size,
+        interval: config::interval(),
+    };
+    let unseen = sample.size.wrapping_sub(sample.offset);
+    if let Some(lost) = LOST.get_ptr_mut(key) {
+        // SAFETY: per-CPU value of this CPU; nothing else writes it during this run.
+        let lost = unsafe { &mut *lost };
+        lost.samples += 1;
+        lost.unseen += unseen;
+        return;
+    }
+    let first = LostSamples { samples: 1, unseen };
+    if LOST.insert(key, first, 0).is_err() {
+        count_loss(LossCounter::LostUnrecorded);
+    }
 }
 
 /// The running program's attach cookie ([`sampler_common::cookie`]).

@@ -122,6 +122,16 @@ pub struct SamplingArgs {
     )]
     pub max_tracked: u32,
 
+    /// Size of the kernel's ring buffer carrying samples to allocscope (a power of two,
+    /// 64KiB to 256MiB). Samples that find it full lose their stack but stay in the totals.
+    #[arg(
+        long,
+        value_name = "BYTES",
+        default_value = "4MiB",
+        help_heading = "Sampling"
+    )]
+    pub ring_buffer: String,
+
     /// Confidence level of every lower/upper bound, in (0, 1).
     #[arg(
         long,

@@ -97,6 +97,8 @@ pub struct SamplingConfig {
     pub alloc_only: bool,
     /// Capacity of the kernel's live map.
     pub max_tracked: u32,
+    /// Bytes of the kernel's sample ring buffer (a power of two).
+    pub ring_buffer: u32,
     /// Use uprobe sessions where the kernel has them.
     pub sessions: bool,
     /// Confidence of the bounds.
@@ -229,15 +231,27 @@ impl SamplingArgs {
                 self.confidence
             )));
         }
-        if self.max_tracked == 0 {
-            return Err(BadInput(
-                "invalid --max-tracked 0: track at least one allocation".into(),
-            ));
+        if !(1..=MAX_TRACKED_LIMIT).contains(&self.max_tracked) {
+            return Err(BadInput(format!(
+                "invalid --max-tracked {}: between 1 and {MAX_TRACKED_LIMIT} (each entry costs \
+                 the kernel ~100 bytes)",
+                self.max_tracked
+            )));
         }
+        let ring_buffer = parse_size(&self.ring_buffer)
+            .ok()
+            .filter(|&bytes| RING_BUFFER_RANGE.contains(&bytes) && bytes.is_power_of_two())
+            .ok_or_else(|| {
+                BadInput(format!(
+                    "invalid --ring-buffer {:?}: a power of two from 64KiB to 256MiB",
+                    self.ring_buffer
+                ))
+            })? as u32;
         Ok(SamplingConfig {
             interval,
             alloc_only: self.alloc_only,
             max_tracked: self.max_tracked,
+            ring_buffer,
             sessions: !self.no_sessions,
             confidence: self.confidence,
             verbose: self.verbose,
@@ -245,9 +259,30 @@ impl SamplingArgs {
     }
 }
 
-/// Parses the duration given to `flag`, naming the flag in the error.
-fn duration_flag(flag: &str, text: &str) -> Result<Duration, BadInput> {
-    parse_duration(text).map_err(|why| BadInput(format!("invalid {flag} {text:?}: {why}")))
+/// Most sampled blocks `--max-tracked` may ask the kernel to track (~100 MiB of kernel
+/// memory).
+pub const MAX_TRACKED_LIMIT: u32 = 1 << 20;
+
+/// Sizes `--ring-buffer` takes (the kernel wants a power-of-two number of pages).
+const RING_BUFFER_RANGE: std::ops::RangeInclusive<u64> = (64 << 10)..=(256 << 20);
+
+/// Shortest duration any flag takes.
+const MIN_DURATION: Duration = Duration::from_millis(1);
+/// Longest duration any flag takes (a year: timers beyond overflow the clock's arithmetic).
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Parses the duration given to `flag`, naming the flag in the error; it must lie within
+/// `[at_least, a year]`.
+fn duration_flag(flag: &str, text: &str, at_least: Duration) -> Result<Duration, BadInput> {
+    let bad = |why: String| BadInput(format!("invalid {flag} {text:?}: {why}"));
+    let duration = parse_duration(text).map_err(bad)?;
+    if duration < at_least.max(MIN_DURATION) || duration > MAX_DURATION {
+        return Err(bad(format!(
+            "must be between {} and 365 days",
+            humantime::format_duration(at_least.max(MIN_DURATION))
+        )));
+    }
+    Ok(duration)
 }
 
 impl RecordArgs {
@@ -258,21 +293,28 @@ impl RecordArgs {
         let duration = self
             .duration
             .as_deref()
-            .map(|d| duration_flag("--duration", d))
+            .map(|d| duration_flag("--duration", d, MIN_DURATION))
             .transpose()?;
         let every = self
             .every
             .as_deref()
-            .map(|d| duration_flag("--every", d))
+            // A snapshot is a whole file: more than ten a second is a mistake.
+            .map(|d| duration_flag("--every", d, Duration::from_millis(100)))
             .transpose()?;
         let leaks_older_than = self
             .leaks_older_than
             .as_deref()
-            .map(|d| duration_flag("--leaks-older-than", d))
+            .map(|d| duration_flag("--leaks-older-than", d, MIN_DURATION))
             .transpose()?;
         if sampling.alloc_only && leaks_older_than.is_some() {
             return Err(BadInput(
                 "--leaks-older-than needs free tracking: drop --alloc-only".into(),
+            ));
+        }
+        if sampling.alloc_only && self.value.is_some_and(Value::needs_frees) {
+            return Err(BadInput(
+                "--value inuse-* needs free tracking: drop --alloc-only (or show alloc-bytes)"
+                    .into(),
             ));
         }
         if self.keep == Some(0) {
@@ -313,14 +355,10 @@ impl TopArgs {
     pub fn into_config(self) -> Result<TopConfig, BadInput> {
         let targets = self.targets.into_targets()?;
         let sampling = self.sampling.into_config()?;
-        let window = duration_flag("--window", &self.window)?;
-        if window < Duration::from_secs(1) {
-            return Err(BadInput(format!(
-                "invalid --window {:?}: at least 1s (the view refreshes every second)",
-                self.window
-            )));
-        }
-        let leaks_older_than = duration_flag("--leaks-older-than", &self.leaks_older_than)?;
+        // The view refreshes every second.
+        let window = duration_flag("--window", &self.window, Duration::from_secs(1))?;
+        let leaks_older_than =
+            duration_flag("--leaks-older-than", &self.leaks_older_than, MIN_DURATION)?;
         Ok(TopConfig {
             targets,
             sampling,
@@ -454,6 +492,43 @@ mod tests {
         assert!(record(&["-p", "1", "-o", "d", "--every", "never"])
             .unwrap_err()
             .contains("--every"));
+        for silly in ["0.0000000001", "10000000000000000000", "50ms", "9000h"] {
+            let err = record(&["-p", "1", "-o", "d", "--every", silly]).unwrap_err();
+            assert!(
+                err.contains("must be between 100ms and 365 days"),
+                "{silly}: {err}"
+            );
+        }
+        assert!(record(&["-p", "1", "-o", "x", "-d", "0.0000001"])
+            .unwrap_err()
+            .contains("between 1ms"));
+        assert!(
+            record(&["-p", "1", "-o", "x", "--max-tracked", "4294967295"])
+                .unwrap_err()
+                .contains("--max-tracked")
+        );
+        assert_eq!(
+            record(&["-p", "1", "-o", "x"])
+                .unwrap()
+                .sampling
+                .ring_buffer,
+            4 << 20
+        );
+        assert!(record(&[
+            "-p",
+            "1",
+            "-o",
+            "x.svg",
+            "--alloc-only",
+            "--value",
+            "inuse-bytes"
+        ])
+        .unwrap_err()
+        .contains("needs free tracking"));
+        for bad in ["100KiB", "32KiB", "1GiB", "lots"] {
+            let err = record(&["-p", "1", "-o", "x", "--ring-buffer", bad]).unwrap_err();
+            assert!(err.contains("--ring-buffer"), "{bad}: {err}");
+        }
         assert_eq!(
             record(&["-p", "1", "-o", "h.pb.gz"]).unwrap().format,
             Format::Pprof

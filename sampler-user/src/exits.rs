@@ -50,19 +50,74 @@ impl Default for Watcher {
     }
 }
 
-/// Reaps a child that has exited and returns its wait status description.
-pub fn reap(pid: u32) -> Option<String> {
+/// How a child process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChildExit {
+    /// `exit(code)`.
+    Code(i32),
+    /// Killed by this signal.
+    Signal(i32),
+}
+
+impl ChildExit {
+    /// The exit code a shell would report for it (`128 + N` for signal N), as `time` and
+    /// `perf record -- CMD` pass it on.
+    pub fn shell_code(self) -> u8 {
+        match self {
+            ChildExit::Code(code) => code as u8,
+            ChildExit::Signal(signal) => 128u8.wrapping_add(signal as u8),
+        }
+    }
+}
+
+impl std::fmt::Display for ChildExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChildExit::Code(code) => write!(f, "exited with status {code}"),
+            ChildExit::Signal(signal) => write!(f, "killed by signal {signal}"),
+        }
+    }
+}
+
+/// Reaps our child `pid` if it has ended.
+pub fn reap(pid: u32) -> Option<ChildExit> {
     let mut status = 0;
     // SAFETY: waitpid on our own child with a valid pointer to a local.
     let reaped = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
     if reaped != pid as libc::pid_t {
         return None;
     }
-    Some(if libc::WIFEXITED(status) {
-        format!("exited with status {}", libc::WEXITSTATUS(status))
+    if libc::WIFEXITED(status) {
+        Some(ChildExit::Code(libc::WEXITSTATUS(status)))
     } else if libc::WIFSIGNALED(status) {
-        format!("killed by signal {}", libc::WTERMSIG(status))
+        Some(ChildExit::Signal(libc::WTERMSIG(status)))
     } else {
-        "stopped".to_owned()
-    })
+        None
+    }
+}
+
+/// Reaps our child `pid`, waiting up to `timeout` for it to end.
+pub fn reap_within(pid: u32, timeout: std::time::Duration) -> Option<ChildExit> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(exit) = reap(pid) {
+            return Some(exit);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_as_a_shell_reports_them() {
+        assert_eq!(ChildExit::Code(3).shell_code(), 3);
+        assert_eq!(ChildExit::Signal(libc::SIGTERM).shell_code(), 143);
+        assert_eq!(ChildExit::Code(1).to_string(), "exited with status 1");
+    }
 }

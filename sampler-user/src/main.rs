@@ -17,7 +17,11 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Record(args) => {
             init_logging(args.sampling.verbose);
-            exit_code(run_record(args))
+            match run_record(args) {
+                // The exit code of a command that ended on its own.
+                Ok(code) => ExitCode::from(code),
+                Err(err) => exit_code(Err(err)),
+            }
         }
         Command::Top(args) => exit_code(run_top(args)),
         Command::ReferenceProbe { pid } => exit_code(reference::run(pid)),
@@ -28,7 +32,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_record(args: cli::RecordArgs) -> anyhow::Result<()> {
+fn run_record(args: cli::RecordArgs) -> anyhow::Result<u8> {
     let config = args.into_config()?;
     let prepared = record::prepare(&config)?;
     runtime()?.block_on(record::run(config, prepared))

@@ -2,25 +2,32 @@
 
 use std::{
     ffi::OsStr,
-    fs::File,
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
 };
 
 use crate::{
     config::{BadInput, Output},
+    outfile,
     probe::allocator::Allocator,
     targets::{self, AllocatorCache},
 };
 
+const CAP_SYS_PTRACE: u32 = 19;
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
+const CAP_CHECKPOINT_RESTORE: u32 = 40;
 
-/// Whether a `CapEff:` mask allows loading tracing BPF programs and attaching uprobes.
+/// Whether a `CapEff:` mask allows what a recording does: load tracing BPF programs and
+/// attach uprobes (CAP_BPF and CAP_PERFMON), read any process's maps (CAP_SYS_PTRACE) and
+/// open the files it mapped through /proc/PID/map_files (CAP_CHECKPOINT_RESTORE). The
+/// capabilities are checked before anything else: without the last two every target would
+/// look like one without an allocator.
 pub fn capabilities_suffice(cap_eff: u64) -> bool {
     let has = |cap: u32| cap_eff & (1 << cap) != 0;
-    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+    (has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON) && has(CAP_CHECKPOINT_RESTORE)))
+        && has(CAP_SYS_PTRACE)
 }
 
 /// Fails unless this process may load BPF programs and attach uprobes.
@@ -35,8 +42,9 @@ pub fn check_privileges() -> Result<(), BadInput> {
         Ok(())
     } else {
         Err(BadInput(
-            "permission denied: loading eBPF programs needs root (or CAP_BPF and CAP_PERFMON); \
-             run with sudo"
+            "permission denied: allocscope needs root (or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE \
+             and CAP_CHECKPOINT_RESTORE: eBPF, uprobes and reading the targets' memory maps \
+             and mapped files); run with sudo"
                 .into(),
         ))
     }
@@ -98,26 +106,22 @@ pub fn allocators_for_command(
     Ok(found)
 }
 
-/// Proves that the output can be written before anything is attached: a file's directory
-/// must accept a new file; a snapshot directory is created if missing.
+/// Proves that the output can be written before anything is attached: a file's
+/// destination must be absent or a regular file and its directory must accept a new file;
+/// a snapshot directory is created if missing.
 pub fn check_output(output: &Output) -> Result<(), BadInput> {
-    let (dir, shown) = match output {
-        Output::File(path) => {
-            if path.is_dir() {
-                return Err(BadInput(format!(
-                    "output {} is a directory",
-                    path.display()
-                )));
-            }
-            let dir = match path.parent() {
-                Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
-                _ => PathBuf::from("."),
-            };
-            (dir, path.clone())
-        }
-        Output::Snapshots { dir, .. } => return check_snapshot_dir(dir),
-    };
-    check_writable(&dir, &shown)
+    match output {
+        Output::File(path) => check_output_file(path),
+        Output::Snapshots { dir, .. } => check_snapshot_dir(dir),
+    }
+}
+
+/// Fails unless a profile can be written to `path` (see [`outfile::check_destination`]).
+pub fn check_output_file(path: &Path) -> Result<(), BadInput> {
+    let cannot =
+        |e: std::io::Error| BadInput(format!("cannot write output {}: {e}", path.display()));
+    outfile::check_destination(path).map_err(cannot)?;
+    outfile::check_writable_dir(outfile::directory_of(path)).map_err(cannot)
 }
 
 /// Creates the snapshot directory `dir` if missing and proves it accepts files.
@@ -128,14 +132,8 @@ pub fn check_snapshot_dir(dir: &Path) -> Result<(), BadInput> {
             dir.display()
         ))
     })?;
-    check_writable(dir, dir)
-}
-
-fn check_writable(dir: &Path, shown: &Path) -> Result<(), BadInput> {
-    let probe = dir.join(format!(".allocscope-write-test-{}", std::process::id()));
-    File::create(&probe)
-        .and_then(|_| std::fs::remove_file(&probe))
-        .map_err(|e| BadInput(format!("cannot write output {}: {e}", shown.display())))
+    outfile::check_writable_dir(dir)
+        .map_err(|e| BadInput(format!("cannot write into {}: {e}", dir.display())))
 }
 
 #[cfg(test)]
@@ -145,8 +143,15 @@ mod tests {
     #[test]
     fn capability_masks() {
         assert!(capabilities_suffice(0x1ff_feff_ffff));
-        assert!(capabilities_suffice(1 << CAP_SYS_ADMIN));
-        assert!(capabilities_suffice((1 << CAP_BPF) | (1 << CAP_PERFMON)));
+        assert!(capabilities_suffice(
+            (1 << CAP_SYS_ADMIN) | (1 << CAP_SYS_PTRACE)
+        ));
+        assert!(!capabilities_suffice(1 << CAP_SYS_ADMIN));
+        let tracing = (1 << CAP_BPF) | (1 << CAP_PERFMON);
+        assert!(!capabilities_suffice(tracing), "cannot read the targets");
+        assert!(capabilities_suffice(
+            tracing | (1 << CAP_SYS_PTRACE) | (1 << CAP_CHECKPOINT_RESTORE)
+        ));
         assert!(!capabilities_suffice(1 << CAP_BPF));
         assert!(!capabilities_suffice(0));
     }
@@ -164,6 +169,8 @@ mod tests {
         let err = check_output(&Output::File("/nonexistent-dir/x.json".into())).unwrap_err();
         assert!(err.to_string().contains("cannot write output"), "{err}");
         assert!(check_output(&Output::File("/".into())).is_err());
+        let err = check_output(&Output::File("/dev/null".into())).unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
         let snapshots = Output::Snapshots {
             dir: "/proc/allocscope-test".into(),
             every: std::time::Duration::from_secs(1),

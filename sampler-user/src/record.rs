@@ -1,13 +1,14 @@
 //! `allocscope record`: preflight → attach → collect until stopped → export.
 //!
-//! Stopping (duration, SIGINT, SIGTERM, every target gone) always goes through the same
+//! Stopping (duration, SIGINT, SIGTERM, SIGHUP, every target gone) always goes through the same
 //! path: drain the ring buffer, read the exact counters, detach, symbolize, write the file
 //! atomically, print the summary. Nothing recorded is dropped on the way out. With
 //! `--every`, a snapshot is written each period while recording, and the last, partial
 //! period when it stops.
 
 use std::{
-    path::{Path, PathBuf},
+    collections::VecDeque,
+    path::PathBuf,
     time::{Duration, Instant, SystemTime},
 };
 
@@ -20,7 +21,7 @@ use crate::{
     export::{self, Value},
     preflight,
     profile::Profile,
-    recording::{self, monotonic_ns, Happening, Prepared, Recording},
+    recording::{self, monotonic_ns, CommandExit, Happening, Prepared, Recording},
     summary,
 };
 
@@ -42,11 +43,13 @@ enum Stop {
     TargetsExited,
 }
 
-/// Attaches, records and writes the profile.
-pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<()> {
+/// Attaches, records and writes the profile. Returns the exit code to pass on: that of a
+/// command (`-- CMD`) that ended on its own, as `time` and `perf record` do; else 0.
+pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8> {
     let mut recording = Recording::start(prepared, &config.sampling, None)?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
     let started = Instant::now();
     let deadline = tokio::time::sleep(config.duration.unwrap_or(Duration::MAX / 4));
     tokio::pin!(deadline);
@@ -59,6 +62,10 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<()>
         every.unwrap_or(Duration::MAX / 4),
     );
     let mut period_started = Instant::now();
+    let mut writer = Writer {
+        config: &config,
+        written: VecDeque::new(),
+    };
     eprintln!(
         "allocscope: recording {} (Ctrl-C to stop)",
         recording.describe()
@@ -71,7 +78,7 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<()>
                 }
             }
             _ = snapshot_timer.tick(), if every.is_some() => {
-                let (counters, losses) = recording.counters()?;
+                let (counters, losses) = recording.counters().await?;
                 let now = Instant::now();
                 let settings = config.sampling.settings(now - started, config.leaks_older_than);
                 let period = Some((now - period_started).as_secs_f64());
@@ -81,12 +88,13 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<()>
                     .await;
                 profile.probes = recording.probe_points();
                 profile.thread_states = recording.thread_states();
-                write_output(&config, &profile)?;
+                writer.write(&profile)?;
                 recording.recorder.start_period();
                 period_started = Instant::now();
             }
             _ = sigint.recv() => break Stop::Signal("SIGINT"),
             _ = sigterm.recv() => break Stop::Signal("SIGTERM"),
+            _ = sighup.recv() => break Stop::Signal("SIGHUP"),
             _ = &mut deadline, if config.duration.is_some() => break Stop::Duration,
         }
     };
@@ -100,9 +108,9 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<()>
         Stop::TargetsExited => info!("stopping: every target exited"),
     }
     // Detach before the slow part: the targets stop paying for probes now. A command
-    // started for this recording stops with it when the user stopped it.
-    recording.detach(matches!(stop, Stop::Signal(_)))?;
-    let (counters, losses) = recording.counters()?;
+    // started for this recording stops with it.
+    recording.detach().await?;
+    let (counters, losses) = recording.counters().await?;
     let period = every.map(|_| (stopped - period_started).as_secs_f64());
     let mut profile = recording
         .recorder
@@ -119,70 +127,48 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<()>
         .await;
     profile.probes = recording.probe_points();
     profile.thread_states = recording.thread_states();
-    let written = write_output(&config, &profile)?;
+    let written = writer.write(&profile)?;
     eprint!("{}", summary::render(&profile, 10));
     eprintln!("wrote {} ({})", written.display(), config.format.name());
-    Ok(())
+    Ok(match recording.command_exit() {
+        Some(CommandExit::OnItsOwn(exit)) => exit.shell_code(),
+        _ => 0,
+    })
 }
 
-/// Writes the profile where the configuration says; returns the file written.
-fn write_output(config: &RecordConfig, profile: &Profile) -> anyhow::Result<PathBuf> {
-    let value = config.value.unwrap_or_else(|| Value::default_for(profile));
-    let path = match &config.output {
-        Output::File(path) => path.clone(),
-        Output::Snapshots { dir, .. } => dir.join(snapshot_name(SystemTime::now(), config.format)),
-    };
-    export::write_file(profile, config.format, value, &path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    if let Output::Snapshots {
-        dir,
-        keep: Some(keep),
-        ..
-    } = &config.output
-    {
-        prune_snapshots(dir, config.format, *keep)
-            .with_context(|| format!("removing old snapshots from {}", dir.display()))?;
-    }
-    info!("wrote {}", path.display());
-    Ok(path)
+/// Where the profile goes: one file, or snapshots of which the newest `keep` are kept.
+struct Writer<'a> {
+    config: &'a RecordConfig,
+    /// Snapshots this recording wrote, oldest first: `--keep` deletes only these.
+    written: VecDeque<PathBuf>,
 }
 
-const SNAPSHOT_PREFIX: &str = "allocscope-";
-
-/// `allocscope-2026-11-22T02-41-34.123Z.json`: UTC, sortable, no `:` (awkward in shells and
-/// on other file systems).
-pub fn snapshot_name(time: SystemTime, format: export::Format) -> String {
-    let stamp = humantime::format_rfc3339_millis(time)
-        .to_string()
-        .replace(':', "-");
-    format!("{SNAPSHOT_PREFIX}{stamp}.{}", format.extension())
-}
-
-/// Deletes the oldest snapshot files of `format` in `dir` beyond `keep`.
-fn prune_snapshots(dir: &Path, format: export::Format, keep: usize) -> std::io::Result<()> {
-    let suffix = format!(".{}", format.extension());
-    let mut names: Vec<String> = std::fs::read_dir(dir)?
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-        .filter(|name| name.starts_with(SNAPSHOT_PREFIX) && name.ends_with(&suffix))
-        .collect();
-    names.sort();
-    let excess = names.len().saturating_sub(keep);
-    for name in &names[..excess] {
-        std::fs::remove_file(dir.join(name))?;
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn snapshot_names_sort_by_time() {
-        let t = SystemTime::UNIX_EPOCH + Duration::from_millis(1_795_000_000_123);
-        let name = snapshot_name(t, export::Format::Pprof);
-        assert_eq!(name, "allocscope-2026-11-18T11-06-40.123Z.pb.gz");
-        let later = snapshot_name(t + Duration::from_millis(1), export::Format::Pprof);
-        assert!(later > name);
+impl Writer<'_> {
+    /// Writes the profile where the configuration says; returns the file written.
+    fn write(&mut self, profile: &Profile) -> anyhow::Result<PathBuf> {
+        let config = self.config;
+        let value = config.value.unwrap_or_else(|| Value::default_for(profile));
+        let path = match &config.output {
+            Output::File(path) => {
+                export::write_file(profile, config.format, value, path)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                path.clone()
+            }
+            Output::Snapshots { dir, keep, .. } => {
+                let path =
+                    export::write_snapshot(profile, config.format, value, dir, SystemTime::now())
+                        .with_context(|| format!("writing a snapshot into {}", dir.display()))?;
+                self.written.push_back(path.clone());
+                while keep.is_some_and(|keep| self.written.len() > keep) {
+                    if let Some(old) = self.written.pop_front() {
+                        std::fs::remove_file(&old)
+                            .with_context(|| format!("removing old snapshot {}", old.display()))?;
+                    }
+                }
+                path
+            }
+        };
+        info!("wrote {}", path.display());
+        Ok(path)
     }
 }

@@ -100,6 +100,15 @@ pub fn prepare(
     })
 }
 
+/// How the command started for a recording (`-- CMD`) ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommandExit {
+    /// Before the recording stopped: its status is the recording's exit code.
+    OnItsOwn(exits::ChildExit),
+    /// Stopped (SIGTERM) because the recording stopped first.
+    Stopped(exits::ChildExit),
+}
+
 /// Something the caller must act on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Happening {
@@ -151,6 +160,7 @@ pub struct Recording {
     refresh: tokio::time::Interval,
     scan: tokio::time::Interval,
     spawned: Option<u32>,
+    command_exit: Option<CommandExit>,
     said_waiting: bool,
     last_counters: Option<(BTreeMap<u32, ProcessCounters>, Losses)>,
     /// Entries of the kernel's thread-state map when the counters were last read.
@@ -182,6 +192,7 @@ impl Recording {
             interval: sampling.interval,
             log: sampling.verbose,
             track_frees: (!sampling.alloc_only).then_some(sampling.max_tracked),
+            ring_buffer: sampling.ring_buffer,
             sessions: sampling.sessions,
             host: targets.all,
             follow: targets.follow,
@@ -229,6 +240,7 @@ impl Recording {
             refresh: tokio::time::interval(Duration::from_millis(250)),
             scan: tokio::time::interval(Duration::from_secs(1)),
             spawned: child.as_ref().map(|c| c.pid),
+            command_exit: None,
             said_waiting: false,
             last_counters: None,
             counted_ns: 0,
@@ -301,6 +313,11 @@ impl Recording {
         } else {
             what
         }
+    }
+
+    /// How the command started for this recording ended (known once detached).
+    pub fn command_exit(&self) -> Option<CommandExit> {
+        self.command_exit
     }
 
     /// Entries of the kernel's per-thread state map at the last counter read.
@@ -464,7 +481,7 @@ impl Recording {
                     warn!("pid {pid} ({comm}): {e:#}");
                 }
             }
-            Err(FindError::Gone) => {}
+            Err(FindError::Gone | FindError::KernelThread) => {}
             Err(e) => warn!("pid {pid} ({comm}) matches --comm but: {e}"),
         }
     }
@@ -590,7 +607,7 @@ impl Recording {
                     self.recorder.track(pid);
                 }
             }
-            Err(FindError::Gone) => {}
+            Err(FindError::Gone | FindError::KernelThread) => {}
             Err(e) => warn!("followed pid {pid}: {e}"),
         }
     }
@@ -614,7 +631,7 @@ impl Recording {
                 }
                 _ = self.scan.tick() => self.discover()?,
                 Some(pid) = self.watcher.exited.recv() => {
-                    self.finalize(pid)?;
+                    self.finalize(pid).await?;
                     let waits = self.targets.waits_for_new();
                     return Ok(if self.running.is_empty() && !waits {
                         Happening::AllExited
@@ -660,8 +677,8 @@ impl Recording {
     }
 
     /// A target exited: its probes go, its exact counters are kept and its slot reused.
-    fn finalize(&mut self, pid: u32) -> anyhow::Result<()> {
-        self.catch_up();
+    async fn finalize(&mut self, pid: u32) -> anyhow::Result<()> {
+        self.catch_up().await?;
         self.recorder.mark_exited(pid);
         let Some(slot) = self.running.remove(&pid) else {
             return Ok(());
@@ -694,15 +711,18 @@ impl Recording {
     }
 
     /// Moves every sample waiting in the ring buffer into the recorder.
-    pub fn catch_up(&mut self) {
-        self.reader.drain(&mut self.batch);
+    pub async fn catch_up(&mut self) -> anyhow::Result<()> {
+        self.reader.catch_up(&mut self.batch).await?;
         self.take_batch();
+        Ok(())
     }
 
     /// Catches up, then reads the kernel's exact counters per process and the loss counters
-    /// (after detaching: the values read last).
-    pub fn counters(&mut self) -> anyhow::Result<(BTreeMap<u32, ProcessCounters>, Losses)> {
-        self.catch_up();
+    /// (after detaching: the values read last), and hands the samples the kernel could not
+    /// deliver to the recorder.
+    pub async fn counters(&mut self) -> anyhow::Result<(BTreeMap<u32, ProcessCounters>, Losses)> {
+        self.catch_up().await?;
+        let mut lost = None;
         if let Some(probes) = &self.probes {
             let slots: Vec<(u32, u32)> = self.running.iter().map(|(&p, &s)| (p, s)).collect();
             self.counted_ns = monotonic_ns();
@@ -740,21 +760,36 @@ impl Recording {
                     aya::maps::HashMap::try_from(map)?;
                 self.thread_states = Some(threads.keys().filter(Result::is_ok).count() as u64);
             }
+            lost = {
+                let map = probes.ebpf.map("LOST").context("LOST map missing")?;
+                Some(collect::read_lost(&PerCpuHashMap::try_from(map)?)?)
+            };
             self.last_counters = Some((counters, losses));
+        }
+        if let Some(mut lost) = lost {
+            lost.retain(|pid, _| !self.excluded.contains(pid));
+            for &pid in lost.keys() {
+                if !self.recorder.tracks(pid) {
+                    self.first_seen(pid);
+                }
+            }
+            self.recorder.set_lost(lost);
         }
         self.last_counters
             .clone()
             .context("the kernel's counters were never read")
     }
 
-    /// Detaches every probe (the targets stop paying for them now); with `stop_command`, a
-    /// command started for this recording is sent SIGTERM, as with `perf record -- CMD`.
-    /// Reads the counters one last time first; later calls return those values.
-    pub fn detach(&mut self, stop_command: bool) -> anyhow::Result<()> {
+    /// Detaches every probe (the targets stop paying for them now). A command started for
+    /// this recording and still running is stopped with SIGTERM (it stops with the
+    /// recording, as it would if we died: see [`spawn`]); its exit is kept for
+    /// [`Self::command_exit`]. Reads the counters one last time first; later calls return
+    /// those values.
+    pub async fn detach(&mut self) -> anyhow::Result<()> {
         if self.probes.is_none() {
             return Ok(());
         }
-        self.counters()?;
+        self.counters().await?;
         self.cutoff_ns = Some(self.counted_ns);
         if let Some(logger) = self.logger.as_mut() {
             logger.flush();
@@ -762,18 +797,25 @@ impl Recording {
         self.logger = None;
         self.probes = None;
         if let Some(pid) = self.spawned {
-            if stop_command {
-                // SAFETY: kill(2) with our own child's pid.
-                unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
-            }
-            if let Some(status) = exits::reap(pid) {
-                info!("command {status}");
+            let exit = exits::reap(pid);
+            self.command_exit = match exit {
+                Some(exit) => Some(CommandExit::OnItsOwn(exit)),
+                None => {
+                    // SAFETY: kill(2) with our own child's pid, not reaped yet.
+                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+                    exits::reap_within(pid, Duration::from_secs(2)).map(CommandExit::Stopped)
+                }
+            };
+            match self.command_exit {
+                Some(CommandExit::OnItsOwn(exit)) => info!("command {exit}"),
+                Some(CommandExit::Stopped(exit)) => info!("command stopped: {exit}"),
+                None => warn!("command (pid {pid}) still running 2 s after SIGTERM"),
             }
         }
-        if self.reader.malformed > 0 {
+        if self.reader.malformed() > 0 {
             warn!(
                 "{} malformed ring-buffer records ignored",
-                self.reader.malformed
+                self.reader.malformed()
             );
         }
         Ok(())

@@ -7,6 +7,7 @@ use crate::{
     cli::ReportArgs,
     config::BadInput,
     export::{self, Format, Value},
+    preflight,
     profile::{Profile, SCHEMA},
     summary,
 };
@@ -33,11 +34,21 @@ pub fn read(path: &std::path::Path) -> Result<Profile, BadInput> {
 
 /// Prints the table on stdout and writes the conversion, if asked.
 pub fn run(args: ReportArgs) -> anyhow::Result<()> {
+    if let Some(output) = &args.output {
+        preflight::check_output_file(output)?;
+    }
     let profile = read(&args.input)?;
     print!("{}", summary::render(&profile, args.top));
     if let Some(output) = &args.output {
         let format = args.format.unwrap_or_else(|| Format::for_path(output));
         let value = args.value.unwrap_or_else(|| Value::default_for(&profile));
+        if profile.alloc_only && value.needs_frees() {
+            return Err(BadInput(format!(
+                "{}: recorded with --alloc-only, it has no in-use values to show",
+                args.input.display()
+            ))
+            .into());
+        }
         export::write_file(&profile, format, value, output)
             .with_context(|| format!("writing {}", output.display()))?;
         eprintln!("wrote {} ({})", output.display(), format.name());

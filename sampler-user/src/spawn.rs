@@ -5,6 +5,11 @@
 //! releases it. uprobes attached to a pid follow it through exec: the kernel installs the
 //! breakpoints when the new program maps the allocator library. A second, close-on-exec pipe
 //! tells the parent that exec happened (EOF) or why it failed (errno).
+//!
+//! The child never outlives us: it holds no write end of its own go-pipe (so our death, or
+//! dropping the [`PausedChild`], makes its read return EOF and it exits), it asks the
+//! kernel for SIGKILL should we die while it waits and for SIGTERM once it runs the command
+//! (`PR_SET_PDEATHSIG`, kept through exec), and an unreleased child is killed and reaped.
 
 use std::{
     ffi::{CString, OsString},
@@ -20,7 +25,7 @@ use std::{
 pub struct PausedChild {
     /// The child's pid (stays the same through exec).
     pub pid: u32,
-    go: OwnedFd,
+    go: Option<OwnedFd>,
     exec_status: OwnedFd,
 }
 
@@ -54,8 +59,11 @@ pub fn spawn_paused(argv: &[OsString], redirect: Option<Redirect>) -> io::Result
     pointers.push(std::ptr::null());
     let (go_read, go_write) = pipe()?;
     let (status_read, status_write) = pipe()?;
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
     // SAFETY: the process is single-threaded here (no runtime yet); the child only calls
-    // async-signal-safe functions (read, write, execvp, _exit) on memory prepared before.
+    // async-signal-safe functions (close, prctl, getppid, dup2, read, write, execvp, _exit)
+    // on memory prepared before.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(io::Error::last_os_error());
@@ -63,6 +71,16 @@ pub fn spawn_paused(argv: &[OsString], redirect: Option<Redirect>) -> io::Result
     if pid == 0 {
         // SAFETY: child side, see above.
         unsafe {
+            // Our copies of the parent's ends: with them open, the read below could never
+            // see EOF when the parent dies.
+            libc::close(go_write.as_raw_fd());
+            libc::close(status_read.as_raw_fd());
+            // Killed if the parent dies while this waits; checked once after asking, in
+            // case it died before.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            if libc::getppid() != parent {
+                libc::_exit(127);
+            }
             if let Some(redirect) = &redirect {
                 libc::dup2(redirect.stdin.as_raw_fd(), 0);
                 libc::dup2(redirect.output.as_raw_fd(), 1);
@@ -70,6 +88,8 @@ pub fn spawn_paused(argv: &[OsString], redirect: Option<Redirect>) -> io::Result
             }
             let mut byte = 0u8;
             if libc::read(go_read.as_raw_fd(), (&raw mut byte).cast(), 1) == 1 {
+                // The command gets SIGTERM if we die while it runs (even by SIGKILL).
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong);
                 libc::execvp(pointers[0], pointers.as_ptr());
                 let errno = *libc::__errno_location();
                 libc::write(status_write.as_raw_fd(), (&raw const errno).cast(), 4);
@@ -80,7 +100,7 @@ pub fn spawn_paused(argv: &[OsString], redirect: Option<Redirect>) -> io::Result
     drop((go_read, status_write, redirect));
     Ok(PausedChild {
         pid: pid as u32,
-        go: go_write,
+        go: Some(go_write),
         exec_status: status_read,
     })
 }
@@ -88,11 +108,17 @@ pub fn spawn_paused(argv: &[OsString], redirect: Option<Redirect>) -> io::Result
 impl PausedChild {
     /// Lets the child exec and waits until it has (`Ok`) or failed to (`Err` with the
     /// reason; the child then exits with status 127).
-    pub fn release(self) -> io::Result<()> {
+    pub fn release(mut self) -> io::Result<()> {
+        let go = self
+            .go
+            .take()
+            .ok_or_else(|| io::Error::other("released twice"))?;
         let byte = 1u8;
         // SAFETY: writing one byte from a live local to a pipe we own.
-        if unsafe { libc::write(self.go.as_raw_fd(), (&raw const byte).cast(), 1) } != 1 {
-            return Err(io::Error::last_os_error());
+        if unsafe { libc::write(go.as_raw_fd(), (&raw const byte).cast(), 1) } != 1 {
+            let error = io::Error::last_os_error();
+            self.go = Some(go);
+            return Err(error);
         }
         let mut errno = 0i32;
         // SAFETY: reading at most 4 bytes into a live local.
@@ -102,5 +128,48 @@ impl PausedChild {
         } else {
             Ok(())
         }
+    }
+}
+
+impl Drop for PausedChild {
+    /// A child never released (the start failed after the fork) is killed and reaped.
+    fn drop(&mut self) {
+        if self.go.take().is_some() {
+            // SAFETY: kill and waitpid on our own, never-released child.
+            unsafe {
+                libc::kill(self.pid as libc::pid_t, libc::SIGKILL);
+                libc::waitpid(self.pid as libc::pid_t, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state_of(pid: u32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(") ")?.1.chars().next()
+    }
+
+    #[test]
+    fn an_unreleased_child_is_killed_and_reaped() {
+        let child = spawn_paused(&["true".into()], None).unwrap();
+        let pid = child.pid;
+        assert!(state_of(pid).is_some(), "the paused child exists");
+        drop(child);
+        assert_eq!(state_of(pid), None, "gone, not even a zombie");
+    }
+
+    #[test]
+    fn a_released_child_runs_the_command() {
+        let child = spawn_paused(&["true".into()], None).unwrap();
+        let pid = child.pid as libc::pid_t;
+        child.release().unwrap();
+        let mut status = 0;
+        // SAFETY: waiting for our own child with a pointer to a local.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
     }
 }

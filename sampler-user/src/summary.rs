@@ -3,9 +3,11 @@
 use std::fmt::Write as _;
 
 use crate::{
+    collect::Losses,
     export::folded::frame_name,
-    profile::{Profile, StackProfile},
+    profile::{Profile, StackProfile, LOST_FRAME},
     stats::Estimate,
+    text,
 };
 
 /// Formats a byte count with a binary unit (`1.5 MiB`).
@@ -44,6 +46,41 @@ pub fn estimate_bytes(estimate: &Estimate) -> String {
     }
 }
 
+/// Every non-zero loss counter, with what it does to the numbers.
+fn describe_losses(losses: &Losses) -> String {
+    let parts = [
+        (
+            losses.ringbuf_full,
+            "samples without a stack (ring buffer full; counted in the totals)",
+        ),
+        (
+            losses.lost_unrecorded,
+            "samples not even counted (lost-sample map full: totals are low)",
+        ),
+        (
+            losses.free_event_lost,
+            "frees (ring buffer full: live numbers may be high)",
+        ),
+        (
+            losses.process_event_lost,
+            "fork/exec events (ring buffer full: processes may be missed)",
+        ),
+        (losses.stack_missing, "stacks missing"),
+        (losses.counters_full, "calls without a counter slot"),
+        (losses.thread_state_full, "calls (thread map full)"),
+        (
+            losses.live_map_full,
+            "sampled blocks untracked (live map full)",
+        ),
+    ];
+    parts
+        .iter()
+        .filter(|(count, _)| *count > 0)
+        .map(|(count, what)| format!("{count} {what}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Renders the summary: totals per process, losses, and the top `top` stacks.
 pub fn render(profile: &Profile, top: usize) -> String {
     let mut out = String::new();
@@ -59,12 +96,21 @@ pub fn render(profile: &Profile, top: usize) -> String {
             out,
             "  pid {} ({}): {} samples; estimated {} allocated; exact {} in {} calls",
             process.pid,
-            process.command,
+            text::printable(&process.command),
             process.samples,
             estimate_bytes(&process.alloc_bytes),
             bytes(process.exact.bytes as f64),
             process.exact.calls,
         );
+        if process.lost_samples > 0 {
+            let _ = writeln!(
+                out,
+                "    incomplete: {} samples lost without a stack (ring buffer full): the \
+                 total above includes them (under {LOST_FRAME}); the stacks below and the live \
+                 numbers leave them out, so they may be low",
+                process.lost_samples
+            );
+        }
         if let Some(live) = &process.inuse_bytes {
             let rss = process
                 .rss_bytes
@@ -88,15 +134,7 @@ pub fn render(profile: &Profile, top: usize) -> String {
     if losses.total() == 0 {
         let _ = writeln!(out, "  lost events: none");
     } else {
-        let _ = writeln!(
-            out,
-            "  lost events: {} samples (ring buffer full), {} stacks missing, {} counter \
-             entries, {} calls (thread map full)",
-            losses.ringbuf_full,
-            losses.stack_missing,
-            losses.counters_full,
-            losses.thread_state_full
-        );
+        let _ = writeln!(out, "  lost events: {}", describe_losses(&losses));
     }
     if profile.stacks.is_empty() {
         let _ = writeln!(

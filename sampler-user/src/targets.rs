@@ -21,12 +21,28 @@ pub enum FindError {
     /// The process does not exist (any more).
     #[error("no such process")]
     Gone,
+    /// A kernel thread: no user-space memory, no allocator.
+    #[error("a kernel thread: it has no user-space memory to profile")]
+    KernelThread,
     /// Its memory map is unreadable.
     #[error("cannot read its memory map: {0}")]
     Maps(std::io::Error),
     /// It maps no allocator.
     #[error(transparent)]
     NoAllocator(#[from] AllocatorError),
+}
+
+/// Whether `pid` is a kernel thread (`PF_KTHREAD` in the flags of /proc/PID/stat).
+pub fn is_kernel_thread(pid: u32) -> bool {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            // After the parenthesized name: state, ppid, pgrp, session, tty, tpgid, flags.
+            let fields = stat.rsplit_once(") ")?.1;
+            fields.split(' ').nth(6)?.parse::<u64>().ok()
+        })
+        .is_some_and(|flags| flags & PF_KTHREAD != 0)
 }
 
 /// Allocator analyses by file identity (device, inode); `None` for a file that is not one.
@@ -43,8 +59,12 @@ impl AllocatorCache {
             _ => FindError::Maps(e),
         })?;
         if vmas.is_empty() {
-            // A zombie, or a kernel thread: nothing mapped.
-            return Err(FindError::Gone);
+            // Nothing mapped: a kernel thread, or a zombie (gone in all but name).
+            return Err(if is_kernel_thread(pid) {
+                FindError::KernelThread
+            } else {
+                FindError::Gone
+            });
         }
         let executable = executable_of(pid, &vmas);
         Ok(allocator::find(
@@ -232,5 +252,10 @@ mod tests {
         let found = cache.of_pid(std::process::id()).unwrap();
         assert!(found.iter().any(|a| a.file.family == "glibc"), "{found:?}");
         assert!(matches!(cache.of_pid(u32::MAX - 1), Err(FindError::Gone)));
+        assert!(
+            matches!(cache.of_pid(2), Err(FindError::KernelThread)),
+            "kthreadd"
+        );
+        assert!(is_kernel_thread(2) && !is_kernel_thread(std::process::id()));
     }
 }

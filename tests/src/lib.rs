@@ -440,3 +440,14 @@ pub fn check_workload_profile(profile: &Value, pid: u32, rounds: u64) {
     assert_eq!(profile["losses"]["ringbuf_full"], 0);
     assert_eq!(profile["losses"]["stack_missing"], 0);
 }
+
+/// Checks that a process's estimated allocated bytes bound its exact (counted) bytes.
+pub fn assert_estimate_bounds_exact(process: &Value) {
+    let exact = process["exact"]["bytes"].as_f64().unwrap();
+    let total = &process["alloc_bytes"];
+    assert!(
+        total["lower"].as_f64().unwrap() <= exact && exact <= total["upper"].as_f64().unwrap(),
+        "pid {}: estimate {total} does not bound the exact {exact} bytes",
+        process["pid"]
+    );
+}

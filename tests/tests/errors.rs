@@ -147,5 +147,8 @@ fn unprivileged_user_exits_2() {
         .args(["record", "-p", &me, "-o", "/tmp/allocscope-nobody.json"])
         .output()
         .expect("setpriv (util-linux)");
-    assert_bad_input(&output, "needs root (or CAP_BPF and CAP_PERFMON)");
+    assert_bad_input(
+        &output,
+        "needs root (or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE",
+    );
 }

@@ -12,8 +12,8 @@ use std::{
 
 use serde_json::Value;
 use tests::{
-    allocscope, bpf_available, check_workload_profile, fixture, fixture_as, read_profile, run,
-    site, start_recording, wait_until, Fixture, TempDir, Workload,
+    allocscope, assert_estimate_bounds_exact, bpf_available, check_workload_profile, fixture,
+    fixture_as, read_profile, run, site, start_recording, wait_until, Fixture, TempDir, Workload,
 };
 
 const CONFIDENCE: &str = "0.9999";
@@ -35,17 +35,6 @@ fn pids(profile: &Value) -> Vec<u32> {
         .iter()
         .map(|p| p["pid"].as_u64().unwrap() as u32)
         .collect()
-}
-
-/// Checks that a process's estimated allocated bytes bound its exact (counted) bytes.
-fn assert_estimate_bounds_exact(process: &Value) {
-    let exact = process["exact"]["bytes"].as_f64().unwrap();
-    let total = &process["alloc_bytes"];
-    assert!(
-        total["lower"].as_f64().unwrap() <= exact && exact <= total["upper"].as_f64().unwrap(),
-        "pid {}: estimate {total} does not bound the exact {exact} bytes",
-        process["pid"]
-    );
 }
 
 /// Waits for the recorder to exit by itself and checks it succeeded.

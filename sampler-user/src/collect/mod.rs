@@ -1,18 +1,26 @@
 //! ② From the kernel: ring-buffer records and the exact and loss counters.
 //!
-//! The ring buffer is read through tokio's `AsyncFd` (epoll on the map fd), records are
-//! copied out and decoded immediately so the kernel can reuse the space: intake never waits
-//! on symbolization, aggregation or output.
+//! The ring buffer is read on a thread of its own ([`SampleReader`]): records are copied
+//! out and decoded immediately so the kernel can reuse the space, and handed to the
+//! recording over a bounded channel: intake never waits on symbolization, aggregation or
+//! output.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+};
 
 use anyhow::Context as _;
 use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use sampler_common::{
-    AllocEvent, AllocFn, EventKind, FreeEvent, LossCounter, ProcessCounters, ProcessEvent,
-    FLAG_STACK_AT_RETURN, FLAG_TRACKED, MAX_STACK_DEPTH, PROCESS_EXEC, PROCESS_FORK,
+    AllocEvent, AllocFn, EventKind, FreeEvent, LossCounter, LostKey, LostSamples, ProcessCounters,
+    ProcessEvent, FLAG_STACK_AT_RETURN, FLAG_TRACKED, MAX_STACK_DEPTH, PROCESS_EXEC, PROCESS_FORK,
 };
-use tokio::io::unix::AsyncFd;
+use tokio::sync::mpsc;
 
 /// A decoded sample, owned.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,38 +141,162 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
     }))
 }
 
-/// The sample stream.
+/// What the intake thread hands over, in order.
+enum Delivery {
+    /// Records decoded from one drain of the ring buffer.
+    Events(Vec<Event>),
+    /// Everything in the ring buffer when catch-up request `n` was seen has been sent.
+    CaughtUp(u64),
+}
+
+/// Batches in flight between the intake thread and the recording: while the recording is
+/// busy (symbolizing, writing a file), the thread drains the ring buffer into up to this
+/// many batches (a ring buffer's worth each) before it waits, and the kernel counts
+/// what it then cannot deliver.
+const BATCHES_IN_FLIGHT: usize = 64;
+
+/// The sample stream, read on a thread of its own: it waits on the ring buffer's fd,
+/// copies and decodes every record at once (so the kernel can reuse the space) and sends
+/// them over a bounded channel. Nothing the recording does (symbolization, exports, the
+/// terminal) delays intake.
 pub struct SampleReader {
-    ring: AsyncFd<RingBuf<MapData>>,
+    deliveries: mpsc::Receiver<Delivery>,
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// State shared with the intake thread.
+struct Shared {
+    /// Wakes the thread at once (catch-up requests, stop).
+    wake: OwnedFd,
+    /// The latest catch-up request.
+    requested: AtomicU64,
+    stop: AtomicBool,
     /// Records that did not decode (a build mismatch; should stay 0).
-    pub malformed: u64,
+    malformed: AtomicU64,
+}
+
+impl Shared {
+    fn wake(&self) {
+        let one = 1u64;
+        // SAFETY: writing 8 bytes from a live local to our eventfd.
+        unsafe { libc::write(self.wake.as_raw_fd(), (&raw const one).cast(), 8) };
+    }
 }
 
 impl SampleReader {
-    /// Wraps the `SAMPLES` ring buffer taken from the loaded object.
+    /// Starts the intake thread on the `SAMPLES` ring buffer taken from the loaded object.
     pub fn new(ring: RingBuf<MapData>) -> anyhow::Result<SampleReader> {
+        // SAFETY: eventfd with constant flags; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()).context("eventfd for the intake thread");
+        }
+        let shared = Arc::new(Shared {
+            // SAFETY: a fresh descriptor nobody else owns.
+            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            requested: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            malformed: AtomicU64::new(0),
+        });
+        let (sender, deliveries) = mpsc::channel(BATCHES_IN_FLIGHT);
+        let thread = std::thread::Builder::new()
+            .name("allocscope-intake".into())
+            .spawn({
+                let shared = Arc::clone(&shared);
+                move || intake(ring, &shared, &sender)
+            })
+            .context("starting the intake thread")?;
         Ok(SampleReader {
-            // SAFETY: the RingBuf owns its map fd and keeps it open, unchanged, until it is
-            // dropped together with the AsyncFd.
-            ring: unsafe { AsyncFd::register(ring) }
-                .map_err(std::io::Error::from)
-                .context("registering the ring buffer with epoll")?,
-            malformed: 0,
+            deliveries,
+            shared,
+            thread: Some(thread),
         })
     }
 
-    /// Waits until records are available, then moves all of them into `out`.
+    /// Waits for the next records and moves them into `out`.
     pub async fn read(&mut self, out: &mut Vec<Event>) -> anyhow::Result<()> {
-        let mut guard = self.ring.readable_mut().await?;
-        self.malformed += drain_ring(guard.get_inner_mut(), out);
-        // Clears only the readiness this guard saw: a wakeup that came in since stays.
-        guard.clear_ready();
+        match self.deliveries.recv().await {
+            Some(Delivery::Events(events)) => out.extend(events),
+            Some(Delivery::CaughtUp(_)) => {}
+            None => anyhow::bail!("the intake thread stopped"),
+        }
         Ok(())
     }
 
-    /// Moves every record available now into `out`, without waiting.
-    pub fn drain(&mut self, out: &mut Vec<Event>) {
-        self.malformed += drain_ring(self.ring.get_mut(), out);
+    /// Moves every record that was in the ring buffer when called into `out`.
+    pub async fn catch_up(&mut self, out: &mut Vec<Event>) -> anyhow::Result<()> {
+        let request = self.shared.requested.fetch_add(1, Ordering::SeqCst) + 1;
+        self.shared.wake();
+        loop {
+            match self.deliveries.recv().await {
+                Some(Delivery::Events(events)) => out.extend(events),
+                Some(Delivery::CaughtUp(done)) if done >= request => return Ok(()),
+                Some(Delivery::CaughtUp(_)) => {}
+                None => anyhow::bail!("the intake thread stopped"),
+            }
+        }
+    }
+
+    /// Records that did not decode so far.
+    pub fn malformed(&self) -> u64 {
+        self.shared.malformed.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for SampleReader {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.wake();
+        // Unblocks a thread waiting for room in the channel.
+        self.deliveries.close();
+        while self.deliveries.try_recv().is_ok() {}
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The intake thread: drain, decode, send, until stopped or nobody listens.
+fn intake(mut ring: RingBuf<MapData>, shared: &Shared, sender: &mpsc::Sender<Delivery>) {
+    let mut served = 0;
+    while !shared.stop.load(Ordering::SeqCst) {
+        let mut fds = [
+            libc::pollfd {
+                fd: ring.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: shared.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: poll on two live descriptors with a correctly sized array.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) };
+        if fds[1].revents & libc::POLLIN != 0 {
+            let mut count = 0u64;
+            // SAFETY: reading the eventfd's 8-byte counter into a live local.
+            unsafe { libc::read(shared.wake.as_raw_fd(), (&raw mut count).cast(), 8) };
+        }
+        // Read before draining: everything in the ring buffer now is sent before the
+        // request is acknowledged.
+        let request = shared.requested.load(Ordering::SeqCst);
+        let mut events = Vec::new();
+        let malformed = drain_ring(&mut ring, &mut events);
+        if malformed > 0 {
+            shared.malformed.fetch_add(malformed, Ordering::Relaxed);
+        }
+        if !events.is_empty() && sender.blocking_send(Delivery::Events(events)).is_err() {
+            return;
+        }
+        if request > served {
+            if sender.blocking_send(Delivery::CaughtUp(request)).is_err() {
+                return;
+            }
+            served = request;
+        }
     }
 }
 
@@ -183,7 +315,9 @@ fn drain_ring(ring: &mut RingBuf<MapData>, out: &mut Vec<Event>) -> u64 {
 /// Loss counters summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Losses {
-    /// Samples dropped because the ring buffer was full.
+    /// Samples that found the ring buffer full: their stacks are lost, their sizes are
+    /// counted under each process's "samples lost" pseudo-stack (all but
+    /// `lost_unrecorded` of them).
     pub ringbuf_full: u64,
     /// Samples sent without a user stack.
     pub stack_missing: u64,
@@ -194,6 +328,17 @@ pub struct Losses {
     /// Sampled blocks whose frees could not be tracked (live map full).
     #[serde(default)]
     pub live_map_full: u64,
+    /// Frees of tracked blocks not delivered (ring buffer full): those blocks still count
+    /// as live, so live numbers may be high.
+    #[serde(default)]
+    pub free_event_lost: u64,
+    /// Fork and exec events of followed processes not delivered (ring buffer full).
+    #[serde(default)]
+    pub process_event_lost: u64,
+    /// Lost samples the kernel could not even count by size (its lost-sample map was full):
+    /// the totals leave them out.
+    #[serde(default)]
+    pub lost_unrecorded: u64,
 }
 
 impl Losses {
@@ -204,6 +349,9 @@ impl Losses {
             + self.counters_full
             + self.thread_state_full
             + self.live_map_full
+            + self.free_event_lost
+            + self.process_event_lost
+            + self.lost_unrecorded
     }
 }
 
@@ -218,7 +366,44 @@ pub fn read_losses(map: &PerCpuArray<&MapData, u64>) -> anyhow::Result<Losses> {
         counters_full: sum(LossCounter::CountersFull)?,
         thread_state_full: sum(LossCounter::ThreadStateFull)?,
         live_map_full: sum(LossCounter::LiveMapFull)?,
+        free_event_lost: sum(LossCounter::FreeEventLost)?,
+        process_event_lost: sum(LossCounter::ProcessEventLost)?,
+        lost_unrecorded: sum(LossCounter::LostUnrecorded)?,
     })
+}
+
+/// Samples of one size and interval that the kernel could not deliver (see
+/// [`sampler_common::LostKey`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LostBatch {
+    /// Allocation size.
+    pub size: u64,
+    /// Mean interval they were drawn under.
+    pub interval: u64,
+    /// How many.
+    pub samples: u64,
+    /// Sum of their remainders `size - offset`.
+    pub unseen: u64,
+}
+
+/// Reads the `LOST` per-CPU hash: every process's undelivered samples, summed over CPUs.
+pub fn read_lost(
+    map: &PerCpuHashMap<&MapData, LostKey, LostSamples>,
+) -> anyhow::Result<BTreeMap<u32, Vec<LostBatch>>> {
+    let mut lost: BTreeMap<u32, Vec<LostBatch>> = BTreeMap::new();
+    for entry in map.iter() {
+        let (key, values) = entry?;
+        let batch = LostBatch {
+            size: key.size,
+            interval: key.interval,
+            samples: values.iter().map(|v| v.samples).sum(),
+            unseen: values.iter().map(|v| v.unseen).sum(),
+        };
+        if batch.samples > 0 && batch.size > 0 && batch.interval > 0 {
+            lost.entry(key.pid).or_default().push(batch);
+        }
+    }
+    Ok(lost)
 }
 
 fn sum(values: &[ProcessCounters]) -> ProcessCounters {

@@ -6,7 +6,7 @@
 use std::{collections::BTreeMap, io::Write};
 
 use super::Value;
-use crate::{profile::Profile, stacks::symbolize::FrameInfo};
+use crate::{profile::Profile, stacks::symbolize::FrameInfo, text};
 
 /// Writes one line per distinct folded stack (stacks whose names coincide are summed).
 pub fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::Result<()> {
@@ -48,9 +48,9 @@ pub fn frame_name(frame: &FrameInfo) -> String {
 }
 
 /// `;` separates frames and a trailing space-separated number is the value: keep names
-/// from breaking either.
+/// from breaking either (line breaks are escaped with every other control character).
 fn sanitize(name: &str) -> String {
-    name.replace(';', ":").replace(['\n', '\r'], " ")
+    text::printable(name).replace(';', ":")
 }
 
 #[cfg(test)]

@@ -5,9 +5,16 @@ pub mod json;
 pub mod pprof;
 pub mod svg;
 
-use std::{io::Write, path::Path};
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    time::SystemTime,
+};
 
-use crate::profile::{Profile, StackProfile};
+use crate::{
+    outfile,
+    profile::{Profile, StackProfile},
+};
 
 /// Output formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -83,6 +90,12 @@ impl Value {
         }
     }
 
+    /// Whether it needs frees tracked (`inuse-*`): such a graph of an `--alloc-only`
+    /// recording would be empty.
+    pub fn needs_frees(self) -> bool {
+        matches!(self, Value::InuseBytes | Value::InuseObjects)
+    }
+
     /// What a unit of it is, for titles.
     pub fn describe(self) -> &'static str {
         match self {
@@ -118,30 +131,41 @@ pub fn write(
     }
 }
 
-/// Writes `profile` to `path` atomically: into a temporary file beside it, flushed to disk,
-/// then renamed over `path`, so a reader never sees half a profile.
+/// Writes `profile` to `path` atomically and safely (see [`crate::outfile`]): a regular file
+/// there is replaced, anything else refused.
 pub fn write_file(
     profile: &Profile,
     format: Format,
     value: Value,
     path: &Path,
 ) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let temp = dir.join(format!(".{name}.allocscope-{}", std::process::id()));
-    let result = (|| {
-        let mut file = std::io::BufWriter::new(std::fs::File::create(&temp)?);
-        write(profile, format, value, &mut file)?;
-        file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        std::fs::rename(&temp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    result
+    outfile::write_replacing(path, |out| write(profile, format, value, out))
+}
+
+/// Writes `profile` as a new snapshot file in `dir`, named for `time` (see
+/// [`snapshot_stem`]); never replaces a file. Returns the path written.
+pub fn write_snapshot(
+    profile: &Profile,
+    format: Format,
+    value: Value,
+    dir: &Path,
+    time: SystemTime,
+) -> std::io::Result<PathBuf> {
+    outfile::write_new(dir, &snapshot_stem(time), format.extension(), |out| {
+        write(profile, format, value, out)
+    })
+}
+
+/// Every snapshot file name starts with this.
+pub const SNAPSHOT_PREFIX: &str = "allocscope-";
+
+/// `allocscope-2026-11-22T02-41-34.123Z`: UTC, sortable, no `:` (awkward in shells and on
+/// other file systems).
+pub fn snapshot_stem(time: SystemTime) -> String {
+    let stamp = humantime::format_rfc3339_millis(time)
+        .to_string()
+        .replace(':', "-");
+    format!("{SNAPSHOT_PREFIX}{stamp}")
 }
 
 #[cfg(test)]
@@ -153,6 +177,15 @@ pub(crate) mod tests {
         stacks::symbolize::FrameInfo,
         stats::{estimate::Posterior, Estimate},
     };
+
+    #[test]
+    fn snapshot_names_sort_by_time() {
+        let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_795_000_000_123);
+        let stem = snapshot_stem(t);
+        assert_eq!(stem, "allocscope-2026-11-18T11-06-40.123Z");
+        let later = snapshot_stem(t + std::time::Duration::from_millis(1));
+        assert!(later > stem);
+    }
 
     fn estimate(value: f64, samples: u64) -> Estimate {
         Estimate {
@@ -193,6 +226,7 @@ pub(crate) mod tests {
             inuse_objects: None,
             leak: None,
             period: None,
+            lost: false,
         };
         Profile {
             schema: SCHEMA.to_owned(),
@@ -220,6 +254,7 @@ pub(crate) mod tests {
                 inuse_bytes: None,
                 inuse_objects: None,
                 untracked_samples: 0,
+                lost_samples: 0,
                 rss_bytes: Some(1 << 20),
             }],
             losses: Losses::default(),

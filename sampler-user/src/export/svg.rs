@@ -7,14 +7,14 @@ use std::io::Write;
 use inferno::flamegraph::{self, Options};
 
 use super::{folded, Value};
-use crate::{profile::Profile, summary};
+use crate::{profile::Profile, summary, text};
 
 /// Writes `profile` as an SVG flame graph of `value`.
 pub fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::Result<()> {
     let targets: Vec<String> = profile
         .processes
         .iter()
-        .map(|p| format!("{} ({})", p.command, p.pid))
+        .map(|p| format!("{} ({})", text::printable(&p.command), p.pid))
         .collect();
     let mut options = Options::default();
     options.title = format!("allocscope: {}", targets.join(", "));

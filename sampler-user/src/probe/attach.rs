@@ -47,6 +47,8 @@ pub struct KernelConfig {
     /// Track frees: return probes complete sampled calls, `free` is probed, and the live
     /// map holds at most this many sampled blocks (`None`: allocations only).
     pub track_frees: Option<u32>,
+    /// Bytes of the sample ring buffer (a power of two, at least a page).
+    pub ring_buffer: u32,
     /// Try uprobe sessions for the returns (else classic return probes on every call).
     pub sessions: bool,
     /// Host mode (`--all`): probes attached host-wide, excluded pids skipped in the kernel.
@@ -261,6 +263,7 @@ impl Probes {
             .override_global("HOST_MODE", &host, true)
             .override_global("WATCH_EXECS", &watch_execs, true)
             .map_max_entries("LIVE", config.track_frees.unwrap_or(1).max(1))
+            .map_max_entries("SAMPLES", config.ring_buffer)
             .load(SAMPLER_OBJECT)?;
         let tracking = config.track_frees.is_some();
         let sessions = if tracking && config.sessions {
@@ -543,6 +546,7 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         interval: 512 * 1024,
         log: false,
         track_frees: None,
+        ring_buffer: 4 << 20,
         sessions: false,
         host: false,
         follow: false,

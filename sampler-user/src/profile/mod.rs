@@ -5,7 +5,7 @@ mod recorder;
 
 use serde::{Deserialize, Serialize};
 
-pub use recorder::{ProcessTally, Recorder, StackTally, Tally};
+pub use recorder::{ProcessTally, Recorder, StackTally, Tally, LOST_FRAME};
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -130,6 +130,11 @@ pub struct ProcessProfile {
     /// the live numbers leave them out.
     #[serde(default)]
     pub untracked_samples: u64,
+    /// Samples lost without a stack (the ring buffer was full): the process's totals include
+    /// them (its `lost` stack), its other stacks and its live numbers do not, so those may
+    /// be low.
+    #[serde(default)]
+    pub lost_samples: u64,
     /// Resident set size last seen (`/proc/PID/status`), to set the live heap against.
     pub rss_bytes: Option<u64>,
 }
@@ -161,6 +166,10 @@ pub struct StackProfile {
     /// Values over the snapshot's period (`--every` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub period: Option<PeriodValues>,
+    /// This is not a call stack but the process's samples lost without one (the ring
+    /// buffer was full): counted here so the process's totals and bounds stay whole.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lost: bool,
 }
 
 /// A stack's leak candidates: sampled blocks still live and older than the threshold.
@@ -234,7 +243,7 @@ impl Profile {
             totals.0.merge(&stack.all);
             totals.1.merge(&stack.live);
             let alloc = estimate(&stack.all);
-            let inuse = tracking.then(|| estimate(&stack.live));
+            let inuse = (tracking && !stack.lost).then(|| estimate(&stack.live));
             let leak = leak_age
                 .zip(stack.oldest_leaked_seconds)
                 .map(|(age, oldest)| {
@@ -269,6 +278,7 @@ impl Profile {
                 inuse_objects: inuse.map(|e| e.objects),
                 leak,
                 period,
+                lost: stack.lost,
             });
         }
         stacks.sort_by(|a, b| b.alloc_bytes.estimate.total_cmp(&a.alloc_bytes.estimate));
@@ -295,6 +305,7 @@ impl Profile {
                     inuse_bytes: inuse.map(|e| e.bytes),
                     inuse_objects: inuse.map(|e| e.objects),
                     untracked_samples: known.map_or(0, |p| p.untracked_samples),
+                    lost_samples: known.map_or(0, |p| p.lost_samples),
                     rss_bytes: known.and_then(|p| p.rss_bytes),
                 }
             })

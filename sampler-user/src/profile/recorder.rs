@@ -10,7 +10,7 @@ use sampler_common::ProcessCounters;
 
 use super::{Profile, Settings};
 use crate::{
-    collect::{Event, Losses, Sample},
+    collect::{Event, Losses, LostBatch, Sample},
     probe::allocator::Allocator,
     stacks::{self, symbolize::FrameInfo, symbolize::Symbolizer, Frame, StackId, StackTable},
     stats::{rate::RateTracker, SampleObs, SampleSet},
@@ -49,6 +49,32 @@ pub struct Recorder {
     warned_area: bool,
     /// Per stack, samples in one-second buckets over the recent window (`top` only).
     recent: Option<Recent>,
+    /// Per pid: samples the kernel could not deliver, as last read (cumulative).
+    lost: BTreeMap<u32, Vec<LostBatch>>,
+    /// The same at the start of the current period.
+    lost_at_period_start: BTreeMap<u32, Vec<LostBatch>>,
+}
+
+/// The frame that names the pseudo-stack of samples lost without a stack.
+pub const LOST_FRAME: &str = "[samples lost: ring buffer full]";
+
+/// `batches` minus what `before` (an earlier reading of the same cumulative counts) held,
+/// as a sample set.
+fn lost_set(batches: &[LostBatch], before: &[LostBatch]) -> SampleSet {
+    let mut set = SampleSet::default();
+    for batch in batches {
+        let earlier = before
+            .iter()
+            .find(|b| (b.size, b.interval) == (batch.size, batch.interval));
+        let (samples, unseen) = earlier.map_or((0, 0), |b| (b.samples, b.unseen));
+        set.add_many(
+            batch.size,
+            batch.interval,
+            batch.samples.saturating_sub(samples),
+            batch.unseen.saturating_sub(unseen),
+        );
+    }
+    set
 }
 
 /// Per-stack rate trackers that all cover the same time.
@@ -93,6 +119,8 @@ pub struct StackTally {
     /// Samples in the recent window (estimate with `Window::SLIDING`, divide by
     /// [`Tally::recent_seconds`]).
     pub recent: SampleSet,
+    /// The pseudo-stack of the process's samples lost without a stack (one [`LOST_FRAME`]).
+    pub lost: bool,
 }
 
 /// One process's side of a [`Tally`].
@@ -108,6 +136,8 @@ pub struct ProcessTally {
     pub rss_bytes: Option<u64>,
     /// Sampled blocks whose frees could not be tracked.
     pub untracked_samples: u64,
+    /// Samples lost without a stack (the ring buffer was full).
+    pub lost_samples: u64,
     /// Its cgroup (v2 path): a container, a systemd unit.
     pub cgroup: Option<String>,
     /// Its allocators as probed ("jemalloc (/usr/lib/…)"); host-wide (`--all`), those it
@@ -164,9 +194,13 @@ impl Recorder {
     /// checks where the kernel put each one's uprobe area.
     pub fn refresh(&mut self) {
         self.stacks.refresh_live();
-        for &pid in self.commands.keys() {
+        for (&pid, command) in &mut self.commands {
             if let Some(bytes) = read_rss(pid) {
                 self.rss.insert(pid, bytes);
+                // Alive: an exec since it was tracked gave it a new name.
+                if let Ok(now) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+                    now.trim_end().clone_into(command);
+                }
             }
             match self.stacks.uprobe_area(pid) {
                 Some(area) if area != sampler_common::UPROBE_TRAMPOLINE && !self.warned_area => {
@@ -267,6 +301,12 @@ impl Recorder {
     /// Starts a new period: the next snapshot's period values count from here.
     pub fn start_period(&mut self) {
         self.per_stack_period.fill(SampleSet::default());
+        self.lost_at_period_start = self.lost.clone();
+    }
+
+    /// Takes the kernel's latest (cumulative) count of the samples it could not deliver.
+    pub fn set_lost(&mut self, lost: BTreeMap<u32, Vec<LostBatch>>) {
+        self.lost = lost;
     }
 
     /// Resolves names and computes every estimate, since the start and, when `period_seconds`
@@ -330,8 +370,26 @@ impl Recorder {
                         .map(|(_, oldest_ns)| now_ns.saturating_sub(*oldest_ns) as f64 / 1e9),
                     period: self.per_stack_period[id],
                     recent,
+                    lost: false,
                 }
             })
+            .chain(self.lost.iter().map(|(&pid, batches)| {
+                let before = self.lost_at_period_start.get(&pid);
+                StackTally {
+                    pid,
+                    frames: vec![FrameInfo {
+                        function: Some(LOST_FRAME.to_owned()),
+                        ..FrameInfo::default()
+                    }],
+                    all: lost_set(batches, &[]),
+                    live: SampleSet::default(),
+                    leaked: SampleSet::default(),
+                    oldest_leaked_seconds: None,
+                    period: lost_set(batches, before.map_or(&[], Vec::as_slice)),
+                    recent: SampleSet::default(),
+                    lost: true,
+                }
+            }))
             .collect();
         let recent_seconds = self.recent.as_ref().map_or(0.0, |recent| {
             recent.tracker().coverage(now_ns, recent.window_ns).1
@@ -345,6 +403,10 @@ impl Recorder {
                 executable: self.executables.get(&pid).cloned().unwrap_or_default(),
                 rss_bytes: self.rss.get(&pid).copied(),
                 untracked_samples: self.untracked.get(&pid).copied().unwrap_or(0),
+                lost_samples: self
+                    .lost
+                    .get(&pid)
+                    .map_or(0, |batches| batches.iter().map(|b| b.samples).sum()),
                 cgroup: self.cgroups.get(&pid).cloned(),
                 allocators: self.allocators.get(&pid).cloned().unwrap_or_default(),
             })

@@ -187,30 +187,47 @@ impl SampleSet {
         }
     }
 
+    /// Adds `count` samples of `size` bytes drawn at `interval` whose remainders
+    /// `size - offset` sum to `unseen`: samples known only by these sums (those the kernel
+    /// could not deliver). Every sum the estimators use is linear in the samples, so this is
+    /// exactly `count` calls of [`Self::add`].
+    pub fn add_many(&mut self, size: u64, interval: u64, count: u64, unseen: u64) {
+        if count > 0 {
+            self.apply_many(size, interval, count as f64, unseen as f64);
+        }
+    }
+
     fn apply(&mut self, obs: SampleObs, sign: f64) {
-        let pi = obs.inclusion_probability();
+        let unseen = obs.size.saturating_sub(obs.offset) as f64;
+        self.apply_many(obs.size, obs.interval, sign, sign * unseen);
+    }
+
+    /// Adds (`count` > 0) or removes (`count` < 0) `|count|` samples of `size` at
+    /// `interval`, their remainders summing to `unseen` (signed like `count`).
+    fn apply_many(&mut self, size: u64, interval: u64, count: f64, unseen: f64) {
+        let pi = inclusion_probability(size, interval);
         if pi <= 0.0 {
             return;
         }
-        let n = obs.size as f64;
-        let p = 1.0 / obs.interval as f64;
+        let n = size as f64;
+        let p = 1.0 / interval as f64;
         let q = 1.0 - p;
-        if sign > 0.0 {
-            self.samples += 1;
-            self.max_interval = self.max_interval.max(obs.interval);
+        if count > 0.0 {
+            self.samples += count as u64;
+            self.max_interval = self.max_interval.max(interval);
             // Kept on removal: a larger "one more event" only widens the upper bound.
             self.max_object_weight = self.max_object_weight.max(1.0 / pi);
         } else {
-            self.samples -= 1;
+            self.samples -= (-count) as u64;
         }
-        self.sampled_bytes += sign * n;
-        self.weighted_bytes += sign * n / pi;
-        self.weighted_objects += sign / pi;
-        self.variance_bytes += sign * n * n * (1.0 - pi) / (pi * pi);
-        self.variance_objects += sign * (1.0 - pi) / (pi * pi);
-        self.unseen_remainder += sign * obs.size.saturating_sub(obs.offset) as f64;
-        self.failure_mean += sign * q / p;
-        self.failure_variance += sign * q / (p * p);
+        self.sampled_bytes += count * n;
+        self.weighted_bytes += count * n / pi;
+        self.weighted_objects += count / pi;
+        self.variance_bytes += count * n * n * (1.0 - pi) / (pi * pi);
+        self.variance_objects += count * (1.0 - pi) / (pi * pi);
+        self.unseen_remainder += unseen;
+        self.failure_mean += count * q / p;
+        self.failure_variance += count * q / (p * p);
     }
 
     /// Merges another set into this one.
@@ -403,6 +420,37 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn many_samples_by_their_sums_equal_each_added() {
+        let mut one_by_one = SampleSet::default();
+        let offsets = [3u64, 4000, 77, 12_000];
+        for &offset in &offsets {
+            one_by_one.add(SampleObs {
+                size: 16_384,
+                offset,
+                interval: 4096,
+            });
+        }
+        let mut by_sums = SampleSet::default();
+        let unseen: u64 = offsets.iter().map(|o| 16_384 - o).sum();
+        by_sums.add_many(16_384, 4096, offsets.len() as u64, unseen);
+        by_sums.add_many(99, 4096, 0, 0);
+        assert_eq!(by_sums.samples(), one_by_one.samples());
+        let (a, b) = (
+            one_by_one.estimate(0.95, Window::RECORDING, 4096),
+            by_sums.estimate(0.95, Window::RECORDING, 4096),
+        );
+        for (x, y) in [
+            (a.bytes.estimate, b.bytes.estimate),
+            (a.bytes.lower, b.bytes.lower),
+            (a.bytes.upper, b.bytes.upper),
+            (a.objects.upper, b.objects.upper),
+            (a.bytes_by_trials, b.bytes_by_trials),
+        ] {
+            assert!((x - y).abs() <= 1e-9 * x.abs(), "{x} vs {y}");
+        }
+    }
 
     #[test]
     fn inclusion_probability_edges() {

@@ -29,9 +29,8 @@ use self::{
 use crate::{
     config::{BadInput, TopConfig},
     export::{self, Value},
-    preflight,
+    outfile, preflight,
     probe::attach::ReturnProbes,
-    record::snapshot_name,
     recording::{self, monotonic_ns, Happening, Prepared, Recording},
     spawn,
 };
@@ -60,7 +59,7 @@ pub fn prepare(config: &TopConfig) -> Result<Prepared, BadInput> {
 /// stdin is /dev/null and its output goes to [`COMMAND_LOG`] in the snapshot directory.
 fn command_output(config: &TopConfig) -> Result<spawn::Redirect, BadInput> {
     let path = config.snapshot_dir.join(COMMAND_LOG);
-    let output = std::fs::File::create(&path)
+    let output = outfile::open_log(&path)
         .map_err(|e| BadInput(format!("cannot create {}: {e}", path.display())))?;
     let stdin = std::fs::File::open("/dev/null")
         .map_err(|e| BadInput(format!("cannot open /dev/null: {e}")))?;
@@ -155,6 +154,8 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
     let screen = screen::spawn(incoming, outgoing, log).context("starting the screen thread")?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
+    // The terminal went away: nobody sees the view any more.
+    let mut sighup = signal(SignalKind::hangup())?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let send = |message: ToScreen| match to_screen.try_send(message) {
         // A busy screen skips a picture; the next one carries everything.
@@ -176,7 +177,7 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
                     }
                     Ok(Happening::AllExited) => {
                         watch.exited.extend(recording.pids().iter().copied());
-                        if let Err(e) = recording.detach(false) {
+                        if let Err(e) = recording.detach().await {
                             break Err(e);
                         }
                         watch.finished = true;
@@ -209,13 +210,14 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
             },
             _ = sigint.recv() => break Ok(()),
             _ = sigterm.recv() => break Ok(()),
+            _ = sighup.recv() => break Ok(()),
         }
     };
     // Give the terminal back first (the screen thread sees the channel close within
     // 100 ms), then detach: a command started for this view stops with it.
     drop(to_screen);
     let screen = tokio::task::spawn_blocking(move || screen.join()).await;
-    let detached = recording.detach(true);
+    let detached = recording.detach().await;
     let elapsed = watch.started.elapsed();
     eprintln!(
         "allocscope top: detached from pid {} after {}",
@@ -240,7 +242,7 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
 impl Watch {
     /// The recording now.
     async fn picture(&mut self, recording: &mut Recording) -> anyhow::Result<Picture> {
-        let (counters, losses) = recording.counters()?;
+        let (counters, losses) = recording.counters().await?;
         let now_ns = monotonic_ns();
         let elapsed = self.started.elapsed().as_secs_f64();
         let tally = recording
@@ -270,7 +272,7 @@ impl Watch {
             .iter()
             .map(|p| TargetState {
                 pid: p.pid,
-                command: p.command.clone(),
+                command: crate::text::printable(&p.command).into_owned(),
                 exited: self.exited.contains(&p.pid),
             })
             .collect();
@@ -307,7 +309,7 @@ impl Watch {
         &mut self,
         recording: &mut Recording,
     ) -> anyhow::Result<std::path::PathBuf> {
-        let (counters, losses) = recording.counters()?;
+        let (counters, losses) = recording.counters().await?;
         let settings = self
             .config
             .sampling
@@ -323,17 +325,14 @@ impl Watch {
                 monotonic_ns(),
             )
             .await;
-        let path = self
-            .config
-            .snapshot_dir
-            .join(snapshot_name(SystemTime::now(), self.config.format));
-        export::write_file(
+        let dir = &self.config.snapshot_dir;
+        export::write_snapshot(
             &profile,
             self.config.format,
             Value::default_for(&profile),
-            &path,
+            dir,
+            SystemTime::now(),
         )
-        .with_context(|| format!("writing {}", path.display()))?;
-        Ok(path)
+        .with_context(|| format!("writing a snapshot into {}", dir.display()))
     }
 }

@@ -15,6 +15,7 @@ use crate::{
     profile::{StackTally, Tally},
     stacks::symbolize::FrameInfo,
     stats::{estimate::Window, Estimate, SampleSet},
+    text,
 };
 
 /// Below this many samples a row is marked uncertain: its bounds span a factor of several.
@@ -440,8 +441,9 @@ pub fn rows(picture: &Picture, query: &RowQuery<'_>) -> Vec<Row> {
             .first()
             .and_then(|f| f.module.as_deref())
             .map(base_name)
+            .map(text::printable)
             .unwrap_or_default()
-            .to_owned();
+            .into_owned();
         let entry = groups
             .entry(key)
             .or_insert_with(|| (module, Sets::default(), Vec::new()));
@@ -496,9 +498,11 @@ fn base_name(path: &str) -> &str {
 /// `function (module:line)` for the expanded stack.
 pub fn frame_line(frame: &FrameInfo) -> String {
     let name = frame_name(frame);
-    let module = frame.module.as_deref().map(base_name);
+    let module = frame.module.as_deref().map(base_name).map(text::printable);
     match (module, &frame.file, frame.line) {
-        (_, Some(file), Some(line)) => format!("{name}  {}:{line}", base_name(file)),
+        (_, Some(file), Some(line)) => {
+            format!("{name}  {}:{line}", text::printable(base_name(file)))
+        }
         (Some(module), _, _) => format!("{name}  ({module})"),
         _ => name,
     }

@@ -492,6 +492,7 @@ mod tests {
             oldest_leaked_seconds: (live >= 2).then_some(40.0),
             period: SampleSet::default(),
             recent: samples(recent, 4096),
+            lost: false,
         }
     }
 
@@ -538,6 +539,7 @@ mod tests {
                     executable: "/opt/app/app".into(),
                     rss_bytes: Some(64 << 20),
                     untracked_samples: 0,
+                    lost_samples: 0,
                     cgroup: None,
                     allocators: Vec::new(),
                 }],

@@ -1,0 +1,66 @@
+//! Strings from targets made safe to show.
+//!
+//! Process names, symbols, paths and cgroups come from the processes we profile, and a
+//! process chooses its own name (`prctl(PR_SET_NAME)`) and can map files with any name.
+//! Printed raw, an escape sequence in one could clear the user's screen, set the terminal's
+//! title or hide text; a bidirectional override could make a name read as another. Every
+//! such string goes through [`printable`] before a terminal (summary, report, `top`, logs)
+//! or a viewer (SVG titles, folded lines) sees it.
+
+use std::{borrow::Cow, fmt::Write as _};
+
+/// Whether `c` must not reach a terminal as is: control characters (C0, DEL, C1) and the
+/// invisible characters that reorder or hide text.
+fn is_unsafe(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `text` with every unsafe character written as an escape (`\x1b`, `\u{202e}`); borrowed
+/// when nothing needed escaping.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(is_unsafe) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if !is_unsafe(c) {
+            out.push(c);
+        } else if (c as u32) < 0x100 {
+            let _ = write!(out, "\\x{:02x}", c as u32);
+        } else {
+            let _ = write!(out, "\\u{{{:x}}}", c as u32);
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn escapes_what_a_terminal_would_act_on() {
+        assert_eq!(printable("malloc"), "malloc");
+        assert!(matches!(printable("ünïcode ← ok"), Cow::Borrowed(_)));
+        assert_eq!(
+            printable("\x1b[2J\x1b]0;pwned\x07"),
+            "\\x1b[2J\\x1b]0;pwned\\x07"
+        );
+        assert_eq!(printable("a\nb\tc\u{9b}"), "a\\x0ab\\x09c\\x9b");
+        assert_eq!(printable("abc\u{202e}fed"), "abc\\u{202e}fed");
+    }
+
+    proptest! {
+        #[test]
+        fn nothing_unsafe_survives(text in any::<String>()) {
+            let shown = printable(&text);
+            prop_assert!(!shown.chars().any(is_unsafe));
+            if !text.chars().any(is_unsafe) {
+                prop_assert_eq!(shown.as_ref(), text.as_str());
+            }
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! A number never hides a loss: samples the kernel could not deliver (the ring buffer was
+//! full) stay in their process's totals, whose bounds still hold the exact counts, and the
+//! profile says how many were lost and where they went.
+
+use serde_json::Value;
+use tests::{
+    allocscope, assert_estimate_bounds_exact, bpf_available, fixture, read_profile, TempDir,
+};
+
+/// Records a storm (the workload fixture, `rounds` rounds) with the smallest ring buffer,
+/// so that samples are lost, and returns the profile.
+fn storm(dir: &TempDir, interval: &str, extra: &[&str], rounds: &str) -> Value {
+    let out = dir.path(&format!("storm-{interval}.json"));
+    let output = std::process::Command::new(allocscope())
+        .args(["record", "--ring-buffer", "64KiB", "--confidence", "0.9999"])
+        .args(["-i", interval])
+        .args(extra)
+        .arg("-o")
+        .arg(&out)
+        .arg("--")
+        .arg(fixture("workload", &[]))
+        .arg(rounds)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let profile = read_profile(&out);
+    let lost = profile["losses"]["ringbuf_full"].as_u64().unwrap();
+    assert!(
+        lost > 0,
+        "the storm lost nothing; make it bigger:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("samples lost without a stack"),
+        "the summary says so:\n{stderr}"
+    );
+    profile
+}
+
+fn check_losses_counted(profile: &Value) {
+    let process = &profile["processes"][0];
+    let lost = profile["losses"]["ringbuf_full"].as_u64().unwrap();
+    let unrecorded = profile["losses"]["lost_unrecorded"].as_u64().unwrap();
+    assert_eq!(unrecorded, 0, "16384 (size, interval) keys are plenty here");
+    assert_eq!(process["lost_samples"].as_u64().unwrap(), lost);
+    let lost_stacks: Vec<&Value> = profile["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["lost"].as_bool() == Some(true))
+        .collect();
+    assert_eq!(lost_stacks.len(), 1, "one pseudo-stack per process");
+    assert_eq!(lost_stacks[0]["samples"].as_u64().unwrap(), lost);
+    assert_eq!(
+        lost_stacks[0]["frames"][0]["function"].as_str().unwrap(),
+        "[samples lost: ring buffer full]"
+    );
+    let stack_samples: u64 = profile["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["samples"].as_u64().unwrap())
+        .sum();
+    assert_eq!(stack_samples, process["samples"].as_u64().unwrap());
+    assert_estimate_bounds_exact(process);
+}
+
+#[test]
+fn every_call_sampled_and_some_lost_still_sums_to_the_exact_total() {
+    if !bpf_available("every_call_sampled_and_some_lost_still_sums_to_the_exact_total") {
+        return;
+    }
+    let dir = TempDir::new("losses-storm");
+    // At an interval of one byte every call is sampled: the estimate is a plain sum.
+    let profile = storm(&dir, "1", &["--alloc-only"], "3000");
+    check_losses_counted(&profile);
+    let process = &profile["processes"][0];
+    assert_eq!(
+        process["samples"].as_u64(),
+        process["exact"]["calls"].as_u64(),
+        "one sample per call, lost ones included"
+    );
+    assert_eq!(
+        process["alloc_bytes"]["estimate"].as_f64().unwrap(),
+        process["exact"]["bytes"].as_f64().unwrap()
+    );
+}
+
+#[test]
+fn bounds_hold_the_exact_total_when_samples_are_lost() {
+    if !bpf_available("bounds_hold_the_exact_total_when_samples_are_lost") {
+        return;
+    }
+    let dir = TempDir::new("losses-bounds");
+    // Frees tracked too: a lost sample's block is forgotten by the kernel as well.
+    let profile = storm(&dir, "256", &[], "5000");
+    check_losses_counted(&profile);
+    let process = &profile["processes"][0];
+    assert!(
+        process["inuse_bytes"].is_object(),
+        "live numbers still reported"
+    );
+}

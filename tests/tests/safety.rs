@@ -1,0 +1,279 @@
+//! Running as root safely: outputs never replace devices, FIFOs or other users' files,
+//! children never outlive us, the command's exit status is passed on, SIGHUP saves the
+//! recording, `--keep` deletes only our own snapshots, and names from targets cannot drive
+//! the user's terminal.
+
+use std::{
+    io::Read as _,
+    os::unix::fs::{FileTypeExt as _, PermissionsExt as _},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use tests::{allocscope, bpf_available, fixture, read_profile, run, start_recording, TempDir};
+
+fn stderr_of(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn devices_and_fifos_are_refused_before_attaching() {
+    if !bpf_available("devices_and_fifos_are_refused_before_attaching") {
+        return;
+    }
+    let dir = TempDir::new("safety-devices");
+    // Devices of our own (the same as /dev/null and /dev/full): a binary with this bug
+    // replaces these, not the machine's.
+    let (null, full) = (dir.path("null"), dir.path("full"));
+    for (node, minor) in [(&null, "3"), (&full, "7")] {
+        let made = Command::new("mknod")
+            .arg(node)
+            .args(["c", "1", minor])
+            .status();
+        assert!(made.unwrap().success(), "mknod {}", node.display());
+    }
+    let fifo = dir.path("fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let null_link = dir.path("null.json");
+    std::os::unix::fs::symlink(&null, &null_link).unwrap();
+    let outputs = [&null, &full, &fifo, &null_link];
+    for output in outputs.map(|path| path.to_str().unwrap()) {
+        let result = run(&["record", "-o", output, "--", "true"]);
+        let stderr = stderr_of(&result);
+        assert_eq!(result.status.code(), Some(2), "{output}: {stderr}");
+        assert!(stderr.contains("not a regular file"), "{output}: {stderr}");
+        assert!(
+            !stderr.contains("recording"),
+            "{output}: attached:\n{stderr}"
+        );
+    }
+    for device in [&null, &full] {
+        let kind = std::fs::symlink_metadata(device).unwrap().file_type();
+        assert!(
+            kind.is_char_device(),
+            "{} is still a device",
+            device.display()
+        );
+    }
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    // `report` converts into the same kind of file, and refuses the same way.
+    let result = run(&["report", "/nonexistent.json", "-o", null.to_str().unwrap()]);
+    assert_eq!(result.status.code(), Some(2), "{}", stderr_of(&result));
+    assert!(stderr_of(&result).contains("not a regular file"));
+}
+
+#[test]
+fn profiles_are_private_and_replace_links_not_their_targets() {
+    if !bpf_available("profiles_are_private_and_replace_links_not_their_targets") {
+        return;
+    }
+    let dir = TempDir::new("safety-links");
+    // A shared directory, as /tmp is: anyone may plant names in it.
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let victim = dir.path("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    let output = dir.path("heap.json");
+    std::os::unix::fs::symlink(&victim, &output).unwrap();
+    // The names the writer used to pick (`.NAME.allocscope-PID`) for the next pids.
+    // SAFETY: getpid has no preconditions.
+    let next = unsafe { libc::getpid() } as u32;
+    for pid in next..next + 200 {
+        let planted = dir.path(&format!(".heap.json.allocscope-{pid}"));
+        std::os::unix::fs::symlink(&victim, planted).unwrap();
+    }
+    let workload = fixture("workload", &[]);
+    let result = Command::new(allocscope())
+        .args(["record", "-i", "4KiB", "-o"])
+        .arg(&output)
+        .arg("--")
+        .arg(&workload)
+        .arg("20")
+        .output()
+        .unwrap();
+    assert!(result.status.success(), "{}", stderr_of(&result));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    let written = std::fs::symlink_metadata(&output).unwrap();
+    assert!(
+        written.file_type().is_file(),
+        "the link itself was replaced"
+    );
+    assert_eq!(written.permissions().mode() & 0o777, 0o600);
+    read_profile(&output);
+    let leftovers: Vec<String> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.contains("allocscope-tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+/// Reads `stdout` to its end on a thread; true if that happened within `timeout` (no
+/// process holds the pipe any more).
+fn closes_within(mut stdout: std::process::ChildStdout, timeout: Duration) -> bool {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = stdout.read_to_end(&mut sink);
+        let _ = done.send(());
+    });
+    finished.recv_timeout(timeout).is_ok()
+}
+
+#[test]
+fn a_command_never_outlives_a_killed_start() {
+    if !bpf_available("a_command_never_outlives_a_killed_start") {
+        return;
+    }
+    let dir = TempDir::new("safety-orphans");
+    // Killed while the child waits to be released, while the probes attach, and after.
+    for delay_ms in [0u64, 5, 20, 50, 120, 400] {
+        let mut allocscope = Command::new(allocscope())
+            .args(["record", "-o"])
+            .arg(dir.path("x.json"))
+            .args(["--", "sleep", "30"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = allocscope.stdout.take().unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        allocscope.kill().unwrap();
+        allocscope.wait().unwrap();
+        assert!(
+            closes_within(stdout, Duration::from_secs(5)),
+            "killed after {delay_ms} ms: a child still holds allocscope's stdout"
+        );
+    }
+}
+
+#[test]
+fn the_command_exit_status_is_passed_on() {
+    if !bpf_available("the_command_exit_status_is_passed_on") {
+        return;
+    }
+    let dir = TempDir::new("safety-status");
+    let out = dir.path("x.json");
+    let out = out.to_str().unwrap();
+    for (command, code) in [("exit 0", 0), ("exit 3", 3), ("kill -USR1 $$", 128 + 10)] {
+        let result = run(&["record", "-o", out, "--", "sh", "-c", command]);
+        assert_eq!(
+            result.status.code(),
+            Some(code),
+            "{command}: {}",
+            stderr_of(&result)
+        );
+        read_profile(std::path::Path::new(out));
+    }
+    let result = run(&["record", "-o", out, "--", "false"]);
+    assert_eq!(result.status.code(), Some(1), "{}", stderr_of(&result));
+}
+
+#[test]
+fn sighup_stops_and_saves_the_recording() {
+    if !bpf_available("sighup_stops_and_saves_the_recording") {
+        return;
+    }
+    let dir = TempDir::new("safety-sighup");
+    let out = dir.path("x.json");
+    let workload = fixture("workload", &[]);
+    let (mut child, _stderr) = start_recording(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        workload.to_str().unwrap(),
+        "1000000",
+    ]);
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) };
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let profile = read_profile(&out);
+    assert!(profile["processes"][0]["exact"]["calls"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn keep_deletes_only_our_own_snapshots() {
+    if !bpf_available("keep_deletes_only_our_own_snapshots") {
+        return;
+    }
+    let dir = TempDir::new("safety-keep");
+    let foreign = [
+        "allocscope-2000-01-01T00-00-00.000Z.json",
+        "allocscope-notes.json",
+    ];
+    for name in foreign {
+        std::fs::write(dir.path(name), "the user's").unwrap();
+    }
+    let workload = fixture("workload", &[]);
+    let result = Command::new(allocscope())
+        .args([
+            "record", "--every", "200ms", "--keep", "2", "-d", "1500ms", "-o",
+        ])
+        .arg(&dir.0)
+        .arg("--")
+        .arg(&workload)
+        .args(["1000000", "--forever"])
+        .output()
+        .unwrap();
+    assert!(result.status.success(), "{}", stderr_of(&result));
+    for name in foreign {
+        assert_eq!(
+            std::fs::read_to_string(dir.path(name)).unwrap(),
+            "the user's",
+            "{name} was touched"
+        );
+    }
+    let ours = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.starts_with("allocscope-20") && !foreign.contains(&name.as_str()))
+        .count();
+    assert_eq!(ours, 2, "--keep 2 keeps two of ours");
+}
+
+#[test]
+fn escape_sequences_in_names_never_reach_the_terminal() {
+    if !bpf_available("escape_sequences_in_names_never_reach_the_terminal") {
+        return;
+    }
+    let dir = TempDir::new("safety-escapes");
+    // The process name (comm) is the name it was exec'd under: an escape sequence that
+    // would clear the screen and set the terminal's title.
+    let hostile = dir.path("\x1b[2J\x1b]0;x\x07w");
+    std::os::unix::fs::symlink(fixture("workload", &[]), &hostile).unwrap();
+    let out = dir.path("x.json");
+    let result = Command::new(allocscope())
+        .args(["record", "-i", "4KiB", "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(&hostile)
+        .arg("50")
+        .output()
+        .unwrap();
+    let stderr = stderr_of(&result);
+    assert!(result.status.success(), "{stderr}");
+    assert!(
+        !stderr.contains('\x1b') && !stderr.contains('\x07'),
+        "raw: {stderr:?}"
+    );
+    assert!(stderr.contains("\\x1b[2J"), "escaped name shown: {stderr}");
+    let report = run(&["report", out.to_str().unwrap()]);
+    let shown = String::from_utf8_lossy(&report.stdout);
+    assert!(report.status.success());
+    assert!(
+        !shown.contains('\x1b') && shown.contains("\\x1b[2J"),
+        "{shown:?}"
+    );
+    // The JSON keeps the true name (JSON escapes it).
+    let profile = read_profile(&out);
+    assert_eq!(
+        profile["processes"][0]["command"].as_str().unwrap(),
+        "\x1b[2J\x1b]0;x\x07w"
+    );
+}
