@@ -122,6 +122,16 @@ pub struct SamplingArgs {
     )]
     pub max_tracked: u32,
 
+    /// Most distinct call stacks kept whole; beyond it, a new stack is cut to its leaf
+    /// frame (the allocation site), counted, and marked in the profile.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 8192,
+        help_heading = "Sampling"
+    )]
+    pub max_stacks: u32,
+
     /// Size of the kernel's ring buffer carrying samples to allocscope (a power of two,
     /// 64KiB to 256MiB). Samples that find it full lose their stack but stay in the totals.
     #[arg(

@@ -99,6 +99,8 @@ pub struct SamplingConfig {
     pub max_tracked: u32,
     /// Bytes of the kernel's sample ring buffer (a power of two).
     pub ring_buffer: u32,
+    /// Most distinct whole stacks kept.
+    pub max_stacks: usize,
     /// Use uprobe sessions where the kernel has them.
     pub sessions: bool,
     /// Confidence of the bounds.
@@ -247,11 +249,18 @@ impl SamplingArgs {
                     self.ring_buffer
                 ))
             })? as u32;
+        if !(1..=MAX_STACKS_LIMIT).contains(&self.max_stacks) {
+            return Err(BadInput(format!(
+                "invalid --max-stacks {}: between 1 and {MAX_STACKS_LIMIT}",
+                self.max_stacks
+            )));
+        }
         Ok(SamplingConfig {
             interval,
             alloc_only: self.alloc_only,
             max_tracked: self.max_tracked,
             ring_buffer,
+            max_stacks: self.max_stacks as usize,
             sessions: !self.no_sessions,
             confidence: self.confidence,
             verbose: self.verbose,
@@ -262,6 +271,10 @@ impl SamplingArgs {
 /// Most sampled blocks `--max-tracked` may ask the kernel to track (~100 MiB of kernel
 /// memory).
 pub const MAX_TRACKED_LIMIT: u32 = 1 << 20;
+
+/// Most distinct stacks `--max-stacks` may keep (each costs ~1-10 KiB in memory and in a
+/// JSON file).
+pub const MAX_STACKS_LIMIT: u32 = 1 << 20;
 
 /// Sizes `--ring-buffer` takes (the kernel wants a power-of-two number of pages).
 const RING_BUFFER_RANGE: std::ops::RangeInclusive<u64> = (64 << 10)..=(256 << 20);

@@ -214,10 +214,11 @@ impl Recording {
                 .context("SAMPLES map missing")?,
         )?;
         let reader = SampleReader::new(ring)?;
-        let recorder = match recent {
+        let mut recorder = match recent {
             Some(window) => Recorder::with_recent(window),
             None => Recorder::default(),
         };
+        recorder.limit_stacks(sampling.max_stacks);
         let mut recording = Recording {
             probes: Some(probes),
             reader,

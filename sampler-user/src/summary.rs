@@ -65,6 +65,10 @@ fn describe_losses(losses: &Losses) -> String {
             losses.process_event_lost,
             "fork/exec events (ring buffer full: processes may be missed)",
         ),
+        (
+            losses.stacks_cut_to_leaf,
+            "stacks cut to their leaf frame (more distinct stacks than --max-stacks)",
+        ),
         (losses.stack_missing, "stacks missing"),
         (losses.counters_full, "calls without a counter slot"),
         (losses.thread_state_full, "calls (thread map full)"),

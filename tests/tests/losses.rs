@@ -101,3 +101,59 @@ fn bounds_hold_the_exact_total_when_samples_are_lost() {
         "live numbers still reported"
     );
 }
+
+#[test]
+fn a_million_distinct_stacks_stay_bounded_and_counted() {
+    if !bpf_available("a_million_distinct_stacks_stay_bounded_and_counted") {
+        return;
+    }
+    let dir = TempDir::new("losses-paths");
+    let out = dir.path("paths.json");
+    // 2^20 calls, each reaching `site` through a call path of its own.
+    let output = std::process::Command::new(allocscope())
+        .args([
+            "record",
+            "-i",
+            "1",
+            "--alloc-only",
+            "--max-stacks",
+            "500",
+            "-o",
+        ])
+        .arg(&out)
+        .arg("--")
+        .arg(fixture("paths", &[]))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    // SAFETY: rusage is plain integers: all zeros is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills a live struct of the right type.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    let peak_mib = usage.ru_maxrss / 1024;
+    assert!(
+        peak_mib < 256,
+        "peak RSS {peak_mib} MiB (it grew to 4 GiB without a limit)"
+    );
+    let profile = read_profile(&out);
+    let stacks = profile["stacks"].as_array().unwrap();
+    let cut: Vec<&Value> = stacks
+        .iter()
+        .filter(|s| s["cut_to_leaf"].as_bool() == Some(true))
+        .collect();
+    assert!(!cut.is_empty(), "some stacks were cut to their leaf");
+    assert!(cut.iter().all(
+        |s| s["frames"].as_array().unwrap().len() == 1 && s["frames"][0]["function"] == "site"
+    ));
+    // 500 whole stacks, the leaf stacks beyond them, the lost samples' pseudo-stack.
+    assert!(stacks.len() <= 500 + 3, "{} stacks", stacks.len());
+    assert!(profile["losses"]["stacks_cut_to_leaf"].as_u64().unwrap() > 0);
+    assert!(stderr.contains("cut to their leaf frame"), "{stderr}");
+    let process = &profile["processes"][0];
+    assert_eq!(
+        process["alloc_bytes"]["estimate"].as_f64().unwrap(),
+        process["exact"]["bytes"].as_f64().unwrap(),
+        "every sample still counted"
+    );
+}

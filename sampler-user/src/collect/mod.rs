@@ -153,7 +153,7 @@ enum Delivery {
 /// busy (symbolizing, writing a file), the thread drains the ring buffer into up to this
 /// many batches (a ring buffer's worth each) before it waits, and the kernel counts
 /// what it then cannot deliver.
-const BATCHES_IN_FLIGHT: usize = 64;
+const BATCHES_IN_FLIGHT: usize = 16;
 
 /// The sample stream, read on a thread of its own: it waits on the ring buffer's fd,
 /// copies and decodes every record at once (so the kernel can reuse the space) and sends
@@ -339,6 +339,10 @@ pub struct Losses {
     /// the totals leave them out.
     #[serde(default)]
     pub lost_unrecorded: u64,
+    /// Samples whose stack was cut to its leaf frame (more distinct stacks than
+    /// `--max-stacks`): counted in full, under a shorter stack. Counted in user space.
+    #[serde(default)]
+    pub stacks_cut_to_leaf: u64,
 }
 
 impl Losses {
@@ -352,6 +356,7 @@ impl Losses {
             + self.free_event_lost
             + self.process_event_lost
             + self.lost_unrecorded
+            + self.stacks_cut_to_leaf
     }
 }
 
@@ -369,6 +374,7 @@ pub fn read_losses(map: &PerCpuArray<&MapData, u64>) -> anyhow::Result<Losses> {
         free_event_lost: sum(LossCounter::FreeEventLost)?,
         process_event_lost: sum(LossCounter::ProcessEventLost)?,
         lost_unrecorded: sum(LossCounter::LostUnrecorded)?,
+        stacks_cut_to_leaf: 0,
     })
 }
 

@@ -227,6 +227,7 @@ pub(crate) mod tests {
             leak: None,
             period: None,
             lost: false,
+            cut_to_leaf: false,
         };
         Profile {
             schema: SCHEMA.to_owned(),

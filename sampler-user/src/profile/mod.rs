@@ -170,6 +170,10 @@ pub struct StackProfile {
     /// buffer was full): counted here so the process's totals and bounds stay whole.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lost: bool,
+    /// This leaf frame also stands for longer stacks cut to it: the recording had more
+    /// distinct stacks than `--max-stacks`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cut_to_leaf: bool,
 }
 
 /// A stack's leak candidates: sampled blocks still live and older than the threshold.
@@ -279,6 +283,7 @@ impl Profile {
                 leak,
                 period,
                 lost: stack.lost,
+                cut_to_leaf: stack.cut_to_leaf,
             });
         }
         stacks.sort_by(|a, b| b.alloc_bytes.estimate.total_cmp(&a.alloc_bytes.estimate));
@@ -324,7 +329,10 @@ impl Profile {
             alloc_only: settings.alloc_only,
             leaks_older_than_seconds: leak_age,
             processes,
-            losses,
+            losses: Losses {
+                stacks_cut_to_leaf: tally.cut_samples,
+                ..losses
+            },
             modules,
             stacks,
             probes: Vec::new(),

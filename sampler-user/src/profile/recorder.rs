@@ -121,6 +121,8 @@ pub struct StackTally {
     pub recent: SampleSet,
     /// The pseudo-stack of the process's samples lost without a stack (one [`LOST_FRAME`]).
     pub lost: bool,
+    /// Holds stacks cut to this leaf frame (beyond `--max-stacks`).
+    pub cut_to_leaf: bool,
 }
 
 /// One process's side of a [`Tally`].
@@ -156,6 +158,8 @@ pub struct Tally {
     pub recent_seconds: f64,
     /// Build id of every module the frames name, read from the file the process mapped.
     pub build_ids: HashMap<String, Option<String>>,
+    /// Samples whose stack was cut to its leaf (beyond `--max-stacks`).
+    pub cut_samples: u64,
 }
 
 impl Recorder {
@@ -215,6 +219,11 @@ impl Recorder {
                 _ => {}
             }
         }
+    }
+
+    /// Keeps at most `max` whole distinct stacks (see [`StackTable`]).
+    pub fn limit_stacks(&mut self, max: usize) {
+        self.stacks.limit(max);
     }
 
     /// Whether `pid` is tracked already.
@@ -371,6 +380,7 @@ impl Recorder {
                     period: self.per_stack_period[id],
                     recent,
                     lost: false,
+                    cut_to_leaf: self.stacks.is_cut(id as StackId),
                 }
             })
             .chain(self.lost.iter().map(|(&pid, batches)| {
@@ -388,6 +398,7 @@ impl Recorder {
                     period: lost_set(batches, before.map_or(&[], Vec::as_slice)),
                     recent: SampleSet::default(),
                     lost: true,
+                    cut_to_leaf: false,
                 }
             }))
             .collect();
@@ -431,6 +442,7 @@ impl Recorder {
             processes,
             recent_seconds,
             build_ids,
+            cut_samples: self.stacks.cut_samples(),
         }
     }
 

@@ -14,7 +14,7 @@
 pub mod symbolize;
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     path::{Path, PathBuf},
     sync::OnceLock,
 };
@@ -151,13 +151,21 @@ struct ProcessMaps {
     gone: bool,
 }
 
-/// Normalizes and interns stacks for all target processes.
+/// Normalizes and interns stacks for all target processes, at most `max_stacks` whole
+/// ones: beyond that, a new stack is cut to its leaf frame (the allocation site), so memory
+/// and output stay bounded however many paths a program takes to its allocator.
 #[derive(Debug, Default)]
 pub struct StackTable {
     modules: ModuleTable,
     maps: HashMap<u32, ProcessMaps>,
     stacks: Vec<(u32, Vec<Frame>)>,
     index: HashMap<(u32, Vec<Frame>), StackId>,
+    /// Most distinct whole stacks kept (`None`: no limit).
+    max_stacks: Option<usize>,
+    /// Stacks that hold samples of longer stacks cut to their leaf.
+    cut: HashSet<StackId>,
+    /// Samples whose stack was cut to its leaf.
+    cut_samples: u64,
 }
 
 impl StackTable {
@@ -248,10 +256,40 @@ impl StackTable {
         if let Some(&id) = self.index.get(&key) {
             return id;
         }
+        let full = self.max_stacks.is_some_and(|max| self.stacks.len() >= max);
+        if full && key.1.len() > 1 {
+            let leaf = (pid, key.1[..1].to_vec());
+            let id = self.insert(leaf);
+            self.cut.insert(id);
+            self.cut_samples += 1;
+            return id;
+        }
+        self.insert(key)
+    }
+
+    fn insert(&mut self, key: (u32, Vec<Frame>)) -> StackId {
+        if let Some(&id) = self.index.get(&key) {
+            return id;
+        }
         let id = self.stacks.len() as StackId;
         self.stacks.push(key.clone());
         self.index.insert(key, id);
         id
+    }
+
+    /// Keeps at most `max` whole stacks from now on (see the type's doc).
+    pub fn limit(&mut self, max: usize) {
+        self.max_stacks = Some(max);
+    }
+
+    /// Whether stack `id` holds stacks cut to their leaf (beyond the limit).
+    pub fn is_cut(&self, id: StackId) -> bool {
+        self.cut.contains(&id)
+    }
+
+    /// Samples whose stack was cut to its leaf so far.
+    pub fn cut_samples(&self) -> u64 {
+        self.cut_samples
     }
 
     /// The pid and frames of stack `id`.
@@ -277,6 +315,34 @@ impl StackTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn beyond_the_limit_stacks_are_cut_to_their_leaf() {
+        let mut table = StackTable::default();
+        table.limit(2);
+        // Addresses in no mapping of a process that does not exist: Unknown frames.
+        let pid = u32::MAX - 3;
+        let a = table.intern(pid, &[1, 2, 3], 0);
+        let b = table.intern(pid, &[1, 2, 4], 0);
+        assert_ne!(a, b);
+        assert_eq!(
+            table.intern(pid, &[1, 2, 3], 0),
+            a,
+            "known stacks still whole"
+        );
+        let cut = table.intern(pid, &[1, 5, 6], 0);
+        assert_eq!(table.stack(cut).1.len(), 1, "cut to the leaf");
+        assert_eq!(
+            table.intern(pid, &[1, 7], 0),
+            cut,
+            "merged with others of that leaf"
+        );
+        assert!(table.is_cut(cut) && !table.is_cut(a));
+        assert_eq!(table.cut_samples(), 2);
+        let other_leaf = table.intern(pid, &[9, 7], 0);
+        assert_ne!(other_leaf, cut);
+        assert_eq!(table.iter().count(), 4);
+    }
 
     #[test]
     fn caller_chain_inserts_the_missed_direct_caller() {

@@ -493,6 +493,7 @@ mod tests {
             period: SampleSet::default(),
             recent: samples(recent, 4096),
             lost: false,
+            cut_to_leaf: false,
         }
     }
 
