@@ -9,8 +9,11 @@
 //!
 //! * 0–31: the target's counter slot ([`crate::HOST_SLOT`] for host-wide probes);
 //! * 32–47: the [`crate::AllocFn`] (session program only);
-//! * 48–63: four bits per argument `n` (at `48 + 4n`): 0 for its own register, else the
-//!   [`Register`] code it moved to.
+//! * 48–59: four bits per argument `n` (at `48 + 4n`): 0 for its own register, else the
+//!   [`Register`] code it moved to;
+//! * 63: the probed `malloc` may call another probed `malloc` (an interposer's: a program's
+//!   own `malloc` calling `__libc_malloc`, an allocator reached through `dlsym`): see
+//!   [`is_outer`].
 
 /// A general-purpose register an argument can have moved to, by its code in the cookie.
 #[repr(u8)]
@@ -110,6 +113,19 @@ pub const fn with_moved(cookie: u64, n: usize, register: Register) -> u64 {
     (cookie & !(0xf << shift)) | ((register as u64) << shift)
 }
 
+const OUTER_BIT: u64 = 1 << 63;
+
+/// Whether the probed `malloc` is an outer one: it leaves a nesting marker, so that a probed
+/// `malloc` it calls (glibc's, under its `__libc_malloc` alias) is not counted again.
+pub const fn is_outer(cookie: u64) -> bool {
+    cookie & OUTER_BIT != 0
+}
+
+/// `cookie` marked as an outer `malloc`'s ([`is_outer`]).
+pub const fn with_outer(cookie: u64) -> u64 {
+    cookie | OUTER_BIT
+}
+
 /// A cookie of `function` and `slot`, arguments in place.
 pub const fn new(function: u32, slot: u32) -> u64 {
     ((function as u64 & 0xffff) << 32) | slot as u64
@@ -141,6 +157,10 @@ mod tests {
             assert_eq!(Register::from_code(register as u8), Some(register));
         }
         assert_eq!(Register::from_code(0), None);
+        let outer = with_outer(cookie);
+        assert!(is_outer(outer) && !is_outer(cookie));
+        assert_eq!((function(outer), slot(outer)), (3, 0xffff_ffff));
+        assert_eq!(moved(outer, 2), Register::R15 as u8);
         assert_eq!(Register::from_code(16), None);
     }
 }

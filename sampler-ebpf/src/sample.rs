@@ -67,10 +67,15 @@ pub fn on_alloc<C: EbpfContext>(
     // SAFETY: reading the saved registers of the probed task from the context.
     let (sp, ip) = unsafe { ((*regs).rsp, (*regs).rip) };
     let mut caller = 0;
+    // An outer malloc (an interposer's) marks its call like the functions that may nest
+    // one, so that the malloc it calls is not counted again.
+    let outer = function == AllocFn::Malloc && cookie::is_outer(cookie);
     if function == AllocFn::Malloc {
         if state.marker_sp != 0 {
             caller = return_address(sp);
-            let nested = is_nested(state, sp, caller);
+            // A marker this very function left (a stale one of an outer malloc that did not
+            // call another, then called again from the same frame) is not an outer call.
+            let nested = is_nested(state, sp, caller) && state.marker_ip != ip;
             state.marker_sp = 0;
             if nested {
                 return false;
@@ -87,8 +92,10 @@ pub fn on_alloc<C: EbpfContext>(
             return false;
         }
     }
-    if function.may_nest_malloc() {
-        caller = return_address(sp);
+    if function.may_nest_malloc() || outer {
+        if caller == 0 {
+            caller = return_address(sp);
+        }
         state.marker_sp = sp;
         state.marker_ret = caller;
         state.marker_ip = ip;
@@ -108,7 +115,7 @@ pub fn on_alloc<C: EbpfContext>(
     }
     if state.countdown >= size {
         state.countdown -= size;
-        return arm(state, function, returns, wants_return);
+        return arm(state, function, outer, returns, wants_return);
     }
     let offset = state.countdown;
     state.countdown = draw();
@@ -123,7 +130,7 @@ pub fn on_alloc<C: EbpfContext>(
             0
         };
         state.pending_sp = sp;
-        return arm(state, function, returns, true);
+        return arm(state, function, outer, returns, true);
     }
     if caller == 0 {
         caller = return_address(sp);
@@ -146,8 +153,14 @@ pub fn on_alloc<C: EbpfContext>(
 /// return probes observe every call; a session only the calls that ask); passes
 /// `wants_return` through. Without free tracking no return is observed at all.
 #[inline(always)]
-fn arm(state: &mut ThreadState, function: AllocFn, returns: Returns, wants_return: bool) -> bool {
-    if function.may_nest_malloc() {
+fn arm(
+    state: &mut ThreadState,
+    function: AllocFn,
+    outer: bool,
+    returns: Returns,
+    wants_return: bool,
+) -> bool {
+    if function.may_nest_malloc() || outer {
         let observed = returns == Returns::Classic || wants_return;
         state.marker_armed = u64::from(config::track_frees() && observed);
     }

@@ -87,6 +87,53 @@ fn statically_linked_allocator_is_found_in_the_executable() {
 }
 
 #[test]
+fn a_programs_own_malloc_wrapping_glibcs_is_counted_once() {
+    if !bpf_available("a_programs_own_malloc_wrapping_glibcs_is_counted_once") {
+        return;
+    }
+    const WRAPPED_ROUNDS: u64 = 50_000;
+    let dir = TempDir::new("wrapper");
+    let wrapper = fixture("wrapper", &[]);
+    // Every way returns are observed: sessions, classic return probes, none.
+    for mode in [&[][..], &["--no-sessions"], &["--alloc-only"]] {
+        let out = dir.path("wrapper.json");
+        let output = Command::new(allocscope())
+            .args(["record", "--interval", "64KiB", "--confidence", CONFIDENCE])
+            .args(mode)
+            .arg("-o")
+            .arg(&out)
+            .arg("--")
+            .arg(&wrapper)
+            .arg(WRAPPED_ROUNDS.to_string())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{mode:?}: {stderr}");
+        let profile = read_profile(&out);
+        let pid = pids(&profile)[0];
+        let process = process(&profile, pid);
+        // Both mallocs are probed, yet each allocation counts once (stdio adds one).
+        let calls = process["exact"]["calls"].as_u64().unwrap();
+        assert!(
+            (11 * WRAPPED_ROUNDS..=11 * WRAPPED_ROUNDS + 2).contains(&calls),
+            "{mode:?}: {calls} calls counted"
+        );
+        assert_estimate_bounds_exact(process);
+        for (function, bytes) in [("small", 10 * 100), ("big", 20_000)] {
+            let truth = (bytes * WRAPPED_ROUNDS) as f64;
+            let stacks = site(&profile, pid, function);
+            assert_eq!(stacks.len(), 1, "{mode:?}: {function}: {stacks:?}");
+            let estimate = &stacks[0]["alloc_bytes"];
+            assert!(
+                estimate["lower"].as_f64().unwrap() <= truth
+                    && truth <= estimate["upper"].as_f64().unwrap(),
+                "{mode:?}: {function}: {estimate} does not bound {truth}"
+            );
+        }
+    }
+}
+
+#[test]
 fn glibc_jemalloc_tcmalloc_and_mimalloc_processes_in_one_session() {
     if !bpf_available("glibc_jemalloc_tcmalloc_and_mimalloc_processes_in_one_session") {
         return;

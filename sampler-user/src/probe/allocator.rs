@@ -57,10 +57,15 @@ pub struct Function {
 }
 
 impl Function {
-    /// The attach cookie of its probe for target `slot`: the function, the slot, and where
-    /// the probed instruction finds each argument the prologue moved.
-    pub fn cookie(&self, slot: u32) -> u64 {
+    /// The attach cookie of its probe for target `slot`: the function, the slot, where
+    /// the probed instruction finds each argument the prologue moved, and for the `malloc`
+    /// of an allocator other than glibc's (`outer`) that it may call another probed
+    /// `malloc` (a program's own `malloc` calling `__libc_malloc`).
+    pub fn cookie(&self, slot: u32, outer: bool) -> u64 {
         let mut value = sampler_common::cookie::new(self.function as u32, slot);
+        if outer && self.function == AllocFn::Malloc {
+            value = sampler_common::cookie::with_outer(value);
+        }
         for (own, now) in &self.probe.moved {
             let n = ARGUMENT_REGISTERS.iter().position(|r| r == own);
             if let (Some(n), Some(now)) = (n, prologue::cookie_register(*now)) {

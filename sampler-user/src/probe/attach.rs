@@ -461,6 +461,8 @@ impl Probes {
         allocator: &Allocator,
     ) -> Result<Vec<AttachedPoint>, AttachError> {
         let functions = &allocator.file.functions;
+        // glibc's malloc is the innermost; another's may wrap it (or reach another).
+        let outer = allocator.file.family != "glibc";
         let point = |probe: ProbeKind, f: &super::allocator::Function| AttachedPoint {
             pid: scope.key(),
             probe,
@@ -474,7 +476,10 @@ impl Probes {
                 .iter()
                 .map(|f| f.file_offset + f.probe.offset)
                 .collect();
-            let cookies: Vec<u64> = functions.iter().map(|f| f.cookie(scope.slot())).collect();
+            let cookies: Vec<u64> = functions
+                .iter()
+                .map(|f| f.cookie(scope.slot(), outer))
+                .collect();
             let link = sessions
                 .link(&allocator.path, scope.key(), &offsets, &cookies)
                 .map_err(|source| AttachError::Attach {
@@ -502,7 +507,7 @@ impl Probes {
                 programs.push((RETURN_PROGRAM, ProbeKind::Return(f.symbol.clone())));
             }
             for (name, kind) in programs {
-                let cookie = f.cookie(scope.slot());
+                let cookie = f.cookie(scope.slot(), outer);
                 let id = self.attach_uprobe(name, scope, allocator, offset, cookie, &f.symbol)?;
                 self.links
                     .entry(scope.key())
