@@ -64,19 +64,19 @@ fn init_logging(verbose: bool) {
 
 /// Like [`init_logging`], into `buffer` instead of stderr when given.
 fn init_logging_to(verbose: bool, buffer: Option<top::LogBuffer>) {
-    let (ours, aya) = if verbose {
-        (log::LevelFilter::Debug, log::LevelFilter::Warn)
+    let ours = if verbose {
+        log::LevelFilter::Debug
     } else {
-        (log::LevelFilter::Warn, log::LevelFilter::Error)
+        log::LevelFilter::Warn
     };
     env_logger::Builder::new()
         .filter_level(ours)
-        // aya warns (with a BTF dump) that the kernel rejects the object's BTF: aya-log's
-        // globals carry type names the kernel refuses. The programs load and run without it,
-        // so that is loader noise, shown with --verbose only; aya's debug output (relocations,
-        // BTF fixups) is loader internals and never shown.
-        .filter_module("aya", aya)
-        .filter_module("aya_obj", aya)
+        // aya warns, with a page-long BTF dump, that the kernel rejects the object's BTF:
+        // aya-log's globals carry type names the kernel refuses. The programs load and run
+        // without it, so that is loader noise, and aya's debug output (relocations, BTF
+        // fixups) is loader internals: only aya's errors are shown, even with --verbose.
+        .filter_module("aya", log::LevelFilter::Error)
+        .filter_module("aya_obj", log::LevelFilter::Error)
         .format_target(false)
         .format_timestamp(None)
         .target(match buffer {

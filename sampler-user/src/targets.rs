@@ -37,12 +37,16 @@ pub fn is_kernel_thread(pid: u32) -> bool {
     const PF_KTHREAD: u64 = 0x0020_0000;
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|stat| {
-            // After the parenthesized name: state, ppid, pgrp, session, tty, tpgid, flags.
-            let fields = stat.rsplit_once(") ")?.1;
-            fields.split(' ').nth(6)?.parse::<u64>().ok()
-        })
+        .and_then(|stat| stat_flags(&stat))
         .is_some_and(|flags| flags & PF_KTHREAD != 0)
+}
+
+/// The `flags` field of a /proc/PID/stat line (the name in parentheses may hold anything,
+/// `)` and spaces included: the fields start after its last `) `).
+pub fn stat_flags(stat: &str) -> Option<u64> {
+    // After the name: state, ppid, pgrp, session, tty, tpgid, flags.
+    let fields = stat.rsplit_once(") ")?.1;
+    fields.split(' ').nth(6)?.parse().ok()
 }
 
 /// Allocator analyses by file identity (device, inode); `None` for a file that is not one.
