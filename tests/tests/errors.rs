@@ -147,8 +147,48 @@ fn unprivileged_user_exits_2() {
         .args(["record", "-p", &me, "-o", "/tmp/allocscope-nobody.json"])
         .output()
         .expect("setpriv (util-linux)");
-    assert_bad_input(
-        &output,
-        "needs root (or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE",
+    assert_bad_input(&output, "needs root (or CAP_SYS_ADMIN and CAP_SYS_PTRACE");
+}
+
+/// Runs `allocscope ARGS` as root with only `capabilities` (setpriv's list, e.g.
+/// `+sys_admin,+sys_ptrace`).
+fn run_with_capabilities(capabilities: &str, args: &[&str]) -> Output {
+    let list = format!("-all,{capabilities}");
+    Command::new("setpriv")
+        .arg(format!("--inh-caps={list}"))
+        .arg(format!("--bounding-set={list}"))
+        .arg(allocscope())
+        .args(args)
+        .output()
+        .expect("setpriv (util-linux)")
+}
+
+#[test]
+fn the_documented_capabilities_suffice_and_fewer_are_refused_up_front() {
+    if !bpf_available("the_documented_capabilities_suffice_and_fewer_are_refused_up_front") {
+        return;
+    }
+    let dir = TempDir::new("capabilities");
+    let out = dir.path("caps.json");
+    let workload = fixture("workload", &[]);
+    let args = [
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        workload.to_str().unwrap(),
+        "20",
+    ];
+    let enough = run_with_capabilities("+sys_admin,+sys_ptrace", &args);
+    assert!(
+        enough.status.success(),
+        "{}",
+        String::from_utf8_lossy(&enough.stderr)
     );
+    assert!(out.exists());
+    // What the README once said was enough: refused before the command starts, not
+    // blamed on the target.
+    let too_few = run_with_capabilities("+bpf,+perfmon,+sys_ptrace", &args);
+    assert_bad_input(&too_few, "needs root (or CAP_SYS_ADMIN and CAP_SYS_PTRACE");
+    assert!(!String::from_utf8_lossy(&too_few.stdout).contains("done"));
 }
