@@ -21,7 +21,7 @@ use crate::{
     export::{self, Value},
     preflight,
     profile::Profile,
-    recording::{self, monotonic_ns, CommandExit, Happening, Prepared, Recording},
+    recording::{self, CommandExit, Happening, Prepared, Recording},
     summary,
 };
 
@@ -78,16 +78,10 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
                 }
             }
             _ = snapshot_timer.tick(), if every.is_some() => {
-                let (counters, losses) = recording.counters().await?;
                 let now = Instant::now();
                 let settings = config.sampling.settings(now - started, config.leaks_older_than);
                 let period = Some((now - period_started).as_secs_f64());
-                let mut profile = recording
-                    .recorder
-                    .profile(&recording.symbolizer, settings, &counters, losses, period, monotonic_ns())
-                    .await;
-                profile.probes = recording.probe_points();
-                profile.thread_states = recording.thread_states();
+                let profile = recording.profile(settings, period).await?;
                 writer.write(&profile)?;
                 recording.recorder.start_period();
                 period_started = Instant::now();
@@ -101,7 +95,6 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
     // The recording ends now; detaching below takes a while (the kernel removes each
     // breakpoint) and is not part of it.
     let stopped = Instant::now();
-    let stopped_ns = monotonic_ns();
     match stop {
         Stop::Signal(name) => info!("stopping on {name}"),
         Stop::Duration => info!("stopping: duration reached"),
@@ -110,23 +103,11 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
     // Detach before the slow part: the targets stop paying for probes now. A command
     // started for this recording stops with it.
     recording.detach().await?;
-    let (counters, losses) = recording.counters().await?;
     let period = every.map(|_| (stopped - period_started).as_secs_f64());
-    let mut profile = recording
-        .recorder
-        .profile(
-            &recording.symbolizer,
-            config
-                .sampling
-                .settings(stopped - started, config.leaks_older_than),
-            &counters,
-            losses,
-            period,
-            stopped_ns,
-        )
-        .await;
-    profile.probes = recording.probe_points();
-    profile.thread_states = recording.thread_states();
+    let settings = config
+        .sampling
+        .settings(stopped - started, config.leaks_older_than);
+    let profile = recording.profile(settings, period).await?;
     let written = writer.write(&profile)?;
     eprint!("{}", summary::render(&profile, 10));
     eprintln!("wrote {} ({})", written.display(), config.format.name());

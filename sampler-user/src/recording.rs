@@ -32,7 +32,7 @@ use crate::{
         allocator::Allocator,
         attach::{AttachedPoint, KernelConfig, Probes, ReturnProbes, Scope, Target},
     },
-    profile::{ProbePoint, Recorder},
+    profile::{ProbePoint, Profile, Recorder, Settings},
     spawn::{self, PausedChild},
     stacks::symbolize::Symbolizer,
     targets::{self, AllocatorCache, FindError},
@@ -314,6 +314,33 @@ impl Recording {
         } else {
             what
         }
+    }
+
+    /// The profile of the recording so far, as every output writes it (record's final file
+    /// and snapshots, top's snapshots): counters read, frames resolved, probe points and
+    /// thread states included; with `period_seconds`, values over the current period too.
+    /// Once detached, it covers exactly what the final counters cover.
+    pub async fn profile(
+        &mut self,
+        settings: Settings,
+        period_seconds: Option<f64>,
+    ) -> anyhow::Result<Profile> {
+        let (counters, losses) = self.counters().await?;
+        let now_ns = self.cutoff_ns.unwrap_or_else(monotonic_ns);
+        let mut profile = self
+            .recorder
+            .profile(
+                &self.symbolizer,
+                settings,
+                &counters,
+                losses,
+                period_seconds,
+                now_ns,
+            )
+            .await;
+        profile.probes = self.probe_points();
+        profile.thread_states = self.thread_states();
+        Ok(profile)
     }
 
     /// How the command started for this recording ended (known once detached).

@@ -215,6 +215,12 @@ fn top_shows_known_sites_and_obeys_keys_in_a_real_terminal() {
         serde_json::from_slice(&std::fs::read(dir.path(&written[0])).unwrap()).unwrap();
     let text = profile.to_string();
     assert!(text.contains("grow_cache") && text.contains("churn_buffers"));
+    // The same profile record writes: its probe points and thread states too.
+    assert!(
+        profile["probes"].as_array().is_some_and(|p| !p.is_empty()),
+        "{text}"
+    );
+    assert!(profile["thread_states"].as_u64().is_some(), "{text}");
 
     // q: the terminal is restored, every probe detached, the target keeps running.
     tmux.send(&["q"]);

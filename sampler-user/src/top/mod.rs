@@ -309,22 +309,11 @@ impl Watch {
         &mut self,
         recording: &mut Recording,
     ) -> anyhow::Result<std::path::PathBuf> {
-        let (counters, losses) = recording.counters().await?;
         let settings = self
             .config
             .sampling
             .settings(self.started.elapsed(), Some(self.config.leaks_older_than));
-        let profile = recording
-            .recorder
-            .profile(
-                &recording.symbolizer,
-                settings,
-                &counters,
-                losses,
-                None,
-                monotonic_ns(),
-            )
-            .await;
+        let profile = recording.profile(settings, None).await?;
         let dir = &self.config.snapshot_dir;
         export::write_snapshot(
             &profile,
