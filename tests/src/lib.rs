@@ -379,12 +379,35 @@ pub fn workload_round() -> (u64, u64) {
 /// process total estimate bounding the exact bytes.
 pub fn check_workload_profile(profile: &Value, pid: u32, rounds: u64) {
     assert_eq!(profile["schema"], "allocscope/v1");
+    // Shown with any failure below: what was lost, and every stack's leaf and size.
+    let context = format!(
+        "losses {}; stacks: {}",
+        profile["losses"],
+        profile["stacks"]
+            .as_array()
+            .map(|stacks| {
+                stacks
+                    .iter()
+                    .map(|s| {
+                        let frames: Vec<String> = s["frames"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(|f| f["function"].as_str().unwrap_or("?").to_owned())
+                            .collect();
+                        format!("{} ({} samples)", frames.join("<"), s["samples"])
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            })
+            .unwrap_or_default()
+    );
     for (function, calls, size) in WORKLOAD_SITES {
         let stacks = site(profile, pid, function);
         assert_eq!(
             stacks.len(),
             1,
-            "{function}: expected one stack, got {stacks:#?}"
+            "{function}: expected one stack, got {stacks:#?}\n{context}"
         );
         let stack = &stacks[0];
         assert_eq!(
@@ -399,7 +422,7 @@ pub fn check_workload_profile(profile: &Value, pid: u32, rounds: u64) {
         );
         assert!(
             lower <= truth && truth <= upper,
-            "{function}: true {truth} bytes outside [{lower}, {upper}] (estimate {})",
+            "{function}: true {truth} bytes outside [{lower}, {upper}] (estimate {})\n{context}",
             bytes["estimate"]
         );
         let objects = &stack["alloc_objects"];
