@@ -10,6 +10,7 @@ pub mod collect;
 pub mod config;
 pub mod exits;
 pub mod export;
+pub mod format;
 pub mod outfile;
 pub mod preflight;
 pub mod probe;

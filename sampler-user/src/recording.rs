@@ -25,7 +25,7 @@ use log::{debug, info, warn};
 use sampler_common::{ProcessCounters, MAX_TARGETS};
 
 use crate::{
-    collect::{self, Event, Losses, SampleReader},
+    collect::{self, monotonic_ns, Event, Losses, SampleReader},
     config::{BadInput, SamplingConfig, Targets},
     exits, preflight,
     probe::{
@@ -880,16 +880,4 @@ fn log_point(point: &AttachedPoint) {
         point.path.display(),
         point.placement.instruction,
     );
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`, so ages of sampled
-/// blocks can be computed from their kernel timestamps.
-pub fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the valid timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }

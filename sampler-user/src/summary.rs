@@ -4,33 +4,11 @@ use std::fmt::Write as _;
 
 use crate::{
     collect::Losses,
-    export::folded::frame_name,
+    format::{bytes, frame_name, percent},
     profile::{Profile, StackProfile, LOST_FRAME},
     stats::Estimate,
     text,
 };
-
-/// Formats a byte count with a binary unit (`1.5 MiB`).
-pub fn bytes(value: f64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = value.max(0.0);
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{value:.0} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
-/// A confidence level as a percentage without trailing zeros (`95%`, `99.99%`).
-pub fn percent(level: f64) -> String {
-    let text = format!("{:.4}", level * 100.0);
-    format!("{}%", text.trim_end_matches('0').trim_end_matches('.'))
-}
 
 /// `12.3 MiB [11.0 MiB, 13.5 MiB]`, or `< 370.0 KiB` when there are no samples.
 pub fn estimate_bytes(estimate: &Estimate) -> String {
@@ -208,20 +186,4 @@ fn stack_row(out: &mut String, estimate: &Estimate, detail: &str, stack: &StackP
         stack.pid,
         chain.join(" ← "),
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn byte_units() {
-        assert_eq!(bytes(0.0), "0 B");
-        assert_eq!(bytes(1023.0), "1023 B");
-        assert_eq!(bytes(1536.0), "1.5 KiB");
-        assert_eq!(bytes(3.0 * 1024.0 * 1024.0 * 1024.0), "3.0 GiB");
-        assert_eq!(bytes(f64::NAN), "0 B");
-        assert_eq!(percent(0.95), "95%");
-        assert_eq!(percent(0.9999), "99.99%");
-    }
 }

@@ -2,6 +2,7 @@
 //! task is a module.
 
 mod bench;
+mod cycles;
 mod demo;
 mod run;
 mod setup;

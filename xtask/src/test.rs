@@ -18,6 +18,8 @@ pub fn run() -> anyhow::Result<()> {
     crate::setup::run()?;
     status(cargo().args(["build", "--release"]))?;
     status(cargo().args(["fmt", "--all", "--check"]))?;
+    crate::cycles::check(&workspace().join("sampler-user/src"))?;
+    status(cargo().args(["test", "--release", "-p", "xtask"]))?;
     // Every host crate, xtask included (it is not a default member).
     let host_crates = ["--workspace", "--exclude", "sampler-ebpf", "--all-targets"];
     status(

@@ -22,6 +22,18 @@ use sampler_common::{
 };
 use tokio::sync::mpsc;
 
+/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`, so ages of sampled
+/// blocks can be computed from their kernel timestamps.
+pub fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the valid timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}
+
 /// A decoded sample, owned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sample {

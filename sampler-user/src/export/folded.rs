@@ -6,7 +6,10 @@
 use std::{collections::BTreeMap, io::Write};
 
 use super::Value;
-use crate::{profile::Profile, stacks::symbolize::FrameInfo, text};
+use crate::{
+    format::{frame_name, sanitize},
+    profile::Profile,
+};
 
 /// Writes one line per distinct folded stack (stacks whose names coincide are summed).
 pub fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::Result<()> {
@@ -32,44 +35,4 @@ pub fn lines(profile: &Profile, value: Value) -> Vec<(String, u64)> {
         .map(|(path, amount)| (path, amount.round() as u64))
         .filter(|(_, amount)| *amount > 0)
         .collect()
-}
-
-/// A frame's display name: the function, else `module+0xoffset`, else the address.
-pub fn frame_name(frame: &FrameInfo) -> String {
-    let name = match (&frame.function, &frame.module) {
-        (Some(function), _) => function.clone(),
-        (None, Some(module)) => {
-            let name = module.rsplit('/').next().unwrap_or(module);
-            format!("{name}+{:#x}", frame.address)
-        }
-        (None, None) => format!("[unknown {:#x}]", frame.address),
-    };
-    sanitize(&name)
-}
-
-/// `;` separates frames and a trailing space-separated number is the value: keep names
-/// from breaking either (line breaks are escaped with every other control character).
-fn sanitize(name: &str) -> String {
-    text::printable(name).replace(';', ":")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_fall_back_to_module_offsets() {
-        let named = FrameInfo {
-            function: Some("a;b".into()),
-            ..FrameInfo::default()
-        };
-        assert_eq!(frame_name(&named), "a:b");
-        let offset = FrameInfo {
-            module: Some("/usr/lib/libx.so".into()),
-            address: 0x10,
-            ..FrameInfo::default()
-        };
-        assert_eq!(frame_name(&offset), "libx.so+0x10");
-        assert_eq!(frame_name(&FrameInfo::default()), "[unknown 0x0]");
-    }
 }

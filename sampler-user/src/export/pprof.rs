@@ -226,7 +226,7 @@ pub fn build(profile: &Profile) -> proto::Profile {
             let lines: Vec<proto::Line> = group
                 .iter()
                 .map(|frame| {
-                    let name = crate::export::folded::frame_name(frame);
+                    let name = crate::format::frame_name(frame);
                     let file = frame.file.clone().unwrap_or_default();
                     let next = functions.len() as u64 + 1;
                     let function_id = *function_ids

@@ -7,7 +7,7 @@ use std::io::Write;
 use inferno::flamegraph::{self, Options};
 
 use super::{folded, Value};
-use crate::{profile::Profile, summary, text};
+use crate::{format, profile::Profile, text};
 
 /// Writes `profile` as an SVG flame graph of `value`.
 pub fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::Result<()> {
@@ -21,7 +21,7 @@ pub fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::R
     options.subtitle = Some(format!(
         "width = {} · mean sampling interval {} · {:.1} s recorded · bounds in the JSON export",
         value.describe(),
-        summary::bytes(profile.sampling.mean_interval_bytes as f64),
+        format::bytes(profile.sampling.mean_interval_bytes as f64),
         profile.duration_seconds,
     ));
     options.count_name = match value {

@@ -168,7 +168,7 @@ impl Recorder {
         Recorder {
             recent: Some(Recent {
                 window_ns: window.as_nanos() as u64,
-                started_ns: crate::recording::monotonic_ns(),
+                started_ns: crate::collect::monotonic_ns(),
                 per_stack: Vec::new(),
             }),
             ..Recorder::default()

@@ -179,7 +179,7 @@ impl StackTable {
         if entry.gone {
             return;
         }
-        entry.read_ns = crate::recording::monotonic_ns();
+        entry.read_ns = crate::collect::monotonic_ns();
         match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
             // A process that exited but was not reaped yet has no maps left.
             Ok(text) if text.is_empty() => entry.gone = true,
@@ -478,9 +478,9 @@ mod tests {
         assert!(dead, "sleep did not become a zombie");
         // An unmapped address in a sample newer than the copy forces a re-read, which
         // finds nothing: the last copy stays for the samples still to come.
-        table.intern(pid, &[0x10], crate::recording::monotonic_ns());
+        table.intern(pid, &[0x10], crate::collect::monotonic_ns());
         assert!(table.maps[&pid].gone);
-        let id = table.intern(pid, &[text], crate::recording::monotonic_ns());
+        let id = table.intern(pid, &[text], crate::collect::monotonic_ns());
         assert!(
             matches!(table.stack(id).1[0], Frame::File { .. }),
             "{:?}",
@@ -499,7 +499,7 @@ mod tests {
         table.intern(pid, &[0x10], first_read - 1);
         assert_eq!(table.maps[&pid].read_ns, first_read);
         // Newer: one re-read.
-        table.intern(pid, &[0x10], crate::recording::monotonic_ns());
+        table.intern(pid, &[0x10], crate::collect::monotonic_ns());
         assert!(table.maps[&pid].read_ns > first_read);
     }
 

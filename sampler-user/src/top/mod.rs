@@ -27,11 +27,12 @@ use self::{
     screen::{FromScreen, ToScreen},
 };
 use crate::{
+    collect::monotonic_ns,
     config::{BadInput, TopConfig},
     export::{self, Value},
     outfile, preflight,
     probe::attach::ReturnProbes,
-    recording::{self, monotonic_ns, Happening, Prepared, Recording},
+    recording::{self, Happening, Prepared, Recording},
     spawn,
 };
 

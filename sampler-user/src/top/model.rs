@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, VecDeque};
 use regex::Regex;
 
 use crate::{
-    export::folded::frame_name,
+    format::frame_name,
     profile::{StackTally, Tally},
     stacks::symbolize::FrameInfo,
     stats::{estimate::Window, Estimate, SampleSet},

@@ -13,7 +13,7 @@ use super::{
     app::App,
     model::{self, compact_bytes, compact_count, relative_bound, Column, Picture},
 };
-use crate::summary;
+use crate::format;
 
 const KEYS: &str = "q quit ↑↓/jk move ⏎ expand s sort p pause / filter l leaks w write ? help";
 
@@ -67,7 +67,7 @@ fn draw_header(frame: &mut Frame, area: Rect, app: &App) {
             " · {} · interval {} · {} bounds",
             clock(picture.elapsed_seconds),
             compact_bytes(settings.interval as f64),
-            summary::percent(settings.confidence)
+            format::percent(settings.confidence)
         )),
     ];
     if picture.finished {
@@ -411,7 +411,7 @@ fn draw_help(frame: &mut Frame, app: &App) {
         Line::from("Numbers").bold(),
         Line::from(format!(
             "  Estimates from samples, ± is half the {} interval, relative.",
-            summary::percent(settings.confidence)
+            format::percent(settings.confidence)
         )),
         Line::from(format!(
             "  ~ marks rows with under {} samples: treat as rough.",

@@ -1,0 +1,277 @@
+//! The shape check of `cargo xtask test`: sampler-user's top-level modules depend on each
+//! other one way (probe → collect → stacks → stats → profile → export/summary/top, commands
+//! on top), so no import cycle may form among them. A module's dependencies are the
+//! `crate::name` paths in its non-test code (comments and `mod tests` blocks left out).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+};
+
+use anyhow::{bail, Context as _};
+
+/// Module → the modules it uses.
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+/// Fails, naming every cycle, if the top-level modules under `src` import each other in a
+/// cycle.
+pub fn check(src: &Path) -> anyhow::Result<()> {
+    let graph = module_graph(src)?;
+    let cycles = cycles(&graph);
+    if cycles.is_empty() {
+        eprintln!(
+            "xtask: no import cycle among sampler-user's {} modules",
+            graph.len()
+        );
+        return Ok(());
+    }
+    let shown: Vec<String> = cycles.iter().map(|c| c.join(" ↔ ")).collect();
+    bail!(
+        "import cycle among sampler-user's modules (data must flow one way): {}",
+        shown.join("; ")
+    )
+}
+
+/// Reads every top-level module under `src` (a `name.rs` file or a `name/` directory;
+/// `lib.rs` and `main.rs` are the roots, not modules).
+fn module_graph(src: &Path) -> anyhow::Result<Graph> {
+    let mut sources: BTreeMap<String, String> = BTreeMap::new();
+    for entry in std::fs::read_dir(src).with_context(|| format!("reading {}", src.display()))? {
+        let path = entry?.path();
+        let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
+            continue;
+        };
+        let text = if path.is_dir() {
+            read_tree(&path)?
+        } else if path.extension().is_some_and(|e| e == "rs") && stem != "lib" && stem != "main" {
+            std::fs::read_to_string(&path)?
+        } else {
+            continue;
+        };
+        sources.insert(stem.to_owned(), text);
+    }
+    Ok(graph_of(&sources))
+}
+
+/// Every `.rs` file under `dir`, concatenated.
+fn read_tree(dir: &Path) -> anyhow::Result<String> {
+    let mut text = String::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            text.push_str(&read_tree(&path)?);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            text.push_str(&std::fs::read_to_string(&path)?);
+            text.push('\n');
+        }
+    }
+    Ok(text)
+}
+
+/// The dependency graph of modules given by their source text.
+fn graph_of(sources: &BTreeMap<String, String>) -> Graph {
+    sources
+        .iter()
+        .map(|(name, text)| {
+            let uses = crate_references(&code_only(text))
+                .into_iter()
+                .filter(|used| used != name && sources.contains_key(used))
+                .collect();
+            (name.clone(), uses)
+        })
+        .collect()
+}
+
+/// `source` without comment lines and without `mod tests { … }` blocks.
+fn code_only(source: &str) -> String {
+    let code: String = source
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    let mut out = String::with_capacity(code.len());
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find("mod tests {") {
+        out.push_str(&rest[..at]);
+        let mut depth = 0usize;
+        let mut end = rest.len();
+        for (i, c) in rest[at..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = at + i + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The first path segment of every `crate::…` path in `code`, groups included
+/// (`crate::{a::b, c}` uses `a` and `c`).
+fn crate_references(code: &str) -> BTreeSet<String> {
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut found = BTreeSet::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::") {
+        rest = &rest[at + "crate::".len()..];
+        let Some(group) = rest.strip_prefix('{') else {
+            let name: String = rest.chars().take_while(|&c| is_ident(c)).collect();
+            found.insert(name);
+            continue;
+        };
+        // Names at the group's own level, each at the start of an item.
+        let (mut depth, mut at_item_start, mut name) = (1usize, true, String::new());
+        for c in group.chars() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                _ => {}
+            }
+            if depth == 0 {
+                break;
+            }
+            if depth != 1 {
+                continue;
+            }
+            if c == ',' {
+                if !name.is_empty() {
+                    found.insert(std::mem::take(&mut name));
+                }
+                at_item_start = true;
+            } else if at_item_start {
+                if is_ident(c) {
+                    name.push(c);
+                } else if !name.is_empty() {
+                    found.insert(std::mem::take(&mut name));
+                    at_item_start = false;
+                }
+            }
+        }
+        if !name.is_empty() {
+            found.insert(name);
+        }
+    }
+    found
+}
+
+/// The strongly connected components of more than one module (Tarjan's algorithm).
+fn cycles(graph: &Graph) -> Vec<Vec<String>> {
+    struct Walk<'a> {
+        graph: &'a Graph,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        on_stack: BTreeSet<&'a str>,
+        found: Vec<Vec<String>>,
+    }
+    impl<'a> Walk<'a> {
+        fn visit(&mut self, v: &'a str) {
+            let n = self.index.len();
+            self.index.insert(v, n);
+            self.low.insert(v, n);
+            self.stack.push(v);
+            self.on_stack.insert(v);
+            for w in self.graph.get(v).into_iter().flatten() {
+                let w = w.as_str();
+                if !self.index.contains_key(w) {
+                    self.visit(w);
+                    let low = self.low[v].min(self.low[w]);
+                    self.low.insert(v, low);
+                } else if self.on_stack.contains(w) {
+                    let low = self.low[v].min(self.index[w]);
+                    self.low.insert(v, low);
+                }
+            }
+            if self.low[v] == self.index[v] {
+                let mut component = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    self.on_stack.remove(w);
+                    component.push(w.to_owned());
+                    if w == v {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    component.sort();
+                    self.found.push(component);
+                }
+            }
+        }
+    }
+    let mut walk = Walk {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        found: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !walk.index.contains_key(v.as_str()) {
+            walk.visit(v);
+        }
+    }
+    walk.found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sources(modules: &[(&str, &str)]) -> BTreeMap<String, String> {
+        modules
+            .iter()
+            .map(|(name, text)| (name.to_string(), text.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn references_in_paths_and_groups_not_comments_or_tests() {
+        let text = "use crate::{a::b, c, d::{e, f}};\nfn x() { crate::g::h(); }\n\
+                    // crate::comment\n#[cfg(test)]\nmod tests { use crate::t; fn y() { {} } }\n\
+                    fn z() { crate::after::w() }";
+        let found = crate_references(&code_only(text));
+        let names: Vec<&str> = found.iter().map(String::as_str).collect();
+        assert_eq!(names, ["a", "after", "c", "d", "g"]);
+    }
+
+    #[test]
+    fn finds_the_cycles_that_were_there() {
+        // The shape of the cycle #17 names: stacks and recording, export and summary.
+        let graph = graph_of(&sources(&[
+            ("stacks", "use crate::recording;"),
+            ("recording", "use crate::{stacks, export};"),
+            ("export", "use crate::summary::bytes;"),
+            ("summary", "use crate::export::folded::frame_name;"),
+            ("format", ""),
+        ]));
+        let found = cycles(&graph);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found.contains(&vec!["recording".to_owned(), "stacks".to_owned()]));
+        assert!(found.contains(&vec!["export".to_owned(), "summary".to_owned()]));
+        let acyclic = graph_of(&sources(&[
+            ("stacks", "use crate::collect;"),
+            ("summary", "use crate::format;"),
+            ("export", "use crate::format;"),
+            ("collect", ""),
+            ("format", ""),
+        ]));
+        assert!(cycles(&acyclic).is_empty());
+    }
+
+    #[test]
+    fn sampler_user_has_none() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sampler-user/src");
+        let graph = module_graph(&src).unwrap();
+        assert!(graph.contains_key("recording") && graph["recording"].contains("collect"));
+        assert_eq!(cycles(&graph), Vec::<Vec<String>>::new());
+    }
+}
