@@ -551,7 +551,7 @@ fn argument(ctx: &ProbeContext, cookie: u64, n: usize) -> u64 {
 
 /// The uprobe-session program (kernel ≥ 6.13): the same program runs at the entry and, when
 /// the entry returned 0, at the return. One program serves every allocation function: the
-/// attach cookie carries the function (high 32 bits) and the target slot (low 32 bits).
+/// attach cookie carries the function besides the target slot ([`sampler_common::cookie`]).
 /// At the entry the instruction pointer is the probed address itself.
 #[inline(always)]
 pub fn on_session(ctx: &ProbeContext) -> u32 {

@@ -288,11 +288,6 @@ impl Recording {
         &self.pids
     }
 
-    /// Every probe point attached so far.
-    pub fn points(&self) -> &[AttachedPoint] {
-        &self.points
-    }
-
     /// What is being recorded, for people: "pid 12, 13 and the processes they start".
     pub fn describe(&self) -> String {
         let pids = || {

@@ -110,8 +110,9 @@ fn map_fds(ebpf: &Ebpf) -> HashMap<String, i32> {
         .collect()
 }
 
-/// Loads the session program from `object` against `ebpf`'s maps. Its links carry the
-/// cookie function << 32 | target slot.
+/// Loads the session program from `object` against `ebpf`'s maps. Its links carry each
+/// function's cookie ([`sampler_common::cookie`]: target slot, function, moved arguments,
+/// outer malloc).
 pub fn load(ebpf: &Ebpf, object: &[u8]) -> io::Result<SessionProgram> {
     let mut obj = aya_obj::Object::parse(object).map_err(io::Error::other)?;
     let fds = map_fds(ebpf);

@@ -6,7 +6,7 @@
 //! scan first; a group's estimates come from the merged sample sets of its stacks, so its
 //! bounds are the bounds of the group, not sums of its members' bounds.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 
 use regex::Regex;
 
@@ -598,16 +598,6 @@ pub fn sampled_rate(picture: &Picture) -> Estimate {
         )
         .bytes
         .per_second(picture.tally.recent_seconds.max(1e-9))
-}
-
-/// Pids of targets that exited.
-pub fn exited(picture: &Picture) -> BTreeSet<u32> {
-    picture
-        .targets
-        .iter()
-        .filter(|t| t.exited)
-        .map(|t| t.pid)
-        .collect()
 }
 
 /// Estimated probe cost per allocation call (with its free), in nanoseconds: what
