@@ -233,13 +233,8 @@ impl SamplingArgs {
                 self.confidence
             )));
         }
-        if !(1..=MAX_TRACKED_LIMIT).contains(&self.max_tracked) {
-            return Err(BadInput(format!(
-                "invalid --max-tracked {}: between 1 and {MAX_TRACKED_LIMIT} (each entry costs \
-                 the kernel ~100 bytes)",
-                self.max_tracked
-            )));
-        }
+        // Each entry costs the kernel ~100 bytes.
+        count_flag("--max-tracked", self.max_tracked, MAX_TRACKED_LIMIT)?;
         let ring_buffer = parse_size(&self.ring_buffer)
             .ok()
             .filter(|&bytes| RING_BUFFER_RANGE.contains(&bytes) && bytes.is_power_of_two())
@@ -249,12 +244,7 @@ impl SamplingArgs {
                     self.ring_buffer
                 ))
             })? as u32;
-        if !(1..=MAX_STACKS_LIMIT).contains(&self.max_stacks) {
-            return Err(BadInput(format!(
-                "invalid --max-stacks {}: between 1 and {MAX_STACKS_LIMIT}",
-                self.max_stacks
-            )));
-        }
+        count_flag("--max-stacks", self.max_stacks, MAX_STACKS_LIMIT)?;
         Ok(SamplingConfig {
             interval,
             alloc_only: self.alloc_only,
@@ -275,6 +265,17 @@ pub const MAX_TRACKED_LIMIT: u32 = 1 << 20;
 /// Most distinct stacks `--max-stacks` may keep (each costs ~1-10 KiB in memory and in a
 /// JSON file).
 pub const MAX_STACKS_LIMIT: u32 = 1 << 20;
+
+/// Checks that the count given to `flag` lies in `1..=limit`, naming the flag in the error.
+fn count_flag(flag: &str, value: u32, limit: u32) -> Result<(), BadInput> {
+    if (1..=limit).contains(&value) {
+        Ok(())
+    } else {
+        Err(BadInput(format!(
+            "invalid {flag} {value}: between 1 and {limit}"
+        )))
+    }
+}
 
 /// Sizes `--ring-buffer` takes (the kernel wants a power-of-two number of pages).
 const RING_BUFFER_RANGE: std::ops::RangeInclusive<u64> = (64 << 10)..=(256 << 20);

@@ -61,12 +61,17 @@ pub const LOST_FRAME: &str = "[samples lost: ring buffer full]";
 /// `batches` minus what `before` (an earlier reading of the same cumulative counts) held,
 /// as a sample set.
 fn lost_set(batches: &[LostBatch], before: &[LostBatch]) -> SampleSet {
+    // Indexed once: a process can have thousands of (size, interval) keys.
+    let before: HashMap<(u64, u64), (u64, u64)> = before
+        .iter()
+        .map(|b| ((b.size, b.interval), (b.samples, b.unseen)))
+        .collect();
     let mut set = SampleSet::default();
     for batch in batches {
-        let earlier = before
-            .iter()
-            .find(|b| (b.size, b.interval) == (batch.size, batch.interval));
-        let (samples, unseen) = earlier.map_or((0, 0), |b| (b.samples, b.unseen));
+        let (samples, unseen) = before
+            .get(&(batch.size, batch.interval))
+            .copied()
+            .unwrap_or_default();
         set.add_many(
             batch.size,
             batch.interval,
@@ -178,9 +183,7 @@ impl Recorder {
     /// Starts tracking `pid`: remembers its command name, executable, maps and RSS while it
     /// surely lives.
     pub fn track(&mut self, pid: u32) {
-        let command = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .map(|c| c.trim_end().to_owned())
-            .unwrap_or_default();
+        let command = crate::targets::comm_of(pid).unwrap_or_default();
         self.commands.insert(pid, command);
         if let Some(cgroup) = crate::targets::cgroup_of(pid) {
             self.cgroups.insert(pid, cgroup);
@@ -202,8 +205,8 @@ impl Recorder {
             if let Some(bytes) = read_rss(pid) {
                 self.rss.insert(pid, bytes);
                 // Alive: an exec since it was tracked gave it a new name.
-                if let Ok(now) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
-                    now.trim_end().clone_into(command);
+                if let Some(now) = crate::targets::comm_of(pid) {
+                    *command = now;
                 }
             }
             match self.stacks.uprobe_area(pid) {
