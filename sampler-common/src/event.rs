@@ -11,9 +11,17 @@
 /// the targets' maps (`[uprobes]`).
 pub const UPROBE_TRAMPOLINE: u64 = 0x7fff_ffff_e000;
 
-/// Maximum number of user frames captured per sample. 127 frames (1016 bytes) keep an event
-/// near 1 KiB, so a 4 MiB ring buffer holds about 4000 samples in flight.
+/// Maximum number of user frames captured per sample by the kernel's frame-pointer walk
+/// (`--unwind fp`): 127 frames (1016 bytes) keep such a record near 1 KiB.
 pub const MAX_STACK_DEPTH: usize = 127;
+
+/// The page size the stack copy reads in (`--unwind dwarf`): a page either is mapped or is
+/// not, so reading page by page stops exactly at the top of the stack.
+pub const STACK_PAGE: usize = 4096;
+
+/// Most bytes of user stack copied per sample (`--unwind dwarf`, `--stack-bytes`): the
+/// payload of a [`SampleRecord`].
+pub const MAX_STACK_COPY: usize = 32 * 1024;
 
 /// Capacity of the per-target exact counters: the most processes one session probes.
 pub const MAX_TARGETS: u32 = 1024;
@@ -156,8 +164,13 @@ pub const FLAG_STACK_AT_RETURN: u32 = 1;
 /// [`AllocEvent::flags`]: `address` was recorded in the live map; a [`FreeEvent`] will
 /// report its free.
 pub const FLAG_TRACKED: u32 = 2;
+/// [`AllocEvent::flags`]: the payload is a copy of the user stack from [`StackCopy::start`]
+/// (`--unwind dwarf`), not frame-pointer return addresses.
+pub const FLAG_STACK_COPY: u32 = 4;
 
-/// One sampled allocation, sent through the ring buffer. Only sampled calls produce one.
+/// One sampled allocation: the head of each sample's ring-buffer record, which continues
+/// with a [`StackCopy`] and `stack_len` payload entries ([`SampleRecord`] without its unused
+/// tail). Only sampled calls produce one.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct AllocEvent {
@@ -181,15 +194,48 @@ pub struct AllocEvent {
     pub pid: u32,
     /// Thread id.
     pub tid: u32,
-    /// Number of valid entries in `stack`.
+    /// Length of the payload: return addresses (u64) from the frame-pointer walk, or bytes
+    /// of stack copied ([`FLAG_STACK_COPY`]).
     pub stack_len: u32,
     /// [`AllocFn`] discriminant.
     pub function: u32,
     /// The address returned (0 while frees are not tracked, or when the allocation failed).
     pub address: u64,
-    /// User stack from `bpf_get_stack(BPF_F_USER_STACK)`: `stack[0]` is the probed
-    /// instruction, then return addresses of the callers' callers.
-    pub stack: [u64; MAX_STACK_DEPTH],
+}
+
+/// The registers an unwinder starts from and where the copied stack begins
+/// ([`FLAG_STACK_COPY`]; zero otherwise).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackCopy {
+    /// Instruction pointer when the stack was taken: the probed instruction at an entry,
+    /// the direct caller's return address at a return.
+    pub ip: u64,
+    /// Stack pointer then.
+    pub sp: u64,
+    /// Frame pointer register then (`rbp`; a frame pointer only where code keeps one).
+    pub bp: u64,
+    /// User address of the payload's first byte (`sp`).
+    pub start: u64,
+}
+
+/// A sample's whole ring-buffer record, as assembled in the kernel's per-CPU scratch space.
+/// Only the head and the used part of the payload are sent.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SampleRecord {
+    /// What was sampled.
+    pub event: AllocEvent,
+    /// Registers and stack origin of a stack copy.
+    pub copy: StackCopy,
+    /// `bpf_get_stack(BPF_F_USER_STACK)` return addresses (`[0]` the probed instruction or,
+    /// at a return, the direct caller), or the copied user stack.
+    pub payload: [u8; MAX_STACK_COPY],
+}
+
+impl SampleRecord {
+    /// Bytes before the payload.
+    pub const HEAD: usize = core::mem::size_of::<AllocEvent>() + core::mem::size_of::<StackCopy>();
 }
 
 /// A tracked (sampled) allocation was freed, by `free` or a successful `realloc`.
@@ -328,6 +374,10 @@ mod pod {
     unsafe impl aya::Pod for super::ThreadState {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::AllocEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::StackCopy {}
+    // SAFETY: as above (a byte array after 8-byte-aligned integers: no padding).
+    unsafe impl aya::Pod for super::SampleRecord {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::FreeEvent {}
     // SAFETY: as above.

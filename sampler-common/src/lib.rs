@@ -14,6 +14,7 @@ pub mod geometric;
 
 pub use event::{
     AllocEvent, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, LostKey, LostSamples,
-    ProcessCounters, ProcessEvent, ThreadState, FLAG_STACK_AT_RETURN, FLAG_TRACKED, HOST_SLOT,
-    MAX_STACK_DEPTH, MAX_TARGETS, PROCESS_EXEC, PROCESS_FORK, UPROBE_TRAMPOLINE,
+    ProcessCounters, ProcessEvent, SampleRecord, StackCopy, ThreadState, FLAG_STACK_AT_RETURN,
+    FLAG_STACK_COPY, FLAG_TRACKED, HOST_SLOT, MAX_STACK_COPY, MAX_STACK_DEPTH, MAX_TARGETS,
+    PROCESS_EXEC, PROCESS_FORK, STACK_PAGE, UPROBE_TRAMPOLINE,
 };

@@ -28,6 +28,17 @@ static WATCH_EXECS: u8 = 0;
 #[no_mangle]
 static HOST_MODE: u8 = 0;
 
+/// Bytes of user stack copied per sample for unwinding in user space (`--unwind dwarf`,
+/// `--stack-bytes`); 0: the kernel walks frame pointers instead (`--unwind fp`).
+#[no_mangle]
+static STACK_BYTES: u64 = 0;
+
+#[inline(always)]
+pub fn stack_bytes() -> u64 {
+    // SAFETY: as below.
+    unsafe { core::ptr::read_volatile(&STACK_BYTES) }
+}
+
 #[inline(always)]
 pub fn interval() -> u64 {
     // SAFETY: reading a global; volatile so the compiler keeps the load the loader patches.

@@ -5,7 +5,9 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
-use sampler_common::{LiveKey, LossCounter, LostKey, LostSamples, ProcessCounters, ThreadState};
+use sampler_common::{
+    LiveKey, LossCounter, LostKey, LostSamples, ProcessCounters, SampleRecord, ThreadState,
+};
 
 /// Sampled allocations → user space. Sized for bursts of ~4000 samples in flight.
 #[map]
@@ -57,6 +59,12 @@ pub static LOST: PerCpuHashMap<LostKey, LostSamples> = PerCpuHashMap::with_max_e
 /// [`LossCounter`] index → number of events or counts lost, per CPU.
 #[map]
 pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LossCounter::COUNT, 0);
+
+/// One sample record under assembly per CPU (index: the CPU): header and stack, sent with
+/// its used length. Not a per-CPU array, whose values are limited to 32 KiB. User space
+/// sizes it to the number of possible CPUs.
+#[map]
+pub static SCRATCH: Array<SampleRecord> = Array::with_max_entries(1, 0);
 
 /// Calls seen by the bare reference probe of the benchmark (index 0).
 #[map]

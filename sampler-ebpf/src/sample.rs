@@ -11,20 +11,21 @@ use aya_ebpf::{
     bindings::{pt_regs, BPF_F_USER_STACK},
     helpers::{
         bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_func_ip, bpf_get_prandom_u32,
-        bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_user,
+        bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_user, generated,
     },
     programs::ProbeContext,
     EbpfContext,
 };
 use aya_log_ebpf::warn;
 use sampler_common::{
-    cookie, geometric, AllocEvent, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, LostKey,
-    LostSamples, ProcessCounters, ThreadState, FLAG_STACK_AT_RETURN, FLAG_TRACKED, HOST_SLOT,
+    cookie, geometric, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, LostKey, LostSamples,
+    ProcessCounters, SampleRecord, StackCopy, ThreadState, FLAG_STACK_AT_RETURN, FLAG_STACK_COPY,
+    FLAG_TRACKED, HOST_SLOT, MAX_STACK_COPY, MAX_STACK_DEPTH, STACK_PAGE,
 };
 
 use crate::{
     config,
-    maps::{count_loss, COUNTERS, EXCLUDED, HOST_COUNTERS, LIVE, LOST, SAMPLES, THREADS},
+    maps::{count_loss, COUNTERS, EXCLUDED, HOST_COUNTERS, LIVE, LOST, SAMPLES, SCRATCH, THREADS},
 };
 
 /// How the return of an allocation call is observed.
@@ -391,7 +392,7 @@ fn return_address(sp: u64) -> u64 {
     unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0)
 }
 
-/// What an [`AllocEvent`] says, before the stack is added.
+/// What a sample's record says, before the stack is added.
 struct Sample {
     pid: u32,
     tid: u32,
@@ -403,48 +404,82 @@ struct Sample {
     flags: u32,
 }
 
-/// Sends a sample with the user stack of `ctx` (the entry's or the return's).
+/// Sends a sample with the user stack of `ctx` (the entry's or the return's): the
+/// frame-pointer walk's return addresses, or a copy of the stack's top for user space to
+/// unwind with the modules' CFI. The record is assembled in this CPU's scratch slot and
+/// sent with its used length only.
 #[inline(always)]
 fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
-    let Some(mut entry) = SAMPLES.reserve::<AllocEvent>(0) else {
-        count_loss(LossCounter::RingBufFull);
-        record_lost(sample);
-        if config::log_enabled() {
-            warn!(
-                ctx,
-                "ring buffer full: sample of {} bytes in pid {} lost", sample.size, sample.pid
-            );
-        }
+    // SAFETY: helper without arguments.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let Some(record) = SCRATCH.get_ptr_mut(cpu) else {
+        // Unreachable while user space sizes the map to the possible CPUs; the sample
+        // still counts, like one the ring buffer refused.
+        lost(ctx, sample);
         return;
     };
-    let event = entry.as_mut_ptr();
-    // SAFETY: `event` points to a reserved, exclusively owned ring-buffer record of the
-    // right size; every field is written before submit.
-    unsafe {
-        (*event).kind = EventKind::Alloc as u32;
-        (*event).flags = sample.flags;
-        (*event).timestamp_ns = bpf_ktime_get_ns();
-        (*event).size = sample.size;
-        (*event).offset = sample.offset;
-        (*event).interval = config::interval();
-        (*event).return_address = sample.caller;
-        (*event).address = sample.address;
-        (*event).pid = sample.pid;
-        (*event).tid = sample.tid;
-        (*event).function = sample.function as u32;
-        let stack = core::ptr::addr_of_mut!((*event).stack);
-        let bytes = bpf_get_stack(
-            ctx.as_ptr(),
-            stack.cast(),
-            core::mem::size_of::<[u64; sampler_common::MAX_STACK_DEPTH]>() as u32,
-            BPF_F_USER_STACK as u64,
-        );
+    // SAFETY: this CPU's slot; a uprobe program runs with migration disabled, so no other
+    // program run uses this slot before this one sent it.
+    let record = unsafe { &mut *record };
+    let regs = ctx.as_ptr() as *const pt_regs;
+    let event = &mut record.event;
+    event.kind = EventKind::Alloc as u32;
+    event.flags = sample.flags;
+    // SAFETY: helper without preconditions.
+    event.timestamp_ns = unsafe { bpf_ktime_get_ns() };
+    event.size = sample.size;
+    event.offset = sample.offset;
+    event.interval = config::interval();
+    event.return_address = sample.caller;
+    event.address = sample.address;
+    event.pid = sample.pid;
+    event.tid = sample.tid;
+    event.function = sample.function as u32;
+    let window = config::stack_bytes();
+    let payload = if window != 0 {
+        event.flags |= FLAG_STACK_COPY;
+        // SAFETY: the probed task's saved registers, valid for the program's run.
+        let (ip, sp, bp) = unsafe { ((*regs).rip, (*regs).rsp, (*regs).rbp) };
+        record.copy = StackCopy {
+            ip,
+            sp,
+            bp,
+            start: sp,
+        };
+        copy_stack(&mut record.payload, sp, window)
+    } else {
+        record.copy = StackCopy::default();
+        // SAFETY: writes at most the given size into the payload array.
+        let bytes = unsafe {
+            bpf_get_stack(
+                ctx.as_ptr(),
+                record.payload.as_mut_ptr().cast(),
+                (MAX_STACK_DEPTH * 8) as u32,
+                BPF_F_USER_STACK as u64,
+            )
+        };
         if bytes < 0 {
-            (*event).stack_len = 0;
             count_loss(LossCounter::StackMissing);
+            0
         } else {
-            (*event).stack_len = (bytes as u32) / 8;
+            bytes as usize & !7
         }
+    };
+    record.event.stack_len = if window != 0 {
+        payload as u32
+    } else {
+        (payload / 8) as u32
+    };
+    let mut size = SampleRecord::HEAD + payload;
+    if size > core::mem::size_of::<SampleRecord>() {
+        size = core::mem::size_of::<SampleRecord>();
+    }
+    // SAFETY: `size` is within the record (just bounded), which lives in the map.
+    let bytes =
+        unsafe { core::slice::from_raw_parts((record as *const SampleRecord).cast::<u8>(), size) };
+    if SAMPLES.output::<[u8]>(bytes, 0).is_err() {
+        lost(ctx, sample);
+        return;
     }
     if config::log_enabled()
         && sample.flags & FLAG_STACK_AT_RETURN != 0
@@ -457,7 +492,56 @@ fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
             sample.address
         );
     }
-    entry.submit(0);
+}
+
+/// A sample the ring buffer had no room for.
+#[inline(always)]
+fn lost<C: EbpfContext>(ctx: &C, sample: &Sample) {
+    count_loss(LossCounter::RingBufFull);
+    record_lost(sample);
+    if config::log_enabled() {
+        warn!(
+            ctx,
+            "ring buffer full: sample of {} bytes in pid {} lost", sample.size, sample.pid
+        );
+    }
+}
+
+/// Copies up to `window` bytes of user stack from `sp` into `payload`: the rest of `sp`'s
+/// page, then whole pages, stopping at the first page that is not mapped (the top of the
+/// stack). Returns the bytes copied. Page-sized reads keep each read's size a constant the
+/// verifier can check against the payload, and a stack's end is a page boundary.
+#[inline(always)]
+fn copy_stack(payload: &mut [u8; MAX_STACK_COPY], sp: u64, window: u64) -> usize {
+    let first = STACK_PAGE - (sp as usize & (STACK_PAGE - 1));
+    // SAFETY: `first` ≤ STACK_PAGE bytes into the payload; the helper checks the user
+    // address and fails (zero-filling) on a fault.
+    if unsafe {
+        generated::bpf_probe_read_user(payload.as_mut_ptr().cast(), first as u32, sp as *const _)
+    } != 0
+    {
+        return 0;
+    }
+    let mut copied = first;
+    for _ in 0..MAX_STACK_COPY / STACK_PAGE {
+        if copied as u64 >= window || copied > MAX_STACK_COPY - STACK_PAGE {
+            break;
+        }
+        // SAFETY: copied + STACK_PAGE ≤ MAX_STACK_COPY (checked above); the helper checks
+        // the user address.
+        let failed = unsafe {
+            generated::bpf_probe_read_user(
+                payload.as_mut_ptr().add(copied).cast(),
+                STACK_PAGE as u32,
+                (sp + copied as u64) as *const _,
+            )
+        } != 0;
+        if failed {
+            break;
+        }
+        copied += STACK_PAGE;
+    }
+    copied
 }
 
 /// Keeps what the estimates need of a sample that could not be sent: its size, interval

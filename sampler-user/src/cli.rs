@@ -142,6 +142,28 @@ pub struct SamplingArgs {
     )]
     pub ring_buffer: String,
 
+    /// How stacks are unwound: `dwarf` copies the top of the user stack of each sampled call
+    /// and unwinds it with the modules' CFI (.eh_frame), through code built without frame
+    /// pointers; `fp` lets the kernel walk frame pointers (cheaper, stops where code has
+    /// none).
+    #[arg(
+        long,
+        value_name = "MODE",
+        default_value = "dwarf",
+        help_heading = "Sampling"
+    )]
+    pub unwind: UnwindArg,
+
+    /// Bytes of user stack copied per sampled call with `--unwind dwarf` (4KiB to 32KiB);
+    /// a stack deeper than this is cut, and the profile says so per stack.
+    #[arg(
+        long,
+        value_name = "BYTES",
+        default_value = "16KiB",
+        help_heading = "Sampling"
+    )]
+    pub stack_bytes: String,
+
     /// Confidence level of every lower/upper bound, in (0, 1).
     #[arg(
         long,
@@ -155,6 +177,15 @@ pub struct SamplingArgs {
     /// exits).
     #[arg(short, long, help_heading = "Output")]
     pub verbose: bool,
+}
+
+/// `--unwind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnwindArg {
+    /// CFI unwinding in user space of a copied stack window.
+    Dwarf,
+    /// The kernel's frame-pointer walk.
+    Fp,
 }
 
 /// `allocscope record`.

@@ -5,7 +5,7 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 use sampler_common::geometric::MAX_INTERVAL;
 
 use crate::{
-    cli::{RecordArgs, SamplingArgs, TargetArgs, TopArgs},
+    cli::{RecordArgs, SamplingArgs, TargetArgs, TopArgs, UnwindArg},
     export::{Format, Value},
     profile::Settings,
 };
@@ -88,6 +88,32 @@ pub enum Output {
     },
 }
 
+/// How sampled stacks are unwound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unwind {
+    /// The kernel walks frame pointers.
+    FramePointers,
+    /// The kernel copies this many bytes of user stack; user space unwinds them with CFI.
+    Cfi {
+        /// Bytes copied per sample.
+        stack_bytes: u32,
+    },
+}
+
+impl Unwind {
+    /// Bytes of stack the kernel copies per sample (0: none, frame pointers walked).
+    pub fn stack_bytes(self) -> u32 {
+        match self {
+            Unwind::FramePointers => 0,
+            Unwind::Cfi { stack_bytes } => stack_bytes,
+        }
+    }
+}
+
+/// Range of `--stack-bytes`: at least a page, at most the kernel's scratch payload.
+const STACK_BYTES_RANGE: std::ops::RangeInclusive<u64> =
+    sampler_common::STACK_PAGE as u64..=sampler_common::MAX_STACK_COPY as u64;
+
 /// How to sample, validated (shared by `record` and `top`).
 #[derive(Clone, Debug)]
 pub struct SamplingConfig {
@@ -101,6 +127,8 @@ pub struct SamplingConfig {
     pub ring_buffer: u32,
     /// Most distinct whole stacks kept.
     pub max_stacks: usize,
+    /// How stacks are unwound.
+    pub unwind: Unwind,
     /// Use uprobe sessions where the kernel has them.
     pub sessions: bool,
     /// Confidence of the bounds.
@@ -245,12 +273,27 @@ impl SamplingArgs {
                 ))
             })? as u32;
         count_flag("--max-stacks", self.max_stacks, MAX_STACKS_LIMIT)?;
+        let unwind = match self.unwind {
+            UnwindArg::Fp => Unwind::FramePointers,
+            UnwindArg::Dwarf => Unwind::Cfi {
+                stack_bytes: parse_size(&self.stack_bytes)
+                    .ok()
+                    .filter(|bytes| STACK_BYTES_RANGE.contains(bytes))
+                    .ok_or_else(|| {
+                        BadInput(format!(
+                            "invalid --stack-bytes {:?}: from 4KiB to 32KiB",
+                            self.stack_bytes
+                        ))
+                    })? as u32,
+            },
+        };
         Ok(SamplingConfig {
             interval,
             alloc_only: self.alloc_only,
             max_tracked: self.max_tracked,
             ring_buffer,
             max_stacks: self.max_stacks as usize,
+            unwind,
             sessions: !self.no_sessions,
             confidence: self.confidence,
             verbose: self.verbose,

@@ -193,6 +193,7 @@ impl Recording {
             log: sampling.verbose,
             track_frees: (!sampling.alloc_only).then_some(sampling.max_tracked),
             ring_buffer: sampling.ring_buffer,
+            stack_bytes: sampling.unwind.stack_bytes(),
             sessions: sampling.sessions,
             host: targets.all,
             follow: targets.follow,

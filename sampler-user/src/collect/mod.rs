@@ -18,7 +18,8 @@ use anyhow::Context as _;
 use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use sampler_common::{
     AllocEvent, AllocFn, EventKind, FreeEvent, LossCounter, LostKey, LostSamples, ProcessCounters,
-    ProcessEvent, FLAG_STACK_AT_RETURN, FLAG_TRACKED, MAX_STACK_DEPTH, PROCESS_EXEC, PROCESS_FORK,
+    ProcessEvent, SampleRecord, StackCopy, FLAG_STACK_AT_RETURN, FLAG_STACK_COPY, FLAG_TRACKED,
+    MAX_STACK_DEPTH, PROCESS_EXEC, PROCESS_FORK,
 };
 use tokio::sync::mpsc;
 
@@ -57,12 +58,31 @@ pub struct Sample {
     /// Raw user stack: at the entry, `[0]` is the allocator and the direct caller is missing
     /// (see `return_address`); at the return, `[0]` is the direct caller.
     pub stack: Vec<u64>,
-    /// Whether `stack` was taken at the allocator's return.
+    /// Whether `stack` (or `copied`) was taken at the allocator's return.
     pub stack_at_return: bool,
+    /// The top of the user stack and the registers to unwind it from (`--unwind dwarf`;
+    /// `stack` is then empty).
+    pub copied: Option<CopiedStack>,
     /// The block's address (0 when frees are not tracked or the allocation failed).
     pub address: u64,
     /// Whether the kernel tracks the block: its free will be reported.
     pub tracked: bool,
+}
+
+/// A copy of the top of a sampled thread's user stack, with the registers it was taken with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopiedStack {
+    /// Instruction pointer: the probed instruction (at an entry) or the direct caller's
+    /// return address (at a return).
+    pub ip: u64,
+    /// Stack pointer.
+    pub sp: u64,
+    /// `rbp`.
+    pub bp: u64,
+    /// User address of `bytes[0]`.
+    pub start: u64,
+    /// The stack's bytes from `start` upwards.
+    pub bytes: Vec<u8>,
 }
 
 /// A tracked block was freed.
@@ -126,17 +146,42 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
             timestamp_ns: event.timestamp_ns,
         });
     }
-    if kind != EventKind::Alloc as u32 || bytes.len() < std::mem::size_of::<AllocEvent>() {
+    if kind != EventKind::Alloc as u32 || bytes.len() < SampleRecord::HEAD {
         return None;
     }
-    // SAFETY: the length was checked; AllocEvent is plain integers (any bit pattern is
-    // valid) and read_unaligned makes no alignment assumption about the record.
-    let event: AllocEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    // SAFETY: the length was checked; AllocEvent and StackCopy are plain integers (any bit
+    // pattern is valid) and read_unaligned makes no alignment assumption about the record.
+    let (event, copy): (AllocEvent, StackCopy) = unsafe {
+        (
+            std::ptr::read_unaligned(bytes.as_ptr().cast()),
+            std::ptr::read_unaligned(bytes[std::mem::size_of::<AllocEvent>()..].as_ptr().cast()),
+        )
+    };
     let function = AllocFn::from_u32(event.function)?;
-    let depth = (event.stack_len as usize).min(MAX_STACK_DEPTH);
     if event.size == 0 || event.offset >= event.size || event.interval == 0 {
         return None;
     }
+    let payload = &bytes[SampleRecord::HEAD..];
+    let (stack, copied) = if event.flags & FLAG_STACK_COPY != 0 {
+        let length = (event.stack_len as usize).min(payload.len());
+        let copied = CopiedStack {
+            ip: copy.ip,
+            sp: copy.sp,
+            bp: copy.bp,
+            start: copy.start,
+            bytes: payload[..length].to_vec(),
+        };
+        (Vec::new(), Some(copied))
+    } else {
+        let depth = (event.stack_len as usize)
+            .min(MAX_STACK_DEPTH)
+            .min(payload.len() / 8);
+        let frames = payload[..depth * 8]
+            .chunks_exact(8)
+            .map(|word| u64::from_ne_bytes(word.try_into().unwrap_or_default()))
+            .collect();
+        (frames, None)
+    };
     Some(Event::Alloc(Sample {
         pid: event.pid,
         tid: event.tid,
@@ -146,8 +191,9 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
         offset: event.offset,
         interval: event.interval,
         return_address: event.return_address,
-        stack: event.stack[..depth].to_vec(),
+        stack,
         stack_at_return: event.flags & FLAG_STACK_AT_RETURN != 0,
+        copied,
         address: event.address,
         tracked: event.flags & FLAG_TRACKED != 0,
     }))
@@ -470,9 +516,19 @@ mod tests {
         .to_vec()
     }
 
+    /// A record as the kernel sends it: head, then `payload`.
+    fn record(event: &AllocEvent, copy: &StackCopy, payload: &[u8]) -> Vec<u8> {
+        let mut bytes = bytes_of(event);
+        bytes.extend(bytes_of(copy));
+        bytes.extend_from_slice(payload);
+        bytes
+    }
+
+    fn frames(addresses: &[u64]) -> Vec<u8> {
+        addresses.iter().flat_map(|a| a.to_ne_bytes()).collect()
+    }
+
     fn event() -> AllocEvent {
-        let mut stack = [0u64; MAX_STACK_DEPTH];
-        stack[..3].copy_from_slice(&[0xa, 0xb, 0xc]);
         AllocEvent {
             kind: EventKind::Alloc as u32,
             flags: FLAG_STACK_AT_RETURN | FLAG_TRACKED,
@@ -486,8 +542,11 @@ mod tests {
             tid: 11,
             stack_len: 3,
             function: AllocFn::Calloc as u32,
-            stack,
         }
+    }
+
+    fn encoded(event: &AllocEvent) -> Vec<u8> {
+        record(event, &StackCopy::default(), &frames(&[0xa, 0xb, 0xc]))
     }
 
     fn alloc(bytes: &[u8]) -> Sample {
@@ -499,9 +558,10 @@ mod tests {
 
     #[test]
     fn decodes_allocations_and_frees() {
-        let sample = alloc(&bytes_of(&event()));
+        let sample = alloc(&encoded(&event()));
         assert_eq!(sample.function, AllocFn::Calloc);
         assert_eq!(sample.stack, vec![0xa, 0xb, 0xc]);
+        assert_eq!(sample.copied, None);
         assert_eq!(
             (sample.pid, sample.tid, sample.size, sample.offset),
             (10, 11, 100, 7)
@@ -529,15 +589,40 @@ mod tests {
         assert!(decode(&[]).is_none());
         let mut bad = event();
         bad.function = 99;
-        assert!(decode(&bytes_of(&bad)).is_none());
+        assert!(decode(&encoded(&bad)).is_none());
         let mut bad = event();
         bad.offset = 100;
-        assert!(decode(&bytes_of(&bad)).is_none());
+        assert!(decode(&encoded(&bad)).is_none());
         let mut unknown = event();
         unknown.kind = 7;
-        assert!(decode(&bytes_of(&unknown)).is_none());
+        assert!(decode(&encoded(&unknown)).is_none());
         let mut deep = event();
         deep.stack_len = 10_000;
-        assert_eq!(alloc(&bytes_of(&deep)).stack.len(), MAX_STACK_DEPTH);
+        let payload = frames(&[7; MAX_STACK_DEPTH + 5]);
+        let long = record(&deep, &StackCopy::default(), &payload);
+        assert_eq!(alloc(&long).stack.len(), MAX_STACK_DEPTH);
+        // A length beyond the record is cut to what arrived.
+        assert_eq!(alloc(&encoded(&deep)).stack.len(), 3);
+    }
+
+    #[test]
+    fn decodes_stack_copies() {
+        let mut copy_event = event();
+        copy_event.flags |= FLAG_STACK_COPY;
+        copy_event.stack_len = 5;
+        let copy = StackCopy {
+            ip: 1,
+            sp: 0x7ff0,
+            bp: 3,
+            start: 0x7ff0,
+        };
+        let sample = alloc(&record(&copy_event, &copy, &[1, 2, 3, 4, 5, 6, 7, 8]));
+        assert!(sample.stack.is_empty());
+        let copied = sample.copied.expect("a stack copy");
+        assert_eq!(
+            (copied.ip, copied.sp, copied.bp, copied.start),
+            (1, 0x7ff0, 3, 0x7ff0)
+        );
+        assert_eq!(copied.bytes, vec![1, 2, 3, 4, 5]);
     }
 }

@@ -49,6 +49,9 @@ pub struct KernelConfig {
     pub track_frees: Option<u32>,
     /// Bytes of the sample ring buffer (a power of two, at least a page).
     pub ring_buffer: u32,
+    /// Bytes of user stack copied per sample for unwinding in user space; 0: the kernel
+    /// walks frame pointers.
+    pub stack_bytes: u32,
     /// Try uprobe sessions for the returns (else classic return probes on every call).
     pub sessions: bool,
     /// Host mode (`--all`): probes attached host-wide, excluded pids skipped in the kernel.
@@ -181,6 +184,15 @@ pub enum AttachError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The number of possible CPUs (the size of the per-CPU scratch map) is unknown.
+    #[error("reading {path}")]
+    Cpus {
+        /// What was read.
+        path: &'static str,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// Attaching a scheduler tracepoint (for `--follow`) failed.
     #[error("attaching tracepoint {0} (is tracefs mounted at /sys/kernel/tracing?)")]
     Tracepoint(String, #[source] aya::programs::ProgramError),
@@ -255,6 +267,10 @@ impl Probes {
         let track = u8::from(config.track_frees.is_some());
         let host = u8::from(config.host);
         let watch_execs = u8::from(config.watch_execs);
+        let stack_bytes = u64::from(config.stack_bytes);
+        let possible_cpus = aya::util::nr_cpus()
+            .map_err(|(path, source)| AttachError::Cpus { path, source })?
+            as u32;
         let mut ebpf = EbpfLoader::new()
             .override_global("INTERVAL", &config.interval, true)
             .override_global("SCALE_Q32", &scale, true)
@@ -262,6 +278,8 @@ impl Probes {
             .override_global("TRACK_FREES", &track, true)
             .override_global("HOST_MODE", &host, true)
             .override_global("WATCH_EXECS", &watch_execs, true)
+            .override_global("STACK_BYTES", &stack_bytes, true)
+            .map_max_entries("SCRATCH", possible_cpus)
             .map_max_entries("LIVE", config.track_frees.unwrap_or(1).max(1))
             .map_max_entries("SAMPLES", config.ring_buffer)
             .load(SAMPLER_OBJECT)?;
@@ -552,6 +570,7 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         log: false,
         track_frees: None,
         ring_buffer: 4 << 20,
+        stack_bytes: 0,
         sessions: false,
         host: false,
         follow: false,

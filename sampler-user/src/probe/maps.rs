@@ -2,6 +2,9 @@
 
 use std::{io, path::PathBuf};
 
+/// The page size of x86-64 user mappings.
+pub const PAGE_SIZE: u64 = 4096;
+
 /// One mapping of a process's address space.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Vma {

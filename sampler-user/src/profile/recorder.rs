@@ -263,9 +263,7 @@ impl Recorder {
     }
 
     fn add_sample(&mut self, sample: &Sample) {
-        let chain =
-            stacks::caller_chain(sample.return_address, &sample.stack, sample.stack_at_return);
-        let stack = self.stacks.intern(sample.pid, &chain, sample.timestamp_ns);
+        let stack = self.stacks.intern_sample(sample);
         let id = stack as usize;
         if id >= self.per_stack.len() {
             self.per_stack.resize(id + 1, SampleSet::default());

@@ -11,15 +11,43 @@
 //! file the process mapped, even after the process has gone, the file was replaced on disk,
 //! or it lives in a container's file system.
 
+pub mod call_site;
+pub mod image;
 pub mod symbolize;
+pub mod unwind;
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     path::{Path, PathBuf},
-    sync::OnceLock,
+    sync::{Arc, OnceLock},
 };
 
-use crate::probe::maps::{self, Vma};
+use crate::{
+    collect::Sample,
+    probe::maps::{self, Vma},
+};
+use image::Image;
+pub use unwind::StackEnd;
+use unwind::{Mapped, Unwinders};
+
+/// How a stack was unwound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unwinding {
+    /// From a copy of the stack, with the modules' CFI (`--unwind dwarf`).
+    Dwarf,
+    /// By the kernel, along frame pointers (`--unwind fp`).
+    FramePointers,
+}
+
+/// How an interned stack was found and where it ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackOrigin {
+    /// The unwinding mode.
+    pub unwinding: Unwinding,
+    /// Why the walk ended.
+    pub end: StackEnd,
+}
 
 /// Index of an interned stack.
 pub type StackId = u32;
@@ -74,6 +102,7 @@ pub struct ModuleTable {
     names: Vec<String>,
     files: Vec<Option<std::fs::File>>,
     build_ids: Vec<OnceLock<Option<String>>>,
+    images: Vec<OnceLock<Option<Arc<Image>>>>,
     index: HashMap<(PathBuf, (String, u64)), ModuleId>,
     /// How many distinct files go by each path (a container's libc and the host's).
     files_per_path: HashMap<PathBuf, usize>,
@@ -94,8 +123,16 @@ impl ModuleTable {
         self.paths.push(path.to_owned());
         self.files.push(std::fs::File::open(open).ok());
         self.build_ids.push(OnceLock::new());
+        self.images.push(OnceLock::new());
         self.index.insert(key, id);
         id
+    }
+
+    /// Module `id`'s file, mapped once on first use (`None`: it could not be opened).
+    pub fn image(&self, id: ModuleId) -> Option<&Arc<Image>> {
+        self.images[id as usize]
+            .get_or_init(|| Image::open(self.files[id as usize].as_ref()?))
+            .as_ref()
     }
 
     /// The name of module `id` in profiles: its path, told apart from other files by the
@@ -158,8 +195,11 @@ struct ProcessMaps {
 pub struct StackTable {
     modules: ModuleTable,
     maps: HashMap<u32, ProcessMaps>,
-    stacks: Vec<(u32, Vec<Frame>)>,
-    index: HashMap<(u32, Vec<Frame>), StackId>,
+    unwinders: Unwinders,
+    stacks: Vec<StackKey>,
+    index: HashMap<StackKey, StackId>,
+    /// Samples per way their stack ended early (not at its root).
+    truncated: BTreeMap<StackEnd, u64>,
     /// Most distinct whole stacks kept (`None`: no limit).
     max_stacks: Option<usize>,
     /// Stacks that hold samples of longer stacks cut to their leaf.
@@ -167,6 +207,9 @@ pub struct StackTable {
     /// Samples whose stack was cut to its leaf.
     cut_samples: u64,
 }
+
+/// What identifies an interned stack.
+type StackKey = (u32, Vec<Frame>, StackOrigin);
 
 impl StackTable {
     /// Records `pid`'s current maps (call at attach, while it surely lives).
@@ -245,20 +288,116 @@ impl StackTable {
         }
     }
 
-    /// Normalizes `addresses` (leaf first) of process `pid`, taken at `taken_ns`
-    /// (CLOCK_MONOTONIC), and returns the stack's id.
-    pub fn intern(&mut self, pid: u32, addresses: &[u64], taken_ns: u64) -> StackId {
-        let frames: Vec<Frame> = addresses
-            .iter()
-            .map(|&address| self.normalize(pid, address, taken_ns))
+    /// Unwinds, checks and interns the stack of `sample`.
+    pub fn intern_sample(&mut self, sample: &Sample) -> StackId {
+        let (addresses, origin) = match &sample.copied {
+            Some(copied) => {
+                self.prepare_unwinder(sample.pid, copied.ip, sample.timestamp_ns);
+                let (addresses, end) =
+                    self.unwinders
+                        .unwind(sample.pid, copied, sample.stack_at_return);
+                let origin = StackOrigin {
+                    unwinding: Unwinding::Dwarf,
+                    end,
+                };
+                (addresses, origin)
+            }
+            None => {
+                let addresses =
+                    caller_chain(sample.return_address, &sample.stack, sample.stack_at_return);
+                let end = if sample.stack.len() >= sampler_common::MAX_STACK_DEPTH {
+                    StackEnd::Depth
+                } else {
+                    StackEnd::Unknown
+                };
+                let origin = StackOrigin {
+                    unwinding: Unwinding::FramePointers,
+                    end,
+                };
+                (addresses, origin)
+            }
+        };
+        self.intern(sample.pid, &addresses, origin, sample.timestamp_ns)
+    }
+
+    /// Makes `pid`'s unwinder know the modules it maps now: its maps are re-read if `ip`
+    /// is in none of them (and the copy is older than the sample), and the unwinder is
+    /// rebuilt whenever the maps were.
+    fn prepare_unwinder(&mut self, pid: u32, ip: u64, taken_ns: u64) {
+        let stale = self.maps.get(&pid).is_none_or(|m| m.read_ns < taken_ns);
+        if stale && self.lookup(pid, ip).is_none() {
+            self.refresh(pid);
+        }
+        let Some(maps) = self.maps.get(&pid) else {
+            return;
+        };
+        if self.unwinders.is_current(pid, maps.read_ns) {
+            return;
+        }
+        let read_ns = maps.read_ns;
+        let vmas = maps.vmas.clone();
+        let modules = vmas
+            .into_iter()
+            .filter_map(|vma| {
+                let path = vma.path.clone()?;
+                let id = self.modules.intern(&path, &vma.file_id, &vma.file_in(pid));
+                let image = self.modules.image(id)?.clone();
+                Some(Mapped {
+                    range: vma.start..vma.end,
+                    bias: image.bias(vma.start, vma.offset)?,
+                    image,
+                    name: path.display().to_string(),
+                })
+            })
             .collect();
-        let key = (pid, frames);
+        self.unwinders.rebuild(pid, read_ns, modules);
+    }
+
+    /// Normalizes `addresses` (leaf first) of process `pid`, taken at `taken_ns`
+    /// (CLOCK_MONOTONIC) and found as `origin` says, and returns the stack's id. The stack
+    /// ends at the first frame that is not a return address in a mapped file (the leaf
+    /// frame is kept as an unknown address if it is in no file), whatever found it.
+    pub fn intern(
+        &mut self,
+        pid: u32,
+        addresses: &[u64],
+        mut origin: StackOrigin,
+        taken_ns: u64,
+    ) -> StackId {
+        let mut frames: Vec<Frame> = Vec::with_capacity(addresses.len());
+        for &address in addresses {
+            let frame = self.normalize(pid, address, taken_ns);
+            let believed = match frame {
+                Frame::File { module, offset } => self.is_return_address(module, offset),
+                Frame::Unknown { .. } => {
+                    if frames.is_empty() {
+                        frames.push(frame);
+                    }
+                    origin.end = StackEnd::Unmapped;
+                    break;
+                }
+            };
+            if !believed {
+                origin.end = StackEnd::NotAReturnAddress;
+                break;
+            }
+            frames.push(frame);
+        }
+        if !matches!(origin.end, StackEnd::Root | StackEnd::Unknown) {
+            *self.truncated.entry(origin.end).or_default() += 1;
+        }
+        self.intern_frames(pid, frames, origin)
+    }
+
+    /// Interns normalized, checked `frames` of `pid`.
+    fn intern_frames(&mut self, pid: u32, frames: Vec<Frame>, origin: StackOrigin) -> StackId {
+        let key = (pid, frames, origin);
         if let Some(&id) = self.index.get(&key) {
             return id;
         }
         let full = self.max_stacks.is_some_and(|max| self.stacks.len() >= max);
         if full && key.1.len() > 1 {
-            let leaf = (pid, key.1[..1].to_vec());
+            let leaf = (pid, key.1[..1].to_vec(), origin);
             let id = self.insert(leaf);
             self.cut.insert(id);
             self.cut_samples += 1;
@@ -267,7 +406,24 @@ impl StackTable {
         self.insert(key)
     }
 
-    fn insert(&mut self, key: (u32, Vec<Frame>)) -> StackId {
+    /// Whether file offset `offset` of `module` follows a call instruction (true when the
+    /// file cannot be read: nothing to check against).
+    fn is_return_address(&self, module: ModuleId, offset: u64) -> bool {
+        match self.modules.image(module) {
+            Some(image) => image
+                .bytes_before(offset, call_site::LONGEST_CALL)
+                .is_some_and(call_site::follows_call),
+            None => true,
+        }
+    }
+
+    /// Samples whose stack ended early, per reason (not at the root, not where the kernel's
+    /// walk ended by itself).
+    pub fn truncated(&self) -> &BTreeMap<StackEnd, u64> {
+        &self.truncated
+    }
+
+    fn insert(&mut self, key: StackKey) -> StackId {
         if let Some(&id) = self.index.get(&key) {
             return id;
         }
@@ -294,8 +450,13 @@ impl StackTable {
 
     /// The pid and frames of stack `id`.
     pub fn stack(&self, id: StackId) -> (u32, &[Frame]) {
-        let (pid, frames) = &self.stacks[id as usize];
+        let (pid, frames, _) = &self.stacks[id as usize];
         (*pid, frames)
+    }
+
+    /// How stack `id` was unwound and where it ended.
+    pub fn origin(&self, id: StackId) -> StackOrigin {
+        self.stacks[id as usize].2
     }
 
     /// The module table.
@@ -308,7 +469,7 @@ impl StackTable {
         self.stacks
             .iter()
             .enumerate()
-            .map(|(id, (pid, frames))| (id as StackId, *pid, frames.as_slice()))
+            .map(|(id, (pid, frames, _))| (id as StackId, *pid, frames.as_slice()))
     }
 }
 
@@ -316,30 +477,44 @@ impl StackTable {
 mod tests {
     use super::*;
 
+    const FP: StackOrigin = StackOrigin {
+        unwinding: Unwinding::FramePointers,
+        end: StackEnd::Unknown,
+    };
+
+    /// Interns raw addresses as unknown frames, unchecked.
+    fn raw(table: &mut StackTable, pid: u32, addresses: &[u64]) -> StackId {
+        let frames = addresses
+            .iter()
+            .map(|&address| Frame::Unknown { address })
+            .collect();
+        table.intern_frames(pid, frames, FP)
+    }
+
     #[test]
     fn beyond_the_limit_stacks_are_cut_to_their_leaf() {
         let mut table = StackTable::default();
         table.limit(2);
         // Addresses in no mapping of a process that does not exist: Unknown frames.
         let pid = u32::MAX - 3;
-        let a = table.intern(pid, &[1, 2, 3], 0);
-        let b = table.intern(pid, &[1, 2, 4], 0);
+        let a = raw(&mut table, pid, &[1, 2, 3]);
+        let b = raw(&mut table, pid, &[1, 2, 4]);
         assert_ne!(a, b);
         assert_eq!(
-            table.intern(pid, &[1, 2, 3], 0),
+            raw(&mut table, pid, &[1, 2, 3]),
             a,
             "known stacks still whole"
         );
-        let cut = table.intern(pid, &[1, 5, 6], 0);
+        let cut = raw(&mut table, pid, &[1, 5, 6]);
         assert_eq!(table.stack(cut).1.len(), 1, "cut to the leaf");
         assert_eq!(
-            table.intern(pid, &[1, 7], 0),
+            raw(&mut table, pid, &[1, 7]),
             cut,
             "merged with others of that leaf"
         );
         assert!(table.is_cut(cut) && !table.is_cut(a));
         assert_eq!(table.cut_samples(), 2);
-        let other_leaf = table.intern(pid, &[9, 7], 0);
+        let other_leaf = raw(&mut table, pid, &[9, 7]);
         assert_ne!(other_leaf, cut);
         assert_eq!(table.iter().count(), 4);
     }
@@ -381,10 +556,10 @@ mod tests {
                 ..ProcessMaps::default()
             },
         );
-        let a = table.intern(1, &[1, 2, 3], 0);
-        let b = table.intern(1, &[1, 2, 3], 0);
-        let c = table.intern(2, &[1, 2, 3], 0);
-        let d = table.intern(1, &[1, 2], 0);
+        let a = raw(&mut table, 1, &[1, 2, 3]);
+        let b = raw(&mut table, 1, &[1, 2, 3]);
+        let c = raw(&mut table, 2, &[1, 2, 3]);
+        let d = raw(&mut table, 1, &[1, 2]);
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_ne!(a, d);
@@ -411,17 +586,50 @@ mod tests {
                 ..ProcessMaps::default()
             },
         );
-        let id = table.intern(7, &[0x1010, 0x5000], 0);
+        let id = table.intern(7, &[0x1010, 0x5000], FP, 0);
         let (_, frames) = table.stack(id);
         let module = table.modules().intern_lookup("/bin/x");
+        // /bin/x cannot be read: its frame cannot be checked, and is kept.
         assert_eq!(
-            frames[0],
-            Frame::File {
+            frames,
+            [Frame::File {
                 module,
                 offset: 0x410
-            }
+            }]
         );
-        assert_eq!(frames[1], Frame::Unknown { address: 0x5000 });
+        // An address in no mapping ends the stack, and says so.
+        assert_eq!(table.origin(id).end, StackEnd::Unmapped);
+        let leaf = table.intern(7, &[0x5000, 0x1010], FP, 0);
+        assert_eq!(table.stack(leaf).1, [Frame::Unknown { address: 0x5000 }]);
+        assert_eq!(table.truncated()[&StackEnd::Unmapped], 2);
+    }
+
+    #[test]
+    fn frames_that_follow_no_call_end_the_stack() {
+        // Our own executable: a return address into this very function, and an address
+        // that is the function's first byte (nothing calls into the middle of a prologue).
+        let mut table = StackTable::default();
+        let pid = std::process::id();
+        table.snapshot(pid);
+        let after_call = return_here();
+        let not_after_call = frames_that_follow_no_call_end_the_stack as *const () as u64;
+        let id = table.intern(pid, &[after_call, not_after_call, after_call], FP, 0);
+        assert_eq!(table.stack(id).1.len(), 1, "{:?}", table.stack(id));
+        assert_eq!(table.origin(id).end, StackEnd::NotAReturnAddress);
+        let whole = table.intern(pid, &[after_call, after_call], FP, 0);
+        assert_eq!(table.stack(whole).1.len(), 2);
+        assert_eq!(table.origin(whole).end, StackEnd::Unknown);
+    }
+
+    /// An address right after a call instruction in our own code: a call to the next
+    /// instruction, whose pushed return address is popped again.
+    fn return_here() -> u64 {
+        let address: u64;
+        // SAFETY: pushes and pops one word (the asm may use the stack: no `nostack`).
+        unsafe {
+            std::arch::asm!("call 2f", "2:", "pop {}", out(reg) address);
+        }
+        address
     }
 
     #[test]
@@ -478,14 +686,10 @@ mod tests {
         assert!(dead, "sleep did not become a zombie");
         // An unmapped address in a sample newer than the copy forces a re-read, which
         // finds nothing: the last copy stays for the samples still to come.
-        table.intern(pid, &[0x10], crate::collect::monotonic_ns());
+        table.normalize(pid, 0x10, crate::collect::monotonic_ns());
         assert!(table.maps[&pid].gone);
-        let id = table.intern(pid, &[text], crate::collect::monotonic_ns());
-        assert!(
-            matches!(table.stack(id).1[0], Frame::File { .. }),
-            "{:?}",
-            table.stack(id)
-        );
+        let frame = table.normalize(pid, text, crate::collect::monotonic_ns());
+        assert!(matches!(frame, Frame::File { .. }), "{frame:?}");
         child.wait().unwrap();
     }
 
@@ -496,10 +700,10 @@ mod tests {
         table.snapshot(pid);
         let first_read = table.maps[&pid].read_ns;
         // Older than the copy: the copy already answered for that moment.
-        table.intern(pid, &[0x10], first_read - 1);
+        table.normalize(pid, 0x10, first_read - 1);
         assert_eq!(table.maps[&pid].read_ns, first_read);
         // Newer: one re-read.
-        table.intern(pid, &[0x10], crate::collect::monotonic_ns());
+        table.normalize(pid, 0x10, crate::collect::monotonic_ns());
         assert!(table.maps[&pid].read_ns > first_read);
     }
 

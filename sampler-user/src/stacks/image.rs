@@ -1,0 +1,138 @@
+//! A module's file as the unwinder and the return-address check need it: mapped once (never
+//! copied: libraries can be hundreds of megabytes), with its loadable segments (to place it
+//! in a process) and its sections by name (CFI for framehop, code bytes for the check).
+
+use std::{collections::HashMap, ops::Range, sync::Arc};
+
+use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+
+/// A mapped ELF file and what is read from its headers.
+#[derive(Debug)]
+pub struct Image {
+    data: memmap2::Mmap,
+    /// Loadable segments: (file range, virtual address of its start).
+    segments: Vec<(Range<u64>, u64)>,
+    /// Sections with file contents: name → (virtual address range, file range).
+    sections: HashMap<Vec<u8>, (Range<u64>, Range<usize>)>,
+}
+
+impl Image {
+    /// Maps and reads `file`; `None` if it is not an ELF file we can read.
+    pub fn open(file: &std::fs::File) -> Option<Arc<Image>> {
+        // SAFETY: the mapping is read-only and private; a file changed underneath would only
+        // give wrong frames (each one is checked), never unsafety in safe code reading a
+        // byte slice, which is how it is used (as `probe::allocator` does).
+        let data = unsafe { memmap2::Mmap::map(file) }.ok()?;
+        let (segments, sections) = {
+            let elf = object::File::parse(&*data).ok()?;
+            let segments = elf
+                .segments()
+                .map(|segment| {
+                    let (offset, size) = segment.file_range();
+                    (offset..offset + size, segment.address())
+                })
+                .collect();
+            let sections = elf
+                .sections()
+                .filter_map(|section| {
+                    let (offset, size) = section.file_range()?;
+                    let name = section.name_bytes().ok()?.to_vec();
+                    let address = section.address();
+                    let file =
+                        usize::try_from(offset).ok()?..usize::try_from(offset + size).ok()?;
+                    (file.end <= data.len()).then_some((name, (address..address + size, file)))
+                })
+                .collect();
+            (segments, sections)
+        };
+        Some(Arc::new(Image {
+            data,
+            segments,
+            sections,
+        }))
+    }
+
+    /// The load bias of a mapping of this file at `start` from file offset `offset`: what
+    /// is added to the file's virtual addresses to give the process's. A mapping starts at
+    /// its segment's offset rounded down to a page, which may fall inside the previous
+    /// segment's bytes: the segment whose page-rounded start is `offset` is the one.
+    pub fn bias(&self, start: u64, offset: u64) -> Option<u64> {
+        let page = !(crate::probe::maps::PAGE_SIZE - 1);
+        let (file, address) = self
+            .segments
+            .iter()
+            .find(|(file, _)| file.start & page == offset)
+            .or_else(|| {
+                self.segments
+                    .iter()
+                    .find(|(file, _)| file.contains(&offset))
+            })?;
+        // The process address of the segment's first byte is `start + (file.start - offset)`.
+        Some(
+            start
+                .wrapping_add(file.start.wrapping_sub(offset))
+                .wrapping_sub(*address),
+        )
+    }
+
+    /// Up to `length` bytes of the file that end just before file offset `end`.
+    pub fn bytes_before(&self, end: u64, length: usize) -> Option<&[u8]> {
+        let end = usize::try_from(end).ok()?.min(self.data.len());
+        Some(&self.data[end.saturating_sub(length)..end])
+    }
+
+    /// The named section: its virtual address range and its bytes.
+    pub fn section(self: &Arc<Self>, name: &[u8]) -> Option<(Range<u64>, SectionBytes)> {
+        let (address, file) = self.sections.get(name)?;
+        Some((
+            address.clone(),
+            SectionBytes {
+                image: Arc::clone(self),
+                range: file.clone(),
+            },
+        ))
+    }
+}
+
+/// A section's bytes, kept alive with the image they are in (framehop's section data).
+#[derive(Clone, Debug)]
+pub struct SectionBytes {
+    image: Arc<Image>,
+    range: Range<usize>,
+}
+
+impl std::ops::Deref for SectionBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.image.data[self.range.clone()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_sections_and_places_segments() {
+        let file = std::fs::File::open("/proc/self/exe").unwrap();
+        let image = Image::open(&file).expect("our own executable");
+        let (address, bytes) = image.section(b".eh_frame_hdr").expect(".eh_frame_hdr");
+        assert_eq!(bytes.len() as u64, address.end - address.start);
+        // .eh_frame_hdr starts with its version, 1.
+        assert_eq!(bytes[0], 1);
+        assert!(image.section(b".no_such_section").is_none());
+        // Our own text mapping's bias is our load address of virtual address 0.
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let text = crate::probe::maps::parse(&maps)
+            .into_iter()
+            .find(|vma| vma.executable && vma.path.as_deref() == Some(exe.as_path()))
+            .expect("our text mapping");
+        let bias = image.bias(text.start, text.offset).expect("a segment");
+        let here = reads_sections_and_places_segments as *const () as u64;
+        assert!(here - bias < file.metadata().unwrap().len() * 4);
+        assert!(image.bytes_before(16, 8).unwrap().len() == 8);
+        assert!(image.bytes_before(3, 8).unwrap().len() == 3);
+    }
+}

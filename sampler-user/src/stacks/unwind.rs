@@ -1,0 +1,275 @@
+//! Unwinding a copied stack with the modules' CFI (`--unwind dwarf`), in user space.
+//!
+//! The kernel copies, for sampled calls only, the registers and the top of the user stack
+//! ([`CopiedStack`]); here framehop walks it with the `.eh_frame` (or `.debug_frame`) of every
+//! file the process maps, falling back to the frame-pointer rule where a module has no CFI.
+//! One framehop unwinder per process holds its modules; it is rebuilt when the process's
+//! maps were re-read (a library loaded). Which frames are believed is decided afterwards,
+//! for every unwinding mode alike ([`super::call_site`]).
+
+use std::{collections::HashMap, ops::Range, sync::Arc};
+
+use framehop::{
+    x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64},
+    FrameAddress, Module, ModuleSectionInfo, Unwinder as _,
+};
+
+use super::image::{Image, SectionBytes};
+use crate::collect::CopiedStack;
+
+/// Most frames taken from one stack.
+pub const MAX_FRAMES: usize = 512;
+
+/// How far above the copy a failed read still means "the stack goes on beyond the window"
+/// rather than a wild address (a stack is at most a few megabytes).
+const STACK_BEYOND_WINDOW: u64 = 8 << 20;
+
+/// Why a walk ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StackEnd {
+    /// At the outermost frame (`_start`, a thread's start): the stack is whole.
+    Root,
+    /// The walk ended without knowing whether it reached the root (the kernel's
+    /// frame-pointer walk stops at a zero frame pointer, which is both).
+    Unknown,
+    /// The stack continues beyond the bytes copied (`--stack-bytes`).
+    Window,
+    /// A frame was not a return address (no call instruction before it): it and the rest
+    /// were dropped.
+    NotAReturnAddress,
+    /// A frame lies in no file-backed executable mapping (JIT code, an unmapped address).
+    Unmapped,
+    /// The unwinder could not go on (no CFI and no frame pointer for a frame).
+    UnwindFailed,
+    /// [`MAX_FRAMES`] (or, for the kernel's walk, its depth limit) reached.
+    Depth,
+}
+
+/// One module to add to a process's unwinder: where it is mapped and its file.
+pub struct Mapped {
+    /// Address range of its executable mapping.
+    pub range: Range<u64>,
+    /// Load bias (the process address of the file's virtual address 0).
+    pub bias: u64,
+    /// The file.
+    pub image: Arc<Image>,
+    /// Shown in framehop's debugging output only.
+    pub name: String,
+}
+
+/// framehop's view of an ELF image.
+struct ElfSections(Arc<Image>);
+
+impl ModuleSectionInfo<SectionBytes> for ElfSections {
+    fn base_svma(&self) -> u64 {
+        0
+    }
+
+    fn section_svma_range(&mut self, name: &[u8]) -> Option<Range<u64>> {
+        Some(self.0.section(name)?.0)
+    }
+
+    fn section_data(&mut self, name: &[u8]) -> Option<SectionBytes> {
+        Some(self.0.section(name)?.1)
+    }
+}
+
+/// The unwinders of all processes and the rule cache they share.
+#[derive(Default)]
+pub struct Unwinders {
+    processes: HashMap<u32, (u64, UnwinderX86_64<SectionBytes>)>,
+    cache: CacheX86_64,
+}
+
+impl std::fmt::Debug for Unwinders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unwinders")
+            .field("processes", &self.processes.len())
+            .finish()
+    }
+}
+
+impl Unwinders {
+    /// Whether `pid`'s unwinder was built from the maps read at `maps_read_ns`.
+    pub fn is_current(&self, pid: u32, maps_read_ns: u64) -> bool {
+        self.processes
+            .get(&pid)
+            .is_some_and(|(read, _)| *read == maps_read_ns)
+    }
+
+    /// (Re)builds `pid`'s unwinder from its modules as of the maps read at `maps_read_ns`.
+    pub fn rebuild(&mut self, pid: u32, maps_read_ns: u64, modules: Vec<Mapped>) {
+        let mut unwinder = UnwinderX86_64::new();
+        for mapped in modules {
+            unwinder.add_module(Module::new(
+                mapped.name,
+                mapped.range,
+                mapped.bias,
+                ElfSections(mapped.image),
+            ));
+        }
+        self.processes.insert(pid, (maps_read_ns, unwinder));
+    }
+
+    /// Forgets `pid`'s unwinder.
+    pub fn remove(&mut self, pid: u32) {
+        self.processes.remove(&pid);
+    }
+
+    /// Walks `copied` of process `pid`: the return addresses, innermost first, and why the
+    /// walk ended. At a return (`at_return`) the instruction pointer is the direct caller's
+    /// return address and is the first frame; at an entry it is the allocator's own code
+    /// and is left out.
+    pub fn unwind(
+        &mut self,
+        pid: u32,
+        copied: &CopiedStack,
+        at_return: bool,
+    ) -> (Vec<u64>, StackEnd) {
+        let empty;
+        let unwinder = match self.processes.get(&pid) {
+            Some((_, unwinder)) => unwinder,
+            None => {
+                empty = UnwinderX86_64::new();
+                &empty
+            }
+        };
+        walk(unwinder, &mut self.cache, copied, at_return)
+    }
+}
+
+fn walk(
+    unwinder: &UnwinderX86_64<SectionBytes>,
+    cache: &mut CacheX86_64,
+    copied: &CopiedStack,
+    at_return: bool,
+) -> (Vec<u64>, StackEnd) {
+    let end_of_copy = copied.start + copied.bytes.len() as u64;
+    let mut read_stack = |address: u64| -> Result<u64, ()> {
+        let offset = address.checked_sub(copied.start).ok_or(())? as usize;
+        let word = copied
+            .bytes
+            .get(offset..offset.checked_add(8).ok_or(())?)
+            .ok_or(())?;
+        Ok(u64::from_le_bytes(word.try_into().map_err(|_| ())?))
+    };
+    let regs = UnwindRegsX86_64::new(copied.ip, copied.sp, copied.bp);
+    let mut frames = unwinder.iter_frames(copied.ip, regs, cache, &mut read_stack);
+    let mut addresses = Vec::new();
+    loop {
+        if addresses.len() >= MAX_FRAMES {
+            return (addresses, StackEnd::Depth);
+        }
+        match frames.next() {
+            Ok(Some(FrameAddress::InstructionPointer(ip))) => {
+                if at_return {
+                    addresses.push(ip);
+                }
+            }
+            Ok(Some(FrameAddress::ReturnAddress(address))) => addresses.push(address.get()),
+            Ok(None) => return (addresses, StackEnd::Root),
+            Err(framehop::Error::CouldNotReadStack(address))
+                if (end_of_copy..end_of_copy + STACK_BEYOND_WINDOW).contains(&address) =>
+            {
+                return (addresses, StackEnd::Window)
+            }
+            Err(_) => return (addresses, StackEnd::UnwindFailed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This very thread's registers and stack, as the kernel would copy them.
+    #[inline(never)]
+    fn copy_own_stack(window: usize) -> CopiedStack {
+        let (ip, sp, bp): (u64, u64, u64);
+        // SAFETY: reads three registers; touches no memory.
+        unsafe {
+            std::arch::asm!(
+                // rbp first: in code without frame pointers it may also serve as an output.
+                "mov {bp}, rbp",
+                "mov {sp}, rsp",
+                "lea {ip}, [rip]",
+                ip = out(reg) ip,
+                sp = out(reg) sp,
+                bp = out(reg) bp,
+            );
+        }
+        // SAFETY: the `window` bytes above our stack pointer are this thread's live stack
+        // (the test thread's stack is far larger than the windows used here).
+        let bytes = unsafe { std::slice::from_raw_parts(sp as *const u8, window) }.to_vec();
+        CopiedStack {
+            ip,
+            sp,
+            bp,
+            start: sp,
+            bytes,
+        }
+    }
+
+    fn own_modules() -> Vec<Mapped> {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        crate::probe::maps::parse(&maps)
+            .into_iter()
+            .filter(|vma| vma.executable && vma.path.is_some())
+            .filter_map(|vma| {
+                let file = std::fs::File::open(vma.path.as_ref()?).ok()?;
+                let image = Image::open(&file)?;
+                Some(Mapped {
+                    range: vma.start..vma.end,
+                    bias: image.bias(vma.start, vma.offset)?,
+                    image,
+                    name: vma.path?.display().to_string(),
+                })
+            })
+            .collect()
+    }
+
+    #[inline(never)]
+    fn level_two(window: usize) -> CopiedStack {
+        std::hint::black_box(copy_own_stack(window))
+    }
+
+    #[inline(never)]
+    fn level_one(window: usize) -> CopiedStack {
+        std::hint::black_box(level_two(window))
+    }
+
+    #[test]
+    fn a_copied_stack_unwinds_through_our_own_frames() {
+        let copied = level_one(32 * 1024);
+        let mut unwinders = Unwinders::default();
+        unwinders.rebuild(1, 0, own_modules());
+        let (frames, end) = unwinders.unwind(1, &copied, true);
+        // ip is inside copy_own_stack; its callers follow, each a return address into the
+        // function that called.
+        let inside = |address: u64, function: usize| address.wrapping_sub(function as u64) < 4096;
+        assert!(frames.len() > 3, "{frames:x?} {end:?}");
+        assert!(
+            inside(frames[1], level_two as *const () as usize),
+            "{frames:x?}"
+        );
+        assert!(
+            inside(frames[2], level_one as *const () as usize),
+            "{frames:x?}"
+        );
+        assert!(
+            matches!(end, StackEnd::Window | StackEnd::Root),
+            "{end:?} after {} frames",
+            frames.len()
+        );
+    }
+
+    #[test]
+    fn a_small_window_ends_in_window() {
+        let copied = level_one(64);
+        let mut unwinders = Unwinders::default();
+        unwinders.rebuild(1, 0, own_modules());
+        let (frames, end) = unwinders.unwind(1, &copied, true);
+        assert_eq!(end, StackEnd::Window, "{frames:x?}");
+    }
+}
