@@ -1,11 +1,12 @@
 //! The short human summary `record` prints on stderr.
 
-use std::fmt::Write as _;
+use std::{collections::BTreeMap, fmt::Write as _};
 
 use crate::{
     collect::Losses,
     format::{bytes, frame_name, percent},
     profile::{Profile, StackProfile, LOST_FRAME},
+    stacks::StackEnd,
     stats::Estimate,
     text,
 };
@@ -61,6 +62,33 @@ fn describe_losses(losses: &Losses) -> String {
         .map(|(count, what)| format!("{count} {what}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// How the sampled stacks ended, by share of samples: whole, or cut and why.
+fn describe_stack_ends(stacks: &[StackProfile]) -> Option<String> {
+    let mut per_end: BTreeMap<StackEnd, u64> = BTreeMap::new();
+    for stack in stacks {
+        if let Some(end) = stack.end {
+            *per_end.entry(end).or_default() += stack.samples;
+        }
+    }
+    let total: u64 = per_end.values().sum();
+    if total == 0 {
+        return None;
+    }
+    let mut ends: Vec<(StackEnd, u64)> = per_end.into_iter().collect();
+    ends.sort_by_key(|&(end, samples)| (end.is_truncated(), std::cmp::Reverse(samples)));
+    let parts: Vec<String> = ends
+        .iter()
+        .map(|&(end, samples)| {
+            format!(
+                "{:.1}% of samples {}",
+                samples as f64 * 100.0 / total as f64,
+                end.describe()
+            )
+        })
+        .collect();
+    Some(parts.join("; "))
 }
 
 /// Renders the summary: totals per process, losses, and the top `top` stacks.
@@ -124,6 +152,9 @@ pub fn render(profile: &Profile, top: usize) -> String {
             "  no samples: too little was allocated for this interval"
         );
         return out;
+    }
+    if let Some(line) = describe_stack_ends(&profile.stacks) {
+        let _ = writeln!(out, "  stacks: {line}");
     }
     if let Some(age) = profile.leaks_older_than_seconds {
         let mut leaks: Vec<_> = profile

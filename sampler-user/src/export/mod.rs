@@ -174,7 +174,7 @@ pub(crate) mod tests {
     use crate::{
         collect::Losses,
         profile::{ExactCounts, Module, ProcessProfile, Sampling, StackProfile, SCHEMA},
-        stacks::symbolize::FrameInfo,
+        stacks::{symbolize::FrameInfo, StackEnd, Unwinding},
         stats::{estimate::Posterior, Estimate},
     };
 
@@ -228,6 +228,8 @@ pub(crate) mod tests {
             period: None,
             lost: false,
             cut_to_leaf: false,
+            unwound: Some(Unwinding::Dwarf),
+            end: Some(StackEnd::Root),
         };
         Profile {
             schema: SCHEMA.to_owned(),

@@ -13,7 +13,7 @@ use sampler_common::ProcessCounters;
 
 use crate::{
     collect::Losses,
-    stacks::symbolize::FrameInfo,
+    stacks::{symbolize::FrameInfo, StackEnd, Unwinding},
     stats::{
         estimate::{Posterior, Window},
         Estimate, SampleSet,
@@ -174,6 +174,15 @@ pub struct StackProfile {
     /// distinct stacks than `--max-stacks`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cut_to_leaf: bool,
+    /// How the stack was unwound: `dwarf` (CFI, from a copy of the stack) or
+    /// `frame_pointers` (`None` for the lost-samples pseudo-stack).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unwound: Option<Unwinding>,
+    /// Where the walk ended: `root` (the stack is whole), `unknown` (the kernel's
+    /// frame-pointer walk cannot tell), or why it was cut: `window`,
+    /// `not_a_return_address`, `unmapped`, `unwind_failed`, `depth`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<StackEnd>,
 }
 
 /// A stack's leak candidates: sampled blocks still live and older than the threshold.
@@ -284,6 +293,8 @@ impl Profile {
                 period,
                 lost: stack.lost,
                 cut_to_leaf: stack.cut_to_leaf,
+                unwound: stack.origin.map(|origin| origin.unwinding),
+                end: stack.origin.map(|origin| origin.end),
             });
         }
         stacks.sort_by(|a, b| b.alloc_bytes.estimate.total_cmp(&a.alloc_bytes.estimate));

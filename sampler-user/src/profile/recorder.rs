@@ -12,7 +12,9 @@ use super::{Profile, Settings};
 use crate::{
     collect::{Event, Losses, LostBatch, Sample},
     probe::allocator::Allocator,
-    stacks::{self, symbolize::FrameInfo, symbolize::Symbolizer, Frame, StackId, StackTable},
+    stacks::{
+        self, symbolize::FrameInfo, symbolize::Symbolizer, Frame, StackId, StackOrigin, StackTable,
+    },
     stats::{rate::RateTracker, SampleObs, SampleSet},
 };
 
@@ -128,6 +130,8 @@ pub struct StackTally {
     pub lost: bool,
     /// Holds stacks cut to this leaf frame (beyond `--max-stacks`).
     pub cut_to_leaf: bool,
+    /// How the stack was unwound and where it ended (`None`: not a stack).
+    pub origin: Option<StackOrigin>,
 }
 
 /// One process's side of a [`Tally`].
@@ -382,6 +386,7 @@ impl Recorder {
                     recent,
                     lost: false,
                     cut_to_leaf: self.stacks.is_cut(id as StackId),
+                    origin: Some(self.stacks.origin(id as StackId)),
                 }
             })
             .chain(self.lost.iter().map(|(&pid, batches)| {
@@ -400,6 +405,7 @@ impl Recorder {
                     recent: SampleSet::default(),
                     lost: true,
                     cut_to_leaf: false,
+                    origin: None,
                 }
             }))
             .collect();

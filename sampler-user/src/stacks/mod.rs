@@ -17,7 +17,7 @@ pub mod symbolize;
 pub mod unwind;
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{HashMap, HashSet},
     path::{Path, PathBuf},
     sync::{Arc, OnceLock},
 };
@@ -31,7 +31,9 @@ pub use unwind::StackEnd;
 use unwind::{Mapped, Unwinders};
 
 /// How a stack was unwound.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Unwinding {
     /// From a copy of the stack, with the modules' CFI (`--unwind dwarf`).
@@ -198,8 +200,6 @@ pub struct StackTable {
     unwinders: Unwinders,
     stacks: Vec<StackKey>,
     index: HashMap<StackKey, StackId>,
-    /// Samples per way their stack ended early (not at its root).
-    truncated: BTreeMap<StackEnd, u64>,
     /// Most distinct whole stacks kept (`None`: no limit).
     max_stacks: Option<usize>,
     /// Stacks that hold samples of longer stacks cut to their leaf.
@@ -383,9 +383,6 @@ impl StackTable {
             }
             frames.push(frame);
         }
-        if !matches!(origin.end, StackEnd::Root | StackEnd::Unknown) {
-            *self.truncated.entry(origin.end).or_default() += 1;
-        }
         self.intern_frames(pid, frames, origin)
     }
 
@@ -415,12 +412,6 @@ impl StackTable {
                 .is_some_and(call_site::follows_call),
             None => true,
         }
-    }
-
-    /// Samples whose stack ended early, per reason (not at the root, not where the kernel's
-    /// walk ended by itself).
-    pub fn truncated(&self) -> &BTreeMap<StackEnd, u64> {
-        &self.truncated
     }
 
     fn insert(&mut self, key: StackKey) -> StackId {
@@ -601,7 +592,6 @@ mod tests {
         assert_eq!(table.origin(id).end, StackEnd::Unmapped);
         let leaf = table.intern(7, &[0x5000, 0x1010], FP, 0);
         assert_eq!(table.stack(leaf).1, [Frame::Unknown { address: 0x5000 }]);
-        assert_eq!(table.truncated()[&StackEnd::Unmapped], 2);
     }
 
     #[test]

@@ -25,7 +25,9 @@ pub const MAX_FRAMES: usize = 512;
 const STACK_BEYOND_WINDOW: u64 = 8 << 20;
 
 /// Why a walk ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum StackEnd {
     /// At the outermost frame (`_start`, a thread's start): the stack is whole.
@@ -44,6 +46,26 @@ pub enum StackEnd {
     UnwindFailed,
     /// [`MAX_FRAMES`] (or, for the kernel's walk, its depth limit) reached.
     Depth,
+}
+
+impl StackEnd {
+    /// Whether the stack is known to be cut short (frames above it are missing).
+    pub fn is_truncated(self) -> bool {
+        !matches!(self, StackEnd::Root | StackEnd::Unknown)
+    }
+
+    /// What a reader is told about a stack cut this way.
+    pub fn describe(self) -> &'static str {
+        match self {
+            StackEnd::Root => "reached their root",
+            StackEnd::Unknown => "ended where the frame-pointer walk did",
+            StackEnd::Window => "went beyond the stack copied (--stack-bytes)",
+            StackEnd::NotAReturnAddress => "stopped at a frame that was not a return address",
+            StackEnd::Unmapped => "stopped at code in no file (JIT, unmapped)",
+            StackEnd::UnwindFailed => "stopped where no CFI or frame pointer led on",
+            StackEnd::Depth => "were cut at the depth limit",
+        }
+    }
 }
 
 /// One module to add to a process's unwinder: where it is mapped and its file.

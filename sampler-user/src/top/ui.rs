@@ -494,6 +494,7 @@ mod tests {
             recent: samples(recent, 4096),
             lost: false,
             cut_to_leaf: false,
+            origin: None,
         }
     }
 
