@@ -64,7 +64,7 @@ fn describe_losses(losses: &Losses) -> String {
         .join(", ")
 }
 
-/// How the sampled stacks ended, by share of samples: whole, or cut and why.
+/// How the sampled stacks ended, by share (and number) of samples: whole, or cut and why.
 fn describe_stack_ends(stacks: &[StackProfile]) -> Option<String> {
     let mut per_end: BTreeMap<StackEnd, u64> = BTreeMap::new();
     for stack in stacks {
@@ -81,11 +81,13 @@ fn describe_stack_ends(stacks: &[StackProfile]) -> Option<String> {
     let parts: Vec<String> = ends
         .iter()
         .map(|&(end, samples)| {
-            format!(
-                "{:.1}% of samples {}",
-                samples as f64 * 100.0 / total as f64,
-                end.describe()
-            )
+            let share = samples as f64 * 100.0 / total as f64;
+            let share = if share < 0.1 {
+                "<0.1%".to_owned()
+            } else {
+                format!("{share:.1}%")
+            };
+            format!("{share} ({samples}) {}", end.describe())
         })
         .collect();
     Some(parts.join("; "))

@@ -75,7 +75,18 @@ pub fn fixture(name: &str, extra_flags: &[&str]) -> PathBuf {
 /// [`fixture`] built as `binary_name` (the same source with other flags, e.g. `-static`).
 pub fn fixture_as(name: &str, binary_name: &str, extra_flags: &[&str]) -> PathBuf {
     let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let source = workspace().join("tests/fixtures").join(format!("{name}.c"));
+    // C++ sources are built by g++ (libstdc++ linked), C by gcc.
+    let cxx = workspace()
+        .join("tests/fixtures")
+        .join(format!("{name}.cpp"));
+    let (source, compiler) = if cxx.exists() {
+        (cxx, "g++")
+    } else {
+        (
+            workspace().join("tests/fixtures").join(format!("{name}.c")),
+            "gcc",
+        )
+    };
     let out_dir = workspace().join("target/fixtures");
     std::fs::create_dir_all(&out_dir).unwrap();
     let binary = out_dir.join(binary_name);
@@ -94,7 +105,7 @@ pub fn fixture_as(name: &str, binary_name: &str, extra_flags: &[&str]) -> PathBu
         _ => false,
     };
     if !fresh {
-        let status = Command::new("gcc")
+        let status = Command::new(compiler)
             .args(
                 std::fs::read_to_string(&cflags_file)
                     .unwrap()
@@ -105,8 +116,12 @@ pub fn fixture_as(name: &str, binary_name: &str, extra_flags: &[&str]) -> PathBu
             .arg(&source)
             .args(extra_flags)
             .status()
-            .expect("running gcc (apt-get install gcc)");
-        assert!(status.success(), "gcc failed on {}", source.display());
+            .unwrap_or_else(|e| panic!("running {compiler} (cargo xtask setup installs it): {e}"));
+        assert!(
+            status.success(),
+            "{compiler} failed on {}",
+            source.display()
+        );
     }
     binary
 }

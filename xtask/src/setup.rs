@@ -3,7 +3,8 @@
 //! * nightly's rust-src: the eBPF crate is built with `-Z build-std=core` (DESIGN.md §2);
 //! * bpf-linker 0.10.0: links the eBPF object with nightly's own LLVM (0.11+ needs an LLVM
 //!   21 that Debian 12 lacks);
-//! * Debian packages: gcc builds the C fixtures; util-linux's setpriv runs the
+//! * Debian packages: gcc and g++ build the C and C++ fixtures; Debian's own python3 is
+//!   the real program whose stacks are checked; util-linux's setpriv runs the
 //!   unprivileged-user test; golang-go provides `go tool pprof`, the reader our pprof
 //!   files are tested against; tmux is the real terminal `allocscope top` is tested in;
 //!   libjemalloc2, libgoogle-perftools4 and libmimalloc2.0 are the other allocators profiled
@@ -21,6 +22,8 @@ const BPF_LINKER_VERSION: &str = "0.10.0";
 /// (a program on PATH or an absolute file path that shows the package is there, package).
 const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("gcc", "gcc"),
+    ("g++", "g++"),
+    ("/usr/bin/python3", "python3-minimal"),
     ("/usr/lib/x86_64-linux-gnu/libc.a", "libc6-dev"),
     ("setpriv", "util-linux"),
     ("unshare", "util-linux"),

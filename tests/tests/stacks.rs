@@ -1,0 +1,293 @@
+//! Whole stacks in code built the way distributions build it (-O2, no frame pointers): C
+//! fixtures whose `rbp` holds data, C++ allocations through Debian's libstdc++, and Debian's
+//! own python3. Each allocation site must be found under its true callers up to `main`,
+//! with its bytes inside its bounds, and no stack may show a frame that is not a return
+//! address.
+
+use std::process::Command;
+
+use serde_json::Value;
+use tests::{allocscope, bpf_available, fixture, read_profile, TempDir};
+
+const CONFIDENCE: &str = "0.9999";
+
+/// Records `binary args` with `flags`; returns the profile and the target's pid.
+fn record(name: &str, flags: &[&str], command: &[&str]) -> (Value, u32) {
+    let dir = TempDir::new(name);
+    let out = dir.path("profile.json");
+    let output = Command::new(allocscope())
+        .arg("record")
+        .args(flags)
+        .args(["--confidence", CONFIDENCE, "-o"])
+        .arg(&out)
+        .arg("--")
+        .args(command)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "allocscope failed:\n{stderr}");
+    let profile = read_profile(&out);
+    let pid = profile["processes"][0]["pid"].as_u64().unwrap() as u32;
+    (profile, pid)
+}
+
+fn function(frame: &Value) -> &str {
+    frame["function"].as_str().unwrap_or("?")
+}
+
+fn names(stack: &Value) -> Vec<&str> {
+    stack["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(function)
+        .collect()
+}
+
+/// The stacks of `pid` whose frames hold `chain` (prefixes of demangled names), in this
+/// order, one right after the other, starting at the first frame that matches `chain[0]`.
+fn stacks_through<'p>(profile: &'p Value, pid: u32, chain: &[&str]) -> Vec<&'p Value> {
+    profile["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|stack| stack["pid"] == pid)
+        .filter(|stack| {
+            let names = names(stack);
+            names
+                .iter()
+                .position(|name| name.starts_with(chain[0]))
+                .is_some_and(|at| {
+                    chain.iter().enumerate().all(|(i, link)| {
+                        names.get(at + i).is_some_and(|name| name.starts_with(link))
+                    })
+                })
+        })
+        .collect()
+}
+
+fn all_stacks(profile: &Value) -> String {
+    profile["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| format!("{} samples, end {}: {:?}", s["samples"], s["end"], names(s)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Asserts the summed bounds of `stacks` hold `truth` bytes (a conservative check: the sum
+/// of the lower bounds is below any sum of estimates the truth could produce, the sum of the
+/// upper bounds above).
+fn assert_bytes_within(stacks: &[&Value], truth: u64, what: &str, profile: &Value) {
+    let sum = |field: &str| -> f64 {
+        stacks
+            .iter()
+            .map(|s| s["alloc_bytes"][field].as_f64().unwrap())
+            .sum()
+    };
+    let (lower, upper) = (sum("lower"), sum("upper"));
+    assert!(
+        lower <= truth as f64 && truth as f64 <= upper,
+        "{what}: truth {truth} outside [{lower}, {upper}]\n{}",
+        all_stacks(profile)
+    );
+}
+
+/// `deep`'s sites: (leaf frame, its caller chain up to main, bytes per call).
+const DEEP_SITES: [(&str, [&str; 4], u64); 3] = [
+    (
+        "site_table",
+        ["site_table", "load_table", "phase_load", "main"],
+        4000,
+    ),
+    (
+        "site_index",
+        ["site_index", "load_index", "phase_load", "main"],
+        3000,
+    ),
+    (
+        "site_query",
+        ["site_query", "run_query", "phase_query", "main"],
+        1500 + 2500,
+    ),
+];
+
+#[test]
+fn c_without_frame_pointers_every_site_reaches_main() {
+    if !bpf_available("c_without_frame_pointers_every_site_reaches_main") {
+        return;
+    }
+    let deep = fixture("deep", &["-fomit-frame-pointer"]);
+    let calls: u64 = 20_000;
+    let command = [deep.to_str().unwrap(), &calls.to_string()];
+    // At the allocator's return (frees tracked) and at its entry (alloc-only): the stack
+    // is copied from different places, and both must unwind whole.
+    for flags in [&["-i", "64KiB"][..], &["-i", "64KiB", "--alloc-only"]] {
+        let (profile, pid) = record("deep", flags, &command);
+        for (site, chain, bytes) in DEEP_SITES {
+            let stacks = stacks_through(&profile, pid, &chain);
+            assert!(
+                !stacks.is_empty(),
+                "{flags:?}: no stack of {site} through {chain:?}\n{}",
+                all_stacks(&profile)
+            );
+            let all_of_site: Vec<&Value> = profile["stacks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|s| s["pid"] == pid && names(s)[0] == site)
+                .collect();
+            assert_eq!(
+                stacks.len(),
+                all_of_site.len(),
+                "{flags:?}: {site} has stacks that do not reach main\n{}",
+                all_stacks(&profile)
+            );
+            assert_bytes_within(&stacks, calls * bytes, site, &profile);
+            for stack in stacks {
+                assert_eq!(stack["unwound"], "dwarf");
+                assert!(
+                    stack["end"] == "root" || stack["end"] == "unwind_failed",
+                    "{site}: {}",
+                    stack["end"]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn frame_pointer_walks_through_data_show_no_false_frames() {
+    if !bpf_available("frame_pointer_walks_through_data_show_no_false_frames") {
+        return;
+    }
+    // site_table keeps the text "ion Sele" in rbp while it calls malloc: the kernel's
+    // frame-pointer walk reads on from there. Every frame shown must still be a real one.
+    let deep = fixture("deep", &["-fomit-frame-pointer"]);
+    let (profile, pid) = record(
+        "deep-fp",
+        &["-i", "64KiB", "--unwind", "fp"],
+        &[deep.to_str().unwrap(), "20000"],
+    );
+    let stacks = profile["stacks"].as_array().unwrap();
+    for stack in stacks.iter().filter(|s| s["pid"] == pid) {
+        assert_eq!(stack["unwound"], "frame_pointers");
+        assert!(
+            !names(stack).contains(&"?"),
+            "a frame that is no function: {:?}\n{}",
+            names(stack),
+            all_stacks(&profile)
+        );
+        // The data in rbp never becomes a frame: frames are code in mapped files.
+        for frame in stack["frames"].as_array().unwrap() {
+            assert!(frame["module"].is_string(), "{frame}");
+        }
+    }
+    let table = stacks_through(&profile, pid, &["site_table"]);
+    assert!(!table.is_empty());
+}
+
+/// `deep_cpp`'s sites: (our function that allocates, its callers, bytes per call).
+const CPP_SITES: [(&str, [&str; 3], u64); 4] = [
+    (
+        "grow_vectors",
+        ["grow_vectors", "phase_build", "main"],
+        4000,
+    ),
+    (
+        "make_buffers",
+        ["make_buffers", "phase_build", "main"],
+        3000,
+    ),
+    (
+        "build_strings",
+        ["build_strings", "phase_text", "main"],
+        2001,
+    ),
+    ("make_objects", ["make_objects", "phase_text", "main"], 1024),
+];
+
+#[test]
+fn cpp_callers_of_operator_new_are_found_through_libstdcxx() {
+    if !bpf_available("cpp_callers_of_operator_new_are_found_through_libstdcxx") {
+        return;
+    }
+    let deep = fixture("deep_cpp", &["-fomit-frame-pointer"]);
+    let calls: u64 = 20_000;
+    let (profile, pid) = record(
+        "deep-cpp",
+        &["-i", "64KiB"],
+        &[deep.to_str().unwrap(), &calls.to_string()],
+    );
+    let mut through_new = 0;
+    for (site, chain, bytes) in CPP_SITES {
+        let stacks = stacks_through(&profile, pid, &chain);
+        assert!(
+            !stacks.is_empty(),
+            "no stack of {site} through {chain:?}\n{}",
+            all_stacks(&profile)
+        );
+        for stack in &stacks {
+            // The leaf is libstdc++'s operator new (Debian builds it without frame
+            // pointers): its callers are found by CFI alone.
+            if names(stack)[0].starts_with("operator new") {
+                through_new += 1;
+            }
+        }
+        assert_bytes_within(&stacks, calls * bytes, site, &profile);
+    }
+    assert!(
+        through_new >= CPP_SITES.len(),
+        "operator new as leaf\n{}",
+        all_stacks(&profile)
+    );
+}
+
+#[test]
+fn python_stacks_reach_the_interpreter_entry() {
+    if !bpf_available("python_stacks_reach_the_interpreter_entry") {
+        return;
+    }
+    // Debian's own python3 (built -O2 without frame pointers), not a fixture of ours.
+    let python = "/usr/bin/python3";
+    assert!(
+        std::path::Path::new(python).exists(),
+        "Debian's python3 is missing (cargo xtask setup installs python3-minimal)"
+    );
+    let dir = TempDir::new("python-script");
+    let script = dir.path("script.py");
+    std::fs::write(
+        &script,
+        "def grow(n):\n    return [bytearray(3000) for _ in range(n)]\n\
+         def main():\n    for _ in range(40):\n        grow(2000)\nmain()\n",
+    )
+    .unwrap();
+    let (profile, pid) = record(
+        "python",
+        &["-i", "64KiB"],
+        &[python, script.to_str().unwrap()],
+    );
+    let stacks: Vec<&Value> = profile["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["pid"] == pid && s["lost"] != true)
+        .collect();
+    let samples =
+        |stacks: &[&Value]| -> u64 { stacks.iter().map(|s| s["samples"].as_u64().unwrap()).sum() };
+    let whole: Vec<&Value> = stacks
+        .iter()
+        .copied()
+        .filter(|s| names(s).contains(&"Py_BytesMain") && s["end"] == "root")
+        .collect();
+    // bytearray(3000) × 80,000 = 240 MB, nearly all of the script's allocation. Debian's
+    // main tail-calls Py_BytesMain: no frame of main's own remains on the stack.
+    assert!(
+        samples(&whole) * 10 >= samples(&stacks) * 9,
+        "{} of {} samples reach Py_BytesMain and the root\n{}",
+        samples(&whole),
+        samples(&stacks),
+        all_stacks(&profile)
+    );
+}
