@@ -133,14 +133,10 @@ pub struct SamplingArgs {
     pub max_stacks: u32,
 
     /// Size of the kernel's ring buffer carrying samples to allocscope (a power of two,
-    /// 64KiB to 256MiB). Samples that find it full lose their stack but stay in the totals.
-    #[arg(
-        long,
-        value_name = "BYTES",
-        default_value = "4MiB",
-        help_heading = "Sampling"
-    )]
-    pub ring_buffer: String,
+    /// 64KiB to 256MiB; default 16MiB with `--unwind dwarf`, 4MiB with `fp`). Samples that
+    /// find it full lose their stack but stay in the totals.
+    #[arg(long, value_name = "BYTES", help_heading = "Sampling")]
+    pub ring_buffer: Option<String>,
 
     /// How stacks are unwound: `dwarf` copies the top of the user stack of each sampled call
     /// and unwinds it with the modules' CFI (.eh_frame), through code built without frame
@@ -163,6 +159,12 @@ pub struct SamplingArgs {
         help_heading = "Sampling"
     )]
     pub stack_bytes: String,
+
+    /// Also look for separate debug files here (by build id under DIR/.build-id/, or by
+    /// the name in a file's .gnu_debuglink), before /usr/lib/debug and /lib/debug: names
+    /// for stripped programs and libraries (repeat for several).
+    #[arg(long = "debug-dir", value_name = "DIR", help_heading = "Sampling")]
+    pub debug_dirs: Vec<PathBuf>,
 
     /// Confidence level of every lower/upper bound, in (0, 1).
     #[arg(

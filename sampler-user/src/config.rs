@@ -129,6 +129,8 @@ pub struct SamplingConfig {
     pub max_stacks: usize,
     /// How stacks are unwound.
     pub unwind: Unwind,
+    /// Directories of separate debug files searched first.
+    pub debug_dirs: Vec<PathBuf>,
     /// Use uprobe sessions where the kernel has them.
     pub sessions: bool,
     /// Confidence of the bounds.
@@ -263,16 +265,13 @@ impl SamplingArgs {
         }
         // Each entry costs the kernel ~100 bytes.
         count_flag("--max-tracked", self.max_tracked, MAX_TRACKED_LIMIT)?;
-        let ring_buffer = parse_size(&self.ring_buffer)
-            .ok()
-            .filter(|&bytes| RING_BUFFER_RANGE.contains(&bytes) && bytes.is_power_of_two())
-            .ok_or_else(|| {
-                BadInput(format!(
-                    "invalid --ring-buffer {:?}: a power of two from 64KiB to 256MiB",
-                    self.ring_buffer
-                ))
-            })? as u32;
         count_flag("--max-stacks", self.max_stacks, MAX_STACKS_LIMIT)?;
+        if let Some(dir) = self.debug_dirs.iter().find(|dir| !dir.is_dir()) {
+            return Err(BadInput(format!(
+                "invalid --debug-dir {}: not a directory",
+                dir.display()
+            )));
+        }
         let unwind = match self.unwind {
             UnwindArg::Fp => Unwind::FramePointers,
             UnwindArg::Dwarf => Unwind::Cfi {
@@ -287,6 +286,19 @@ impl SamplingArgs {
                     })? as u32,
             },
         };
+        // A stack copy makes a sample's record ~16 times larger: room for as many in flight.
+        let ring_buffer = match (&self.ring_buffer, unwind) {
+            (Some(text), _) => parse_size(text)
+                .ok()
+                .filter(|&bytes| RING_BUFFER_RANGE.contains(&bytes) && bytes.is_power_of_two())
+                .ok_or_else(|| {
+                    BadInput(format!(
+                        "invalid --ring-buffer {text:?}: a power of two from 64KiB to 256MiB"
+                    ))
+                })? as u32,
+            (None, Unwind::FramePointers) => 4 << 20,
+            (None, Unwind::Cfi { .. }) => 16 << 20,
+        };
         Ok(SamplingConfig {
             interval,
             alloc_only: self.alloc_only,
@@ -294,6 +306,7 @@ impl SamplingArgs {
             ring_buffer,
             max_stacks: self.max_stacks as usize,
             unwind,
+            debug_dirs: self.debug_dirs.clone(),
             sessions: !self.no_sessions,
             confidence: self.confidence,
             verbose: self.verbose,
@@ -569,7 +582,22 @@ mod tests {
                 .unwrap()
                 .sampling
                 .ring_buffer,
+            16 << 20
+        );
+        assert_eq!(
+            record(&["-p", "1", "-o", "x", "--unwind", "fp"])
+                .unwrap()
+                .sampling
+                .ring_buffer,
             4 << 20
+        );
+        assert!(record(&["-p", "1", "-o", "x", "--stack-bytes", "64KiB"])
+            .unwrap_err()
+            .contains("--stack-bytes"));
+        assert!(
+            record(&["-p", "1", "-o", "x", "--debug-dir", "/nonexistent"])
+                .unwrap_err()
+                .contains("--debug-dir")
         );
         assert!(record(&[
             "-p",

@@ -225,7 +225,8 @@ impl Recording {
             reader,
             batch: Vec::new(),
             recorder,
-            symbolizer: Symbolizer::spawn().context("starting the symbolizer thread")?,
+            symbolizer: Symbolizer::spawn(&sampling.debug_dirs)
+                .context("starting the symbolizer thread")?,
             targets,
             cache,
             watcher: exits::Watcher::new(),

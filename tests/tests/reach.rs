@@ -355,7 +355,9 @@ fn follow_takes_in_forked_and_execed_processes() {
     let out = dir.path("follow.json");
     let forker = fixture("forker", &[]);
     let workload = fixture("workload", &[]);
-    let iterations: u64 = 300_000;
+    // Long enough for each child to be attached before it is done, even on a loaded
+    // machine (attaching takes 1–26 ms after the fork; #14 is about not waiting at all).
+    let iterations: u64 = 1_000_000;
     let output = Command::new(allocscope())
         .args(["record", "--follow", "--confidence", CONFIDENCE, "-o"])
         .arg(&out)
@@ -370,10 +372,18 @@ fn follow_takes_in_forked_and_execed_processes() {
     assert!(output.status.success(), "allocscope failed:\n{stderr}");
     let profile = read_profile(&out);
     let processes = profile["processes"].as_array().unwrap();
+    let seen: Vec<(u64, &str, u64)> = processes
+        .iter()
+        .map(|p| {
+            let pid = p["pid"].as_u64().unwrap_or(0);
+            let calls = p["exact"]["calls"].as_u64().unwrap_or(0);
+            (pid, p["command"].as_str().unwrap_or("?"), calls)
+        })
+        .collect();
     assert_eq!(
         processes.len(),
         5,
-        "parent, 3 children, 1 exec'd: {processes:#?}"
+        "parent, 3 children, 1 exec'd; seen (pid, command, calls): {seen:?}\n{stderr}"
     );
     let parent = processes[0]["pid"].as_u64().unwrap() as u32;
     // The parent from its first allocation: exactly its own calls.

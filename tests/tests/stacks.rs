@@ -291,3 +291,79 @@ fn python_stacks_reach_the_interpreter_entry() {
         all_stacks(&profile)
     );
 }
+
+/// The GNU build id of `binary`, in hex (from `readelf -n`).
+fn build_id(binary: &std::path::Path) -> String {
+    let output = Command::new("readelf")
+        .arg("-n")
+        .arg(binary)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.lines()
+        .find_map(|line| line.trim().strip_prefix("Build ID: "))
+        .unwrap_or_else(|| panic!("no build id in {}:\n{text}", binary.display()))
+        .to_owned()
+}
+
+fn objcopy(args: &[&std::ffi::OsStr]) {
+    let status = Command::new("objcopy").args(args).status().unwrap();
+    assert!(status.success(), "objcopy {args:?}");
+}
+
+#[test]
+fn a_stripped_program_is_named_from_its_debug_file_by_build_id() {
+    if !bpf_available("a_stripped_program_is_named_from_its_debug_file_by_build_id") {
+        return;
+    }
+    // As distributions ship programs: stripped, with the symbols and DWARF in a separate
+    // file under .build-id/xx/rest.debug.
+    let dir = TempDir::new("debug-dir");
+    let built = fixture("deep", &["-fomit-frame-pointer"]);
+    let stripped = dir.path("deep-stripped");
+    let id = build_id(&built);
+    let debug_dir = dir.path("debug");
+    let debug_file = debug_dir
+        .join(".build-id")
+        .join(&id[..2])
+        .join(format!("{}.debug", &id[2..]));
+    std::fs::create_dir_all(debug_file.parent().unwrap()).unwrap();
+    objcopy(&[
+        "--only-keep-debug".as_ref(),
+        built.as_os_str(),
+        debug_file.as_os_str(),
+    ]);
+    let link = format!("--add-gnu-debuglink={}", debug_file.display());
+    objcopy(&[
+        "--strip-all".as_ref(),
+        link.as_ref(),
+        built.as_os_str(),
+        stripped.as_os_str(),
+    ]);
+    let command = [stripped.to_str().unwrap(), "5000"];
+    let chain = ["site_table", "load_table", "phase_load", "main"];
+    // Without the debug directory the program's own functions have no names.
+    let (bare, pid) = record("stripped", &["-i", "64KiB"], &command);
+    assert!(
+        stacks_through(&bare, pid, &chain[..1]).is_empty(),
+        "{}",
+        all_stacks(&bare)
+    );
+    let (profile, pid) = record(
+        "stripped-debug",
+        &["-i", "64KiB", "--debug-dir", debug_dir.to_str().unwrap()],
+        &command,
+    );
+    assert!(
+        !stacks_through(&profile, pid, &chain).is_empty(),
+        "{}",
+        all_stacks(&profile)
+    );
+    // A frame that stays unresolved still names its module, whose build id the profile
+    // lists, so `go tool pprof` can symbolize it later.
+    let modules = bare["modules"].as_array().unwrap();
+    assert!(
+        modules.iter().any(|m| m["build_id"] == id.as_str()),
+        "{modules:#?}"
+    );
+}

@@ -42,12 +42,15 @@ pub struct Symbolizer {
 }
 
 impl Symbolizer {
-    /// Starts the thread.
-    pub fn spawn() -> std::io::Result<Symbolizer> {
+    /// Starts the thread. Separate debug files are looked up (by build id, then by
+    /// `.gnu_debuglink` name) in `debug_dirs`, then in /usr/lib/debug and /lib/debug.
+    pub fn spawn(debug_dirs: &[PathBuf]) -> std::io::Result<Symbolizer> {
         let (requests, incoming) = mpsc::channel::<Request>();
+        let mut dirs = debug_dirs.to_vec();
+        dirs.extend(DEFAULT_DEBUG_DIRS.iter().map(PathBuf::from));
         thread::Builder::new()
             .name("symbolizer".into())
-            .spawn(move || serve(incoming))?;
+            .spawn(move || serve(incoming, dirs))?;
         Ok(Symbolizer { requests })
     }
 
@@ -63,10 +66,14 @@ impl Symbolizer {
     }
 }
 
-fn serve(incoming: mpsc::Receiver<Request>) {
+/// Where distributions install separate debug files (Debian: `*-dbg`, `*-dbgsym`).
+const DEFAULT_DEBUG_DIRS: [&str; 2] = ["/usr/lib/debug", "/lib/debug"];
+
+fn serve(incoming: mpsc::Receiver<Request>, debug_dirs: Vec<PathBuf>) {
     let symbolizer = Blazesym::builder()
         .enable_code_info(true)
         .enable_inlined_fns(true)
+        .set_debug_dirs(Some(debug_dirs))
         .build();
     let mut cache: HashMap<(PathBuf, u64), Vec<FrameInfo>> = HashMap::new();
     for (frames, reply) in incoming {
