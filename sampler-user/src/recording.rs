@@ -214,7 +214,7 @@ impl Recording {
                 .take_map("SAMPLES")
                 .context("SAMPLES map missing")?,
         )?;
-        let reader = SampleReader::new(ring)?;
+        let reader = SampleReader::new(ring, sampling.ring_buffer as usize)?;
         let mut recorder = match recent {
             Some(window) => Recorder::with_recent(window),
             None => Recorder::default(),

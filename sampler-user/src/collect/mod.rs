@@ -207,11 +207,17 @@ enum Delivery {
     CaughtUp(u64),
 }
 
-/// Batches in flight between the intake thread and the recording: while the recording is
-/// busy (symbolizing, writing a file), the thread drains the ring buffer into up to this
-/// many batches (a ring buffer's worth each) before it waits, and the kernel counts
-/// what it then cannot deliver.
-const BATCHES_IN_FLIGHT: usize = 16;
+/// Bytes of records in flight between the intake thread and the recording: while the
+/// recording is busy (symbolizing, writing a file), the thread drains the ring buffer into
+/// batches of at most a ring buffer's worth, up to this much in all (and 2 to 16 batches),
+/// before it waits, and the kernel counts what it then cannot deliver. Bounds allocscope's
+/// memory when samples carry stack copies.
+const BYTES_IN_FLIGHT: usize = 64 << 20;
+
+/// Batches in flight for a ring buffer of `ring_bytes`.
+fn batches_in_flight(ring_bytes: usize) -> usize {
+    (BYTES_IN_FLIGHT / ring_bytes.max(1)).clamp(2, 16)
+}
 
 /// The sample stream, read on a thread of its own: it waits on the ring buffer's fd,
 /// copies and decodes every record at once (so the kernel can reuse the space) and sends
@@ -244,7 +250,7 @@ impl Shared {
 
 impl SampleReader {
     /// Starts the intake thread on the `SAMPLES` ring buffer taken from the loaded object.
-    pub fn new(ring: RingBuf<MapData>) -> anyhow::Result<SampleReader> {
+    pub fn new(ring: RingBuf<MapData>, ring_bytes: usize) -> anyhow::Result<SampleReader> {
         // SAFETY: eventfd with constant flags; the result is checked.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
@@ -257,12 +263,12 @@ impl SampleReader {
             stop: AtomicBool::new(false),
             malformed: AtomicU64::new(0),
         });
-        let (sender, deliveries) = mpsc::channel(BATCHES_IN_FLIGHT);
+        let (sender, deliveries) = mpsc::channel(batches_in_flight(ring_bytes));
         let thread = std::thread::Builder::new()
             .name("allocscope-intake".into())
             .spawn({
                 let shared = Arc::clone(&shared);
-                move || intake(ring, &shared, &sender)
+                move || intake(ring, ring_bytes, &shared, &sender)
             })
             .context("starting the intake thread")?;
         Ok(SampleReader {
@@ -316,7 +322,12 @@ impl Drop for SampleReader {
 }
 
 /// The intake thread: drain, decode, send, until stopped or nobody listens.
-fn intake(mut ring: RingBuf<MapData>, shared: &Shared, sender: &mpsc::Sender<Delivery>) {
+fn intake(
+    mut ring: RingBuf<MapData>,
+    batch_bytes: usize,
+    shared: &Shared,
+    sender: &mpsc::Sender<Delivery>,
+) {
     let mut served = 0;
     while !shared.stop.load(Ordering::SeqCst) {
         let mut fds = [
@@ -341,13 +352,20 @@ fn intake(mut ring: RingBuf<MapData>, shared: &Shared, sender: &mpsc::Sender<Del
         // Read before draining: everything in the ring buffer now is sent before the
         // request is acknowledged.
         let request = shared.requested.load(Ordering::SeqCst);
-        let mut events = Vec::new();
-        let malformed = drain_ring(&mut ring, &mut events);
-        if malformed > 0 {
-            shared.malformed.fetch_add(malformed, Ordering::Relaxed);
-        }
-        if !events.is_empty() && sender.blocking_send(Delivery::Events(events)).is_err() {
-            return;
+        // A busy ring buffer is drained in batches of a ring buffer's worth, each sent as
+        // soon as it is full.
+        loop {
+            let mut events = Vec::new();
+            let (malformed, more) = drain_ring(&mut ring, &mut events, batch_bytes);
+            if malformed > 0 {
+                shared.malformed.fetch_add(malformed, Ordering::Relaxed);
+            }
+            if !events.is_empty() && sender.blocking_send(Delivery::Events(events)).is_err() {
+                return;
+            }
+            if !more {
+                break;
+            }
         }
         if request > served {
             if sender.blocking_send(Delivery::CaughtUp(request)).is_err() {
@@ -358,16 +376,22 @@ fn intake(mut ring: RingBuf<MapData>, shared: &Shared, sender: &mpsc::Sender<Del
     }
 }
 
-/// Decodes every available record into `out`; returns how many were malformed.
-fn drain_ring(ring: &mut RingBuf<MapData>, out: &mut Vec<Event>) -> u64 {
+/// Decodes available records into `out`, up to `max_bytes` of them; returns how many were
+/// malformed and whether it stopped at the limit (more may be waiting).
+fn drain_ring(ring: &mut RingBuf<MapData>, out: &mut Vec<Event>, max_bytes: usize) -> (u64, bool) {
     let mut malformed = 0;
+    let mut bytes = 0;
     while let Some(record) = ring.next() {
+        bytes += record.len();
         match decode(&record) {
             Some(sample) => out.push(sample),
             None => malformed += 1,
         }
+        if bytes >= max_bytes {
+            return (malformed, true);
+        }
     }
-    malformed
+    (malformed, false)
 }
 
 /// Loss counters summed over CPUs.

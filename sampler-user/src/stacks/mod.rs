@@ -200,6 +200,8 @@ pub struct StackTable {
     unwinders: Unwinders,
     stacks: Vec<StackKey>,
     index: HashMap<StackKey, StackId>,
+    /// Whether each (module, file offset) seen as a frame follows a call instruction.
+    return_addresses: HashMap<(ModuleId, u64), bool>,
     /// Most distinct whole stacks kept (`None`: no limit).
     max_stacks: Option<usize>,
     /// Stacks that hold samples of longer stacks cut to their leaf.
@@ -405,13 +407,18 @@ impl StackTable {
 
     /// Whether file offset `offset` of `module` follows a call instruction (true when the
     /// file cannot be read: nothing to check against).
-    fn is_return_address(&self, module: ModuleId, offset: u64) -> bool {
-        match self.modules.image(module) {
+    fn is_return_address(&mut self, module: ModuleId, offset: u64) -> bool {
+        if let Some(&known) = self.return_addresses.get(&(module, offset)) {
+            return known;
+        }
+        let believed = match self.modules.image(module) {
             Some(image) => image
                 .bytes_before(offset, call_site::LONGEST_CALL)
                 .is_some_and(call_site::follows_call),
             None => true,
-        }
+        };
+        self.return_addresses.insert((module, offset), believed);
+        believed
     }
 
     fn insert(&mut self, key: StackKey) -> StackId {
