@@ -11,6 +11,8 @@
 //! * 32–47: the [`crate::AllocFn`] (session program only);
 //! * 48–59: four bits per argument `n` (at `48 + 4n`): 0 for its own register, else the
 //!   [`Register`] code it moved to;
+//! * 62: the function is a small-object allocator layered over `malloc` (CPython's
+//!   `PyObject_Malloc`): see [`is_small_objects`];
 //! * 63: the probed `malloc` may call another probed `malloc` (an interposer's: a program's
 //!   own `malloc` calling `__libc_malloc`, an allocator reached through `dlsym`): see
 //!   [`is_outer`].
@@ -126,6 +128,25 @@ pub const fn with_outer(cookie: u64) -> u64 {
     cookie | OUTER_BIT
 }
 
+const SMALL_OBJECTS_BIT: u64 = 1 << 62;
+
+/// Largest request a small-object allocator serves itself ([`is_small_objects`]): CPython's
+/// `SMALL_REQUEST_THRESHOLD` (512 since 3.8).
+pub const SMALL_OBJECT_LIMIT: u64 = 512;
+
+/// Whether the probed function is a small-object allocator layered over `malloc`: it serves
+/// requests of 1 to [`SMALL_OBJECT_LIMIT`] bytes from its own arenas (counted at its probe)
+/// and hands every other request to `malloc`, `calloc` or `realloc` (counted there, with it
+/// in the stack). It leaves no nesting marker.
+pub const fn is_small_objects(cookie: u64) -> bool {
+    cookie & SMALL_OBJECTS_BIT != 0
+}
+
+/// `cookie` marked as a small-object allocator's ([`is_small_objects`]).
+pub const fn with_small_objects(cookie: u64) -> u64 {
+    cookie | SMALL_OBJECTS_BIT
+}
+
 /// A cookie of `function` and `slot`, arguments in place.
 pub const fn new(function: u32, slot: u32) -> u64 {
     ((function as u64 & 0xffff) << 32) | slot as u64
@@ -162,5 +183,9 @@ mod tests {
         assert_eq!((function(outer), slot(outer)), (3, 0xffff_ffff));
         assert_eq!(moved(outer, 2), Register::R15 as u8);
         assert_eq!(Register::from_code(16), None);
+        let small = with_small_objects(outer);
+        assert!(is_small_objects(small) && !is_small_objects(outer) && is_outer(small));
+        assert_eq!((function(small), slot(small)), (3, 0xffff_ffff));
+        assert_eq!(moved(small, 2), Register::R15 as u8);
     }
 }

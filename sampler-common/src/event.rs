@@ -217,6 +217,13 @@ pub struct StackCopy {
     pub bp: u64,
     /// User address of the payload's first byte (`sp`).
     pub start: u64,
+    /// The thread's latest return slots ([`ThreadState::return_slots`]), for an unwinder
+    /// that meets the kernel's uretprobe trampoline in one of them.
+    pub return_slots: [u64; RETURN_SLOTS],
+    /// The return addresses they held at their function's entry.
+    pub return_values: [u64; RETURN_SLOTS],
+    /// How many were recorded in all: the newest is at `(return_next - 1) % RETURN_SLOTS`.
+    pub return_next: u64,
 }
 
 /// A sample's whole ring-buffer record, as assembled in the kernel's per-CPU scratch space.
@@ -334,7 +341,21 @@ pub struct ThreadState {
     pub pending_realloc_size: u64,
     /// Stack pointer at the entry of the pending call: its return has `rsp` 8 above.
     pub pending_sp: u64,
+    /// Stack addresses of the return addresses of the latest probed entries (frees tracked
+    /// only), a ring: where a return probe replaced a return address by the kernel's
+    /// trampoline (every call with classic return probes, a session another allocscope
+    /// asked for), the original is in `return_values`, and the unwinder of a stack copy
+    /// puts it back.
+    pub return_slots: [u64; RETURN_SLOTS],
+    /// The return addresses those slots held at entry.
+    pub return_values: [u64; RETURN_SLOTS],
+    /// Entries recorded so far (the ring's write position).
+    pub return_next: u64,
 }
+
+/// Entries of the per-thread return-slot ring: how many probed calls deep a trampoline can
+/// be put back (an allocator calling another probed one is two).
+pub const RETURN_SLOTS: usize = 4;
 
 /// Indices of the per-CPU loss counters: every event or count that could not be recorded.
 #[repr(u32)]

@@ -20,7 +20,7 @@ use aya_log_ebpf::warn;
 use sampler_common::{
     cookie, geometric, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, LostKey, LostSamples,
     ProcessCounters, SampleRecord, StackCopy, ThreadState, FLAG_STACK_AT_RETURN, FLAG_STACK_COPY,
-    FLAG_TRACKED, HOST_SLOT, MAX_STACK_COPY, MAX_STACK_DEPTH, STACK_PAGE,
+    FLAG_TRACKED, HOST_SLOT, MAX_STACK_COPY, MAX_STACK_DEPTH, RETURN_SLOTS, STACK_PAGE,
 };
 
 use crate::{
@@ -49,6 +49,14 @@ pub fn on_alloc<C: EbpfContext>(
     pointer: u64,
     returns: Returns,
 ) -> bool {
+    // A small-object allocator (CPython's) counts only what it serves itself; the rest it
+    // passes to malloc, which counts it. It leaves no marker, so that malloc does.
+    let small_objects = cookie::is_small_objects(cookie);
+    let passed_on = small_objects && (size == 0 || size > cookie::SMALL_OBJECT_LIMIT);
+    let tracking = config::track_frees();
+    if passed_on && !tracking {
+        return false;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     if excluded(pid) {
@@ -68,12 +76,26 @@ pub fn on_alloc<C: EbpfContext>(
     // SAFETY: reading the saved registers of the probed task from the context.
     let (sp, ip) = unsafe { ((*regs).rsp, (*regs).rip) };
     let mut caller = 0;
+    if tracking {
+        // Returns are probed: the kernel may put its trampoline in this return slot, even
+        // of a call not counted here.
+        caller = return_address(sp);
+        let at = (state.return_next as usize) & (RETURN_SLOTS - 1);
+        state.return_slots[at] = sp;
+        state.return_values[at] = caller;
+        state.return_next = state.return_next.wrapping_add(1);
+    }
+    if passed_on {
+        return false;
+    }
     // An outer malloc (an interposer's) marks its call like the functions that may nest
     // one, so that the malloc it calls is not counted again.
     let outer = function == AllocFn::Malloc && cookie::is_outer(cookie);
     if function == AllocFn::Malloc {
         if state.marker_sp != 0 {
-            caller = return_address(sp);
+            if caller == 0 {
+                caller = return_address(sp);
+            }
             // A marker this very function left (a stale one of an outer malloc that did not
             // call another, then called again from the same frame) is not an outer call.
             let nested = is_nested(state, sp, caller) && state.marker_ip != ip;
@@ -88,12 +110,15 @@ pub fn on_alloc<C: EbpfContext>(
         // the call form is sound here: a stale marker's (sp, return address) pair can
         // repeat for a non-malloc function, but a return address inside the marked function
         // means that function is running now.
-        caller = return_address(sp);
+        if caller == 0 {
+            caller = return_address(sp);
+        }
         if caller.wrapping_sub(state.marker_ip) < config::function_size(state.marker_fn) {
             return false;
         }
     }
-    if function.may_nest_malloc() || outer {
+    let leaves_marker = (function.may_nest_malloc() || outer) && !small_objects;
+    if leaves_marker {
         if caller == 0 {
             caller = return_address(sp);
         }
@@ -105,7 +130,6 @@ pub fn on_alloc<C: EbpfContext>(
         state.marker_armed = 0;
     }
     let slot = count_call(cookie::slot(cookie), pid, size);
-    let tracking = config::track_frees();
     let mut wants_return = false;
     if tracking && function == AllocFn::Realloc && pointer != 0 && is_live(pid, pointer) {
         // Freed by the realloc only if it succeeds: decided at the return.
@@ -116,7 +140,7 @@ pub fn on_alloc<C: EbpfContext>(
     }
     if state.countdown >= size {
         state.countdown -= size;
-        return arm(state, function, outer, returns, wants_return);
+        return arm(state, leaves_marker, returns, wants_return);
     }
     let offset = state.countdown;
     state.countdown = draw();
@@ -131,7 +155,7 @@ pub fn on_alloc<C: EbpfContext>(
             0
         };
         state.pending_sp = sp;
-        return arm(state, function, outer, returns, true);
+        return arm(state, leaves_marker, returns, true);
     }
     if caller == 0 {
         caller = return_address(sp);
@@ -145,6 +169,9 @@ pub fn on_alloc<C: EbpfContext>(
         caller,
         address: 0,
         flags: 0,
+        return_slots: [0; RETURN_SLOTS],
+        return_values: [0; RETURN_SLOTS],
+        return_next: 0,
     };
     emit(ctx, &sample);
     false
@@ -154,14 +181,8 @@ pub fn on_alloc<C: EbpfContext>(
 /// return probes observe every call; a session only the calls that ask); passes
 /// `wants_return` through. Without free tracking no return is observed at all.
 #[inline(always)]
-fn arm(
-    state: &mut ThreadState,
-    function: AllocFn,
-    outer: bool,
-    returns: Returns,
-    wants_return: bool,
-) -> bool {
-    if function.may_nest_malloc() || outer {
+fn arm(state: &mut ThreadState, left_marker: bool, returns: Returns, wants_return: bool) -> bool {
+    if left_marker {
         let observed = returns == Returns::Classic || wants_return;
         state.marker_armed = u64::from(config::track_frees() && observed);
     }
@@ -242,6 +263,9 @@ pub fn on_return<C: EbpfContext>(ctx: &C) {
         caller: 0,
         address,
         flags,
+        return_slots: state.return_slots,
+        return_values: state.return_values,
+        return_next: state.return_next,
     };
     state.pending_size = 0;
     emit(ctx, &sample);
@@ -402,6 +426,10 @@ struct Sample {
     caller: u64,
     address: u64,
     flags: u32,
+    /// The thread's return-slot ring (frees tracked), copied with a stack copy.
+    return_slots: [u64; RETURN_SLOTS],
+    return_values: [u64; RETURN_SLOTS],
+    return_next: u64,
 }
 
 /// Sends a sample with the user stack of `ctx` (the entry's or the return's): the
@@ -445,6 +473,9 @@ fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
             sp,
             bp,
             start: sp,
+            return_slots: sample.return_slots,
+            return_values: sample.return_values,
+            return_next: sample.return_next,
         };
         copy_stack(&mut record.payload, sp, window)
     } else {

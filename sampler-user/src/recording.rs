@@ -434,7 +434,7 @@ impl Recording {
                 describe(allocators)
             );
         }
-        self.recorder.set_allocators(pid, allocators);
+        self.recorder.add_allocators(pid, allocators);
         Ok(())
     }
 
@@ -581,7 +581,7 @@ impl Recording {
         let Ok(allocators) = self.cache.of_pid(pid) else {
             return Ok(());
         };
-        self.recorder.set_allocators(pid, &allocators);
+        self.recorder.add_allocators(pid, &allocators);
         for allocator in allocators {
             if self.host_files.contains(&allocator.file_id) {
                 continue;

@@ -367,3 +367,49 @@ fn a_stripped_program_is_named_from_its_debug_file_by_build_id() {
         "{modules:#?}"
     );
 }
+
+#[test]
+fn pythons_object_allocator_is_counted_once() {
+    if !bpf_available("pythons_object_allocator_is_counted_once") {
+        return;
+    }
+    // PyObject_Malloc serves requests up to 512 bytes from pymalloc's arenas (malloc never
+    // sees them) and passes larger ones to malloc: the first must be counted at
+    // PyObject_Malloc, the second once, at malloc. Called here through ctypes, from
+    // Debian's python3.
+    let dir = TempDir::new("pymalloc-script");
+    let script = dir.path("script.py");
+    let calls: u64 = 100_000;
+    std::fs::write(
+        &script,
+        format!(
+            "import ctypes\n\
+             m = ctypes.pythonapi.PyObject_Malloc\n\
+             m.restype = ctypes.c_void_p\n\
+             m.argtypes = [ctypes.c_size_t]\n\
+             f = ctypes.pythonapi.PyObject_Free\n\
+             f.argtypes = [ctypes.c_void_p]\n\
+             def run(n, size):\n    for _ in range(n):\n        f(m(size))\n\
+             run({calls}, 200)\nrun({calls}, 2000)\n"
+        ),
+    )
+    .unwrap();
+    let (profile, pid) = record(
+        "pymalloc-recording",
+        &["-i", "64KiB"],
+        &["/usr/bin/python3", script.to_str().unwrap()],
+    );
+    let allocators = profile["processes"][0]["allocators"].to_string();
+    assert!(
+        allocators.contains("pymalloc") && allocators.contains("glibc"),
+        "{allocators}"
+    );
+    let through_ctypes = stacks_through(&profile, pid, &["ffi_call"]);
+    let (large, small): (Vec<&Value>, Vec<&Value>) = through_ctypes
+        .iter()
+        .partition(|s| names(s)[0] == "PyObject_Malloc");
+    // Small: the caller of PyObject_Malloc (libffi) is the leaf.
+    assert_bytes_within(&small, calls * 200, "PyObject_Malloc(200)", &profile);
+    // Large: malloc called from inside PyObject_Malloc, counted once.
+    assert_bytes_within(&large, calls * 2000, "PyObject_Malloc(2000)", &profile);
+}

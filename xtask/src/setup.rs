@@ -3,8 +3,9 @@
 //! * nightly's rust-src: the eBPF crate is built with `-Z build-std=core` (DESIGN.md §2);
 //! * bpf-linker 0.10.0: links the eBPF object with nightly's own LLVM (0.11+ needs an LLVM
 //!   21 that Debian 12 lacks);
-//! * Debian packages: gcc and g++ build the C and C++ fixtures; Debian's own python3 is
-//!   the real program whose stacks are checked; util-linux's setpriv runs the
+//! * Debian packages: gcc and g++ build the C and C++ fixtures; Debian's own python3 (with
+//!   its stdlib's ctypes) is the real program whose stacks and pymalloc are checked;
+//!   util-linux's setpriv runs the
 //!   unprivileged-user test; golang-go provides `go tool pprof`, the reader our pprof
 //!   files are tested against; tmux is the real terminal `allocscope top` is tested in;
 //!   libjemalloc2, libgoogle-perftools4 and libmimalloc2.0 are the other allocators profiled
@@ -24,6 +25,10 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("gcc", "gcc"),
     ("g++", "g++"),
     ("/usr/bin/python3", "python3-minimal"),
+    (
+        "/usr/lib/python3.11/lib-dynload/_ctypes.cpython-311-x86_64-linux-gnu.so",
+        "libpython3.11-stdlib",
+    ),
     ("/usr/lib/x86_64-linux-gnu/libc.a", "libc6-dev"),
     ("setpriv", "util-linux"),
     ("unshare", "util-linux"),

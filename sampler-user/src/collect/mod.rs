@@ -19,7 +19,7 @@ use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use sampler_common::{
     AllocEvent, AllocFn, EventKind, FreeEvent, LossCounter, LostKey, LostSamples, ProcessCounters,
     ProcessEvent, SampleRecord, StackCopy, FLAG_STACK_AT_RETURN, FLAG_STACK_COPY, FLAG_TRACKED,
-    MAX_STACK_DEPTH, PROCESS_EXEC, PROCESS_FORK,
+    MAX_STACK_DEPTH, PROCESS_EXEC, PROCESS_FORK, RETURN_SLOTS,
 };
 use tokio::sync::mpsc;
 
@@ -83,6 +83,10 @@ pub struct CopiedStack {
     pub start: u64,
     /// The stack's bytes from `start` upwards.
     pub bytes: Vec<u8>,
+    /// Return slots of the thread's latest probed calls and the return addresses they held
+    /// at entry, newest first: where the kernel's uretprobe trampoline now stands in one,
+    /// the unwinder reads the original instead.
+    pub returns: Vec<(u64, u64)>,
 }
 
 /// A tracked block was freed.
@@ -170,6 +174,12 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
             bp: copy.bp,
             start: copy.start,
             bytes: payload[..length].to_vec(),
+            returns: (1..=copy.return_next.min(RETURN_SLOTS as u64))
+                .map(|back| {
+                    let at = (copy.return_next - back) as usize % RETURN_SLOTS;
+                    (copy.return_slots[at], copy.return_values[at])
+                })
+                .collect(),
         };
         (Vec::new(), Some(copied))
     } else {
@@ -639,6 +649,9 @@ mod tests {
             sp: 0x7ff0,
             bp: 3,
             start: 0x7ff0,
+            return_slots: [0x10, 0x20, 0x30, 0x40],
+            return_values: [1, 2, 3, 4],
+            return_next: 6,
         };
         let sample = alloc(&record(&copy_event, &copy, &[1, 2, 3, 4, 5, 6, 7, 8]));
         assert!(sample.stack.is_empty());
@@ -648,5 +661,16 @@ mod tests {
             (1, 0x7ff0, 3, 0x7ff0)
         );
         assert_eq!(copied.bytes, vec![1, 2, 3, 4, 5]);
+        // Six recorded: the newest is at 5 % 4 = 1, then 0, 3, 2.
+        assert_eq!(
+            copied.returns,
+            vec![(0x20, 2), (0x10, 1), (0x40, 4), (0x30, 3)]
+        );
+        let fewer = StackCopy {
+            return_next: 1,
+            ..copy
+        };
+        let sample = alloc(&record(&copy_event, &fewer, &[0; 5]));
+        assert_eq!(sample.copied.unwrap().returns, vec![(0x10, 1)]);
     }
 }

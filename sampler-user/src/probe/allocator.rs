@@ -54,6 +54,9 @@ pub struct Function {
     pub file_offset: u64,
     /// Where in it the probe goes (see [`prologue`]).
     pub probe: Placement,
+    /// A small-object allocator's entry (CPython's `PyObject_*`): it counts only the
+    /// requests it serves itself (see [`sampler_common::cookie::is_small_objects`]).
+    pub small_objects: bool,
 }
 
 impl Function {
@@ -65,6 +68,9 @@ impl Function {
         let mut value = sampler_common::cookie::new(self.function as u32, slot);
         if outer && self.function == AllocFn::Malloc {
             value = sampler_common::cookie::with_outer(value);
+        }
+        if self.small_objects {
+            value = sampler_common::cookie::with_small_objects(value);
         }
         for (own, now) in &self.probe.moved {
             let n = ARGUMENT_REGISTERS.iter().position(|r| r == own);
@@ -151,6 +157,9 @@ pub enum AllocatorError {
 pub fn classify(name: &str) -> Option<Role> {
     // Versioned names (malloc@@GLIBC_2.2.5) appear in some tables.
     let name = name.split('@').next().unwrap_or(name);
+    if let Some(role) = python_role(name) {
+        return Some(role);
+    }
     if name.starts_with("_ZdlPv") || name.starts_with("_ZdaPv") {
         return Some(Role::Free);
     }
@@ -172,6 +181,23 @@ pub fn classify(name: &str) -> Option<Role> {
     ["", "je_", "_rjem_", "tc_", "mi_"]
         .iter()
         .find_map(|prefix| classify_base(name.strip_prefix(prefix)?))
+}
+
+/// CPython's object allocator (pymalloc), exported by libpython or a static python binary:
+/// small objects never reach malloc.
+fn python_role(name: &str) -> Option<Role> {
+    match name {
+        "PyObject_Malloc" => Some(Role::Alloc(AllocFn::New)),
+        "PyObject_Calloc" => Some(Role::Alloc(AllocFn::Calloc)),
+        "PyObject_Realloc" => Some(Role::Alloc(AllocFn::Realloc)),
+        "PyObject_Free" => Some(Role::Free),
+        _ => None,
+    }
+}
+
+/// Whether `name` is an entry of a small-object allocator layered over malloc.
+fn is_small_objects(name: &str) -> bool {
+    python_role(name).is_some()
 }
 
 fn classify_base(base: &str) -> Option<Role> {
@@ -219,7 +245,8 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
     let defines_malloc = allocs
         .iter()
         .any(|(f, name, ..)| *f == AllocFn::Malloc || name.ends_with("mallocx"));
-    if !defines_malloc {
+    let defines_pymalloc = allocs.iter().any(|(_, name, ..)| name == "PyObject_Malloc");
+    if !defines_malloc && !defines_pymalloc {
         return None;
     }
     // A function that only jumps to another probed one (jemalloc's `new[]` to `new`,
@@ -266,11 +293,12 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
         let code = code_at(&file, address, size).unwrap_or_default();
         functions.push(Function {
             function,
-            symbol,
             address,
             size,
             file_offset: file_offset_of(&file, address).unwrap_or(0),
             probe: prologue::choose(code, &argument_registers(function)),
+            small_objects: is_small_objects(&symbol),
+            symbol,
         });
     }
     frees.sort_by(|a, b| (a.0.len(), &a.0).cmp(&(b.0.len(), &b.0)));
@@ -367,6 +395,8 @@ fn family(names: &[String], file_name: &str) -> &'static str {
         "mimalloc"
     } else if is_libc(file_name) || has("__libc_malloc") {
         "glibc"
+    } else if has("PyObject_Malloc") && !has("malloc") {
+        "pymalloc"
     } else {
         "malloc"
     }
@@ -464,6 +494,11 @@ mod tests {
         assert_eq!(classify("je_malloc"), alloc(AllocFn::Malloc));
         assert_eq!(classify("_rjem_mallocx"), alloc(AllocFn::New));
         assert_eq!(classify("_rjem_sdallocx"), Some(Role::Free));
+        assert_eq!(classify("PyObject_Malloc"), alloc(AllocFn::New));
+        assert_eq!(classify("PyObject_Calloc"), alloc(AllocFn::Calloc));
+        assert_eq!(classify("PyObject_Realloc"), alloc(AllocFn::Realloc));
+        assert_eq!(classify("PyObject_Free"), Some(Role::Free));
+        assert_eq!(classify("PyMem_RawMalloc"), None);
         assert_eq!(classify("rallocx"), alloc(AllocFn::Realloc));
         assert_eq!(classify("dallocx"), Some(Role::Free));
         assert_eq!(classify("tc_newarray_nothrow"), alloc(AllocFn::New));
@@ -508,6 +543,40 @@ mod tests {
     }
 
     /// The machine's own C library: every glibc entry point, memalign/aligned_alloc once.
+    #[test]
+    fn cpythons_object_allocator_is_a_small_object_layer() {
+        // Debian's python3 exports pymalloc's entry points from the executable.
+        let python = Path::new("/usr/bin/python3.11");
+        if !python.exists() {
+            assert!(
+                std::env::var("CI").is_err(),
+                "no /usr/bin/python3.11: cargo xtask setup installs python3-minimal"
+            );
+            eprintln!("*** SKIPPING: no /usr/bin/python3.11 (cargo xtask setup installs it) ***");
+            return;
+        }
+        let file = analyse_file(python, true, python).expect("pymalloc found");
+        assert_eq!(file.family, "pymalloc");
+        let mut found: Vec<(&str, AllocFn, bool)> = file
+            .functions
+            .iter()
+            .map(|f| (f.symbol.as_str(), f.function, f.small_objects))
+            .collect();
+        found.sort_by_key(|f| f.0);
+        assert_eq!(
+            found,
+            [
+                ("PyObject_Calloc", AllocFn::Calloc, true),
+                ("PyObject_Malloc", AllocFn::New, true),
+                ("PyObject_Realloc", AllocFn::Realloc, true),
+            ]
+        );
+        assert!(file.frees.iter().any(|f| f.symbol == "PyObject_Free"));
+        let cookie = file.functions[0].cookie(7, false);
+        assert!(sampler_common::cookie::is_small_objects(cookie));
+        assert_eq!(sampler_common::cookie::slot(cookie), 7);
+    }
+
     #[test]
     fn analyses_this_machines_libc() {
         let own = super::super::maps::read(std::process::id()).unwrap();

@@ -238,11 +238,17 @@ impl Recorder {
         self.commands.contains_key(&pid)
     }
 
-    /// Records the allocators probed in `pid` (each described once, as JSON reports them).
-    pub fn set_allocators(&mut self, pid: u32, allocators: &[Allocator]) {
-        let mut described: Vec<String> = allocators.iter().map(Allocator::describe).collect();
-        described.dedup();
-        self.allocators.insert(pid, described);
+    /// Adds the allocators probed in `pid` (each described once, as JSON reports them) to
+    /// those probed in it before: a process attached at exec, before its libraries are
+    /// mapped, gains its C library a moment later.
+    pub fn add_allocators(&mut self, pid: u32, allocators: &[Allocator]) {
+        let described = self.allocators.entry(pid).or_default();
+        for allocator in allocators {
+            let description = allocator.describe();
+            if !described.contains(&description) {
+                described.push(description);
+            }
+        }
     }
 
     /// Notes that `pid` exited: its frames resolve with the maps it last had.

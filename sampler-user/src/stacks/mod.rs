@@ -295,9 +295,12 @@ impl StackTable {
         let (addresses, origin) = match &sample.copied {
             Some(copied) => {
                 self.prepare_unwinder(sample.pid, copied.ip, sample.timestamp_ns);
+                let trampoline = self
+                    .uprobe_area(sample.pid)
+                    .unwrap_or(sampler_common::UPROBE_TRAMPOLINE);
                 let (addresses, end) =
                     self.unwinders
-                        .unwind(sample.pid, copied, sample.stack_at_return);
+                        .unwind(sample.pid, copied, sample.stack_at_return, trampoline);
                 let origin = StackOrigin {
                     unwinding: Unwinding::Dwarf,
                     end,

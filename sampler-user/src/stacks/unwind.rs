@@ -142,12 +142,13 @@ impl Unwinders {
     /// Walks `copied` of process `pid`: the return addresses, innermost first, and why the
     /// walk ended. At a return (`at_return`) the instruction pointer is the direct caller's
     /// return address and is the first frame; at an entry it is the allocator's own code
-    /// and is left out.
+    /// and is left out. `trampoline` is where the process's uprobe area is.
     pub fn unwind(
         &mut self,
         pid: u32,
         copied: &CopiedStack,
         at_return: bool,
+        trampoline: u64,
     ) -> (Vec<u64>, StackEnd) {
         let empty;
         let unwinder = match self.processes.get(&pid) {
@@ -157,15 +158,32 @@ impl Unwinders {
                 &empty
             }
         };
-        walk(unwinder, &mut self.cache, copied, at_return)
+        walk(unwinder, &mut self.cache, copied, at_return, trampoline)
     }
 }
+
+/// The word at stack address `slot`, `value`, or, when it is the kernel's uretprobe
+/// trampoline (a return probe hijacked this return), the return address the slot held when
+/// the probed function was entered (`returns`: slot and original, newest first). Pure.
+pub fn original_return(value: u64, slot: u64, trampoline: u64, returns: &[(u64, u64)]) -> u64 {
+    if value.wrapping_sub(trampoline) >= TRAMPOLINE_AREA {
+        return value;
+    }
+    returns
+        .iter()
+        .find(|(at, _)| *at == slot)
+        .map_or(value, |&(_, original)| original)
+}
+
+/// Size of the kernel's uprobe area (its trampoline is in the first slot).
+const TRAMPOLINE_AREA: u64 = 4096;
 
 fn walk(
     unwinder: &UnwinderX86_64<SectionBytes>,
     cache: &mut CacheX86_64,
     copied: &CopiedStack,
     at_return: bool,
+    trampoline: u64,
 ) -> (Vec<u64>, StackEnd) {
     let end_of_copy = copied.start + copied.bytes.len() as u64;
     let mut read_stack = |address: u64| -> Result<u64, ()> {
@@ -174,7 +192,8 @@ fn walk(
             .bytes
             .get(offset..offset.checked_add(8).ok_or(())?)
             .ok_or(())?;
-        Ok(u64::from_le_bytes(word.try_into().map_err(|_| ())?))
+        let value = u64::from_le_bytes(word.try_into().map_err(|_| ())?);
+        Ok(original_return(value, address, trampoline, &copied.returns))
     };
     let regs = UnwindRegsX86_64::new(copied.ip, copied.sp, copied.bp);
     let mut frames = unwinder.iter_frames(copied.ip, regs, cache, &mut read_stack);
@@ -221,8 +240,17 @@ mod tests {
                 bp = out(reg) bp,
             );
         }
-        // SAFETY: the `window` bytes above our stack pointer are this thread's live stack
-        // (the test thread's stack is far larger than the windows used here).
+        // Like the kernel's copy, stop at the end of the stack's mapping: a test thread
+        // runs near the top of its stack.
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let end = crate::probe::maps::parse(&maps)
+            .into_iter()
+            .find(|vma| (vma.start..vma.end).contains(&sp))
+            .expect("the stack is mapped")
+            .end;
+        let window = window.min((end - sp) as usize);
+        // SAFETY: the `window` bytes above our stack pointer are this thread's live stack,
+        // inside its mapping (just checked).
         let bytes = unsafe { std::slice::from_raw_parts(sp as *const u8, window) }.to_vec();
         CopiedStack {
             ip,
@@ -230,6 +258,7 @@ mod tests {
             bp,
             start: sp,
             bytes,
+            returns: Vec::new(),
         }
     }
 
@@ -266,7 +295,7 @@ mod tests {
         let copied = level_one(32 * 1024);
         let mut unwinders = Unwinders::default();
         unwinders.rebuild(1, 0, own_modules());
-        let (frames, end) = unwinders.unwind(1, &copied, true);
+        let (frames, end) = unwinders.unwind(1, &copied, true, sampler_common::UPROBE_TRAMPOLINE);
         // ip is inside copy_own_stack; its callers follow, each a return address into the
         // function that called.
         let inside = |address: u64, function: usize| address.wrapping_sub(function as u64) < 4096;
@@ -287,11 +316,36 @@ mod tests {
     }
 
     #[test]
+    fn trampolines_in_return_slots_are_put_back() {
+        let trampoline = sampler_common::UPROBE_TRAMPOLINE;
+        let returns = [(0x7000, 0x401234), (0x7100, 0x405678), (0x7000, 0x409999)];
+        // The newest entry of a slot wins.
+        assert_eq!(
+            original_return(trampoline, 0x7000, trampoline, &returns),
+            0x401234
+        );
+        assert_eq!(
+            original_return(trampoline, 0x7100, trampoline, &returns),
+            0x405678
+        );
+        // Not a trampoline: the value as read, even in a recorded slot.
+        assert_eq!(
+            original_return(0x402000, 0x7000, trampoline, &returns),
+            0x402000
+        );
+        // A trampoline in a slot nothing recorded stays (and ends the stack as unmapped).
+        assert_eq!(
+            original_return(trampoline, 0x7200, trampoline, &returns),
+            trampoline
+        );
+    }
+
+    #[test]
     fn a_small_window_ends_in_window() {
         let copied = level_one(64);
         let mut unwinders = Unwinders::default();
         unwinders.rebuild(1, 0, own_modules());
-        let (frames, end) = unwinders.unwind(1, &copied, true);
+        let (frames, end) = unwinders.unwind(1, &copied, true, sampler_common::UPROBE_TRAMPOLINE);
         assert_eq!(end, StackEnd::Window, "{frames:x?}");
     }
 }
