@@ -228,6 +228,11 @@ impl Recorder {
         }
     }
 
+    /// Samples whose stacks were unwound and interned, and the mean time each took (ns).
+    pub fn stack_cost(&self) -> (u64, f64) {
+        self.stacks.intern_cost()
+    }
+
     /// Keeps at most `max` whole distinct stacks (see [`StackTable`]).
     pub fn limit_stacks(&mut self, max: usize) {
         self.stacks.limit(max);

@@ -187,8 +187,17 @@ struct ProcessMaps {
     uprobe_area: Option<u64>,
     /// When the maps were last read (CLOCK_MONOTONIC ns, the samples' clock).
     read_ns: u64,
+    /// Bumped whenever a read finds different executable mappings (the unwinder's modules
+    /// are rebuilt only then).
+    generation: u64,
+    /// When a stack that did not unwind to its root last made us re-read the maps.
+    retried_ns: u64,
     gone: bool,
 }
+
+/// Least time between two re-reads of a process's maps caused by stacks that did not
+/// unwind to their root (a JIT or very deep stacks would otherwise cause one per batch).
+const RETRY_MAPS_NS: u64 = 50_000_000;
 
 /// Normalizes and interns stacks for all target processes, at most `max_stacks` whole
 /// ones: beyond that, a new stack is cut to its leaf frame (the allocation site), so memory
@@ -208,6 +217,10 @@ pub struct StackTable {
     cut: HashSet<StackId>,
     /// Samples whose stack was cut to its leaf.
     cut_samples: u64,
+    /// Stacks unwound, checked and interned, and the time that took (the per-sample cost
+    /// in user space, `-v`).
+    interned: u64,
+    intern_ns: u64,
 }
 
 /// What identifies an interned stack.
@@ -230,10 +243,14 @@ impl StackTable {
             Ok(text) if text.is_empty() => entry.gone = true,
             Ok(text) => {
                 entry.uprobe_area = maps::uprobe_area(&text);
-                entry.vmas = maps::parse(&text)
+                let vmas: Vec<Vma> = maps::parse(&text)
                     .into_iter()
                     .filter(|vma| vma.executable && vma.path.is_some())
-                    .collect()
+                    .collect();
+                if vmas != entry.vmas {
+                    entry.vmas = vmas;
+                    entry.generation += 1;
+                }
             }
             // Keep the last snapshot: it is what the process had when it died.
             Err(_) => entry.gone = true,
@@ -292,15 +309,42 @@ impl StackTable {
 
     /// Unwinds, checks and interns the stack of `sample`.
     pub fn intern_sample(&mut self, sample: &Sample) -> StackId {
+        let started = std::time::Instant::now();
+        let id = self.unwind_and_intern(sample);
+        self.interned += 1;
+        self.intern_ns += started.elapsed().as_nanos() as u64;
+        id
+    }
+
+    /// Samples whose stacks were interned, and the mean time each took (ns).
+    pub fn intern_cost(&self) -> (u64, f64) {
+        let mean = self.intern_ns as f64 / self.interned.max(1) as f64;
+        (self.interned, mean)
+    }
+
+    fn unwind_and_intern(&mut self, sample: &Sample) -> StackId {
         let (addresses, origin) = match &sample.copied {
             Some(copied) => {
-                self.prepare_unwinder(sample.pid, copied.ip, sample.timestamp_ns);
+                let (pid, at_return) = (sample.pid, sample.stack_at_return);
+                self.prepare_unwinder(pid, copied.ip, sample.timestamp_ns);
                 let trampoline = self
-                    .uprobe_area(sample.pid)
+                    .uprobe_area(pid)
                     .unwrap_or(sampler_common::UPROBE_TRAMPOLINE);
-                let (addresses, end) =
-                    self.unwinders
-                        .unwind(sample.pid, copied, sample.stack_at_return, trampoline);
+                let (mut addresses, mut end) =
+                    self.unwinders.unwind(pid, copied, at_return, trampoline);
+                // A library mapped after the last read of the maps (a process just started,
+                // a dlopen) has no CFI in the unwinder yet: read them again, once, and retry.
+                let retry = self.maps.get_mut(&pid).filter(|m| {
+                    !m.gone
+                        && m.read_ns < sample.timestamp_ns
+                        && sample.timestamp_ns.saturating_sub(m.retried_ns) > RETRY_MAPS_NS
+                });
+                if let (false, Some(maps)) = (end == StackEnd::Root, retry) {
+                    maps.retried_ns = sample.timestamp_ns;
+                    self.refresh(pid);
+                    self.prepare_unwinder(pid, copied.ip, sample.timestamp_ns);
+                    (addresses, end) = self.unwinders.unwind(pid, copied, at_return, trampoline);
+                }
                 let origin = StackOrigin {
                     unwinding: Unwinding::Dwarf,
                     end,
@@ -336,10 +380,10 @@ impl StackTable {
         let Some(maps) = self.maps.get(&pid) else {
             return;
         };
-        if self.unwinders.is_current(pid, maps.read_ns) {
+        if self.unwinders.is_current(pid, maps.generation) {
             return;
         }
-        let read_ns = maps.read_ns;
+        let generation = maps.generation;
         let vmas = maps.vmas.clone();
         let modules = vmas
             .into_iter()
@@ -355,7 +399,7 @@ impl StackTable {
                 })
             })
             .collect();
-        self.unwinders.rebuild(pid, read_ns, modules);
+        self.unwinders.rebuild(pid, generation, modules);
     }
 
     /// Normalizes `addresses` (leaf first) of process `pid`, taken at `taken_ns`

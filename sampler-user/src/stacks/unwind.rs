@@ -113,15 +113,15 @@ impl std::fmt::Debug for Unwinders {
 }
 
 impl Unwinders {
-    /// Whether `pid`'s unwinder was built from the maps read at `maps_read_ns`.
-    pub fn is_current(&self, pid: u32, maps_read_ns: u64) -> bool {
+    /// Whether `pid`'s unwinder was built from generation `maps` of its maps.
+    pub fn is_current(&self, pid: u32, maps: u64) -> bool {
         self.processes
             .get(&pid)
-            .is_some_and(|(read, _)| *read == maps_read_ns)
+            .is_some_and(|(built, _)| *built == maps)
     }
 
-    /// (Re)builds `pid`'s unwinder from its modules as of the maps read at `maps_read_ns`.
-    pub fn rebuild(&mut self, pid: u32, maps_read_ns: u64, modules: Vec<Mapped>) {
+    /// (Re)builds `pid`'s unwinder from its modules as of generation `maps` of its maps.
+    pub fn rebuild(&mut self, pid: u32, maps: u64, modules: Vec<Mapped>) {
         let mut unwinder = UnwinderX86_64::new();
         for mapped in modules {
             unwinder.add_module(Module::new(
@@ -131,7 +131,7 @@ impl Unwinders {
                 ElfSections(mapped.image),
             ));
         }
-        self.processes.insert(pid, (maps_read_ns, unwinder));
+        self.processes.insert(pid, (maps, unwinder));
     }
 
     /// Forgets `pid`'s unwinder.
