@@ -1,8 +1,9 @@
 //! The overhead benchmark (DESIGN.md §5): what allocscope adds per malloc+free, as a ratio of
 //! what a bare counting uprobe on malloc adds, measured in one run, for `record --alloc-only`
 //! (target ≤ 1.15) and for `record` with frees tracked (target ≤ 2.3), with uprobe sessions
-//! and with classic return probes on every call; and `record --all --alloc-only`, host-wide
-//! probes, with what a process left out of them pays.
+//! and with classic return probes on every call; `--unwind fp` beside the default stack
+//! copy, and both at `-i 4KiB` to show what one sample costs; and `record --all
+//! --alloc-only`, host-wide probes, with what a process left out of them pays.
 //!
 //! Absolute timings on a 2-vCPU VM swing ±30% between runs, so each round runs two copies of
 //! a malloc+free loop at the same time, one pinned to each CPU: first both unprobed (the
@@ -50,11 +51,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     // The last mode probes the whole host (`--all`) and leaves the reference copy out
     // (`--exclude-pid`): that copy then also pays our program's exclusion check, which the
     // summary sets against its cost in the first mode.
-    let modes: [(&str, &[&str], f64); 4] = [
-        ("record --alloc-only", &["--alloc-only"], 1.15),
-        ("record (sessions)", &[], 2.3),
-        ("record (classic returns)", &["--no-sessions"], 2.3),
-        (HOST_MODE, &["--alloc-only"], 1.15),
+    // The two `-i 4KiB` modes sample one call in 64 (64-byte blocks), so that what a sample
+    // costs (the stack copy against the kernel's frame-pointer walk) shows per call.
+    let modes: [(&str, &[&str], Option<f64>); 7] = [
+        ("record --alloc-only", &["--alloc-only"], Some(1.15)),
+        ("record (sessions)", &[], Some(2.3)),
+        ("record (classic returns)", &["--no-sessions"], Some(2.3)),
+        (
+            "record --alloc-only --unwind fp",
+            &["--alloc-only", "--unwind", "fp"],
+            Some(1.15),
+        ),
+        (DWARF_4K, &["--alloc-only", "-i", "4KiB"], None),
+        (
+            FP_4K,
+            &["--alloc-only", "-i", "4KiB", "--unwind", "fp"],
+            None,
+        ),
+        (HOST_MODE, &["--alloc-only"], Some(1.15)),
     ];
     let mut rounds: Vec<Vec<Round>> = vec![Vec::new(); modes.len()];
     eprintln!("round  mode                     cpu(ref/ours)  native ns  reference +ns  allocscope +ns  ratio");
@@ -112,14 +126,37 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     for ((name, _, target), results) in modes.iter().zip(&rounds) {
         let median = |value: fn(&Round) -> f64| median(results.iter().map(value).collect());
+        let target = target.map_or_else(String::new, |t| format!(" (target ≤ {t})"));
         println!(
             "{name}: median over {} rounds: native {:.1} ns/iteration, bare uprobe +{:.1} ns, \
-             allocscope +{:.1} ns, ratio {:.3} (target ≤ {target})",
+             allocscope +{:.1} ns, ratio {:.3}{target}",
             results.len(),
             median(|r| r.native),
             median(|r| r.reference),
             median(|r| r.ours),
             median(Round::ratio),
+        );
+    }
+    // What one sample costs in the probed process: at -i 4KiB one call in 64 is sampled;
+    // the difference between stack copy and frame-pointer walk, per sample, round by round.
+    let index = |wanted: &str| modes.iter().position(|(name, ..)| *name == wanted);
+    if let (Some(dwarf), Some(fp)) = (index(DWARF_4K), index(FP_4K)) {
+        let per_sample: Vec<f64> = rounds[dwarf]
+            .iter()
+            .zip(&rounds[fp])
+            .map(|(dwarf, fp)| (dwarf.ours - fp.ours) * CALLS_PER_SAMPLE_4K)
+            .collect();
+        let copy_over_fp = median(per_sample);
+        let sampled: Vec<f64> = rounds[dwarf]
+            .iter()
+            .zip(&rounds[0])
+            .map(|(small, default)| (small.ours - default.ours) * CALLS_PER_SAMPLE_4K)
+            .collect();
+        println!(
+            "per sample in the target (-i 4KiB, 1 call in {CALLS_PER_SAMPLE_4K}): {:+.0} ns with \
+             the stack copy (draw, copy, ring buffer), {copy_over_fp:+.0} ns over the kernel's \
+             frame-pointer walk (medians over rounds)",
+            median(sampled),
         );
     }
     // What a process left out of `--all` pays beyond a bare uprobe: the reference copy's
@@ -141,6 +178,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 const HOST_MODE: &str = "record --all --alloc-only";
+const DWARF_4K: &str = "record --alloc-only -i 4KiB";
+const FP_4K: &str = "record --alloc-only -i 4KiB --unwind fp";
+/// Calls per sample at `-i 4KiB` with the loop's 64-byte blocks.
+const CALLS_PER_SAMPLE_4K: f64 = 4096.0 / 64.0;
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
