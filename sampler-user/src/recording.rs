@@ -837,11 +837,12 @@ impl Recording {
                 None => warn!("command (pid {pid}) still running 2 s after SIGTERM"),
             }
         }
-        let (samples, mean_ns) = self.recorder.stack_cost();
+        let (samples, mean_ns, mean_copy) = self.recorder.stack_cost();
         if samples > 0 {
             info!(
                 "stacks: {samples} samples unwound, checked and interned, {:.1} µs each \
-                 ({:.0} samples/s on one core)",
+                 ({:.0} samples/s on one core); {mean_copy:.0} bytes of stack copied per \
+                 sample",
                 mean_ns / 1e3,
                 1e9 / mean_ns.max(1.0)
             );

@@ -311,14 +311,10 @@ fn objcopy(args: &[&std::ffi::OsStr]) {
     assert!(status.success(), "objcopy {args:?}");
 }
 
-#[test]
-fn a_stripped_program_is_named_from_its_debug_file_by_build_id() {
-    if !bpf_available("a_stripped_program_is_named_from_its_debug_file_by_build_id") {
-        return;
-    }
-    // As distributions ship programs: stripped, with the symbols and DWARF in a separate
-    // file under .build-id/xx/rest.debug.
-    let dir = TempDir::new("debug-dir");
+/// As distributions ship programs: `deep` stripped, with its symbols and DWARF in a
+/// separate file under `DIR/debug/.build-id/xx/rest.debug`. Returns the stripped program,
+/// the debug directory and the build id.
+fn stripped_deep(dir: &TempDir) -> (std::path::PathBuf, std::path::PathBuf, String) {
     let built = fixture("deep", &["-fomit-frame-pointer"]);
     let stripped = dir.path("deep-stripped");
     let id = build_id(&built);
@@ -340,6 +336,16 @@ fn a_stripped_program_is_named_from_its_debug_file_by_build_id() {
         built.as_os_str(),
         stripped.as_os_str(),
     ]);
+    (stripped, debug_dir, id)
+}
+
+#[test]
+fn a_stripped_program_is_named_from_its_debug_file_by_build_id() {
+    if !bpf_available("a_stripped_program_is_named_from_its_debug_file_by_build_id") {
+        return;
+    }
+    let dir = TempDir::new("debug-dir");
+    let (stripped, debug_dir, id) = stripped_deep(&dir);
     let command = [stripped.to_str().unwrap(), "5000"];
     let chain = ["site_table", "load_table", "phase_load", "main"];
     // Without the debug directory the program's own functions have no names.
@@ -412,4 +418,75 @@ fn pythons_object_allocator_is_counted_once() {
     assert_bytes_within(&small, calls * 200, "PyObject_Malloc(200)", &profile);
     // Large: malloc called from inside PyObject_Malloc, counted once.
     assert_bytes_within(&large, calls * 2000, "PyObject_Malloc(2000)", &profile);
+}
+
+#[test]
+fn debug_files_come_from_debuginfod_when_asked() {
+    if !bpf_available("debug_files_come_from_debuginfod_when_asked") {
+        return;
+    }
+    // A real HTTP server speaking the debuginfod protocol's one request we make
+    // (GET /buildid/ID/debuginfo), on loopback.
+    let dir = TempDir::new("debuginfod");
+    let (stripped, debug_dir, id) = stripped_deep(&dir);
+    let served = dir.path("server").join("buildid").join(&id);
+    std::fs::create_dir_all(&served).unwrap();
+    let debug_file = debug_dir
+        .join(".build-id")
+        .join(&id[..2])
+        .join(format!("{}.debug", &id[2..]));
+    std::fs::copy(&debug_file, served.join("debuginfo")).unwrap();
+    let mut server = Command::new("/usr/bin/python3")
+        .args([
+            "-u",
+            "-m",
+            "http.server",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+        ])
+        .arg(dir.path("server"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    // "Serving HTTP on 127.0.0.1 port 41234 (http://127.0.0.1:41234/) ..."
+    let port: u16 = line
+        .split_whitespace()
+        .skip_while(|word| *word != "port")
+        .nth(1)
+        .and_then(|port| port.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    let cache = dir.path("cache");
+    let out = dir.path("profile.json");
+    let output = Command::new(allocscope())
+        .args(["record", "-i", "64KiB", "-o"])
+        .arg(&out)
+        .env("DEBUGINFOD_URLS", format!("http://127.0.0.1:{port}"))
+        .env("DEBUGINFOD_CACHE_PATH", &cache)
+        .arg("--")
+        .arg(&stripped)
+        .arg("5000")
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let profile = read_profile(&out);
+    let pid = profile["processes"][0]["pid"].as_u64().unwrap() as u32;
+    let chain = ["site_table", "load_table", "phase_load", "main"];
+    assert!(
+        !stacks_through(&profile, pid, &chain).is_empty(),
+        "{stderr}\n{}",
+        all_stacks(&profile)
+    );
+    assert!(cache.join(&id).join("debuginfo").exists(), "cached");
 }

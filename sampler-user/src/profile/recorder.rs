@@ -228,8 +228,9 @@ impl Recorder {
         }
     }
 
-    /// Samples whose stacks were unwound and interned, and the mean time each took (ns).
-    pub fn stack_cost(&self) -> (u64, f64) {
+    /// Samples whose stacks were unwound and interned, the mean time each took (ns) and
+    /// the mean bytes of stack copied with each.
+    pub fn stack_cost(&self) -> (u64, f64, f64) {
         self.stacks.intern_cost()
     }
 

@@ -12,6 +12,7 @@
 //! or it lives in a container's file system.
 
 pub mod call_site;
+pub mod debuginfod;
 pub mod image;
 pub mod symbolize;
 pub mod unwind;
@@ -221,6 +222,7 @@ pub struct StackTable {
     /// in user space, `-v`).
     interned: u64,
     intern_ns: u64,
+    copied_bytes: u64,
 }
 
 /// What identifies an interned stack.
@@ -313,13 +315,16 @@ impl StackTable {
         let id = self.unwind_and_intern(sample);
         self.interned += 1;
         self.intern_ns += started.elapsed().as_nanos() as u64;
+        self.copied_bytes += sample.copied.as_ref().map_or(0, |c| c.bytes.len() as u64);
         id
     }
 
-    /// Samples whose stacks were interned, and the mean time each took (ns).
-    pub fn intern_cost(&self) -> (u64, f64) {
-        let mean = self.intern_ns as f64 / self.interned.max(1) as f64;
-        (self.interned, mean)
+    /// Samples whose stacks were interned, the mean time each took (ns) and the mean bytes
+    /// of stack copied with each.
+    pub fn intern_cost(&self) -> (u64, f64, f64) {
+        let samples = self.interned.max(1) as f64;
+        let mean = self.intern_ns as f64 / samples;
+        (self.interned, mean, self.copied_bytes as f64 / samples)
     }
 
     fn unwind_and_intern(&mut self, sample: &Sample) -> StackId {

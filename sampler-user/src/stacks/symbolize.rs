@@ -18,6 +18,8 @@ use blazesym::symbolize::{
 };
 use tokio::sync::oneshot;
 
+use super::debuginfod::Fetcher;
+
 /// A resolved frame. One return address can resolve to several (inlined calls).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FrameInfo {
@@ -43,7 +45,8 @@ pub struct Symbolizer {
 
 impl Symbolizer {
     /// Starts the thread. Separate debug files are looked up (by build id, then by
-    /// `.gnu_debuglink` name) in `debug_dirs`, then in /usr/lib/debug and /lib/debug.
+    /// `.gnu_debuglink` name) in `debug_dirs`, then in /usr/lib/debug and /lib/debug, then,
+    /// when `DEBUGINFOD_URLS` is set, fetched from debuginfod ([`super::debuginfod`]).
     pub fn spawn(debug_dirs: &[PathBuf]) -> std::io::Result<Symbolizer> {
         let (requests, incoming) = mpsc::channel::<Request>();
         let mut dirs = debug_dirs.to_vec();
@@ -69,7 +72,15 @@ impl Symbolizer {
 /// Where distributions install separate debug files (Debian: `*-dbg`, `*-dbgsym`).
 const DEFAULT_DEBUG_DIRS: [&str; 2] = ["/usr/lib/debug", "/lib/debug"];
 
-fn serve(incoming: mpsc::Receiver<Request>, debug_dirs: Vec<PathBuf>) {
+fn serve(incoming: mpsc::Receiver<Request>, mut debug_dirs: Vec<PathBuf>) {
+    // The debuginfod client blocks: made here, on this thread, never in the async runtime.
+    let mut fetcher = Fetcher::from_env(&debug_dirs).unwrap_or_else(|e| {
+        log::warn!("debuginfod disabled: {e:#}");
+        None
+    });
+    if let Some(fetcher) = &fetcher {
+        debug_dirs.push(fetcher.tree().to_owned());
+    }
     let symbolizer = Blazesym::builder()
         .enable_code_info(true)
         .enable_inlined_fns(true)
@@ -84,6 +95,11 @@ fn serve(incoming: mpsc::Receiver<Request>, debug_dirs: Vec<PathBuf>) {
             }
         }
         for (path, offsets) in by_module {
+            if let Some(fetcher) = &mut fetcher {
+                if let Some(id) = super::build_id(path) {
+                    fetcher.ensure(&id);
+                }
+            }
             let resolved = resolve_module(&symbolizer, path, &offsets);
             for (offset, infos) in offsets.into_iter().zip(resolved) {
                 cache.insert((path.to_owned(), offset), infos);
