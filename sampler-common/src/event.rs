@@ -21,7 +21,7 @@ pub const STACK_PAGE: usize = 4096;
 
 /// Most bytes of user stack copied per sample (`--unwind dwarf`, `--stack-bytes`): the
 /// payload of a [`SampleRecord`].
-pub const MAX_STACK_COPY: usize = 32 * 1024;
+pub const MAX_STACK_COPY: usize = 64 * 1024;
 
 /// Capacity of the per-target exact counters: the most processes one session probes.
 pub const MAX_TARGETS: u32 = 1024;

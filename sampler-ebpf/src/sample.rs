@@ -539,8 +539,8 @@ fn lost<C: EbpfContext>(ctx: &C, sample: &Sample) {
 }
 
 /// Copies up to `window` bytes of user stack from `sp` into `payload`: the rest of `sp`'s
-/// page, then whole pages, stopping at the first page that is not mapped (the top of the
-/// stack). Returns the bytes copied. Page-sized reads keep each read's size a constant the
+/// page, then whole pages while they fit in the window, stopping at the first page that is
+/// not mapped (the top of the stack). Returns the bytes copied. Page-sized reads keep each read's size a constant the
 /// verifier can check against the payload, and a stack's end is a page boundary.
 #[inline(always)]
 fn copy_stack(payload: &mut [u8; MAX_STACK_COPY], sp: u64, window: u64) -> usize {
@@ -555,7 +555,7 @@ fn copy_stack(payload: &mut [u8; MAX_STACK_COPY], sp: u64, window: u64) -> usize
     }
     let mut copied = first;
     for _ in 0..MAX_STACK_COPY / STACK_PAGE {
-        if copied as u64 >= window || copied > MAX_STACK_COPY - STACK_PAGE {
+        if (copied + STACK_PAGE) as u64 > window || copied > MAX_STACK_COPY - STACK_PAGE {
             break;
         }
         // SAFETY: copied + STACK_PAGE ≤ MAX_STACK_COPY (checked above); the helper checks

@@ -133,7 +133,7 @@ pub struct SamplingArgs {
     pub max_stacks: u32,
 
     /// Size of the kernel's ring buffer carrying samples to allocscope (a power of two,
-    /// 64KiB to 256MiB; default 16MiB with `--unwind dwarf`, 4MiB with `fp`). Samples that
+    /// 64KiB to 256MiB; default 32MiB with `--unwind dwarf`, 4MiB with `fp`). Samples that
     /// find it full lose their stack but stay in the totals.
     #[arg(long, value_name = "BYTES", help_heading = "Sampling")]
     pub ring_buffer: Option<String>,
@@ -150,12 +150,12 @@ pub struct SamplingArgs {
     )]
     pub unwind: UnwindArg,
 
-    /// Bytes of user stack copied per sampled call with `--unwind dwarf` (4KiB to 32KiB);
+    /// Bytes of user stack copied per sampled call with `--unwind dwarf` (4KiB to 64KiB);
     /// a stack deeper than this is cut, and the profile says so per stack.
     #[arg(
         long,
         value_name = "BYTES",
-        default_value = "16KiB",
+        default_value = "32KiB",
         help_heading = "Sampling"
     )]
     pub stack_bytes: String,

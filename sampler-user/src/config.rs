@@ -280,13 +280,13 @@ impl SamplingArgs {
                     .filter(|bytes| STACK_BYTES_RANGE.contains(bytes))
                     .ok_or_else(|| {
                         BadInput(format!(
-                            "invalid --stack-bytes {:?}: from 4KiB to 32KiB",
+                            "invalid --stack-bytes {:?}: from 4KiB to 64KiB",
                             self.stack_bytes
                         ))
                     })? as u32,
             },
         };
-        // A stack copy makes a sample's record ~16 times larger: room for as many in flight.
+        // A stack copy makes a sample's record up to ~30 times larger: room for more in flight.
         let ring_buffer = match (&self.ring_buffer, unwind) {
             (Some(text), _) => parse_size(text)
                 .ok()
@@ -297,7 +297,7 @@ impl SamplingArgs {
                     ))
                 })? as u32,
             (None, Unwind::FramePointers) => 4 << 20,
-            (None, Unwind::Cfi { .. }) => 16 << 20,
+            (None, Unwind::Cfi { .. }) => 32 << 20,
         };
         Ok(SamplingConfig {
             interval,
@@ -582,7 +582,7 @@ mod tests {
                 .unwrap()
                 .sampling
                 .ring_buffer,
-            16 << 20
+            32 << 20
         );
         assert_eq!(
             record(&["-p", "1", "-o", "x", "--unwind", "fp"])
@@ -591,7 +591,7 @@ mod tests {
                 .ring_buffer,
             4 << 20
         );
-        assert!(record(&["-p", "1", "-o", "x", "--stack-bytes", "64KiB"])
+        assert!(record(&["-p", "1", "-o", "x", "--stack-bytes", "128KiB"])
             .unwrap_err()
             .contains("--stack-bytes"));
         assert!(
