@@ -446,8 +446,10 @@ fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
         lost(ctx, sample);
         return;
     };
-    // SAFETY: this CPU's slot; a uprobe program runs with migration disabled, so no other
-    // program run uses this slot before this one sent it.
+    // SAFETY: this CPU's slot, valid for the program's run. A uprobe program runs with
+    // migration disabled, not preemption: a task preempting this one on this CPU could
+    // reuse the slot before it is sent. The bytes are plain integers either way; such a
+    // record's stack fails the user side's checks and ends early, under its end reason.
     let record = unsafe { &mut *record };
     let regs = ctx.as_ptr() as *const pt_regs;
     let event = &mut record.event;
