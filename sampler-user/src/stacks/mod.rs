@@ -1,4 +1,9 @@
-//! ③ Stacks: normalize early, intern early, symbolize late.
+//! ③ Stacks: unwind, check, normalize and intern early, symbolize late.
+//!
+//! A sample arrives with the kernel's frame-pointer walk (`--unwind fp`) or with a copy of
+//! the top of its user stack, which [`unwind`] walks with the modules' CFI. Either way every
+//! frame must be a return address ([`call_site`]): code in a mapped file right after a call
+//! instruction, or the stack ends there and says why ([`StackEnd`]).
 //!
 //! A sample's raw addresses mean something only in the address space of a process that may
 //! exit a millisecond later, so each address is normalized on arrival to (module, file
