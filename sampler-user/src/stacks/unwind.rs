@@ -134,11 +134,6 @@ impl Unwinders {
         self.processes.insert(pid, (maps, unwinder));
     }
 
-    /// Forgets `pid`'s unwinder.
-    pub fn remove(&mut self, pid: u32) {
-        self.processes.remove(&pid);
-    }
-
     /// Walks `copied` of process `pid`: the return addresses, innermost first, and why the
     /// walk ended. At a return (`at_return`) the instruction pointer is the direct caller's
     /// return address and is the first frame; at an entry it is the allocator's own code
