@@ -143,9 +143,18 @@ fn a_million_distinct_stacks_stay_bounded_and_counted() {
         .filter(|s| s["cut_to_leaf"].as_bool() == Some(true))
         .collect();
     assert!(!cut.is_empty(), "some stacks were cut to their leaf");
-    assert!(cut.iter().all(
-        |s| s["frames"].as_array().unwrap().len() == 1 && s["frames"][0]["function"] == "site"
-    ));
+    // Every stack beyond the cap is cut to its leaf: the paths to `site`, and any other new
+    // one after the cap (the stdio buffer `puts` allocates at the end, when its sample is
+    // not lost).
+    assert!(
+        cut.iter()
+            .all(|s| s["frames"].as_array().unwrap().len() == 1),
+        "{cut:#?}"
+    );
+    assert!(
+        cut.iter().any(|s| s["frames"][0]["function"] == "site"),
+        "{cut:#?}"
+    );
     // 500 whole stacks, the leaf stacks beyond them, the lost samples' pseudo-stack.
     assert!(stacks.len() <= 500 + 3, "{} stacks", stacks.len());
     assert!(profile["losses"]["stacks_cut_to_leaf"].as_u64().unwrap() > 0);
