@@ -20,8 +20,16 @@ pub fn run() -> anyhow::Result<()> {
     status(cargo().args(["fmt", "--all", "--check"]))?;
     crate::cycles::check(&workspace().join("sampler-user/src"))?;
     status(cargo().args(["test", "--release", "-p", "xtask"]))?;
-    // Every host crate, xtask included (it is not a default member).
-    let host_crates = ["--workspace", "--exclude", "sampler-ebpf", "--all-targets"];
+    // Every host crate, xtask included (it is not a default member), and the calibration
+    // example behind its feature.
+    let host_crates = [
+        "--workspace",
+        "--exclude",
+        "sampler-ebpf",
+        "--all-targets",
+        "--features",
+        "sampler-user/simulation",
+    ];
     status(
         cargo()
             .args(["clippy", "--release"])

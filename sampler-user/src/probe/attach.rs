@@ -168,9 +168,18 @@ pub enum AttachError {
     /// A program is missing from the object (build mismatch).
     #[error("eBPF program {0} missing from the object")]
     MissingProgram(String),
-    /// A map is missing from the object (build mismatch) or refused an update.
-    #[error("eBPF map {0}")]
-    Map(String),
+    /// A map is missing from the object (a build mismatch).
+    #[error("eBPF map {0} missing from the object")]
+    MapMissing(String),
+    /// A map refused an update.
+    #[error("updating eBPF map {map}")]
+    Map {
+        /// Which map.
+        map: &'static str,
+        /// Cause.
+        #[source]
+        source: aya::maps::MapError,
+    },
     /// Attaching a probe failed.
     #[error("attaching {symbol} in {path} for pid {pid}")]
     Attach {
@@ -196,6 +205,12 @@ pub enum AttachError {
     /// Attaching a scheduler tracepoint (for `--follow`) failed.
     #[error("attaching tracepoint {0} (is tracefs mounted at /sys/kernel/tracing?)")]
     Tracepoint(String, #[source] aya::programs::ProgramError),
+}
+
+impl AttachError {
+    fn map(map: &'static str, source: aya::maps::MapError) -> AttachError {
+        AttachError::Map { map, source }
+    }
 }
 
 /// How the returns of allocation calls are observed.
@@ -405,14 +420,14 @@ impl Probes {
     pub fn exclude(&mut self, pid: u32) -> Result<(), AttachError> {
         let mut map: BpfHashMap<&mut MapData, u32, u8> = self.map_mut("EXCLUDED")?;
         map.insert(pid, 1, 0)
-            .map_err(|e| AttachError::Map(format!("EXCLUDED: {e}")))
+            .map_err(|e| AttachError::map("EXCLUDED", e))
     }
 
     /// `--follow`: the kernel follows `pid`'s new processes from their creation on.
     pub fn follow(&mut self, pid: u32) -> Result<(), AttachError> {
         let mut map: BpfHashMap<&mut MapData, u32, u8> = self.map_mut("FOLLOWED")?;
         map.insert(pid, 1, 0)
-            .map_err(|e| AttachError::Map(format!("FOLLOWED: {e}")))
+            .map_err(|e| AttachError::map("FOLLOWED", e))
     }
 
     fn map_mut<'a, T: TryFrom<&'a mut aya::maps::Map>>(
@@ -422,8 +437,8 @@ impl Probes {
         let map = self
             .ebpf
             .map_mut(name)
-            .ok_or_else(|| AttachError::Map(format!("{name} missing")))?;
-        T::try_from(map).map_err(|_| AttachError::Map(format!("{name} has the wrong type")))
+            .ok_or_else(|| AttachError::MapMissing(name.to_owned()))?;
+        T::try_from(map).map_err(|_| AttachError::MapMissing(format!("{name} of the right type")))
     }
 
     /// Raises the kernel's per-function code sizes to cover `allocator`'s functions.
@@ -442,7 +457,7 @@ impl Probes {
         let mut map: Array<&mut MapData, u64> = self.map_mut("FUNCTION_SIZES")?;
         for (index, size) in changed {
             map.set(index, size, 0)
-                .map_err(|e| AttachError::Map(format!("FUNCTION_SIZES: {e}")))?;
+                .map_err(|e| AttachError::map("FUNCTION_SIZES", e))?;
         }
         Ok(())
     }

@@ -7,6 +7,7 @@
 pub mod estimate;
 pub mod negbin;
 pub mod rate;
+#[cfg(any(test, feature = "simulation"))]
 pub mod simulate;
 
 pub use estimate::{Estimate, SampleObs, SampleSet};

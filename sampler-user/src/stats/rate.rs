@@ -1,15 +1,20 @@
 //! Allocation rates over sliding windows (bytes/s, objects/s), with bounds.
 //!
 //! Samples go into fixed-width time buckets; a rate merges the buckets inside the window and
-//! estimates with [`Window::SLIDING`] (neither end of a window falls on a sample, so the
-//! bounds widen by one sample at each end), divided by the window's length. Memory is
-//! bounded by the number of buckets kept. Time is passed in: no clock is read here.
+//! estimates with [`super::estimate::Window::SLIDING`] (neither end of a window falls on a
+//! sample, so the bounds widen by one sample at each end), divided by the window's length.
+//! Memory is bounded by the number of buckets kept. Time is passed in: no clock is read
+//! here.
 
 use std::collections::VecDeque;
 
-use super::estimate::{Estimate, SampleObs, SampleSet, Window};
+#[cfg(test)]
+use super::estimate::{Estimate, Window};
+use super::estimate::{SampleObs, SampleSet};
 
-/// Rates over one window.
+/// Rates over one window (what `top` computes from [`RateTracker::window`] for merged
+/// groups; kept whole here for the tests of the estimator).
+#[cfg(test)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rates {
     /// Bytes per second.
@@ -68,6 +73,7 @@ impl RateTracker {
     }
 
     /// Rates over the `window_ns` before `now_ns`.
+    #[cfg(test)]
     pub fn rates(&self, now_ns: u64, window_ns: u64, confidence: f64, interval: u64) -> Rates {
         let (set, seconds) = self.window(now_ns, window_ns);
         let e = set.estimate(confidence, Window::SLIDING, interval);
@@ -80,7 +86,7 @@ impl RateTracker {
 
     /// The samples of the `window_ns` before `now_ns` (whole buckets) and the seconds they
     /// cover, for callers that merge several trackers before estimating (estimate the merged
-    /// set with [`Window::SLIDING`]).
+    /// set with [`super::estimate::Window::SLIDING`]).
     pub fn window(&self, now_ns: u64, window_ns: u64) -> (SampleSet, f64) {
         let (first_bucket, seconds) = self.coverage(now_ns, window_ns);
         let mut set = SampleSet::default();
