@@ -220,3 +220,37 @@ fn stack_row(out: &mut String, estimate: &Estimate, detail: &str, stack: &StackP
         chain.join(" ← "),
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stack_endings_are_shared_out_whole_ones_first() {
+        let mut profile = crate::export::tests::synthetic();
+        let ends = [
+            (StackEnd::Window, 1),
+            (StackEnd::Root, 1000),
+            (StackEnd::Unmapped, 30),
+        ];
+        let template = profile.stacks[0].clone();
+        profile.stacks = ends
+            .iter()
+            .map(|&(end, samples)| StackProfile {
+                end: Some(end),
+                samples,
+                ..template.clone()
+            })
+            .collect();
+        let line = describe_stack_ends(&profile.stacks).expect("stacks with ends");
+        assert_eq!(
+            line,
+            "97.0% (1000) reached their root; \
+             2.9% (30) stopped at code in no file (JIT, unmapped); \
+             <0.1% (1) went beyond the stack copied (--stack-bytes)"
+        );
+        // The lost-samples pseudo-stack has no ending, and alone says nothing.
+        profile.stacks.iter_mut().for_each(|s| s.end = None);
+        assert_eq!(describe_stack_ends(&profile.stacks), None);
+    }
+}
