@@ -295,12 +295,17 @@ impl StackTable {
         })
     }
 
-    fn normalize(&mut self, pid: u32, address: u64, taken_ns: u64) -> Frame {
+    /// Re-reads `pid`'s maps when `address`, seen at `taken_ns`, is in none of them and the
+    /// copy is older than that (a library loaded after the last read, most likely).
+    fn refresh_for(&mut self, pid: u32, address: u64, taken_ns: u64) {
         let stale = self.maps.get(&pid).is_none_or(|m| m.read_ns < taken_ns);
         if stale && self.lookup(pid, address).is_none() {
-            // A library loaded after the last snapshot, most likely.
             self.refresh(pid);
         }
+    }
+
+    fn normalize(&mut self, pid: u32, address: u64, taken_ns: u64) -> Frame {
+        self.refresh_for(pid, address, taken_ns);
         match self.lookup(pid, address) {
             Some((vma, offset)) => {
                 let vma = vma.clone();
@@ -383,10 +388,7 @@ impl StackTable {
     /// is in none of them (and the copy is older than the sample), and the unwinder is
     /// rebuilt whenever the maps were.
     fn prepare_unwinder(&mut self, pid: u32, ip: u64, taken_ns: u64) {
-        let stale = self.maps.get(&pid).is_none_or(|m| m.read_ns < taken_ns);
-        if stale && self.lookup(pid, ip).is_none() {
-            self.refresh(pid);
-        }
+        self.refresh_for(pid, ip, taken_ns);
         let Some(maps) = self.maps.get(&pid) else {
             return;
         };
