@@ -142,7 +142,17 @@ pub const PROCESS_EXEC: u32 = 2;
 /// calls are counted per process in a hash keyed by pid instead of an array slot.
 pub const HOST_SLOT: u32 = u32::MAX;
 
-/// A followed process forked or exec'd (`--follow`): user space attaches to it.
+/// Value of a `FOLLOWED` entry: a target, counted and sampled by file-wide probes
+/// (`--follow`, `--comm`), whose new processes are targets too.
+pub const FOLLOWED_TARGET: u8 = 1;
+
+/// Value of a `FOLLOWED` entry: a process that exec'd while `--comm` looks for new
+/// targets, counted and sampled from its first instruction until user space, which runs
+/// the name pattern, either makes it a target or drops it with what it sent.
+pub const FOLLOWED_PENDING: u8 = 2;
+
+/// A followed process forked or exec'd (`--follow`, `--comm`): user space decides and
+/// notes how it is covered.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ProcessEvent {
@@ -156,6 +166,9 @@ pub struct ProcessEvent {
     pub parent: u32,
     /// `bpf_ktime_get_ns()` at the event.
     pub timestamp_ns: u64,
+    /// The process's name then (`comm`, NUL-padded; a new process's is its parent's): what
+    /// `--comm` matches, known even if the process is gone before user space looks.
+    pub comm: [u8; 16],
 }
 
 /// [`AllocEvent::flags`]: the stack was taken at the allocator's return, so `stack[0]` is
@@ -380,11 +393,14 @@ pub enum LossCounter {
     /// A lost sample could not be entered in the lost-sample map (full): a process total
     /// misses it, and says so.
     LostUnrecorded = 7,
+    /// The followed set was full: a new process of a followed one (or one `--comm` was to
+    /// decide on) is not counted by file-wide probes.
+    FollowedFull = 8,
 }
 
 impl LossCounter {
     /// Number of loss counters (the size of the per-CPU array).
-    pub const COUNT: u32 = 8;
+    pub const COUNT: u32 = 9;
 }
 
 #[cfg(feature = "user")]

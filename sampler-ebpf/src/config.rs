@@ -28,6 +28,12 @@ static WATCH_EXECS: u8 = 0;
 #[no_mangle]
 static HOST_MODE: u8 = 0;
 
+/// Non-zero with `HOST_MODE` for `--follow` and `--comm`: the file-wide probes count only
+/// the processes in `FOLLOWED` (targets and those pending a decision), which the kernel
+/// adds at fork and exec, before they run: covered from their first allocation.
+#[no_mangle]
+static FOLLOWED_ONLY: u8 = 0;
+
 /// Bytes of user stack copied per sample for unwinding in user space (`--unwind dwarf`,
 /// `--stack-bytes`); 0: the kernel walks frame pointers instead (`--unwind fp`).
 #[no_mangle]
@@ -67,6 +73,12 @@ pub fn log_enabled() -> bool {
 pub fn host_mode() -> bool {
     // SAFETY: as above.
     unsafe { core::ptr::read_volatile(&HOST_MODE) != 0 }
+}
+
+#[inline(always)]
+pub fn followed_only() -> bool {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&FOLLOWED_ONLY) != 0 }
 }
 
 #[inline(always)]

@@ -1,15 +1,23 @@
-//! Process events for `--follow` and thread clean-up, from three scheduler tracepoints.
+//! Process events for `--follow` and `--comm`, and thread clean-up, from three scheduler
+//! tracepoints.
 //!
-//! A new process whose parent is followed is followed from its creation on, in the kernel,
-//! before it runs: nothing it forks in turn can slip by. User space hears of each fork and
-//! exec of a followed process and attaches to it. A thread's exit drops its sampling state
-//! (its countdown), so threads created and destroyed by the thousand do not fill the map.
+//! The followed set is kept in the kernel, and a process enters it before it runs: a new
+//! process of a followed one at `task_newtask` (in its parent, before the child's first
+//! instruction), a process that exec's while `--comm` looks for new targets at
+//! `sched_process_exec` (as pending, until user space has run the name pattern). The
+//! file-wide probes count exactly that set (`FOLLOWED_ONLY`), so nothing a followed
+//! process allocates goes unseen while user space catches up. User space hears of each fork
+//! and exec to decide, and to note how each process is covered. A thread's exit drops its
+//! sampling state (its countdown), so threads created and destroyed by the thousand do not
+//! fill the map.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     programs::TracePointContext,
 };
-use sampler_common::{EventKind, ProcessEvent, PROCESS_EXEC, PROCESS_FORK};
+use sampler_common::{
+    EventKind, ProcessEvent, FOLLOWED_PENDING, FOLLOWED_TARGET, PROCESS_EXEC, PROCESS_FORK,
+};
 
 use crate::maps::{count_loss, FOLLOWED, SAMPLES, THREADS};
 
@@ -17,7 +25,7 @@ use crate::maps::{count_loss, FOLLOWED, SAMPLES, THREADS};
 const CLONE_THREAD: u64 = 0x0001_0000;
 
 /// task:task_newtask — `pid` at offset 8, `clone_flags` at 32 (its format file). Runs in
-/// the parent.
+/// the parent; the child inherits its parent's standing (target, or pending a decision).
 #[inline(always)]
 pub fn on_new_task(ctx: &TracePointContext) {
     // SAFETY: offsets from the tracepoint's format; the reads are bounds-checked helpers.
@@ -29,21 +37,32 @@ pub fn on_new_task(ctx: &TracePointContext) {
         return;
     }
     let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
-    // SAFETY: a lookup whose value is not read.
-    if unsafe { FOLLOWED.get(parent) }.is_none() {
+    // SAFETY: the value is copied out at once.
+    let Some(standing) = (unsafe { FOLLOWED.get(parent) }).copied() else {
         return;
-    }
+    };
     let child = pid as u32;
-    let _ = FOLLOWED.insert(child, 1, 0);
+    if FOLLOWED.insert(child, standing, 0).is_err() {
+        count_loss(sampler_common::LossCounter::FollowedFull);
+    }
     emit(PROCESS_FORK, child, parent);
 }
 
-/// sched:sched_process_exec — runs in the process that exec'd (its new name already set).
+/// sched:sched_process_exec — runs in the process that exec'd (its new name already set),
+/// before its new program's first instruction. While `--comm` looks for new targets, a
+/// process that is not a target yet is counted from here on as pending.
 #[inline(always)]
 pub fn on_exec() {
     let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    // SAFETY: a lookup whose value is not read.
-    if crate::config::watch_execs() || unsafe { FOLLOWED.get(pid) }.is_some() {
+    // SAFETY: the value is copied out at once.
+    let standing = unsafe { FOLLOWED.get(pid) }.copied();
+    let watch = crate::config::watch_execs();
+    if watch && crate::config::followed_only() && standing != Some(FOLLOWED_TARGET) {
+        if FOLLOWED.insert(pid, FOLLOWED_PENDING, 0).is_err() {
+            count_loss(sampler_common::LossCounter::FollowedFull);
+        }
+    }
+    if watch || standing.is_some() {
         emit(PROCESS_EXEC, pid, 0);
     }
 }
@@ -79,6 +98,7 @@ fn emit(what: u32, pid: u32, parent: u32) {
         parent,
         // SAFETY: helper without preconditions.
         timestamp_ns: unsafe { bpf_ktime_get_ns() },
+        comm: bpf_get_current_comm().unwrap_or_default(),
     });
     entry.submit(0);
 }

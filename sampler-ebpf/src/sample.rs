@@ -25,7 +25,10 @@ use sampler_common::{
 
 use crate::{
     config,
-    maps::{count_loss, COUNTERS, EXCLUDED, HOST_COUNTERS, LIVE, LOST, SAMPLES, SCRATCH, THREADS},
+    maps::{
+        count_loss, COUNTERS, EXCLUDED, FOLLOWED, HOST_COUNTERS, LIVE, LOST, SAMPLES, SCRATCH,
+        THREADS,
+    },
 };
 
 /// How the return of an allocation call is observed.
@@ -284,12 +287,21 @@ pub fn on_free(address: u64) {
     free_tracked(pid, address);
 }
 
-/// In host mode (`--all`): whether `pid` is one the user excluded (or allocscope itself).
-/// Pruned by the verifier otherwise: scoped probes only ever fire in their own process.
+/// Whether file-wide probes must ignore `pid`: with a followed set (`--follow`, `--comm`)
+/// every process outside it, else (`--all`) the ones the user excluded (and allocscope
+/// itself). Pruned by the verifier for scoped probes, which only ever fire in their own
+/// process.
 #[inline(always)]
 fn excluded(pid: u32) -> bool {
-    // SAFETY: a lockless lookup; the value is not read.
-    config::host_mode() && unsafe { EXCLUDED.get(pid) }.is_some()
+    if !config::host_mode() {
+        return false;
+    }
+    // SAFETY: lockless lookups; the values are not read.
+    if config::followed_only() {
+        unsafe { FOLLOWED.get(pid) }.is_none()
+    } else {
+        unsafe { EXCLUDED.get(pid) }.is_some()
+    }
 }
 
 #[inline(always)]

@@ -42,6 +42,11 @@ impl Watcher {
         });
         Ok(())
     }
+
+    /// Reports `pid` as exited now (it was gone before it could be watched).
+    pub fn report(&self, pid: u32) {
+        let _ = self.sender.send(pid);
+    }
 }
 
 impl Default for Watcher {

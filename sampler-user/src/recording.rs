@@ -22,7 +22,7 @@ use std::{
 use anyhow::Context as _;
 use aya::maps::{PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf};
 use log::{debug, info, warn};
-use sampler_common::{ProcessCounters, MAX_TARGETS};
+use sampler_common::{ProcessCounters, FOLLOWED_PENDING, FOLLOWED_TARGET, HOST_SLOT, MAX_TARGETS};
 
 use crate::{
     collect::{self, monotonic_ns, Event, Losses, SampleReader},
@@ -32,7 +32,9 @@ use crate::{
         allocator::Allocator,
         attach::{AttachedPoint, KernelConfig, Probes, ReturnProbes, Scope, Target},
     },
-    profile::{ProbePoint, Profile, Recorder, Settings},
+    profile::{
+        Coverage, CoverageStart, LateAllocator, ProbePoint, Profile, Recorder, Settings,
+    },
     spawn::{self, PausedChild},
     stacks::symbolize::Symbolizer,
     targets::{self, AllocatorCache, FindError},
@@ -118,12 +120,21 @@ pub enum Happening {
     AllExited,
 }
 
-/// The kernel event that made a process a target: an exec or a fork, and when
-/// (CLOCK_MONOTONIC ns).
+/// From when a process is covered: the event that made it a target (a fork, an exec, the
+/// start of our command, or our attaching), and when (CLOCK_MONOTONIC ns).
 #[derive(Clone, Copy, Debug)]
 struct Since {
-    event: &'static str,
+    start: CoverageStart,
     timestamp_ns: u64,
+}
+
+impl Since {
+    fn now(start: CoverageStart) -> Since {
+        Since {
+            start,
+            timestamp_ns: monotonic_ns(),
+        }
+    }
 }
 
 /// Probes attached to the targets, samples flowing into a [`Recorder`].
@@ -146,11 +157,18 @@ pub struct Recording {
     next_slot: u32,
     /// Final counters of processes that exited (their slots were reused).
     finished: BTreeMap<u32, ProcessCounters>,
-    /// Host mode: allocator files probed for every process.
-    host_files: HashSet<(String, u64)>,
-    /// Host mode: processes left alone (allocscope, `--exclude-*`). The kernel skips them
-    /// once told; what it sent before that is dropped here.
+    /// `--follow`, `--comm`: allocator files are probed for every process, and the kernel
+    /// counts those in its followed set (see [`Self::admit`]).
+    followed_only: bool,
+    /// Host mode and `followed_only`: allocator files probed for every process, and when
+    /// (CLOCK_MONOTONIC ns).
+    host_files: HashMap<(String, u64), u64>,
+    /// Host mode: processes left alone (allocscope, `--exclude-*`); `followed_only`:
+    /// processes the kernel counted pending a decision and that are not targets. What
+    /// they sent is dropped here.
     excluded: HashSet<u32>,
+    /// How each target is covered, and from when (CLOCK_MONOTONIC ns).
+    coverage: HashMap<u32, (Coverage, u64)>,
     /// Processes looked at by a scan, with the executable they had then (an exec makes
     /// them new again).
     scanned: HashMap<u32, (String, u64)>,
@@ -188,6 +206,7 @@ impl Recording {
             command,
             cache,
         } = prepared;
+        let followed_only = !targets.all && (targets.follow || targets.comm.is_some());
         let kernel = KernelConfig {
             interval: sampling.interval,
             log: sampling.verbose,
@@ -195,8 +214,9 @@ impl Recording {
             ring_buffer: sampling.ring_buffer,
             stack_bytes: sampling.unwind.stack_bytes(),
             sessions: sampling.sessions,
-            host: targets.all,
+            host: targets.all || followed_only,
             follow: targets.follow,
+            followed_only,
             watch_execs: targets.waits_for_new(),
         };
         let mut probes = Probes::load(kernel).context("loading the eBPF programs")?;
@@ -235,8 +255,10 @@ impl Recording {
             free_slots: Vec::new(),
             next_slot: 0,
             finished: BTreeMap::new(),
-            host_files: HashSet::new(),
+            followed_only,
+            host_files: HashMap::new(),
             excluded: HashSet::new(),
+            coverage: HashMap::new(),
             scanned: HashMap::new(),
             points: Vec::new(),
             logger,
@@ -250,11 +272,16 @@ impl Recording {
             thread_states: None,
             cutoff_ns: None,
         };
+        if followed_only {
+            recording.probe_system_allocators();
+        }
         for target in initial {
-            if recording.targets.follow {
-                recording.probes_mut()?.follow(target.pid)?;
-            }
-            if let Err(e) = recording.attach(target.pid, &target.allocators, None) {
+            let since = Since::now(if Some(target.pid) == recording.spawned {
+                CoverageStart::Start
+            } else {
+                CoverageStart::Attach
+            });
+            if let Err(e) = recording.attach(target.pid, &target.allocators, since) {
                 if Some(target.pid) == recording.spawned {
                     return Err(e.context(format!("attaching to {command}")));
                 }
@@ -337,6 +364,9 @@ impl Recording {
             .await;
         profile.probes = self.probe_points();
         profile.thread_states = self.thread_states();
+        for process in &mut profile.processes {
+            process.coverage = self.coverage.get(&process.pid).map(|(c, _)| c.clone());
+        }
         Ok(profile)
     }
 
@@ -366,14 +396,12 @@ impl Recording {
     }
 
     /// Attaches `allocators` in process `pid` (new ones only, if it is attached already)
-    /// and starts watching it; `since`: the event that made it a target, for the log. A
-    /// process that vanishes meanwhile is an error for the caller to report and move on.
-    fn attach(
-        &mut self,
-        pid: u32,
-        allocators: &[Allocator],
-        since: Option<Since>,
-    ) -> anyhow::Result<()> {
+    /// and starts watching it; `since`: from when it is covered, if it is new. A process
+    /// that vanishes meanwhile is an error for the caller to report and move on.
+    fn attach(&mut self, pid: u32, allocators: &[Allocator], since: Since) -> anyhow::Result<()> {
+        if self.followed_only {
+            return self.admit(pid, Some(allocators), since);
+        }
         let new = !self.running.contains_key(&pid);
         let slot = match self.running.get(&pid) {
             Some(&slot) => slot,
@@ -423,19 +451,142 @@ impl Recording {
             self.recorder.track(pid);
             // What it allocated before this moment was not seen (its counters say how much
             // the probes caught): how late they came is worth knowing.
-            let late = since.map_or_else(String::new, |since| {
-                let after = monotonic_ns().saturating_sub(since.timestamp_ns);
-                format!(", {:.1} ms after its {}", after as f64 / 1e6, since.event)
-            });
+            let after = monotonic_ns().saturating_sub(since.timestamp_ns);
+            let late = match since.start {
+                CoverageStart::Attach => String::new(),
+                event => format!(", {:.1} ms after its {event:?}", after as f64 / 1e6),
+            };
             info!(
                 "attached to pid {pid} ({}) in {:.1} ms{late}: {}",
                 targets::comm_of(pid).unwrap_or_default(),
                 started.elapsed().as_secs_f64() * 1e3,
                 describe(allocators)
             );
+            let coverage = Coverage {
+                since: since.start,
+                late: Vec::new(),
+                checked: true,
+            };
+            self.coverage.insert(pid, (coverage, monotonic_ns()));
+        } else {
+            self.note_late(pid, allocators);
         }
         self.recorder.add_allocators(pid, allocators);
         Ok(())
+    }
+
+    /// `--follow`, `--comm`: makes `pid` a target. The kernel counts it from now on if it
+    /// did not already (a new process of a followed one is counted from its fork, one that
+    /// exec'd from its exec, before either ran: the file-wide probes count every process in
+    /// the followed set). The allocator files it uses that are not probed yet are probed
+    /// now (for every process: this recording's new processes may use them at once), and
+    /// noted late in its coverage. `allocators`: `None` when it was gone before they could
+    /// be read.
+    fn admit(
+        &mut self,
+        pid: u32,
+        allocators: Option<&[Allocator]>,
+        since: Since,
+    ) -> anyhow::Result<()> {
+        if !self.running.contains_key(&pid) {
+            self.probes_mut()?.follow(pid)?;
+            self.excluded.remove(&pid);
+            self.running.insert(pid, HOST_SLOT);
+            if !self.pids.contains(&pid) {
+                self.pids.push(pid);
+            }
+            let coverage = Coverage {
+                since: since.start,
+                late: Vec::new(),
+                checked: allocators.is_some(),
+            };
+            self.coverage.insert(pid, (coverage, since.timestamp_ns));
+            if !self.recorder.tracks(pid) {
+                self.recorder.track(pid);
+            }
+            if self.watcher.watch(pid).is_err() {
+                // Gone already (its counters and samples are in): finalized at once.
+                self.watcher.report(pid);
+            }
+            info!(
+                "following pid {pid} ({}) from its {:?}",
+                targets::comm_of(pid).unwrap_or_default(),
+                since.start
+            );
+        }
+        if let Some(allocators) = allocators {
+            self.probe_files(allocators)?;
+            self.note_late(pid, allocators);
+            self.recorder.add_allocators(pid, allocators);
+        }
+        Ok(())
+    }
+
+    /// Notes in `pid`'s coverage the allocator files it uses that were probed after it was
+    /// covered from (file-wide), or that it gained after being attached (per process: a
+    /// library loaded later, found by the next look).
+    fn note_late(&mut self, pid: u32, allocators: &[Allocator]) {
+        let Some((coverage, from_ns)) = self.coverage.get_mut(&pid) else {
+            return;
+        };
+        let now = monotonic_ns();
+        for allocator in allocators {
+            let probed_ns = if self.followed_only {
+                self.host_files.get(&allocator.file_id).copied().unwrap_or(now)
+            } else {
+                now
+            };
+            let name = allocator.describe();
+            if self.followed_only && probed_ns <= *from_ns
+                || coverage.late.iter().any(|late| late.allocator == name)
+                || !self.followed_only && self.recorder.has_allocator(pid, &name)
+            {
+                continue;
+            }
+            coverage.late.push(LateAllocator {
+                allocator: name,
+                after_ms: probed_ns.saturating_sub(*from_ns) as f64 / 1e6,
+            });
+        }
+    }
+
+    /// Probes for every process the allocator files not probed yet, noting when.
+    fn probe_files(&mut self, allocators: &[Allocator]) -> anyhow::Result<()> {
+        for allocator in allocators {
+            if self.host_files.contains_key(&allocator.file_id) {
+                continue;
+            }
+            match self
+                .probes_mut()?
+                .add(Scope::Host, std::slice::from_ref(allocator))
+            {
+                Ok(points) => {
+                    info!("probing {} for every process", allocator.describe());
+                    points.iter().for_each(log_point);
+                    self.points.extend(points);
+                    self.host_files
+                        .insert(allocator.file_id.clone(), monotonic_ns());
+                }
+                Err(e) => debug!("{}: {e:#}", allocator.describe()),
+            }
+        }
+        Ok(())
+    }
+
+    /// `--follow`, `--comm`: probes, before any target runs, this system's C library (ours)
+    /// and the other allocator libraries installed in the usual library directories, so
+    /// that a new process that loads one is covered from its first call too. Each costs
+    /// the trap only to the processes that use it.
+    fn probe_system_allocators(&mut self) {
+        let mut found = self.cache.of_pid(std::process::id()).unwrap_or_default();
+        for path in targets::system_allocator_libraries() {
+            if let Some(allocator) = self.cache.of_file(&path, false) {
+                found.push(allocator);
+            }
+        }
+        if let Err(e) = self.probe_files(&found) {
+            warn!("probing this system's allocators: {e:#}");
+        }
     }
 
     /// Looks for new targets (`--comm`, `--all`) and for allocators the current targets
@@ -449,9 +600,26 @@ impl Recording {
         let running: Vec<u32> = self.running.keys().copied().collect();
         for pid in running {
             if let Ok(allocators) = self.cache.of_pid(pid) {
-                if let Err(e) = self.attach(pid, &allocators, None) {
+                if let Err(e) = self.attach(pid, &allocators, Since::now(CoverageStart::Attach)) {
                     debug!("pid {pid}: late allocators: {e:#}");
                 }
+            }
+        }
+        if self.followed_only {
+            self.forget_rejected()?;
+        }
+        Ok(())
+    }
+
+    /// `followed_only`: drops the kernel's counters of the processes it counted pending a
+    /// decision and that were not taken (one may have been re-created by a probe that ran
+    /// while it was being dropped), and forgets those that exited.
+    fn forget_rejected(&mut self) -> anyhow::Result<()> {
+        let rejected: Vec<u32> = self.excluded.iter().copied().collect();
+        for pid in rejected {
+            self.probes_mut()?.forget_counters(pid);
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                self.excluded.remove(&pid);
             }
         }
         Ok(())
@@ -478,7 +646,7 @@ impl Recording {
     /// ourselves aside.
     fn scan_comm(&mut self) {
         for pid in self.unscanned() {
-            self.consider_comm(pid, None);
+            self.consider_comm(pid, None, Since::now(CoverageStart::Attach));
         }
         if self.running.is_empty() && !self.said_waiting {
             self.said_waiting = true;
@@ -493,22 +661,32 @@ impl Recording {
         }
     }
 
-    fn consider_comm(&mut self, pid: u32, since: Option<Since>) {
-        let (Some(pattern), Some(comm)) = (&self.targets.comm, targets::comm_of(pid)) else {
-            return;
+    /// `--comm`: makes `pid` a target when `comm`, its name (`None`: read it now), matches
+    /// and it is not excluded. Returns whether it is a target now.
+    fn consider_comm(&mut self, pid: u32, comm: Option<&str>, since: Since) -> bool {
+        let Some(comm) = comm.map(str::to_owned).or_else(|| targets::comm_of(pid)) else {
+            return false;
+        };
+        let Some(pattern) = &self.targets.comm else {
+            return false;
         };
         if !pattern.0.is_match(&comm) || self.targets.excludes(pid, &comm) {
-            return;
+            return false;
         }
-        match self.allocators_of(pid) {
-            Ok(allocators) => {
-                if let Err(e) = self.attach(pid, &allocators, since) {
-                    warn!("pid {pid} ({comm}): {e:#}");
-                }
+        let taken = match self.allocators_of(pid) {
+            Ok(allocators) => self.attach(pid, &allocators, since),
+            // Counted by the kernel from its exec: what it did is in, whatever it used.
+            Err(FindError::Gone) if self.followed_only => self.admit(pid, None, since),
+            Err(FindError::Gone | FindError::KernelThread) => return false,
+            Err(e) => {
+                warn!("pid {pid} ({comm}) matches --comm but: {e}");
+                return false;
             }
-            Err(FindError::Gone | FindError::KernelThread) => {}
-            Err(e) => warn!("pid {pid} ({comm}) matches --comm but: {e}"),
+        };
+        if let Err(e) = taken {
+            warn!("pid {pid} ({comm}): {e:#}");
         }
+        self.running.contains_key(&pid)
     }
 
     /// The allocators of `pid`; for a program that has just exec'd and whose libraries
@@ -557,6 +735,10 @@ impl Recording {
     /// Host-wide: a process sampled for the first time is tracked, unless it is to be left
     /// alone (an excluded name it exec'd into since the last scan is caught here).
     fn first_seen(&mut self, pid: u32) {
+        if self.followed_only {
+            self.first_seen_followed(pid);
+            return;
+        }
         match self.excludes(pid) {
             Ok(true) => {}
             Ok(false) => {
@@ -564,6 +746,25 @@ impl Recording {
                 self.pids.push(pid);
             }
             Err(e) => warn!("pid {pid}: the kernel was not told to skip it ({e:#}); its samples are dropped here"),
+        }
+    }
+
+    /// `followed_only`: samples of a process not heard of (its fork or exec event was
+    /// lost, the ring buffer being full): the kernel's followed set says what it is.
+    fn first_seen_followed(&mut self, pid: u32) {
+        if self.excluded.contains(&pid) {
+            return;
+        }
+        let since = Since::now(CoverageStart::Unknown);
+        match self.probes.as_ref().and_then(|p| p.standing(pid)) {
+            Some(FOLLOWED_TARGET) => {
+                let allocators = self.allocators_of(pid).ok();
+                if let Err(e) = self.admit(pid, allocators.as_deref(), since) {
+                    warn!("followed pid {pid}: {e:#}");
+                }
+            }
+            Some(FOLLOWED_PENDING) if self.consider_comm(pid, None, since) => {}
+            _ => self.reject(pid),
         }
     }
 
@@ -582,44 +783,31 @@ impl Recording {
             return Ok(());
         };
         self.recorder.add_allocators(pid, &allocators);
-        for allocator in allocators {
-            if self.host_files.contains(&allocator.file_id) {
-                continue;
-            }
-            match self
-                .probes_mut()?
-                .add(Scope::Host, std::slice::from_ref(&allocator))
-            {
-                Ok(points) => {
-                    info!("probing {} for every process", allocator.describe());
-                    points.iter().for_each(log_point);
-                    self.points.extend(points);
-                    self.host_files.insert(allocator.file_id.clone());
-                }
-                Err(e) => debug!("{}: {e:#}", allocator.describe()),
-            }
-        }
-        Ok(())
+        self.probe_files(&allocators)
     }
 
     /// A followed process forked (`parent` ≠ 0), or a process exec'd (a followed one, or
-    /// any with `--comm` and `--all`).
-    fn on_process(&mut self, pid: u32, parent: u32, timestamp_ns: u64) {
-        let since = Some(Since {
-            event: if parent == 0 { "exec" } else { "fork" },
+    /// any with `--comm` and `--all`); `comm`: its name then.
+    fn on_process(&mut self, pid: u32, parent: u32, timestamp_ns: u64, comm: &str) {
+        let since = Since {
+            start: if parent == 0 {
+                CoverageStart::Exec
+            } else {
+                CoverageStart::Fork
+            },
             timestamp_ns,
-        });
+        };
+        if self.followed_only {
+            self.on_followed(pid, parent, comm, since);
+            return;
+        }
         if self.targets.exclude_pids.contains(&pid) {
             return;
         }
         if parent == 0 && !self.running.contains_key(&pid) {
-            // Not a target (yet): a new program for `--comm` or `--all` to look at now.
-            if self.targets.all {
-                if let Err(e) = self.consider_host(pid) {
-                    warn!("looking at new process {pid}: {e:#}");
-                }
-            } else {
-                self.consider_comm(pid, since);
+            // Not a target (yet): a new program for `--all` to look at now.
+            if let Err(e) = self.consider_host(pid) {
+                warn!("looking at new process {pid}: {e:#}");
             }
             return;
         }
@@ -635,6 +823,48 @@ impl Recording {
             Err(FindError::Gone | FindError::KernelThread) => {}
             Err(e) => warn!("followed pid {pid}: {e}"),
         }
+    }
+
+    /// `followed_only`: a process the kernel already counts (a new process of a target,
+    /// as a target; one that exec'd, as a target still or pending) is made a target or
+    /// dropped. A new process of a target is one (unless excluded), and so is a target that
+    /// exec'd; another that exec'd is one if `--comm` matches its new name.
+    fn on_followed(&mut self, pid: u32, parent: u32, comm: &str, since: Since) {
+        let target = if parent != 0 {
+            self.running.contains_key(&parent)
+        } else {
+            self.running.contains_key(&pid)
+        };
+        if target && !self.targets.excludes(pid, comm) {
+            let allocators = self.allocators_of(pid).ok();
+            if parent != 0 {
+                self.recorder.track_fork(pid, parent);
+            } else {
+                // A new name and executable: tracked afresh, its new files noted from now.
+                self.recorder.track(pid);
+                if let Some((_, from_ns)) = self.coverage.get_mut(&pid) {
+                    *from_ns = since.timestamp_ns;
+                }
+            }
+            if let Err(e) = self.admit(pid, allocators.as_deref(), since) {
+                warn!("followed pid {pid}: {e:#}");
+            }
+        } else if !self.consider_comm(pid, Some(comm), since) {
+            self.reject(pid);
+        }
+    }
+
+    /// `followed_only`: `pid`, counted by the kernel pending a decision (or a new process
+    /// of a target that is excluded), is not a target: the kernel forgets it, and what it
+    /// sent is dropped.
+    fn reject(&mut self, pid: u32) {
+        if self.running.contains_key(&pid) {
+            return;
+        }
+        if let Some(probes) = self.probes.as_mut() {
+            probes.unfollow(pid);
+        }
+        self.excluded.insert(pid);
     }
 
     /// Takes samples until a target exits. Cancel-safe: every record read is in the
@@ -684,7 +914,8 @@ impl Recording {
                     pid,
                     parent,
                     timestamp_ns,
-                } => self.on_process(pid, parent, timestamp_ns),
+                    ref comm,
+                } => self.on_process(pid, parent, timestamp_ns, comm),
                 Event::Alloc(ref sample) if !self.recorder.tracks(sample.pid) => {
                     self.first_seen(sample.pid)
                 }
@@ -708,11 +939,34 @@ impl Recording {
         let Some(slot) = self.running.remove(&pid) else {
             return Ok(());
         };
-        info!("pid {pid} exited: its probes go, its counters are kept");
         let Some(probes) = self.probes.as_mut() else {
             return Ok(());
         };
-        probes.remove(pid).close_in_background();
+        let last = if slot == HOST_SLOT {
+            // Counted by file-wide probes: nothing to detach. Its entry goes, so that a
+            // later process given the same pid starts from zero.
+            info!("pid {pid} exited: its counters are kept");
+            let map = probes
+                .ebpf
+                .map("HOST_COUNTERS")
+                .context("HOST_COUNTERS map missing")?;
+            let last = collect::read_host_counter(&PerCpuHashMap::try_from(map)?, pid)?;
+            probes.forget_counters(pid);
+            last
+        } else {
+            info!("pid {pid} exited: its probes go, its counters are kept");
+            probes.remove(pid).close_in_background();
+            self.reset_slot(pid, slot)?
+        };
+        let before = self.finished.get(&pid).copied().unwrap_or_default();
+        self.finished.insert(pid, add(before, last));
+        Ok(())
+    }
+
+    /// Reads the last counts of `pid` from its counter slot, then zeroes the slot and
+    /// makes it free for another process.
+    fn reset_slot(&mut self, pid: u32, slot: u32) -> anyhow::Result<ProcessCounters> {
+        let probes = self.probes_mut()?;
         let last = {
             let map = probes
                 .ebpf
@@ -720,9 +974,6 @@ impl Recording {
                 .context("COUNTERS map missing")?;
             collect::read_counters(&PerCpuArray::try_from(map)?, &[(pid, slot)])?
         };
-        let before = self.finished.get(&pid).copied().unwrap_or_default();
-        let total = add(before, last.get(&pid).copied().unwrap_or_default());
-        self.finished.insert(pid, total);
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
         let zeros = PerCpuValues::try_from(vec![ProcessCounters::default(); cpus])?;
         let map = probes
@@ -732,7 +983,7 @@ impl Recording {
         let mut counters: PerCpuArray<_, ProcessCounters> = PerCpuArray::try_from(map)?;
         counters.set(slot, zeros, 0)?;
         self.free_slots.push(slot);
-        Ok(())
+        Ok(last.get(&pid).copied().unwrap_or_default())
     }
 
     /// Moves every sample waiting in the ring buffer into the recorder.
@@ -749,7 +1000,12 @@ impl Recording {
         self.catch_up().await?;
         let mut lost = None;
         if let Some(probes) = &self.probes {
-            let slots: Vec<(u32, u32)> = self.running.iter().map(|(&p, &s)| (p, s)).collect();
+            let slots: Vec<(u32, u32)> = self
+                .running
+                .iter()
+                .filter(|(_, &slot)| slot != HOST_SLOT)
+                .map(|(&p, &s)| (p, s))
+                .collect();
             self.counted_ns = monotonic_ns();
             let mut counters = {
                 let map = probes
@@ -758,14 +1014,17 @@ impl Recording {
                     .context("COUNTERS map missing")?;
                 collect::read_counters(&PerCpuArray::try_from(map)?, &slots)?
             };
-            if self.targets.all {
+            if self.targets.all || self.followed_only {
                 let map = probes
                     .ebpf
                     .map("HOST_COUNTERS")
                     .context("HOST_COUNTERS map missing")?;
                 let host = collect::read_host_counters(&PerCpuHashMap::try_from(map)?)?;
                 for (pid, c) in host {
-                    if self.excluded.contains(&pid) {
+                    // Followed: only targets (the kernel also counts, briefly, processes
+                    // pending a decision, and one we have not heard of yet).
+                    let target = !self.followed_only || self.running.contains_key(&pid);
+                    if self.excluded.contains(&pid) || !target {
                         continue;
                     }
                     let total = add(counters.get(&pid).copied().unwrap_or_default(), c);
@@ -820,6 +1079,9 @@ impl Recording {
             logger.flush();
         }
         self.logger = None;
+        if let Some(probes) = self.probes.as_mut() {
+            probes.detach_all();
+        }
         self.probes = None;
         if let Some(pid) = self.spawned {
             let exit = exits::reap(pid);

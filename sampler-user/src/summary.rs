@@ -45,6 +45,10 @@ fn describe_losses(losses: &Losses) -> String {
             "fork/exec events (ring buffer full: processes may be missed)",
         ),
         (
+            losses.followed_full,
+            "new processes not followed (followed set full: not counted)",
+        ),
+        (
             losses.stacks_cut_to_leaf,
             "stacks cut to their leaf frame (more distinct stacks than --max-stacks)",
         ),

@@ -173,6 +173,62 @@ pub fn all_pids() -> Vec<u32> {
     pids
 }
 
+/// Directories the dynamic loader searches by default on this platform (and their
+/// `/usr/local` sibling), where the allocator libraries a program may load live.
+const LIBRARY_DIRS: &[&str] = &[
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/local/lib",
+    "/lib64",
+    "/usr/lib64",
+    "/usr/lib",
+];
+
+/// Names of the allocator libraries allocscope knows to probe (their sonames start so).
+const ALLOCATOR_LIBRARIES: &[&str] = &[
+    "libjemalloc.so",
+    "libtcmalloc.so",
+    "libtcmalloc_minimal.so",
+    "libmimalloc.so",
+    "libpython3",
+];
+
+/// The allocator libraries installed on this system (each file once, however many links
+/// name it): what a new process may load besides the C library.
+pub fn system_allocator_libraries() -> Vec<PathBuf> {
+    let mut seen = std::collections::HashSet::new();
+    let mut found = Vec::new();
+    for dir in LIBRARY_DIRS {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        let mut names: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|path| is_allocator_library(path))
+            .collect();
+        names.sort();
+        for path in names {
+            let Ok(metadata) = std::fs::metadata(&path) else {
+                continue;
+            };
+            if metadata.is_file() && seen.insert(file_id(metadata.dev(), metadata.ino())) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// Whether `path` names a shared library of a known allocator (`libjemalloc.so.2`, not
+/// `libjemalloc.a`). Pure.
+pub fn is_allocator_library(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(OsStr::to_str) else {
+        return false;
+    };
+    ALLOCATOR_LIBRARIES.iter().any(|prefix| name.starts_with(prefix)) && name.contains(".so")
+}
+
 /// The libraries a dynamically linked `program` will load (LD_PRELOAD included), as the
 /// system's dynamic loader resolves them in `--list` mode, which loads nothing and runs
 /// nothing of the program. `interpreter` is the program's PT_INTERP.
@@ -231,6 +287,26 @@ mod tests {
         );
         assert_eq!(cgroup_path("3:cpu:/a\n").as_deref(), Some("/a"));
         assert_eq!(cgroup_path(""), None);
+    }
+
+    #[test]
+    fn knows_allocator_libraries_by_name() {
+        for yes in [
+            "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+            "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
+            "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2.0",
+            "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0",
+        ] {
+            assert!(is_allocator_library(Path::new(yes)), "{yes}");
+        }
+        for no in [
+            "/usr/lib/x86_64-linux-gnu/libjemalloc.a",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+            "/usr/lib/python3.11",
+            "/usr/lib/x86_64-linux-gnu/libjemalloc_pic.a",
+        ] {
+            assert!(!is_allocator_library(Path::new(no)), "{no}");
+        }
     }
 
     #[test]

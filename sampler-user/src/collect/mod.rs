@@ -115,6 +115,8 @@ pub enum Event {
         parent: u32,
         /// When (CLOCK_MONOTONIC ns).
         timestamp_ns: u64,
+        /// Its name then (a new process's is its parent's).
+        comm: String,
     },
 }
 
@@ -144,10 +146,12 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
             PROCESS_EXEC => 0,
             _ => return None,
         };
+        let name = event.comm.split(|&b| b == 0).next().unwrap_or_default();
         return Some(Event::Process {
             pid: event.pid,
             parent,
             timestamp_ns: event.timestamp_ns,
+            comm: String::from_utf8_lossy(name).into_owned(),
         });
     }
     if kind != EventKind::Alloc as u32 || bytes.len() < SampleRecord::HEAD {
@@ -431,6 +435,10 @@ pub struct Losses {
     /// the totals leave them out.
     #[serde(default)]
     pub lost_unrecorded: u64,
+    /// New processes of followed ones (or exec'd ones `--comm` was to decide on) the
+    /// kernel could not add to its followed set (full): they were not counted.
+    #[serde(default)]
+    pub followed_full: u64,
     /// Samples whose stack was cut to its leaf frame (more distinct stacks than
     /// `--max-stacks`): counted in full, under a shorter stack. Counted in user space.
     #[serde(default)]
@@ -448,6 +456,7 @@ impl Losses {
             + self.free_event_lost
             + self.process_event_lost
             + self.lost_unrecorded
+            + self.followed_full
             + self.stacks_cut_to_leaf
     }
 }
@@ -466,6 +475,7 @@ pub fn read_losses(map: &PerCpuArray<&MapData, u64>) -> anyhow::Result<Losses> {
         free_event_lost: sum(LossCounter::FreeEventLost)?,
         process_event_lost: sum(LossCounter::ProcessEventLost)?,
         lost_unrecorded: sum(LossCounter::LostUnrecorded)?,
+        followed_full: sum(LossCounter::FollowedFull)?,
         stacks_cut_to_leaf: 0,
     })
 }
@@ -536,6 +546,18 @@ pub fn read_host_counters(
         totals.insert(pid, sum(&values));
     }
     Ok(totals)
+}
+
+/// One process's counters in the `HOST_COUNTERS` per-CPU hash (zero if it has none).
+pub fn read_host_counter(
+    map: &PerCpuHashMap<&MapData, u32, ProcessCounters>,
+    pid: u32,
+) -> anyhow::Result<ProcessCounters> {
+    match map.get(&pid, 0) {
+        Ok(values) => Ok(sum(&values)),
+        Err(aya::maps::MapError::KeyNotFound) => Ok(ProcessCounters::default()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[cfg(test)]

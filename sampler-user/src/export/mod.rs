@@ -259,6 +259,7 @@ pub(crate) mod tests {
                 untracked_samples: 0,
                 lost_samples: 0,
                 rss_bytes: Some(1 << 20),
+                coverage: None,
             }],
             losses: Losses::default(),
             modules: vec![Module {

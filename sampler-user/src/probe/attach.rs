@@ -22,7 +22,7 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, HashMap as BpfHashMap, MapData},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuHashMap},
     programs::{
         trace_point::TracePointLinkId,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
@@ -30,7 +30,7 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use sampler_common::{geometric, AllocFn, HOST_SLOT};
+use sampler_common::{geometric, AllocFn, FOLLOWED_TARGET, HOST_SLOT};
 
 use super::{allocator::Allocator, prologue::Placement, session};
 
@@ -58,6 +58,10 @@ pub struct KernelConfig {
     pub host: bool,
     /// Follow new processes of followed ones through fork and exec (`--follow`).
     pub follow: bool,
+    /// With `host`: the file-wide probes count only the processes in the kernel's followed
+    /// set, which a new process of a followed one enters at its fork, and one that exec's
+    /// while `watch_execs` at its exec, pending a decision (`--follow`, `--comm`).
+    pub followed_only: bool,
     /// Report every exec on the host (`--comm`, `--all`: new processes found at once).
     pub watch_execs: bool,
 }
@@ -226,7 +230,8 @@ pub enum ReturnProbes {
 
 enum Link {
     Uprobe(&'static str, UProbeLinkId),
-    Session(#[allow(dead_code)] OwnedFd),
+    /// A uprobe_multi link (a session's, or free's): closing it detaches it.
+    Multi(#[allow(dead_code)] OwnedFd),
 }
 
 /// Links taken from [`Probes`], still attached until dropped.
@@ -237,6 +242,36 @@ pub struct Detached {
 }
 
 impl Detached {
+    /// Drops every link at once, one thread each, and waits until all are closed. Closing
+    /// a link waits for the kernel's grace periods (about 0.1 s here for each uprobe);
+    /// closed one after another, the ~50 links of a recording with several allocator
+    /// files took 7 s to detach, while concurrent waits share their grace periods.
+    pub fn close_all(self) {
+        let started = Instant::now();
+        let links = self.uprobes.len() + self.sessions.len();
+        let closers: Vec<_> = self
+            .uprobes
+            .into_iter()
+            .map(|link| Box::new(link) as Box<dyn Send>)
+            .chain(
+                self.sessions
+                    .into_iter()
+                    .map(|fd| Box::new(fd) as Box<dyn Send>),
+            )
+            .map(|link| {
+                std::thread::Builder::new()
+                    .name("detach".into())
+                    .spawn(move || drop(link))
+                    // No thread: the link is dropped here, with the error, one at a time.
+                    .map_err(|e| log::debug!("detaching on this thread: {e}"))
+            })
+            .collect();
+        for closer in closers.into_iter().flatten() {
+            let _ = closer.join();
+        }
+        log::debug!("closed {links} links in {:?}", started.elapsed());
+    }
+
     /// Drops the links on a thread of their own (the kernel's detach blocks).
     pub fn close_in_background(self) {
         if self.uprobes.is_empty() && self.sessions.is_empty() {
@@ -262,7 +297,9 @@ pub struct Probes {
     /// How allocation returns are observed.
     pub returns: ReturnProbes,
     config: KernelConfig,
-    sessions: Option<session::SessionProgram>,
+    sessions: Option<session::MultiProgram>,
+    /// `free_enter` for uprobe_multi links (with sessions), else classic uprobes.
+    frees: Option<session::MultiProgram>,
     links: HashMap<u32, Vec<Link>>,
     probed: HashSet<(u32, (String, u64))>,
     sizes: [u64; AllocFn::FUNCTION_SLOTS],
@@ -281,6 +318,7 @@ impl Probes {
         let log = u8::from(config.log);
         let track = u8::from(config.track_frees.is_some());
         let host = u8::from(config.host);
+        let followed_only = u8::from(config.host && config.followed_only);
         let watch_execs = u8::from(config.watch_execs);
         let stack_bytes = u64::from(config.stack_bytes);
         let possible_cpus = aya::util::nr_cpus()
@@ -292,6 +330,7 @@ impl Probes {
             .override_global("LOG_ENABLED", &log, true)
             .override_global("TRACK_FREES", &track, true)
             .override_global("HOST_MODE", &host, true)
+            .override_global("FOLLOWED_ONLY", &followed_only, true)
             .override_global("WATCH_EXECS", &watch_execs, true)
             .override_global("STACK_BYTES", &stack_bytes, true)
             .map_max_entries("SCRATCH", possible_cpus)
@@ -299,21 +338,29 @@ impl Probes {
             .map_max_entries("SAMPLES", config.ring_buffer)
             .load(SAMPLER_OBJECT)?;
         let tracking = config.track_frees.is_some();
-        let sessions = if tracking && config.sessions {
-            match session::load(&ebpf, SAMPLER_OBJECT) {
-                Ok(sessions) => Some(sessions),
-                Err(why) => {
-                    log::info!(
-                        "uprobe sessions unavailable ({why}): every allocation pays a return probe"
-                    );
-                    None
-                }
-            }
+        // Sessions also without return probes (`--alloc-only`): the program then never asks
+        // for a return, and its links are uprobe_multi links, which detach in one grace
+        // period per file where classic uprobes take one each (50 of them: 5 s).
+        let multi = |name, attach_type| {
+            session::load(&ebpf, SAMPLER_OBJECT, name, attach_type)
+                .map_err(|why| log::info!("uprobe_multi links unavailable for {name}: {why}"))
+                .ok()
+        };
+        let sessions = if config.sessions {
+            multi(
+                session::SESSION_PROGRAM,
+                session::BPF_TRACE_UPROBE_SESSION,
+            )
+        } else {
+            None
+        };
+        let frees = if tracking && sessions.is_some() {
+            multi(FREE_PROGRAM, session::BPF_TRACE_UPROBE_MULTI)
         } else {
             None
         };
         let mut programs: Vec<&'static str> = Vec::new();
-        if tracking {
+        if tracking && frees.is_none() {
             programs.push(FREE_PROGRAM);
         }
         if sessions.is_none() {
@@ -331,7 +378,7 @@ impl Probes {
             "sched",
             "sched_process_exit",
         )?];
-        if config.follow {
+        if config.follow || config.followed_only {
             tracepoints.push(attach_tracepoint(
                 &mut ebpf,
                 "task_newtask",
@@ -339,7 +386,7 @@ impl Probes {
                 "task_newtask",
             )?);
         }
-        if config.follow || config.watch_execs {
+        if config.follow || config.followed_only || config.watch_execs {
             tracepoints.push(attach_tracepoint(
                 &mut ebpf,
                 "process_exec",
@@ -357,6 +404,7 @@ impl Probes {
             returns,
             config,
             sessions,
+            frees,
             links: HashMap::new(),
             probed: HashSet::new(),
             sizes: [0; AllocFn::FUNCTION_SLOTS],
@@ -409,11 +457,24 @@ impl Probes {
                         }
                     }
                 }
-                Link::Session(fd) => detached.sessions.push(fd),
+                Link::Multi(fd) => detached.sessions.push(fd),
             }
         }
         self.probed.retain(|(key, _)| *key != pid);
         detached
+    }
+
+    /// Detaches every probe, waiting until the kernel has removed them all (see
+    /// [`Detached::close_all`]); the maps stay readable.
+    pub fn detach_all(&mut self) {
+        let keys: Vec<u32> = self.links.keys().copied().collect();
+        let mut all = Detached::default();
+        for key in keys {
+            let Detached { uprobes, sessions } = self.remove(key);
+            all.uprobes.extend(uprobes);
+            all.sessions.extend(sessions);
+        }
+        all.close_all();
     }
 
     /// Host mode: makes the programs ignore `pid`.
@@ -423,11 +484,37 @@ impl Probes {
             .map_err(|e| AttachError::map("EXCLUDED", e))
     }
 
-    /// `--follow`: the kernel follows `pid`'s new processes from their creation on.
+    /// Makes `pid` a target of the followed set: file-wide probes count it (with
+    /// `followed_only`), and the kernel follows its new processes from their creation on.
     pub fn follow(&mut self, pid: u32) -> Result<(), AttachError> {
         let mut map: BpfHashMap<&mut MapData, u32, u8> = self.map_mut("FOLLOWED")?;
-        map.insert(pid, 1, 0)
+        map.insert(pid, FOLLOWED_TARGET, 0)
             .map_err(|e| AttachError::map("FOLLOWED", e))
+    }
+
+    /// `pid`'s standing in the kernel's followed set ([`FOLLOWED_TARGET`],
+    /// [`sampler_common::FOLLOWED_PENDING`]), `None` when it is not in it.
+    pub fn standing(&self, pid: u32) -> Option<u8> {
+        let map = self.ebpf.map("FOLLOWED")?;
+        let map: BpfHashMap<&MapData, u32, u8> = BpfHashMap::try_from(map).ok()?;
+        map.get(&pid, 0).ok()
+    }
+
+    /// Takes `pid` out of the followed set (a pending process `--comm` does not want, one
+    /// that exited) and drops its per-process counters: file-wide probes ignore it now.
+    pub fn unfollow(&mut self, pid: u32) {
+        if let Ok(mut map) = self.map_mut::<BpfHashMap<&mut MapData, u32, u8>>("FOLLOWED") {
+            let _ = map.remove(&pid);
+        }
+        self.forget_counters(pid);
+    }
+
+    /// Removes `pid`'s entry from the per-process counters of file-wide probes.
+    pub fn forget_counters(&mut self, pid: u32) {
+        type Counters<'a> = PerCpuHashMap<&'a mut MapData, u32, sampler_common::ProcessCounters>;
+        if let Ok(mut map) = self.map_mut::<Counters>("HOST_COUNTERS") {
+            let _ = map.remove(&pid);
+        }
     }
 
     fn map_mut<'a, T: TryFrom<&'a mut aya::maps::Map>>(
@@ -467,23 +554,44 @@ impl Probes {
         scope: Scope,
         allocator: &Allocator,
     ) -> Result<Vec<AttachedPoint>, AttachError> {
-        let mut points = Vec::new();
-        for free in &allocator.file.frees {
-            let offset = free.file_offset + free.probe.offset;
-            let cookie = u64::from(scope.slot());
+        let frees = &allocator.file.frees;
+        let points = frees
+            .iter()
+            .map(|free| AttachedPoint {
+                pid: scope.key(),
+                probe: ProbeKind::Free(free.symbol.clone()),
+                path: allocator.shown.clone(),
+                file_offset: free.file_offset,
+                placement: free.probe.clone(),
+            })
+            .collect();
+        let offsets: Vec<u64> = frees
+            .iter()
+            .map(|free| free.file_offset + free.probe.offset)
+            .collect();
+        let cookie = u64::from(scope.slot());
+        if let Some(program) = self.frees.as_ref().filter(|_| !offsets.is_empty()) {
+            let link = program
+                .link(&allocator.path, scope.key(), &offsets, &vec![cookie; offsets.len()])
+                .map_err(|source| AttachError::Attach {
+                    symbol: "free functions".into(),
+                    path: allocator.shown.clone(),
+                    pid: scope.key(),
+                    source: Box::new(source),
+                })?;
+            self.links
+                .entry(scope.key())
+                .or_default()
+                .push(Link::Multi(link));
+            return Ok(points);
+        }
+        for (free, offset) in frees.iter().zip(offsets) {
             let id =
                 self.attach_uprobe(FREE_PROGRAM, scope, allocator, offset, cookie, &free.symbol)?;
             self.links
                 .entry(scope.key())
                 .or_default()
                 .push(Link::Uprobe(FREE_PROGRAM, id));
-            points.push(AttachedPoint {
-                pid: scope.key(),
-                probe: ProbeKind::Free(free.symbol.clone()),
-                path: allocator.shown.clone(),
-                file_offset: free.file_offset,
-                placement: free.probe.clone(),
-            });
         }
         Ok(points)
     }
@@ -524,7 +632,7 @@ impl Probes {
             self.links
                 .entry(scope.key())
                 .or_default()
-                .push(Link::Session(link));
+                .push(Link::Multi(link));
             points.extend(
                 functions
                     .iter()
@@ -589,6 +697,7 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         sessions: false,
         host: false,
         follow: false,
+        followed_only: false,
         watch_execs: false,
     };
     let mut ebpf = EbpfLoader::new().load(SAMPLER_OBJECT)?;
@@ -624,6 +733,7 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         returns: ReturnProbes::None,
         config,
         sessions: None,
+        frees: None,
         links: HashMap::new(),
         probed: HashSet::new(),
         sizes: [0; AllocFn::FUNCTION_SLOTS],

@@ -1,9 +1,13 @@
 //! Uprobe sessions (kernel ≥ 6.13): entry and return of the allocation functions as one
 //! program, where the return runs only when the entry asks for it — so only sampled calls
-//! (and reallocs of tracked blocks) pay the second trap.
+//! (and reallocs of tracked blocks) pay the second trap. And `free` through a plain
+//! `uprobe_multi` link, one per allocator file: unlike classic uprobes (one perf event
+//! each, closed one grace period after another under a kernel-wide lock, ~0.1 s apiece),
+//! a link detaches all its probes in one grace period, and links close concurrently.
 //!
-//! aya 0.14 can neither load a program with the `BPF_TRACE_UPROBE_SESSION` attach type nor
-//! create `uprobe_multi` links, so this module does both through bpf(2), on top of aya:
+//! aya 0.14 can neither load a program with the `BPF_TRACE_UPROBE_SESSION` or
+//! `BPF_TRACE_UPROBE_MULTI` attach type nor create `uprobe_multi` links, so this module
+//! does both through bpf(2), on top of aya:
 //! the object is parsed and relocated by aya-obj (aya's own parser) against the maps aya
 //! already created — the session program shares every map and load-time global with the
 //! other programs — and the resulting file descriptors are owned here and closed on drop,
@@ -21,17 +25,21 @@ use std::{
 use aya::{maps::Map, Ebpf};
 
 /// `BPF_TRACE_UPROBE_SESSION` in enum bpf_attach_type (not in aya-obj 0.3's bindings).
-const BPF_TRACE_UPROBE_SESSION: u32 = 57;
+pub const BPF_TRACE_UPROBE_SESSION: u32 = 57;
+/// `BPF_TRACE_UPROBE_MULTI` in enum bpf_attach_type.
+pub const BPF_TRACE_UPROBE_MULTI: u32 = 48;
 const BPF_PROG_TYPE_KPROBE: u32 = 2;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
 
-/// The program in the eBPF object.
-const PROGRAM: &str = "alloc_session";
+/// The session program in the eBPF object.
+pub const SESSION_PROGRAM: &str = "alloc_session";
 
-/// The loaded session program; links to it are made per allocator file and process.
-pub struct SessionProgram {
+/// A program loaded for `uprobe_multi` links (a session's, or a plain one's); links to it
+/// are made per allocator file and process.
+pub struct MultiProgram {
     program: OwnedFd,
+    attach_type: u32,
 }
 
 /// `union bpf_attr` for BPF_PROG_LOAD, up to `expected_attach_type` (the kernel zero-fills
@@ -110,10 +118,12 @@ fn map_fds(ebpf: &Ebpf) -> HashMap<String, i32> {
         .collect()
 }
 
-/// Loads the session program from `object` against `ebpf`'s maps. Its links carry each
+/// Loads program `name` of `object` against `ebpf`'s maps, for links of `attach_type`
+/// ([`BPF_TRACE_UPROBE_SESSION`] or [`BPF_TRACE_UPROBE_MULTI`]). Its links carry each
 /// function's cookie ([`sampler_common::cookie`]: target slot, function, moved arguments,
 /// outer malloc).
-pub fn load(ebpf: &Ebpf, object: &[u8]) -> io::Result<SessionProgram> {
+pub fn load(ebpf: &Ebpf, object: &[u8], name: &str, attach_type: u32) -> io::Result<MultiProgram> {
+    let program_name = name;
     let mut obj = aya_obj::Object::parse(object).map_err(io::Error::other)?;
     let fds = map_fds(ebpf);
     let maps: Vec<(String, aya_obj::Map)> = obj
@@ -137,12 +147,13 @@ pub fn load(ebpf: &Ebpf, object: &[u8]) -> io::Result<SessionProgram> {
         .map_err(io::Error::other)?;
     let program = obj
         .programs
-        .get(PROGRAM)
-        .ok_or_else(|| io::Error::other(format!("{PROGRAM} missing from the object")))?;
+        .get(program_name)
+        .ok_or_else(|| io::Error::other(format!("{program_name} missing from the object")))?;
     let instructions = &obj.functions[&program.function_key()].instructions;
     let license = CString::new("GPL").expect("no NUL");
     let mut name = [0u8; 16];
-    name[..PROGRAM.len().min(15)].copy_from_slice(&PROGRAM.as_bytes()[..PROGRAM.len().min(15)]);
+    let shown = program_name.len().min(15);
+    name[..shown].copy_from_slice(&program_name.as_bytes()[..shown]);
     let attr = |log: &mut [u8]| ProgLoadAttr {
         prog_type: BPF_PROG_TYPE_KPROBE,
         insn_cnt: instructions.len() as u32,
@@ -156,7 +167,7 @@ pub fn load(ebpf: &Ebpf, object: &[u8]) -> io::Result<SessionProgram> {
             log.as_mut_ptr() as u64
         },
         prog_name: name,
-        expected_attach_type: BPF_TRACE_UPROBE_SESSION,
+        expected_attach_type: attach_type,
         ..Default::default()
     };
     // Without a log first: a verbose log of a program this size overflows any buffer, and
@@ -169,15 +180,16 @@ pub fn load(ebpf: &Ebpf, object: &[u8]) -> io::Result<SessionProgram> {
         let tail: Vec<&str> = verifier.lines().rev().take(3).collect();
         io::Error::new(
             e.kind(),
-            format!("loading {PROGRAM}: {e} (verifier: {})", tail.join(" | ")),
+            format!("loading {program_name}: {e} (verifier: {})", tail.join(" | ")),
         )
     })?;
-    Ok(SessionProgram {
+    Ok(MultiProgram {
         program: program_fd,
+        attach_type,
     })
 }
 
-impl SessionProgram {
+impl MultiProgram {
     /// Links the program at `offsets` of the file at `path` (each with its cookie), in
     /// process `pid` only (0: every process). Closing the returned link detaches it.
     pub fn link(
@@ -190,7 +202,7 @@ impl SessionProgram {
         let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
         let mut attr = UprobeMultiLinkAttr {
             prog_fd: self.program.as_raw_fd() as u32,
-            attach_type: BPF_TRACE_UPROBE_SESSION,
+            attach_type: self.attach_type,
             path: c_path.as_ptr() as u64,
             offsets: offsets.as_ptr() as u64,
             cookies: cookies.as_ptr() as u64,
@@ -202,7 +214,7 @@ impl SessionProgram {
             io::Error::new(
                 e.kind(),
                 format!(
-                    "session link for pid {pid} in {} at offsets {offsets:x?}: {e}",
+                    "uprobe_multi link for pid {pid} in {} at offsets {offsets:x?}: {e}",
                     path.display()
                 ),
             )

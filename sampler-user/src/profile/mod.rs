@@ -137,6 +137,59 @@ pub struct ProcessProfile {
     pub lost_samples: u64,
     /// Resident set size last seen (`/proc/PID/status`), to set the live heap against.
     pub rss_bytes: Option<u64>,
+    /// From when its allocations were observed, and what may have been missed since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<Coverage>,
+}
+
+/// How completely a process's allocations were observed (see docs/json-schema.md).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Coverage {
+    /// From when: `fork` or `exec` (the kernel counted it from that event on, before it
+    /// ran: `--follow`, `--comm`), `start` (the command allocscope started, from its
+    /// exec), `attach` (running before the recording: from when it was attached), or
+    /// `unknown` (its fork event was lost, so its start was not seen).
+    pub since: CoverageStart,
+    /// Allocator files it used that were probed only this long after `since`: calls
+    /// through them before then were not seen. Empty: nothing was missed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub late: Vec<LateAllocator>,
+    /// False when it was gone before its mappings could be read: what went through files
+    /// already probed was seen, whether it used another allocator is unknown.
+    pub checked: bool,
+}
+
+impl Coverage {
+    /// Whether every allocation since `since` was seen (as far as could be checked).
+    pub fn complete(&self) -> bool {
+        self.late.is_empty() && self.checked
+    }
+}
+
+/// See [`Coverage::since`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CoverageStart {
+    /// Followed from its fork, before it ran.
+    Fork,
+    /// Followed (or taken in by `--comm`) from its exec, before its program ran.
+    Exec,
+    /// The command allocscope started, from its exec.
+    Start,
+    /// Running before: from when it was attached.
+    #[default]
+    Attach,
+    /// Its fork event was lost.
+    Unknown,
+}
+
+/// An allocator file probed after a process began (see [`Coverage::late`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LateAllocator {
+    /// The allocator ("jemalloc (/usr/lib/…/libjemalloc.so.2)").
+    pub allocator: String,
+    /// How long after the process's `since` its probes were in, in milliseconds.
+    pub after_ms: f64,
 }
 
 /// One call stack's estimates.
@@ -323,6 +376,7 @@ impl Profile {
                     untracked_samples: known.map_or(0, |p| p.untracked_samples),
                     lost_samples: known.map_or(0, |p| p.lost_samples),
                     rss_bytes: known.and_then(|p| p.rss_bytes),
+                    coverage: None,
                 }
             })
             .collect();

@@ -201,6 +201,26 @@ impl Recorder {
         }
     }
 
+    /// Starts tracking `pid`, a new process of `parent` (forked, not exec'd yet): what it
+    /// cannot tell about itself any more (it may already be gone, a few milliseconds of
+    /// work being all it did) is its parent's, whose memory it started as a copy of.
+    pub fn track_fork(&mut self, pid: u32, parent: u32) {
+        self.stacks.inherit(pid, parent);
+        self.track(pid);
+        for names in [&mut self.commands, &mut self.executables] {
+            if names.get(&pid).is_none_or(String::is_empty) {
+                if let Some(name) = names.get(&parent).cloned() {
+                    names.insert(pid, name);
+                }
+            }
+        }
+        if !self.cgroups.contains_key(&pid) {
+            if let Some(cgroup) = self.cgroups.get(&parent).cloned() {
+                self.cgroups.insert(pid, cgroup);
+            }
+        }
+    }
+
     /// Re-reads the maps of targets still alive (late-loaded libraries) and their RSS, and
     /// checks where the kernel put each one's uprobe area.
     pub fn refresh(&mut self) {
@@ -255,6 +275,14 @@ impl Recorder {
                 described.push(description);
             }
         }
+    }
+
+    /// Whether `description` (as [`Allocator::describe`] gives it) is among `pid`'s
+    /// allocators already.
+    pub fn has_allocator(&self, pid: u32, description: &str) -> bool {
+        self.allocators
+            .get(&pid)
+            .is_some_and(|known| known.iter().any(|d| d == description))
     }
 
     /// Notes that `pid` exited: its frames resolve with the maps it last had.

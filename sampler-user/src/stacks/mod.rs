@@ -186,7 +186,7 @@ pub fn build_id(path: &Path) -> Option<String> {
 }
 
 /// Cached executable mappings of one process, refreshed when an address misses.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct ProcessMaps {
     vmas: Vec<Vma>,
     /// Start of the kernel's `[uprobes]` area, once the process has one.
@@ -236,6 +236,20 @@ type StackKey = (u32, Vec<Frame>, StackOrigin);
 impl StackTable {
     /// Records `pid`'s current maps (call at attach, while it surely lives).
     pub fn snapshot(&mut self, pid: u32) {
+        self.refresh(pid);
+    }
+
+    /// Gives `pid`, just forked from `parent`, its parent's maps (what it started with),
+    /// then reads its own if it still lives.
+    pub fn inherit(&mut self, pid: u32, parent: u32) {
+        if let Some(maps) = self.maps.get(&parent) {
+            let copy = ProcessMaps {
+                gone: false,
+                retried_ns: 0,
+                ..maps.clone()
+            };
+            self.maps.insert(pid, copy);
+        }
         self.refresh(pid);
     }
 
