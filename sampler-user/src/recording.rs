@@ -663,7 +663,14 @@ impl Recording {
 
     /// `--comm`: makes `pid` a target when `comm`, its name (`None`: read it now), matches
     /// and it is not excluded. Returns whether it is a target now.
-    fn consider_comm(&mut self, pid: u32, comm: Option<&str>, since: Since) -> bool {
+    fn consider_comm(&mut self, pid: u32, comm: Option<&str>, mut since: Since) -> bool {
+        let pending = || self.probes.as_ref()?.standing(pid);
+        if self.followed_only && since.start == CoverageStart::Attach {
+            // Found by a scan before its exec event was read: counted since its exec.
+            if pending() == Some(FOLLOWED_PENDING) {
+                since.start = CoverageStart::Exec;
+            }
+        }
         let Some(comm) = comm.map(str::to_owned).or_else(|| targets::comm_of(pid)) else {
             return false;
         };
@@ -686,7 +693,11 @@ impl Recording {
         if let Err(e) = taken {
             warn!("pid {pid} ({comm}): {e:#}");
         }
-        self.running.contains_key(&pid)
+        let target = self.running.contains_key(&pid);
+        if target {
+            self.recorder.name_if_unknown(pid, &comm);
+        }
+        target
     }
 
     /// The allocators of `pid`; for a program that has just exec'd and whose libraries
@@ -849,6 +860,7 @@ impl Recording {
             if let Err(e) = self.admit(pid, allocators.as_deref(), since) {
                 warn!("followed pid {pid}: {e:#}");
             }
+            self.recorder.name_if_unknown(pid, comm);
         } else if !self.consider_comm(pid, Some(comm), since) {
             self.reject(pid);
         }
@@ -905,7 +917,7 @@ impl Recording {
             batch.retain(|event| match event {
                 Event::Alloc(sample) => sample.timestamp_ns <= cutoff,
                 Event::Free(freed) => freed.timestamp_ns <= cutoff,
-                Event::Process { .. } => true,
+                Event::Process { .. } | Event::Maps { .. } => true,
             });
         }
         for event in &batch {
@@ -916,6 +928,11 @@ impl Recording {
                     timestamp_ns,
                     ref comm,
                 } => self.on_process(pid, parent, timestamp_ns, comm),
+                Event::Maps {
+                    pid,
+                    read_ns,
+                    ref text,
+                } => self.recorder.offer_maps(pid, read_ns, text),
                 Event::Alloc(ref sample) if !self.recorder.tracks(sample.pid) => {
                     self.first_seen(sample.pid)
                 }
@@ -926,7 +943,7 @@ impl Recording {
             batch.retain(|event| match event {
                 Event::Alloc(sample) => !self.excluded.contains(&sample.pid),
                 Event::Free(freed) => !self.excluded.contains(&freed.pid),
-                Event::Process { .. } => true,
+                Event::Process { .. } | Event::Maps { .. } => true,
             });
         }
         self.recorder.add_all(batch);

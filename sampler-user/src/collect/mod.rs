@@ -118,6 +118,17 @@ pub enum Event {
         /// Its name then (a new process's is its parent's).
         comm: String,
     },
+    /// The text of a process's /proc/PID/maps, read by the intake thread as soon as its
+    /// first sample (since its exec) arrived: a process that lives a few milliseconds may
+    /// be gone by the time its samples are unwound, and its mappings with it.
+    Maps {
+        /// The process.
+        pid: u32,
+        /// When it was read (CLOCK_MONOTONIC ns).
+        read_ns: u64,
+        /// The file's text.
+        text: String,
+    },
 }
 
 /// Decodes one ring-buffer record; `None` for a record of the wrong size or content.
@@ -343,6 +354,7 @@ fn intake(
     sender: &mpsc::Sender<Delivery>,
 ) {
     let mut served = 0;
+    let mut mapped = MapsReader::default();
     while !shared.stop.load(Ordering::SeqCst) {
         let mut fds = [
             libc::pollfd {
@@ -370,7 +382,7 @@ fn intake(
         // soon as it is full.
         loop {
             let mut events = Vec::new();
-            let (malformed, more) = drain_ring(&mut ring, &mut events, batch_bytes);
+            let (malformed, more) = drain_ring(&mut ring, &mut events, batch_bytes, &mut mapped);
             if malformed > 0 {
                 shared.malformed.fetch_add(malformed, Ordering::Relaxed);
             }
@@ -392,13 +404,21 @@ fn intake(
 
 /// Decodes available records into `out`, up to `max_bytes` of them; returns how many were
 /// malformed and whether it stopped at the limit (more may be waiting).
-fn drain_ring(ring: &mut RingBuf<MapData>, out: &mut Vec<Event>, max_bytes: usize) -> (u64, bool) {
+fn drain_ring(
+    ring: &mut RingBuf<MapData>,
+    out: &mut Vec<Event>,
+    max_bytes: usize,
+    mapped: &mut MapsReader,
+) -> (u64, bool) {
     let mut malformed = 0;
     let mut bytes = 0;
     while let Some(record) = ring.next() {
         bytes += record.len();
         match decode(&record) {
-            Some(sample) => out.push(sample),
+            Some(event) => {
+                mapped.before(&event, out);
+                out.push(event);
+            }
             None => malformed += 1,
         }
         if bytes >= max_bytes {
@@ -406,6 +426,45 @@ fn drain_ring(ring: &mut RingBuf<MapData>, out: &mut Vec<Event>, max_bytes: usiz
         }
     }
     (malformed, false)
+}
+
+/// Reads a process's maps on the intake thread, at its first sample since its exec (the
+/// sample comes from its allocator, so its libraries are mapped by then), and sends them
+/// ahead of the sample: see [`Event::Maps`].
+#[derive(Default)]
+struct MapsReader {
+    /// Processes whose maps were sent since their last exec.
+    sent: std::collections::HashSet<u32>,
+}
+
+impl MapsReader {
+    /// Most processes remembered; beyond, the set starts over (a few maps read again).
+    const MAX_REMEMBERED: usize = 1 << 16;
+
+    fn before(&mut self, event: &Event, out: &mut Vec<Event>) {
+        match *event {
+            Event::Alloc(ref sample) => {
+                if self.sent.len() >= Self::MAX_REMEMBERED {
+                    self.sent.clear();
+                }
+                if self.sent.insert(sample.pid) {
+                    let read_ns = monotonic_ns();
+                    if let Ok(text) = std::fs::read_to_string(format!("/proc/{}/maps", sample.pid))
+                    {
+                        out.push(Event::Maps {
+                            pid: sample.pid,
+                            read_ns,
+                            text,
+                        });
+                    }
+                }
+            }
+            Event::Process { pid, parent: 0, .. } => {
+                self.sent.remove(&pid);
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Loss counters summed over CPUs.

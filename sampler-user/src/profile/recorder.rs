@@ -221,6 +221,21 @@ impl Recorder {
         }
     }
 
+    /// Takes `pid`'s maps as the intake thread read them at its first sample (see
+    /// [`crate::collect::Event::Maps`]), before a fork event that copies them is handled.
+    pub fn offer_maps(&mut self, pid: u32, read_ns: u64, text: &str) {
+        self.stacks.offer_maps(pid, read_ns, text);
+    }
+
+    /// Names `pid` `command` (as the kernel reported it at an exec or fork) if it could not
+    /// be read from /proc: it was gone already.
+    pub fn name_if_unknown(&mut self, pid: u32, command: &str) {
+        let name = self.commands.entry(pid).or_default();
+        if name.is_empty() {
+            command.clone_into(name);
+        }
+    }
+
     /// Re-reads the maps of targets still alive (late-loaded libraries) and their RSS, and
     /// checks where the kernel put each one's uprobe area.
     pub fn refresh(&mut self) {
@@ -302,7 +317,8 @@ impl Recorder {
         match event {
             Event::Alloc(sample) => self.add_sample(sample),
             Event::Free(freed) => self.free(freed.pid, freed.address),
-            Event::Process { .. } => {}
+            // Taken in order with the process events, by the recording: see `offer_maps`.
+            Event::Process { .. } | Event::Maps { .. } => {}
         }
     }
 

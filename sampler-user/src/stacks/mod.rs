@@ -129,7 +129,7 @@ impl ModuleTable {
         self.names.push(name(path, file_id, *seen));
         *seen += 1;
         self.paths.push(path.to_owned());
-        self.files.push(std::fs::File::open(open).ok());
+        self.files.push(open_module(open, path, file_id));
         self.build_ids.push(OnceLock::new());
         self.images.push(OnceLock::new());
         self.index.insert(key, id);
@@ -185,6 +185,18 @@ pub fn build_id(path: &Path) -> Option<String> {
     Some(id.iter().map(|byte| format!("{byte:02x}")).collect())
 }
 
+/// Opens a module at `open` (the process's own view of it), or, once that process is gone,
+/// at `path` in our file system if it is the very same file (device and inode).
+fn open_module(open: &Path, path: &Path, file_id: &(String, u64)) -> Option<std::fs::File> {
+    use std::os::unix::fs::MetadataExt as _;
+    if let Ok(file) = std::fs::File::open(open) {
+        return Some(file);
+    }
+    let file = std::fs::File::open(path).ok()?;
+    let metadata = file.metadata().ok()?;
+    (crate::targets::file_id(metadata.dev(), metadata.ino()) == *file_id).then_some(file)
+}
+
 /// Cached executable mappings of one process, refreshed when an address misses.
 #[derive(Clone, Debug, Default)]
 struct ProcessMaps {
@@ -199,6 +211,21 @@ struct ProcessMaps {
     /// When a stack that did not unwind to its root last made us re-read the maps.
     retried_ns: u64,
     gone: bool,
+}
+
+impl ProcessMaps {
+    /// Takes the executable mappings of a maps file's `text`.
+    fn take(&mut self, text: &str) {
+        self.uprobe_area = maps::uprobe_area(text);
+        let vmas: Vec<Vma> = maps::parse(text)
+            .into_iter()
+            .filter(|vma| vma.executable && vma.path.is_some())
+            .collect();
+        if vmas != self.vmas {
+            self.vmas = vmas;
+            self.generation += 1;
+        }
+    }
 }
 
 /// Least time between two re-reads of a process's maps caused by stacks that did not
@@ -262,19 +289,21 @@ impl StackTable {
         match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
             // A process that exited but was not reaped yet has no maps left.
             Ok(text) if text.is_empty() => entry.gone = true,
-            Ok(text) => {
-                entry.uprobe_area = maps::uprobe_area(&text);
-                let vmas: Vec<Vma> = maps::parse(&text)
-                    .into_iter()
-                    .filter(|vma| vma.executable && vma.path.is_some())
-                    .collect();
-                if vmas != entry.vmas {
-                    entry.vmas = vmas;
-                    entry.generation += 1;
-                }
-            }
+            Ok(text) => entry.take(&text),
             // Keep the last snapshot: it is what the process had when it died.
             Err(_) => entry.gone = true,
+        }
+    }
+
+    /// Takes `pid`'s maps as read at `read_ns` by the intake thread ([`Event::Maps`]) when
+    /// they are newer than what the table has.
+    ///
+    /// [`Event::Maps`]: crate::collect::Event::Maps
+    pub fn offer_maps(&mut self, pid: u32, read_ns: u64, text: &str) {
+        let entry = self.maps.entry(pid).or_default();
+        if read_ns > entry.read_ns && !text.is_empty() {
+            entry.read_ns = read_ns;
+            entry.take(text);
         }
     }
 
