@@ -32,9 +32,7 @@ use crate::{
         allocator::Allocator,
         attach::{AttachedPoint, KernelConfig, Probes, ReturnProbes, Scope, Target},
     },
-    profile::{
-        Coverage, CoverageStart, LateAllocator, ProbePoint, Profile, Recorder, Settings,
-    },
+    profile::{Coverage, CoverageStart, LateAllocator, ProbePoint, Profile, Recorder, Settings},
     spawn::{self, PausedChild},
     stacks::symbolize::Symbolizer,
     targets::{self, AllocatorCache, FindError},
@@ -532,7 +530,10 @@ impl Recording {
         let now = monotonic_ns();
         for allocator in allocators {
             let probed_ns = if self.followed_only {
-                self.host_files.get(&allocator.file_id).copied().unwrap_or(now)
+                self.host_files
+                    .get(&allocator.file_id)
+                    .copied()
+                    .unwrap_or(now)
             } else {
                 now
             };

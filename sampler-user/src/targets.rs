@@ -226,7 +226,10 @@ pub fn is_allocator_library(path: &Path) -> bool {
     let Some(name) = path.file_name().and_then(OsStr::to_str) else {
         return false;
     };
-    ALLOCATOR_LIBRARIES.iter().any(|prefix| name.starts_with(prefix)) && name.contains(".so")
+    ALLOCATOR_LIBRARIES
+        .iter()
+        .any(|prefix| name.starts_with(prefix))
+        && name.contains(".so")
 }
 
 /// The libraries a dynamically linked `program` will load (LD_PRELOAD included), as the

@@ -347,10 +347,7 @@ impl Probes {
                 .ok()
         };
         let sessions = if config.sessions {
-            multi(
-                session::SESSION_PROGRAM,
-                session::BPF_TRACE_UPROBE_SESSION,
-            )
+            multi(session::SESSION_PROGRAM, session::BPF_TRACE_UPROBE_SESSION)
         } else {
             None
         };
@@ -572,7 +569,12 @@ impl Probes {
         let cookie = u64::from(scope.slot());
         if let Some(program) = self.frees.as_ref().filter(|_| !offsets.is_empty()) {
             let link = program
-                .link(&allocator.path, scope.key(), &offsets, &vec![cookie; offsets.len()])
+                .link(
+                    &allocator.path,
+                    scope.key(),
+                    &offsets,
+                    &vec![cookie; offsets.len()],
+                )
                 .map_err(|source| AttachError::Attach {
                     symbol: "free functions".into(),
                     path: allocator.shown.clone(),

@@ -180,7 +180,10 @@ pub fn load(ebpf: &Ebpf, object: &[u8], name: &str, attach_type: u32) -> io::Res
         let tail: Vec<&str> = verifier.lines().rev().take(3).collect();
         io::Error::new(
             e.kind(),
-            format!("loading {program_name}: {e} (verifier: {})", tail.join(" | ")),
+            format!(
+                "loading {program_name}: {e} (verifier: {})",
+                tail.join(" | ")
+            ),
         )
     })?;
     Ok(MultiProgram {

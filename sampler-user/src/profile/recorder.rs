@@ -205,8 +205,8 @@ impl Recorder {
     /// cannot tell about itself any more (it may already be gone, a few milliseconds of
     /// work being all it did) is its parent's, whose memory it started as a copy of.
     pub fn track_fork(&mut self, pid: u32, parent: u32) {
-        self.stacks.inherit(pid, parent);
         self.track(pid);
+        self.stacks.inherit(pid, parent);
         for names in [&mut self.commands, &mut self.executables] {
             if names.get(&pid).is_none_or(String::is_empty) {
                 if let Some(name) = names.get(&parent).cloned() {

@@ -261,23 +261,37 @@ pub struct StackTable {
 type StackKey = (u32, Vec<Frame>, StackOrigin);
 
 impl StackTable {
-    /// Records `pid`'s current maps (call at attach, while it surely lives).
+    /// Records `pid`'s current maps (call at attach, while it surely lives, and at its
+    /// exec). What it had mapped before is forgotten: after an exec, a process gone before
+    /// this read must not have its new program's addresses named by its old one's maps.
     pub fn snapshot(&mut self, pid: u32) {
+        if let Some(entry) = self.maps.get_mut(&pid) {
+            let generation = entry.generation + 1;
+            *entry = ProcessMaps {
+                generation,
+                ..ProcessMaps::default()
+            };
+        }
         self.refresh(pid);
     }
 
-    /// Gives `pid`, just forked from `parent`, its parent's maps (what it started with),
-    /// then reads its own if it still lives.
+    /// Gives `pid`, just forked from `parent` and gone before its own maps could be read,
+    /// its parent's (what it started with).
     pub fn inherit(&mut self, pid: u32, parent: u32) {
+        if self.maps.get(&pid).is_some_and(|m| !m.vmas.is_empty()) {
+            return;
+        }
+        let own = self.maps.get(&pid);
+        let (gone, generation) = own.map_or((false, 0), |m| (m.gone, m.generation + 1));
         if let Some(maps) = self.maps.get(&parent) {
             let copy = ProcessMaps {
-                gone: false,
+                gone,
+                generation,
                 retried_ns: 0,
                 ..maps.clone()
             };
             self.maps.insert(pid, copy);
         }
-        self.refresh(pid);
     }
 
     fn refresh(&mut self, pid: u32) {
