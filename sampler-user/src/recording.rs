@@ -8,8 +8,10 @@
 //! runs, the ring buffer is drained before counters are read, and the probes are detached
 //! before the slow work (symbolizing, writing) at the end.
 //!
-//! Targets change while recording: `--comm` and `--all` find new processes by scanning
-//! /proc every second, `--follow` hears of forks and execs from the kernel, and every
+//! Targets change while recording: `--follow` and `--comm` probe allocator files for every
+//! process and let the kernel count its followed set, which a new process enters before it
+//! runs (this module decides on each fork and exec it hears of, see [`Recording::admit`]);
+//! `--comm` and `--all` also scan /proc every second for processes running before; every
 //! target's maps are re-read for allocators loaded late. A process that exits is finalized:
 //! its probes detach, its exact counters are read and its counter slot is reused; its frames
 //! still resolve (the files stay open, see [`crate::stacks`]).

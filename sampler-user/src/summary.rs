@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use crate::{
     collect::Losses,
     format::{bytes, frame_name, percent},
-    profile::{Profile, StackProfile, LOST_FRAME},
+    profile::{Coverage, Profile, StackProfile, LOST_FRAME},
     stacks::StackEnd,
     stats::Estimate,
     text,
@@ -23,6 +23,32 @@ pub fn estimate_bytes(estimate: &Estimate) -> String {
             bytes(estimate.upper)
         )
     }
+}
+
+/// What a process's coverage leaves out, for people; `None` when nothing is.
+fn describe_coverage(coverage: &Coverage) -> Option<String> {
+    if coverage.complete() {
+        return None;
+    }
+    let since = format!("{:?}", coverage.since).to_lowercase();
+    let mut parts: Vec<String> = coverage
+        .late
+        .iter()
+        .map(|late| {
+            format!(
+                "{} probed {:.1} ms after its {since} (calls through it before then not seen)",
+                text::printable(&late.allocator),
+                late.after_ms,
+            )
+        })
+        .collect();
+    if !coverage.checked {
+        parts.push(
+            "gone before its mappings were read: what went through probed allocators is in,              another allocator would not be"
+                .to_owned(),
+        );
+    }
+    Some(format!("coverage: {}", parts.join("; ")))
 }
 
 /// Every non-zero loss counter, with what it does to the numbers.
@@ -118,6 +144,9 @@ pub fn render(profile: &Profile, top: usize) -> String {
             bytes(process.exact.bytes as f64),
             process.exact.calls,
         );
+        if let Some(line) = process.coverage.as_ref().and_then(describe_coverage) {
+            let _ = writeln!(out, "    {line}");
+        }
         if process.lost_samples > 0 {
             let _ = writeln!(
                 out,
@@ -228,6 +257,33 @@ fn stack_row(out: &mut String, estimate: &Estimate, detail: &str, stack: &StackP
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::{CoverageStart, LateAllocator};
+
+    #[test]
+    fn coverage_says_what_was_missed_and_nothing_when_complete() {
+        let mut coverage = Coverage {
+            since: CoverageStart::Exec,
+            late: Vec::new(),
+            checked: true,
+        };
+        assert_eq!(describe_coverage(&coverage), None);
+        coverage.late.push(LateAllocator {
+            allocator: "pymalloc (/usr/bin/Python3.11)".into(),
+            after_ms: 12.25,
+        });
+        coverage.checked = false;
+        let line = describe_coverage(&coverage).unwrap();
+        assert!(
+            line.starts_with(
+                "coverage: pymalloc (/usr/bin/Python3.11) probed 12.2 ms after its exec"
+            ),
+            "{line}"
+        );
+        assert!(
+            line.contains("gone before its mappings were read"),
+            "{line}"
+        );
+    }
 
     #[test]
     fn stack_endings_are_shared_out_whole_ones_first() {
