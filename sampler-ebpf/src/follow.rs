@@ -57,10 +57,9 @@ pub fn on_exec() {
     // SAFETY: the value is copied out at once.
     let standing = unsafe { FOLLOWED.get(pid) }.copied();
     let watch = crate::config::watch_execs();
-    if watch && crate::config::followed_only() && standing != Some(FOLLOWED_TARGET) {
-        if FOLLOWED.insert(pid, FOLLOWED_PENDING, 0).is_err() {
-            count_loss(sampler_common::LossCounter::FollowedFull);
-        }
+    let pending = watch && crate::config::followed_only() && standing != Some(FOLLOWED_TARGET);
+    if pending && FOLLOWED.insert(pid, FOLLOWED_PENDING, 0).is_err() {
+        count_loss(sampler_common::LossCounter::FollowedFull);
     }
     if watch || standing.is_some() {
         emit(PROCESS_EXEC, pid, 0);

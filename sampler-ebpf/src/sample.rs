@@ -296,10 +296,11 @@ fn excluded(pid: u32) -> bool {
     if !config::host_mode() {
         return false;
     }
-    // SAFETY: lockless lookups; the values are not read.
     if config::followed_only() {
+        // SAFETY: a lockless lookup; the value is not read.
         unsafe { FOLLOWED.get(pid) }.is_none()
     } else {
+        // SAFETY: as above.
         unsafe { EXCLUDED.get(pid) }.is_some()
     }
 }
