@@ -569,19 +569,15 @@ impl Probes {
             .collect();
         let cookie = u64::from(scope.slot());
         if let Some(program) = self.frees.as_ref().filter(|_| !offsets.is_empty()) {
-            let link = program
-                .link(
-                    &allocator.path,
-                    scope.key(),
-                    &offsets,
-                    &vec![cookie; offsets.len()],
-                )
-                .map_err(|source| AttachError::Attach {
-                    symbol: "free functions".into(),
-                    path: allocator.shown.clone(),
-                    pid: scope.key(),
-                    source: Box::new(source),
-                })?;
+            let cookies = vec![cookie; offsets.len()];
+            let link = multi_link(
+                program,
+                scope,
+                allocator,
+                &offsets,
+                &cookies,
+                "free functions",
+            )?;
             self.links
                 .entry(scope.key())
                 .or_default()
@@ -624,14 +620,8 @@ impl Probes {
                 .iter()
                 .map(|f| f.cookie(scope.slot(), outer))
                 .collect();
-            let link = sessions
-                .link(&allocator.path, scope.key(), &offsets, &cookies)
-                .map_err(|source| AttachError::Attach {
-                    symbol: "allocation functions (session)".into(),
-                    path: allocator.shown.clone(),
-                    pid: scope.key(),
-                    source: Box::new(source),
-                })?;
+            let what = "allocation functions (session)";
+            let link = multi_link(sessions, scope, allocator, &offsets, &cookies, what)?;
             self.links
                 .entry(scope.key())
                 .or_default()
@@ -742,6 +732,26 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         sizes: [0; AllocFn::FUNCTION_SLOTS],
         _tracepoints: Vec::new(),
     })
+}
+
+/// Links `program` at `offsets` of `allocator`'s file in `scope`, one cookie each;
+/// `what` names the functions in an error.
+fn multi_link(
+    program: &session::MultiProgram,
+    scope: Scope,
+    allocator: &Allocator,
+    offsets: &[u64],
+    cookies: &[u64],
+    what: &str,
+) -> Result<OwnedFd, AttachError> {
+    program
+        .link(&allocator.path, scope.key(), offsets, cookies)
+        .map_err(|source| AttachError::Attach {
+            symbol: what.to_owned(),
+            path: allocator.shown.clone(),
+            pid: scope.key(),
+            source: Box::new(source),
+        })
 }
 
 /// The uprobe program `name` of the object (loaded by [`Probes::load`]).
