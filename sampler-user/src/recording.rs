@@ -531,21 +531,23 @@ impl Recording {
         };
         let now = monotonic_ns();
         for allocator in allocators {
-            let probed_ns = if self.followed_only {
-                self.host_files
-                    .get(&allocator.file_id)
-                    .copied()
-                    .unwrap_or(now)
-            } else {
-                now
-            };
             let name = allocator.describe();
-            if self.followed_only && probed_ns <= *from_ns
-                || coverage.late.iter().any(|late| late.allocator == name)
-                || !self.followed_only && self.recorder.has_allocator(pid, &name)
-            {
+            if coverage.late.iter().any(|late| late.allocator == name) {
                 continue;
             }
+            let probed_ns = if self.followed_only {
+                // Late if probed after the kernel began counting the process (or not at all).
+                let probed = self.host_files.get(&allocator.file_id).copied();
+                match probed.unwrap_or(now) {
+                    ns if ns > *from_ns => ns,
+                    _ => continue,
+                }
+            } else if self.recorder.has_allocator(pid, &name) {
+                continue;
+            } else {
+                // Per process: a file it did not have when attached, probed just now.
+                now
+            };
             coverage.late.push(LateAllocator {
                 allocator: name,
                 after_ms: probed_ns.saturating_sub(*from_ns) as f64 / 1e6,
@@ -667,12 +669,13 @@ impl Recording {
     /// `--comm`: makes `pid` a target when `comm`, its name (`None`: read it now), matches
     /// and it is not excluded. Returns whether it is a target now.
     fn consider_comm(&mut self, pid: u32, comm: Option<&str>, mut since: Since) -> bool {
-        let pending = || self.probes.as_ref()?.standing(pid);
-        if self.followed_only && since.start == CoverageStart::Attach {
+        let standing = || self.probes.as_ref()?.standing(pid);
+        if self.followed_only
+            && since.start == CoverageStart::Attach
+            && standing() == Some(FOLLOWED_PENDING)
+        {
             // Found by a scan before its exec event was read: counted since its exec.
-            if pending() == Some(FOLLOWED_PENDING) {
-                since.start = CoverageStart::Exec;
-            }
+            since.start = CoverageStart::Exec;
         }
         let Some(comm) = comm.map(str::to_owned).or_else(|| targets::comm_of(pid)) else {
             return false;

@@ -6,14 +6,10 @@
 //! instruction and exit within milliseconds, so anything that attaches after the fork or
 //! exec misses calls, and the exact counters show it.
 
-use std::{
-    collections::BTreeMap,
-    io::{BufRead as _, BufReader},
-    process::{Command, Stdio},
-};
+use std::{collections::BTreeMap, process::Command};
 
 use serde_json::Value;
-use tests::{allocscope, bpf_available, fixture, read_profile, TempDir};
+use tests::{allocscope, bpf_available, fixture, read_profile, start_recording, TempDir};
 
 /// Confidence of every bound checked: about 200 intervals are checked per test, so each
 /// must fail rarely for the test not to.
@@ -190,24 +186,20 @@ fn comm_counts_processes_started_after_it_from_their_exec() {
     let brief = fixture("brief", &[]);
     let renamed = dir.path("covcomm-brief");
     std::fs::copy(&brief, &renamed).unwrap();
-    let mut recorder = Command::new(allocscope())
-        .args(["record", "--comm", "^covcomm", "-i", "4KiB"])
-        .args(["--confidence", CONFIDENCE, "-o"])
-        .arg(&out)
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(recorder.stderr.take().unwrap());
-    let mut said = String::new();
-    while !said.contains("allocscope: recording ") {
-        let mut line = String::new();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "said: {said}");
-        said.push_str(&line);
-    }
+    let out_arg = out.display().to_string();
+    let (mut recorder, mut stderr) = start_recording(&[
+        "record",
+        "--comm",
+        "^covcomm",
+        "-i",
+        "4KiB",
+        "--confidence",
+        CONFIDENCE,
+        "-o",
+        &out_arg,
+    ]);
     // Ten matching processes, each forking one child (same name: matched too), and one
     // that does not match, all started after the recording and allocating at once.
-    let mut started = Vec::new();
     for _ in 0..10 {
         let status = Command::new(&renamed)
             .args([CALLS.to_string(), SIZE.to_string(), "1".into()])
@@ -219,16 +211,16 @@ fn comm_counts_processes_started_after_it_from_their_exec() {
         .args([CALLS.to_string(), SIZE.to_string(), "0".into()])
         .spawn()
         .unwrap();
-    started.push(other.id() as u64);
+    let other_pid = u64::from(other.id());
     assert!(other.wait().unwrap().success());
     // SAFETY: kill(2) on our own child, not reaped yet.
     unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
     let mut rest = String::new();
     let _ = std::io::Read::read_to_string(&mut stderr, &mut rest);
-    assert!(recorder.wait().unwrap().success(), "{said}{rest}");
+    assert!(recorder.wait().unwrap().success(), "{rest}");
     let profile = read_profile(&out);
     let matched = processes(&profile, "covcomm-brief");
-    assert_eq!(matched.len(), 20, "{said}{rest}");
+    assert_eq!(matched.len(), 20, "{rest}");
     for (&pid, process) in &matched {
         // Exec'd by this test (nothing of ours allocates between its fork and exec), or
         // forked by one of them: exactly its site's calls.
@@ -254,7 +246,7 @@ fn comm_counts_processes_started_after_it_from_their_exec() {
         .map(|p| p["pid"].as_u64().unwrap())
         .collect();
     assert!(
-        !pids.contains(&started[0]),
+        !pids.contains(&other_pid),
         "the process that does not match is in the profile: {pids:?}"
     );
     assert!(
