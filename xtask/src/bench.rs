@@ -3,7 +3,8 @@
 //! (target ≤ 1.15) and for `record` with frees tracked (target ≤ 2.3), with uprobe sessions
 //! and with classic return probes on every call; `--unwind fp` beside the default stack
 //! copy, and both at `-i 4KiB` to show what one sample costs; and `record --all
-//! --alloc-only`, host-wide probes, with what a process left out of them pays.
+//! --alloc-only` and `record --follow --alloc-only`, file-wide probes, with what a process
+//! left out of them (excluded, or not followed) pays.
 //!
 //! Absolute timings on a 2-vCPU VM swing ±30% between runs, so each round runs two copies of
 //! a malloc+free loop at the same time, one pinned to each CPU: first both unprobed (the
@@ -53,7 +54,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     // summary sets against its cost in the first mode.
     // The two `-i 4KiB` modes sample one call in 64 (64-byte blocks), so that what a sample
     // costs (the stack copy against the kernel's frame-pointer walk) shows per call.
-    let modes: [(&str, &[&str], Option<f64>); 7] = [
+    // `--follow` probes allocator files for every process too: the reference copy, not
+    // followed, pays what any process on the host pays during such a recording.
+    let modes: [(&str, &[&str], Option<f64>); 8] = [
         ("record --alloc-only", &["--alloc-only"], Some(1.15)),
         ("record (sessions)", &[], Some(2.3)),
         ("record (classic returns)", &["--no-sessions"], Some(2.3)),
@@ -69,6 +72,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             None,
         ),
         (HOST_MODE, &["--alloc-only"], Some(1.15)),
+        (FOLLOW_MODE, &["--alloc-only", "--follow"], Some(1.15)),
     ];
     let mut rounds: Vec<Vec<Round>> = vec![Vec::new(); modes.len()];
     eprintln!("round  mode                     cpu(ref/ours)  native ns  reference +ns  allocscope +ns  ratio");
@@ -159,25 +163,34 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             median(sampled),
         );
     }
-    // What a process left out of `--all` pays beyond a bare uprobe: the reference copy's
-    // added cost under the host-wide probes minus its cost beside `-p`, round by round.
-    let excluded: Vec<f64> = rounds[0]
-        .iter()
-        .zip(&rounds[modes.len() - 1])
-        .map(|(alone, host)| host.reference - alone.reference)
-        .collect();
-    let (low, high) = excluded
-        .iter()
-        .fold((f64::MAX, f64::MIN), |(l, h), &x| (l.min(x), h.max(x)));
-    println!(
-        "{HOST_MODE}: a process left out (--exclude-pid) pays the trap and {:+.1} ns over a \
-         bare uprobe (median over rounds; rounds from {low:+.1} to {high:+.1})",
-        median(excluded),
-    );
+    // What a process left out of file-wide probes pays beyond a bare uprobe: the reference
+    // copy's added cost under them minus its cost beside `-p`, round by round.
+    for (mode, left_out) in [
+        (HOST_MODE, "left out (--exclude-pid)"),
+        (FOLLOW_MODE, "not followed"),
+    ] {
+        let Some(index) = index(mode) else {
+            continue;
+        };
+        let extra: Vec<f64> = rounds[0]
+            .iter()
+            .zip(&rounds[index])
+            .map(|(alone, wide)| wide.reference - alone.reference)
+            .collect();
+        let (low, high) = extra
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), &x| (l.min(x), h.max(x)));
+        println!(
+            "{mode}: a process {left_out} pays the trap and {:+.1} ns over a bare uprobe \
+             (median over rounds; rounds from {low:+.1} to {high:+.1})",
+            median(extra),
+        );
+    }
     Ok(())
 }
 
 const HOST_MODE: &str = "record --all --alloc-only";
+const FOLLOW_MODE: &str = "record --follow --alloc-only";
 const DWARF_4K: &str = "record --alloc-only -i 4KiB";
 const FP_4K: &str = "record --alloc-only -i 4KiB --unwind fp";
 /// Calls per sample at `-i 4KiB` with the loop's 64-byte blocks.
