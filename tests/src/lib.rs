@@ -319,6 +319,34 @@ pub fn start_recording(args: &[&str]) -> (Child, BufReader<std::process::ChildSt
     }
 }
 
+/// The process `pid` of a profile (panics, listing them, if it is missing).
+pub fn process(profile: &Value, pid: u32) -> &Value {
+    profile["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} missing from {:#}", profile["processes"]))
+}
+
+/// Stops the recorder with SIGINT (as Ctrl-C) and checks it wrote its file.
+pub fn interrupt(mut recorder: Child) {
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(recorder.id() as libc::pid_t, libc::SIGINT) };
+    let status = recorder.wait().unwrap();
+    assert!(status.success(), "allocscope exited with {status}");
+}
+
+/// Reads the rest of allocscope's stderr on a thread (so it never blocks on a full pipe);
+/// the text is returned by `join`.
+pub fn drain(mut stderr: BufReader<std::process::ChildStderr>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut rest);
+        rest
+    })
+}
+
 /// Runs `allocscope ARGS` to completion.
 pub fn run(args: &[&str]) -> Output {
     Command::new(allocscope()).args(args).output().unwrap()

@@ -1,32 +1,24 @@
-//! Reach: several processes and allocators in one session, processes that come and go
-//! (`--comm`, `--follow`), statically linked allocators, a containerized target, and the bad
-//! input around them. (Several allocators in one session, `--all` and threads by the thousand:
+//! Reach: several processes and allocators in one session, processes that exit while
+//! others are recorded, statically linked allocators, a containerized target, and the bad
+//! input around them. (`--comm` and `--follow`, whose file-wide probes make every process on
+//! the host pay the trap, and so would slow the tests running beside them: coverage.rs.) (Several allocators in one session, `--all` and threads by the thousand:
 //! not landed yet, see issue #7.)
 
 use std::{
-    io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     time::Duration,
 };
 
 use serde_json::Value;
 use tests::{
-    allocscope, assert_estimate_bounds_exact, bpf_available, check_workload_profile, fixture,
-    fixture_as, read_profile, run, site, start_recording, wait_until, Fixture, TempDir, Workload,
+    allocscope, assert_estimate_bounds_exact, bpf_available, check_workload_profile, drain,
+    fixture, fixture_as, interrupt, process, read_profile, run, site, start_recording, wait_until,
+    Fixture, TempDir, Workload,
 };
 
 const CONFIDENCE: &str = "0.9999";
 const ROUNDS: u64 = 2000;
-
-fn process(profile: &Value, pid: u32) -> &Value {
-    profile["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == pid)
-        .unwrap_or_else(|| panic!("pid {pid} missing from {:#}", profile["processes"]))
-}
 
 fn pids(profile: &Value) -> Vec<u32> {
     profile["processes"]
@@ -39,14 +31,6 @@ fn pids(profile: &Value) -> Vec<u32> {
 
 /// Waits for the recorder to exit by itself and checks it succeeded.
 fn finish(mut recorder: std::process::Child) {
-    let status = recorder.wait().unwrap();
-    assert!(status.success(), "allocscope exited with {status}");
-}
-
-/// Stops the recorder with SIGINT (as Ctrl-C) and checks it wrote its file.
-fn interrupt(mut recorder: std::process::Child) {
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(recorder.id() as libc::pid_t, libc::SIGINT) };
     let status = recorder.wait().unwrap();
     assert!(status.success(), "allocscope exited with {status}");
 }
@@ -307,16 +291,6 @@ fn threads_by_the_thousand_keep_their_attribution_and_leave_no_state() {
     );
 }
 
-/// Reads the rest of allocscope's stderr on a thread (so it never blocks on a full pipe);
-/// the text is returned by `join`.
-fn drain(mut stderr: BufReader<std::process::ChildStderr>) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut rest = String::new();
-        let _ = std::io::Read::read_to_string(&mut stderr, &mut rest);
-        rest
-    })
-}
-
 #[test]
 fn attaching_mid_run_the_estimates_cover_what_the_counters_cover() {
     if !bpf_available("attaching_mid_run_the_estimates_cover_what_the_counters_cover") {
@@ -344,128 +318,6 @@ fn attaching_mid_run_the_estimates_cover_what_the_counters_cover() {
     assert!(output.status.success(), "{output:?}");
     let profile = read_profile(&out);
     assert_estimate_bounds_exact(process(&profile, workload.pid()));
-}
-
-#[test]
-fn follow_takes_in_forked_and_execed_processes() {
-    if !bpf_available("follow_takes_in_forked_and_execed_processes") {
-        return;
-    }
-    let dir = TempDir::new("follow");
-    let out = dir.path("follow.json");
-    let forker = fixture("forker", &[]);
-    let workload = fixture("workload", &[]);
-    // Long enough for each child to be attached before it is done, even on a loaded
-    // machine (attaching takes 1–26 ms after the fork; #14 is about not waiting at all).
-    let iterations: u64 = 1_000_000;
-    let output = Command::new(allocscope())
-        .args(["record", "--follow", "--confidence", CONFIDENCE, "-o"])
-        .arg(&out)
-        .arg("--")
-        .arg(&forker)
-        .args(["3", &iterations.to_string()])
-        .arg(&workload)
-        .arg("20000")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "allocscope failed:\n{stderr}");
-    let profile = read_profile(&out);
-    let processes = profile["processes"].as_array().unwrap();
-    let seen: Vec<(u64, &str, u64)> = processes
-        .iter()
-        .map(|p| {
-            let pid = p["pid"].as_u64().unwrap_or(0);
-            let calls = p["exact"]["calls"].as_u64().unwrap_or(0);
-            (pid, p["command"].as_str().unwrap_or("?"), calls)
-        })
-        .collect();
-    assert_eq!(
-        processes.len(),
-        5,
-        "parent, 3 children, 1 exec'd; seen (pid, command, calls): {seen:?}\n{stderr}"
-    );
-    let parent = processes[0]["pid"].as_u64().unwrap() as u32;
-    // The parent from its first allocation: exactly its own calls.
-    assert_eq!(
-        site(&profile, parent, "parent_site").len(),
-        1,
-        "parent_site in the parent"
-    );
-    let children: Vec<&Value> = processes
-        .iter()
-        .filter(|p| p["command"] == "forker" && p["pid"] != parent)
-        .collect();
-    assert_eq!(children.len(), 3, "{processes:#?}");
-    for child in children {
-        let pid = child["pid"].as_u64().unwrap() as u32;
-        let stacks = site(&profile, pid, "child_site");
-        assert_eq!(stacks.len(), 1, "child {pid}: {stacks:#?}");
-        // Attached within milliseconds of the fork: most of the child's calls are seen,
-        // every one seen is attributed to it, and the estimate bounds what was counted.
-        let calls = child["exact"]["calls"].as_u64().unwrap();
-        assert!(
-            calls > iterations / 2 && calls <= iterations + 10,
-            "child {pid}: {calls} calls of {iterations}"
-        );
-        assert_estimate_bounds_exact(child);
-    }
-    let execed = processes
-        .iter()
-        .find(|p| p["command"] == "workload")
-        .unwrap_or_else(|| panic!("the exec'd workload is missing: {processes:#?}"));
-    let pid = execed["pid"].as_u64().unwrap() as u32;
-    assert!(!site(&profile, pid, "site_realloc_null").is_empty());
-}
-
-#[test]
-fn comm_waits_for_a_matching_process_and_takes_it_in() {
-    if !bpf_available("comm_waits_for_a_matching_process_and_takes_it_in") {
-        return;
-    }
-    let dir = TempDir::new("comm");
-    let out = dir.path("comm.json");
-    let renamed = dir.path("reachcomm-wl");
-    std::fs::copy(fixture("workload", &[]), &renamed).unwrap();
-    let mut recorder = Command::new(allocscope())
-        .args([
-            "record",
-            "--comm",
-            "^reachcomm",
-            "--interval",
-            "64KiB",
-            "--confidence",
-            CONFIDENCE,
-            "-o",
-            out.to_str().unwrap(),
-        ])
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(recorder.stderr.take().unwrap());
-    let mut said = String::new();
-    while !said.contains("allocscope: recording ") {
-        let mut line = String::new();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "said: {said}");
-        said.push_str(&line);
-    }
-    assert!(said.contains("waiting for one to start"), "{said}");
-    let mut workload = Workload::start_with(Command::new(&renamed), ROUNDS, &[]);
-    let pid = workload.pid();
-    // Found at its exec, or by the next scan at the latest (stderr drained meanwhile).
-    let _drained = drain(stderr);
-    assert!(wait_until(Duration::from_secs(5), || {
-        std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| !m.is_empty())
-            && tests::first_byte(pid, workload.malloc) == tests::INT3
-    }));
-    workload.go();
-    assert_eq!(workload.line(), "done");
-    drop(workload);
-    interrupt(recorder);
-    let profile = read_profile(&out);
-    check_workload_profile(&profile, pid, ROUNDS);
-    assert_eq!(process(&profile, pid)["command"], "reachcomm-wl");
 }
 
 #[test]
