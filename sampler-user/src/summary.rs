@@ -44,7 +44,8 @@ fn describe_coverage(coverage: &Coverage) -> Option<String> {
         .collect();
     if !coverage.checked {
         parts.push(
-            "gone before its mappings were read: what went through probed allocators is in,              another allocator would not be"
+            "gone before its mappings were read: what went through probed allocators is in, \
+             another allocator would not be"
                 .to_owned(),
         );
     }
@@ -280,7 +281,10 @@ mod tests {
             "{line}"
         );
         assert!(
-            line.contains("gone before its mappings were read"),
+            line.ends_with(
+                "; gone before its mappings were read: what went through probed allocators \
+                 is in, another allocator would not be"
+            ),
             "{line}"
         );
     }
