@@ -184,13 +184,16 @@ const LIBRARY_DIRS: &[&str] = &[
     "/usr/lib",
 ];
 
-/// Names of the allocator libraries allocscope knows to probe (their sonames start so).
+/// Names of the allocator libraries probed ahead for `--follow` and `--comm` (their sonames
+/// start so): those a program is given with LD_PRELOAD. Not libpython: every Python
+/// process on the host would pay the trap on each small object while the recording runs;
+/// a followed Python process has its object allocator probed at its exec instead, and its
+/// coverage says how late.
 const ALLOCATOR_LIBRARIES: &[&str] = &[
     "libjemalloc.so",
     "libtcmalloc.so",
     "libtcmalloc_minimal.so",
     "libmimalloc.so",
-    "libpython3",
 ];
 
 /// The allocator libraries installed on this system (each file once, however many links
@@ -298,13 +301,13 @@ mod tests {
             "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
             "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
             "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2.0",
-            "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0",
         ] {
             assert!(is_allocator_library(Path::new(yes)), "{yes}");
         }
         for no in [
             "/usr/lib/x86_64-linux-gnu/libjemalloc.a",
             "/usr/lib/x86_64-linux-gnu/libc.so.6",
+            "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0",
             "/usr/lib/python3.11",
             "/usr/lib/x86_64-linux-gnu/libjemalloc_pic.a",
         ] {
