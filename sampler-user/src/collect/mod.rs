@@ -754,4 +754,57 @@ mod tests {
         let sample = alloc(&record(&copy_event, &fewer, &[0; 5]));
         assert_eq!(sample.copied.unwrap().returns, vec![(0x10, 1)]);
     }
+
+    #[test]
+    fn maps_go_ahead_of_a_processs_first_sample_and_again_after_its_exec() {
+        let pid = std::process::id();
+        let ours = Sample {
+            pid,
+            tid: pid,
+            timestamp_ns: 1,
+            function: AllocFn::Malloc,
+            size: 64,
+            offset: 3,
+            interval: 4096,
+            return_address: 0,
+            stack: Vec::new(),
+            stack_at_return: false,
+            copied: None,
+            address: 0,
+            tracked: false,
+        };
+        let sample = Event::Alloc(ours.clone());
+        let maps_sent = |reader: &mut MapsReader, event: &Event| {
+            let mut out = Vec::new();
+            reader.before(event, &mut out);
+            out.iter()
+                .filter(|e| matches!(e, Event::Maps { pid: p, text, .. } if *p == pid && text.contains("[stack]")))
+                .count()
+        };
+        let mut reader = MapsReader::default();
+        assert_eq!(maps_sent(&mut reader, &sample), 1, "first sample");
+        assert_eq!(maps_sent(&mut reader, &sample), 0, "second sample");
+        let exec = Event::Process {
+            pid,
+            parent: 0,
+            timestamp_ns: 2,
+            comm: "x".into(),
+        };
+        assert_eq!(maps_sent(&mut reader, &exec), 0, "the exec itself");
+        assert_eq!(
+            maps_sent(&mut reader, &sample),
+            1,
+            "first sample after the exec"
+        );
+        let gone = Event::Alloc(Sample {
+            pid: u32::MAX - 1,
+            ..ours
+        });
+        let mut out = Vec::new();
+        reader.before(&gone, &mut out);
+        assert!(
+            out.is_empty(),
+            "no maps for a process that is gone: {out:?}"
+        );
+    }
 }

@@ -278,10 +278,10 @@ impl StackTable {
     /// Gives `pid`, just forked from `parent` and gone before its own maps could be read,
     /// its parent's (what it started with).
     pub fn inherit(&mut self, pid: u32, parent: u32) {
-        if self.maps.get(&pid).is_some_and(|m| !m.vmas.is_empty()) {
+        let own = self.maps.get(&pid);
+        if own.is_some_and(|m| !m.vmas.is_empty()) {
             return;
         }
-        let own = self.maps.get(&pid);
         let (gone, generation) = own.map_or((false, 0), |m| (m.gone, m.generation + 1));
         if let Some(maps) = self.maps.get(&parent) {
             let copy = ProcessMaps {
