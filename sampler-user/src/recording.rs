@@ -38,6 +38,7 @@ use crate::{
     spawn::{self, PausedChild},
     stacks::symbolize::Symbolizer,
     targets::{self, AllocatorCache, FindError},
+    text,
 };
 
 /// Everything prepared before the runtime starts: validated targets and, for `-- CMD`, the
@@ -458,7 +459,7 @@ impl Recording {
             };
             info!(
                 "attached to pid {pid} ({}) in {:.1} ms{late}: {}",
-                targets::comm_of(pid).unwrap_or_default(),
+                text::printable(&targets::comm_of(pid).unwrap_or_default()),
                 started.elapsed().as_secs_f64() * 1e3,
                 describe(allocators)
             );
@@ -510,7 +511,7 @@ impl Recording {
             }
             info!(
                 "following pid {pid} ({}) from its {:?}",
-                targets::comm_of(pid).unwrap_or_default(),
+                text::printable(&targets::comm_of(pid).unwrap_or_default()),
                 since.start
             );
         }
@@ -692,12 +693,15 @@ impl Recording {
             Err(FindError::Gone) if self.followed_only => self.admit(pid, None, since),
             Err(FindError::Gone | FindError::KernelThread) => return false,
             Err(e) => {
-                warn!("pid {pid} ({comm}) matches --comm but: {e}");
+                warn!(
+                    "pid {pid} ({}) matches --comm but: {e}",
+                    text::printable(&comm)
+                );
                 return false;
             }
         };
         if let Err(e) = taken {
-            warn!("pid {pid} ({comm}): {e:#}");
+            warn!("pid {pid} ({}): {e:#}", text::printable(&comm));
         }
         let target = self.running.contains_key(&pid);
         if target {
