@@ -30,8 +30,20 @@ pub fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::R
     };
     options.name_type = "Function:".to_owned();
     options.colors = flamegraph::Palette::Basic(flamegraph::color::BasicPalette::Mem);
-    let lines: Vec<String> = folded::lines(profile, value)
+    let folded = folded::lines(profile, value);
+    // inferno adds the values up in a usize: values whose sum would overflow it (only a
+    // profile edited by hand has them) are drawn to scale, divided by a common factor.
+    let total: u128 = folded.iter().map(|(_, amount)| u128::from(*amount)).sum();
+    let divisor = total.div_ceil(u128::from(u64::MAX)).max(1) as u64;
+    if divisor > 1 {
+        if let Some(subtitle) = options.subtitle.as_mut() {
+            subtitle.push_str(&format!(" · values divided by {divisor}"));
+        }
+    }
+    let lines: Vec<String> = folded
         .into_iter()
+        .map(|(path, amount)| (path, amount / divisor))
+        .filter(|(_, amount)| *amount > 0)
         .map(|(path, amount)| format!("{path} {amount}"))
         .collect();
     if lines.is_empty() {
@@ -51,4 +63,21 @@ fn xml_escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_whose_sum_overflows_are_drawn_to_scale() {
+        let mut profile = crate::export::tests::synthetic();
+        for stack in &mut profile.stacks {
+            stack.alloc_bytes.estimate = 1.5e19;
+        }
+        let mut out = Vec::new();
+        write(&profile, Value::AllocBytes, &mut out).unwrap();
+        let svg = String::from_utf8(out).unwrap();
+        assert!(svg.contains("values divided by"), "{svg}");
+    }
 }
