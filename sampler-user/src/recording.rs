@@ -33,6 +33,7 @@ use crate::{
     probe::{
         allocator::Allocator,
         attach::{AttachedPoint, KernelConfig, Probes, ReturnProbes, Scope, Target},
+        maps::FileId,
     },
     profile::{Coverage, CoverageStart, LateAllocator, ProbePoint, Profile, Recorder, Settings},
     spawn::{self, PausedChild},
@@ -163,7 +164,7 @@ pub struct Recording {
     followed_only: bool,
     /// Host mode and `followed_only`: allocator files probed for every process, and when
     /// (CLOCK_MONOTONIC ns).
-    host_files: HashMap<(String, u64), u64>,
+    host_files: HashMap<FileId, u64>,
     /// Host mode: processes left alone (allocscope, `--exclude-*`); `followed_only`:
     /// processes the kernel counted pending a decision and that are not targets. What
     /// they sent is dropped here.
@@ -172,7 +173,7 @@ pub struct Recording {
     coverage: HashMap<u32, (Coverage, u64)>,
     /// Processes looked at by a scan, with the executable they had then (an exec makes
     /// them new again).
-    scanned: HashMap<u32, (String, u64)>,
+    scanned: HashMap<u32, FileId>,
     /// Every probe point attached.
     points: Vec<AttachedPoint>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
@@ -641,8 +642,7 @@ impl Recording {
                 let Ok(exe) = std::fs::metadata(format!("/proc/{pid}/exe")) else {
                     return false; // a kernel thread, or gone
                 };
-                use std::os::unix::fs::MetadataExt as _;
-                let id = targets::file_id(exe.dev(), exe.ino());
+                let id = FileId::of(&exe);
                 self.scanned.insert(pid, id.clone()) != Some(id)
             })
             .collect()

@@ -5,14 +5,13 @@
 use std::{
     collections::HashMap,
     ffi::OsStr,
-    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     sync::Arc,
 };
 
 use crate::probe::{
     allocator::{self, Allocator, AllocatorError, AllocatorFile},
-    maps::{self, Vma},
+    maps::{self, FileId, Vma},
 };
 
 /// Why a process's allocators could not be found.
@@ -52,7 +51,7 @@ pub fn stat_flags(stat: &str) -> Option<u64> {
 /// Allocator analyses by file identity (device, inode); `None` for a file that is not one.
 #[derive(Default)]
 pub struct AllocatorCache {
-    files: HashMap<(String, u64), Option<Arc<AllocatorFile>>>,
+    files: HashMap<FileId, Option<Arc<AllocatorFile>>>,
 }
 
 impl AllocatorCache {
@@ -96,7 +95,7 @@ impl AllocatorCache {
     /// libraries), outside any process.
     pub fn of_file(&mut self, path: &Path, in_executable: bool) -> Option<Allocator> {
         let metadata = std::fs::metadata(path).ok()?;
-        let file_id = file_id(metadata.dev(), metadata.ino());
+        let file_id = FileId::of(&metadata);
         let file = self
             .files
             .entry(file_id.clone())
@@ -112,17 +111,10 @@ impl AllocatorCache {
     }
 }
 
-/// The identity maps shows for a file: `major:minor` in hex, and the inode.
-pub fn file_id(dev: u64, inode: u64) -> (String, u64) {
-    let major = libc::major(dev);
-    let minor = libc::minor(dev);
-    (format!("{major:02x}:{minor:02x}"), inode)
-}
-
 /// The mapped path of `pid`'s executable: the file of `/proc/PID/exe` among its mappings.
 fn executable_of(pid: u32, vmas: &[Vma]) -> Option<PathBuf> {
     let metadata = std::fs::metadata(format!("/proc/{pid}/exe")).ok()?;
-    let id = file_id(metadata.dev(), metadata.ino());
+    let id = FileId::of(&metadata);
     vmas.iter()
         .find(|vma| vma.file_id == id)
         .and_then(|vma| vma.path.clone())
@@ -215,7 +207,7 @@ pub fn system_allocator_libraries() -> Vec<PathBuf> {
             let Ok(metadata) = std::fs::metadata(&path) else {
                 continue;
             };
-            if metadata.is_file() && seen.insert(file_id(metadata.dev(), metadata.ino())) {
+            if metadata.is_file() && seen.insert(FileId::of(&metadata)) {
                 found.push(path);
             }
         }

@@ -26,7 +26,7 @@ use object::{Object as _, ObjectSection as _, ObjectSymbol as _, ObjectSymbolTab
 use sampler_common::AllocFn;
 
 use super::{
-    maps::Vma,
+    maps::{FileId, Vma},
     prologue::{self, Placement},
 };
 
@@ -112,7 +112,7 @@ pub struct Allocator {
     /// The file's path as the process maps it (what users see).
     pub shown: PathBuf,
     /// Identity of the file (device, inode).
-    pub file_id: (String, u64),
+    pub file_id: FileId,
     /// Whether it is the executable itself (a statically linked allocator).
     pub in_executable: bool,
     /// Its entry points.
@@ -412,7 +412,7 @@ pub fn find(
     mut analysed: impl FnMut(&Vma, &Path, bool) -> Option<Arc<AllocatorFile>>,
 ) -> Result<Vec<Allocator>, AllocatorError> {
     let mut found: Vec<Allocator> = Vec::new();
-    let mut seen: Vec<&(String, u64)> = Vec::new();
+    let mut seen: Vec<&FileId> = Vec::new();
     for vma in vmas.iter().filter(|v| v.executable) {
         let Some(shown) = vma.path.as_deref() else {
             continue;

@@ -302,7 +302,7 @@ pub struct Probes {
     /// `free_enter` for uprobe_multi links (with sessions), else classic uprobes.
     frees: Option<session::MultiProgram>,
     links: HashMap<u32, Vec<Link>>,
-    probed: HashSet<(u32, (String, u64))>,
+    probed: HashSet<(u32, super::maps::FileId)>,
     sizes: [u64; AllocFn::FUNCTION_SLOTS],
     _tracepoints: Vec<TracePointLinkId>,
 }

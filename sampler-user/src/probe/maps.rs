@@ -5,6 +5,29 @@ use std::{io, path::PathBuf};
 /// The page size of x86-64 user mappings.
 pub const PAGE_SIZE: u64 = 4096;
 
+/// A file's identity as maps shows it: its device and inode, the identity of the file
+/// itself, whatever path or mount namespace it is seen through (a container's libc and the
+/// host's share a path, not an identity).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FileId {
+    /// `major:minor`, in hex as maps prints it.
+    pub device: String,
+    /// Inode number (0: no file).
+    pub inode: u64,
+}
+
+impl FileId {
+    /// The identity of the file `metadata` was read from.
+    pub fn of(metadata: &std::fs::Metadata) -> FileId {
+        use std::os::unix::fs::MetadataExt as _;
+        let dev = metadata.dev();
+        FileId {
+            device: format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev)),
+            inode: metadata.ino(),
+        }
+    }
+}
+
 /// One mapping of a process's address space.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Vma {
@@ -16,9 +39,8 @@ pub struct Vma {
     pub offset: u64,
     /// Whether the mapping is executable.
     pub executable: bool,
-    /// Device (`major:minor`) and inode of the backing file: the identity of the file itself,
-    /// whatever path or mount namespace it is seen through (inode 0: none).
-    pub file_id: (String, u64),
+    /// The backing file's identity (inode 0: none).
+    pub file_id: FileId,
     /// Backing file path, if the mapping has one (not `[heap]`, `[vdso]`, anonymous).
     pub path: Option<PathBuf>,
 }
@@ -54,7 +76,10 @@ fn parse_line(line: &str) -> Option<Vma> {
         end: u64::from_str_radix(end, 16).ok()?,
         offset: u64::from_str_radix(offset, 16).ok()?,
         executable: perms.as_bytes().get(2) == Some(&b'x'),
-        file_id: (dev.to_owned(), inode.parse().ok()?),
+        file_id: FileId {
+            device: dev.to_owned(),
+            inode: inode.parse().ok()?,
+        },
         path,
     })
 }
@@ -107,7 +132,13 @@ garbage line
         assert_eq!(uprobe_area(SAMPLE), Some(0x7fff_ffff_e000));
         assert_eq!(uprobe_area("garbage"), None);
         assert_eq!(vmas[1].path.as_deref(), Some("/usr/bin/demo".as_ref()));
-        assert_eq!(vmas[1].file_id, ("fe:01".to_owned(), 1234));
+        assert_eq!(
+            vmas[1].file_id,
+            FileId {
+                device: "fe:01".to_owned(),
+                inode: 1234
+            }
+        );
         assert_eq!(
             vmas[1].file_in(7),
             PathBuf::from("/proc/7/map_files/5581f0a01000-5581f0a02000")

@@ -30,7 +30,7 @@ use std::{
 
 use crate::{
     collect::Sample,
-    probe::maps::{self, Vma},
+    probe::maps::{self, FileId, Vma},
 };
 use image::Image;
 pub use unwind::StackEnd;
@@ -111,7 +111,7 @@ pub struct ModuleTable {
     files: Vec<Option<std::fs::File>>,
     build_ids: Vec<OnceLock<Option<String>>>,
     images: Vec<OnceLock<Option<Arc<Image>>>>,
-    index: HashMap<(PathBuf, (String, u64)), ModuleId>,
+    index: HashMap<(PathBuf, FileId), ModuleId>,
     /// How many distinct files go by each path (a container's libc and the host's).
     files_per_path: HashMap<PathBuf, usize>,
 }
@@ -119,7 +119,7 @@ pub struct ModuleTable {
 impl ModuleTable {
     /// The id of the file `file_id` shown as `path`, interning it; `open` is where to open
     /// it now (tried once).
-    pub fn intern(&mut self, path: &Path, file_id: &(String, u64), open: &Path) -> ModuleId {
+    pub fn intern(&mut self, path: &Path, file_id: &FileId, open: &Path) -> ModuleId {
         let key = (path.to_owned(), file_id.clone());
         if let Some(&id) = self.index.get(&key) {
             return id;
@@ -168,10 +168,11 @@ impl ModuleTable {
 
 /// How module `path` is named when `earlier` other files went by the same path: the first
 /// keeps the plain path, later ones carry their device and inode.
-fn name(path: &Path, (device, inode): &(String, u64), earlier: usize) -> String {
+fn name(path: &Path, file_id: &FileId, earlier: usize) -> String {
     if earlier == 0 {
         path.display().to_string()
     } else {
+        let FileId { device, inode } = file_id;
         format!("{} (inode {inode} on {device})", path.display())
     }
 }
@@ -187,14 +188,12 @@ pub fn build_id(path: &Path) -> Option<String> {
 
 /// Opens a module at `open` (the process's own view of it), or, once that process is gone,
 /// at `path` in our file system if it is the very same file (device and inode).
-fn open_module(open: &Path, path: &Path, file_id: &(String, u64)) -> Option<std::fs::File> {
-    use std::os::unix::fs::MetadataExt as _;
+fn open_module(open: &Path, path: &Path, file_id: &FileId) -> Option<std::fs::File> {
     if let Ok(file) = std::fs::File::open(open) {
         return Some(file);
     }
     let file = std::fs::File::open(path).ok()?;
-    let metadata = file.metadata().ok()?;
-    (crate::targets::file_id(metadata.dev(), metadata.ino()) == *file_id).then_some(file)
+    (FileId::of(&file.metadata().ok()?) == *file_id).then_some(file)
 }
 
 /// Cached executable mappings of one process, refreshed when an address misses.
@@ -591,6 +590,13 @@ impl StackTable {
 mod tests {
     use super::*;
 
+    fn file(device: &str, inode: u64) -> FileId {
+        FileId {
+            device: device.to_owned(),
+            inode,
+        }
+    }
+
     const FP: StackOrigin = StackOrigin {
         unwinding: Unwinding::FramePointers,
         end: StackEnd::Unknown,
@@ -689,7 +695,7 @@ mod tests {
             end: 0x2000,
             offset: 0x400,
             executable: true,
-            file_id: ("fe:01".into(), 7),
+            file_id: file("fe:01", 7),
             path: Some("/bin/x".into()),
         };
         table.maps.insert(
@@ -750,10 +756,10 @@ mod tests {
         // A container's libc and the host's: one path, two files.
         let shown = Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6");
         let mut modules = ModuleTable::default();
-        let host = modules.intern(shown, &("fe:01".into(), 1), Path::new("/usr/bin/true"));
-        let container = modules.intern(shown, &("0:57".into(), 2), Path::new("/usr/bin/sleep"));
+        let host = modules.intern(shown, &file("fe:01", 1), Path::new("/usr/bin/true"));
+        let container = modules.intern(shown, &file("0:57", 2), Path::new("/usr/bin/sleep"));
         assert_eq!(
-            modules.intern(shown, &("fe:01".into(), 1), Path::new("/x")),
+            modules.intern(shown, &file("fe:01", 1), Path::new("/x")),
             host
         );
         assert_eq!(modules.name(host), shown.to_str().unwrap());
