@@ -9,7 +9,7 @@ use std::{
 use crate::{
     config::{BadInput, Output},
     outfile,
-    probe::allocator::Allocator,
+    probe::allocator::{self, Allocator, Family},
     targets::{self, AllocatorCache},
 };
 
@@ -94,7 +94,7 @@ pub fn allocators_for_command(
             }
         }
     } else if let Ok(own) = cache.of_pid(std::process::id()) {
-        found.extend(own.into_iter().filter(|a| a.file.family == "glibc"));
+        found.extend(own.into_iter().filter(|a| a.file.family == Family::Glibc));
     }
     if found.is_empty() {
         return Err(BadInput(format!(
@@ -103,7 +103,7 @@ pub fn allocators_for_command(
             program.display()
         )));
     }
-    found.sort_by_key(|a| (!a.in_executable, a.file.family == "glibc"));
+    allocator::in_probing_order(&mut found);
     Ok(found)
 }
 

@@ -328,7 +328,12 @@ mod tests {
     fn finds_this_process_allocator() {
         let mut cache = AllocatorCache::default();
         let found = cache.of_pid(std::process::id()).unwrap();
-        assert!(found.iter().any(|a| a.file.family == "glibc"), "{found:?}");
+        assert!(
+            found
+                .iter()
+                .any(|a| a.file.family == allocator::Family::Glibc),
+            "{found:?}"
+        );
         assert!(matches!(cache.of_pid(u32::MAX - 1), Err(FindError::Gone)));
         assert!(
             matches!(cache.of_pid(2), Err(FindError::KernelThread)),

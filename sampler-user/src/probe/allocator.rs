@@ -96,8 +96,8 @@ pub struct FreeFunction {
 /// The entry points of one allocator file (the pure analysis, shared between processes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AllocatorFile {
-    /// Which allocator this is ("glibc", "jemalloc", "tcmalloc", "mimalloc", "malloc").
-    pub family: &'static str,
+    /// Which allocator this is.
+    pub family: Family,
     /// Allocation entry points, one per distinct address.
     pub functions: Vec<Function>,
     /// Free entry points, one per distinct address.
@@ -319,7 +319,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
         ));
     }
     Some(AllocatorFile {
-        family: family(&names, file_name),
+        family: Family::of(&names, file_name),
         functions,
         frees: kept_frees.into_iter().map(|(_, f)| f).collect(),
     })
@@ -383,23 +383,61 @@ fn plt_import<'a>(
     got.get(&instruction.ip_rel_memory_address())
 }
 
-/// Names the allocator from the symbols it defines (or its file name).
-fn family(names: &[String], file_name: &str) -> &'static str {
-    let has = |wanted: &str| names.iter().any(|n| n == wanted);
-    let has_prefix = |prefix: &str| names.iter().any(|n| n.starts_with(prefix));
-    if has("mallocx") || has_prefix("je_") || has_prefix("_rjem_") {
-        "jemalloc"
-    } else if has("tc_malloc") {
-        "tcmalloc"
-    } else if has("mi_malloc") {
-        "mimalloc"
-    } else if is_libc(file_name) || has("__libc_malloc") {
-        "glibc"
-    } else if has("PyObject_Malloc") && !has("malloc") {
-        "pymalloc"
-    } else {
-        "malloc"
+/// Which allocator a file is, as far as probing cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// The GNU C library's: the innermost malloc, which others may wrap.
+    Glibc,
+    /// jemalloc (prefixed or not).
+    Jemalloc,
+    /// gperftools' tcmalloc.
+    Tcmalloc,
+    /// Microsoft's mimalloc.
+    Mimalloc,
+    /// CPython's object allocator (a small-object layer over malloc).
+    Pymalloc,
+    /// Another that defines malloc (a program's own).
+    Malloc,
+}
+
+impl Family {
+    /// Names the allocator from the symbols it defines (or its file name).
+    fn of(names: &[String], file_name: &str) -> Family {
+        let has = |wanted: &str| names.iter().any(|n| n == wanted);
+        let has_prefix = |prefix: &str| names.iter().any(|n| n.starts_with(prefix));
+        if has("mallocx") || has_prefix("je_") || has_prefix("_rjem_") {
+            Family::Jemalloc
+        } else if has("tc_malloc") {
+            Family::Tcmalloc
+        } else if has("mi_malloc") {
+            Family::Mimalloc
+        } else if is_libc(file_name) || has("__libc_malloc") {
+            Family::Glibc
+        } else if has("PyObject_Malloc") && !has("malloc") {
+            Family::Pymalloc
+        } else {
+            Family::Malloc
+        }
     }
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Family::Glibc => "glibc",
+            Family::Jemalloc => "jemalloc",
+            Family::Tcmalloc => "tcmalloc",
+            Family::Mimalloc => "mimalloc",
+            Family::Pymalloc => "pymalloc",
+            Family::Malloc => "malloc",
+        })
+    }
+}
+
+/// Puts allocators in probing order: one in the executable or interposed first (it takes
+/// the calls), the C library last.
+pub fn in_probing_order(allocators: &mut [Allocator]) {
+    allocators.sort_by_key(|a| (!a.in_executable, a.file.family == Family::Glibc));
 }
 
 /// Finds every allocator among `pid`'s executable mappings; `analysed` is asked for the
@@ -436,8 +474,7 @@ pub fn find(
     if found.is_empty() {
         return Err(AllocatorError::NoAllocator);
     }
-    // The interposer first (it takes the calls), the C library last.
-    found.sort_by_key(|a| (!a.in_executable, a.file.family == "glibc"));
+    in_probing_order(&mut found);
     Ok(found)
 }
 
@@ -556,7 +593,7 @@ mod tests {
             return;
         }
         let file = analyse_file(python, true, python).expect("pymalloc found");
-        assert_eq!(file.family, "pymalloc");
+        assert_eq!(file.family, Family::Pymalloc);
         let mut found: Vec<(&str, AllocFn, bool)> = file
             .functions
             .iter()
@@ -590,7 +627,7 @@ mod tests {
             .expect("tests link glibc");
         let path = libc.path.clone().unwrap();
         let file = analyse_file(&path, false, &path).expect("libc is an allocator");
-        assert_eq!(file.family, "glibc");
+        assert_eq!(file.family, Family::Glibc);
         let names: Vec<&str> = file.functions.iter().map(|f| f.symbol.as_str()).collect();
         for wanted in [
             "malloc",

@@ -610,7 +610,7 @@ impl Probes {
     ) -> Result<Vec<AttachedPoint>, AttachError> {
         let functions = &allocator.file.functions;
         // glibc's malloc is the innermost; another's may wrap it (or reach another).
-        let outer = allocator.file.family != "glibc";
+        let outer = allocator.file.family != super::allocator::Family::Glibc;
         let point = |probe: ProbeKind, f: &super::allocator::Function| AttachedPoint {
             pid: scope.key(),
             probe,
