@@ -1,0 +1,532 @@
+//! A running recording, shared by `record` and `top`: prepare (checks, paused child) →
+//! attach → take samples and watch the targets come and go → read the kernel's counters →
+//! detach.
+//!
+//! What each command does with the samples (write files, draw a screen) stays in its own
+//! module; this one owns everything whose order matters for correctness: the child runs only
+//! once the probes are attached, a followed process is followed in the kernel before it
+//! runs, the ring buffer is drained before counters are read, and the probes are detached
+//! before the slow work (symbolizing, writing) at the end.
+//!
+//! This file holds the recording loop (start, take samples, detach). Targets change while
+//! recording, which [`discovery`] handles: `--follow` and `--comm` probe allocator files for
+//! every process and let the kernel count its followed set, which a new process enters
+//! before it runs (user space decides on each fork and exec it hears of); `--comm` and
+//! `--all` also scan /proc every second for processes running before; every target's maps
+//! are re-read for allocators loaded late. A process that exits is finalized by
+//! [`counters`]: its probes detach, its exact counters are read and its counter slot is
+//! reused; its frames still resolve (the files stay open, see [`crate::stacks`]).
+
+mod counters;
+mod discovery;
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use aya::maps::RingBuf;
+use log::{debug, info, warn};
+use sampler_common::ProcessCounters;
+
+use crate::{
+    collect::{monotonic_ns, Event, Losses, SampleReader},
+    config::{BadInput, SamplingConfig, Targets},
+    exits, preflight,
+    probe::{
+        attach::{AttachedPoint, KernelConfig, Probes, ReturnProbes, Target},
+        maps::FileId,
+    },
+    profile::{Coverage, CoverageStart, ProbePoint, Profile, Recorder, Settings},
+    spawn::{self, PausedChild},
+    stacks::symbolize::Symbolizer,
+    targets::{AllocatorCache, FindError},
+};
+
+/// Everything prepared before the runtime starts: validated targets and, for `-- CMD`, the
+/// paused child.
+pub struct Prepared {
+    targets: Targets,
+    initial: Vec<Target>,
+    child: Option<PausedChild>,
+    command: String,
+    cache: AllocatorCache,
+}
+
+/// Runs every check that can fail on bad input (privileges, targets, then the caller's own
+/// `check`), then for `-- CMD` forks the paused child, its stdin and output redirected when
+/// `redirect` is given. Must run before any thread exists.
+pub fn prepare(
+    targets: &Targets,
+    check: impl FnOnce() -> Result<(), BadInput>,
+    redirect: impl FnOnce() -> Result<Option<spawn::Redirect>, BadInput>,
+) -> Result<Prepared, BadInput> {
+    preflight::check_privileges()?;
+    let mut cache = AllocatorCache::default();
+    let mut initial = Vec::new();
+    let mut problems = Vec::new();
+    for &pid in &targets.pids {
+        match cache.of_pid(pid) {
+            Ok(allocators) => initial.push(Target { pid, allocators }),
+            Err(FindError::Gone) => problems.push(format!("no such process: pid {pid}")),
+            Err(e) => problems.push(format!("pid {pid}: {e}")),
+        }
+    }
+    let others = !initial.is_empty() || targets.waits_for_new();
+    if !problems.is_empty() && !others {
+        return Err(BadInput(problems.join("; ")));
+    }
+    for problem in problems {
+        warn!("{problem}: left out");
+    }
+    if !targets.command.is_empty() {
+        let program = preflight::resolve_command(&targets.command[0])?;
+        let allocators = preflight::allocators_for_command(&program, &mut cache)?;
+        initial.push(Target { pid: 0, allocators });
+    }
+    check()?;
+    let mut child = None;
+    let mut command = String::new();
+    if let Some(program) = targets.command.first() {
+        command = program.to_string_lossy().into_owned();
+        let paused = spawn::spawn_paused(&targets.command, redirect()?)
+            .map_err(|e| BadInput(format!("cannot start {command}: {e}")))?;
+        if let Some(target) = initial.last_mut() {
+            target.pid = paused.pid;
+        }
+        child = Some(paused);
+    }
+    Ok(Prepared {
+        targets: targets.clone(),
+        initial,
+        child,
+        command,
+        cache,
+    })
+}
+
+/// How the command started for a recording (`-- CMD`) ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommandExit {
+    /// Before the recording stopped: its status is the recording's exit code.
+    OnItsOwn(exits::ChildExit),
+    /// Stopped (SIGTERM) because the recording stopped first.
+    Stopped(exits::ChildExit),
+}
+
+/// Something the caller must act on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Happening {
+    /// A target exited (its samples so far stay; its frames resolve with its last maps).
+    Exited(u32),
+    /// The last target exited, and no new one can come (`-p`, `-- CMD`).
+    AllExited,
+}
+
+/// From when a process is covered: the event that made it a target (a fork, an exec, the
+/// start of our command, or our attaching), and when (CLOCK_MONOTONIC ns).
+#[derive(Clone, Copy, Debug)]
+struct Since {
+    start: CoverageStart,
+    timestamp_ns: u64,
+}
+
+impl Since {
+    fn now(start: CoverageStart) -> Since {
+        Since {
+            start,
+            timestamp_ns: monotonic_ns(),
+        }
+    }
+}
+
+/// Probes attached to the targets, samples flowing into a [`Recorder`].
+pub struct Recording {
+    probes: Option<Probes>,
+    reader: SampleReader,
+    batch: Vec<Event>,
+    /// The samples so far.
+    pub recorder: Recorder,
+    /// Resolves frames for [`Recorder::profile`].
+    pub symbolizer: Symbolizer,
+    targets: Targets,
+    cache: AllocatorCache,
+    watcher: exits::Watcher,
+    /// Attached processes still running → their counter slot.
+    running: BTreeMap<u32, u32>,
+    /// Every process ever attached (or seen host-wide), in order.
+    pids: Vec<u32>,
+    free_slots: Vec<u32>,
+    next_slot: u32,
+    /// Final counters of processes that exited (their slots were reused).
+    finished: BTreeMap<u32, ProcessCounters>,
+    /// `--follow`, `--comm`: allocator files are probed for every process, and the kernel
+    /// counts those in its followed set (see [`Self::admit`]).
+    followed_only: bool,
+    /// Host mode and `followed_only`: allocator files probed for every process, and when
+    /// (CLOCK_MONOTONIC ns).
+    host_files: HashMap<FileId, u64>,
+    /// Host mode: processes left alone (allocscope, `--exclude-*`); `followed_only`:
+    /// processes the kernel counted pending a decision and that are not targets. What
+    /// they sent is dropped here.
+    excluded: HashSet<u32>,
+    /// How each target is covered, and from when (CLOCK_MONOTONIC ns).
+    coverage: HashMap<u32, (Coverage, u64)>,
+    /// Processes looked at by a scan, with the executable they had then (an exec makes
+    /// them new again).
+    scanned: HashMap<u32, FileId>,
+    /// Every probe point attached.
+    points: Vec<AttachedPoint>,
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    refresh: tokio::time::Interval,
+    scan: tokio::time::Interval,
+    spawned: Option<u32>,
+    command_exit: Option<CommandExit>,
+    said_waiting: bool,
+    last_counters: Option<(BTreeMap<u32, ProcessCounters>, Losses)>,
+    /// Entries of the kernel's thread-state map when the counters were last read.
+    thread_states: Option<u64>,
+    /// When the exact counters were last read (CLOCK_MONOTONIC ns).
+    counted_ns: u64,
+    /// Once detaching: samples and frees after this moment are dropped, so the profile
+    /// covers exactly what the final counters cover (removing a breakpoint takes the kernel
+    /// milliseconds, and the probes still fire meanwhile).
+    cutoff_ns: Option<u64>,
+}
+
+impl Recording {
+    /// Attaches the probes, then lets a spawned command run. `recent` keeps per-stack
+    /// samples for rates over that window (`top`). Must run inside the tokio runtime.
+    pub fn start(
+        prepared: Prepared,
+        sampling: &SamplingConfig,
+        recent: Option<Duration>,
+    ) -> anyhow::Result<Recording> {
+        let Prepared {
+            targets,
+            initial,
+            child,
+            command,
+            cache,
+        } = prepared;
+        let followed_only = !targets.all && (targets.follow || targets.comm.is_some());
+        let kernel = KernelConfig {
+            interval: sampling.interval,
+            log: sampling.verbose,
+            track_frees: (!sampling.alloc_only).then_some(sampling.max_tracked),
+            ring_buffer: sampling.ring_buffer,
+            stack_bytes: sampling.unwind.stack_bytes(),
+            sessions: sampling.sessions,
+            host: targets.all || followed_only,
+            follow: targets.follow,
+            followed_only,
+            watch_execs: targets.waits_for_new(),
+        };
+        let mut probes = Probes::load(kernel).context("loading the eBPF programs")?;
+        debug!("allocation returns observed by: {:?}", probes.returns);
+        let logger = if sampling.verbose {
+            aya_log::EbpfLogger::init(&mut probes.ebpf)
+                .map_err(|e| warn!("eBPF log unavailable: {e}"))
+                .ok()
+        } else {
+            None
+        };
+        let ring = RingBuf::try_from(
+            probes
+                .ebpf
+                .take_map("SAMPLES")
+                .context("SAMPLES map missing")?,
+        )?;
+        let reader = SampleReader::new(ring, sampling.ring_buffer as usize)?;
+        let mut recorder = match recent {
+            Some(window) => Recorder::with_recent(window),
+            None => Recorder::default(),
+        };
+        recorder.limit_stacks(sampling.max_stacks);
+        let mut recording = Recording {
+            probes: Some(probes),
+            reader,
+            batch: Vec::new(),
+            recorder,
+            symbolizer: Symbolizer::spawn(&sampling.debug_dirs)
+                .context("starting the symbolizer thread")?,
+            targets,
+            cache,
+            watcher: exits::Watcher::new(),
+            running: BTreeMap::new(),
+            pids: Vec::new(),
+            free_slots: Vec::new(),
+            next_slot: 0,
+            finished: BTreeMap::new(),
+            followed_only,
+            host_files: HashMap::new(),
+            excluded: HashSet::new(),
+            coverage: HashMap::new(),
+            scanned: HashMap::new(),
+            points: Vec::new(),
+            logger,
+            refresh: tokio::time::interval(Duration::from_millis(250)),
+            scan: tokio::time::interval(Duration::from_secs(1)),
+            spawned: child.as_ref().map(|c| c.pid),
+            command_exit: None,
+            said_waiting: false,
+            last_counters: None,
+            counted_ns: 0,
+            thread_states: None,
+            cutoff_ns: None,
+        };
+        if followed_only {
+            recording.probe_system_allocators();
+        }
+        for target in initial {
+            let since = Since::now(if Some(target.pid) == recording.spawned {
+                CoverageStart::Start
+            } else {
+                CoverageStart::Attach
+            });
+            if let Err(e) = recording.attach(target.pid, &target.allocators, since) {
+                if Some(target.pid) == recording.spawned {
+                    return Err(e.context(format!("attaching to {command}")));
+                }
+                warn!("pid {}: {e:#}: left out", target.pid);
+            }
+        }
+        if let Some(child) = child {
+            let pid = child.pid;
+            child
+                .release()
+                .map_err(|e| BadInput(format!("cannot run {command}: {e}")))?;
+            // Past exec now: its own name, executable and maps.
+            recording.recorder.track(pid);
+        }
+        recording.discover()?;
+        if recording.running.is_empty() && !recording.targets.waits_for_new() {
+            anyhow::bail!("every target exited while the probes were being attached");
+        }
+        Ok(recording)
+    }
+
+    fn probes_mut(&mut self) -> anyhow::Result<&mut Probes> {
+        self.probes.as_mut().context("the probes are detached")
+    }
+
+    /// How allocation returns are observed (`None` once detached).
+    pub fn returns(&self) -> Option<ReturnProbes> {
+        self.probes.as_ref().map(|p| p.returns)
+    }
+
+    /// Every process attached so far (host-wide: every one seen allocating).
+    pub fn pids(&self) -> &[u32] {
+        &self.pids
+    }
+
+    /// What is being recorded, for people: "pid 12, 13 and the processes they start".
+    pub fn describe(&self) -> String {
+        let pids = || {
+            self.running
+                .keys()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let what = if self.targets.all {
+            "every process".to_owned()
+        } else if let Some(pattern) = &self.targets.comm {
+            format!("processes named like {:?}", pattern.0.as_str())
+        } else {
+            format!("pid {}", pids())
+        };
+        if self.targets.follow {
+            format!("{what} and the processes they start")
+        } else {
+            what
+        }
+    }
+
+    /// The profile of the recording so far, as every output writes it (record's final file
+    /// and snapshots, top's snapshots): counters read, frames resolved, probe points and
+    /// thread states included; with `period_seconds`, values over the current period too.
+    /// Once detached, it covers exactly what the final counters cover.
+    pub async fn profile(
+        &mut self,
+        settings: Settings,
+        period_seconds: Option<f64>,
+    ) -> anyhow::Result<Profile> {
+        let (counters, losses) = self.counters().await?;
+        let now_ns = self.cutoff_ns.unwrap_or_else(monotonic_ns);
+        let mut profile = self
+            .recorder
+            .profile(
+                &self.symbolizer,
+                settings,
+                &counters,
+                losses,
+                period_seconds,
+                now_ns,
+            )
+            .await;
+        profile.probes = self.probe_points();
+        profile.thread_states = self.thread_states();
+        for process in &mut profile.processes {
+            process.coverage = self.coverage.get(&process.pid).map(|(c, _)| c.clone());
+        }
+        Ok(profile)
+    }
+
+    /// How the command started for this recording ended (known once detached).
+    pub fn command_exit(&self) -> Option<CommandExit> {
+        self.command_exit
+    }
+
+    /// Entries of the kernel's per-thread state map at the last counter read.
+    pub fn thread_states(&self) -> Option<u64> {
+        self.thread_states
+    }
+
+    /// Every probe point attached so far, as profiles report them.
+    pub fn probe_points(&self) -> Vec<ProbePoint> {
+        self.points
+            .iter()
+            .map(|point| ProbePoint {
+                pid: point.pid,
+                file: point.path.display().to_string(),
+                function: point.probe.to_string(),
+                offset: point.file_offset + point.placement.offset,
+                instruction: point.placement.instruction.clone(),
+                emulated: point.placement.emulated,
+            })
+            .collect()
+    }
+
+    /// Takes samples until a target exits. Cancel-safe: every record read is in the
+    /// recorder before the next await.
+    pub async fn next(&mut self) -> anyhow::Result<Happening> {
+        loop {
+            tokio::select! {
+                read = self.reader.read(&mut self.batch) => {
+                    read?;
+                    self.take_batch();
+                }
+                _ = self.refresh.tick() => {
+                    // Keep the maps snapshot current while targets live (libraries loaded
+                    // late, a spawned command just past exec), and flush eBPF log records.
+                    self.recorder.refresh();
+                    if let Some(logger) = self.logger.as_mut() {
+                        logger.flush();
+                    }
+                }
+                _ = self.scan.tick() => self.discover()?,
+                Some(pid) = self.watcher.exited.recv() => {
+                    self.finalize(pid).await?;
+                    let waits = self.targets.waits_for_new();
+                    return Ok(if self.running.is_empty() && !waits {
+                        Happening::AllExited
+                    } else {
+                        Happening::Exited(pid)
+                    });
+                }
+            }
+        }
+    }
+
+    /// Moves the batch into the recorder, acting on process events first.
+    fn take_batch(&mut self) {
+        let mut batch = std::mem::take(&mut self.batch);
+        if let Some(cutoff) = self.cutoff_ns {
+            batch.retain(|event| match event {
+                Event::Alloc(sample) => sample.timestamp_ns <= cutoff,
+                Event::Free(freed) => freed.timestamp_ns <= cutoff,
+                Event::Process { .. } | Event::Maps { .. } => true,
+            });
+        }
+        for event in &batch {
+            match *event {
+                Event::Process {
+                    pid,
+                    parent,
+                    timestamp_ns,
+                    ref comm,
+                } => self.on_process(pid, parent, timestamp_ns, comm),
+                Event::Maps {
+                    pid,
+                    read_ns,
+                    ref text,
+                } => self.recorder.offer_maps(pid, read_ns, text),
+                Event::Alloc(ref sample) if !self.recorder.tracks(sample.pid) => {
+                    self.first_seen(sample.pid)
+                }
+                _ => {}
+            }
+        }
+        if !self.excluded.is_empty() {
+            batch.retain(|event| match event {
+                Event::Alloc(sample) => !self.excluded.contains(&sample.pid),
+                Event::Free(freed) => !self.excluded.contains(&freed.pid),
+                Event::Process { .. } | Event::Maps { .. } => true,
+            });
+        }
+        self.recorder.add_all(batch);
+    }
+
+    /// Moves every sample waiting in the ring buffer into the recorder.
+    pub async fn catch_up(&mut self) -> anyhow::Result<()> {
+        self.reader.catch_up(&mut self.batch).await?;
+        self.take_batch();
+        Ok(())
+    }
+
+    /// Detaches every probe (the targets stop paying for them now). A command started for
+    /// this recording and still running is stopped with SIGTERM (it stops with the
+    /// recording, as it would if we died: see [`spawn`]); its exit is kept for
+    /// [`Self::command_exit`]. Reads the counters one last time first; later calls return
+    /// those values.
+    pub async fn detach(&mut self) -> anyhow::Result<()> {
+        if self.probes.is_none() {
+            return Ok(());
+        }
+        self.counters().await?;
+        self.cutoff_ns = Some(self.counted_ns);
+        if let Some(logger) = self.logger.as_mut() {
+            logger.flush();
+        }
+        self.logger = None;
+        if let Some(probes) = self.probes.as_mut() {
+            probes.detach_all();
+        }
+        self.probes = None;
+        if let Some(pid) = self.spawned {
+            let exit = exits::reap(pid);
+            self.command_exit = match exit {
+                Some(exit) => Some(CommandExit::OnItsOwn(exit)),
+                None => {
+                    // SAFETY: kill(2) with our own child's pid, not reaped yet.
+                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+                    exits::reap_within(pid, Duration::from_secs(2)).map(CommandExit::Stopped)
+                }
+            };
+            match self.command_exit {
+                Some(CommandExit::OnItsOwn(exit)) => info!("command {exit}"),
+                Some(CommandExit::Stopped(exit)) => info!("command stopped: {exit}"),
+                None => warn!("command (pid {pid}) still running 2 s after SIGTERM"),
+            }
+        }
+        let (samples, mean_ns, mean_copy) = self.recorder.stack_cost();
+        if samples > 0 {
+            info!(
+                "stacks: {samples} samples unwound, checked and interned, {:.1} µs each \
+                 ({:.0} samples/s on one core); {mean_copy:.0} bytes of stack copied per \
+                 sample",
+                mean_ns / 1e3,
+                1e9 / mean_ns.max(1.0)
+            );
+        }
+        if self.reader.malformed() > 0 {
+            warn!(
+                "{} malformed ring-buffer records ignored",
+                self.reader.malformed()
+            );
+        }
+        Ok(())
+    }
+}
