@@ -223,8 +223,7 @@ fn classify_base(base: &str) -> Option<Role> {
 /// executable, where a statically linked allocator's symbols are local). Pure.
 pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<AllocatorFile> {
     let file = object::File::parse(elf).ok()?;
-    let mut allocs: Vec<(AllocFn, String, u64, u64)> = Vec::new();
-    let mut frees: Vec<(String, u64, u64)> = Vec::new();
+    let mut entries: Vec<EntrySymbol> = Vec::new();
     let statics = full_symbols.then(|| file.symbols()).into_iter().flatten();
     let mut names: Vec<String> = Vec::new();
     for symbol in file.dynamic_symbols().chain(statics) {
@@ -233,35 +232,29 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
         }
         let Ok(name) = symbol.name() else { continue };
         let name = name.split('@').next().unwrap_or(name).to_owned();
-        match classify(&name) {
-            Some(Role::Alloc(function)) => {
-                allocs.push((function, name.clone(), symbol.address(), symbol.size()))
-            }
-            Some(Role::Free) => frees.push((name.clone(), symbol.address(), symbol.size())),
-            None => {}
+        if let Some(role) = classify(&name) {
+            entries.push(EntrySymbol {
+                role,
+                name: name.clone(),
+                address: symbol.address(),
+                size: symbol.size(),
+            });
         }
         names.push(name);
     }
-    let defines_malloc = allocs
-        .iter()
-        .any(|(f, name, ..)| *f == AllocFn::Malloc || name.ends_with("mallocx"));
-    let defines_pymalloc = allocs.iter().any(|(_, name, ..)| name == "PyObject_Malloc");
+    let defines_malloc = entries.iter().any(|e| match e.role {
+        Role::Alloc(function) => function == AllocFn::Malloc || e.name.ends_with("mallocx"),
+        Role::Free => false,
+    });
+    let defines_pymalloc = entries.iter().any(|e| e.name == "PyObject_Malloc");
     if !defines_malloc && !defines_pymalloc {
         return None;
     }
     // A function that only jumps to another probed one (jemalloc's `new[]` to `new`,
     // mimalloc's `valloc` to `mi_valloc` through the PLT) is left to that one: probing
     // both would count each call twice.
-    let candidates: HashSet<u64> = allocs
-        .iter()
-        .map(|a| a.2)
-        .chain(frees.iter().map(|f| f.1))
-        .collect();
-    let candidate_names: HashSet<&str> = allocs
-        .iter()
-        .map(|a| a.1.as_str())
-        .chain(frees.iter().map(|f| f.0.as_str()))
-        .collect();
+    let candidates: HashSet<u64> = entries.iter().map(|e| e.address).collect();
+    let candidate_names: HashSet<&str> = entries.iter().map(|e| e.name.as_str()).collect();
     let got = got_symbols(&file);
     let forwards = |address: u64, size: u64| {
         let code = code_at(&file, address, size).unwrap_or_default();
@@ -272,57 +265,68 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
             None => false,
         }
     };
-    let forwarders: HashSet<u64> = allocs
+    let forwarders: HashSet<u64> = entries
         .iter()
-        .map(|a| (a.2, a.3))
-        .chain(frees.iter().map(|f| (f.1, f.2)))
-        .filter(|&(address, size)| forwards(address, size))
-        .map(|(address, _)| address)
+        .filter(|e| forwards(e.address, e.size))
+        .map(|e| e.address)
         .collect();
-    allocs.retain(|a| !forwarders.contains(&a.2));
-    frees.retain(|f| !forwarders.contains(&f.1));
+    entries.retain(|e| !forwarders.contains(&e.address));
     // One probe per address: of aliases (tcmalloc's malloc and tc_malloc, glibc's memalign
     // and aligned_alloc) keep the first in AllocFn order, then the shortest name, whose
-    // arguments are laid out alike.
-    allocs.sort_by(|a, b| (a.0 as u32, a.1.len(), &a.1).cmp(&(b.0 as u32, b.1.len(), &b.1)));
+    // arguments are laid out alike; of free's aliases, the shortest name.
+    entries.sort_by(|a, b| a.order().cmp(&b.order()));
+    let mut probed: HashSet<(bool, u64)> = HashSet::new();
     let mut functions: Vec<Function> = Vec::new();
-    for (function, symbol, address, size) in allocs {
-        if functions.iter().any(|kept| kept.address == address) {
+    let mut frees: Vec<FreeFunction> = Vec::new();
+    for entry in entries {
+        if !probed.insert((entry.role == Role::Free, entry.address)) {
             continue;
         }
-        let code = code_at(&file, address, size).unwrap_or_default();
-        functions.push(Function {
-            function,
-            address,
-            size,
-            file_offset: file_offset_of(&file, address).unwrap_or(0),
-            probe: prologue::choose(code, &argument_registers(function)),
-            small_objects: is_small_objects(&symbol),
-            symbol,
-        });
-    }
-    frees.sort_by(|a, b| (a.0.len(), &a.0).cmp(&(b.0.len(), &b.0)));
-    let mut kept_frees: Vec<(u64, FreeFunction)> = Vec::new();
-    for (symbol, address, size) in frees {
-        if kept_frees.iter().any(|(kept, _)| *kept == address) {
-            continue;
-        }
-        let code = code_at(&file, address, size).unwrap_or_default();
-        kept_frees.push((
-            address,
-            FreeFunction {
-                symbol,
-                file_offset: file_offset_of(&file, address).unwrap_or(0),
+        let code = code_at(&file, entry.address, entry.size).unwrap_or_default();
+        let file_offset = file_offset_of(&file, entry.address).unwrap_or(0);
+        match entry.role {
+            Role::Alloc(function) => functions.push(Function {
+                function,
+                address: entry.address,
+                size: entry.size,
+                file_offset,
+                probe: prologue::choose(code, &argument_registers(function)),
+                small_objects: is_small_objects(&entry.name),
+                symbol: entry.name,
+            }),
+            Role::Free => frees.push(FreeFunction {
+                symbol: entry.name,
+                file_offset,
                 // The free program reads its pointer in place (it has no cookie to look up).
                 probe: prologue::choose_in_place(code, &[Register::RDI]),
-            },
-        ));
+            }),
+        }
     }
     Some(AllocatorFile {
         family: Family::of(&names, file_name),
         functions,
-        frees: kept_frees.into_iter().map(|(_, f)| f).collect(),
+        frees,
     })
+}
+
+/// A defined text symbol that is an allocation or free entry point.
+struct EntrySymbol {
+    role: Role,
+    name: String,
+    address: u64,
+    size: u64,
+}
+
+impl EntrySymbol {
+    /// Which of several symbols at one address is probed: allocations before frees, then by
+    /// AllocFn order, then the shortest name (then the name itself, for a stable order).
+    fn order(&self) -> (u32, usize, &str) {
+        let rank = match self.role {
+            Role::Alloc(function) => function as u32,
+            Role::Free => u32::MAX,
+        };
+        (rank, self.name.len(), &self.name)
+    }
 }
 
 /// Where a function goes if its first instruction (after `endbr64`) is an unconditional
