@@ -179,99 +179,163 @@ impl Strings {
     }
 }
 
+/// The profile's tables under construction: strings, mappings, functions and locations,
+/// each entry made once and referred to by id.
+struct Tables<'a> {
+    strings: Strings,
+    mappings: Vec<proto::Mapping>,
+    mapping_ids: HashMap<&'a str, u64>,
+    functions: Vec<proto::Function>,
+    function_ids: HashMap<(String, String), u64>,
+    locations: Vec<proto::Location>,
+    location_ids: HashMap<(Option<&'a str>, u64, Vec<u64>), u64>,
+}
+
+impl<'a> Tables<'a> {
+    /// Tables with one mapping per module of `profile` (with its build id).
+    fn new(profile: &'a Profile) -> Tables<'a> {
+        let mut tables = Tables {
+            strings: Strings::new(),
+            mappings: Vec::new(),
+            mapping_ids: HashMap::new(),
+            functions: Vec::new(),
+            function_ids: HashMap::new(),
+            locations: Vec::new(),
+            location_ids: HashMap::new(),
+        };
+        for module in &profile.modules {
+            let id = tables.mappings.len() as u64 + 1;
+            let mapping = proto::Mapping {
+                id,
+                memory_start: 0,
+                memory_limit: u64::MAX,
+                file_offset: 0,
+                filename: tables.strings.id(&module.path),
+                build_id: tables.strings.id(module.build_id.as_deref().unwrap_or("")),
+                has_functions: true,
+                has_filenames: true,
+                has_line_numbers: true,
+                has_inline_frames: true,
+            };
+            tables.mappings.push(mapping);
+            tables.mapping_ids.insert(module.path.as_str(), id);
+        }
+        tables
+    }
+
+    /// The id of the function named `name` in source file `file`.
+    fn function(&mut self, name: String, file: String) -> u64 {
+        let next = self.functions.len() as u64 + 1;
+        let Tables {
+            strings, functions, ..
+        } = self;
+        *self
+            .function_ids
+            .entry((name, file))
+            .or_insert_with_key(|(name, file)| {
+                functions.push(proto::Function {
+                    id: next,
+                    name: strings.id(name),
+                    system_name: strings.id(name),
+                    filename: strings.id(file),
+                    start_line: 0,
+                });
+                next
+            })
+    }
+
+    /// The id of the location of `group`: frames with one return address (inlined calls),
+    /// innermost first.
+    fn location(&mut self, group: &'a [FrameInfo]) -> u64 {
+        let lines: Vec<proto::Line> = group
+            .iter()
+            .map(|frame| proto::Line {
+                function_id: self.function(
+                    crate::format::frame_name(frame),
+                    frame.file.clone().unwrap_or_default(),
+                ),
+                line: frame.line.map_or(0, i64::from),
+                column: 0,
+            })
+            .collect();
+        let first = &group[0];
+        let key = (
+            first.module.as_deref(),
+            first.address,
+            lines.iter().map(|l| l.function_id).collect::<Vec<_>>(),
+        );
+        let next = self.locations.len() as u64 + 1;
+        let Tables {
+            mapping_ids,
+            locations,
+            ..
+        } = self;
+        *self.location_ids.entry(key).or_insert_with(|| {
+            locations.push(proto::Location {
+                id: next,
+                mapping_id: first
+                    .module
+                    .as_deref()
+                    .and_then(|m| mapping_ids.get(m).copied())
+                    .unwrap_or(0),
+                address: first.address,
+                line: lines,
+                is_folded: false,
+            });
+            next
+        })
+    }
+}
+
+/// A sample's labels: its process's pid, command and (if known) cgroup.
+fn labels(
+    strings: &mut Strings,
+    pid: u32,
+    command: &str,
+    cgroup: Option<&str>,
+) -> Vec<proto::Label> {
+    let mut labels = vec![
+        proto::Label {
+            key: strings.id("pid"),
+            num: i64::from(pid),
+            ..Default::default()
+        },
+        proto::Label {
+            key: strings.id("command"),
+            str: strings.id(command),
+            ..Default::default()
+        },
+    ];
+    if let Some(cgroup) = cgroup {
+        labels.push(proto::Label {
+            key: strings.id("cgroup"),
+            str: strings.id(cgroup),
+            ..Default::default()
+        });
+    }
+    labels
+}
+
 /// Builds the profile message (exposed for tests and readers).
 pub fn build(profile: &Profile) -> proto::Profile {
-    let mut strings = Strings::new();
+    let mut tables = Tables::new(profile);
     let sample_type: Vec<proto::ValueType> = SAMPLE_TYPES
         .iter()
         .map(|(kind, unit)| proto::ValueType {
-            r#type: strings.id(kind),
-            unit: strings.id(unit),
+            r#type: tables.strings.id(kind),
+            unit: tables.strings.id(unit),
         })
         .collect();
-    let mut mappings: Vec<proto::Mapping> = Vec::new();
-    let mut mapping_ids: HashMap<&str, u64> = HashMap::new();
-    for module in &profile.modules {
-        let id = mappings.len() as u64 + 1;
-        mappings.push(proto::Mapping {
-            id,
-            memory_start: 0,
-            memory_limit: u64::MAX,
-            file_offset: 0,
-            filename: strings.id(&module.path),
-            build_id: strings.id(module.build_id.as_deref().unwrap_or("")),
-            has_functions: true,
-            has_filenames: true,
-            has_line_numbers: true,
-            has_inline_frames: true,
-        });
-        mapping_ids.insert(module.path.as_str(), id);
-    }
-    let mut functions: Vec<proto::Function> = Vec::new();
-    let mut function_ids: HashMap<(String, String), u64> = HashMap::new();
-    let mut locations: Vec<proto::Location> = Vec::new();
-    let mut location_ids: HashMap<(Option<&str>, u64, Vec<u64>), u64> = HashMap::new();
-    let pid_key = strings.id("pid");
-    let command_key = strings.id("command");
-    let cgroup_key = strings.id("cgroup");
     let processes = profile.process_labels();
     let mut samples = Vec::with_capacity(profile.stacks.len());
     for stack in &profile.stacks {
-        let mut location_id = Vec::new();
-        // Frames with one return address form one location (inlined calls), innermost first.
-        for group in stack
+        let location_id = stack
             .frames
             .chunk_by(|a, b| a.module == b.module && a.address == b.address)
-        {
-            let lines: Vec<proto::Line> = group
-                .iter()
-                .map(|frame| {
-                    let name = crate::format::frame_name(frame);
-                    let file = frame.file.clone().unwrap_or_default();
-                    let next = functions.len() as u64 + 1;
-                    let function_id = *function_ids
-                        .entry((name.clone(), file.clone()))
-                        .or_insert_with(|| {
-                            functions.push(proto::Function {
-                                id: next,
-                                name: strings.id(&name),
-                                system_name: strings.id(&name),
-                                filename: strings.id(&file),
-                                start_line: 0,
-                            });
-                            next
-                        });
-                    proto::Line {
-                        function_id,
-                        line: frame.line.map_or(0, i64::from),
-                        column: 0,
-                    }
-                })
-                .collect();
-            let first: &FrameInfo = &group[0];
-            let key = (
-                first.module.as_deref(),
-                first.address,
-                lines.iter().map(|l| l.function_id).collect::<Vec<_>>(),
-            );
-            let next = locations.len() as u64 + 1;
-            let id = *location_ids.entry(key).or_insert_with(|| {
-                locations.push(proto::Location {
-                    id: next,
-                    mapping_id: first
-                        .module
-                        .as_deref()
-                        .and_then(|m| mapping_ids.get(m).copied())
-                        .unwrap_or(0),
-                    address: first.address,
-                    line: lines,
-                    is_folded: false,
-                });
-                next
-            });
-            location_id.push(id);
-        }
+            .map(|group| tables.location(group))
+            .collect();
         let value = |estimate: Option<f64>| estimate.map_or(0, |v| v.round() as i64);
+        let (command, cgroup) = processes.get(&stack.pid).copied().unwrap_or(("", None));
         samples.push(proto::Sample {
             location_id,
             value: vec![
@@ -280,31 +344,16 @@ pub fn build(profile: &Profile) -> proto::Profile {
                 value(stack.inuse_objects.map(|e| e.estimate)),
                 value(stack.inuse_bytes.map(|e| e.estimate)),
             ],
-            label: {
-                let (command, cgroup) = processes.get(&stack.pid).copied().unwrap_or(("", None));
-                let mut labels = vec![
-                    proto::Label {
-                        key: pid_key,
-                        num: i64::from(stack.pid),
-                        ..Default::default()
-                    },
-                    proto::Label {
-                        key: command_key,
-                        str: strings.id(command),
-                        ..Default::default()
-                    },
-                ];
-                if let Some(cgroup) = cgroup {
-                    labels.push(proto::Label {
-                        key: cgroup_key,
-                        str: strings.id(cgroup),
-                        ..Default::default()
-                    });
-                }
-                labels
-            },
+            label: labels(&mut tables.strings, stack.pid, command, cgroup),
         });
     }
+    let Tables {
+        mut strings,
+        mappings,
+        functions,
+        locations,
+        ..
+    } = tables;
     let comments = [
         format!(
             "allocscope: sampled every {} bytes on average; values are estimates (bounds in the JSON export)",
