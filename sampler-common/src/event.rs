@@ -344,8 +344,8 @@ pub struct ThreadState {
     pub pending_size: u64,
     /// Its sampled offset.
     pub pending_offset: u64,
-    /// Its function ([`AllocFn`]) in the low 32 bits, its target slot in the high 32.
-    pub pending_function_slot: u64,
+    /// Its function ([`AllocFn`]).
+    pub pending_function: u64,
     /// posix_memalign's `memptr` argument: where the result will be stored.
     pub pending_memptr: u64,
     /// realloc's old pointer, when it is tracked: freed if the realloc succeeds.

@@ -132,7 +132,7 @@ pub fn on_alloc<C: EbpfContext>(
         // Set by `arm` once this call knows whether its return is observed.
         state.marker_armed = 0;
     }
-    let slot = count_call(cookie::slot(cookie), pid, size);
+    count_call(cookie::slot(cookie), pid, size);
     let mut wants_return = false;
     if tracking && function == AllocFn::Realloc && pointer != 0 && is_live(pid, pointer) {
         // Freed by the realloc only if it succeeds: decided at the return.
@@ -151,7 +151,7 @@ pub fn on_alloc<C: EbpfContext>(
         // The address is known at the return, where the stack starts at the caller.
         state.pending_size = size;
         state.pending_offset = offset;
-        state.pending_function_slot = function as u64 | (slot as u64) << 32;
+        state.pending_function = function as u64;
         state.pending_memptr = if function == AllocFn::PosixMemalign {
             pointer
         } else {
@@ -230,7 +230,7 @@ pub fn on_return<C: EbpfContext>(ctx: &C) {
     if state.pending_size == 0 {
         return;
     }
-    let function = AllocFn::from_u32(state.pending_function_slot as u32).unwrap_or(AllocFn::Malloc);
+    let function = AllocFn::from_u32(state.pending_function as u32).unwrap_or(AllocFn::Malloc);
     let address = if function == AllocFn::PosixMemalign {
         // Returns 0 on success, having stored the block at *memptr.
         if returned == 0 {
@@ -382,7 +382,7 @@ fn thread_state(tid: u32) -> Option<*mut ThreadState> {
 
 /// Adds the call to the exact counters of target `slot` (from the attach cookie).
 #[inline(always)]
-fn count_call(slot: u32, pid: u32, size: u64) -> u32 {
+fn count_call(slot: u32, pid: u32, size: u64) {
     if slot == HOST_SLOT {
         count_host_call(pid, size);
     } else if let Some(counters) = COUNTERS.get_ptr_mut(slot) {
@@ -393,7 +393,6 @@ fn count_call(slot: u32, pid: u32, size: u64) -> u32 {
     } else {
         count_loss(LossCounter::CountersFull);
     }
-    slot
 }
 
 /// A call seen by a host-wide probe: counted in the process's own entry, created on its
