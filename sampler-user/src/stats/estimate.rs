@@ -12,12 +12,12 @@
 //!   interval), exported for comparison;
 //! * bounds on bytes, negative-binomial construction (.NET note): the failed trials before
 //!   the `s`-th success are `NegBin(s, p)`, so the bytes lie in
-//!   `[Q((1-C)/2) + u, Q((1+C)/2) + u]`. Samples drawn under different intervals (the
-//!   throttle changes it while running) each contribute their own failure mean `q_i/p_i`
-//!   and variance `q_i/p_i²`; the sum is matched by a negative binomial of the same two
-//!   moments (exact when all intervals agree). A window whose end does not fall on a
-//!   sample (a recording's end, any sliding window) adds one sample at the largest interval
-//!   to the upper bound; one whose start does not removes one sample from the lower bound;
+//!   `[Q((1-C)/2) + u, Q((1+C)/2) + u]`. Samples drawn under different intervals each
+//!   contribute their own failure mean `q_i/p_i` and variance `q_i/p_i²`; the sum is
+//!   matched by a negative binomial of the same two moments (exact when all intervals
+//!   agree). A window whose end does not fall on a sample (a recording's end, any sliding
+//!   window) adds one sample at the largest interval to the upper bound; one whose start
+//!   does not removes one sample from the lower bound;
 //! * with at least [`NORMAL_MIN_SAMPLES`] samples the normal interval from the
 //!   Horvitz-Thompson variance is used instead when it is narrower (objects much larger
 //!   than the interval are nearly always sampled, and their bytes nearly exact);
@@ -718,9 +718,13 @@ mod tests {
             prop_assert!(after.objects.estimate >= before.objects.estimate);
         }
 
-        /// Huge sample counts (millions of samples, accumulated) stay finite.
+        /// Sets merged from many (up to ~2,000 samples of one size, at any interval) keep
+        /// finite, ordered bounds.
         #[test]
-        fn huge_sample_counts(count in 1_000_000u64..5_000_000, interval in 1u64..=1 << 30) {
+        fn merged_sample_sets_keep_finite_bounds(
+            count in 1_000_000u64..5_000_000,
+            interval in 1u64..=1 << 30,
+        ) {
             let mut one = SampleSet::default();
             one.add(SampleObs { size: 1, offset: 0, interval });
             let mut set = SampleSet::default();
