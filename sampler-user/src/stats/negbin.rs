@@ -77,9 +77,15 @@ pub fn quantile(successes: f64, p: f64, alpha: f64) -> f64 {
     if cdf(successes, p, lo) >= alpha {
         return lo;
     }
-    // Invariant: CDF(lo) < alpha ≤ CDF(hi).
-    while hi - lo > 1.0 {
+    // Invariant: CDF(lo) < alpha ≤ CDF(hi). Whole failures down to a spacing of one, or
+    // of a few parts per 10¹², where f64 no longer holds every integer (beyond 2⁵³ the
+    // midpoint would round back onto an end and the loop never end).
+    let resolution = |hi: f64| (hi * 1e-12).max(1.0);
+    while hi - lo > resolution(hi) {
         let mid = ((lo + hi) / 2.0).floor();
+        if mid <= lo || mid >= hi {
+            break;
+        }
         if cdf(successes, p, mid) < alpha {
             lo = mid;
         } else {
@@ -92,6 +98,21 @@ pub fn quantile(successes: f64, p: f64, alpha: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Failures beyond 2⁵³ (millions of samples at a 1 GiB interval): the bisection ends,
+    /// at the right place within its resolution.
+    #[test]
+    fn quantiles_beyond_exact_integers_end() {
+        for &(s, p) in &[(5e7, 1e-9), (1e9, 1e-10), (3e8, 2f64.powi(-30))] {
+            let q = quantile(s, p, 0.975);
+            let (mean, sd) = (s * (1.0 - p) / p, (s * (1.0 - p)).sqrt() / p);
+            let z = (q - mean) / sd;
+            assert!(
+                (z - 1.959964).abs() < 1e-3,
+                "s={s} p={p}: q={q} is {z} sd from the mean"
+            );
+        }
+    }
 
     /// The .NET note's table: successes, CDF⁻¹(0.025), CDF⁻¹(0.975) at p = 1/102400.
     const DOTNET_TABLE: [(u64, f64, f64); 25] = [
