@@ -12,6 +12,7 @@ pub mod exits;
 pub mod export;
 pub mod format;
 pub mod outfile;
+pub mod overhead;
 pub mod preflight;
 pub mod probe;
 pub mod profile;

@@ -5,6 +5,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use crate::{
     collect::Losses,
     format::{bytes, frame_name, percent},
+    overhead::{Overhead, TrapSource},
     profile::{Coverage, Profile, StackProfile, LOST_FRAME},
     stacks::StackEnd,
     stats::Estimate,
@@ -96,6 +97,44 @@ fn describe_losses(losses: &Losses) -> String {
 }
 
 /// How the sampled stacks ended, by share (and number) of samples: whole, or cut and why.
+/// What the probes cost, measured: per call, in CPU, and as a share of the targets' own.
+fn describe_overhead(overhead: &Overhead) -> String {
+    let source = match overhead.trap.source {
+        TrapSource::Calibrated => "calibrated",
+        TrapSource::Modelled => "modelled",
+    };
+    let program = overhead.program_ns_per_run.map_or_else(
+        || "program time unknown".to_owned(),
+        |ns| format!("program {ns:.0} ns"),
+    );
+    let mut line = format!(
+        "{:.0} ns per allocation call ({:.2} probe hits, each the trap {:.0} ns {source} + \
+         {program}); {:.2} CPU-s added to the targets",
+        overhead.ns_per_call,
+        overhead.runs_per_call,
+        overhead.trap.ns,
+        overhead.targets_added_cpu_seconds,
+    );
+    match (overhead.share, overhead.targets_cpu_seconds) {
+        (Some(share), Some(cpu)) if share >= 1.0 => line.push_str(&format!(
+            " of their {cpu:.2} s: {:.1}× the CPU time of their own work",
+            1.0 + share
+        )),
+        (Some(share), Some(cpu)) => line.push_str(&format!(
+            " of their {cpu:.2} s: +{:.1}% CPU over their own work",
+            share * 100.0
+        )),
+        _ => line.push_str(" (their CPU time was too short to compare)"),
+    }
+    let others = overhead.added_cpu_seconds - overhead.targets_added_cpu_seconds;
+    if others >= 0.005 {
+        line.push_str(&format!(
+            "; {others:.2} CPU-s to other processes hitting the file-wide probes"
+        ));
+    }
+    line
+}
+
 fn describe_stack_ends(stacks: &[StackProfile]) -> Option<String> {
     let mut per_end: BTreeMap<StackEnd, u64> = BTreeMap::new();
     for stack in stacks {
@@ -182,6 +221,9 @@ pub fn render(profile: &Profile, top: usize) -> String {
     } else {
         let _ = writeln!(out, "  lost events: {}", describe_losses(&losses));
     }
+    if let Some(overhead) = &profile.overhead {
+        let _ = writeln!(out, "  overhead: {}", describe_overhead(overhead));
+    }
     if profile.stacks.is_empty() {
         let _ = writeln!(
             out,
@@ -259,6 +301,48 @@ fn stack_row(out: &mut String, estimate: &Estimate, detail: &str, stack: &StackP
 mod tests {
     use super::*;
     use crate::profile::{CoverageStart, LateAllocator};
+
+    #[test]
+    fn overhead_says_per_call_cost_and_share() {
+        use crate::overhead::{self, TargetUse, Trap};
+        use crate::probe::runs::{ProgramRuns, Runs};
+        let runs = ProgramRuns {
+            allocations: Runs {
+                runs: 1_000_000,
+                run_ns: 200_000_000,
+            },
+            ..ProgramRuns::default()
+        };
+        let trap = Trap {
+            ns: 700.0,
+            source: TrapSource::Calibrated,
+        };
+        let target = |cpu| TargetUse {
+            pid: 1,
+            calls: 1_000_000,
+            cpu_seconds: Some(cpu),
+        };
+        let heavy = overhead::measure(trap, runs, true, false, 1.0, &[target(1.2)]);
+        assert_eq!(
+            describe_overhead(&heavy),
+            "900 ns per allocation call (1.00 probe hits, each the trap 700 ns calibrated + \
+             program 200 ns); 0.90 CPU-s added to the targets of their 1.20 s: 4.0× the CPU \
+             time of their own work"
+        );
+        let light = overhead::measure(trap, runs, true, true, 1.0, &[target(10.9)]);
+        assert!(
+            describe_overhead(&light).ends_with("of their 10.90 s: +9.0% CPU over their own work"),
+            "{}",
+            describe_overhead(&light)
+        );
+        let unknown = overhead::measure(Trap::MODELLED, runs, false, false, 1.0, &[target(0.0)]);
+        let text = describe_overhead(&unknown);
+        assert!(text.contains("modelled + program time unknown"), "{text}");
+        assert!(
+            text.ends_with("(their CPU time was too short to compare)"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn coverage_says_what_was_missed_and_nothing_when_complete() {

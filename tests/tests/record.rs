@@ -48,6 +48,38 @@ fn spawned_command_is_profiled_from_its_first_allocation() {
     let pid = profile["processes"][0]["pid"].as_u64().unwrap() as u32;
     assert_eq!(profile["processes"][0]["command"], "workload");
     check_workload_profile(&profile, pid, ROUNDS);
+    // Covered from its start: the C library, at /lib in the command's resolution and at
+    // /usr/lib in its maps, is one file probed before it ran.
+    let process = &profile["processes"][0];
+    assert_eq!(process["coverage"]["since"], "start", "{process}");
+    assert!(process["coverage"].get("late").is_none(), "{process}");
+    assert_eq!(
+        process["allocators"].as_array().unwrap().len(),
+        1,
+        "{process}"
+    );
+    // What it cost, measured: the trap calibrated here, every allocation call a probe hit
+    // (frees too), the CPU time added inside what the process used.
+    let overhead = &profile["overhead"];
+    assert_eq!(overhead["trap"]["source"], "calibrated", "{overhead}");
+    let trap = overhead["trap"]["ns"].as_f64().unwrap();
+    assert!((50.0..50_000.0).contains(&trap), "{overhead}");
+    let calls = process["exact"]["calls"].as_u64().unwrap();
+    assert!(overhead["runs"].as_u64().unwrap() >= calls, "{overhead}");
+    assert!(
+        overhead["runs_per_call"].as_f64().unwrap() >= 1.0,
+        "{overhead}"
+    );
+    assert!(
+        overhead["program_ns_per_run"].as_f64().unwrap() > 0.0,
+        "{overhead}"
+    );
+    let cost = &overhead["processes"][0];
+    assert_eq!(cost["pid"].as_u64(), Some(u64::from(pid)), "{overhead}");
+    let added = cost["added_cpu_seconds"].as_f64().unwrap();
+    let cpu = cost["cpu_seconds"].as_f64().unwrap();
+    assert!(added > 0.0 && added < cpu + 0.3, "{overhead}");
+    assert!(stderr.contains("  overhead: "), "{stderr}");
     // The leaf frame carries file and line from the fixture's debug info.
     let stack = &tests::site(&profile, pid, "site_small")[0];
     assert!(stack["frames"][0]["file"]

@@ -259,6 +259,7 @@ pub(crate) mod tests {
                 untracked_samples: 0,
                 lost_samples: 0,
                 rss_bytes: Some(1 << 20),
+                cpu_seconds: Some(1.5),
                 coverage: None,
             }],
             losses: Losses::default(),
@@ -287,6 +288,7 @@ pub(crate) mod tests {
             ],
             probes: Vec::new(),
             thread_states: None,
+            overhead: None,
         }
     }
 

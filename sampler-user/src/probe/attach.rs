@@ -18,7 +18,7 @@
 use std::{
     collections::{HashMap, HashSet},
     os::fd::OwnedFd,
-    path::PathBuf,
+    path::{Path, PathBuf},
     time::Instant,
 };
 
@@ -33,7 +33,12 @@ use aya::{
 };
 use sampler_common::{geometric, AllocFn, FOLLOWED_TARGET, HOST_SLOT};
 
-use super::{allocator::Allocator, prologue::Placement, session};
+use super::{
+    allocator::Allocator,
+    prologue::Placement,
+    runs::{self, ProgramRuns},
+    session,
+};
 
 /// The eBPF object built by build.rs.
 static SAMPLER_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sampler"));
@@ -308,6 +313,7 @@ pub struct Probes {
 }
 
 const FREE_PROGRAM: &str = "free_enter";
+const BARE_PROGRAM: &str = "bare_count_enter";
 const RETURN_PROGRAM: &str = "alloc_return";
 
 impl Probes {
@@ -440,6 +446,11 @@ impl Probes {
         Ok(points)
     }
 
+    /// Whether the probes of `file` are attached for `key` (a pid; 0: every process).
+    pub fn probes_file(&self, key: u32, file: &super::maps::FileId) -> bool {
+        self.probed.contains(&(key, file.clone()))
+    }
+
     /// Detaches everything attached for `pid` (it exited).
     ///
     /// The links are handed back, not closed: closing one waits for the kernel to remove
@@ -481,6 +492,64 @@ impl Probes {
             all.sessions.extend(sessions);
         }
         all.close_all();
+    }
+
+    /// How often the probe programs ran and how long they took, cumulative since load (the
+    /// kernel counts only while statistics are on: see [`super::runs`]). The reference
+    /// program and the scheduler tracepoints are left out.
+    pub fn program_runs(&self) -> ProgramRuns {
+        let mut runs = ProgramRuns::default();
+        for (name, program) in self.ebpf.programs() {
+            let aya::programs::Program::UProbe(uprobe) = program else {
+                continue;
+            };
+            if name == BARE_PROGRAM {
+                continue;
+            }
+            if let Some(counted) = uprobe.fd().ok().and_then(|fd| runs::of_fd(fd).ok()) {
+                runs.add(name, counted);
+            }
+        }
+        let multi = [
+            (session::SESSION_PROGRAM, &self.sessions),
+            (FREE_PROGRAM, &self.frees),
+        ];
+        for (name, program) in multi {
+            if let Some(counted) = program.as_ref().and_then(|p| runs::of_fd(p.fd()).ok()) {
+                runs.add(name, counted);
+            }
+        }
+        runs
+    }
+
+    /// Attaches the reference program (it counts, nothing else) at `offset` of the file at
+    /// `path`, in our own process only: the trap calibration's probe.
+    pub fn attach_bare(&mut self, path: &Path, offset: u64) -> Result<Detached, AttachError> {
+        let program = loaded_uprobe(&mut self.ebpf, BARE_PROGRAM)?;
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(offset),
+            cookie: None,
+        };
+        let pid = std::process::id();
+        let scope = std::num::NonZeroU32::new(pid)
+            .map_or(UProbeScope::AllProcesses, UProbeScope::OneProcess);
+        let id = program
+            .attach(point, path, scope)
+            .map_err(|source| AttachError::Attach {
+                symbol: "trap_target".into(),
+                path: path.to_owned(),
+                pid,
+                source: Box::new(source),
+            })?;
+        let mut detached = Detached::default();
+        detached.uprobes.extend(program.take_link(id).ok());
+        Ok(detached)
+    }
+
+    /// Runs of the reference program so far (`None`: not loaded, or no statistics).
+    pub fn bare_runs(&self) -> Option<runs::Runs> {
+        let program = self.ebpf.program(BARE_PROGRAM)?;
+        runs::of_fd(program.fd().ok()?).ok()
     }
 
     /// Host mode: makes the programs ignore `pid`.
@@ -713,7 +782,7 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         .iter()
         .find(|f| f.function == AllocFn::Malloc)
         .ok_or_else(|| AttachError::MissingProgram("malloc".into()))?;
-    let program = loaded_uprobe(&mut ebpf, "bare_count_enter")?;
+    let program = loaded_uprobe(&mut ebpf, BARE_PROGRAM)?;
     let scope = Scope::Process {
         pid: target.pid,
         slot: 0,

@@ -11,4 +11,5 @@ pub mod allocator;
 pub mod attach;
 pub mod maps;
 pub mod prologue;
+pub mod runs;
 pub mod session;

@@ -193,6 +193,12 @@ pub fn load(ebpf: &Ebpf, object: &[u8], name: &str, attach_type: u32) -> io::Res
 }
 
 impl MultiProgram {
+    /// The loaded program's descriptor.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd as _;
+        self.program.as_fd()
+    }
+
     /// Links the program at `offsets` of the file at `path` (each with its cookie), in
     /// process `pid` only (0: every process). Closing the returned link detaches it.
     pub fn link(

@@ -137,6 +137,10 @@ pub struct ProcessProfile {
     pub lost_samples: u64,
     /// Resident set size last seen (`/proc/PID/status`), to set the live heap against.
     pub rss_bytes: Option<u64>,
+    /// CPU seconds it used while recorded, the probes' cost included (`/proc/PID/stat`,
+    /// read every 250 ms: up to that much short for a process that exited).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<f64>,
     /// From when its allocations were observed, and what may have been missed since.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coverage: Option<Coverage>,
@@ -376,6 +380,7 @@ impl Profile {
                     untracked_samples: known.map_or(0, |p| p.untracked_samples),
                     lost_samples: known.map_or(0, |p| p.lost_samples),
                     rss_bytes: known.and_then(|p| p.rss_bytes),
+                    cpu_seconds: known.and_then(|p| p.cpu_seconds),
                     coverage: None,
                 }
             })
@@ -402,6 +407,7 @@ impl Profile {
             stacks,
             probes: Vec::new(),
             thread_states: None,
+            overhead: None,
         }
     }
 }
@@ -436,6 +442,9 @@ pub struct Profile {
     /// the number of live threads of the targets (exited threads' states are dropped).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thread_states: Option<u64>,
+    /// What the recording cost its targets, measured (see docs/json-schema.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead: Option<crate::overhead::Overhead>,
 }
 
 /// One probe point, as attached.

@@ -11,7 +11,7 @@ use sampler_common::ProcessCounters;
 use super::{Profile, Settings};
 use crate::{
     collect::{Event, Losses, LostBatch, Sample},
-    probe::allocator::Allocator,
+    probe::{allocator::Allocator, maps::FileId},
     stacks::{
         self, symbolize::FrameInfo, symbolize::Symbolizer, Frame, StackId, StackOrigin, StackTable,
     },
@@ -43,10 +43,12 @@ pub struct Recorder {
     commands: BTreeMap<u32, String>,
     executables: BTreeMap<u32, String>,
     cgroups: BTreeMap<u32, String>,
-    /// Per pid: its allocators as described to users.
-    allocators: BTreeMap<u32, Vec<String>>,
+    /// Per pid: its allocator files, each as first described to users.
+    allocators: BTreeMap<u32, Vec<(FileId, String)>>,
     /// Per pid: the last resident set size read (kept after the process exits).
     rss: BTreeMap<u32, u64>,
+    /// Per pid: its CPU time (clock ticks) when first and last read.
+    cpu: BTreeMap<u32, (u64, u64)>,
     /// Whether the unusual uprobe-area address was reported already.
     warned_area: bool,
     /// Per stack, samples in one-second buckets over the recent window (`top` only).
@@ -145,6 +147,9 @@ pub struct ProcessTally {
     pub executable: String,
     /// Resident set size last read.
     pub rss_bytes: Option<u64>,
+    /// CPU seconds it used from when it was first to when it was last seen (every 250 ms
+    /// while it runs), probes included.
+    pub cpu_seconds: Option<f64>,
     /// Sampled blocks whose frees could not be tracked.
     pub untracked_samples: u64,
     /// Samples lost without a stack (the ring buffer was full).
@@ -199,6 +204,18 @@ impl Recorder {
         if let Some(bytes) = read_rss(pid) {
             self.rss.insert(pid, bytes);
         }
+        self.note_cpu(pid);
+    }
+
+    /// Reads `pid`'s CPU time: the first reading is where its recorded time starts (a new
+    /// process's is ~0), the latest where it ends.
+    fn note_cpu(&mut self, pid: u32) {
+        if let Some(ticks) = read_cpu_ticks(pid) {
+            self.cpu
+                .entry(pid)
+                .and_modify(|(_, last)| *last = ticks)
+                .or_insert((ticks, ticks));
+        }
     }
 
     /// Starts tracking `pid`, a new process of `parent` (forked, not exec'd yet): what it
@@ -241,6 +258,11 @@ impl Recorder {
     pub fn refresh(&mut self) {
         self.stacks.refresh_live();
         for (&pid, command) in &mut self.commands {
+            if let Some(ticks) = read_cpu_ticks(pid) {
+                if let Some((_, last)) = self.cpu.get_mut(&pid) {
+                    *last = ticks;
+                }
+            }
             if let Some(bytes) = read_rss(pid) {
                 self.rss.insert(pid, bytes);
                 // Alive: an exec since it was tracked gave it a new name.
@@ -279,25 +301,17 @@ impl Recorder {
         self.commands.contains_key(&pid)
     }
 
-    /// Adds the allocators probed in `pid` (each described once, as JSON reports them) to
-    /// those probed in it before: a process attached at exec, before its libraries are
-    /// mapped, gains its C library a moment later.
+    /// Adds the allocators probed in `pid` (each file described once, as JSON reports
+    /// them, by the first path it was seen at: /lib and /usr/lib are one file) to those
+    /// probed in it before: a process attached at exec, before its libraries are mapped,
+    /// gains its C library a moment later.
     pub fn add_allocators(&mut self, pid: u32, allocators: &[Allocator]) {
         let described = self.allocators.entry(pid).or_default();
         for allocator in allocators {
-            let description = allocator.describe();
-            if !described.contains(&description) {
-                described.push(description);
+            if !described.iter().any(|(file, _)| *file == allocator.file_id) {
+                described.push((allocator.file_id.clone(), allocator.describe()));
             }
         }
-    }
-
-    /// Whether `description` (as [`Allocator::describe`] gives it) is among `pid`'s
-    /// allocators already.
-    pub fn has_allocator(&self, pid: u32, description: &str) -> bool {
-        self.allocators
-            .get(&pid)
-            .is_some_and(|known| known.iter().any(|d| d == description))
     }
 
     /// Notes that `pid` exited: its frames resolve with the maps it last had.
@@ -468,23 +482,30 @@ impl Recorder {
         let recent_seconds = self.recent.as_ref().map_or(0.0, |recent| {
             recent.tracker().coverage(now_ns, recent.window_ns).1
         });
-        let processes = self
-            .commands
-            .iter()
-            .map(|(&pid, command)| ProcessTally {
-                pid,
-                command: command.clone(),
-                executable: self.executables.get(&pid).cloned().unwrap_or_default(),
-                rss_bytes: self.rss.get(&pid).copied(),
-                untracked_samples: self.untracked.get(&pid).copied().unwrap_or(0),
-                lost_samples: self
-                    .lost
-                    .get(&pid)
-                    .map_or(0, |batches| batches.iter().map(|b| b.samples).sum()),
-                cgroup: self.cgroups.get(&pid).cloned(),
-                allocators: self.allocators.get(&pid).cloned().unwrap_or_default(),
-            })
-            .collect();
+        let processes =
+            self.commands
+                .iter()
+                .map(|(&pid, command)| ProcessTally {
+                    pid,
+                    command: command.clone(),
+                    executable: self.executables.get(&pid).cloned().unwrap_or_default(),
+                    rss_bytes: self.rss.get(&pid).copied(),
+                    cpu_seconds: self.cpu.get(&pid).map(|&(first, last)| {
+                        last.saturating_sub(first) as f64 / ticks_per_second()
+                    }),
+                    untracked_samples: self.untracked.get(&pid).copied().unwrap_or(0),
+                    lost_samples: self
+                        .lost
+                        .get(&pid)
+                        .map_or(0, |batches| batches.iter().map(|b| b.samples).sum()),
+                    cgroup: self.cgroups.get(&pid).cloned(),
+                    allocators: self
+                        .allocators
+                        .get(&pid)
+                        .map(|files| files.iter().map(|(_, name)| name.clone()).collect())
+                        .unwrap_or_default(),
+                })
+                .collect();
         let modules = self.stacks.modules();
         let module_ids: std::collections::HashSet<stacks::ModuleId> = resolved
             .keys()
@@ -570,6 +591,34 @@ impl Recorder {
     }
 }
 
+/// CPU time of `pid` (user and system, every thread's, in clock ticks) from
+/// /proc/PID/stat, if it is alive.
+fn read_cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    cpu_ticks_of_stat(&stat)
+}
+
+/// utime + stime of a /proc/PID/stat line (fields 14 and 15; the command name, field 2,
+/// may hold spaces and parentheses, so fields count from its last `)`).
+fn cpu_ticks_of_stat(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Clock ticks per second of /proc's CPU times.
+fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 {
+        ticks as f64
+    } else {
+        100.0
+    }
+}
+
 /// Resident set size of `pid` from /proc/PID/status (`VmRSS`), if it is alive.
 fn read_rss(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -582,4 +631,19 @@ fn read_rss(pid: u32) -> Option<u64> {
         .parse()
         .ok()?;
     Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_of_a_stat_line() {
+        // A command name with a space and parentheses; utime 1234, stime 56.
+        let stat = "4242 (we(ird) name) S 1 4242 4242 0 -1 4194560 300 0 0 0 1234 56 0 0 \
+                    20 0 1 0 100 1000000 200 18446744073709551615";
+        assert_eq!(cpu_ticks_of_stat(stat), Some(1290));
+        assert_eq!(cpu_ticks_of_stat("4242 (x) S 1"), None);
+        assert!(read_cpu_ticks(std::process::id()).is_some());
+    }
 }

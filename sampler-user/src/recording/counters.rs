@@ -81,6 +81,7 @@ impl Recording {
                 .map(|(&p, &s)| (p, s))
                 .collect();
             self.counted_ns = monotonic_ns();
+            self.runs = probes.program_runs();
             let mut counters = {
                 let map = probes
                     .ebpf

@@ -49,6 +49,16 @@ impl Recording {
                 }
             },
         };
+        // Files it has not been probed in yet (a path may differ, /lib or /usr/lib: the file
+        // is the same).
+        let fresh: Vec<Allocator> = match self.probes.as_ref() {
+            Some(probes) => allocators
+                .iter()
+                .filter(|a| !probes.probes_file(pid, &a.file_id))
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
         // The ring buffer is not read meanwhile: the time is logged, to be kept short.
         let started = std::time::Instant::now();
         let attached = self
@@ -102,7 +112,7 @@ impl Recording {
             };
             self.coverage.insert(pid, (coverage, monotonic_ns()));
         } else {
-            self.note_late(pid, allocators);
+            self.note_late(pid, &fresh);
         }
         self.recorder.add_allocators(pid, allocators);
         Ok(())
@@ -156,8 +166,8 @@ impl Recording {
     }
 
     /// Notes in `pid`'s coverage the allocator files it uses that were probed after it was
-    /// covered from (file-wide), or that it gained after being attached (per process: a
-    /// library loaded later, found by the next look).
+    /// covered from (file-wide), or, per process, `allocators` it gained after being
+    /// attached (a library loaded later, found by the next look, probed just now).
     fn note_late(&mut self, pid: u32, allocators: &[Allocator]) {
         let Some((coverage, from_ns)) = self.coverage.get_mut(&pid) else {
             return;
@@ -175,8 +185,6 @@ impl Recording {
                     ns if ns > *from_ns => ns,
                     _ => continue,
                 }
-            } else if self.recorder.has_allocator(pid, &name) {
-                continue;
             } else {
                 // Per process: a file it did not have when attached, probed just now.
                 now

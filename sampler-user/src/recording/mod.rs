@@ -33,10 +33,13 @@ use sampler_common::ProcessCounters;
 use crate::{
     collect::{monotonic_ns, Event, Losses, SampleReader},
     config::{BadInput, SamplingConfig, Targets},
-    exits, preflight,
+    exits,
+    overhead::{self, Overhead, TargetUse, Trap},
+    preflight,
     probe::{
         attach::{AttachedPoint, KernelConfig, Probes, ReturnProbes, Target},
         maps::FileId,
+        runs::{self, ProgramRuns},
     },
     profile::{Coverage, CoverageStart, ProbePoint, Profile, Recorder, Settings},
     spawn::{self, PausedChild},
@@ -141,6 +144,31 @@ impl Since {
     }
 }
 
+/// How this recording's cost is measured (see [`overhead`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Meter {
+    /// The trap per probe hit.
+    pub trap: Trap,
+    /// Whether the kernel measures the programs' run times.
+    pub stats: bool,
+    /// Whether processes that are not targets hit the probes too.
+    pub file_wide: bool,
+}
+
+impl Meter {
+    /// The cost of `runs` to `targets` over `seconds` (see [`overhead::measure`]).
+    pub fn measure(&self, runs: ProgramRuns, seconds: f64, targets: &[TargetUse]) -> Overhead {
+        overhead::measure(
+            self.trap,
+            runs,
+            self.stats,
+            self.file_wide,
+            seconds,
+            targets,
+        )
+    }
+}
+
 /// Probes attached to the targets, samples flowing into a [`Recorder`].
 pub struct Recording {
     probes: Option<Probes>,
@@ -189,6 +217,12 @@ pub struct Recording {
     thread_states: Option<u64>,
     /// When the exact counters were last read (CLOCK_MONOTONIC ns).
     counted_ns: u64,
+    /// Keeps the kernel's BPF run-time statistics on (`None`: unavailable).
+    run_stats: Option<std::os::fd::OwnedFd>,
+    /// The uprobe trap's cost, calibrated at start.
+    trap: Trap,
+    /// The probe programs' runs when the counters were last read.
+    runs: ProgramRuns,
     /// Once detaching: samples and frees after this moment are dropped, so the profile
     /// covers exactly what the final counters cover (removing a breakpoint takes the kernel
     /// milliseconds, and the probes still fire meanwhile).
@@ -225,6 +259,8 @@ impl Recording {
         };
         let mut probes = Probes::load(kernel).context("loading the eBPF programs")?;
         debug!("allocation returns observed by: {:?}", probes.returns);
+        let run_stats = runs::enable();
+        let trap = overhead::trap::calibrate(&mut probes);
         let logger = if sampling.verbose {
             aya_log::EbpfLogger::init(&mut probes.ebpf)
                 .map_err(|e| warn!("eBPF log unavailable: {e}"))
@@ -273,6 +309,9 @@ impl Recording {
             said_waiting: false,
             last_counters: None,
             counted_ns: 0,
+            run_stats,
+            trap,
+            runs: ProgramRuns::default(),
             thread_states: None,
             cutoff_ns: None,
         };
@@ -371,7 +410,36 @@ impl Recording {
         for process in &mut profile.processes {
             process.coverage = self.coverage.get(&process.pid).map(|(c, _)| c.clone());
         }
+        let targets: Vec<TargetUse> = profile
+            .processes
+            .iter()
+            .map(|p| TargetUse {
+                pid: p.pid,
+                calls: p.exact.calls,
+                cpu_seconds: p.cpu_seconds,
+            })
+            .collect();
+        profile.overhead = Some(self.meter().measure(
+            self.runs,
+            profile.duration_seconds,
+            &targets,
+        ));
         Ok(profile)
+    }
+
+    /// What the cost of the probes is measured with; the program runs as of the last
+    /// counter read are [`Self::program_runs`].
+    pub fn meter(&self) -> Meter {
+        Meter {
+            trap: self.trap,
+            stats: self.run_stats.is_some(),
+            file_wide: self.targets.all || self.followed_only,
+        }
+    }
+
+    /// The probe programs' runs (cumulative) at the last counter read.
+    pub fn program_runs(&self) -> ProgramRuns {
+        self.runs
     }
 
     /// How the command started for this recording ended (known once detached).

@@ -13,25 +13,29 @@ pub mod screen;
 pub mod ui;
 
 use std::{
-    collections::{BTreeSet, VecDeque},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     io::IsTerminal as _,
     sync::{mpsc::TrySendError, Arc, Mutex},
     time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::Context as _;
+use sampler_common::ProcessCounters;
 use tokio::signal::unix::{signal, SignalKind};
 
 use self::{
-    model::{CounterHistory, HistoryPoint, Picture, TargetState, Totals, ViewSettings},
+    model::{CounterHistory, HistoryPoint, Picture, ProbeCost, TargetState, Totals, ViewSettings},
     screen::{FromScreen, ToScreen},
 };
 use crate::{
     collect::monotonic_ns,
     config::{BadInput, TopConfig},
     export::{self, Value},
-    outfile, preflight,
-    probe::attach::ReturnProbes,
+    outfile,
+    overhead::TargetUse,
+    preflight,
+    probe::runs::ProgramRuns,
+    profile::Tally,
     recording::{self, Happening, Prepared, Recording},
     spawn,
 };
@@ -134,15 +138,19 @@ struct Watch {
     history: VecDeque<HistoryPoint>,
     exited: BTreeSet<u32>,
     finished: bool,
-    cost_ns: f64,
+    /// The last picture's readings: the probes' cost is measured between pictures.
+    last_cost: Option<CostReading>,
 }
+
+/// What the probes' cost between two pictures is measured from: the time (seconds since
+/// start), the programs' runs, and per target its calls and CPU seconds.
+type CostReading = (f64, ProgramRuns, BTreeMap<u32, (u64, Option<f64>)>);
 
 /// Attaches, shows the view until the user quits (or SIGTERM/SIGINT), detaches.
 pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyhow::Result<()> {
     let mut recording = Recording::start(prepared, &config.sampling, Some(config.window))?;
-    let sessions = recording.returns() == Some(ReturnProbes::Sessions);
     let mut watch = Watch {
-        cost_ns: model::probe_cost_ns(config.sampling.alloc_only, sessions),
+        last_cost: None,
         config,
         started: Instant::now(),
         counters: CounterHistory::default(),
@@ -286,7 +294,7 @@ impl Watch {
                 bytes_per_second,
                 samples_per_second,
                 lost: losses.total(),
-                probe_cores: calls_per_second * self.cost_ns / 1e9,
+                cost: self.cost(recording, elapsed, &counters, &tally),
             },
             tally,
             history: Vec::new(),
@@ -303,6 +311,50 @@ impl Watch {
         }
         picture.history = self.history.iter().copied().collect();
         Ok(picture)
+    }
+
+    /// The probes' cost since the last picture, measured (their runs, the calibrated trap,
+    /// the targets' CPU time).
+    fn cost(
+        &mut self,
+        recording: &Recording,
+        elapsed: f64,
+        counters: &BTreeMap<u32, ProcessCounters>,
+        tally: &Tally,
+    ) -> ProbeCost {
+        let now: BTreeMap<u32, (u64, Option<f64>)> = tally
+            .processes
+            .iter()
+            .map(|p| {
+                let calls = counters.get(&p.pid).map_or(0, |c| c.calls);
+                (p.pid, (calls, p.cpu_seconds))
+            })
+            .collect();
+        let runs = recording.program_runs();
+        let last = self.last_cost.replace((elapsed, runs, now.clone()));
+        let Some((then, runs_then, before)) = last else {
+            return ProbeCost::default();
+        };
+        let targets: Vec<TargetUse> = now
+            .iter()
+            .map(|(&pid, &(calls, cpu))| {
+                let (calls_then, cpu_then) = before.get(&pid).copied().unwrap_or((0, None));
+                TargetUse {
+                    pid,
+                    calls: calls.saturating_sub(calls_then),
+                    cpu_seconds: cpu.map(|cpu| cpu - cpu_then.unwrap_or(0.0)),
+                }
+            })
+            .collect();
+        let seconds = (elapsed - then).max(1e-3);
+        let measured = recording
+            .meter()
+            .measure(runs.since(runs_then), seconds, &targets);
+        ProbeCost {
+            cores: measured.targets_added_cpu_seconds / seconds,
+            share: measured.share,
+            ns_per_call: measured.ns_per_call,
+        }
     }
 
     /// Writes the recording so far into the snapshot directory.

@@ -47,8 +47,19 @@ pub struct Totals {
     pub samples_per_second: f64,
     /// Events lost so far (ring buffer full, maps full).
     pub lost: u64,
-    /// Estimated CPU spent in the probes, in cores (0.01 = 1% of one core).
-    pub probe_cores: f64,
+    /// What the probes cost over the last picture's time, measured.
+    pub cost: ProbeCost,
+}
+
+/// The probes' measured cost over a short span (see [`crate::overhead`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ProbeCost {
+    /// CPU the probes added to the targets, in cores (0.01 = 1% of one core).
+    pub cores: f64,
+    /// `added / own` over the targets whose CPU time moved (`None`: too little to tell).
+    pub share: Option<f64>,
+    /// Nanoseconds added per allocation call.
+    pub ns_per_call: f64,
 }
 
 /// A target as the header shows it.
@@ -598,18 +609,6 @@ pub fn sampled_rate(picture: &Picture) -> Estimate {
         )
         .bytes
         .per_second(picture.tally.recent_seconds.max(1e-9))
-}
-
-/// Estimated probe cost per allocation call (with its free), in nanoseconds: what
-/// `cargo xtask bench` measured per malloc+free iteration on the development VM (README,
-/// "Cost"). The trap dominates and varies little between x86-64 machines of one kernel; the
-/// header calls the result an estimate.
-pub fn probe_cost_ns(alloc_only: bool, sessions: bool) -> f64 {
-    match (alloc_only, sessions) {
-        (true, _) => 920.0,
-        (false, true) => 1700.0,
-        (false, false) => 2300.0,
-    }
 }
 
 #[cfg(test)]

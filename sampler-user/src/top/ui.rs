@@ -127,10 +127,14 @@ fn draw_header(frame: &mut Frame, area: Rect, app: &App) {
             compact_bytes(rss as f64)
         ),
     };
-    let third = format!(
-        "{live} │ probes ≈ {:.1}% of a core",
-        totals.probe_cores * 100.0
-    );
+    // Measured (see crate::overhead): the targets' CPU share when their CPU time moved
+    // enough to tell, else the cores the probes took.
+    let cost = &totals.cost;
+    let spent = match cost.share {
+        Some(share) => format!("+{:.1}% CPU", share * 100.0),
+        None => format!("{:.1}% of a core", cost.cores * 100.0),
+    };
+    let third = format!("{live} │ probes {spent}, {:.0}ns/call", cost.ns_per_call);
     frame.render_widget(
         Paragraph::new(vec![Line::from(first), second, Line::from(third)]),
         area,
@@ -441,7 +445,7 @@ mod tests {
         stats::{SampleObs, SampleSet},
         top::{
             app::Action,
-            model::{rows, RowQuery, TargetState, Totals, ViewSettings},
+            model::{rows, ProbeCost, RowQuery, TargetState, Totals, ViewSettings},
         },
     };
 
@@ -517,7 +521,11 @@ mod tests {
                 bytes_per_second: 3.0e6,
                 samples_per_second: 45.0,
                 lost: 0,
-                probe_cores: 0.015,
+                cost: ProbeCost {
+                    cores: 0.015,
+                    share: Some(0.042),
+                    ns_per_call: 930.0,
+                },
             },
             tally: Tally {
                 stacks: vec![
@@ -540,6 +548,7 @@ mod tests {
                     command: "app".into(),
                     executable: "/opt/app/app".into(),
                     rss_bytes: Some(64 << 20),
+                    cpu_seconds: None,
                     untracked_samples: 0,
                     lost_samples: 0,
                     cgroup: None,
@@ -645,7 +654,7 @@ mod tests {
         let screen = text(&buffer);
         assert!(screen.contains("pid 42 (app)"), "{screen}");
         assert!(screen.contains("RSS 64.0M"), "{screen}");
-        assert!(screen.contains("probes ≈ 1.5% of a core"), "{screen}");
+        assert!(screen.contains("probes +4.2% CPU, 930ns/call"), "{screen}");
         assert!(screen.contains("RATE 10s▼"), "{screen}");
         assert!(screen.contains("q quit"), "footer:\n{screen}");
         // 80 columns: the objects column gives way, the function keeps 30+ cells.

@@ -1,0 +1,282 @@
+//! What the recording cost its targets, measured rather than modelled.
+//!
+//! Every uprobe hit costs the trap into the kernel and back (calibrated at start by
+//! [`trap`], ~0.7 µs here) plus the program's own run, which the kernel measures
+//! ([`crate::probe::runs`]). Both are spent in the context of the process that hit the
+//! probe, so they are inside the CPU time `/proc/PID/stat` reports for it: the process's
+//! own work is its CPU time minus what the probes added, and the share we report is
+//! `added / own` — "the program ran 8% longer on the CPU because of us".
+//!
+//! With file-wide probes (`--all`, `--follow`, `--comm`) processes that are not targets
+//! hit them too; the targets' part of the runs is taken in proportion to their allocation
+//! calls (the exact counters) among all allocation-probe runs.
+
+pub mod trap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::probe::runs::ProgramRuns;
+
+/// Where the trap cost comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrapSource {
+    /// Measured at start on a probe of our own, in our own process.
+    Calibrated,
+    /// The development machine's figure (calibration failed; see the log).
+    Modelled,
+}
+
+/// The cost of one uprobe trap, without any program's run.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Trap {
+    /// Nanoseconds per hit.
+    pub ns: f64,
+    /// How it was found.
+    pub source: TrapSource,
+}
+
+impl Trap {
+    /// The trap measured by DESIGN.md §5 on the development VM.
+    pub const MODELLED: Trap = Trap {
+        ns: 700.0,
+        source: TrapSource::Modelled,
+    };
+}
+
+/// One target's share of the cost.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProcessOverhead {
+    /// Process id.
+    pub pid: u32,
+    /// Allocation calls per second while recorded.
+    pub calls_per_second: f64,
+    /// CPU seconds the probes added to it.
+    pub added_cpu_seconds: f64,
+    /// CPU seconds it used while recorded, the probes' included (`None`: never read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<f64>,
+    /// `added / (cpu - added)`: how much longer it ran on the CPU because of the probes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<f64>,
+}
+
+/// What the recording cost (the JSON profile's `overhead`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Overhead {
+    /// The trap per probe hit.
+    pub trap: Trap,
+    /// Probe hits counted by the kernel (every process's, on every probe).
+    pub runs: u64,
+    /// Mean nanoseconds inside our programs per hit (`None`: statistics unavailable, and
+    /// the programs' own time is left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program_ns_per_run: Option<f64>,
+    /// Probe hits per allocation call of the targets (frees and returns included).
+    pub runs_per_call: f64,
+    /// Nanoseconds added per allocation call: `runs_per_call × (trap + program)`.
+    pub ns_per_call: f64,
+    /// CPU seconds the probes cost everyone who hit them.
+    pub added_cpu_seconds: f64,
+    /// The targets' part of it.
+    pub targets_added_cpu_seconds: f64,
+    /// CPU seconds the targets used while recorded (`None`: never read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets_cpu_seconds: Option<f64>,
+    /// `added / (cpu - added)` over the targets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<f64>,
+    /// Per target.
+    pub processes: Vec<ProcessOverhead>,
+}
+
+/// One target as the cost computation needs it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TargetUse {
+    /// Process id.
+    pub pid: u32,
+    /// Its allocation calls (exact counters).
+    pub calls: u64,
+    /// Its CPU time while recorded, probes included.
+    pub cpu_seconds: Option<f64>,
+}
+
+/// The cost of `runs` (since attach; `stats` false when the kernel kept no run times) to
+/// `targets` over `seconds`; `file_wide` when non-targets hit the probes too.
+pub fn measure(
+    trap: Trap,
+    runs: ProgramRuns,
+    stats: bool,
+    file_wide: bool,
+    seconds: f64,
+    targets: &[TargetUse],
+) -> Overhead {
+    let total = runs.total();
+    let program_ns_per_run =
+        (stats && total.runs > 0).then(|| total.run_ns as f64 / total.runs as f64);
+    let per_run = trap.ns + program_ns_per_run.unwrap_or(0.0);
+    let added_ns = total.runs as f64 * per_run;
+    let calls: u64 = targets.iter().map(|t| t.calls).sum();
+    // The targets' part: all of it with per-process probes; with file-wide ones, their
+    // calls among every allocation-probe hit.
+    let part = if !file_wide {
+        1.0
+    } else if runs.allocations.runs == 0 {
+        0.0
+    } else {
+        (calls as f64 / runs.allocations.runs as f64).min(1.0)
+    };
+    let targets_added_ns = added_ns * part;
+    let ns_per_call = if calls > 0 {
+        targets_added_ns / calls as f64
+    } else {
+        0.0
+    };
+    let processes: Vec<ProcessOverhead> = targets
+        .iter()
+        .map(|t| {
+            let added = t.calls as f64 * ns_per_call / 1e9;
+            ProcessOverhead {
+                pid: t.pid,
+                calls_per_second: t.calls as f64 / seconds.max(1e-9),
+                added_cpu_seconds: added,
+                cpu_seconds: t.cpu_seconds,
+                share: t.cpu_seconds.and_then(|cpu| share(added, cpu)),
+            }
+        })
+        .collect();
+    let targets_cpu_seconds = targets
+        .iter()
+        .any(|t| t.cpu_seconds.is_some())
+        .then(|| targets.iter().filter_map(|t| t.cpu_seconds).sum::<f64>());
+    let targets_added = targets_added_ns / 1e9;
+    // Over the processes whose CPU time is known only.
+    let known_added: f64 = processes
+        .iter()
+        .filter(|p| p.cpu_seconds.is_some())
+        .map(|p| p.added_cpu_seconds)
+        .sum();
+    Overhead {
+        trap,
+        runs: total.runs,
+        program_ns_per_run,
+        runs_per_call: if calls > 0 {
+            total.runs as f64 * part / calls as f64
+        } else {
+            0.0
+        },
+        ns_per_call,
+        added_cpu_seconds: added_ns / 1e9,
+        targets_added_cpu_seconds: targets_added,
+        targets_cpu_seconds,
+        share: targets_cpu_seconds.and_then(|cpu| share(known_added, cpu)),
+        processes,
+    }
+}
+
+/// `added / (cpu - added)`; `None` when the CPU time read is not above what was added
+/// (too short to tell: `/proc` counts in 10 ms ticks).
+fn share(added: f64, cpu: f64) -> Option<f64> {
+    let own = cpu - added;
+    (own > 0.01).then(|| added / own)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::runs::Runs;
+
+    fn runs(allocations: u64, frees: u64, ns_per_run: u64) -> ProgramRuns {
+        ProgramRuns {
+            allocations: Runs {
+                runs: allocations,
+                run_ns: allocations * ns_per_run,
+            },
+            returns: Runs::default(),
+            frees: Runs {
+                runs: frees,
+                run_ns: frees * ns_per_run,
+            },
+        }
+    }
+
+    const TRAP: Trap = Trap {
+        ns: 700.0,
+        source: TrapSource::Calibrated,
+    };
+
+    #[test]
+    fn per_process_probes_charge_every_run_to_the_targets() {
+        // 1M allocations and 1M frees at 700 + 100 ns: 1.6 s added to a process that used
+        // 3.6 s of CPU, 2 s of it its own: 80% longer.
+        let target = TargetUse {
+            pid: 7,
+            calls: 1_000_000,
+            cpu_seconds: Some(3.6),
+        };
+        let o = measure(
+            TRAP,
+            runs(1_000_000, 1_000_000, 100),
+            true,
+            false,
+            4.0,
+            &[target],
+        );
+        assert_eq!(o.program_ns_per_run, Some(100.0));
+        assert!((o.runs_per_call - 2.0).abs() < 1e-12);
+        assert!((o.ns_per_call - 1600.0).abs() < 1e-9);
+        assert!((o.added_cpu_seconds - 1.6).abs() < 1e-9);
+        assert!((o.share.unwrap() - 0.8).abs() < 1e-9);
+        let p = &o.processes[0];
+        assert!((p.calls_per_second - 250_000.0).abs() < 1e-6);
+        assert!((p.share.unwrap() - 0.8).abs() < 1e-9);
+    }
+
+    #[test]
+    fn file_wide_probes_charge_targets_their_part() {
+        // Targets made a quarter of the allocation calls that hit the probes.
+        let targets = [
+            TargetUse {
+                pid: 1,
+                calls: 100,
+                cpu_seconds: Some(1.0),
+            },
+            TargetUse {
+                pid: 2,
+                calls: 150,
+                cpu_seconds: None,
+            },
+        ];
+        let o = measure(TRAP, runs(1000, 0, 100), true, true, 1.0, &targets);
+        assert!((o.added_cpu_seconds - 800e-9 * 1000.0).abs() < 1e-15);
+        assert!((o.targets_added_cpu_seconds - 800e-9 * 250.0).abs() < 1e-15);
+        assert!((o.ns_per_call - 800.0).abs() < 1e-9);
+        // The total share covers only the process whose CPU time is known.
+        let added = 100.0 * 800e-9;
+        assert!((o.share.unwrap() - added / (1.0 - added)).abs() < 1e-12);
+        assert_eq!(o.processes[1].share, None);
+    }
+
+    #[test]
+    fn without_statistics_the_trap_alone_counts() {
+        let target = TargetUse {
+            pid: 1,
+            calls: 10,
+            cpu_seconds: Some(0.001),
+        };
+        let o = measure(TRAP, runs(10, 0, 50), false, false, 1.0, &[target]);
+        assert_eq!(o.program_ns_per_run, None);
+        assert!((o.ns_per_call - 700.0).abs() < 1e-9);
+        // 10 ms of CPU is below what /proc can resolve: no share.
+        assert_eq!(o.share, None);
+    }
+
+    #[test]
+    fn nothing_recorded_costs_nothing() {
+        let o = measure(TRAP, ProgramRuns::default(), true, true, 0.0, &[]);
+        assert_eq!(o.runs, 0);
+        assert_eq!(o.ns_per_call, 0.0);
+        assert_eq!(o.share, None);
+        assert!(o.processes.is_empty());
+    }
+}

@@ -1,0 +1,101 @@
+//! Calibrating the uprobe trap: time a function of our own, then time it again with a
+//! probe on it that runs the cheapest program there is (count the call), in our own
+//! process only. The difference, less that program's measured run time, is what the
+//! kernel charges per hit for the breakpoint, the exception and the return to user space.
+//!
+//! The probed function starts with `push rbp`, an instruction the kernel emulates, as at
+//! the allocator entries we probe (an instruction it must single-step costs several times
+//! more: [`crate::probe::prologue`]). It takes ~30 ms at start.
+
+use std::time::Instant;
+
+use anyhow::Context as _;
+
+use super::{Trap, TrapSource};
+use crate::probe::{attach::Probes, maps};
+
+/// Calls timed per round.
+const CALLS: u32 = 4000;
+/// Rounds per measurement; the median is kept.
+const ROUNDS: usize = 5;
+
+/// The probed function: it does nothing, starting with an emulated instruction.
+#[unsafe(naked)]
+extern "C" fn trap_target() {
+    core::arch::naked_asm!("push rbp", "pop rbp", "ret")
+}
+
+/// Median nanoseconds per call of [`trap_target`] over [`ROUNDS`] rounds.
+fn time_calls() -> f64 {
+    let target = std::hint::black_box(trap_target as extern "C" fn());
+    let mut rounds: Vec<f64> = (0..ROUNDS)
+        .map(|_| {
+            let started = Instant::now();
+            for _ in 0..CALLS {
+                target();
+            }
+            started.elapsed().as_nanos() as f64 / f64::from(CALLS)
+        })
+        .collect();
+    rounds.sort_by(f64::total_cmp);
+    rounds[ROUNDS / 2]
+}
+
+/// The trap cost on this machine, or the modelled one if it cannot be measured (logged).
+pub fn calibrate(probes: &mut Probes) -> Trap {
+    match measure(probes) {
+        Ok(trap) => {
+            log::debug!("uprobe trap calibrated: {:.0} ns per hit", trap.ns);
+            trap
+        }
+        Err(e) => {
+            log::warn!(
+                "could not calibrate the uprobe trap ({e:#}); overhead figures use the \
+                 modelled {:.0} ns",
+                Trap::MODELLED.ns
+            );
+            Trap::MODELLED
+        }
+    }
+}
+
+fn measure(probes: &mut Probes) -> anyhow::Result<Trap> {
+    let address = trap_target as *const () as usize as u64;
+    let vmas = maps::read(std::process::id()).context("reading our own maps")?;
+    let vma = vmas
+        .iter()
+        .find(|v| v.file_offset(address).is_some())
+        .context("our own code is not in our maps")?;
+    let offset = vma.file_offset(address).unwrap_or_default();
+    let path = vma.file_in(std::process::id());
+    let bare = time_calls();
+    let link = probes
+        .attach_bare(&path, offset)
+        .context("probing our own function")?;
+    let before = probes.bare_runs();
+    let probed = time_calls();
+    let after = probes.bare_runs();
+    link.close_in_background();
+    let program_ns = match (before, after) {
+        (Some(before), Some(after)) => {
+            let runs = after.since(before);
+            let expected = u64::from(CALLS) * ROUNDS as u64;
+            anyhow::ensure!(
+                runs.runs == expected,
+                "the probe ran {} times for {expected} calls",
+                runs.runs
+            );
+            runs.run_ns as f64 / runs.runs as f64
+        }
+        _ => 0.0,
+    };
+    let ns = probed - bare - program_ns;
+    anyhow::ensure!(
+        ns > 0.0,
+        "a probed call took {probed:.0} ns, an unprobed one {bare:.0} ns"
+    );
+    Ok(Trap {
+        ns,
+        source: TrapSource::Calibrated,
+    })
+}
