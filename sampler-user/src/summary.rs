@@ -124,6 +124,10 @@ fn describe_overhead(overhead: &Overhead) -> String {
             " of their {cpu:.2} s: +{:.1}% CPU over their own work",
             share * 100.0
         )),
+        (None, Some(cpu)) if cpu >= 0.05 => line.push_str(&format!(
+            " of their {cpu:.2} s: nearly all of it (their own work is within the \
+             measurement's error)"
+        )),
         _ => line.push_str(" (their CPU time was too short to compare)"),
     }
     let others = overhead.added_cpu_seconds - overhead.targets_added_cpu_seconds;
@@ -334,6 +338,12 @@ mod tests {
             describe_overhead(&light).ends_with("of their 10.90 s: +9.0% CPU over their own work"),
             "{}",
             describe_overhead(&light)
+        );
+        let swamped = overhead::measure(trap, runs, true, false, 1.0, &[target(0.9)]);
+        assert!(
+            describe_overhead(&swamped).ends_with("of their 0.90 s: nearly all of it (their own work is within the measurement's error)"),
+            "{}",
+            describe_overhead(&swamped)
         );
         let unknown = overhead::measure(Trap::MODELLED, runs, false, false, 1.0, &[target(0.0)]);
         let text = describe_overhead(&unknown);

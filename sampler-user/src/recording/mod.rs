@@ -17,6 +17,7 @@
 //! [`counters`]: its probes detach, its exact counters are read and its counter slot is
 //! reused; its frames still resolve (the files stay open, see [`crate::stacks`]).
 
+mod cost;
 mod counters;
 mod discovery;
 
@@ -39,7 +40,7 @@ use crate::{
     probe::{
         attach::{AttachedPoint, KernelConfig, Probes, ReturnProbes, Target},
         maps::FileId,
-        runs::{self, ProgramRuns},
+        runs::ProgramRuns,
     },
     profile::{Coverage, CoverageStart, ProbePoint, Profile, Recorder, Settings},
     spawn::{self, PausedChild},
@@ -217,12 +218,14 @@ pub struct Recording {
     thread_states: Option<u64>,
     /// When the exact counters were last read (CLOCK_MONOTONIC ns).
     counted_ns: u64,
-    /// Keeps the kernel's BPF run-time statistics on (`None`: unavailable).
-    run_stats: Option<std::os::fd::OwnedFd>,
     /// The uprobe trap's cost, calibrated at start.
     trap: Trap,
-    /// The probe programs' runs when the counters were last read.
+    /// The probe programs' runs when the counters were last read (counted only while
+    /// statistics are on).
     runs: ProgramRuns,
+    /// The windows the programs' cost is measured in.
+    cost: cost::CostWindows,
+    cost_clock: tokio::time::Interval,
     /// Once detaching: samples and frees after this moment are dropped, so the profile
     /// covers exactly what the final counters cover (removing a breakpoint takes the kernel
     /// milliseconds, and the probes still fire meanwhile).
@@ -259,7 +262,6 @@ impl Recording {
         };
         let mut probes = Probes::load(kernel).context("loading the eBPF programs")?;
         debug!("allocation returns observed by: {:?}", probes.returns);
-        let run_stats = runs::enable();
         let trap = overhead::trap::calibrate(&mut probes);
         let logger = if sampling.verbose {
             aya_log::EbpfLogger::init(&mut probes.ebpf)
@@ -309,9 +311,10 @@ impl Recording {
             said_waiting: false,
             last_counters: None,
             counted_ns: 0,
-            run_stats,
             trap,
             runs: ProgramRuns::default(),
+            cost: cost::CostWindows::default(),
+            cost_clock: tokio::time::interval(Duration::from_secs(1)),
             thread_states: None,
             cutoff_ns: None,
         };
@@ -419,27 +422,41 @@ impl Recording {
                 cpu_seconds: p.cpu_seconds,
             })
             .collect();
-        profile.overhead = Some(self.meter().measure(
-            self.runs,
+        let calls = targets.iter().map(|t| t.calls).sum();
+        let mut overhead = self.meter().measure(
+            self.cost.runs_for(calls),
             profile.duration_seconds,
             &targets,
-        ));
+        );
+        overhead.statistics_seconds = self.cost.seconds;
+        profile.overhead = Some(overhead);
         Ok(profile)
     }
 
-    /// What the cost of the probes is measured with; the program runs as of the last
-    /// counter read are [`Self::program_runs`].
+    /// What the cost of the probes is measured with.
     pub fn meter(&self) -> Meter {
         Meter {
             trap: self.trap,
-            stats: self.run_stats.is_some(),
+            stats: self.cost.measured(),
             file_wide: self.targets.all || self.followed_only,
         }
     }
 
-    /// The probe programs' runs (cumulative) at the last counter read.
-    pub fn program_runs(&self) -> ProgramRuns {
-        self.runs
+    /// The probes' cost per allocation call of the targets, as the statistics windows so
+    /// far measured it (the trap alone before the first window closes).
+    pub fn ns_per_call(&self) -> f64 {
+        let (runs, calls) = self.cost.totals();
+        let target = TargetUse {
+            pid: 0,
+            calls: calls.max(1),
+            cpu_seconds: None,
+        };
+        let measured = self.meter().measure(runs, 1.0, &[target]);
+        if self.cost.measured() {
+            measured.ns_per_call
+        } else {
+            self.trap.ns
+        }
     }
 
     /// How the command started for this recording ended (known once detached).
@@ -485,6 +502,7 @@ impl Recording {
                     }
                 }
                 _ = self.scan.tick() => self.discover()?,
+                _ = self.cost_clock.tick() => self.cost_tick().await?,
                 Some(pid) = self.watcher.exited.recv() => {
                     self.finalize(pid).await?;
                     let waits = self.targets.waits_for_new();
@@ -553,6 +571,7 @@ impl Recording {
         if self.probes.is_none() {
             return Ok(());
         }
+        self.close_cost_window().await?;
         self.counters().await?;
         self.cutoff_ns = Some(self.counted_ns);
         if let Some(logger) = self.logger.as_mut() {

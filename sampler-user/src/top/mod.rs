@@ -31,10 +31,7 @@ use crate::{
     collect::monotonic_ns,
     config::{BadInput, TopConfig},
     export::{self, Value},
-    outfile,
-    overhead::TargetUse,
-    preflight,
-    probe::runs::ProgramRuns,
+    outfile, preflight,
     profile::Tally,
     recording::{self, Happening, Prepared, Recording},
     spawn,
@@ -143,8 +140,8 @@ struct Watch {
 }
 
 /// What the probes' cost between two pictures is measured from: the time (seconds since
-/// start), the programs' runs, and per target its calls and CPU seconds.
-type CostReading = (f64, ProgramRuns, BTreeMap<u32, (u64, Option<f64>)>);
+/// start), and per target its calls and CPU seconds.
+type CostReading = (f64, BTreeMap<u32, (u64, Option<f64>)>);
 
 /// Attaches, shows the view until the user quits (or SIGTERM/SIGINT), detaches.
 pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyhow::Result<()> {
@@ -313,8 +310,8 @@ impl Watch {
         Ok(picture)
     }
 
-    /// The probes' cost since the last picture, measured (their runs, the calibrated trap,
-    /// the targets' CPU time).
+    /// The probes' cost since the last picture: the calls the targets made times the cost
+    /// per call the statistics windows measured, against the CPU time they used.
     fn cost(
         &mut self,
         recording: &Recording,
@@ -330,30 +327,30 @@ impl Watch {
                 (p.pid, (calls, p.cpu_seconds))
             })
             .collect();
-        let runs = recording.program_runs();
-        let last = self.last_cost.replace((elapsed, runs, now.clone()));
-        let Some((then, runs_then, before)) = last else {
-            return ProbeCost::default();
+        let last = self.last_cost.replace((elapsed, now.clone()));
+        let ns_per_call = recording.ns_per_call();
+        let Some((then, before)) = last else {
+            return ProbeCost {
+                ns_per_call,
+                ..ProbeCost::default()
+            };
         };
-        let targets: Vec<TargetUse> = now
-            .iter()
-            .map(|(&pid, &(calls, cpu))| {
-                let (calls_then, cpu_then) = before.get(&pid).copied().unwrap_or((0, None));
-                TargetUse {
-                    pid,
-                    calls: calls.saturating_sub(calls_then),
-                    cpu_seconds: cpu.map(|cpu| cpu - cpu_then.unwrap_or(0.0)),
-                }
-            })
-            .collect();
+        let (mut added, mut cpu, mut added_where_known) = (0.0, 0.0, 0.0);
+        for (pid, &(calls, cpu_now)) in &now {
+            let (calls_then, cpu_then) = before.get(pid).copied().unwrap_or((0, None));
+            let this = calls.saturating_sub(calls_then) as f64 * ns_per_call / 1e9;
+            added += this;
+            if let Some(cpu_now) = cpu_now {
+                cpu += cpu_now - cpu_then.unwrap_or(0.0);
+                added_where_known += this;
+            }
+        }
         let seconds = (elapsed - then).max(1e-3);
-        let measured = recording
-            .meter()
-            .measure(runs.since(runs_then), seconds, &targets);
+        let own = cpu - added_where_known;
         ProbeCost {
-            cores: measured.targets_added_cpu_seconds / seconds,
-            share: measured.share,
-            ns_per_call: measured.ns_per_call,
+            cores: added / seconds,
+            share: (own > 0.01).then(|| added_where_known / own),
+            ns_per_call,
         }
     }
 
