@@ -1,10 +1,10 @@
 //! Measuring what the probes cost without making them cost more: the kernel's BPF run-time
 //! statistics add two clock reads to every program run on the host (+75 ns per probe hit
-//! here, 10% of the trap), so they are on only during short windows — from the start of
-//! the recording, then every [`PERIOD`] seconds, each until it has seen [`MIN_CALLS`]
-//! allocation calls over at least a second (at most [`PERIOD`] seconds) — and what they measure per
-//! allocation call (probe hits, time in our programs) is applied to every call the exact
-//! counters counted. A program's cost per run depends on the kind of call, not on when it
+//! here, 10% of the trap), so they are on only in windows. One opens at the start of the
+//! recording and every [`PERIOD`] seconds, and stays open until it has seen [`MIN_CALLS`]
+//! allocation calls over at least a second (at most [`PERIOD`] seconds). What a window
+//! measures per allocation call (probe hits, time in our programs) is applied to every
+//! call the exact counters counted. A program's cost per run depends on the kind of call, not on when it
 //! happens, so a window is a fair sample unless the mix of calls changes between windows
 //! (sampled calls cost more: a burst at a small interval outside every window is missed).
 
@@ -35,7 +35,7 @@ pub(super) struct CostWindows {
     pub seconds: f64,
     opened_at: Option<std::time::Instant>,
     ticks: u32,
-    /// False once the kernel refused statistics (logged once).
+    /// True once the kernel refused statistics (logged once; no window opens again).
     refused: bool,
 }
 
