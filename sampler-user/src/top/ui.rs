@@ -131,10 +131,16 @@ fn draw_header(frame: &mut Frame, area: Rect, app: &App) {
     // enough to tell, else the cores the probes took.
     let cost = &totals.cost;
     let spent = match cost.share {
+        Some(share) if share >= 1.0 => format!("+{:.0}% CPU", share * 100.0),
         Some(share) => format!("+{:.1}% CPU", share * 100.0),
-        None => format!("{:.1}% of a core", cost.cores * 100.0),
+        None => format!("{:.1}% core", cost.cores * 100.0),
     };
-    let third = format!("{live} │ probes {spent}, {:.0}ns/call", cost.ns_per_call);
+    let per_call = if cost.ns_per_call >= 1000.0 {
+        format!("{:.1}µs", cost.ns_per_call / 1000.0)
+    } else {
+        format!("{:.0}ns", cost.ns_per_call)
+    };
+    let third = format!("{live} │ probes {spent}, {per_call}/call");
     frame.render_widget(
         Paragraph::new(vec![Line::from(first), second, Line::from(third)]),
         area,
