@@ -375,12 +375,14 @@ fn intake(
             // SAFETY: reading the eventfd's 8-byte counter into a live local.
             unsafe { libc::read(shared.wake.as_raw_fd(), (&raw mut count).cast(), 8) };
         }
-        // Read before draining: everything in the ring buffer now is sent before the
-        // request is acknowledged.
-        let request = shared.requested.load(Ordering::SeqCst);
         // A busy ring buffer is drained in batches of a ring buffer's worth, each sent as
-        // soon as it is full.
+        // soon as it is full. A catch-up request read before a batch is acknowledged after
+        // it: a ring buffer never holds more than its size, so what it held when asked is
+        // in that batch. (Acknowledged only once the ring buffer was empty, a catch-up
+        // during a storm that keeps it full never ended, and gathered every record
+        // meanwhile: 1.6 GiB.)
         loop {
+            let request = shared.requested.load(Ordering::SeqCst);
             let mut events = Vec::new();
             let (malformed, more) = drain_ring(&mut ring, &mut events, batch_bytes, &mut mapped);
             if malformed > 0 {
@@ -389,15 +391,15 @@ fn intake(
             if !events.is_empty() && sender.blocking_send(Delivery::Events(events)).is_err() {
                 return;
             }
-            if !more {
+            if request > served {
+                if sender.blocking_send(Delivery::CaughtUp(request)).is_err() {
+                    return;
+                }
+                served = request;
+            }
+            if !more || shared.stop.load(Ordering::SeqCst) {
                 break;
             }
-        }
-        if request > served {
-            if sender.blocking_send(Delivery::CaughtUp(request)).is_err() {
-                return;
-            }
-            served = request;
         }
     }
 }
