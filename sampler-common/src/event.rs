@@ -329,6 +329,12 @@ pub struct ProcessCounters {
 pub struct ThreadState {
     /// Failed Bernoulli trials (bytes) left before the next sampled byte.
     pub countdown: u64,
+    /// The mean interval `countdown` was drawn at: the sample it ends carries it (the
+    /// throttle may have changed the interval since; geometric countdowns are memoryless,
+    /// so each sample's own interval keeps every estimate unbiased).
+    pub interval: u64,
+    /// The pending sample's interval (frees tracked).
+    pub pending_interval: u64,
     /// Stack pointer at the entry of a function that may call malloc (0: no marker).
     pub marker_sp: u64,
     /// Return address at that entry.
@@ -364,6 +370,18 @@ pub struct ThreadState {
     pub return_values: [u64; RETURN_SLOTS],
     /// Entries recorded so far (the ring's write position).
     pub return_next: u64,
+}
+
+/// The sampling rate in force, set by user space (`--max-samples-per-sec`): the interval
+/// and its geometric scale ([`crate::geometric::scale_q32`]). All zero: the load-time
+/// interval.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rate {
+    /// Mean sampling interval in bytes.
+    pub interval: u64,
+    /// `1 / -ln(1 - 1/interval)` in Q32.32.
+    pub scale_q32: u64,
 }
 
 /// Entries of the per-thread return-slot ring: how many probed calls deep a trampoline can
@@ -425,4 +443,6 @@ mod pod {
     unsafe impl aya::Pod for super::LostKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::LostSamples {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Rate {}
 }

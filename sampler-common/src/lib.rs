@@ -14,8 +14,8 @@ pub mod geometric;
 
 pub use event::{
     AllocEvent, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, LostKey, LostSamples,
-    ProcessCounters, ProcessEvent, SampleRecord, StackCopy, ThreadState, FLAG_STACK_AT_RETURN,
-    FLAG_STACK_COPY, FLAG_TRACKED, FOLLOWED_PENDING, FOLLOWED_TARGET, HOST_SLOT, MAX_STACK_COPY,
-    MAX_STACK_DEPTH, MAX_TARGETS, PROCESS_EXEC, PROCESS_FORK, RETURN_SLOTS, STACK_PAGE,
-    UPROBE_TRAMPOLINE,
+    ProcessCounters, ProcessEvent, Rate, SampleRecord, StackCopy, ThreadState,
+    FLAG_STACK_AT_RETURN, FLAG_STACK_COPY, FLAG_TRACKED, FOLLOWED_PENDING, FOLLOWED_TARGET,
+    HOST_SLOT, MAX_STACK_COPY, MAX_STACK_DEPTH, MAX_TARGETS, PROCESS_EXEC, PROCESS_FORK,
+    RETURN_SLOTS, STACK_PAGE, UPROBE_TRAMPOLINE,
 };

@@ -26,8 +26,8 @@ use sampler_common::{
 use crate::{
     config,
     maps::{
-        count_loss, COUNTERS, EXCLUDED, FOLLOWED, HOST_COUNTERS, LIVE, LOST, SAMPLES, SCRATCH,
-        THREADS,
+        count_loss, COUNTERS, EXCLUDED, FOLLOWED, HOST_COUNTERS, LIVE, LOST, RATE, SAMPLES,
+        SCRATCH, THREADS,
     },
 };
 
@@ -146,12 +146,14 @@ pub fn on_alloc<C: EbpfContext>(
         return arm(state, leaves_marker, returns, wants_return);
     }
     let offset = state.countdown;
-    state.countdown = draw();
+    let interval = state.interval;
+    (state.countdown, state.interval) = draw();
     if tracking {
         // The address is known at the return, where the stack starts at the caller.
         state.pending_size = size;
         state.pending_offset = offset;
         state.pending_function = function as u64;
+        state.pending_interval = interval;
         state.pending_memptr = if function == AllocFn::PosixMemalign {
             pointer
         } else {
@@ -169,6 +171,7 @@ pub fn on_alloc<C: EbpfContext>(
         function,
         size,
         offset,
+        interval,
         caller,
         address: 0,
         flags: 0,
@@ -263,6 +266,7 @@ pub fn on_return<C: EbpfContext>(ctx: &C) {
         function,
         size: state.pending_size,
         offset: state.pending_offset,
+        interval: state.pending_interval,
         caller: 0,
         address,
         flags,
@@ -372,8 +376,10 @@ fn thread_state(tid: u32) -> Option<*mut ThreadState> {
     }
     // A new (or evicted) thread starts a fresh countdown: legal, the choice to redraw does
     // not depend on the discarded value.
+    let (countdown, interval) = draw();
     let fresh = ThreadState {
-        countdown: draw(),
+        countdown,
+        interval,
         ..ThreadState::default()
     };
     THREADS.insert(tid, fresh, 0).ok()?;
@@ -415,11 +421,17 @@ fn count_host_call(pid: u32, size: u64) {
     }
 }
 
+/// A new countdown at the rate in force (the throttle's, else the load-time one), and the
+/// interval it was drawn at.
 #[inline(always)]
-fn draw() -> u64 {
+fn draw() -> (u64, u64) {
     // SAFETY: helper without arguments or preconditions.
     let random = unsafe { (bpf_get_prandom_u32() as u64) << 32 | bpf_get_prandom_u32() as u64 };
-    geometric::draw(random, config::scale_q32())
+    let (interval, scale) = match RATE.get(0) {
+        Some(rate) if rate.interval != 0 => (rate.interval, rate.scale_q32),
+        _ => (config::interval(), config::scale_q32()),
+    };
+    (geometric::draw(random, scale), interval)
 }
 
 #[inline(always)]
@@ -435,6 +447,8 @@ struct Sample {
     function: AllocFn,
     size: u64,
     offset: u64,
+    /// The mean interval its countdown was drawn at.
+    interval: u64,
     caller: u64,
     address: u64,
     flags: u32,
@@ -471,7 +485,7 @@ fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
     event.timestamp_ns = unsafe { bpf_ktime_get_ns() };
     event.size = sample.size;
     event.offset = sample.offset;
-    event.interval = config::interval();
+    event.interval = sample.interval;
     event.return_address = sample.caller;
     event.address = sample.address;
     event.pid = sample.pid;
@@ -605,7 +619,7 @@ fn record_lost(sample: &Sample) {
         pid: sample.pid,
         pad: 0,
         size: sample.size,
-        interval: config::interval(),
+        interval: sample.interval,
     };
     let unseen = sample.size.wrapping_sub(sample.offset);
     if let Some(lost) = LOST.get_ptr_mut(key) {

@@ -108,6 +108,18 @@ pub struct SamplingArgs {
     )]
     pub interval: String,
 
+    /// Most samples per second: above it, the interval is raised (for all targets, at each
+    /// thread's next sample) and lowered back when the rate falls, never below
+    /// `--interval`; every sample carries the interval it was drawn at, so estimates stay
+    /// unbiased. 0: never raised.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 5000,
+        help_heading = "Sampling"
+    )]
+    pub max_samples_per_sec: u32,
+
     /// Count allocations only: no free tracking, no live-heap numbers, the lowest overhead
     /// (no return probes, no probe on free).
     #[arg(long, help_heading = "Sampling")]

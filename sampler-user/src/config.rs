@@ -137,6 +137,8 @@ pub struct SamplingConfig {
     pub confidence: f64,
     /// Verbose diagnostics.
     pub verbose: bool,
+    /// Samples per second the throttle aims at (0: no throttle).
+    pub max_samples_per_sec: u32,
 }
 
 impl SamplingConfig {
@@ -145,6 +147,7 @@ impl SamplingConfig {
     pub fn settings(&self, recorded: Duration, leaks_older_than: Option<Duration>) -> Settings {
         Settings {
             interval: self.interval,
+            largest_interval: self.interval,
             confidence: self.confidence,
             duration_seconds: recorded.as_secs_f64(),
             alloc_only: self.alloc_only,
@@ -310,6 +313,7 @@ impl SamplingArgs {
             sessions: !self.no_sessions,
             confidence: self.confidence,
             verbose: self.verbose,
+            max_samples_per_sec: self.max_samples_per_sec,
         })
     }
 }

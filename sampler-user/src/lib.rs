@@ -26,4 +26,5 @@ pub mod stats;
 pub mod summary;
 pub mod targets;
 pub mod text;
+pub mod throttle;
 pub mod top;

@@ -171,9 +171,23 @@ fn describe_stack_ends(stacks: &[StackProfile]) -> Option<String> {
 pub fn render(profile: &Profile, top: usize) -> String {
     let mut out = String::new();
     let confidence = percent(profile.sampling.confidence);
+    let throttled = profile
+        .sampling
+        .throttle
+        .as_ref()
+        .map(|t| {
+            format!(
+                " (raised up to {} by --max-samples-per-sec {}, {} changes)",
+                bytes(t.largest_interval_bytes as f64),
+                t.max_samples_per_second,
+                t.changes.len()
+            )
+        })
+        .unwrap_or_default();
     let _ = writeln!(
         out,
-        "allocscope: {:.1} s recorded, mean sampling interval {}, bounds at {confidence}",
+        "allocscope: {:.1} s recorded, mean sampling interval {}{throttled}, bounds at \
+         {confidence}",
         profile.duration_seconds,
         bytes(profile.sampling.mean_interval_bytes as f64),
     );

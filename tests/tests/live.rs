@@ -168,6 +168,8 @@ fn unknown_frees_double_frees_and_a_full_live_map_are_harmless_and_counted() {
         &pid,
         "-i",
         "1",
+        "--max-samples-per-sec",
+        "0",
         "--max-tracked",
         "500",
         "-o",

@@ -12,7 +12,9 @@ use tests::{
 fn storm(dir: &TempDir, interval: &str, extra: &[&str], rounds: &str) -> Value {
     let out = dir.path(&format!("storm-{interval}.json"));
     let output = std::process::Command::new(allocscope())
+        // A storm that must overflow the ring buffer: the throttle would prevent it.
         .args(["record", "--ring-buffer", "64KiB", "--confidence", "0.9999"])
+        .args(["--max-samples-per-sec", "0"])
         .args(["-i", interval])
         .args(extra)
         .arg("-o")
@@ -118,6 +120,9 @@ fn a_million_distinct_stacks_stay_bounded_and_counted() {
             "--alloc-only",
             "--max-stacks",
             "500",
+            // Every call sampled, on purpose.
+            "--max-samples-per-sec",
+            "0",
             "-o",
         ])
         .arg(&out)
@@ -164,5 +169,49 @@ fn a_million_distinct_stacks_stay_bounded_and_counted() {
         process["alloc_bytes"]["estimate"].as_f64().unwrap(),
         process["exact"]["bytes"].as_f64().unwrap(),
         "every sample still counted"
+    );
+}
+
+/// A storm the throttle tames: at `-i 256` the workload would send tens of thousands of
+/// samples a second; `--max-samples-per-sec 2000` raises the interval, samples are
+/// weighted by the interval each was drawn at, and the estimate still bounds the exact
+/// total.
+#[test]
+fn the_throttle_raises_the_interval_and_the_estimate_still_holds() {
+    if !bpf_available("the_throttle_raises_the_interval_and_the_estimate_still_holds") {
+        return;
+    }
+    let dir = TempDir::new("losses-throttle");
+    let out = dir.path("throttle.json");
+    let output = std::process::Command::new(allocscope())
+        .args(["record", "-v", "-i", "256", "--alloc-only"])
+        .args(["--max-samples-per-sec", "2000", "--confidence", "0.9999"])
+        .arg("-o")
+        .arg(&out)
+        .arg("--")
+        .arg(fixture("workload", &[]))
+        .arg("6000")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let profile = read_profile(&out);
+    let throttle = &profile["sampling"]["throttle"];
+    assert_eq!(throttle["max_samples_per_second"], 2000, "{stderr}");
+    let largest = throttle["largest_interval_bytes"].as_u64().unwrap();
+    assert!(largest > 256, "{throttle}");
+    assert!(
+        !throttle["changes"].as_array().unwrap().is_empty(),
+        "{throttle}"
+    );
+    assert!(stderr.contains("sampling interval now"), "{stderr}");
+    assert_eq!(profile["sampling"]["mean_interval_bytes"], 256);
+    let process = &profile["processes"][0];
+    assert_estimate_bounds_exact(process);
+    // Fewer samples than calls sampled at 256 bytes would have given.
+    let at_256 = process["exact"]["bytes"].as_f64().unwrap() / 256.0;
+    assert!(
+        (process["samples"].as_u64().unwrap() as f64) < at_256 / 2.0,
+        "{process}"
     );
 }

@@ -65,10 +65,23 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             &["--alloc-only", "--unwind", "fp"],
             Some(1.15),
         ),
-        (DWARF_4K, &["--alloc-only", "-i", "4KiB"], None),
+        // Unthrottled: these measure what each sample costs.
+        (
+            DWARF_4K,
+            &["--alloc-only", "-i", "4KiB", "--max-samples-per-sec", "0"],
+            None,
+        ),
         (
             FP_4K,
-            &["--alloc-only", "-i", "4KiB", "--unwind", "fp"],
+            &[
+                "--alloc-only",
+                "-i",
+                "4KiB",
+                "--unwind",
+                "fp",
+                "--max-samples-per-sec",
+                "0",
+            ],
             None,
         ),
         (HOST_MODE, &["--alloc-only"], Some(1.15)),

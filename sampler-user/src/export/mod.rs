@@ -236,6 +236,7 @@ pub(crate) mod tests {
             sampling: Sampling {
                 mean_interval_bytes: 1024,
                 confidence: 0.95,
+                throttle: None,
                 model: "m".into(),
             },
             duration_seconds: 2.5,

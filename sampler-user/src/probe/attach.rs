@@ -552,6 +552,21 @@ impl Probes {
         runs::of_fd(program.fd().ok()?).ok()
     }
 
+    /// Sets the mean sampling interval of every countdown drawn from now on.
+    pub fn set_rate(&mut self, interval: u64) -> Result<(), AttachError> {
+        let scale_q32 = geometric::scale_q32(interval).ok_or(AttachError::Interval(interval))?;
+        let mut map: Array<&mut MapData, sampler_common::Rate> = self.map_mut("RATE")?;
+        map.set(
+            0,
+            sampler_common::Rate {
+                interval,
+                scale_q32,
+            },
+            0,
+        )
+        .map_err(|e| AttachError::map("RATE", e))
+    }
+
     /// Host mode: makes the programs ignore `pid`.
     pub fn exclude(&mut self, pid: u32) -> Result<(), AttachError> {
         let mut map: BpfHashMap<&mut MapData, u32, u8> = self.map_mut("EXCLUDED")?;

@@ -52,8 +52,11 @@ fn modules_of(
 /// What the recording was asked to do (carried into every export).
 #[derive(Clone, Copy, Debug)]
 pub struct Settings {
-    /// Mean sampling interval in bytes.
+    /// Mean sampling interval in bytes, as asked for.
     pub interval: u64,
+    /// The largest interval in force at any time (the throttle may raise it): what a stack
+    /// without samples may have hidden is bounded at this one.
+    pub largest_interval: u64,
     /// Confidence of every interval.
     pub confidence: f64,
     /// Seconds recorded.
@@ -69,6 +72,7 @@ impl Settings {
         Sampling {
             mean_interval_bytes: self.interval,
             confidence: self.confidence,
+            throttle: None,
             model: "each allocated byte is sampled with probability 1/mean_interval_bytes \
                     (per-thread geometric countdown); estimates are Horvitz-Thompson, bounds \
                     negative-binomial"
@@ -84,8 +88,32 @@ pub struct Sampling {
     pub mean_interval_bytes: u64,
     /// Confidence level of every `lower`/`upper` pair.
     pub confidence: f64,
+    /// When `--max-samples-per-sec` raised the interval: how (absent: it never did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<ThrottleRecord>,
     /// One-line statement of the model.
     pub model: String,
+}
+
+/// What the sampling-rate throttle did (see [`crate::throttle`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ThrottleRecord {
+    /// The target, samples per second.
+    pub max_samples_per_second: u32,
+    /// The largest interval it set.
+    pub largest_interval_bytes: u64,
+    /// Every change: seconds since the start, and the interval from then on (each thread
+    /// takes it at its next sample; every sample carries its own).
+    pub changes: Vec<IntervalChange>,
+}
+
+/// One interval change by the throttle.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct IntervalChange {
+    /// Seconds since the recording started.
+    pub at_seconds: f64,
+    /// The new mean interval in bytes.
+    pub interval_bytes: u64,
 }
 
 /// Exact counts from the kernel's counters (every call, not sampled).
@@ -295,7 +323,11 @@ impl Profile {
         period_seconds: Option<f64>,
     ) -> Profile {
         let estimate = |set: &SampleSet| {
-            set.estimate(settings.confidence, Window::RECORDING, settings.interval)
+            set.estimate(
+                settings.confidence,
+                Window::RECORDING,
+                settings.largest_interval,
+            )
         };
         let tracking = !settings.alloc_only;
         let leak_age = settings
@@ -326,10 +358,11 @@ impl Profile {
                     }
                 });
             let period = period_seconds.map(|seconds| {
-                let e =
-                    stack
-                        .period
-                        .estimate(settings.confidence, Window::SLIDING, settings.interval);
+                let e = stack.period.estimate(
+                    settings.confidence,
+                    Window::SLIDING,
+                    settings.largest_interval,
+                );
                 PeriodValues {
                     seconds,
                     alloc_bytes: e.bytes,
@@ -343,7 +376,7 @@ impl Profile {
                 alloc_bytes: alloc.bytes,
                 alloc_objects: alloc.objects,
                 alloc_bytes_by_trials: alloc.bytes_by_trials,
-                alloc_posterior: stack.all.posterior(settings.interval),
+                alloc_posterior: stack.all.posterior(settings.largest_interval),
                 inuse_bytes: inuse.map(|e| e.bytes),
                 inuse_objects: inuse.map(|e| e.objects),
                 leak,

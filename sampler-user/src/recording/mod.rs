@@ -20,6 +20,7 @@
 mod cost;
 mod counters;
 mod discovery;
+mod throttling;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -226,6 +227,10 @@ pub struct Recording {
     /// The windows the programs' cost is measured in.
     cost: cost::CostWindows,
     cost_clock: tokio::time::Interval,
+    /// The sampling-rate throttle (`None`: `--max-samples-per-sec 0`).
+    throttling: Option<throttling::Throttling>,
+    /// Samples received so far.
+    samples_taken: u64,
     /// Once detaching: samples and frees after this moment are dropped, so the profile
     /// covers exactly what the final counters cover (removing a breakpoint takes the kernel
     /// milliseconds, and the probes still fire meanwhile).
@@ -315,6 +320,11 @@ impl Recording {
             runs: ProgramRuns::default(),
             cost: cost::CostWindows::default(),
             cost_clock: tokio::time::interval(Duration::from_secs(1)),
+            throttling: throttling::Throttling::new(
+                sampling.max_samples_per_sec,
+                sampling.interval,
+            ),
+            samples_taken: 0,
             thread_states: None,
             cutoff_ns: None,
         };
@@ -392,9 +402,10 @@ impl Recording {
     /// Once detached, it covers exactly what the final counters cover.
     pub async fn profile(
         &mut self,
-        settings: Settings,
+        mut settings: Settings,
         period_seconds: Option<f64>,
     ) -> anyhow::Result<Profile> {
+        settings.largest_interval = settings.largest_interval.max(self.largest_interval());
         let (counters, losses) = self.counters().await?;
         let now_ns = self.cutoff_ns.unwrap_or_else(monotonic_ns);
         let mut profile = self
@@ -409,6 +420,7 @@ impl Recording {
             )
             .await;
         profile.probes = self.probe_points();
+        profile.sampling.throttle = self.throttling.as_ref().and_then(|t| t.record());
         profile.thread_states = self.thread_states();
         for process in &mut profile.processes {
             process.coverage = self.coverage.get(&process.pid).map(|(c, _)| c.clone());
@@ -431,6 +443,11 @@ impl Recording {
         overhead.statistics_seconds = self.cost.seconds;
         profile.overhead = Some(overhead);
         Ok(profile)
+    }
+
+    /// The largest sampling interval in force so far (the throttle may have raised it).
+    pub fn largest_interval(&self) -> u64 {
+        self.throttling.as_ref().map_or(0, |t| t.largest())
     }
 
     /// What the cost of the probes is measured with.
@@ -502,7 +519,10 @@ impl Recording {
                     }
                 }
                 _ = self.scan.tick() => self.discover()?,
-                _ = self.cost_clock.tick() => self.cost_tick().await?,
+                _ = self.cost_clock.tick() => {
+                    self.cost_tick().await?;
+                    self.throttle_tick().await?;
+                }
                 Some(pid) = self.watcher.exited.recv() => {
                     self.finalize(pid).await?;
                     let waits = self.targets.waits_for_new();
@@ -526,6 +546,10 @@ impl Recording {
                 Event::Process { .. } | Event::Maps { .. } => true,
             });
         }
+        self.samples_taken += batch
+            .iter()
+            .filter(|event| matches!(event, Event::Alloc(_)))
+            .count() as u64;
         for event in &batch {
             match *event {
                 Event::Process {

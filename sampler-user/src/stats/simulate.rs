@@ -145,9 +145,85 @@ pub fn calibrate(
     }
 }
 
+/// Bias and coverage of allocated bytes when the interval steps from `before` to `after`
+/// halfway through (the throttle's change, [`crate::throttle`]), replayed as the kernel
+/// does it: a countdown drawn at the old interval runs out before the new one applies, and
+/// each sample carries the interval its countdown was drawn at. Returns (mean estimate /
+/// truth, coverage of the bytes interval, mean samples).
+pub fn calibrate_step(
+    pattern: Pattern,
+    (before, after): (u64, u64),
+    target_samples: u64,
+    runs: u32,
+    confidence: f64,
+    seed: u64,
+) -> (f64, f64, f64) {
+    let period = pattern.period(before);
+    let period_bytes: u64 = period.iter().sum();
+    let periods = (target_samples * before).div_ceil(period_bytes).max(1);
+    let allocations = periods * period.len() as u64;
+    let scale = |interval| geometric::scale_q32(interval).expect("valid interval");
+    let mut rng = Pcg64::seed_from_u64(seed);
+    let (mut ratio, mut covered, mut samples) = (0.0, 0u32, 0u64);
+    for _ in 0..runs {
+        let mut all = SampleSet::default();
+        let mut drawn_at = before;
+        let mut countdown = geometric::draw(rng.next_u64(), scale(drawn_at));
+        let mut bytes = 0u64;
+        for index in 0..allocations {
+            let size = period[(index % period.len() as u64) as usize];
+            let in_force = if index < allocations / 2 {
+                before
+            } else {
+                after
+            };
+            bytes += size;
+            if countdown < size {
+                all.add(SampleObs {
+                    size,
+                    offset: countdown,
+                    interval: drawn_at,
+                });
+                drawn_at = in_force;
+                countdown = geometric::draw(rng.next_u64(), scale(drawn_at));
+            } else {
+                countdown -= size;
+            }
+        }
+        let e = all.estimate(confidence, Window::RECORDING, before.max(after));
+        samples += all.samples();
+        ratio += e.bytes.estimate / bytes as f64;
+        covered += u32::from(e.bytes.lower <= bytes as f64 && bytes as f64 <= e.bytes.upper);
+    }
+    let runs = f64::from(runs);
+    (
+        ratio / runs,
+        f64::from(covered) / runs,
+        samples as f64 / runs,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The throttle raising the interval 16-fold halfway (a storm) and lowering it 16-fold
+    /// (the storm over): unbiased within 1.5%, 95% bounds covering 93–97.5% of 2000 runs.
+    #[test]
+    fn a_step_change_of_the_interval_keeps_estimates_unbiased_and_calibrated() {
+        for (i, pattern) in Pattern::ALL.into_iter().enumerate() {
+            for step in [(4096, 65536), (65536, 4096)] {
+                let (ratio, coverage, samples) =
+                    calibrate_step(pattern, step, 400, 2000, 0.95, 300 + i as u64);
+                eprintln!("{pattern:?} {step:?}: estimate/truth {ratio:.4}, coverage {coverage:.3}, {samples:.0} samples");
+                assert!((ratio - 1.0).abs() < 0.015, "{pattern:?} {step:?}: {ratio}");
+                assert!(
+                    (0.93..=0.975).contains(&coverage),
+                    "{pattern:?} {step:?}: coverage {coverage}"
+                );
+            }
+        }
+    }
 
     /// Unbiased within 1% and 95% intervals covering the truth in 93–97% of 2000 runs, for
     /// every pattern, for allocated and live bytes.

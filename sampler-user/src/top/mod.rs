@@ -267,7 +267,9 @@ impl Watch {
             .push(elapsed, calls, bytes, samples, window.max(2.0) + 2.0);
         let (calls_per_second, bytes_per_second, samples_per_second) = self.counters.rates(window);
         let settings = ViewSettings {
-            interval: self.config.sampling.interval,
+            interval: recording
+                .largest_interval()
+                .max(self.config.sampling.interval),
             confidence: self.config.sampling.confidence,
             alloc_only: self.config.sampling.alloc_only,
             leak_age_seconds: self.config.leaks_older_than.as_secs_f64(),

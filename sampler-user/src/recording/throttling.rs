@@ -1,0 +1,98 @@
+//! Applying the sampling-rate throttle ([`crate::throttle`]) to a running recording: once
+//! a second, the bytes the targets allocated (exact counters) and the samples the kernel
+//! drew (delivered, or lost for want of ring-buffer room) go to the controller, and a new
+//! interval goes to the kernel's `RATE` map.
+
+use log::info;
+
+use super::Recording;
+use crate::{
+    collect::monotonic_ns,
+    profile::{IntervalChange, ThrottleRecord},
+    throttle::Throttle,
+};
+
+/// The throttle's state in a recording.
+pub(super) struct Throttling {
+    controller: Throttle,
+    target: u32,
+    /// Bytes and samples at the last update.
+    last: (u64, u64),
+    last_ns: u64,
+    started_ns: u64,
+    changes: Vec<IntervalChange>,
+    largest: u64,
+}
+
+impl Throttling {
+    /// Aims at `target` samples per second from the user's `interval` up (`None`: off).
+    pub fn new(target: u32, interval: u64) -> Option<Throttling> {
+        (target > 0).then(|| {
+            let now = monotonic_ns();
+            Throttling {
+                controller: Throttle::new(f64::from(target), interval),
+                target,
+                last: (0, 0),
+                last_ns: now,
+                started_ns: now,
+                changes: Vec::new(),
+                largest: interval,
+            }
+        })
+    }
+
+    /// The largest interval set so far.
+    pub fn largest(&self) -> u64 {
+        self.largest
+    }
+
+    /// What it did, if it ever raised the interval.
+    pub fn record(&self) -> Option<ThrottleRecord> {
+        (!self.changes.is_empty()).then(|| ThrottleRecord {
+            max_samples_per_second: self.target,
+            largest_interval_bytes: self.largest,
+            changes: self.changes.clone(),
+        })
+    }
+}
+
+impl Recording {
+    /// Once a second: feeds the throttle and sets the interval it chooses.
+    pub(super) async fn throttle_tick(&mut self) -> anyhow::Result<()> {
+        if self.throttling.is_none() || self.probes.is_none() {
+            return Ok(());
+        }
+        let (counters, losses) = self.counters().await?;
+        let bytes: u64 = counters.values().map(|c| c.bytes).sum();
+        let samples = self.samples_taken + losses.ringbuf_full;
+        let now = monotonic_ns();
+        let Some(throttling) = self.throttling.as_mut() else {
+            return Ok(());
+        };
+        let seconds = now.saturating_sub(throttling.last_ns) as f64 / 1e9;
+        let (bytes_then, samples_then) = throttling.last;
+        throttling.last = (bytes, samples);
+        throttling.last_ns = now;
+        let Some(interval) = throttling.controller.update(
+            seconds,
+            bytes.saturating_sub(bytes_then),
+            samples.saturating_sub(samples_then),
+        ) else {
+            return Ok(());
+        };
+        throttling.largest = throttling.largest.max(interval);
+        throttling.changes.push(IntervalChange {
+            at_seconds: now.saturating_sub(throttling.started_ns) as f64 / 1e9,
+            interval_bytes: interval,
+        });
+        info!(
+            "sampling interval now {} (--max-samples-per-sec {})",
+            crate::format::bytes(interval as f64),
+            throttling.target
+        );
+        if let Some(probes) = self.probes.as_mut() {
+            probes.set_rate(interval)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,173 @@
+//! The sampling-rate throttle (`--max-samples-per-sec`, after JFR's throttler, issue #15):
+//! a malloc storm at a small interval must not flood the ring buffer, the unwinder or the
+//! symbolizer. Once a second the controller sets the mean interval for the next second:
+//!
+//! * feed-forward: the interval that would give the target rate at the allocation rate
+//!   expected next (`interval = bytes/s ÷ target`): the exact bytes per second, taken at
+//!   once when they rise (a storm is answered within a second), smoothed (EWMA) when they
+//!   fall;
+//! * integral correction: samples do not follow bytes exactly (an object larger than the
+//!   interval is sampled once, however large), so the log-ratio of the samples seen to the
+//!   target is accumulated, near the operating point only, and scales the interval;
+//! * never below the user's `--interval`, and changed only by more than 20% (a changed
+//!   interval takes effect at each thread's next sample).
+//!
+//! The kernel draws each countdown at the interval in force and every sample carries the
+//! interval its countdown was drawn at; the countdown is memoryless, so a change mid-way
+//! leaves every estimator unbiased (the simulation in [`crate::stats::simulate`] checks
+//! it with a step change).
+
+/// The largest interval the throttle sets (1 TiB).
+pub const MAX_INTERVAL: u64 = 1 << 40;
+
+/// Weight of the newest second in the allocation-rate EWMA.
+const EWMA_WEIGHT: f64 = 0.5;
+/// Gain of the integral correction, per second.
+const INTEGRAL_GAIN: f64 = 0.3;
+/// The correction's bound, either way (a factor of 100).
+const INTEGRAL_LIMIT: f64 = 4.6;
+/// Changes smaller than this factor are not made.
+const DEADBAND: f64 = 1.2;
+
+/// The controller's state.
+#[derive(Clone, Debug)]
+pub struct Throttle {
+    target: f64,
+    floor: u64,
+    interval: u64,
+    bytes_rate: Option<f64>,
+    correction: f64,
+}
+
+impl Throttle {
+    /// Aims at `target` samples per second, the interval never below `floor` (the user's).
+    pub fn new(target: f64, floor: u64) -> Throttle {
+        Throttle {
+            target,
+            floor: floor.max(1),
+            interval: floor.max(1),
+            bytes_rate: None,
+            correction: 0.0,
+        }
+    }
+
+    /// The interval in force.
+    pub fn interval(&self) -> u64 {
+        self.interval
+    }
+
+    /// Takes the last `seconds`: `bytes` allocated (exact counters) and `samples` drawn
+    /// (delivered or lost) at the interval in force; returns the new interval if it
+    /// changes.
+    pub fn update(&mut self, seconds: f64, bytes: u64, samples: u64) -> Option<u64> {
+        if seconds <= 0.0 || self.target <= 0.0 {
+            return None;
+        }
+        let rate = bytes as f64 / seconds;
+        // Up at once (a storm is answered within a second), down smoothly.
+        let expected = match self.bytes_rate {
+            Some(old) if rate < old => EWMA_WEIGHT * rate + (1.0 - EWMA_WEIGHT) * old,
+            _ => rate,
+        };
+        self.bytes_rate = Some(expected);
+        // Integral: the log-ratio of the samples seen to the target, learnt near the
+        // operating point only (within 4× of the target: farther, the feed-forward's
+        // error is a lag, not the byte model's bias) and not while held at the floor.
+        let seen = samples as f64 / seconds;
+        let near = seen <= 4.0 * self.target && seen >= self.target / 4.0;
+        let floored = self.interval == self.floor && seen < self.target;
+        if near && !floored {
+            let error = ((samples as f64 + 0.5) / (self.target * seconds)).ln();
+            self.correction =
+                (self.correction + INTEGRAL_GAIN * error).clamp(-INTEGRAL_LIMIT, INTEGRAL_LIMIT);
+        }
+        let wanted = (expected / self.target * self.correction.exp())
+            .clamp(self.floor as f64, MAX_INTERVAL as f64)
+            .round() as u64;
+        let ratio = wanted as f64 / self.interval as f64;
+        let at_floor = wanted == self.floor && self.interval != self.floor;
+        if !(1.0 / DEADBAND..=DEADBAND).contains(&ratio) || at_floor {
+            self.interval = wanted;
+            return Some(wanted);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Samples at `interval` from `bytes` of small objects (the byte model exactly).
+    fn samples(bytes: u64, interval: u64) -> u64 {
+        bytes / interval
+    }
+
+    #[test]
+    fn a_storm_is_brought_to_the_target_and_released_after() {
+        let mut throttle = Throttle::new(1000.0, 4096);
+        // Quiet: 1 MiB/s at 4 KiB is 256 samples/s, under the target: nothing changes.
+        for _ in 0..5 {
+            assert_eq!(throttle.update(1.0, 1 << 20, samples(1 << 20, 4096)), None);
+        }
+        // A storm of 1 GiB/s: 262,144 samples/s at 4 KiB.
+        let storm = 1u64 << 30;
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            let interval = throttle.interval();
+            throttle.update(1.0, storm, samples(storm, interval));
+            seen.push(samples(storm, throttle.interval()));
+        }
+        let settled = *seen.last().unwrap() as f64;
+        assert!((700.0..1400.0).contains(&settled), "{seen:?}");
+        // Within two seconds the rate is within 2× of the target.
+        assert!(seen[1] < 2000, "{seen:?}");
+        // The storm ends: back to the user's interval within a dozen seconds (the rate
+        // estimate halves each second: 1 GiB/s to 1 MiB/s is ten halvings).
+        for _ in 0..12 {
+            let interval = throttle.interval();
+            throttle.update(1.0, 1 << 20, samples(1 << 20, interval));
+        }
+        assert_eq!(throttle.interval(), 4096);
+    }
+
+    #[test]
+    fn large_objects_are_corrected_by_the_integral() {
+        // 100 MiB/s of 4 MiB objects at a 64 KiB floor: each object is sampled once, so
+        // the byte model over-predicts samples 64-fold; the target is 10 samples/s, and the
+        // true rate is 25 objects/s: the integral must shrink the interval back toward
+        // where 10 samples/s come (one object in 2.5 sampled: interval ≈ 4.5 MiB).
+        let mut throttle = Throttle::new(10.0, 64 << 10);
+        let object = 4u64 << 20;
+        let objects = 25u64;
+        let sampled = |interval: u64| {
+            // P(sampled) = 1 - (1 - 1/interval)^object.
+            let p = 1.0 - (-(object as f64) / interval as f64).exp();
+            (objects as f64 * p).round() as u64
+        };
+        for _ in 0..30 {
+            let interval = throttle.interval();
+            throttle.update(1.0, object * objects, sampled(interval));
+        }
+        let rate = sampled(throttle.interval());
+        assert!(
+            (6..=16).contains(&rate),
+            "{rate} samples/s at {}",
+            throttle.interval()
+        );
+    }
+
+    #[test]
+    fn off_and_degenerate_inputs_change_nothing() {
+        let mut off = Throttle::new(0.0, 512);
+        assert_eq!(off.update(1.0, u64::MAX, u64::MAX), None);
+        let mut on = Throttle::new(100.0, 512);
+        assert_eq!(on.update(0.0, 1 << 40, 1 << 30), None);
+        // Nothing allocated: stays at the floor.
+        assert_eq!(on.update(1.0, 0, 0), None);
+        assert_eq!(on.interval(), 512);
+        // The ceiling holds.
+        on.update(1.0, u64::MAX, u64::MAX / 512);
+        assert!(on.interval() <= MAX_INTERVAL);
+    }
+}
