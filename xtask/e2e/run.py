@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""End-to-end slowdown on real programs (README, Cost): native, `record --alloc-only`,
+`record` (frees tracked) and heaptrack, interleaved rounds, medians with the rounds' range.
+
+    sudo python3 xtask/e2e/run.py [ROUNDS]      (after cargo build --release)
+
+Inputs are made in a fresh temporary directory: a 240,000-row sqlite3 insert batch, the
+preprocessed C++ file (g++ -E big.cpp), and the Python script next to this file.
+"""
+import os, shutil, statistics, subprocess, sys, tempfile, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+A = os.path.join(HERE, "..", "..", "target", "release", "allocscope")
+CC1 = subprocess.run(["g++", "-print-prog-name=cc1plus"], capture_output=True, text=True,
+                     check=True).stdout.strip()
+work = tempfile.mkdtemp(prefix="allocscope-e2e-")
+os.chdir(work)
+shutil.copy(os.path.join(HERE, "script.py"), "script.py")
+subprocess.run(["g++", "-E", os.path.join(HERE, "big.cpp"), "-o", "big.ii"], check=True)
+with open("batch.sql", "w") as f:
+    f.write("CREATE TABLE t(a INTEGER PRIMARY KEY, b TEXT, c REAL);\nBEGIN;\n")
+    for i in range(240000):
+        f.write(f"INSERT INTO t(b,c) VALUES('row{i}-{'x' * (i % 50)}', {i * 0.5});\n")
+    f.write("COMMIT;\nCREATE INDEX tb ON t(b);\n"
+            "SELECT count(*), sum(length(b)) FROM t WHERE b LIKE '%7%';\n")
+programs = {
+    "python3 script.py (Debian 3.11)": (["/usr/bin/python3", "script.py"], None),
+    "sqlite3 (240k inserts)": (["sqlite3", "test.db"], "batch.sql"),
+    "cc1plus -O1 (C++, <regex>)": ([CC1, "-quiet", "-O1", "big.ii", "-o", "/dev/null"], None),
+}
+modes = {
+    "native": [],
+    "record --alloc-only": [A, "record", "--alloc-only", "-o", "e2e.json", "--"],
+    "record (frees tracked)": [A, "record", "-o", "e2e.json", "--"],
+    "heaptrack": ["heaptrack", "-o", os.path.join(work, "ht")],
+}
+rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+times = {(p, m): [] for p in programs for m in modes}
+failed = {}
+for r in range(rounds):
+    for p, (cmd, stdin) in programs.items():
+        for m, prefix in modes.items():
+            if m == "heaptrack" and p.startswith("cc1plus") and r > 0:
+                continue  # ~50 s a run, and heaptrack fails on it: once is enough
+            for name in os.listdir(work):
+                if name == "test.db" or name.startswith("ht."):
+                    os.remove(name)
+            inp = open(stdin) if stdin else subprocess.DEVNULL
+            started = time.monotonic()
+            rc = subprocess.run(prefix + cmd, stdin=inp, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL).returncode
+            times[(p, m)].append(time.monotonic() - started)
+            if rc != 0:
+                failed[(p, m)] = rc
+    print(f"round {r + 1} done", file=sys.stderr)
+print("| program | " + " | ".join(modes) + " |")
+print("|---|" + "---|" * len(modes))
+for p in programs:
+    base = statistics.median(times[(p, "native")])
+    cells = []
+    for m in modes:
+        ts = times[(p, m)]
+        med = statistics.median(ts)
+        if m == "native":
+            cell = f"{med:.2f} s ({min(ts):.2f}–{max(ts):.2f})"
+        elif len(ts) == 1:
+            cell = f"{med / base:.2f}× (1 run)"
+        else:
+            cell = f"{med / base:.2f}× ({min(ts) / base:.2f}–{max(ts) / base:.2f})"
+        if (p, m) in failed:
+            cell += f", exit {failed[(p, m)]}"
+        cells.append(cell)
+    print(f"| {p} | " + " | ".join(cells) + " |")
+shutil.rmtree(work)
