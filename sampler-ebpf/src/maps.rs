@@ -66,12 +66,12 @@ pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LossCounter:
 #[map]
 pub static SCRATCH: Array<SampleRecord> = Array::with_max_entries(1, 0);
 
-/// Calls seen by the bare reference probe of the benchmark (index 0).
 /// The sampling rate in force (one entry): set by user space's throttle; zero until then
 /// (the load-time interval).
 #[map]
 pub static RATE: Array<sampler_common::Rate> = Array::with_max_entries(1, 0);
 
+/// Calls seen by the bare reference probe of the benchmark (index 0).
 #[map]
 pub static BARE_CALLS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
