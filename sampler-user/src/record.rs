@@ -83,7 +83,7 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
                 let period = Some((now - period_started).as_secs_f64());
                 let profile = recording.profile(settings, period).await?;
                 writer.write(&profile)?;
-                recording.recorder.start_period();
+                recording.aggregator.start_period();
                 period_started = Instant::now();
             }
             _ = sigint.recv() => break Stop::Signal("SIGINT"),

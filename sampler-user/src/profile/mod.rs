@@ -1,11 +1,11 @@
-//! ⑤ The profile: samples aggregated per stack ([`Recorder`]), resolved into the one model
+//! ⑤ The profile: samples aggregated per stack ([`Aggregator`]), resolved into the one model
 //! every exporter and the summary read ([`Profile`]).
 
-mod recorder;
+mod aggregator;
 
 use serde::{Deserialize, Serialize};
 
-pub use recorder::{ProcessTally, Recorder, StackTally, Tally, LOST_FRAME};
+pub use aggregator::{Aggregator, ProcessTally, StackTally, Tally, LOST_FRAME};
 
 use std::collections::{BTreeMap, HashMap};
 

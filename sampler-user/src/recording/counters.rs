@@ -16,7 +16,7 @@ impl Recording {
     /// A target exited: its probes go, its exact counters are kept and its slot reused.
     pub(super) async fn finalize(&mut self, pid: u32) -> anyhow::Result<()> {
         self.catch_up().await?;
-        self.recorder.mark_exited(pid);
+        self.aggregator.mark_exited(pid);
         let Some(slot) = self.running.remove(&pid) else {
             return Ok(());
         };
@@ -69,7 +69,7 @@ impl Recording {
 
     /// Catches up, then reads the kernel's exact counters per process and the loss counters
     /// (after detaching: the values read last), and hands the samples the kernel could not
-    /// deliver to the recorder.
+    /// deliver to the aggregator.
     pub async fn counters(&mut self) -> anyhow::Result<(BTreeMap<u32, ProcessCounters>, Losses)> {
         self.catch_up().await?;
         let mut lost = None;
@@ -128,11 +128,11 @@ impl Recording {
         if let Some(mut lost) = lost {
             lost.retain(|pid, _| !self.excluded.contains(pid));
             for &pid in lost.keys() {
-                if !self.recorder.tracks(pid) {
+                if !self.aggregator.tracks(pid) {
                     self.first_seen(pid);
                 }
             }
-            self.recorder.set_lost(lost);
+            self.aggregator.set_lost(lost);
         }
         self.last_counters
             .clone()

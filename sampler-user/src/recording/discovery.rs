@@ -91,7 +91,7 @@ impl Recording {
             if !self.pids.contains(&pid) {
                 self.pids.push(pid);
             }
-            self.recorder.track(pid);
+            self.aggregator.track(pid);
             // What it allocated before this moment was not seen (its counters say how much
             // the probes caught): how late they came is worth knowing.
             let after = monotonic_ns().saturating_sub(since.timestamp_ns);
@@ -114,7 +114,7 @@ impl Recording {
         } else {
             self.note_late(pid, &fresh);
         }
-        self.recorder.add_allocators(pid, allocators);
+        self.aggregator.add_allocators(pid, allocators);
         Ok(())
     }
 
@@ -144,8 +144,8 @@ impl Recording {
                 checked: allocators.is_some(),
             };
             self.coverage.insert(pid, (coverage, since.timestamp_ns));
-            if !self.recorder.tracks(pid) {
-                self.recorder.track(pid);
+            if !self.aggregator.tracks(pid) {
+                self.aggregator.track(pid);
             }
             if self.watcher.watch(pid).is_err() {
                 // Gone already (its counters and samples are in): finalized at once.
@@ -160,7 +160,7 @@ impl Recording {
         if let Some(allocators) = allocators {
             self.probe_files(allocators)?;
             self.note_late(pid, allocators);
-            self.recorder.add_allocators(pid, allocators);
+            self.aggregator.add_allocators(pid, allocators);
         }
         Ok(())
     }
@@ -344,7 +344,7 @@ impl Recording {
         }
         let target = self.running.contains_key(&pid);
         if target {
-            self.recorder.name_if_unknown(pid, &comm);
+            self.aggregator.name_if_unknown(pid, &comm);
         }
         target
     }
@@ -402,7 +402,7 @@ impl Recording {
         match self.excludes(pid) {
             Ok(true) => {}
             Ok(false) => {
-                self.recorder.track(pid);
+                self.aggregator.track(pid);
                 self.pids.push(pid);
             }
             Err(e) => warn!("pid {pid}: the kernel was not told to skip it ({e:#}); its samples are dropped here"),
@@ -442,7 +442,7 @@ impl Recording {
         let Ok(allocators) = self.cache.of_pid(pid) else {
             return Ok(());
         };
-        self.recorder.add_allocators(pid, &allocators);
+        self.aggregator.add_allocators(pid, &allocators);
         self.probe_files(&allocators)
     }
 
@@ -477,7 +477,7 @@ impl Recording {
                     debug!("followed pid {pid}: {e:#}");
                 } else if parent == 0 {
                     // An exec: a new name and executable, maybe new allocators.
-                    self.recorder.track(pid);
+                    self.aggregator.track(pid);
                 }
             }
             Err(FindError::Gone | FindError::KernelThread) => {}
@@ -498,10 +498,10 @@ impl Recording {
         if target && !self.targets.excludes(pid, comm) {
             let allocators = self.allocators_of(pid).ok();
             if parent != 0 {
-                self.recorder.track_fork(pid, parent);
+                self.aggregator.track_fork(pid, parent);
             } else {
                 // A new name and executable: tracked afresh, its new files noted from now.
-                self.recorder.track(pid);
+                self.aggregator.track(pid);
                 if let Some((_, from_ns)) = self.coverage.get_mut(&pid) {
                     *from_ns = since.timestamp_ns;
                 }
@@ -509,7 +509,7 @@ impl Recording {
             if let Err(e) = self.admit(pid, allocators.as_deref(), since) {
                 warn!("followed pid {pid}: {e:#}");
             }
-            self.recorder.name_if_unknown(pid, comm);
+            self.aggregator.name_if_unknown(pid, comm);
         } else if !self.consider_comm(pid, Some(comm), since) {
             self.reject(pid);
         }

@@ -43,7 +43,7 @@ use crate::{
         maps::FileId,
         runs::ProgramRuns,
     },
-    profile::{Coverage, CoverageStart, ProbePoint, Profile, Recorder, Settings},
+    profile::{Aggregator, Coverage, CoverageStart, ProbePoint, Profile, Settings},
     spawn::{self, PausedChild},
     stacks::symbolize::Symbolizer,
     targets::{AllocatorCache, FindError},
@@ -171,14 +171,14 @@ impl Meter {
     }
 }
 
-/// Probes attached to the targets, samples flowing into a [`Recorder`].
+/// Probes attached to the targets, samples flowing into a [`Aggregator`].
 pub struct Recording {
     probes: Option<Probes>,
     reader: SampleReader,
     batch: Vec<Event>,
     /// The samples so far.
-    pub recorder: Recorder,
-    /// Resolves frames for [`Recorder::profile`].
+    pub aggregator: Aggregator,
+    /// Resolves frames for [`Aggregator::profile`].
     pub symbolizer: Symbolizer,
     targets: Targets,
     cache: AllocatorCache,
@@ -282,16 +282,16 @@ impl Recording {
                 .context("SAMPLES map missing")?,
         )?;
         let reader = SampleReader::new(ring, sampling.ring_buffer as usize)?;
-        let mut recorder = match recent {
-            Some(window) => Recorder::with_recent(window),
-            None => Recorder::default(),
+        let mut aggregator = match recent {
+            Some(window) => Aggregator::with_recent(window),
+            None => Aggregator::default(),
         };
-        recorder.limit_stacks(sampling.max_stacks);
+        aggregator.limit_stacks(sampling.max_stacks);
         let mut recording = Recording {
             probes: Some(probes),
             reader,
             batch: Vec::new(),
-            recorder,
+            aggregator,
             symbolizer: Symbolizer::spawn(&sampling.debug_dirs)
                 .context("starting the symbolizer thread")?,
             targets,
@@ -350,7 +350,7 @@ impl Recording {
                 .release()
                 .map_err(|e| BadInput(format!("cannot run {command}: {e}")))?;
             // Past exec now: its own name, executable and maps.
-            recording.recorder.track(pid);
+            recording.aggregator.track(pid);
         }
         recording.discover()?;
         if recording.running.is_empty() && !recording.targets.waits_for_new() {
@@ -409,7 +409,7 @@ impl Recording {
         let (counters, losses) = self.counters().await?;
         let now_ns = self.cutoff_ns.unwrap_or_else(monotonic_ns);
         let mut profile = self
-            .recorder
+            .aggregator
             .profile(
                 &self.symbolizer,
                 settings,
@@ -502,7 +502,7 @@ impl Recording {
     }
 
     /// Takes samples until a target exits. Cancel-safe: every record read is in the
-    /// recorder before the next await.
+    /// aggregator before the next await.
     pub async fn next(&mut self) -> anyhow::Result<Happening> {
         loop {
             tokio::select! {
@@ -513,7 +513,7 @@ impl Recording {
                 _ = self.refresh.tick() => {
                     // Keep the maps snapshot current while targets live (libraries loaded
                     // late, a spawned command just past exec), and flush eBPF log records.
-                    self.recorder.refresh();
+                    self.aggregator.refresh();
                     if let Some(logger) = self.logger.as_mut() {
                         logger.flush();
                     }
@@ -536,7 +536,7 @@ impl Recording {
         }
     }
 
-    /// Moves the batch into the recorder, acting on process events first.
+    /// Moves the batch into the aggregator, acting on process events first.
     fn take_batch(&mut self) {
         let mut batch = std::mem::take(&mut self.batch);
         if let Some(cutoff) = self.cutoff_ns {
@@ -562,8 +562,8 @@ impl Recording {
                     pid,
                     read_ns,
                     ref text,
-                } => self.recorder.offer_maps(pid, read_ns, text),
-                Event::Alloc(ref sample) if !self.recorder.tracks(sample.pid) => {
+                } => self.aggregator.offer_maps(pid, read_ns, text),
+                Event::Alloc(ref sample) if !self.aggregator.tracks(sample.pid) => {
                     self.first_seen(sample.pid)
                 }
                 _ => {}
@@ -576,10 +576,10 @@ impl Recording {
                 Event::Process { .. } | Event::Maps { .. } => true,
             });
         }
-        self.recorder.add_all(batch);
+        self.aggregator.add_all(batch);
     }
 
-    /// Moves every sample waiting in the ring buffer into the recorder.
+    /// Moves every sample waiting in the ring buffer into the aggregator.
     pub async fn catch_up(&mut self) -> anyhow::Result<()> {
         self.reader.catch_up(&mut self.batch).await?;
         self.take_batch();
@@ -622,7 +622,7 @@ impl Recording {
                 None => warn!("command (pid {pid}) still running 2 s after SIGTERM"),
             }
         }
-        let (samples, mean_ns, mean_copy) = self.recorder.stack_cost();
+        let (samples, mean_ns, mean_copy) = self.aggregator.stack_cost();
         if samples > 0 {
             info!(
                 "stacks: {samples} samples unwound, checked and interned, {:.1} µs each \

@@ -252,7 +252,7 @@ impl Watch {
         let now_ns = monotonic_ns();
         let elapsed = self.started.elapsed().as_secs_f64();
         let tally = recording
-            .recorder
+            .aggregator
             .tally(
                 &recording.symbolizer,
                 now_ns,

@@ -1,8 +1,8 @@
 //! Aggregation as samples arrive: normalize + intern the stack, add to running sums (O(1)
 //! per event, nothing resolved); with frees tracked, a map of sampled live blocks so each
-//! free takes back exactly what its sample added. [`Recorder::tally`] symbolizes each
+//! free takes back exactly what its sample added. [`Aggregator::tally`] symbolizes each
 //! distinct frame once (cached across snapshots) and hands out every stack's sample sets;
-//! [`Recorder::profile`] estimates them ([`Profile::from_tally`], pure), `top` groups them.
+//! [`Aggregator::profile`] estimates them ([`Profile::from_tally`], pure), `top` groups them.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -28,7 +28,7 @@ struct LiveBlock {
 
 /// Aggregates samples as they arrive.
 #[derive(Debug, Default)]
-pub struct Recorder {
+pub struct Aggregator {
     stacks: StackTable,
     /// Samples per stack since the start.
     per_stack: Vec<SampleSet>,
@@ -123,7 +123,7 @@ pub struct StackTally {
     pub leaked: SampleSet,
     /// Age in seconds of the oldest of them (`None`: none).
     pub oldest_leaked_seconds: Option<f64>,
-    /// Samples since the last [`Recorder::start_period`].
+    /// Samples since the last [`Aggregator::start_period`].
     pub period: SampleSet,
     /// Samples in the recent window (estimate with `Window::SLIDING`, divide by
     /// [`Tally::recent_seconds`]).
@@ -176,16 +176,16 @@ pub struct Tally {
     pub cut_samples: u64,
 }
 
-impl Recorder {
-    /// A recorder that also keeps each stack's samples over the last `window`, for rates.
-    pub fn with_recent(window: std::time::Duration) -> Recorder {
-        Recorder {
+impl Aggregator {
+    /// An aggregator that also keeps each stack's samples over the last `window`, for rates.
+    pub fn with_recent(window: std::time::Duration) -> Aggregator {
+        Aggregator {
             recent: Some(Recent {
                 window_ns: window.as_nanos() as u64,
                 started_ns: crate::collect::monotonic_ns(),
                 per_stack: Vec::new(),
             }),
-            ..Recorder::default()
+            ..Aggregator::default()
         }
     }
 
