@@ -171,7 +171,7 @@ impl Meter {
     }
 }
 
-/// Probes attached to the targets, samples flowing into a [`Aggregator`].
+/// Probes attached to the targets, samples flowing into an [`Aggregator`].
 pub struct Recording {
     probes: Option<Probes>,
     reader: SampleReader,
