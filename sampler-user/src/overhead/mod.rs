@@ -116,21 +116,12 @@ pub fn measure(
     seconds: f64,
     targets: &[TargetUse],
 ) -> Overhead {
-    let total = runs.total();
-    let program_ns_per_run =
-        (stats && total.runs > 0).then(|| total.run_ns as f64 / total.runs as f64);
-    let per_run = trap.ns + program_ns_per_run.unwrap_or(0.0);
-    let added_ns = total.runs as f64 * per_run;
     let calls: u64 = targets.iter().map(|t| t.calls).sum();
-    // The targets' part: all of it with per-process probes; with file-wide ones, their
-    // calls among every allocation-probe hit.
-    let part = if !file_wide {
-        1.0
-    } else if runs.allocations.runs == 0 {
-        0.0
-    } else {
-        (calls as f64 / runs.allocations.runs as f64).min(1.0)
-    };
+    let Charge {
+        program_ns_per_run,
+        added_ns,
+        part,
+    } = charge(trap, runs, stats, file_wide, calls);
     let targets_added_ns = added_ns * part;
     let ns_per_call = if calls > 0 {
         targets_added_ns / calls as f64
@@ -161,6 +152,7 @@ pub fn measure(
         .filter(|p| p.cpu_seconds.is_some())
         .map(|p| p.added_cpu_seconds)
         .sum();
+    let total = runs.total();
     Overhead {
         trap,
         runs: total.runs,
@@ -180,9 +172,47 @@ pub fn measure(
     }
 }
 
+/// Nanoseconds `runs` add per allocation call of targets that made `calls` of them (see
+/// [`measure`]).
+pub fn ns_per_call(trap: Trap, runs: ProgramRuns, stats: bool, file_wide: bool, calls: u64) -> f64 {
+    if calls == 0 {
+        return 0.0;
+    }
+    let charge = charge(trap, runs, stats, file_wide, calls);
+    charge.added_ns * charge.part / calls as f64
+}
+
+/// What the probe hits cost everyone, and the targets' part of it.
+struct Charge {
+    program_ns_per_run: Option<f64>,
+    added_ns: f64,
+    part: f64,
+}
+
+fn charge(trap: Trap, runs: ProgramRuns, stats: bool, file_wide: bool, calls: u64) -> Charge {
+    let total = runs.total();
+    let program_ns_per_run =
+        (stats && total.runs > 0).then(|| total.run_ns as f64 / total.runs as f64);
+    let per_run = trap.ns + program_ns_per_run.unwrap_or(0.0);
+    // The targets' part: all of it with per-process probes; with file-wide ones, their
+    // calls among every allocation-probe hit.
+    let part = if !file_wide {
+        1.0
+    } else if runs.allocations.runs == 0 {
+        0.0
+    } else {
+        (calls as f64 / runs.allocations.runs as f64).min(1.0)
+    };
+    Charge {
+        program_ns_per_run,
+        added_ns: total.runs as f64 * per_run,
+        part,
+    }
+}
+
 /// `added / (cpu - added)`; `None` when the CPU time read is not above what was added
 /// (too short to tell: `/proc` counts in 10 ms ticks).
-fn share(added: f64, cpu: f64) -> Option<f64> {
+pub fn share(added: f64, cpu: f64) -> Option<f64> {
     let own = cpu - added;
     (own > 0.01).then(|| added / own)
 }

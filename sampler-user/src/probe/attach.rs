@@ -525,24 +525,12 @@ impl Probes {
     /// Attaches the reference program (it counts, nothing else) at `offset` of the file at
     /// `path`, in our own process only: the trap calibration's probe.
     pub fn attach_bare(&mut self, path: &Path, offset: u64) -> Result<Detached, AttachError> {
-        let program = loaded_uprobe(&mut self.ebpf, BARE_PROGRAM)?;
-        let point = UProbeAttachPoint {
-            location: UProbeAttachLocation::AbsoluteOffset(offset),
-            cookie: None,
-        };
         let pid = std::process::id();
-        let scope = std::num::NonZeroU32::new(pid)
-            .map_or(UProbeScope::AllProcesses, UProbeScope::OneProcess);
-        let id = program
-            .attach(point, path, scope)
-            .map_err(|source| AttachError::Attach {
-                symbol: "trap_target".into(),
-                path: path.to_owned(),
-                pid,
-                source: Box::new(source),
-            })?;
+        let id = attach_reference_program(&mut self.ebpf, path, path, offset, pid, "trap_target")?;
         let mut detached = Detached::default();
-        detached.uprobes.extend(program.take_link(id).ok());
+        detached
+            .uprobes
+            .extend(uprobe(&mut self.ebpf, BARE_PROGRAM)?.take_link(id).ok());
         Ok(detached)
     }
 
@@ -797,23 +785,14 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         .iter()
         .find(|f| f.function == AllocFn::Malloc)
         .ok_or_else(|| AttachError::MissingProgram("malloc".into()))?;
-    let program = loaded_uprobe(&mut ebpf, BARE_PROGRAM)?;
-    let scope = Scope::Process {
-        pid: target.pid,
-        slot: 0,
-    };
-    let point = UProbeAttachPoint {
-        location: UProbeAttachLocation::AbsoluteOffset(malloc.file_offset + malloc.probe.offset),
-        cookie: None,
-    };
-    program
-        .attach(point, &allocator.path, scope.uprobe_scope())
-        .map_err(|source| AttachError::Attach {
-            symbol: "malloc".into(),
-            path: allocator.shown.clone(),
-            pid: target.pid,
-            source: Box::new(source),
-        })?;
+    attach_reference_program(
+        &mut ebpf,
+        &allocator.path,
+        &allocator.shown,
+        malloc.file_offset + malloc.probe.offset,
+        target.pid,
+        "malloc",
+    )?;
     Ok(Probes {
         ebpf,
         returns: ReturnProbes::None,
@@ -825,6 +804,31 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         sizes: [0; AllocFn::FUNCTION_SLOTS],
         _tracepoints: Vec::new(),
     })
+}
+
+/// Attaches the reference program (it counts, nothing else) at `offset` of the file at
+/// `path` (`shown` in errors), in process `pid` only.
+fn attach_reference_program(
+    ebpf: &mut Ebpf,
+    path: &Path,
+    shown: &Path,
+    offset: u64,
+    pid: u32,
+    symbol: &str,
+) -> Result<UProbeLinkId, AttachError> {
+    let point = UProbeAttachPoint {
+        location: UProbeAttachLocation::AbsoluteOffset(offset),
+        cookie: None,
+    };
+    let scope = Scope::Process { pid, slot: 0 };
+    loaded_uprobe(ebpf, BARE_PROGRAM)?
+        .attach(point, path, scope.uprobe_scope())
+        .map_err(|source| AttachError::Attach {
+            symbol: symbol.to_owned(),
+            path: shown.to_owned(),
+            pid,
+            source: Box::new(source),
+        })
 }
 
 /// Links `program` at `offsets` of `allocator`'s file in `scope`, one cookie each;

@@ -36,6 +36,13 @@ impl Runs {
         self.runs += other.runs;
         self.run_ns += other.run_ns;
     }
+
+    fn scaled(self, factor: f64) -> Runs {
+        Runs {
+            runs: (self.runs as f64 * factor).round() as u64,
+            run_ns: (self.run_ns as f64 * factor).round() as u64,
+        }
+    }
 }
 
 /// The sampler's programs' runs, by what the probe is on.
@@ -64,6 +71,22 @@ impl ProgramRuns {
             allocations: self.allocations.since(earlier.allocations),
             returns: self.returns.since(earlier.returns),
             frees: self.frees.since(earlier.frees),
+        }
+    }
+
+    /// Adds `other`'s runs, group by group.
+    pub fn add_all(&mut self, other: ProgramRuns) {
+        self.allocations.add(other.allocations);
+        self.returns.add(other.returns);
+        self.frees.add(other.frees);
+    }
+
+    /// Every group's runs and time multiplied by `factor` (rounded).
+    pub fn scaled(self, factor: f64) -> ProgramRuns {
+        ProgramRuns {
+            allocations: self.allocations.scaled(factor),
+            returns: self.returns.scaled(factor),
+            frees: self.frees.scaled(factor),
         }
     }
 

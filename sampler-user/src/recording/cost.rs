@@ -11,7 +11,7 @@
 use std::os::fd::OwnedFd;
 
 use super::Recording;
-use crate::probe::runs::{self, ProgramRuns, Runs};
+use crate::probe::runs::{self, ProgramRuns};
 
 /// One statistics window opens every this many seconds (and at the start).
 pub const PERIOD: u32 = 10;
@@ -39,6 +39,17 @@ pub(super) struct CostWindows {
     refused: bool,
 }
 
+/// What a tick of the once-a-second clock asks of the windows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum CostStep {
+    /// Nothing: no window is open, none opens now.
+    Idle,
+    /// Open a window.
+    Open,
+    /// A window is open: close it if it is done.
+    Check,
+}
+
 impl CostWindows {
     /// Whether any window measured something.
     pub fn measured(&self) -> bool {
@@ -50,104 +61,82 @@ impl CostWindows {
         if self.calls == 0 {
             return ProgramRuns::default();
         }
-        let scale = calls as f64 / self.calls as f64;
-        let scaled = |r: Runs| Runs {
-            runs: (r.runs as f64 * scale).round() as u64,
-            run_ns: (r.run_ns as f64 * scale).round() as u64,
-        };
-        ProgramRuns {
-            allocations: scaled(self.runs.allocations),
-            returns: scaled(self.runs.returns),
-            frees: scaled(self.runs.frees),
-        }
+        self.runs.scaled(calls as f64 / self.calls as f64)
     }
 
     /// The runs and calls the windows measured.
     pub fn totals(&self) -> (ProgramRuns, u64) {
         (self.runs, self.calls)
     }
+
+    /// Counts a tick (the first comes at once): a window opens at the start and every
+    /// [`PERIOD`] seconds.
+    pub fn tick(&mut self) -> CostStep {
+        self.ticks += 1;
+        if self.opened.is_some() {
+            CostStep::Check
+        } else if self.ticks % PERIOD == 1 && !self.refused {
+            CostStep::Open
+        } else {
+            CostStep::Idle
+        }
+    }
+
+    /// Whether the open window, with `calls` counted so far, is done: it has seen
+    /// [`MIN_CALLS`] calls over at least a second, or is [`PERIOD`] seconds old.
+    pub fn done(&self, calls: u64) -> bool {
+        let (Some((_, calls_then)), Some(at)) = (self.opened, self.opened_at) else {
+            return false;
+        };
+        let open_for = at.elapsed().as_secs_f64();
+        let seen = calls.saturating_sub(calls_then);
+        open_for >= f64::from(PERIOD) || (open_for >= 0.9 && seen >= MIN_CALLS)
+    }
 }
 
 impl Recording {
-    /// Opens a statistics window (if none is open and the kernel allows it).
-    pub(super) async fn open_cost_window(&mut self) -> anyhow::Result<()> {
-        if self.cost.opened.is_some() || self.cost.refused || self.probes.is_none() {
-            return Ok(());
+    /// Opens a statistics window (if none is open and the kernel allows it); `calls` is the
+    /// targets' allocation calls counted so far.
+    pub(super) fn open_cost_window(&mut self, calls: u64) {
+        if self.cost.opened.is_some() || self.cost.refused {
+            return;
         }
+        let Some(probes) = &self.probes else {
+            return;
+        };
         let Some(fd) = runs::enable() else {
             self.cost.refused = true;
-            return Ok(());
+            return;
         };
         self.cost.stats = Some(fd);
-        let calls = self.calls_so_far().await?;
-        self.cost.opened = Some((self.runs, calls));
+        self.cost.opened = Some((probes.program_runs(), calls));
         self.cost.opened_at = Some(std::time::Instant::now());
-        Ok(())
     }
 
-    /// Closes the open statistics window, adding what it measured.
-    pub(super) async fn close_cost_window(&mut self) -> anyhow::Result<()> {
-        if self.cost.opened.is_none() || self.probes.is_none() {
-            return Ok(());
-        }
-        let calls = self.calls_so_far().await?;
+    /// Closes the open statistics window, adding what it measured; `calls` is the targets'
+    /// allocation calls counted so far.
+    pub(super) fn close_cost_window(&mut self, calls: u64) {
+        let Some(probes) = &self.probes else {
+            return;
+        };
+        let Some((runs_then, calls_then)) = self.cost.opened.take() else {
+            return;
+        };
+        // Read before the statistics go off: the kernel stops counting then.
+        let runs = probes.program_runs();
         self.cost.stats = None;
-        if let Some((runs, calls_then)) = self.cost.opened.take() {
-            let measured = self.runs.since(runs);
-            self.cost.runs = add(self.cost.runs, measured);
-            self.cost.calls += calls.saturating_sub(calls_then);
-        }
+        self.cost.runs.add_all(runs.since(runs_then));
+        self.cost.calls += calls.saturating_sub(calls_then);
         if let Some(at) = self.cost.opened_at.take() {
             self.cost.seconds += at.elapsed().as_secs_f64();
         }
-        Ok(())
-    }
-
-    /// Every second (the first tick comes at once): opens a window at the start and every
-    /// [`PERIOD`] seconds; closes one that has seen [`MIN_CALLS`] calls, or is
-    /// [`PERIOD`] seconds old.
-    pub(super) async fn cost_tick(&mut self) -> anyhow::Result<()> {
-        self.cost.ticks += 1;
-        let Some((_, calls_then)) = self.cost.opened else {
-            if self.cost.ticks % PERIOD == 1 {
-                self.open_cost_window().await?;
-            }
-            return Ok(());
-        };
-        let open_for = self
-            .cost
-            .opened_at
-            .map_or(0.0, |at| at.elapsed().as_secs_f64());
-        let seen = self.calls_so_far().await?.saturating_sub(calls_then);
-        if open_for >= f64::from(PERIOD) || (open_for >= 0.9 && seen >= MIN_CALLS) {
-            self.close_cost_window().await?;
-        }
-        Ok(())
-    }
-
-    /// The targets' allocation calls so far (exact counters), reading the programs' runs
-    /// at the same moment.
-    async fn calls_so_far(&mut self) -> anyhow::Result<u64> {
-        let (counters, _) = self.counters().await?;
-        Ok(counters.values().map(|c| c.calls).sum())
-    }
-}
-
-fn add(a: ProgramRuns, b: ProgramRuns) -> ProgramRuns {
-    let sum = |x: Runs, y: Runs| Runs {
-        runs: x.runs + y.runs,
-        run_ns: x.run_ns + y.run_ns,
-    };
-    ProgramRuns {
-        allocations: sum(a.allocations, b.allocations),
-        returns: sum(a.returns, b.returns),
-        frees: sum(a.frees, b.frees),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::probe::runs::Runs;
 
     #[test]
     fn windows_scale_to_every_call() {

@@ -73,56 +73,19 @@ impl Recording {
     pub async fn counters(&mut self) -> anyhow::Result<(BTreeMap<u32, ProcessCounters>, Losses)> {
         self.catch_up().await?;
         let mut lost = None;
-        if let Some(probes) = &self.probes {
-            let slots: Vec<(u32, u32)> = self
-                .running
-                .iter()
-                .filter(|(_, &slot)| slot != HOST_SLOT)
-                .map(|(&p, &s)| (p, s))
-                .collect();
+        if self.probes.is_some() {
             self.counted_ns = monotonic_ns();
-            self.runs = probes.program_runs();
-            let mut counters = {
-                let map = probes
-                    .ebpf
-                    .map("COUNTERS")
-                    .context("COUNTERS map missing")?;
-                collect::read_counters(&PerCpuArray::try_from(map)?, &slots)?
-            };
-            if self.targets.all || self.followed_only {
-                let map = probes
-                    .ebpf
-                    .map("HOST_COUNTERS")
-                    .context("HOST_COUNTERS map missing")?;
-                let host = collect::read_host_counters(&PerCpuHashMap::try_from(map)?)?;
-                for (pid, c) in host {
-                    // Followed: only targets (the kernel also counts, briefly, processes
-                    // pending a decision, and one we have not heard of yet).
-                    let target = !self.followed_only || self.running.contains_key(&pid);
-                    if self.excluded.contains(&pid) || !target {
-                        continue;
-                    }
-                    let total = add(counters.get(&pid).copied().unwrap_or_default(), c);
-                    counters.insert(pid, total);
+        }
+        if let Some((counters, losses)) = self.exact_counts()? {
+            if let Some(probes) = &self.probes {
+                if let Some(map) = probes.ebpf.map("THREADS") {
+                    let threads: aya::maps::HashMap<_, u32, sampler_common::ThreadState> =
+                        aya::maps::HashMap::try_from(map)?;
+                    self.thread_states = Some(threads.keys().filter(Result::is_ok).count() as u64);
                 }
-            }
-            for (&pid, &c) in &self.finished {
-                let total = add(counters.get(&pid).copied().unwrap_or_default(), c);
-                counters.insert(pid, total);
-            }
-            let losses = {
-                let map = probes.ebpf.map("LOSSES").context("LOSSES map missing")?;
-                collect::read_losses(&PerCpuArray::try_from(map)?)?
-            };
-            if let Some(map) = probes.ebpf.map("THREADS") {
-                let threads: aya::maps::HashMap<_, u32, sampler_common::ThreadState> =
-                    aya::maps::HashMap::try_from(map)?;
-                self.thread_states = Some(threads.keys().filter(Result::is_ok).count() as u64);
-            }
-            lost = {
                 let map = probes.ebpf.map("LOST").context("LOST map missing")?;
-                Some(collect::read_lost(&PerCpuHashMap::try_from(map)?)?)
-            };
+                lost = Some(collect::read_lost(&PerCpuHashMap::try_from(map)?)?);
+            }
             self.last_counters = Some((counters, losses));
         }
         if let Some(mut lost) = lost {
@@ -137,6 +100,58 @@ impl Recording {
         self.last_counters
             .clone()
             .context("the kernel's counters were never read")
+    }
+}
+
+impl Recording {
+    /// The kernel's exact counters per target (running, and exited ones' kept values) and
+    /// its loss counters, as they are now, without catching up on samples: what the
+    /// once-a-second readers (cost windows, throttle) need. `None` once detached.
+    pub(super) fn exact_counts(
+        &self,
+    ) -> anyhow::Result<Option<(BTreeMap<u32, ProcessCounters>, Losses)>> {
+        let Some(probes) = &self.probes else {
+            return Ok(None);
+        };
+        let slots: Vec<(u32, u32)> = self
+            .running
+            .iter()
+            .filter(|(_, &slot)| slot != HOST_SLOT)
+            .map(|(&p, &s)| (p, s))
+            .collect();
+        let mut counters = {
+            let map = probes
+                .ebpf
+                .map("COUNTERS")
+                .context("COUNTERS map missing")?;
+            collect::read_counters(&PerCpuArray::try_from(map)?, &slots)?
+        };
+        if self.targets.all || self.followed_only {
+            let map = probes
+                .ebpf
+                .map("HOST_COUNTERS")
+                .context("HOST_COUNTERS map missing")?;
+            let host = collect::read_host_counters(&PerCpuHashMap::try_from(map)?)?;
+            for (pid, c) in host {
+                // Followed: only targets (the kernel also counts, briefly, processes
+                // pending a decision, and one we have not heard of yet).
+                let target = !self.followed_only || self.running.contains_key(&pid);
+                if self.excluded.contains(&pid) || !target {
+                    continue;
+                }
+                let total = add(counters.get(&pid).copied().unwrap_or_default(), c);
+                counters.insert(pid, total);
+            }
+        }
+        for (&pid, &c) in &self.finished {
+            let total = add(counters.get(&pid).copied().unwrap_or_default(), c);
+            counters.insert(pid, total);
+        }
+        let losses = {
+            let map = probes.ebpf.map("LOSSES").context("LOSSES map missing")?;
+            collect::read_losses(&PerCpuArray::try_from(map)?)?
+        };
+        Ok(Some((counters, losses)))
     }
 }
 

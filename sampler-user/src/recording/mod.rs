@@ -221,9 +221,6 @@ pub struct Recording {
     counted_ns: u64,
     /// The uprobe trap's cost, calibrated at start.
     trap: Trap,
-    /// The probe programs' runs when the counters were last read (counted only while
-    /// statistics are on).
-    runs: ProgramRuns,
     /// The windows the programs' cost is measured in.
     cost: cost::CostWindows,
     cost_clock: tokio::time::Interval,
@@ -317,7 +314,6 @@ impl Recording {
             last_counters: None,
             counted_ns: 0,
             trap,
-            runs: ProgramRuns::default(),
             cost: cost::CostWindows::default(),
             cost_clock: tokio::time::interval(Duration::from_secs(1)),
             throttling: throttling::Throttling::new(
@@ -462,18 +458,12 @@ impl Recording {
     /// The probes' cost per allocation call of the targets, as the statistics windows so
     /// far measured it (the trap alone before the first window closes).
     pub fn ns_per_call(&self) -> f64 {
-        let (runs, calls) = self.cost.totals();
-        let target = TargetUse {
-            pid: 0,
-            calls: calls.max(1),
-            cpu_seconds: None,
-        };
-        let measured = self.meter().measure(runs, 1.0, &[target]);
-        if self.cost.measured() {
-            measured.ns_per_call
-        } else {
-            self.trap.ns
+        if !self.cost.measured() {
+            return self.trap.ns;
         }
+        let (runs, calls) = self.cost.totals();
+        let meter = self.meter();
+        overhead::ns_per_call(meter.trap, runs, meter.stats, meter.file_wide, calls)
     }
 
     /// How the command started for this recording ended (known once detached).
@@ -519,10 +509,7 @@ impl Recording {
                     }
                 }
                 _ = self.scan.tick() => self.discover()?,
-                _ = self.cost_clock.tick() => {
-                    self.cost_tick().await?;
-                    self.throttle_tick().await?;
-                }
+                _ = self.cost_clock.tick() => self.every_second()?,
                 Some(pid) = self.watcher.exited.recv() => {
                     self.finalize(pid).await?;
                     let waits = self.targets.waits_for_new();
@@ -534,6 +521,26 @@ impl Recording {
                 }
             }
         }
+    }
+
+    /// Once a second: one reading of the exact counters for the cost windows and the
+    /// throttle, when either needs it.
+    fn every_second(&mut self) -> anyhow::Result<()> {
+        let step = self.cost.tick();
+        if step == cost::CostStep::Idle && self.throttling.is_none() {
+            return Ok(());
+        }
+        let Some((counters, losses)) = self.exact_counts()? else {
+            return Ok(());
+        };
+        let calls = counters.values().map(|c| c.calls).sum();
+        match step {
+            cost::CostStep::Open => self.open_cost_window(calls),
+            cost::CostStep::Check if self.cost.done(calls) => self.close_cost_window(calls),
+            _ => {}
+        }
+        let bytes = counters.values().map(|c| c.bytes).sum();
+        self.throttle_tick(bytes, losses.ringbuf_full)
     }
 
     /// Moves the batch into the aggregator, acting on process events first.
@@ -595,8 +602,8 @@ impl Recording {
         if self.probes.is_none() {
             return Ok(());
         }
-        self.close_cost_window().await?;
-        self.counters().await?;
+        let (counters, _) = self.counters().await?;
+        self.close_cost_window(counters.values().map(|c| c.calls).sum());
         self.cutoff_ns = Some(self.counted_ns);
         if let Some(logger) = self.logger.as_mut() {
             logger.flush();

@@ -1,7 +1,8 @@
 //! Applying the sampling-rate throttle ([`crate::throttle`]) to a running recording: once
 //! a second, the bytes the targets allocated (exact counters) and the samples the kernel
-//! drew (delivered, or lost for want of ring-buffer room) go to the controller, and a new
-//! interval goes to the kernel's `RATE` map.
+//! drew (received, or lost for want of ring-buffer room; samples still on their way are
+//! counted the next second) go to the controller, and a new interval goes to the kernel's
+//! `RATE` map.
 
 use log::info;
 
@@ -57,14 +58,10 @@ impl Throttling {
 }
 
 impl Recording {
-    /// Once a second: feeds the throttle and sets the interval it chooses.
-    pub(super) async fn throttle_tick(&mut self) -> anyhow::Result<()> {
-        if self.throttling.is_none() || self.probes.is_none() {
-            return Ok(());
-        }
-        let (counters, losses) = self.counters().await?;
-        let bytes: u64 = counters.values().map(|c| c.bytes).sum();
-        let samples = self.samples_taken + losses.ringbuf_full;
+    /// Once a second: feeds the throttle the targets' `bytes` and the ring buffer's lost
+    /// samples counted so far, and sets the interval it chooses.
+    pub(super) fn throttle_tick(&mut self, bytes: u64, lost: u64) -> anyhow::Result<()> {
+        let samples = self.samples_taken + lost;
         let now = monotonic_ns();
         let Some(throttling) = self.throttling.as_mut() else {
             return Ok(());

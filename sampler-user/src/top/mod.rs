@@ -31,7 +31,7 @@ use crate::{
     collect::monotonic_ns,
     config::{BadInput, TopConfig},
     export::{self, Value},
-    outfile, preflight,
+    outfile, overhead, preflight,
     profile::Tally,
     recording::{self, Happening, Prepared, Recording},
     spawn,
@@ -348,10 +348,9 @@ impl Watch {
             }
         }
         let seconds = (elapsed - then).max(1e-3);
-        let own = cpu - added_where_known;
         ProbeCost {
             cores: added / seconds,
-            share: (own > 0.01).then(|| added_where_known / own),
+            share: overhead::share(added_where_known, cpu),
             ns_per_call,
         }
     }
