@@ -180,7 +180,7 @@ pub fn render(profile: &Profile, top: usize) -> String {
                 " (raised up to {} by --max-samples-per-sec {}, {} changes)",
                 bytes(t.largest_interval_bytes as f64),
                 t.max_samples_per_second,
-                t.changes.len()
+                t.changes.len() as u64 + t.changes_not_listed
             )
         })
         .unwrap_or_default();

@@ -17,6 +17,10 @@
 //! leaves every estimator unbiased (the simulation in [`crate::stats::simulate`] checks
 //! it with a step change).
 
+/// Interval changes a profile lists (at most one a second: over 15 minutes of changes);
+/// later ones are counted.
+pub const LISTED_CHANGES: usize = 1000;
+
 /// The largest interval the throttle sets (1 TiB).
 pub const MAX_INTERVAL: u64 = 1 << 40;
 

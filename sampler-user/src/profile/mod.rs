@@ -102,9 +102,13 @@ pub struct ThrottleRecord {
     pub max_samples_per_second: u32,
     /// The largest interval it set.
     pub largest_interval_bytes: u64,
-    /// Every change: seconds since the start, and the interval from then on (each thread
-    /// takes it at its next sample; every sample carries its own).
+    /// The changes, the first [`crate::throttle::LISTED_CHANGES`] of them: seconds since
+    /// the start, and the interval from then on (each thread takes it at its next sample;
+    /// every sample carries its own).
     pub changes: Vec<IntervalChange>,
+    /// Changes made after the list was full.
+    #[serde(default)]
+    pub changes_not_listed: u64,
 }
 
 /// One interval change by the throttle.

@@ -10,7 +10,7 @@ use super::Recording;
 use crate::{
     collect::monotonic_ns,
     profile::{IntervalChange, ThrottleRecord},
-    throttle::Throttle,
+    throttle::{Throttle, LISTED_CHANGES},
 };
 
 /// The throttle's state in a recording.
@@ -22,6 +22,7 @@ pub(super) struct Throttling {
     last_ns: u64,
     started_ns: u64,
     changes: Vec<IntervalChange>,
+    changes_not_listed: u64,
     largest: u64,
 }
 
@@ -37,6 +38,7 @@ impl Throttling {
                 last_ns: now,
                 started_ns: now,
                 changes: Vec::new(),
+                changes_not_listed: 0,
                 largest: interval,
             }
         })
@@ -47,12 +49,22 @@ impl Throttling {
         self.largest
     }
 
+    /// Lists a change, or counts it once [`LISTED_CHANGES`] are listed.
+    fn note(&mut self, change: IntervalChange) {
+        if self.changes.len() < LISTED_CHANGES {
+            self.changes.push(change);
+        } else {
+            self.changes_not_listed += 1;
+        }
+    }
+
     /// What it did, if it ever raised the interval.
     pub fn record(&self) -> Option<ThrottleRecord> {
         (!self.changes.is_empty()).then(|| ThrottleRecord {
             max_samples_per_second: self.target,
             largest_interval_bytes: self.largest,
             changes: self.changes.clone(),
+            changes_not_listed: self.changes_not_listed,
         })
     }
 }
@@ -78,7 +90,7 @@ impl Recording {
             return Ok(());
         };
         throttling.largest = throttling.largest.max(interval);
-        throttling.changes.push(IntervalChange {
+        throttling.note(IntervalChange {
             at_seconds: now.saturating_sub(throttling.started_ns) as f64 / 1e9,
             interval_bytes: interval,
         });
@@ -91,5 +103,26 @@ impl Recording {
             probes.set_rate(interval)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changes_are_listed_up_to_the_bound_then_counted() {
+        let mut throttling = Throttling::new(100, 512).unwrap();
+        assert!(throttling.record().is_none());
+        for i in 0..LISTED_CHANGES + 5 {
+            throttling.note(IntervalChange {
+                at_seconds: i as f64,
+                interval_bytes: 1024,
+            });
+        }
+        let record = throttling.record().unwrap();
+        assert_eq!(record.changes.len(), LISTED_CHANGES);
+        assert_eq!(record.changes_not_listed, 5);
+        assert!(Throttling::new(0, 512).is_none());
     }
 }
