@@ -6,7 +6,6 @@
 //! output.
 
 use std::{
-    collections::BTreeMap,
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -15,13 +14,17 @@ use std::{
 };
 
 use anyhow::Context as _;
-use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::maps::{MapData, RingBuf};
 use sampler_common::{
-    AllocEvent, AllocFn, EventKind, FreeEvent, LossCounter, LostKey, LostSamples, ProcessCounters,
-    ProcessEvent, SampleRecord, StackCopy, FLAG_STACK_AT_RETURN, FLAG_STACK_COPY, FLAG_TRACKED,
-    MAX_STACK_DEPTH, PROCESS_EXEC, PROCESS_FORK, RETURN_SLOTS,
+    AllocEvent, AllocFn, EventKind, FreeEvent, ProcessEvent, SampleRecord, StackCopy,
+    FLAG_STACK_AT_RETURN, FLAG_STACK_COPY, FLAG_TRACKED, MAX_STACK_DEPTH, PROCESS_EXEC,
+    PROCESS_FORK, RETURN_SLOTS,
 };
 use tokio::sync::mpsc;
+
+mod counters;
+
+pub use counters::{lost, thread_states, Counters, Losses, LostBatch};
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`, so ages of sampled
 /// blocks can be computed from their kernel timestamps.
@@ -466,158 +469,6 @@ impl MapsReader {
             }
             _ => {}
         }
-    }
-}
-
-/// Loss counters summed over CPUs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Losses {
-    /// Samples that found the ring buffer full: their stacks are lost, their sizes are
-    /// counted under each process's "samples lost" pseudo-stack (all but
-    /// `lost_unrecorded` of them).
-    pub ringbuf_full: u64,
-    /// Samples sent without a user stack.
-    pub stack_missing: u64,
-    /// Calls whose target had no counter slot (should stay 0).
-    pub counters_full: u64,
-    /// Calls neither counted nor sampled (thread map refused an entry).
-    pub thread_state_full: u64,
-    /// Sampled blocks whose frees could not be tracked (live map full).
-    #[serde(default)]
-    pub live_map_full: u64,
-    /// Frees of tracked blocks not delivered (ring buffer full): those blocks still count
-    /// as live, so live numbers may be high.
-    #[serde(default)]
-    pub free_event_lost: u64,
-    /// Fork and exec events of followed processes not delivered (ring buffer full).
-    #[serde(default)]
-    pub process_event_lost: u64,
-    /// Lost samples the kernel could not even count by size (its lost-sample map was full):
-    /// the totals leave them out.
-    #[serde(default)]
-    pub lost_unrecorded: u64,
-    /// New processes of followed ones (or exec'd ones `--comm` was to decide on) the
-    /// kernel could not add to its followed set (full): they were not counted.
-    #[serde(default)]
-    pub followed_full: u64,
-    /// Samples whose stack was cut to its leaf frame (more distinct stacks than
-    /// `--max-stacks`): counted in full, under a shorter stack. Counted in user space.
-    #[serde(default)]
-    pub stacks_cut_to_leaf: u64,
-}
-
-impl Losses {
-    /// Total of all counters.
-    pub fn total(&self) -> u64 {
-        self.ringbuf_full
-            + self.stack_missing
-            + self.counters_full
-            + self.thread_state_full
-            + self.live_map_full
-            + self.free_event_lost
-            + self.process_event_lost
-            + self.lost_unrecorded
-            + self.followed_full
-            + self.stacks_cut_to_leaf
-    }
-}
-
-/// Reads the `LOSSES` per-CPU array.
-pub fn read_losses(map: &PerCpuArray<&MapData, u64>) -> anyhow::Result<Losses> {
-    let sum = |counter: LossCounter| -> anyhow::Result<u64> {
-        Ok(map.get(&(counter as u32), 0)?.iter().sum())
-    };
-    Ok(Losses {
-        ringbuf_full: sum(LossCounter::RingBufFull)?,
-        stack_missing: sum(LossCounter::StackMissing)?,
-        counters_full: sum(LossCounter::CountersFull)?,
-        thread_state_full: sum(LossCounter::ThreadStateFull)?,
-        live_map_full: sum(LossCounter::LiveMapFull)?,
-        free_event_lost: sum(LossCounter::FreeEventLost)?,
-        process_event_lost: sum(LossCounter::ProcessEventLost)?,
-        lost_unrecorded: sum(LossCounter::LostUnrecorded)?,
-        followed_full: sum(LossCounter::FollowedFull)?,
-        stacks_cut_to_leaf: 0,
-    })
-}
-
-/// Samples of one size and interval that the kernel could not deliver (see
-/// [`sampler_common::LostKey`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LostBatch {
-    /// Allocation size.
-    pub size: u64,
-    /// Mean interval they were drawn under.
-    pub interval: u64,
-    /// How many.
-    pub samples: u64,
-    /// Sum of their remainders `size - offset`.
-    pub unseen: u64,
-}
-
-/// Reads the `LOST` per-CPU hash: every process's undelivered samples, summed over CPUs.
-pub fn read_lost(
-    map: &PerCpuHashMap<&MapData, LostKey, LostSamples>,
-) -> anyhow::Result<BTreeMap<u32, Vec<LostBatch>>> {
-    let mut lost: BTreeMap<u32, Vec<LostBatch>> = BTreeMap::new();
-    for entry in map.iter() {
-        let (key, values) = entry?;
-        let batch = LostBatch {
-            size: key.size,
-            interval: key.interval,
-            samples: values.iter().map(|v| v.samples).sum(),
-            unseen: values.iter().map(|v| v.unseen).sum(),
-        };
-        if batch.samples > 0 && batch.size > 0 && batch.interval > 0 {
-            lost.entry(key.pid).or_default().push(batch);
-        }
-    }
-    Ok(lost)
-}
-
-fn sum(values: &[ProcessCounters]) -> ProcessCounters {
-    values
-        .iter()
-        .fold(ProcessCounters::default(), |acc, c| ProcessCounters {
-            calls: acc.calls + c.calls,
-            bytes: acc.bytes + c.bytes,
-        })
-}
-
-/// Reads the `COUNTERS` per-CPU array: exact calls and bytes of each (pid, slot), summed
-/// over CPUs.
-pub fn read_counters(
-    map: &PerCpuArray<&MapData, ProcessCounters>,
-    slots: &[(u32, u32)],
-) -> anyhow::Result<BTreeMap<u32, ProcessCounters>> {
-    let mut totals = BTreeMap::new();
-    for &(pid, slot) in slots {
-        totals.insert(pid, sum(&map.get(&slot, 0)?));
-    }
-    Ok(totals)
-}
-
-/// Reads the `HOST_COUNTERS` per-CPU hash (`--all`): exact calls and bytes per pid.
-pub fn read_host_counters(
-    map: &PerCpuHashMap<&MapData, u32, ProcessCounters>,
-) -> anyhow::Result<BTreeMap<u32, ProcessCounters>> {
-    let mut totals = BTreeMap::new();
-    for entry in map.iter() {
-        let (pid, values) = entry?;
-        totals.insert(pid, sum(&values));
-    }
-    Ok(totals)
-}
-
-/// One process's counters in the `HOST_COUNTERS` per-CPU hash (zero if it has none).
-pub fn read_host_counter(
-    map: &PerCpuHashMap<&MapData, u32, ProcessCounters>,
-    pid: u32,
-) -> anyhow::Result<ProcessCounters> {
-    match map.get(&pid, 0) {
-        Ok(values) => Ok(sum(&values)),
-        Err(aya::maps::MapError::KeyNotFound) => Ok(ProcessCounters::default()),
-        Err(e) => Err(e.into()),
     }
 }
 

@@ -1,11 +1,10 @@
-//! The kernel's exact counters: read for the targets that run (per process slot, or per
-//! pid for file-wide probes), kept for those that exited (their slots are reused), with the
-//! loss counters and the samples the kernel could not deliver.
+//! The recording's side of the kernel's exact counters ([`crate::collect::Counters`]):
+//! which targets are counted where, a target's last counts kept when it exits, and the
+//! samples the kernel could not deliver handed to the aggregator.
 
 use std::collections::BTreeMap;
 
 use anyhow::Context as _;
-use aya::maps::{PerCpuArray, PerCpuHashMap, PerCpuValues};
 use log::info;
 use sampler_common::{ProcessCounters, HOST_SLOT};
 
@@ -23,48 +22,17 @@ impl Recording {
         let Some(probes) = self.probes.as_mut() else {
             return Ok(());
         };
-        let last = if slot == HOST_SLOT {
-            // Counted by file-wide probes: nothing to detach. Its entry goes, so that a
-            // later process given the same pid starts from zero.
+        if slot == HOST_SLOT {
+            // Counted by file-wide probes: nothing to detach.
             info!("pid {pid} exited: its counters are kept");
-            let map = probes
-                .ebpf
-                .map("HOST_COUNTERS")
-                .context("HOST_COUNTERS map missing")?;
-            let last = collect::read_host_counter(&PerCpuHashMap::try_from(map)?, pid)?;
-            probes.forget_counters(pid);
-            last
+            self.counters.keep_host(&mut probes.ebpf, pid)?;
         } else {
             info!("pid {pid} exited: its probes go, its counters are kept");
             probes.remove(pid).close_in_background();
-            self.reset_slot(pid, slot)?
-        };
-        let before = self.finished.get(&pid).copied().unwrap_or_default();
-        self.finished.insert(pid, add(before, last));
+            self.counters.keep_slot(&mut probes.ebpf, pid, slot)?;
+            self.free_slots.push(slot);
+        }
         Ok(())
-    }
-
-    /// Reads the last counts of `pid` from its counter slot, then zeroes the slot and
-    /// makes it free for another process.
-    fn reset_slot(&mut self, pid: u32, slot: u32) -> anyhow::Result<ProcessCounters> {
-        let probes = self.probes_mut()?;
-        let last = {
-            let map = probes
-                .ebpf
-                .map("COUNTERS")
-                .context("COUNTERS map missing")?;
-            collect::read_counters(&PerCpuArray::try_from(map)?, &[(pid, slot)])?
-        };
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
-        let zeros = PerCpuValues::try_from(vec![ProcessCounters::default(); cpus])?;
-        let map = probes
-            .ebpf
-            .map_mut("COUNTERS")
-            .context("COUNTERS map missing")?;
-        let mut counters: PerCpuArray<_, ProcessCounters> = PerCpuArray::try_from(map)?;
-        counters.set(slot, zeros, 0)?;
-        self.free_slots.push(slot);
-        Ok(last.get(&pid).copied().unwrap_or_default())
     }
 
     /// Catches up, then reads the kernel's exact counters per process and the loss counters
@@ -78,13 +46,8 @@ impl Recording {
         }
         if let Some((counters, losses)) = self.exact_counts()? {
             if let Some(probes) = &self.probes {
-                if let Some(map) = probes.ebpf.map("THREADS") {
-                    let threads: aya::maps::HashMap<_, u32, sampler_common::ThreadState> =
-                        aya::maps::HashMap::try_from(map)?;
-                    self.thread_states = Some(threads.keys().filter(Result::is_ok).count() as u64);
-                }
-                let map = probes.ebpf.map("LOST").context("LOST map missing")?;
-                lost = Some(collect::read_lost(&PerCpuHashMap::try_from(map)?)?);
+                self.thread_states = Some(collect::thread_states(&probes.ebpf)?);
+                lost = Some(collect::lost(&probes.ebpf)?);
             }
             self.last_counters = Some((counters, losses));
         }
@@ -101,9 +64,7 @@ impl Recording {
             .clone()
             .context("the kernel's counters were never read")
     }
-}
 
-impl Recording {
     /// The kernel's exact counters per target (running, and exited ones' kept values) and
     /// its loss counters, as they are now, without catching up on samples: what the
     /// once-a-second readers (cost windows, throttle) need. `None` once detached.
@@ -119,45 +80,14 @@ impl Recording {
             .filter(|(_, &slot)| slot != HOST_SLOT)
             .map(|(&p, &s)| (p, s))
             .collect();
-        let mut counters = {
-            let map = probes
-                .ebpf
-                .map("COUNTERS")
-                .context("COUNTERS map missing")?;
-            collect::read_counters(&PerCpuArray::try_from(map)?, &slots)?
+        // File-wide: only targets (the kernel also counts, briefly, processes pending a
+        // decision, and one we have not heard of yet).
+        let target = |pid: u32| {
+            !self.excluded.contains(&pid)
+                && (!self.followed_only || self.running.contains_key(&pid))
         };
-        if self.targets.all || self.followed_only {
-            let map = probes
-                .ebpf
-                .map("HOST_COUNTERS")
-                .context("HOST_COUNTERS map missing")?;
-            let host = collect::read_host_counters(&PerCpuHashMap::try_from(map)?)?;
-            for (pid, c) in host {
-                // Followed: only targets (the kernel also counts, briefly, processes
-                // pending a decision, and one we have not heard of yet).
-                let target = !self.followed_only || self.running.contains_key(&pid);
-                if self.excluded.contains(&pid) || !target {
-                    continue;
-                }
-                let total = add(counters.get(&pid).copied().unwrap_or_default(), c);
-                counters.insert(pid, total);
-            }
-        }
-        for (&pid, &c) in &self.finished {
-            let total = add(counters.get(&pid).copied().unwrap_or_default(), c);
-            counters.insert(pid, total);
-        }
-        let losses = {
-            let map = probes.ebpf.map("LOSSES").context("LOSSES map missing")?;
-            collect::read_losses(&PerCpuArray::try_from(map)?)?
-        };
-        Ok(Some((counters, losses)))
-    }
-}
-
-fn add(a: ProcessCounters, b: ProcessCounters) -> ProcessCounters {
-    ProcessCounters {
-        calls: a.calls + b.calls,
-        bytes: a.bytes + b.bytes,
+        let file_wide = self.targets.all || self.followed_only;
+        let host: Option<&dyn Fn(u32) -> bool> = if file_wide { Some(&target) } else { None };
+        self.counters.read(&probes.ebpf, &slots, host).map(Some)
     }
 }

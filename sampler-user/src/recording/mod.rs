@@ -33,7 +33,7 @@ use log::{debug, info, warn};
 use sampler_common::ProcessCounters;
 
 use crate::{
-    collect::{monotonic_ns, Event, Losses, SampleReader},
+    collect::{monotonic_ns, Counters, Event, Losses, SampleReader},
     config::{BadInput, SamplingConfig, Targets},
     exits,
     overhead::{self, Overhead, TargetUse, Trap},
@@ -189,8 +189,8 @@ pub struct Recording {
     pids: Vec<u32>,
     free_slots: Vec<u32>,
     next_slot: u32,
-    /// Final counters of processes that exited (their slots were reused).
-    finished: BTreeMap<u32, ProcessCounters>,
+    /// The kernel's exact counters, with those of targets that exited.
+    counters: Counters,
     /// `--follow`, `--comm`: allocator files are probed for every process, and the kernel
     /// counts those in its followed set (see [`Self::admit`]).
     followed_only: bool,
@@ -298,7 +298,7 @@ impl Recording {
             pids: Vec::new(),
             free_slots: Vec::new(),
             next_slot: 0,
-            finished: BTreeMap::new(),
+            counters: Counters::default(),
             followed_only,
             host_files: HashMap::new(),
             excluded: HashSet::new(),
