@@ -34,6 +34,12 @@ static HOST_MODE: u8 = 0;
 #[no_mangle]
 static FOLLOWED_ONLY: u8 = 0;
 
+/// Non-zero under `--max-overhead`: the probes are attached in on slots only, and the
+/// allocation programs count and sample only while `GATE` is open, so the slot's edges are
+/// where user space says, not where attaching and detaching happened to finish.
+#[no_mangle]
+static DUTY_CYCLED: u8 = 0;
+
 /// Bytes of user stack copied per sample for unwinding in user space (`--unwind dwarf`,
 /// `--stack-bytes`); 0: the kernel walks frame pointers instead (`--unwind fp`).
 #[no_mangle]
@@ -91,4 +97,10 @@ pub fn function_size(function: u64) -> u64 {
 pub fn watch_execs() -> bool {
     // SAFETY: as above.
     unsafe { core::ptr::read_volatile(&WATCH_EXECS) != 0 }
+}
+
+#[inline(always)]
+pub fn duty_cycled() -> bool {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&DUTY_CYCLED) != 0 }
 }

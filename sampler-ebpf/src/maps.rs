@@ -71,6 +71,11 @@ pub static SCRATCH: Array<SampleRecord> = Array::with_max_entries(1, 0);
 #[map]
 pub static RATE: Array<sampler_common::Rate> = Array::with_max_entries(1, 0);
 
+/// Duty cycling (`--max-overhead`): non-zero while an on slot is open (one entry, set by
+/// user space). Read only when `DUTY_CYCLED`.
+#[map]
+pub static GATE: Array<u32> = Array::with_max_entries(1, 0);
+
 /// Calls seen by the bare reference probe of the benchmark (index 0).
 #[map]
 pub static BARE_CALLS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);

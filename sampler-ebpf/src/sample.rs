@@ -26,7 +26,7 @@ use sampler_common::{
 use crate::{
     config,
     maps::{
-        count_loss, COUNTERS, EXCLUDED, FOLLOWED, HOST_COUNTERS, LIVE, LOST, RATE, SAMPLES,
+        count_loss, COUNTERS, EXCLUDED, FOLLOWED, GATE, HOST_COUNTERS, LIVE, LOST, RATE, SAMPLES,
         SCRATCH, THREADS,
     },
 };
@@ -54,6 +54,10 @@ pub fn on_alloc<C: EbpfContext>(
 ) -> bool {
     // A small-object allocator (CPython's) counts only what it serves itself; the rest it
     // passes to malloc, which counts it. It leaves no marker, so that malloc does.
+    if config::duty_cycled() && !gate_open() {
+        // Between on slots: attached (about to detach, or just attached), not counted.
+        return false;
+    }
     let small_objects = cookie::is_small_objects(cookie);
     let passed_on = small_objects && (size == 0 || size > cookie::SMALL_OBJECT_LIMIT);
     let tracking = config::track_frees();
@@ -295,6 +299,11 @@ pub fn on_free(address: u64) {
 /// every process outside it, else (`--all`) the ones the user excluded (and allocscope
 /// itself). Pruned by the verifier for scoped probes, which only ever fire in their own
 /// process.
+#[inline(always)]
+fn gate_open() -> bool {
+    GATE.get(0).is_some_and(|&open| open != 0)
+}
+
 #[inline(always)]
 fn excluded(pid: u32) -> bool {
     if !config::host_mode() {

@@ -120,6 +120,14 @@ pub struct SamplingArgs {
     )]
     pub max_samples_per_sec: u32,
 
+    /// Most CPU time the probes may add to the targets, as a share of their own (e.g. 2%):
+    /// above it the probes are duty-cycled, attached in one randomly placed slot of every
+    /// few, and every estimate is weighted by the share of time observed (its bounds
+    /// widened by the spread between slots). Needs --alloc-only: frees in the off slots
+    /// would be missed.
+    #[arg(long, value_name = "PCT", help_heading = "Sampling")]
+    pub max_overhead: Option<String>,
+
     /// Count allocations only: no free tracking, no live-heap numbers, the lowest overhead
     /// (no return probes, no probe on free).
     #[arg(long, help_heading = "Sampling")]

@@ -139,6 +139,9 @@ pub struct SamplingConfig {
     pub verbose: bool,
     /// Samples per second the throttle aims at (0: no throttle).
     pub max_samples_per_sec: u32,
+    /// `--max-overhead` as a fraction (0.02 for 2%): the probes are duty-cycled to keep
+    /// their cost under it (`None`: always attached).
+    pub max_overhead: Option<f64>,
 }
 
 impl SamplingConfig {
@@ -302,6 +305,21 @@ impl SamplingArgs {
             (None, Unwind::FramePointers) => 4 << 20,
             (None, Unwind::Cfi { .. }) => 32 << 20,
         };
+        let max_overhead = match &self.max_overhead {
+            None => None,
+            Some(text) => Some(parse_percent(text).ok_or_else(|| {
+                BadInput(format!(
+                    "invalid --max-overhead {text:?}: a percentage from 0.1% to 100% (e.g. 2%)"
+                ))
+            })?),
+        };
+        if max_overhead.is_some() && !self.alloc_only {
+            return Err(BadInput(
+                "--max-overhead needs --alloc-only: with the probes detached between slots, \
+                 frees would be missed and live numbers would be wrong"
+                    .into(),
+            ));
+        }
         Ok(SamplingConfig {
             interval,
             alloc_only: self.alloc_only,
@@ -314,8 +332,16 @@ impl SamplingArgs {
             confidence: self.confidence,
             verbose: self.verbose,
             max_samples_per_sec: self.max_samples_per_sec,
+            max_overhead,
         })
     }
+}
+
+/// A share given as a percentage ("2%", "2", "0.5%") as a fraction, from 0.1% to 100%.
+pub fn parse_percent(text: &str) -> Option<f64> {
+    let number = text.trim().trim_end_matches('%').trim();
+    let percent: f64 = number.parse().ok()?;
+    (0.1..=100.0).contains(&percent).then_some(percent / 100.0)
 }
 
 /// Most sampled blocks `--max-tracked` may ask the kernel to track (~100 MiB of kernel
@@ -391,6 +417,13 @@ impl RecordArgs {
                     .into(),
             ));
         }
+        if sampling.max_overhead.is_some() && every.is_some() {
+            return Err(BadInput(
+                "--every with --max-overhead is not supported: a period shorter than a \
+                 stratum of slots may hold no on slot at all; record to one file"
+                    .into(),
+            ));
+        }
         if self.keep == Some(0) {
             return Err(BadInput(
                 "invalid --keep 0: keep at least one snapshot".into(),
@@ -429,6 +462,13 @@ impl TopArgs {
     pub fn into_config(self) -> Result<TopConfig, BadInput> {
         let targets = self.targets.into_targets()?;
         let sampling = self.sampling.into_config()?;
+        if sampling.max_overhead.is_some() {
+            return Err(BadInput(
+                "--max-overhead is for record: top shows rates over a sliding window, which \
+                 time-sampled slots would leave mostly empty"
+                    .into(),
+            ));
+        }
         // The view refreshes every second.
         let window = duration_flag("--window", &self.window, Duration::from_secs(1))?;
         let leaks_older_than =
@@ -540,6 +580,56 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("0").is_err());
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn max_overhead_is_a_percentage_and_needs_alloc_only() {
+        let config = record(&["-p", "1", "-o", "x", "--alloc-only", "--max-overhead", "2%"]);
+        assert_eq!(config.unwrap().sampling.max_overhead, Some(0.02));
+        let config = record(&[
+            "-p",
+            "1",
+            "-o",
+            "x",
+            "--alloc-only",
+            "--max-overhead",
+            "0.5",
+        ]);
+        assert_eq!(config.unwrap().sampling.max_overhead, Some(0.005));
+        assert_eq!(
+            record(&["-p", "1", "-o", "x"])
+                .unwrap()
+                .sampling
+                .max_overhead,
+            None
+        );
+        for silly in ["0", "0.01%", "101%", "lots", "NaN"] {
+            let err = record(&[
+                "-p",
+                "1",
+                "-o",
+                "x",
+                "--alloc-only",
+                "--max-overhead",
+                silly,
+            ])
+            .unwrap_err();
+            assert!(err.contains("invalid --max-overhead"), "{silly}: {err}");
+        }
+        let err = record(&["-p", "1", "-o", "x", "--max-overhead", "2%"]).unwrap_err();
+        assert!(err.contains("needs --alloc-only"), "{err}");
+        let both = [
+            "-p",
+            "1",
+            "-o",
+            "d",
+            "--alloc-only",
+            "--max-overhead",
+            "2%",
+            "--every",
+            "1s",
+        ];
+        assert!(record(&both).unwrap_err().contains("--every"));
     }
 
     #[test]

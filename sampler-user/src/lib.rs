@@ -8,6 +8,7 @@
 pub mod cli;
 pub mod collect;
 pub mod config;
+pub mod duty_cycle;
 pub mod exits;
 pub mod export;
 pub mod format;

@@ -33,6 +33,13 @@ pub struct BenchArgs {
     /// malloc+free iterations per chunk.
     #[arg(long, default_value_t = 20_000)]
     chunk_iterations: u32,
+    /// Only the duty-cycling benchmark (`--max-overhead`): whole runs of a malloc storm
+    /// natively and under each budget, and whether the estimate's bounds held the truth.
+    #[arg(long)]
+    duty: bool,
+    /// malloc+free iterations of each duty-cycling run (~9 ns each natively here).
+    #[arg(long, default_value_t = 2_000_000_000)]
+    duty_iterations: u64,
     /// Extra arguments for `allocscope record` (e.g. `--interval 64KiB`).
     #[arg(last = true)]
     record_args: Vec<String>,
@@ -48,6 +55,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let allocscope = workspace().join("target/release/allocscope");
     let out_dir = workspace().join("target/bench");
     std::fs::create_dir_all(&out_dir)?;
+    if args.duty {
+        return duty(&args, &looper, &allocscope, &out_dir);
+    }
     // (name, extra record arguments, target ratio): DESIGN.md §5 and the issues' targets.
     // The last mode probes the whole host (`--all`) and leaves the reference copy out
     // (`--exclude-pid`): that copy then also pays our program's exclusion check, which the
@@ -202,6 +212,95 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The duty-cycling benchmark: per round, workload and budget, two pinned copies of the
+/// loop doing the same work, one native and one under `record --alloc-only
+/// --max-overhead`; the ratio of their whole run times, the share the profile says the
+/// probes added, and whether the profile's bounds on the bytes allocated hold the truth
+/// (64 bytes per iteration; the loop's own few other allocations are within the slack).
+/// Two workloads: a malloc loop doing nothing else (~9 ns per iteration natively, ~100
+/// times that while probed), and one doing ~1 µs of arithmetic per allocation.
+fn duty(args: &BenchArgs, looper: &Path, allocscope: &Path, out_dir: &Path) -> anyhow::Result<()> {
+    const PER_CHUNK: u32 = 2_000;
+    const SLACK: f64 = 1024.0 * 1024.0;
+    // (name, arithmetic steps per allocation, iterations as a share of --duty-iterations)
+    let workloads: [(&str, u32, u64); 2] = [
+        ("malloc loop", 0, 1),
+        ("1 µs of work per allocation", 1000, 110),
+    ];
+    let budgets = ["1%", "2%", "5%", "10%"];
+    let mut results: Vec<Vec<(f64, bool, f64, f64)>> =
+        vec![Vec::new(); budgets.len() * workloads.len()];
+    eprintln!(
+        "round  workload                      budget  native s  ours s  ratio  added  estimate/truth  bounds"
+    );
+    for round in 1..=args.rounds {
+        let (native_cpu, ours_cpu) = if round % 2 == 0 { (0, 1) } else { (1, 0) };
+        for (w, &(workload, work, divisor)) in workloads.iter().enumerate() {
+            let chunks = u32::try_from(args.duty_iterations / divisor / u64::from(PER_CHUNK))
+                .context("--duty-iterations too large")?
+                .max(1);
+            let truth = f64::from(chunks) * f64::from(PER_CHUNK) * 64.0;
+            for (b, budget) in budgets.iter().enumerate() {
+                let start = |cpu| Loop::start_working(looper, cpu, PER_CHUNK, chunks, work);
+                let (mut native, mut ours) = (start(native_cpu)?, start(ours_cpu)?);
+                let profile =
+                    out_dir.join(format!("duty-{w}-{}.json", budget.trim_end_matches('%')));
+                let probe = Probe::start(
+                    Command::new(allocscope)
+                        .args(["record", "--alloc-only", "--max-overhead", budget, "-p"])
+                        .arg(ours.pid())
+                        .arg("-o")
+                        .arg(&profile)
+                        .args(&args.record_args),
+                )?;
+                native.go()?;
+                ours.go()?;
+                let (native_ns, ours_ns) = (native.finish_both()?.1, ours.finish_both()?.1);
+                probe.stop()?;
+                let text = std::fs::read_to_string(&profile)
+                    .with_context(|| format!("reading {}", profile.display()))?;
+                let json: serde_json::Value = serde_json::from_str(&text)?;
+                let bytes = &json["processes"][0]["alloc_bytes"];
+                let estimate = bytes["estimate"].as_f64().unwrap_or(0.0);
+                let lower = bytes["lower"].as_f64().unwrap_or(0.0);
+                // `null`: no upper bound.
+                let upper = bytes["upper"].as_f64().unwrap_or(f64::INFINITY);
+                let held = lower <= truth + SLACK && truth <= upper;
+                let added = json["overhead"]["share"].as_f64().unwrap_or(f64::NAN);
+                let ratio = ours_ns / native_ns;
+                eprintln!(
+                    "{round:>5}  {workload:<28}  {budget:>6}  {:>8.2}  {:>6.2}  {ratio:.3}  {:>5.1}%  {:>14.3}  [{:.3}, {:.3}] {}",
+                    native_ns / 1e9,
+                    ours_ns / 1e9,
+                    added * 100.0,
+                    estimate / truth,
+                    lower / truth,
+                    upper / truth,
+                    if held { "held" } else { "MISSED" },
+                );
+                results[w * budgets.len() + b].push((ratio, held, added, (upper - lower) / truth));
+            }
+        }
+    }
+    for (w, (workload, ..)) in workloads.iter().enumerate() {
+        for (b, budget) in budgets.iter().enumerate() {
+            let runs = &results[w * budgets.len() + b];
+            let held = runs.iter().filter(|r| r.1).count();
+            println!(
+                "{workload}, record --alloc-only --max-overhead {budget}: median over {} rounds: \
+                 {:.3}× the native run time, probes added {:.1}% of its own CPU time, 95% \
+                 bounds held the truth in {held} of {} runs (median width {:.0}% of it)",
+                runs.len(),
+                median(runs.iter().map(|r| r.0).collect()),
+                median(runs.iter().map(|r| r.2).collect()) * 100.0,
+                runs.len(),
+                median(runs.iter().map(|r| r.3).collect()) * 100.0,
+            );
+        }
+    }
+    Ok(())
+}
+
 const HOST_MODE: &str = "record --all --alloc-only";
 const FOLLOW_MODE: &str = "record --follow --alloc-only";
 const DWARF_4K: &str = "record --alloc-only -i 4KiB";
@@ -237,10 +336,25 @@ struct Loop {
 
 impl Loop {
     fn start(looper: &Path, cpu: u32, args: &BenchArgs) -> anyhow::Result<Loop> {
+        Loop::start_with(looper, cpu, args.chunk_iterations, args.chunks)
+    }
+
+    fn start_with(looper: &Path, cpu: u32, per_chunk: u32, chunks: u32) -> anyhow::Result<Loop> {
+        Loop::start_working(looper, cpu, per_chunk, chunks, 0)
+    }
+
+    /// `work` steps of arithmetic between allocations (~1 ns each).
+    fn start_working(
+        looper: &Path,
+        cpu: u32,
+        per_chunk: u32,
+        chunks: u32,
+        work: u32,
+    ) -> anyhow::Result<Loop> {
         let mut child = Command::new("taskset")
             .args(["-c", &cpu.to_string()])
             .arg(looper)
-            .args([args.chunk_iterations.to_string(), args.chunks.to_string()])
+            .args([per_chunk.to_string(), chunks.to_string(), work.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -268,13 +382,24 @@ impl Loop {
         Ok(())
     }
 
-    fn finish(mut self) -> anyhow::Result<f64> {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line)?;
+    /// The median chunk's ns per iteration.
+    fn finish(self) -> anyhow::Result<f64> {
+        Ok(self.finish_both()?.0)
+    }
+
+    /// The median chunk's ns per iteration, and the whole run's ns.
+    fn finish_both(mut self) -> anyhow::Result<(f64, f64)> {
+        let mut read = |prefix: &str| -> anyhow::Result<f64> {
+            let mut line = String::new();
+            self.stdout.read_line(&mut line)?;
+            line.strip_prefix(prefix)
+                .and_then(|v| v.trim().parse().ok())
+                .with_context(|| format!("bench loop said {line:?}"))
+        };
+        let median = read("median_ns_per_iteration ")?;
+        let total = read("total_ns ")?;
         self.child.wait()?;
-        line.strip_prefix("median_ns_per_iteration ")
-            .and_then(|v| v.trim().parse().ok())
-            .with_context(|| format!("bench loop said {line:?}"))
+        Ok((median, total))
     }
 }
 

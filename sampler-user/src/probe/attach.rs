@@ -70,6 +70,10 @@ pub struct KernelConfig {
     pub followed_only: bool,
     /// Report every exec on the host (`--comm`, `--all`: new processes found at once).
     pub watch_execs: bool,
+    /// Duty cycling (`--max-overhead`): calls count only while the gate is open
+    /// ([`Probes::set_gate`]); the probes come and go with [`Probes::suspend`] and
+    /// [`Probes::resume`].
+    pub duty_cycled: bool,
 }
 
 /// One process to probe and the allocators found in it.
@@ -248,6 +252,23 @@ pub struct Detached {
 }
 
 impl Detached {
+    /// Takes `link` out of `ebpf`'s keeping into this set.
+    fn take(&mut self, ebpf: &mut Ebpf, link: Link) {
+        match link {
+            Link::Uprobe(name, id) => {
+                if let Some(program) = ebpf
+                    .program_mut(name)
+                    .and_then(|p| <&mut UProbe>::try_from(p).ok())
+                {
+                    if let Ok(link) = program.take_link(id) {
+                        self.uprobes.push(link);
+                    }
+                }
+            }
+            Link::Multi(fd) => self.sessions.push(fd),
+        }
+    }
+
     /// Drops every link at once, one thread each, and waits until all are closed. Closing
     /// a link waits for the kernel's grace periods (about 0.1 s here for each uprobe);
     /// closed one after another, the ~50 links of a recording with several allocator
@@ -308,6 +329,9 @@ pub struct Probes {
     frees: Option<session::MultiProgram>,
     links: HashMap<u32, Vec<Link>>,
     probed: HashSet<(u32, super::maps::FileId)>,
+    /// What [`Self::add`] attached, to attach again after [`Self::suspend`].
+    added: Vec<(Scope, Allocator)>,
+    suspended: bool,
     sizes: [u64; AllocFn::FUNCTION_SLOTS],
     _tracepoints: Vec<TracePointLinkId>,
 }
@@ -328,6 +352,7 @@ impl Probes {
         let followed_only = u8::from(config.host && config.followed_only);
         let watch_execs = u8::from(config.watch_execs);
         let stack_bytes = u64::from(config.stack_bytes);
+        let duty_cycled = u8::from(config.duty_cycled);
         let possible_cpus = aya::util::nr_cpus()
             .map_err(|(path, source)| AttachError::Cpus { path, source })?
             as u32;
@@ -340,6 +365,7 @@ impl Probes {
             .override_global("FOLLOWED_ONLY", &followed_only, true)
             .override_global("WATCH_EXECS", &watch_execs, true)
             .override_global("STACK_BYTES", &stack_bytes, true)
+            .override_global("DUTY_CYCLED", &duty_cycled, true)
             .map_max_entries("SCRATCH", possible_cpus)
             .map_max_entries("LIVE", config.track_frees.unwrap_or(1).max(1))
             .map_max_entries("SAMPLES", config.ring_buffer)
@@ -419,6 +445,8 @@ impl Probes {
             frees,
             links: HashMap::new(),
             probed: HashSet::new(),
+            added: Vec::new(),
+            suspended: false,
             sizes: [0; AllocFn::FUNCTION_SLOTS],
             _tracepoints: tracepoints,
         })
@@ -442,8 +470,48 @@ impl Probes {
                 points.extend(self.attach_frees(scope, allocator)?);
             }
             points.extend(self.attach_allocations(scope, allocator)?);
+            if self.config.duty_cycled {
+                self.added.push((scope, allocator.clone()));
+            }
         }
         Ok(points)
+    }
+
+    /// Duty cycling: opens (the programs count and sample) or closes the gate.
+    pub fn set_gate(&mut self, open: bool) -> Result<(), AttachError> {
+        let mut map: Array<&mut MapData, u32> = self.map_mut("GATE")?;
+        map.set(0, u32::from(open), 0)
+            .map_err(|e| AttachError::map("GATE", e))
+    }
+
+    /// Duty cycling: takes every allocation probe out (the targets stop paying the trap),
+    /// to be put back by [`Self::resume`]. The links are handed back, to be closed in the
+    /// background (see [`Self::remove`]); what is probed where is remembered. Probes added
+    /// while suspended are attached at once and go at the next suspend.
+    #[must_use = "the links stay attached until the Detached is dropped"]
+    pub fn suspend(&mut self) -> Detached {
+        let mut all = Detached::default();
+        for (_, links) in self.links.drain() {
+            for link in links {
+                all.take(&mut self.ebpf, link);
+            }
+        }
+        self.suspended = true;
+        all
+    }
+
+    /// Duty cycling: attaches again everything [`Self::suspend`] took out.
+    pub fn resume(&mut self) -> Result<(), AttachError> {
+        if !std::mem::take(&mut self.suspended) {
+            return Ok(());
+        }
+        for (scope, allocator) in self.added.clone() {
+            if self.config.track_frees.is_some() {
+                self.attach_frees(scope, &allocator)?;
+            }
+            self.attach_allocations(scope, &allocator)?;
+        }
+        Ok(())
     }
 
     /// Whether the probes of `file` are attached for `key` (a pid; 0: every process).
@@ -462,22 +530,10 @@ impl Probes {
     pub fn remove(&mut self, pid: u32) -> Detached {
         let mut detached = Detached::default();
         for link in self.links.remove(&pid).unwrap_or_default() {
-            match link {
-                Link::Uprobe(name, id) => {
-                    if let Some(program) = self
-                        .ebpf
-                        .program_mut(name)
-                        .and_then(|p| <&mut UProbe>::try_from(p).ok())
-                    {
-                        if let Ok(link) = program.take_link(id) {
-                            detached.uprobes.push(link);
-                        }
-                    }
-                }
-                Link::Multi(fd) => detached.sessions.push(fd),
-            }
+            detached.take(&mut self.ebpf, link);
         }
         self.probed.retain(|(key, _)| *key != pid);
+        self.added.retain(|(scope, _)| scope.key() != pid);
         detached
     }
 
@@ -773,6 +829,7 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         follow: false,
         followed_only: false,
         watch_execs: false,
+        duty_cycled: false,
     };
     let mut ebpf = EbpfLoader::new().load(SAMPLER_OBJECT)?;
     let allocator = target
@@ -801,6 +858,8 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         frees: None,
         links: HashMap::new(),
         probed: HashSet::new(),
+        added: Vec::new(),
+        suspended: false,
         sizes: [0; AllocFn::FUNCTION_SLOTS],
         _tracepoints: Vec::new(),
     })

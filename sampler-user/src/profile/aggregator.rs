@@ -8,7 +8,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use sampler_common::ProcessCounters;
 
-use super::{Profile, Settings};
+use super::{
+    duty::{DutyPair, DutySums, StratumObserved},
+    Profile, Settings,
+};
 use crate::{
     collect::{Event, Losses, LostBatch, Sample},
     probe::{allocator::Allocator, maps::FileId},
@@ -57,6 +60,11 @@ pub struct Aggregator {
     lost: BTreeMap<u32, Vec<LostBatch>>,
     /// The same at the start of the current period.
     lost_at_period_start: BTreeMap<u32, Vec<LostBatch>>,
+    /// Duty cycling (`--max-overhead`): the sums per stratum.
+    duty: Option<DutySums>,
+    /// The current stratum as observed so far, the exact counters then and the probes'
+    /// cost per call: what a tally adds to the closed strata, and estimates with.
+    duty_now: Option<(StratumObserved, BTreeMap<u32, ProcessCounters>, f64)>,
 }
 
 /// The frame that names the pseudo-stack of samples lost without a stack.
@@ -134,6 +142,9 @@ pub struct StackTally {
     pub cut_to_leaf: bool,
     /// How the stack was unwound and where it ended (`None`: not a stack).
     pub origin: Option<StackOrigin>,
+    /// Duty cycling: its totals over time-sampled strata (`None`: always on, or the lost
+    /// samples' pseudo-stack).
+    pub duty: Option<DutyPair>,
 }
 
 /// One process's side of a [`Tally`].
@@ -159,6 +170,8 @@ pub struct ProcessTally {
     /// Its allocators as probed ("jemalloc (/usr/lib/…)"); host-wide (`--all`), those it
     /// mapped when it was first looked at.
     pub allocators: Vec<String>,
+    /// Duty cycling: its bytes and calls over time-sampled strata, from the exact counters.
+    pub duty: Option<DutyPair>,
 }
 
 /// Every stack's raw sample sets at one moment.
@@ -174,6 +187,9 @@ pub struct Tally {
     pub build_ids: HashMap<String, Option<String>>,
     /// Samples whose stack was cut to its leaf (beyond `--max-stacks`).
     pub cut_samples: u64,
+    /// Duty cycling: the probes' cost per call, which the estimates take out of the
+    /// targets' CPU time (see [`crate::stats::duty`]).
+    pub duty_ns_per_call: f64,
 }
 
 impl Aggregator {
@@ -351,6 +367,9 @@ impl Aggregator {
         };
         self.per_stack[id].add(obs);
         self.per_stack_period[id].add(obs);
+        if let Some(duty) = &mut self.duty {
+            duty.add(stack, sample.pid, obs);
+        }
         if let Some(recent) = &mut self.recent {
             while recent.per_stack.len() <= id {
                 let tracker = recent.tracker();
@@ -380,6 +399,82 @@ impl Aggregator {
         if let Some(block) = self.live.remove(&(pid, address)) {
             self.per_stack_live[block.stack as usize].remove(block.obs);
         }
+    }
+
+    /// CPU seconds the targets used since each was first seen, summed (as last read: every
+    /// 250 ms, in clock ticks).
+    pub fn cpu_seconds(&self) -> f64 {
+        let ticks: u64 = self
+            .cpu
+            .values()
+            .map(|&(first, last)| last.saturating_sub(first))
+            .sum();
+        ticks as f64 / ticks_per_second()
+    }
+
+    /// Reads the targets' CPU time now (the first 64 of them; others as last refreshed)
+    /// and returns it as [`Self::cpu_seconds`] does.
+    pub fn read_cpu_seconds(&mut self) -> f64 {
+        for (&pid, (_, last)) in self.cpu.iter_mut().take(64) {
+            if let Some(ticks) = read_cpu_ticks(pid) {
+                *last = ticks;
+            }
+        }
+        self.cpu_seconds()
+    }
+
+    /// The probes are duty-cycled (`--max-overhead`): estimates are summed per stratum.
+    pub fn duty_cycle(&mut self) {
+        self.duty.get_or_insert_with(DutySums::default);
+    }
+
+    /// Duty cycling: the current stratum ended, as `observed`; `counters` are the exact
+    /// counters now. Every sample of its on slot must have been taken (catch up first).
+    pub fn close_stratum(
+        &mut self,
+        observed: &StratumObserved,
+        counters: &BTreeMap<u32, ProcessCounters>,
+    ) {
+        if let Some(duty) = &mut self.duty {
+            duty.close(observed, counters);
+        }
+    }
+
+    /// Duty cycling: the current stratum as observed so far, with the exact counters and
+    /// the probes' cost per call now, for the next tally.
+    pub fn set_open_stratum(
+        &mut self,
+        observed: StratumObserved,
+        counters: BTreeMap<u32, ProcessCounters>,
+        ns_per_call: f64,
+    ) {
+        self.duty_now = Some((observed, counters, ns_per_call));
+    }
+
+    fn duty_of_stack(&self, stack: StackId) -> Option<DutyPair> {
+        let duty = self.duty.as_ref()?;
+        duty.stack(stack, self.open_stratum())
+    }
+
+    fn duty_of_process(&self, pid: u32) -> Option<DutyPair> {
+        let duty = self.duty.as_ref()?;
+        let counters = self
+            .duty_now
+            .as_ref()
+            .and_then(|(_, counters, _)| counters.get(&pid).copied())
+            .unwrap_or_default();
+        Some(duty.process(pid, counters, self.open_stratum()))
+    }
+
+    fn open_stratum(&self) -> &StratumObserved {
+        static NOTHING: StratumObserved = StratumObserved {
+            slots: 0.0,
+            work: BTreeMap::new(),
+            ns_per_call: 0.0,
+        };
+        self.duty_now
+            .as_ref()
+            .map_or(&NOTHING, |(observed, _, _)| observed)
     }
 
     /// Starts a new period: the next snapshot's period values count from here.
@@ -457,6 +552,7 @@ impl Aggregator {
                     lost: false,
                     cut_to_leaf: self.stacks.is_cut(id as StackId),
                     origin: Some(self.stacks.origin(id as StackId)),
+                    duty: self.duty_of_stack(id as StackId),
                 }
             })
             .chain(self.lost.iter().map(|(&pid, batches)| {
@@ -476,6 +572,7 @@ impl Aggregator {
                     lost: true,
                     cut_to_leaf: false,
                     origin: None,
+                    duty: None,
                 }
             }))
             .collect();
@@ -504,6 +601,7 @@ impl Aggregator {
                         .get(&pid)
                         .map(|files| files.iter().map(|(_, name)| name.clone()).collect())
                         .unwrap_or_default(),
+                    duty: self.duty_of_process(pid),
                 })
                 .collect();
         let modules = self.stacks.modules();
@@ -527,6 +625,7 @@ impl Aggregator {
             recent_seconds,
             build_ids,
             cut_samples: self.stacks.cut_samples(),
+            duty_ns_per_call: self.duty_now.as_ref().map_or(0.0, |(_, _, ns)| *ns),
         }
     }
 

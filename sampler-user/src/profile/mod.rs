@@ -2,6 +2,7 @@
 //! every exporter and the summary read ([`Profile`]).
 
 mod aggregator;
+pub mod duty;
 
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +20,18 @@ use crate::{
         Estimate, SampleSet,
     },
 };
+
+/// Duty cycling: the inverse of the share of `pid`'s time observed (1 when always on).
+fn duty_scale(tally: &Tally, pid: u32) -> f64 {
+    tally
+        .processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .and_then(|p| p.duty.as_ref())
+        .map(|pair| pair.bytes.coverage(tally.duty_ns_per_call))
+        .filter(|&share| share > 0.0)
+        .map_or(1.0, |share| 1.0 / share)
+}
 
 /// Schema tag of the JSON export.
 pub const SCHEMA: &str = "allocscope/v1";
@@ -73,6 +86,7 @@ impl Settings {
             mean_interval_bytes: self.interval,
             confidence: self.confidence,
             throttle: None,
+            duty: None,
             model: "each allocated byte is sampled with probability 1/mean_interval_bytes \
                     (per-thread geometric countdown); estimates are Horvitz-Thompson, bounds \
                     negative-binomial"
@@ -91,6 +105,9 @@ pub struct Sampling {
     /// When `--max-samples-per-sec` raised the interval: how (absent: it never did).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub throttle: Option<ThrottleRecord>,
+    /// With `--max-overhead`: how the probes were duty-cycled (absent: always attached).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duty: Option<DutyRecord>,
     /// One-line statement of the model.
     pub model: String,
 }
@@ -109,6 +126,43 @@ pub struct ThrottleRecord {
     /// Changes made after the list was full.
     #[serde(default)]
     pub changes_not_listed: u64,
+}
+
+/// How the probes were duty-cycled (see [`crate::duty_cycle`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DutyRecord {
+    /// The budget: most CPU time the probes may add, as a share of the targets' own.
+    pub max_overhead: f64,
+    /// Length of a slot.
+    pub slot_seconds: f64,
+    /// Strata begun (one on slot each).
+    pub strata: u64,
+    /// Share of the recording's time the probes were attached.
+    pub observed_share: f64,
+    /// The most slots a stratum had (one on slot in this many).
+    pub largest_stratum_slots: u32,
+    /// The on slots, the first [`DutyRecord::LISTED`] of them.
+    pub on_slots: Vec<OnSlot>,
+    /// On slots after the list was full.
+    #[serde(default)]
+    pub on_slots_not_listed: u64,
+}
+
+impl DutyRecord {
+    /// On slots listed at most.
+    pub const LISTED: usize = 1000;
+}
+
+/// One slot the probes were attached in.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OnSlot {
+    /// Seconds since the recording started.
+    pub at_seconds: f64,
+    /// How long the gate was open.
+    pub seconds: f64,
+    /// Slots of its stratum: each of its calls stands for this many (times the planned
+    /// over the actual length of the slot).
+    pub stratum_slots: u32,
 }
 
 /// One interval change by the throttle.
@@ -173,6 +227,10 @@ pub struct ProcessProfile {
     /// read every 250 ms: up to that much short for a process that exited).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_seconds: Option<f64>,
+    /// Duty cycling (`--max-overhead`): the share of its time the probes were attached
+    /// (its `exact` counts cover that time only; its estimates the whole).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_share: Option<f64>,
     /// From when its allocations were observed, and what may have been missed since.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coverage: Option<Coverage>,
@@ -348,7 +406,21 @@ impl Profile {
             let totals = per_pid.entry(stack.pid).or_default();
             totals.0.merge(&stack.all);
             totals.1.merge(&stack.live);
-            let alloc = estimate(&stack.all);
+            let mut alloc = estimate(&stack.all);
+            if let Some(pair) = &stack.duty {
+                alloc.bytes = pair
+                    .bytes
+                    .estimate(settings.confidence, tally.duty_ns_per_call);
+                alloc.objects = pair
+                    .objects
+                    .estimate(settings.confidence, tally.duty_ns_per_call);
+            } else if stack.lost {
+                // Duty-cycled, the lost samples' time is unknown: weighted as the process's
+                // calls were on average (approximate, unlike the other estimates).
+                let scale = duty_scale(tally, stack.pid);
+                alloc.bytes = alloc.bytes.scaled(scale);
+                alloc.objects = alloc.objects.scaled(scale);
+            }
             let inuse = (tracking && !stack.lost).then(|| estimate(&stack.live));
             let leak = leak_age
                 .zip(stack.oldest_leaked_seconds)
@@ -395,10 +467,23 @@ impl Profile {
         let processes = per_pid
             .iter()
             .map(|(&pid, (set, live))| {
-                let alloc = estimate(set);
+                let mut alloc = estimate(set);
                 let inuse = tracking.then(|| estimate(live));
                 let exact = counters.get(&pid).copied().unwrap_or_default();
                 let known = tally.processes.iter().find(|p| p.pid == pid);
+                let duty = known.and_then(|p| p.duty.as_ref());
+                if let Some(pair) = duty {
+                    // From the exact counters of the on slots: time-sampled only.
+                    let ns = tally.duty_ns_per_call;
+                    alloc.bytes = Estimate {
+                        samples: set.samples(),
+                        ..pair.bytes.estimate(settings.confidence, ns)
+                    };
+                    alloc.objects = Estimate {
+                        samples: set.samples(),
+                        ..pair.objects.estimate(settings.confidence, ns)
+                    };
+                }
                 ProcessProfile {
                     pid,
                     command: known.map(|p| p.command.clone()).unwrap_or_default(),
@@ -418,6 +503,7 @@ impl Profile {
                     lost_samples: known.map_or(0, |p| p.lost_samples),
                     rss_bytes: known.and_then(|p| p.rss_bytes),
                     cpu_seconds: known.and_then(|p| p.cpu_seconds),
+                    observed_share: duty.map(|pair| pair.bytes.coverage(tally.duty_ns_per_call)),
                     coverage: None,
                 }
             })

@@ -20,6 +20,7 @@
 mod cost;
 mod counters;
 mod discovery;
+mod duty;
 mod throttling;
 
 use std::{
@@ -226,6 +227,10 @@ pub struct Recording {
     cost_clock: tokio::time::Interval,
     /// The sampling-rate throttle (`None`: `--max-samples-per-sec 0`).
     throttling: Option<throttling::Throttling>,
+    /// Duty cycling (`None`: no `--max-overhead`, the probes stay attached).
+    duty: Option<duty::DutyCycling>,
+    /// Its slot boundaries (idle without duty cycling).
+    duty_clock: tokio::time::Interval,
     /// Samples received so far.
     samples_taken: u64,
     /// Once detaching: samples and frees after this moment are dropped, so the profile
@@ -261,10 +266,24 @@ impl Recording {
             follow: targets.follow,
             followed_only,
             watch_execs: targets.waits_for_new(),
+            duty_cycled: sampling.max_overhead.is_some(),
         };
         let mut probes = Probes::load(kernel).context("loading the eBPF programs")?;
         debug!("allocation returns observed by: {:?}", probes.returns);
         let trap = overhead::trap::calibrate(&mut probes);
+        let duty = sampling.max_overhead.map(duty::DutyCycling::new);
+        if duty.is_some() {
+            // The first slot is on from the start: open before any target can run.
+            probes
+                .set_gate(true)
+                .context("opening the duty cycle's gate")?;
+        }
+        let slot = if duty.is_some() {
+            duty::SLOT
+        } else {
+            Duration::from_secs(3600)
+        };
+        let duty_clock = tokio::time::interval_at(tokio::time::Instant::now() + slot, slot);
         let logger = if sampling.verbose {
             aya_log::EbpfLogger::init(&mut probes.ebpf)
                 .map_err(|e| warn!("eBPF log unavailable: {e}"))
@@ -284,6 +303,9 @@ impl Recording {
             None => Aggregator::default(),
         };
         aggregator.limit_stacks(sampling.max_stacks);
+        if duty.is_some() {
+            aggregator.duty_cycle();
+        }
         let mut recording = Recording {
             probes: Some(probes),
             reader,
@@ -320,6 +342,8 @@ impl Recording {
                 sampling.max_samples_per_sec,
                 sampling.interval,
             ),
+            duty,
+            duty_clock,
             samples_taken: 0,
             thread_states: None,
             cutoff_ns: None,
@@ -404,6 +428,7 @@ impl Recording {
         settings.largest_interval = settings.largest_interval.max(self.largest_interval());
         let (counters, losses) = self.counters().await?;
         let now_ns = self.cutoff_ns.unwrap_or_else(monotonic_ns);
+        self.note_open_stratum();
         let mut profile = self
             .aggregator
             .profile(
@@ -417,6 +442,7 @@ impl Recording {
             .await;
         profile.probes = self.probe_points();
         profile.sampling.throttle = self.throttling.as_ref().and_then(|t| t.record());
+        profile.sampling.duty = self.duty.as_ref().map(|d| d.record(now_ns));
         profile.thread_states = self.thread_states();
         for process in &mut profile.processes {
             process.coverage = self.coverage.get(&process.pid).map(|(c, _)| c.clone());
@@ -510,6 +536,7 @@ impl Recording {
                 }
                 _ = self.scan.tick() => self.discover()?,
                 _ = self.cost_clock.tick() => self.every_second()?,
+                _ = self.duty_clock.tick(), if self.duty.is_some() => self.duty_slot().await?,
                 Some(pid) = self.watcher.exited.recv() => {
                     self.finalize(pid).await?;
                     let waits = self.targets.waits_for_new();
@@ -603,6 +630,7 @@ impl Recording {
             return Ok(());
         }
         let (counters, _) = self.counters().await?;
+        self.end_duty(&counters);
         self.close_cost_window(counters.values().map(|c| c.calls).sum());
         self.cutoff_ns = Some(self.counted_ns);
         if let Some(logger) = self.logger.as_mut() {

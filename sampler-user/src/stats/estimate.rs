@@ -84,7 +84,11 @@ pub struct Estimate {
 impl Estimate {
     /// Every field divided by `seconds` (a rate); zero for a non-positive duration.
     pub fn per_second(self, seconds: f64) -> Estimate {
-        let scale = if seconds > 0.0 { 1.0 / seconds } else { 0.0 };
+        self.scaled(if seconds > 0.0 { 1.0 / seconds } else { 0.0 })
+    }
+
+    /// Every field times `scale`.
+    pub fn scaled(self, scale: f64) -> Estimate {
         Estimate {
             samples: self.samples,
             estimate: self.estimate * scale,
@@ -146,6 +150,21 @@ pub struct Estimates {
     pub objects: Estimate,
     /// The trials estimate of bytes, `Σ q_i/p_i + Σ u_i`.
     pub bytes_by_trials: f64,
+}
+
+/// See [`SampleSet::horvitz_thompson`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HorvitzThompson {
+    /// `Σ n_i / π_i`.
+    pub bytes: f64,
+    /// `Σ n_i² (1 - π_i) / π_i²`.
+    pub bytes_variance: f64,
+    /// `Σ 1 / π_i`.
+    pub objects: f64,
+    /// `Σ (1 - π_i) / π_i²`.
+    pub objects_variance: f64,
+    /// `Σ n_i`.
+    pub sampled_bytes: f64,
 }
 
 /// Running sums over a set of samples: constant memory, order-independent, and removable
@@ -248,6 +267,18 @@ impl SampleSet {
     /// Number of samples.
     pub fn samples(&self) -> u64 {
         self.samples
+    }
+
+    /// The Horvitz-Thompson sums: estimates of bytes and objects, their variance
+    /// estimates, and the bytes seen (for estimators built on top, [`super::duty`]).
+    pub fn horvitz_thompson(&self) -> HorvitzThompson {
+        HorvitzThompson {
+            bytes: self.weighted_bytes,
+            bytes_variance: self.variance_bytes,
+            objects: self.weighted_objects,
+            objects_variance: self.variance_objects,
+            sampled_bytes: self.sampled_bytes,
+        }
     }
 
     /// The jemalloc #1751 posterior of the bytes behind these samples; `interval` stands in

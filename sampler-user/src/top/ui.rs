@@ -505,6 +505,7 @@ mod tests {
             lost: false,
             cut_to_leaf: false,
             origin: None,
+            duty: None,
         }
     }
 
@@ -559,6 +560,7 @@ mod tests {
                     lost_samples: 0,
                     cgroup: None,
                     allocators: Vec::new(),
+                    duty: None,
                 }],
                 recent_seconds: 10.0,
                 ..Tally::default()
