@@ -417,6 +417,15 @@ impl RecordArgs {
                     .into(),
             ));
         }
+        if sampling.max_overhead.is_some()
+            && (targets.all || targets.follow || targets.comm.is_some())
+        {
+            return Err(BadInput(
+                "--max-overhead works with -p and -- CMD: --all, --follow and --comm probe \
+                 allocator files for every process, which one duty cycle cannot share out"
+                    .into(),
+            ));
+        }
         if sampling.max_overhead.is_some() && every.is_some() {
             return Err(BadInput(
                 "--every with --max-overhead is not supported: a period shorter than a \

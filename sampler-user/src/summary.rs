@@ -6,24 +6,41 @@ use crate::{
     collect::Losses,
     format::{bytes, frame_name, percent},
     overhead::{Overhead, TrapSource},
-    profile::{Coverage, Profile, StackProfile, LOST_FRAME},
+    profile::{Coverage, DutyRecord, Profile, StackProfile, LOST_FRAME},
     stacks::StackEnd,
     stats::Estimate,
     text,
 };
 
-/// `12.3 MiB [11.0 MiB, 13.5 MiB]`, or `< 370.0 KiB` when there are no samples.
+/// `12.3 MiB [11.0 MiB, 13.5 MiB]`, or `< 370.0 KiB` when there are no samples; an
+/// infinite upper bound reads `no upper bound`.
 pub fn estimate_bytes(estimate: &Estimate) -> String {
-    if estimate.samples == 0 {
-        format!("< {} (no samples)", bytes(estimate.upper))
+    let upper = if estimate.upper.is_finite() {
+        bytes(estimate.upper)
+    } else {
+        "no upper bound".to_owned()
+    };
+    if estimate.samples == 0 && estimate.estimate == 0.0 {
+        format!("< {upper} (no samples)")
     } else {
         format!(
-            "{} [{}, {}]",
+            "{} [{}, {upper}]",
             bytes(estimate.estimate),
             bytes(estimate.lower),
-            bytes(estimate.upper)
         )
     }
+}
+
+/// How a duty-cycled recording observed its targets, for people.
+fn describe_duty(duty: &DutyRecord) -> String {
+    format!(
+        "duty-cycled (--max-overhead {}): probes attached {:.1}% of the time, in {:.0} ms \
+         slots (one in up to {}); exact counts cover those slots, estimates the whole time",
+        percent(duty.max_overhead),
+        duty.observed_share * 100.0,
+        duty.slot_seconds * 1e3,
+        duty.largest_stratum_slots,
+    )
 }
 
 /// What a process's coverage leaves out, for people; `None` when nothing is.
@@ -191,6 +208,9 @@ pub fn render(profile: &Profile, top: usize) -> String {
         profile.duration_seconds,
         bytes(profile.sampling.mean_interval_bytes as f64),
     );
+    if let Some(duty) = &profile.sampling.duty {
+        let _ = writeln!(out, "  {}", describe_duty(duty));
+    }
     for process in &profile.processes {
         let _ = writeln!(
             out,
@@ -202,6 +222,21 @@ pub fn render(profile: &Profile, top: usize) -> String {
             bytes(process.exact.bytes as f64),
             process.exact.calls,
         );
+        if let Some(share) = process.observed_share {
+            let _ = writeln!(
+                out,
+                "    observed {:.1}% of its own work (CPU time less the probes'); the estimate \
+                 weighs each on slot by its stratum's work{}",
+                share * 100.0,
+                if process.alloc_bytes.upper.is_finite() {
+                    ""
+                } else {
+                    ": no upper bound, because the probes cost it far more than its own \
+                     work, or too few strata were sampled (record longer, or without \
+                     --max-overhead)"
+                }
+            );
+        }
         if let Some(line) = process.coverage.as_ref().and_then(describe_coverage) {
             let _ = writeln!(out, "    {line}");
         }
