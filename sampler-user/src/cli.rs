@@ -121,10 +121,11 @@ pub struct SamplingArgs {
     pub max_samples_per_sec: u32,
 
     /// Most CPU time the probes may add to the targets, as a share of their own (e.g. 2%):
-    /// above it the probes are duty-cycled, attached in one randomly placed slot of every
-    /// few, and every estimate is weighted by the share of time observed (its bounds
-    /// widened by the spread between slots). Needs --alloc-only: frees in the off slots
-    /// would be missed.
+    /// above it the probes are duty-cycled, attached in one randomly drawn 50 ms slot of
+    /// every few; exact counts then cover those slots, and estimates weigh each by its
+    /// share of the target's work (bounds widened by the spread between slots, with no
+    /// upper end where too little was seen). Needs --alloc-only (frees in the off slots
+    /// would be missed); -p and -- CMD only.
     #[arg(long, value_name = "PCT", help_heading = "Sampling")]
     pub max_overhead: Option<String>,
 

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """End-to-end slowdown on real programs (README, Cost): native, `record --alloc-only`,
-`record` (frees tracked) and heaptrack, interleaved rounds, medians with the rounds' range.
+`record --alloc-only --max-overhead 2%`, `record` (frees tracked) and heaptrack,
+interleaved rounds, medians with the rounds' range; then, per round, the duty-cycled
+estimate of the bytes allocated against the exact count of the `--alloc-only` run.
 
     sudo python3 xtask/e2e/run.py [ROUNDS]      (after cargo build --release)
 
 Inputs are made in a fresh temporary directory: a 240,000-row sqlite3 insert batch, the
 preprocessed C++ file (g++ -E big.cpp), and the Python script next to this file.
 """
-import os, shutil, statistics, subprocess, sys, tempfile, time
+import json, os, shutil, statistics, subprocess, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 A = os.path.join(HERE, "..", "..", "target", "release", "allocscope")
@@ -31,12 +33,29 @@ programs = {
 modes = {
     "native": [],
     "record --alloc-only": [A, "record", "--alloc-only", "-o", "e2e.json", "--"],
+    "--alloc-only --max-overhead 2%": [A, "record", "--alloc-only", "--max-overhead", "2%",
+                                       "-o", "e2e.json", "--"],
     "record (frees tracked)": [A, "record", "-o", "e2e.json", "--"],
     "heaptrack": ["heaptrack", "-o", os.path.join(work, "ht")],
 }
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 times = {(p, m): [] for p in programs for m in modes}
 failed = {}
+truth = {}
+duty = {p: [] for p in programs}
+
+
+def allocated():
+    """The profile's processes: exact bytes, and the bytes estimate with its bounds."""
+    with open("e2e.json") as f:
+        processes = json.load(f)["processes"]
+    exact = sum(p["exact"]["bytes"] for p in processes)
+    est = [p["alloc_bytes"] for p in processes]
+    upper = [e["upper"] for e in est]
+    return (exact, sum(e["estimate"] for e in est), sum(e["lower"] for e in est),
+            None if None in upper else sum(upper))
+
+
 for r in range(rounds):
     for p, (cmd, stdin) in programs.items():
         for m, prefix in modes.items():
@@ -52,6 +71,10 @@ for r in range(rounds):
             times[(p, m)].append(time.monotonic() - started)
             if rc != 0:
                 failed[(p, m)] = rc
+            elif m == "record --alloc-only":
+                truth[p] = allocated()[0]
+            elif m.endswith("--max-overhead 2%"):
+                duty[p].append(allocated()[1:])
     print(f"round {r + 1} done", file=sys.stderr)
 print("| program | " + " | ".join(modes) + " |")
 print("|---|" + "---|" * len(modes))
@@ -71,4 +94,14 @@ for p in programs:
             cell += f", exit {failed[(p, m)]}"
         cells.append(cell)
     print(f"| {p} | " + " | ".join(cells) + " |")
+print()
+print("| program | exact bytes (--alloc-only) | --max-overhead 2%: estimate / exact, bounds, per round |")
+print("|---|---|---|")
+for p in programs:
+    rows = []
+    for est, lower, upper in duty[p]:
+        t = truth.get(p, 0) or 1
+        up = "no upper bound" if upper is None else f"{upper / t:.2f}"
+        rows.append(f"{est / t:.2f} [{lower / t:.2f}, {up}]")
+    print(f"| {p} | {truth.get(p, 0) / 2**20:.1f} MiB | " + "; ".join(rows) + " |")
 shutil.rmtree(work)

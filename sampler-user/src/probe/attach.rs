@@ -329,8 +329,9 @@ pub struct Probes {
     frees: Option<session::MultiProgram>,
     links: HashMap<u32, Vec<Link>>,
     probed: HashSet<(u32, super::maps::FileId)>,
-    /// What [`Self::add`] attached, to attach again after [`Self::suspend`].
-    added: Vec<(Scope, Allocator)>,
+    /// What [`Self::add`] attached (duty cycling), to attach again after
+    /// [`Self::suspend`], and whether each is attached now.
+    added: Vec<(Scope, Allocator, bool)>,
     suspended: bool,
     sizes: [u64; AllocFn::FUNCTION_SLOTS],
     _tracepoints: Vec<TracePointLinkId>,
@@ -471,7 +472,7 @@ impl Probes {
             }
             points.extend(self.attach_allocations(scope, allocator)?);
             if self.config.duty_cycled {
-                self.added.push((scope, allocator.clone()));
+                self.added.push((scope, allocator.clone(), true));
             }
         }
         Ok(points)
@@ -487,7 +488,8 @@ impl Probes {
     /// Duty cycling: takes every allocation probe out (the targets stop paying the trap),
     /// to be put back by [`Self::resume`]. The links are handed back, to be closed in the
     /// background (see [`Self::remove`]); what is probed where is remembered. Probes added
-    /// while suspended are attached at once and go at the next suspend.
+    /// while suspended are attached at once (the gate keeps them from counting), and go at
+    /// the next suspend.
     #[must_use = "the links stay attached until the Detached is dropped"]
     pub fn suspend(&mut self) -> Detached {
         let mut all = Detached::default();
@@ -495,6 +497,9 @@ impl Probes {
             for link in links {
                 all.take(&mut self.ebpf, link);
             }
+        }
+        for (_, _, attached) in &mut self.added {
+            *attached = false;
         }
         self.suspended = true;
         all
@@ -505,11 +510,16 @@ impl Probes {
         if !std::mem::take(&mut self.suspended) {
             return Ok(());
         }
-        for (scope, allocator) in self.added.clone() {
+        for index in 0..self.added.len() {
+            let (scope, allocator, attached) = self.added[index].clone();
+            if attached {
+                continue;
+            }
             if self.config.track_frees.is_some() {
                 self.attach_frees(scope, &allocator)?;
             }
             self.attach_allocations(scope, &allocator)?;
+            self.added[index].2 = true;
         }
         Ok(())
     }
@@ -533,7 +543,7 @@ impl Probes {
             detached.take(&mut self.ebpf, link);
         }
         self.probed.retain(|(key, _)| *key != pid);
-        self.added.retain(|(scope, _)| scope.key() != pid);
+        self.added.retain(|(scope, ..)| scope.key() != pid);
         detached
     }
 

@@ -14,6 +14,7 @@ use crate::collect::{self, monotonic_ns, Losses};
 impl Recording {
     /// A target exited: its probes go, its exact counters are kept and its slot reused.
     pub(super) async fn finalize(&mut self, pid: u32) -> anyhow::Result<()> {
+        self.duty_exit(pid);
         self.catch_up().await?;
         self.aggregator.mark_exited(pid);
         let Some(slot) = self.running.remove(&pid) else {

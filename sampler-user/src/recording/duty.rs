@@ -51,6 +51,32 @@ struct Clock {
     /// CPU time and calls in the current stratum's on slot so far.
     on_cpu: u64,
     on_calls: u64,
+    /// Over every on slot: CPU time and calls (the CPU per call of a target that exited
+    /// during an on slot, its clock gone, stands in for what it did after the last read).
+    all_on_cpu: u64,
+    all_on_calls: u64,
+    /// CPU time so estimated, beyond `last`.
+    extra: u64,
+    /// Its clock could not be read (the process is gone).
+    gone: bool,
+}
+
+impl Clock {
+    /// CPU time and calls since the gate opened at `open`, `now_calls` counted now; for a
+    /// process gone, its CPU after the last reading estimated from its calls.
+    fn since(&mut self, (cpu, calls): (u64, u64), now_calls: u64) -> (u64, u64) {
+        let calls = now_calls.saturating_sub(calls);
+        let mut used = (self.last + self.extra).saturating_sub(cpu);
+        if self.gone && self.all_on_calls > 0 {
+            let estimated =
+                (calls as f64 * self.all_on_cpu as f64 / self.all_on_calls as f64) as u64;
+            if estimated > used {
+                self.extra += estimated - used;
+                used = estimated;
+            }
+        }
+        (used, calls)
+    }
 }
 
 /// The duty cycle's state in a recording.
@@ -124,12 +150,15 @@ impl DutyCycling {
     fn read_clocks(&mut self, pids: impl IntoIterator<Item = u32>) {
         for pid in pids {
             let clock = self.clocks.entry(pid).or_default();
-            if let Some(ns) = process_cpu_ns(pid) {
-                if clock.last == 0 {
-                    // New: its work counts from now.
-                    clock.stratum = ns;
+            match process_cpu_ns(pid) {
+                Some(ns) if !clock.gone => {
+                    if clock.last == 0 {
+                        // New: its work counts from now.
+                        clock.stratum = ns;
+                    }
+                    clock.last = ns;
                 }
-                clock.last = ns;
+                _ => clock.gone = true,
             }
         }
     }
@@ -139,7 +168,7 @@ impl DutyCycling {
         self.gate_opened_ns = Some(now);
         for (pid, clock) in &mut self.clocks {
             let calls = counters.get(pid).map_or(0, |c| c.calls);
-            clock.open = Some((clock.last, calls));
+            clock.open = Some((clock.last + clock.extra, calls));
         }
     }
 
@@ -147,10 +176,13 @@ impl DutyCycling {
     fn gate_closed(&mut self, now: u64, counters: &BTreeMap<u32, ProcessCounters>) {
         let opened = self.gate_opened_ns.take().unwrap_or(now);
         for (pid, clock) in &mut self.clocks {
-            if let Some((cpu, calls)) = clock.open.take() {
-                clock.on_cpu += clock.last.saturating_sub(cpu);
-                let now_calls = counters.get(pid).map_or(calls, |c| c.calls);
-                clock.on_calls += now_calls.saturating_sub(calls);
+            if let Some(open) = clock.open.take() {
+                let now_calls = counters.get(pid).map_or(open.1, |c| c.calls);
+                let (cpu, calls) = clock.since(open, now_calls);
+                clock.on_cpu += cpu;
+                clock.on_calls += calls;
+                clock.all_on_cpu += cpu;
+                clock.all_on_calls += calls;
             }
         }
         let seconds = now.saturating_sub(opened) as f64 / 1e9;
@@ -179,15 +211,17 @@ impl DutyCycling {
             .clocks
             .iter()
             .map(|(&pid, clock)| {
+                let mut clock = *clock;
                 let (mut on_cpu, mut on_calls) = (clock.on_cpu, clock.on_calls);
-                if let Some((cpu, calls)) = clock.open {
-                    on_cpu += clock.last.saturating_sub(cpu);
-                    let now_calls = counters.get(&pid).map_or(calls, |c| c.calls);
-                    on_calls += now_calls.saturating_sub(calls);
+                if let Some(open) = clock.open {
+                    let now_calls = counters.get(&pid).map_or(open.1, |c| c.calls);
+                    let (cpu, calls) = clock.since(open, now_calls);
+                    on_cpu += cpu;
+                    on_calls += calls;
                 }
                 let work = StratumWork {
                     slots,
-                    cpu: clock.last.saturating_sub(clock.stratum) as f64 / 1e9,
+                    cpu: (clock.last + clock.extra).saturating_sub(clock.stratum) as f64 / 1e9,
                     on_cpu: on_cpu as f64 / 1e9,
                     on_calls: on_calls as f64,
                 };
@@ -220,7 +254,7 @@ impl DutyCycling {
             );
         }
         for clock in self.clocks.values_mut() {
-            clock.stratum = clock.last;
+            clock.stratum = clock.last + clock.extra;
             clock.on_cpu = 0;
             clock.on_calls = 0;
         }
@@ -233,7 +267,7 @@ impl DutyCycling {
     /// Chooses the next strata's size when the window since the last choice is long
     /// enough: from the share of their own CPU time the probes added to the targets in it.
     fn choose(&mut self, now: u64, calls: u64, ns_per_call: f64) {
-        let cpu = self.clocks.values().map(|c| c.last).sum::<u64>() as f64 / 1e9;
+        let cpu = self.clocks.values().map(|c| c.last + c.extra).sum::<u64>() as f64 / 1e9;
         let Some((since, cpu_then, calls_then)) = self.window else {
             self.window = Some((now, cpu, calls));
             return;
@@ -378,6 +412,14 @@ impl Recording {
         let observed = duty.observed(&counters, ns_per_call);
         self.aggregator
             .set_open_stratum(observed, counters, ns_per_call);
+    }
+
+    /// Duty cycling: target `pid` exited; its CPU clock is read while it can be (a child of
+    /// ours stays readable until reaped).
+    pub(super) fn duty_exit(&mut self, pid: u32) {
+        if let Some(duty) = self.duty.as_mut() {
+            duty.read_clocks([pid]);
+        }
     }
 
     /// Duty cycling, detaching: the gate's last open stretch ends now.
