@@ -71,6 +71,17 @@ fn a_duty_cycled_recording_bounds_what_it_did_not_see() {
         let upper = upper.unwrap_or_else(|| panic!("{field}: no upper bound: {estimate}"));
         assert!(truth <= upper, "{field}: {estimate} vs {truth}\n{stderr}");
     }
+    // `report` reads the profile back (an unbounded `upper` is `null` in JSON) and says
+    // how it was recorded.
+    let report = std::process::Command::new(allocscope())
+        .arg("report")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&report.stdout).into_owned()
+        + &String::from_utf8_lossy(&report.stderr);
+    assert!(report.status.success(), "{said}");
+    assert!(said.contains("duty-cycled (--max-overhead 10%)"), "{said}");
     // Stacks are estimated the same way: the loop's one site holds nearly all.
     let stacks = profile["stacks"].as_array().unwrap();
     let top = &stacks[0]["alloc_bytes"];

@@ -354,7 +354,7 @@ pub fn build(profile: &Profile) -> proto::Profile {
         locations,
         ..
     } = tables;
-    let comments = [
+    let mut comments = vec![
         format!(
             "allocscope: sampled every {} bytes on average; values are estimates (bounds in the JSON export)",
             profile.sampling.mean_interval_bytes
@@ -365,6 +365,14 @@ pub fn build(profile: &Profile) -> proto::Profile {
             "inuse_* cover allocations made since attach".to_owned()
         },
     ];
+    if let Some(duty) = &profile.sampling.duty {
+        comments.push(format!(
+            "duty-cycled (--max-overhead {:.1}%): probes attached {:.1}% of the time; values \
+             are estimated over the whole time",
+            duty.max_overhead * 100.0,
+            duty.observed_share * 100.0
+        ));
+    }
     let comment = comments.iter().map(|c| strings.id(c)).collect();
     let default_sample_type = strings.id(if profile.alloc_only {
         "alloc_space"

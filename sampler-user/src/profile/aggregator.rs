@@ -401,28 +401,6 @@ impl Aggregator {
         }
     }
 
-    /// CPU seconds the targets used since each was first seen, summed (as last read: every
-    /// 250 ms, in clock ticks).
-    pub fn cpu_seconds(&self) -> f64 {
-        let ticks: u64 = self
-            .cpu
-            .values()
-            .map(|&(first, last)| last.saturating_sub(first))
-            .sum();
-        ticks as f64 / ticks_per_second()
-    }
-
-    /// Reads the targets' CPU time now (the first 64 of them; others as last refreshed)
-    /// and returns it as [`Self::cpu_seconds`] does.
-    pub fn read_cpu_seconds(&mut self) -> f64 {
-        for (&pid, (_, last)) in self.cpu.iter_mut().take(64) {
-            if let Some(ticks) = read_cpu_ticks(pid) {
-                *last = ticks;
-            }
-        }
-        self.cpu_seconds()
-    }
-
     /// The probes are duty-cycled (`--max-overhead`): estimates are summed per stratum.
     pub fn duty_cycle(&mut self) {
         self.duty.get_or_insert_with(DutySums::default);

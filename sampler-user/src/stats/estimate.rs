@@ -77,8 +77,16 @@ pub struct Estimate {
     pub estimate: f64,
     /// Lower bound at the chosen confidence.
     pub lower: f64,
-    /// Upper bound at the chosen confidence.
+    /// Upper bound at the chosen confidence; infinite when nothing bounds it (`null` in
+    /// JSON, which has no infinity).
+    #[serde(deserialize_with = "infinite_if_null")]
     pub upper: f64,
+}
+
+/// A number, or `null` for infinity (serde_json writes non-finite numbers as `null`).
+fn infinite_if_null<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+    let value: Option<f64> = serde::Deserialize::deserialize(deserializer)?;
+    Ok(value.unwrap_or(f64::INFINITY))
 }
 
 impl Estimate {
@@ -444,6 +452,25 @@ fn failures_quantile((mean, variance): (f64, f64), alpha: f64) -> f64 {
     let p = mean / variance;
     let successes = mean * p / (1.0 - p);
     negbin::quantile(successes, p, alpha)
+}
+
+#[cfg(test)]
+mod json_tests {
+    use super::Estimate;
+
+    #[test]
+    fn an_unbounded_estimate_survives_json() {
+        let e = Estimate {
+            samples: 3,
+            estimate: 10.0,
+            lower: 2.0,
+            upper: f64::INFINITY,
+        };
+        let text = serde_json::to_string(&e).unwrap();
+        assert!(text.contains("\"upper\":null"), "{text}");
+        let back: Estimate = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, e);
+    }
 }
 
 #[cfg(test)]
