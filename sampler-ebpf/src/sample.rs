@@ -52,12 +52,12 @@ pub fn on_alloc<C: EbpfContext>(
     pointer: u64,
     returns: Returns,
 ) -> bool {
-    // A small-object allocator (CPython's) counts only what it serves itself; the rest it
-    // passes to malloc, which counts it. It leaves no marker, so that malloc does.
     if config::duty_cycled() && !gate_open() {
         // Between on slots: attached (about to detach, or just attached), not counted.
         return false;
     }
+    // A small-object allocator (CPython's) counts only what it serves itself; the rest it
+    // passes to malloc, which counts it. It leaves no marker, so that malloc does.
     let small_objects = cookie::is_small_objects(cookie);
     let passed_on = small_objects && (size == 0 || size > cookie::SMALL_OBJECT_LIMIT);
     let tracking = config::track_frees();
@@ -295,15 +295,16 @@ pub fn on_free(address: u64) {
     free_tracked(pid, address);
 }
 
-/// Whether file-wide probes must ignore `pid`: with a followed set (`--follow`, `--comm`)
-/// every process outside it, else (`--all`) the ones the user excluded (and allocscope
-/// itself). Pruned by the verifier for scoped probes, which only ever fire in their own
-/// process.
+/// Duty cycling: whether user space has the gate open (an on slot).
 #[inline(always)]
 fn gate_open() -> bool {
     GATE.get(0).is_some_and(|&open| open != 0)
 }
 
+/// Whether file-wide probes must ignore `pid`: with a followed set (`--follow`, `--comm`)
+/// every process outside it, else (`--all`) the ones the user excluded (and allocscope
+/// itself). Pruned by the verifier for scoped probes, which only ever fire in their own
+/// process.
 #[inline(always)]
 fn excluded(pid: u32) -> bool {
     if !config::host_mode() {

@@ -639,6 +639,35 @@ mod tests {
             "1s",
         ];
         assert!(record(&both).unwrap_err().contains("--every"));
+        let host = ["--all", "-o", "x", "--alloc-only", "--max-overhead", "2%"];
+        assert!(record(&host).unwrap_err().contains("-p and -- CMD"));
+        let follow = [
+            "-p",
+            "1",
+            "--follow",
+            "-o",
+            "x",
+            "--alloc-only",
+            "--max-overhead",
+            "2%",
+        ];
+        assert!(record(&follow).unwrap_err().contains("-p and -- CMD"));
+        let top = [
+            "allocscope",
+            "top",
+            "-p",
+            "1",
+            "--alloc-only",
+            "--max-overhead",
+            "2%",
+        ];
+        match Cli::try_parse_from(top).unwrap().command {
+            Command::Top(args) => {
+                let err = args.into_config().unwrap_err().to_string();
+                assert!(err.contains("is for record"), "{err}");
+            }
+            other => panic!("parsed as {other:?}"),
+        }
     }
 
     #[test]
