@@ -17,34 +17,40 @@
 //! malloc loop's estimate was 1% of the truth. What an on slot samples is a stretch of the
 //! program's *work*: its own CPU time, which the probes' cost is taken out of
 //! (`own = cpu − κ·calls`, `κ` the measured cost per call). Allocations follow the work,
-//! whatever the pace. So with `y_h`, `n_h`, `c_h` the on slot's quantity (bytes, calls),
-//! calls and CPU time and `C_h` the stratum's CPU time:
+//! whatever the pace. So with `y_h`, `n_h`, `o_h = c_h − κ n_h` the on slot's quantity
+//! (bytes, calls), calls and own work (`c_h` its CPU time), and `W_h = C_h − κ n_h` the
+//! stratum's own work (`C_h` its CPU time, measured on and off: the CPU clock runs
+//! throughout):
 //!
-//! * `Ŷ = Σ m_h y_h` and `Ô = Σ m_h (c_h − κ n_h)` estimate, by Horvitz-Thompson over
-//!   slots, the quantity and the own work of the on slots' pace; `X = Σ (C_h − κ n_h)` is
-//!   the own work actually done (measured, all of it: the CPU clock runs on and off);
-//! * total: the ratio estimator `T̂ = X · Ŷ / Ô` (Cochran, *Sampling Techniques*, §6.2),
-//!   in which the on slots' slowness cancels. With time as the work (`c_h` the on slot's
-//!   length, `C_h` the stratum's, no calls) it is Horvitz-Thompson over time, corrected for
-//!   slots that were not quite as long as planned;
-//! * variance, linearized: `(X/Ô)² V̂(d)`, `d_h = m_h (y_h − R̂ (c_h − κ n_h))`, `V̂` by
-//!   collapsed strata (§5A.12): with one unit per stratum there is no within-stratum
-//!   variance to estimate, so consecutive sampled strata are grouped in pairs (the last
-//!   group a triple when their number is odd) and each group of `g` adds
-//!   `g/(g-1) Σ (d_h - d̄)²`, whose expectation holds the byte sampling's variance too
-//!   (it is inside each `y_h`), conservative by as much as the strata differ. Kept as
-//!   quadratic forms in `(m y, m c, m n)`, so `κ` and `R̂` may be chosen at the end;
+//! * each stratum's total is the separate ratio `T̂_h = y_h W_h / o_h` (Cochran, *Sampling
+//!   Techniques*, §6.10): exact whenever allocations follow the work at a steady density
+//!   within the stratum, however much the probes slowed its on slot. With time as the
+//!   work (`c_h` the on slot's length, `C_h` the stratum's, no calls) it is
+//!   Horvitz-Thompson over time, `m_h y_h`, corrected for slots not quite as long as
+//!   planned;
+//! * a stratum whose on slot saw (almost) none of its work (a server idle in that slot,
+//!   busy in others) cannot be scaled: its total is imputed at the ratio of all the seen
+//!   strata, `W_h Σ y / Σ o`, which adds the ratio estimator's variance
+//!   `W_unseen² Σ (y − R o)² / (Σ o)² · n/(n−1)`. (Pooling the ratio over all strata
+//!   instead was biased by a quarter where the density changed between strata; leaving
+//!   such strata at zero, by half where a target was idle in most slots: both simulated);
+//! * variance: Cochran's collapsed strata (§5A.12): with one unit per stratum there is no
+//!   within-stratum variance to estimate, so consecutive sampled strata are grouped in
+//!   pairs (the last group a triple when their number is odd) and each group of `g` adds
+//!   `g/(g-1) Σ (T̂_h - T̄)²`, whose expectation holds the byte sampling's variance too (it
+//!   is inside each `y_h`), conservative by as much as the strata differ. A group is
+//!   reduced to numbers when it closes, at the cost per call then;
 //! * strata of one slot (always on) are certain: they add their byte-sampling variance
 //!   only;
 //! * bounds: Student's t with as many degrees of freedom as groups, on the log scale
 //!   (`T̂ e^{±t s}`, `s² = ln(1 + V̂/T̂²)`): the estimate is skewed right;
-//! * `κ` is known to a few percent only (the trap calibrated at start, the programs' time
-//!   measured in windows), and where the probes cost the target far more than its own work
-//!   (`c_h ≈ κ n_h`: a bare malloc loop) the own work of an on slot is a difference of two
-//!   nearly equal numbers. The estimate is at the likeliest cost and the bounds the widest
-//!   over the range ([`COST_RANGE`]): infinite above when the on slots' own work may be
-//!   nothing at all. The estimate says so rather
-//!   than being confidently wrong.
+//! * `κ` is known to within tens of percent only (the trap calibrated on our own process,
+//!   the programs' time measured in windows), and where the probes cost the target far
+//!   more than its own work (`c_h ≈ κ n_h`: a bare malloc loop) the own work of an on slot
+//!   is a difference of two nearly equal numbers. The estimate is at the likeliest cost
+//!   and the bounds the widest over the range ([`COST_RANGE`]): infinite above when the on
+//!   slots' own work may be nothing at all. The estimate says so rather than being
+//!   confidently wrong.
 //!
 //! No stratum with a slot on (none at all) bounds nothing: the upper bound is infinite.
 
