@@ -1,8 +1,8 @@
 //! Sums of a duty-cycled recording (`--max-overhead`): per stack, the samples of the
 //! current stratum's on slot, and over the strata closed so far a [`DutyTotal`] of bytes
 //! and one of objects; per process the same from the kernel's exact counters, which count
-//! the on slots only. Each stratum's on slot stands for its whole stratum, weighted by the
-//! inverse of its inclusion probability ([`crate::stats::duty`]).
+//! the on slots only. Each stratum's on slot stands for its whole stratum, scaled by the
+//! target's own work in the stratum over that in the slot ([`crate::stats::duty`]).
 //!
 //! Each stratum's work is the target's (its CPU time, on and off: see
 //! [`crate::stats::duty`]), so a stack is summed against its process's work. Every stack
