@@ -283,7 +283,10 @@ impl Recording {
         } else {
             Duration::from_secs(3600)
         };
-        let duty_clock = tokio::time::interval_at(tokio::time::Instant::now() + slot, slot);
+        let mut duty_clock = tokio::time::interval_at(tokio::time::Instant::now() + slot, slot);
+        // A boundary missed while the loop was busy is taken late, not as a burst of empty
+        // slots.
+        duty_clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let logger = if sampling.verbose {
             aya_log::EbpfLogger::init(&mut probes.ebpf)
                 .map_err(|e| warn!("eBPF log unavailable: {e}"))
