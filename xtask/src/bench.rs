@@ -336,11 +336,7 @@ struct Loop {
 
 impl Loop {
     fn start(looper: &Path, cpu: u32, args: &BenchArgs) -> anyhow::Result<Loop> {
-        Loop::start_with(looper, cpu, args.chunk_iterations, args.chunks)
-    }
-
-    fn start_with(looper: &Path, cpu: u32, per_chunk: u32, chunks: u32) -> anyhow::Result<Loop> {
-        Loop::start_working(looper, cpu, per_chunk, chunks, 0)
+        Loop::start_working(looper, cpu, args.chunk_iterations, args.chunks, 0)
     }
 
     /// `work` steps of arithmetic between allocations (~1 ns each).

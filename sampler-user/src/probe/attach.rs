@@ -332,7 +332,6 @@ pub struct Probes {
     /// What [`Self::add`] attached (duty cycling), to attach again after
     /// [`Self::suspend`], and whether each is attached now.
     added: Vec<(Scope, Allocator, bool)>,
-    suspended: bool,
     sizes: [u64; AllocFn::FUNCTION_SLOTS],
     _tracepoints: Vec<TracePointLinkId>,
 }
@@ -447,7 +446,6 @@ impl Probes {
             links: HashMap::new(),
             probed: HashSet::new(),
             added: Vec::new(),
-            suspended: false,
             sizes: [0; AllocFn::FUNCTION_SLOTS],
             _tracepoints: tracepoints,
         })
@@ -501,15 +499,11 @@ impl Probes {
         for (_, _, attached) in &mut self.added {
             *attached = false;
         }
-        self.suspended = true;
         all
     }
 
     /// Duty cycling: attaches again everything [`Self::suspend`] took out.
     pub fn resume(&mut self) -> Result<(), AttachError> {
-        if !std::mem::take(&mut self.suspended) {
-            return Ok(());
-        }
         for index in 0..self.added.len() {
             let (scope, allocator, attached) = self.added[index].clone();
             if attached {
@@ -869,7 +863,6 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         links: HashMap::new(),
         probed: HashSet::new(),
         added: Vec::new(),
-        suspended: false,
         sizes: [0; AllocFn::FUNCTION_SLOTS],
         _tracepoints: Vec::new(),
     })

@@ -86,7 +86,6 @@ pub(super) struct DutyCycling {
     /// The stratum being played (the plan moves on at its last slot's start).
     current: Stratum,
     started_ns: u64,
-    stratum_started_ns: u64,
     /// When the gate opened, while it is open.
     gate_opened_ns: Option<u64>,
     /// Per target.
@@ -115,7 +114,6 @@ impl DutyCycling {
             current: plan.stratum(),
             plan,
             started_ns: now,
-            stratum_started_ns: now,
             gate_opened_ns: Some(now),
             clocks: BTreeMap::new(),
             slots: 1,
@@ -238,7 +236,6 @@ impl DutyCycling {
     /// The stratum ended (the clocks just read): how it was observed, and a new one begins.
     fn end_stratum(
         &mut self,
-        now: u64,
         counters: &BTreeMap<u32, ProcessCounters>,
         ns_per_call: f64,
     ) -> StratumObserved {
@@ -258,7 +255,6 @@ impl DutyCycling {
             clock.on_cpu = 0;
             clock.on_calls = 0;
         }
-        self.stratum_started_ns = now;
         self.current = self.plan.stratum();
         self.largest = self.largest.max(self.current.slots);
         observed
@@ -362,7 +358,7 @@ impl Recording {
             let ns_per_call = self.ns_per_call();
             let calls: u64 = counters.values().map(|c| c.calls).sum();
             if let Some(duty) = self.duty.as_mut() {
-                let observed = duty.end_stratum(now, &counters, ns_per_call);
+                let observed = duty.end_stratum(&counters, ns_per_call);
                 self.aggregator.close_stratum(&observed, &counters);
                 duty.choose(now, calls, ns_per_call);
             }
@@ -383,9 +379,7 @@ impl Recording {
             if let Some(duty) = self.duty.as_mut() {
                 duty.attached(opened - now);
                 duty.read_clocks(pids.iter().copied());
-            }
-            let counters = self.exact_counts()?.map(|(c, _)| c).unwrap_or_default();
-            if let Some(duty) = self.duty.as_mut() {
+                // The gate was closed since the counters were read: they are the same now.
                 duty.gate_opened(opened, &counters);
             }
         }

@@ -137,6 +137,25 @@ struct Sampled {
     cpu: f64,
 }
 
+impl Sampled {
+    /// Own work of its on slot at `κ`: `o = c − κ n`.
+    fn own(&self, kappa: f64) -> f64 {
+        self.on_cpu - kappa * self.on_calls
+    }
+
+    /// Own work of the stratum at `κ`: `W = C − κ n`.
+    fn work(&self, kappa: f64) -> f64 {
+        self.cpu - kappa * self.on_calls
+    }
+
+    /// Its total `y W / o`, when its on slot saw some of its work (`None`: it saw none, or
+    /// [`TOO_LITTLE_WORK`]).
+    fn total(&self, kappa: f64) -> Option<f64> {
+        let (o, w) = (self.own(kappa), self.work(kappa));
+        (w > 0.0 && o > TOO_LITTLE_WORK * w / self.m).then(|| self.y * w / o)
+    }
+}
+
 /// A total over strata with one slot on each, as a ratio to the target's own work.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DutyTotal {
@@ -216,7 +235,7 @@ impl DutyTotal {
                 if let Some((pair, kappa)) = self.last_pair.replace(([first, stratum], kappa)) {
                     let kappas = self.kappas(kappa);
                     for (closed, k) in self.closed.iter_mut().zip(kappas) {
-                        closed.add_group(&pair, k, true);
+                        closed.add_group(&pair, k);
                     }
                     self.groups += 1;
                 }
@@ -258,10 +277,10 @@ impl DutyTotal {
             let mut sums = self.closed[i];
             let mut groups = self.groups;
             match (self.last_pair, self.pending) {
-                (Some(([a, b], _)), Some(c)) => sums.add_group(&[a, b, c], kappas[i], true),
-                (Some((pair, kappa)), None) => sums.add_group(&pair, self.kappas(kappa)[i], true),
+                (Some(([a, b], _)), Some(c)) => sums.add_group(&[a, b, c], kappas[i]),
+                (Some((pair, kappa)), None) => sums.add_group(&pair, self.kappas(kappa)[i]),
                 // Nothing to compare a single sampled stratum with: unbounded.
-                (None, Some(single)) => sums.add_group(&[single], kappas[i], true),
+                (None, Some(single)) => sums.add_group(&[single], kappas[i]),
                 (None, None) => {}
             }
             if self.last_pair.is_some() || self.pending.is_some() {
@@ -349,23 +368,18 @@ impl RatioSums {
     /// the stratum's own work over the on slot's (`y_h W_h / o_h`: exact whenever
     /// allocations follow the work at a steady density within the stratum, however the
     /// probes slowed it); one whose on slot saw (almost) none of its work is imputed at
-    /// the ratio of all seen strata. `close`: its variance counts (a complete group).
-    fn add_group(&mut self, strata: &[Sampled], kappa: f64, close: bool) {
-        let own = |s: &Sampled| s.on_cpu - kappa * s.on_calls;
-        let work = |s: &Sampled| s.cpu - kappa * s.on_calls;
-        let seen = |s: &Sampled| {
-            let w = work(s);
-            w > 0.0 && own(s) > TOO_LITTLE_WORK * w / s.m
-        };
+    /// the ratio of all seen strata.
+    fn add_group(&mut self, strata: &[Sampled], kappa: f64) {
         for s in strata {
-            if work(s) < 0.0 || (!seen(s) && s.y > 0.0) {
+            let total = s.total(kappa);
+            if s.work(kappa) < 0.0 || (total.is_none() && s.y > 0.0) {
                 // The probes cost more than the target spent, or it allocated with no
                 // work seen: κ is wrong here.
                 self.unbounded = true;
             }
-            if seen(s) {
-                let o = own(s);
-                self.seen_total += s.y * work(s) / o;
+            if let Some(total) = total {
+                let o = s.own(kappa);
+                self.seen_total += total;
                 self.y += s.y;
                 self.o += o;
                 self.yy += s.y * s.y;
@@ -373,13 +387,11 @@ impl RatioSums {
                 self.oo += o * o;
                 self.n += 1.0;
             } else {
-                self.unseen_work += work(s).max(0.0);
+                self.unseen_work += s.work(kappa).max(0.0);
             }
         }
         self.time_alone += strata.iter().map(|s| s.m * s.y).sum::<f64>();
-        if close {
-            self.variance += group_variance(strata, kappa, self.ratio());
-        }
+        self.variance += group_variance(strata, kappa, self.ratio());
     }
 }
 
@@ -393,12 +405,8 @@ fn group_variance(strata: &[Sampled], kappa: f64, ratio: Option<f64>) -> f64 {
     let totals: Vec<f64> = strata
         .iter()
         .map(|s| {
-            let (o, w) = (s.on_cpu - kappa * s.on_calls, s.cpu - kappa * s.on_calls);
-            if w > 0.0 && o > TOO_LITTLE_WORK * w / s.m {
-                s.y * w / o
-            } else {
-                ratio.unwrap_or(0.0) * w.max(0.0)
-            }
+            s.total(kappa)
+                .unwrap_or_else(|| ratio.unwrap_or(0.0) * s.work(kappa).max(0.0))
         })
         .collect();
     let g = totals.len() as f64;
@@ -793,7 +801,7 @@ mod tests {
         };
         let group = |strata: &[Sampled]| {
             let mut sums = RatioSums::default();
-            sums.add_group(strata, 0.0, true);
+            sums.add_group(strata, 0.0);
             sums.total()
         };
         let pair = group(&[stratum(1.0), stratum(3.0)]);
