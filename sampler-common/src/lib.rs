@@ -11,6 +11,7 @@
 pub mod cookie;
 pub mod event;
 pub mod geometric;
+pub mod preload;
 
 pub use event::{
     AllocEvent, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, LostKey, LostSamples,

@@ -1,0 +1,119 @@
+//! The contract between allocscope and its in-process front end (`sampler-preload`): the
+//! shared counter region's layout and the USDT probes the library fires.
+//!
+//! The library keeps the sampling decision (the same [`crate::geometric`] countdown the
+//! kernel runs) and exact per-thread counters in the process; allocscope maps the region
+//! (through `/proc/PID/map_files`, the library creates it from a memfd) to read the counters
+//! and to set the interval, and attaches its eBPF programs to the probes, which fire only for
+//! sampled blocks. The region outlives the process in allocscope's mapping, so the counts
+//! of a process that has exited are still read whole.
+
+use core::sync::atomic::AtomicU64;
+
+/// First word of a region ("alscope1").
+pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"alscope1");
+
+/// Layout version of [`Region`]; allocscope refuses any other.
+pub const REGION_VERSION: u64 = 1;
+
+/// Per-thread counter slots. A thread beyond them counts in [`Region::overflow`] with
+/// atomic adds (exact, slower).
+pub const THREAD_SLOTS: usize = 1024;
+
+/// Attempts of [`Region::totals`] at a consistent reading.
+pub const READ_ATTEMPTS: usize = 10_000;
+
+/// Name of the exported symbol holding the address of the process's [`Region`].
+pub const REGION_SYMBOL: &str = "allocscope_preload_region";
+
+/// USDT provider of allocscope's own probes.
+pub const PROVIDER: &str = "allocscope";
+
+/// `allocscope:alloc(ptr, size, offset, interval, function_and_flags)`: a sampled block.
+/// `offset` is the countdown at the call (the sampled byte's offset, as in the kernel's
+/// samples); `interval` the mean interval the countdown was drawn at; the last argument is
+/// the [`crate::AllocFn`] in its low byte and [`ALLOC_UNTRACKED`] when the library could
+/// not remember the block (its free will not be reported).
+pub const PROBE_ALLOC: &str = "alloc";
+
+/// `allocscope:free(ptr)`: a sampled block is being freed.
+pub const PROBE_FREE: &str = "free";
+
+/// Flag in the last argument of [`PROBE_ALLOC`]: the block's free will not be reported.
+pub const ALLOC_UNTRACKED: u64 = 1 << 8;
+
+/// USDT provider of the OpenTelemetry memory-profiling contract
+/// (`otel_memory:alloc(ptr, size, weight)`, `otel_memory:free(ptr)`).
+pub const OTEL_PROVIDER: &str = "otel_memory";
+
+/// Counts of one thread (or of the retired and overflowing ones): allocation calls and
+/// the bytes they asked for, as the kernel's exact counters count them.
+#[repr(C, align(64))]
+#[derive(Debug, Default)]
+pub struct Counts {
+    /// Allocation calls.
+    pub calls: AtomicU64,
+    /// Bytes asked for.
+    pub bytes: AtomicU64,
+    /// Thread id that owns the slot (0: free). Unused in the shared totals.
+    pub owner: AtomicU64,
+}
+
+/// The shared region, one per process (a fork gets a fresh one).
+#[repr(C)]
+#[derive(Debug)]
+pub struct Region {
+    /// [`REGION_MAGIC`].
+    pub magic: u64,
+    /// [`REGION_VERSION`].
+    pub version: u64,
+    /// The process that owns the region.
+    pub pid: u64,
+    /// Mean sampling interval for countdowns drawn from now on (allocscope writes it,
+    /// with [`Self::scale_q32`], then bumps [`Self::generation`]).
+    pub interval: AtomicU64,
+    /// [`crate::geometric::scale_q32`] of the interval.
+    pub scale_q32: AtomicU64,
+    /// Changes when the interval does: a thread that sees a new generation draws a new
+    /// countdown (legal: the choice to redraw does not depend on the countdown).
+    pub generation: AtomicU64,
+    /// Sampled blocks the library fired.
+    pub samples: AtomicU64,
+    /// Sampled blocks it could not remember (table full): their frees are not reported.
+    pub untracked: AtomicU64,
+    /// Odd while an exiting thread moves its counts into [`Self::retired`]: a reader
+    /// retries until it reads the same even value before and after.
+    pub retired_sequence: AtomicU64,
+    /// Counts of threads that exited.
+    pub retired: Counts,
+    /// Counts of threads that found no free slot.
+    pub overflow: Counts,
+    /// One slot per live thread.
+    pub slots: [Counts; THREAD_SLOTS],
+}
+
+impl Region {
+    /// Total calls and bytes counted so far: retired, overflowing and every slot, read
+    /// consistently with an exiting thread's move (a seqlock on the retired counts). A
+    /// process killed in the middle of a move leaves the sequence odd forever: after
+    /// [`READ_ATTEMPTS`] the last reading is returned (off by at most that thread's counts).
+    pub fn totals(&self) -> (u64, u64) {
+        use core::sync::atomic::Ordering::{Acquire, Relaxed};
+        let mut last = (0, 0);
+        for _ in 0..READ_ATTEMPTS {
+            let before = self.retired_sequence.load(Acquire);
+            let mut calls = self.retired.calls.load(Relaxed) + self.overflow.calls.load(Relaxed);
+            let mut bytes = self.retired.bytes.load(Relaxed) + self.overflow.bytes.load(Relaxed);
+            for slot in &self.slots {
+                calls = calls.wrapping_add(slot.calls.load(Relaxed));
+                bytes = bytes.wrapping_add(slot.bytes.load(Relaxed));
+            }
+            if before & 1 == 0 && self.retired_sequence.load(Acquire) == before {
+                return (calls, bytes);
+            }
+            last = (calls, bytes);
+            core::hint::spin_loop();
+        }
+        last
+    }
+}

@@ -1,0 +1,355 @@
+//! allocscope's in-process front end: an `LD_PRELOAD` library that keeps the sampling
+//! decision inside the process and fires a USDT probe only for sampled blocks.
+//!
+//! Why: with uprobes on the allocator, every `malloc` and `free` of the target pays the
+//! kernel's trap (~0.6 µs here) to run a countdown that costs nanoseconds. Here the
+//! countdown ([`sampler_common::geometric`], the code the kernel program runs) and exact
+//! per-thread counters run in the process; a sampled block (one call in thousands at the
+//! default interval) fires `allocscope:alloc` (and the OpenTelemetry contract's
+//! `otel_memory:alloc`), and freeing a sampled block fires `allocscope:free` /
+//! `otel_memory:free`. allocscope's eBPF programs attach to those probes, so estimates,
+//! bounds, stacks and the live heap mean exactly what they mean with uprobes.
+//!
+//! Every function of the malloc family is interposed and forwarded to the next allocator
+//! ([`next`]); the others (`malloc_usable_size`, `mallinfo`…) are not defined here and
+//! reach it directly. Never panics: an impossible state ends the process with a message
+//! (`fatal`) rather than unwinding into C.
+
+mod next;
+mod region;
+mod table;
+mod thread;
+mod usdt;
+
+use core::ffi::{c_int, c_void};
+
+use next::{next, Bootstrap};
+use sampler_common::{preload::ALLOC_UNTRACKED, AllocFn};
+
+/// The sampled blocks still live.
+static SAMPLED: table::Table = table::Table::new();
+
+/// Writes `message` to standard error and aborts.
+pub(crate) fn fatal(message: &[u8]) -> ! {
+    // SAFETY: write and abort have no preconditions beyond a valid buffer.
+    unsafe {
+        libc::write(2, message.as_ptr().cast(), message.len());
+        libc::abort()
+    }
+}
+
+/// The library's own set-up, once, on the first call of any thread.
+fn set_up() {
+    region::init();
+    thread::init();
+    // SAFETY: registers a child-side fork handler (a plain function, no allocation).
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork)) };
+}
+
+extern "C" fn after_fork() {
+    region::after_fork();
+    thread::after_fork();
+}
+
+/// Runs at load, before `main`: maps allocscope's region while its descriptor is surely
+/// still open (a program may close inherited descriptors first thing).
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = {
+    extern "C" fn init() {
+        if !next::ready() {
+            thread::busy(|| next::resolve(set_up));
+        }
+    }
+    init
+};
+
+/// Makes sure the next allocator is known; false when this call must use the arena.
+#[inline(always)]
+fn ensure_ready() -> bool {
+    next::ready() || resolve_now()
+}
+
+#[cold]
+#[inline(never)]
+fn resolve_now() -> bool {
+    matches!(thread::busy(|| next::resolve(set_up)), Bootstrap::Ready)
+}
+
+/// Reports this thread's last sampled call, which returned `pointer` (null: the call
+/// failed, and is sampled all the same). Out of line: the hot path stays small.
+#[cold]
+#[inline(never)]
+fn report(pointer: *mut c_void, size: u64, function: AllocFn) {
+    let sampled = thread::last_sample();
+    let address = pointer as u64;
+    let tracked = address != 0 && SAMPLED.insert(address);
+    let region = region::current();
+    region
+        .samples
+        .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+    let mut how = function as u64;
+    if !tracked {
+        how |= ALLOC_UNTRACKED;
+        if address != 0 {
+            region
+                .untracked
+                .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    usdt::alloc(
+        address,
+        size,
+        sampled.offset,
+        sampled.interval,
+        how,
+        weight(size, sampled.interval),
+    );
+}
+
+/// The OpenTelemetry contract's weight: the bytes a sample stands for, `size / π` with
+/// `π = 1 - (1 - 1/interval)^size` the block's chance of being sampled (unbiased).
+fn weight(size: u64, interval: u64) -> u64 {
+    if interval <= 1 || size == 0 {
+        return size;
+    }
+    let p = -(size as f64 * (-1.0 / interval as f64).ln_1p()).exp_m1();
+    (size as f64 / p).round() as u64
+}
+
+#[cold]
+#[inline(never)]
+fn arena_alloc(size: usize, align: usize) -> *mut c_void {
+    next::arena::alloc(size, align)
+}
+
+/// Forgets a sampled block being freed and reports it; nothing for the rest.
+#[inline(always)]
+fn forget(pointer: *mut c_void) {
+    let address = pointer as u64;
+    if SAMPLED.remove(address) {
+        report_free(address);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn report_free(address: u64) {
+    usdt::free(address);
+}
+
+/// # Safety
+/// The C `malloc` contract.
+#[no_mangle]
+pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    if !ensure_ready() {
+        return arena_alloc(size, 16);
+    }
+    let sampled = thread::count(size as u64);
+    // SAFETY: forwarding the caller's arguments to the next allocator's malloc.
+    let pointer = unsafe { next!(malloc as next::Malloc)(size) };
+    if sampled {
+        report(pointer, size as u64, AllocFn::Malloc);
+    }
+    pointer
+}
+
+/// # Safety
+/// The C `free` contract.
+#[no_mangle]
+pub unsafe extern "C" fn free(pointer: *mut c_void) {
+    if pointer.is_null() || next::arena::contains(pointer) {
+        return;
+    }
+    if !next::ready() {
+        // Only arena blocks exist before the next allocator is known.
+        return;
+    }
+    forget(pointer);
+    // SAFETY: forwarding to the next allocator's free.
+    unsafe { next!(free as next::Free)(pointer) }
+}
+
+/// # Safety
+/// The C `calloc` contract.
+#[no_mangle]
+pub unsafe extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
+    if !ensure_ready() {
+        return match count.checked_mul(size) {
+            Some(bytes) => next::arena::alloc(bytes, 16),
+            None => core::ptr::null_mut(),
+        };
+    }
+    let bytes = sampler_common::geometric::saturating_product(count as u64, size as u64);
+    let sampled = thread::count(bytes);
+    // SAFETY: forwarding the caller's arguments.
+    let pointer = unsafe { next!(calloc as next::Calloc)(count, size) };
+    if sampled {
+        report(pointer, bytes, AllocFn::Calloc);
+    }
+    pointer
+}
+
+/// # Safety
+/// The C `realloc` contract.
+#[no_mangle]
+pub unsafe extern "C" fn realloc(pointer: *mut c_void, size: usize) -> *mut c_void {
+    if !ensure_ready() || next::arena::contains(pointer) {
+        // SAFETY: an arena block (or null), copied into a block of the usual kind.
+        return unsafe { realloc_arena(pointer, size) };
+    }
+    let sampled = thread::count(size as u64);
+    // A sampled old block is reported freed first: once realloc returns, another thread
+    // may get its address (a free reported after that could hit the new block's sample).
+    let was_sampled = !pointer.is_null() && SAMPLED.remove(pointer as u64);
+    if was_sampled {
+        usdt::free(pointer as u64);
+    }
+    // SAFETY: forwarding the caller's arguments.
+    let moved = unsafe { next!(realloc as next::Realloc)(pointer, size) };
+    if was_sampled && moved.is_null() && size != 0 {
+        // Failed: the old block lives on, no longer tracked (reported freed above).
+        region::current()
+            .untracked
+            .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+    }
+    if sampled {
+        report(moved, size as u64, AllocFn::Realloc);
+    }
+    moved
+}
+
+/// realloc of an arena block or while resolving.
+unsafe fn realloc_arena(pointer: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: malloc's contract holds for any size.
+    let fresh = unsafe { malloc(size) };
+    if !pointer.is_null() && !fresh.is_null() && next::arena::contains(pointer) {
+        let old = next::arena::size_of(pointer);
+        // SAFETY: both blocks hold at least min(old, size) bytes and do not overlap.
+        unsafe { core::ptr::copy_nonoverlapping(pointer.cast::<u8>(), fresh.cast(), old.min(size)) };
+    }
+    fresh
+}
+
+/// # Safety
+/// The C `reallocarray` contract.
+#[no_mangle]
+pub unsafe extern "C" fn reallocarray(pointer: *mut c_void, count: usize, size: usize) -> *mut c_void {
+    match count.checked_mul(size) {
+        // SAFETY: realloc's contract, with the product checked.
+        Some(bytes) => unsafe { realloc(pointer, bytes) },
+        None => {
+            // SAFETY: errno of this thread.
+            unsafe { *libc::__errno_location() = libc::ENOMEM };
+            core::ptr::null_mut()
+        }
+    }
+}
+
+/// An aligned allocation of `size` through `call` (the next allocator's), counted.
+#[inline(always)]
+fn aligned(
+    size: usize,
+    align: usize,
+    function: AllocFn,
+    call: impl FnOnce() -> *mut c_void,
+) -> *mut c_void {
+    if !ensure_ready() {
+        return next::arena::alloc(size, align);
+    }
+    let sampled = thread::count(size as u64);
+    let pointer = call();
+    if sampled {
+        report(pointer, size as u64, function);
+    }
+    pointer
+}
+
+/// # Safety
+/// The C `memalign` contract.
+#[no_mangle]
+pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    // SAFETY: forwarding the caller's arguments.
+    aligned(size, align, AllocFn::Memalign, || unsafe {
+        next!(memalign as next::Aligned)(align, size)
+    })
+}
+
+/// # Safety
+/// The C `aligned_alloc` contract.
+#[no_mangle]
+pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    // SAFETY: forwarding the caller's arguments (the next allocator has aligned_alloc
+    // wherever it has memalign: C11).
+    aligned(size, align, AllocFn::AlignedAlloc, || unsafe {
+        next!(aligned_alloc as next::Aligned)(align, size)
+    })
+}
+
+/// # Safety
+/// The C `valloc` contract.
+#[no_mangle]
+pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
+    // SAFETY: forwarding the caller's argument.
+    aligned(size, 4096, AllocFn::Valloc, || unsafe {
+        next!(valloc as next::Malloc)(size)
+    })
+}
+
+/// # Safety
+/// The C `pvalloc` contract.
+#[no_mangle]
+pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    // SAFETY: forwarding the caller's argument.
+    aligned(size, 4096, AllocFn::Pvalloc, || unsafe {
+        next!(pvalloc as next::Malloc)(size)
+    })
+}
+
+/// # Safety
+/// The C `posix_memalign` contract.
+#[no_mangle]
+pub unsafe extern "C" fn posix_memalign(
+    out: *mut *mut c_void,
+    align: usize,
+    size: usize,
+) -> c_int {
+    if !ensure_ready() {
+        let block = next::arena::alloc(size, align);
+        if block.is_null() {
+            return libc::ENOMEM;
+        }
+        // SAFETY: the caller's out pointer.
+        unsafe { *out = block };
+        return 0;
+    }
+    let sampled = thread::count(size as u64);
+    // SAFETY: forwarding the caller's arguments.
+    let status = unsafe { next!(posix_memalign as next::PosixMemalign)(out, align, size) };
+    if sampled {
+        let pointer = if status == 0 {
+            // SAFETY: set by a successful posix_memalign.
+            unsafe { *out }
+        } else {
+            core::ptr::null_mut()
+        };
+        report(pointer, size as u64, AllocFn::PosixMemalign);
+    }
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weight_is_size_over_inclusion_probability() {
+        assert_eq!(weight(100, 1), 100);
+        // Large blocks are (almost) always sampled: weight ≈ size.
+        let big = weight(64 << 20, 512 * 1024);
+        assert_eq!(big, 64 << 20);
+        // A 512-byte block at 512 KiB: π ≈ 512/524288, weight ≈ the interval.
+        let small = weight(512, 512 * 1024) as f64;
+        assert!((small / (512.0 * 1024.0) - 1.0).abs() < 0.001, "{small}");
+    }
+}

@@ -1,0 +1,216 @@
+//! The process's shared counter region ([`sampler_common::preload::Region`]).
+//!
+//! Started by allocscope (`-- CMD`), the process finds a region allocscope created and
+//! already maps, by its descriptor in `ALLOCSCOPE_REGION_FD`; the variable is removed
+//! and the descriptor closed at once, so the programs it starts make their own. Otherwise
+//! (a process started by one of ours, or by hand with `LD_PRELOAD`) the library creates
+//! one from a memfd, which allocscope maps later through `/proc/PID/map_files`. A forked
+//! child gets a new one (the parent's is shared memory: the child must not count in it).
+//! The address is exported as [`allocscope_preload_region`] for allocscope to find.
+
+use core::{
+    ptr,
+    sync::atomic::{AtomicPtr, Ordering},
+};
+
+use sampler_common::{
+    geometric,
+    preload::{Region, REGION_MAGIC, REGION_VERSION},
+};
+
+/// Where this process's region is (read by allocscope from outside).
+#[no_mangle]
+#[used]
+pub static allocscope_preload_region: AtomicPtr<Region> = AtomicPtr::new(ptr::null_mut());
+
+/// Default mean interval when nobody set one (allocscope's and OpenTelemetry's default).
+const DEFAULT_INTERVAL: u64 = 512 * 1024;
+
+/// The region (set up before any call is counted).
+#[inline(always)]
+pub fn current() -> &'static Region {
+    // SAFETY: set by `init` (to a mapping never unmapped while current) before `ready()`,
+    // and the counting paths run only after it.
+    unsafe { &*allocscope_preload_region.load(Ordering::Relaxed) }
+}
+
+const fn region_bytes() -> usize {
+    (core::mem::size_of::<Region>() + 4095) & !4095
+}
+
+fn pid() -> u64 {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() as u64 }
+}
+
+/// Maps a region: from allocscope's descriptor if it left one for this very process, else
+/// a new one. Runs once, while resolving (no allocation happens here).
+pub fn init() {
+    let region = inherited().unwrap_or_else(|| create(DEFAULT_INTERVAL, interval_from_env()));
+    allocscope_preload_region.store(region, Ordering::Release);
+}
+
+/// `ALLOCSCOPE_INTERVAL` (bytes), for a process started by hand with the library.
+fn interval_from_env() -> u64 {
+    // SAFETY: getenv with a NUL-terminated name; the result is read before any setenv.
+    let value = unsafe { libc::getenv(c"ALLOCSCOPE_INTERVAL".as_ptr()) };
+    if value.is_null() {
+        return 0;
+    }
+    // SAFETY: a NUL-terminated string from the environment.
+    let bytes = unsafe { core::ffi::CStr::from_ptr(value) }.to_bytes();
+    parse_u64(bytes).unwrap_or(0)
+}
+
+fn parse_u64(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() {
+        return None;
+    }
+    bytes.iter().try_fold(0u64, |n, &b| {
+        b.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u64::from(b - b'0')))
+            .flatten()
+    })
+}
+
+/// The region allocscope created for this process, if `ALLOCSCOPE_REGION_FD` names one.
+fn inherited() -> Option<*mut Region> {
+    let name = c"ALLOCSCOPE_REGION_FD";
+    // SAFETY: as in interval_from_env.
+    let value = unsafe { libc::getenv(name.as_ptr()) };
+    if value.is_null() {
+        return None;
+    }
+    // SAFETY: as above.
+    let fd = parse_u64(unsafe { core::ffi::CStr::from_ptr(value) }.to_bytes());
+    // Not for the programs this one starts: they get their own.
+    // SAFETY: unsetenv edits the environment in place (no allocation), before main.
+    unsafe { libc::unsetenv(name.as_ptr()) };
+    let fd = i32::try_from(fd?).ok()?;
+    // SAFETY: maps the descriptor's first pages shared; checked below before use.
+    let mapped = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            region_bytes(),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    // SAFETY: the descriptor is ours to close (inherited for this purpose only).
+    unsafe { libc::close(fd) };
+    if mapped == libc::MAP_FAILED {
+        return None;
+    }
+    let region = mapped.cast::<Region>();
+    // SAFETY: a mapping of region_bytes() bytes.
+    let ok = unsafe {
+        (*region).magic == REGION_MAGIC && (*region).version == REGION_VERSION && (*region).pid == pid()
+    };
+    if !ok {
+        // SAFETY: unmapping what we just mapped.
+        unsafe { libc::munmap(mapped, region_bytes()) };
+        return None;
+    }
+    Some(region)
+}
+
+/// A new region from a memfd (a static one if that fails: still counted, readable through
+/// /proc/PID/mem), with `interval` (or `fallback` when 0).
+fn create(fallback: u64, interval: u64) -> *mut Region {
+    let interval = if interval == 0 || interval > geometric::MAX_INTERVAL {
+        fallback
+    } else {
+        interval
+    };
+    let region = map_new().unwrap_or_else(|| {
+        static FALLBACK: StaticRegion = StaticRegion(core::cell::UnsafeCell::new(
+            core::mem::MaybeUninit::zeroed(),
+        ));
+        FALLBACK.0.get().cast::<Region>()
+    });
+    // SAFETY: a zeroed region no other thread sees yet; the atomics are written through
+    // their own API.
+    unsafe {
+        (*region).magic = REGION_MAGIC;
+        (*region).version = REGION_VERSION;
+        (*region).pid = pid();
+        (*region).interval.store(interval, Ordering::Relaxed);
+        (*region).scale_q32.store(scale_q32(interval), Ordering::Relaxed);
+        (*region).generation.store(1, Ordering::Release);
+    }
+    region
+}
+
+struct StaticRegion(core::cell::UnsafeCell<core::mem::MaybeUninit<Region>>);
+// SAFETY: used only as the process's region, whose fields are atomics or set once.
+unsafe impl Sync for StaticRegion {}
+
+fn map_new() -> Option<*mut Region> {
+    // SAFETY: memfd_create with a NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(c"allocscope-counters".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: sizing and mapping our own descriptor, then closing it (the mapping stays).
+    unsafe {
+        let sized = libc::ftruncate(fd, region_bytes() as libc::off_t) == 0;
+        let mapped = if sized {
+            libc::mmap(
+                ptr::null_mut(),
+                region_bytes(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        } else {
+            libc::MAP_FAILED
+        };
+        libc::close(fd);
+        (mapped != libc::MAP_FAILED).then(|| mapped.cast())
+    }
+}
+
+/// `scale_q32` without floating-point-free guarantees (user space): `1 / -ln(1 - 1/i)` in
+/// Q32.32, as sampler-common computes it for the kernel.
+fn scale_q32(interval: u64) -> u64 {
+    if interval <= 1 {
+        return 0;
+    }
+    let p = 1.0 / interval as f64;
+    let c = 1.0 / -(-p).ln_1p();
+    (c * 4_294_967_296.0).round() as u64
+}
+
+/// In a forked child: a region of its own, with the parent's interval.
+pub fn after_fork() {
+    let parent = current();
+    let interval = parent.interval.load(Ordering::Relaxed);
+    let generation = parent.generation.load(Ordering::Relaxed);
+    let region = create(DEFAULT_INTERVAL, interval);
+    // SAFETY: the new region, not yet visible to anyone.
+    unsafe { (*region).generation.store(generation.max(1), Ordering::Release) };
+    allocscope_preload_region.store(region, Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_matches_the_kernels() {
+        for interval in [2u64, 4096, 512 * 1024, 1 << 30] {
+            assert_eq!(Some(scale_q32(interval)), geometric::scale_q32(interval));
+        }
+    }
+
+    #[test]
+    fn numbers_parse_or_are_refused() {
+        assert_eq!(parse_u64(b"524288"), Some(524288));
+        assert_eq!(parse_u64(b""), None);
+        assert_eq!(parse_u64(b"12k"), None);
+        assert_eq!(parse_u64(b"99999999999999999999999"), None);
+    }
+}
