@@ -6,6 +6,8 @@
 //! * with frees tracked: `alloc_session`, entry and return of every allocator function as one
 //!   uprobe session (kernel ≥ 6.13; loaded by allocscope itself), or else the classic
 //!   `alloc_return` return probe; and `free_enter`;
+//! * `usdt_alloc` and `usdt_free` on the in-process front end's probes (sampler-preload):
+//!   the process counted and sampled the call itself; only sampled blocks arrive here;
 //! * `task_newtask`, `process_exec`, `process_exit`: processes followed through fork and
 //!   exec (`--follow`), and thread exits (their sampling state is dropped);
 //! * `bare_count_enter`, the reference the benchmark compares against.
@@ -107,6 +109,29 @@ pub fn alloc_session(ctx: *mut core::ffi::c_void) -> u32 {
 #[uretprobe]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     sample::on_return(&ctx);
+    0
+}
+
+/// `allocscope:alloc(ptr, size, offset, interval, how)`, fired by the in-process front end
+/// (sampler-preload) for a block its own countdown sampled; the registers are pinned by
+/// the probe's definition (`sampler_common::preload::PROBE_ALLOC`).
+#[uprobe]
+pub fn usdt_alloc(ctx: ProbeContext) -> u32 {
+    sample::on_usdt_alloc(
+        &ctx,
+        arg(&ctx, 0),
+        arg(&ctx, 1),
+        arg(&ctx, 2),
+        arg(&ctx, 3),
+        arg(&ctx, 4),
+    );
+    0
+}
+
+/// `allocscope:free(ptr)`: a sampled block is being freed.
+#[uprobe]
+pub fn usdt_free(ctx: ProbeContext) -> u32 {
+    sample::on_free(arg(&ctx, 0));
     0
 }
 

@@ -18,9 +18,10 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use sampler_common::{
-    cookie, geometric, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, LostKey, LostSamples,
-    ProcessCounters, SampleRecord, StackCopy, ThreadState, FLAG_STACK_AT_RETURN, FLAG_STACK_COPY,
-    FLAG_TRACKED, HOST_SLOT, MAX_STACK_COPY, MAX_STACK_DEPTH, RETURN_SLOTS, STACK_PAGE,
+    cookie, geometric, preload, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, LostKey,
+    LostSamples, ProcessCounters, SampleRecord, StackCopy, ThreadState, FLAG_STACK_AT_RETURN,
+    FLAG_STACK_COPY, FLAG_TRACKED, HOST_SLOT, MAX_STACK_COPY, MAX_STACK_DEPTH, RETURN_SLOTS,
+    STACK_PAGE,
 };
 
 use crate::{
@@ -279,6 +280,64 @@ pub fn on_return<C: EbpfContext>(ctx: &C) {
         return_next: state.return_next,
     };
     state.pending_size = 0;
+    emit(ctx, &sample);
+}
+
+/// A block the in-process front end sampled (`allocscope:alloc`): the process counted the
+/// call and ran the countdown; here it is remembered as live (unless the library could not
+/// track its free) and sent with the stack at the probe, whose leading frames (the
+/// library's own) user space drops.
+#[inline(always)]
+pub fn on_usdt_alloc<C: EbpfContext>(
+    ctx: &C,
+    address: u64,
+    size: u64,
+    offset: u64,
+    interval: u64,
+    how: u64,
+) {
+    if config::duty_cycled() && !gate_open() {
+        return;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    if excluded(pid) {
+        return;
+    }
+    let function = AllocFn::from_u32((how & 0xff) as u32).unwrap_or(AllocFn::Malloc);
+    let mut flags = 0;
+    if config::track_frees() && address != 0 {
+        if how & preload::ALLOC_UNTRACKED != 0 {
+            count_loss(LossCounter::LiveMapFull);
+        } else {
+            let key = LiveKey {
+                pid,
+                pad: 0,
+                address,
+            };
+            // SAFETY: helper without preconditions.
+            let now = unsafe { bpf_ktime_get_ns() };
+            if LIVE.insert(key, now, 0).is_ok() {
+                flags |= FLAG_TRACKED;
+            } else {
+                count_loss(LossCounter::LiveMapFull);
+            }
+        }
+    }
+    let sample = Sample {
+        pid,
+        tid,
+        function,
+        size,
+        offset,
+        interval,
+        caller: 0,
+        address,
+        flags,
+        return_slots: [0; RETURN_SLOTS],
+        return_values: [0; RETURN_SLOTS],
+        return_next: 0,
+    };
     emit(ctx, &sample);
 }
 

@@ -226,7 +226,9 @@ unsafe fn realloc_arena(pointer: *mut c_void, size: usize) -> *mut c_void {
     if !pointer.is_null() && !fresh.is_null() && next::arena::contains(pointer) {
         let old = next::arena::size_of(pointer);
         // SAFETY: both blocks hold at least min(old, size) bytes and do not overlap.
-        unsafe { core::ptr::copy_nonoverlapping(pointer.cast::<u8>(), fresh.cast(), old.min(size)) };
+        unsafe {
+            core::ptr::copy_nonoverlapping(pointer.cast::<u8>(), fresh.cast(), old.min(size))
+        };
     }
     fresh
 }
@@ -234,7 +236,11 @@ unsafe fn realloc_arena(pointer: *mut c_void, size: usize) -> *mut c_void {
 /// # Safety
 /// The C `reallocarray` contract.
 #[no_mangle]
-pub unsafe extern "C" fn reallocarray(pointer: *mut c_void, count: usize, size: usize) -> *mut c_void {
+pub unsafe extern "C" fn reallocarray(
+    pointer: *mut c_void,
+    count: usize,
+    size: usize,
+) -> *mut c_void {
     match count.checked_mul(size) {
         // SAFETY: realloc's contract, with the product checked.
         Some(bytes) => unsafe { realloc(pointer, bytes) },
@@ -309,11 +315,7 @@ pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
 /// # Safety
 /// The C `posix_memalign` contract.
 #[no_mangle]
-pub unsafe extern "C" fn posix_memalign(
-    out: *mut *mut c_void,
-    align: usize,
-    size: usize,
-) -> c_int {
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
     if !ensure_ready() {
         let block = next::arena::alloc(size, align);
         if block.is_null() {

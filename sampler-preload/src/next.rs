@@ -76,8 +76,7 @@ fn thread_id() -> u64 {
 #[cold]
 pub fn resolve(after: impl FnOnce()) -> Bootstrap {
     loop {
-        match STATE.compare_exchange(UNRESOLVED, RESOLVING, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match STATE.compare_exchange(UNRESOLVED, RESOLVING, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
                 RESOLVER.store(thread_id(), Ordering::Release);
                 lookup_all();
@@ -110,8 +109,10 @@ fn lookup_all() {
     n.calloc.store(lookup(c"calloc"), Ordering::Relaxed);
     n.realloc.store(lookup(c"realloc"), Ordering::Relaxed);
     n.memalign.store(lookup(c"memalign"), Ordering::Relaxed);
-    n.posix_memalign.store(lookup(c"posix_memalign"), Ordering::Relaxed);
-    n.aligned_alloc.store(lookup(c"aligned_alloc"), Ordering::Relaxed);
+    n.posix_memalign
+        .store(lookup(c"posix_memalign"), Ordering::Relaxed);
+    n.aligned_alloc
+        .store(lookup(c"aligned_alloc"), Ordering::Relaxed);
     n.valloc.store(lookup(c"valloc"), Ordering::Relaxed);
     n.pvalloc.store(lookup(c"pvalloc"), Ordering::Relaxed);
     let essential = [&n.malloc, &n.free, &n.calloc, &n.realloc];
@@ -123,7 +124,9 @@ fn lookup_all() {
 /// Loads a resolved function pointer of type `F`.
 macro_rules! next {
     ($field:ident as $ty:ty) => {{
-        let address = $crate::next::NEXT.$field.load(core::sync::atomic::Ordering::Relaxed);
+        let address = $crate::next::NEXT
+            .$field
+            .load(core::sync::atomic::Ordering::Relaxed);
         #[allow(unused_unsafe)]
         // SAFETY: set once by `lookup_all` to the address of a function of this C type,
         // before `ready()` turned true (the callers checked it).

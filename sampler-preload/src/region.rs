@@ -106,7 +106,9 @@ fn inherited() -> Option<*mut Region> {
     let region = mapped.cast::<Region>();
     // SAFETY: a mapping of region_bytes() bytes.
     let ok = unsafe {
-        (*region).magic == REGION_MAGIC && (*region).version == REGION_VERSION && (*region).pid == pid()
+        (*region).magic == REGION_MAGIC
+            && (*region).version == REGION_VERSION
+            && (*region).pid == pid()
     };
     if !ok {
         // SAFETY: unmapping what we just mapped.
@@ -125,9 +127,8 @@ fn create(fallback: u64, interval: u64) -> *mut Region {
         interval
     };
     let region = map_new().unwrap_or_else(|| {
-        static FALLBACK: StaticRegion = StaticRegion(core::cell::UnsafeCell::new(
-            core::mem::MaybeUninit::zeroed(),
-        ));
+        static FALLBACK: StaticRegion =
+            StaticRegion(core::cell::UnsafeCell::new(core::mem::MaybeUninit::zeroed()));
         FALLBACK.0.get().cast::<Region>()
     });
     // SAFETY: a zeroed region no other thread sees yet; the atomics are written through
@@ -137,7 +138,9 @@ fn create(fallback: u64, interval: u64) -> *mut Region {
         (*region).version = REGION_VERSION;
         (*region).pid = pid();
         (*region).interval.store(interval, Ordering::Relaxed);
-        (*region).scale_q32.store(scale_q32(interval), Ordering::Relaxed);
+        (*region)
+            .scale_q32
+            .store(scale_q32(interval), Ordering::Relaxed);
         (*region).generation.store(1, Ordering::Release);
     }
     region
@@ -191,7 +194,11 @@ pub fn after_fork() {
     let generation = parent.generation.load(Ordering::Relaxed);
     let region = create(DEFAULT_INTERVAL, interval);
     // SAFETY: the new region, not yet visible to anyone.
-    unsafe { (*region).generation.store(generation.max(1), Ordering::Release) };
+    unsafe {
+        (*region)
+            .generation
+            .store(generation.max(1), Ordering::Release)
+    };
     allocscope_preload_region.store(region, Ordering::Release);
 }
 

@@ -113,8 +113,12 @@ impl Table {
     /// Empties the table (a test's fresh start).
     #[cfg(test)]
     fn clear(&self) {
-        self.slots.iter().for_each(|s| s.store(EMPTY, Ordering::Relaxed));
-        self.filter.iter().for_each(|c| c.store(0, Ordering::Relaxed));
+        self.slots
+            .iter()
+            .for_each(|s| s.store(EMPTY, Ordering::Relaxed));
+        self.filter
+            .iter()
+            .for_each(|c| c.store(0, Ordering::Relaxed));
     }
 }
 

@@ -129,7 +129,10 @@ pub fn count(size: u64) -> bool {
 /// A single writer's add: no lock prefix (readers see one value or the other).
 #[inline(always)]
 fn add(counter: &AtomicU64, n: u64) {
-    counter.store(counter.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+    counter.store(
+        counter.load(Ordering::Relaxed).wrapping_add(n),
+        Ordering::Relaxed,
+    );
 }
 
 #[inline(always)]
@@ -241,7 +244,10 @@ fn first_call(t: &Thread, size: u64) -> bool {
             if key != u64::MAX {
                 // SAFETY: a key we created; the value is the slot, handed to the destructor.
                 unsafe {
-                    libc::pthread_setspecific(key as libc::pthread_key_t, (slot as *const Counts).cast())
+                    libc::pthread_setspecific(
+                        key as libc::pthread_key_t,
+                        (slot as *const Counts).cast(),
+                    )
                 };
             }
             t.slot.set(slot);

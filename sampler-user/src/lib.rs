@@ -15,6 +15,7 @@ pub mod format;
 pub mod outfile;
 pub mod overhead;
 pub mod preflight;
+pub mod preload;
 pub mod probe;
 pub mod profile;
 pub mod record;

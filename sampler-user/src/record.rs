@@ -30,6 +30,7 @@ use crate::{
 pub fn prepare(config: &RecordConfig) -> Result<Prepared, BadInput> {
     recording::prepare(
         &config.targets,
+        &config.sampling,
         || preflight::check_output(&config.output),
         || Ok(None),
     )

@@ -16,7 +16,7 @@ use std::{
     io,
     os::{
         fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-        unix::ffi::OsStrExt as _,
+        unix::ffi::{OsStrExt as _, OsStringExt as _},
     },
 };
 
@@ -49,20 +49,40 @@ pub struct Redirect {
 }
 
 /// Forks a child that will exec `argv` once released, with its standard streams redirected
-/// when `redirect` is given. Call before any thread is started.
-pub fn spawn_paused(argv: &[OsString], redirect: Option<Redirect>) -> io::Result<PausedChild> {
+/// when `redirect` is given and `env` set in its environment (over ours). Call before any
+/// thread is started.
+pub fn spawn_paused(
+    argv: &[OsString],
+    redirect: Option<Redirect>,
+    env: &[(OsString, OsString)],
+) -> io::Result<PausedChild> {
+    let c_string = |bytes: &[u8]| {
+        CString::new(bytes).map_err(|_| io::Error::other("argument or environment contains NUL"))
+    };
     let args: Vec<CString> = argv
         .iter()
-        .map(|a| CString::new(a.as_bytes()).map_err(|_| io::Error::other("argument contains NUL")))
+        .map(|a| c_string(a.as_bytes()))
         .collect::<Result<_, _>>()?;
     let mut pointers: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
     pointers.push(std::ptr::null());
+    let environment: Vec<CString> = std::env::vars_os()
+        .filter(|(key, _)| !env.iter().any(|(set, _)| set == key))
+        .chain(env.iter().cloned())
+        .map(|(key, value)| {
+            let mut entry = key.into_vec();
+            entry.push(b'=');
+            entry.extend(value.as_bytes());
+            c_string(&entry)
+        })
+        .collect::<Result<_, _>>()?;
+    let mut environ: Vec<*const libc::c_char> = environment.iter().map(|e| e.as_ptr()).collect();
+    environ.push(std::ptr::null());
     let (go_read, go_write) = pipe()?;
     let (status_read, status_write) = pipe()?;
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
     // SAFETY: the process is single-threaded here (no runtime yet); the child only calls
-    // async-signal-safe functions (close, prctl, getppid, dup2, read, write, execvp, _exit)
+    // async-signal-safe functions (close, prctl, getppid, dup2, read, write, execvpe, _exit)
     // on memory prepared before.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
@@ -90,7 +110,7 @@ pub fn spawn_paused(argv: &[OsString], redirect: Option<Redirect>) -> io::Result
             if libc::read(go_read.as_raw_fd(), (&raw mut byte).cast(), 1) == 1 {
                 // The command gets SIGTERM if we die while it runs (even by SIGKILL).
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong);
-                libc::execvp(pointers[0], pointers.as_ptr());
+                libc::execvpe(pointers[0], pointers.as_ptr(), environ.as_ptr());
                 let errno = *libc::__errno_location();
                 libc::write(status_write.as_raw_fd(), (&raw const errno).cast(), 4);
             }
@@ -155,7 +175,7 @@ mod tests {
 
     #[test]
     fn an_unreleased_child_is_killed_and_reaped() {
-        let child = spawn_paused(&["true".into()], None).unwrap();
+        let child = spawn_paused(&["true".into()], None, &[]).unwrap();
         let pid = child.pid;
         assert!(state_of(pid).is_some(), "the paused child exists");
         drop(child);
@@ -164,7 +184,7 @@ mod tests {
 
     #[test]
     fn a_released_child_runs_the_command() {
-        let child = spawn_paused(&["true".into()], None).unwrap();
+        let child = spawn_paused(&["true".into()], None, &[]).unwrap();
         let pid = child.pid as libc::pid_t;
         child.release().unwrap();
         let mut status = 0;

@@ -18,10 +18,13 @@ use sampler_common::{LossCounter, LostKey, LostSamples, ProcessCounters};
 
 /// The exact counters of every target so far: read from the kernel for those running, kept
 /// here for those that exited.
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct Counters {
     /// Last counts of processes that exited (their slot or entry is gone).
     finished: BTreeMap<u32, ProcessCounters>,
+    /// Processes that count their calls themselves (the in-process front end): their
+    /// regions, mapped here, readable after they exit.
+    regions: BTreeMap<u32, crate::preload::MappedRegion>,
 }
 
 impl Counters {
@@ -45,7 +48,38 @@ impl Counters {
             None => BTreeMap::new(),
         };
         let losses = read_losses(&PerCpuArray::try_from(map(ebpf, "LOSSES")?)?)?;
-        Ok((combine([&slotted, &host, &self.finished]), losses))
+        let in_process = self.in_process();
+        Ok((
+            combine([&slotted, &host, &self.finished, &in_process]),
+            losses,
+        ))
+    }
+
+    /// Process `pid` counts its own calls in `region` (from now on): its counts are added
+    /// to whatever the kernel counts for it (a small-object layer's probes).
+    pub fn add_region(&mut self, pid: u32, region: crate::preload::MappedRegion) {
+        self.regions.insert(pid, region);
+    }
+
+    /// Whether `pid` counts its own calls.
+    pub fn has_region(&self, pid: u32) -> bool {
+        self.regions.contains_key(&pid)
+    }
+
+    /// The regions, to set their interval.
+    pub fn regions(&self) -> impl Iterator<Item = (u32, &crate::preload::MappedRegion)> {
+        self.regions.iter().map(|(&pid, region)| (pid, region))
+    }
+
+    /// The counts of the processes that count their own calls.
+    fn in_process(&self) -> BTreeMap<u32, ProcessCounters> {
+        self.regions
+            .iter()
+            .map(|(&pid, region)| {
+                let (calls, bytes) = region.counts();
+                (pid, ProcessCounters { calls, bytes })
+            })
+            .collect()
     }
 
     /// A process counted per pid (`HOST_COUNTERS`) exited: its last counts are kept and its

@@ -28,6 +28,7 @@ use sampler_common::AllocFn;
 use super::{
     maps::{FileId, Vma},
     prologue::{self, Placement},
+    usdt,
 };
 
 /// What a probed entry point does.
@@ -102,6 +103,23 @@ pub struct AllocatorFile {
     pub functions: Vec<Function>,
     /// Free entry points, one per distinct address.
     pub frees: Vec<FreeFunction>,
+    /// The in-process front end's probe sites ([`Family::InProcess`]: no entry points).
+    pub front_end: Option<usdt::FrontEnd>,
+}
+
+impl AllocatorFile {
+    /// Whether the process counts and samples this allocator's calls itself (allocscope's
+    /// preload library), so that the malloc-family allocators behind it need no probes.
+    pub fn is_in_process(&self) -> bool {
+        self.front_end.is_some()
+    }
+
+    /// Whether its calls all reach an in-process front end in a process that has one: a
+    /// malloc-family allocator (the front end interposes its functions). A small-object
+    /// layer (pymalloc) serves calls that never reach malloc, and keeps its probes.
+    pub fn served_by_front_end(&self) -> bool {
+        !matches!(self.family, Family::Pymalloc | Family::InProcess)
+    }
 }
 
 /// An allocator found in a process.
@@ -222,6 +240,14 @@ fn classify_base(base: &str) -> Option<Role> {
 /// malloc (not an allocator). `full_symbols` also reads the static symbol table (the
 /// executable, where a statically linked allocator's symbols are local). Pure.
 pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<AllocatorFile> {
+    if let Some(front_end) = usdt::front_end(&usdt::sites(elf)) {
+        return Some(AllocatorFile {
+            family: Family::InProcess,
+            functions: Vec::new(),
+            frees: Vec::new(),
+            front_end: Some(front_end),
+        });
+    }
     let file = object::File::parse(elf).ok()?;
     let mut entries: Vec<EntrySymbol> = Vec::new();
     let statics = full_symbols.then(|| file.symbols()).into_iter().flatten();
@@ -306,6 +332,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
         family: Family::of(&names, file_name),
         functions,
         frees,
+        front_end: None,
     })
 }
 
@@ -402,6 +429,9 @@ pub enum Family {
     Pymalloc,
     /// Another that defines malloc (a program's own).
     Malloc,
+    /// allocscope's in-process front end (sampler-preload): it counts and samples the
+    /// malloc family itself and fires USDT probes for sampled blocks.
+    InProcess,
 }
 
 impl Family {
@@ -434,6 +464,7 @@ impl std::fmt::Display for Family {
             Family::Mimalloc => "mimalloc",
             Family::Pymalloc => "pymalloc",
             Family::Malloc => "malloc",
+            Family::InProcess => "in-process (allocscope preload)",
         })
     }
 }
@@ -478,8 +509,17 @@ pub fn find(
     if found.is_empty() {
         return Err(AllocatorError::NoAllocator);
     }
+    behind_front_end(&mut found);
     in_probing_order(&mut found);
     Ok(found)
+}
+
+/// With an in-process front end among `allocators`, drops those whose calls it counts
+/// itself (see [`AllocatorFile::served_by_front_end`]).
+pub fn behind_front_end(allocators: &mut Vec<Allocator>) {
+    if allocators.iter().any(|a| a.file.is_in_process()) {
+        allocators.retain(|a| !a.file.served_by_front_end());
+    }
 }
 
 /// Reads and analyses one file (mapped, not copied: libraries can be large).

@@ -134,6 +134,8 @@ pub enum ProbeKind {
     Free(String),
     /// An allocation function's entry and, when asked, its return (uprobe session).
     Session(String),
+    /// A USDT probe of an in-process front end (`allocscope:alloc`).
+    Usdt(String),
 }
 
 impl std::fmt::Display for ProbeKind {
@@ -142,6 +144,7 @@ impl std::fmt::Display for ProbeKind {
             ProbeKind::Entry(symbol) | ProbeKind::Free(symbol) => write!(f, "{symbol}"),
             ProbeKind::Return(symbol) => write!(f, "{symbol} (return)"),
             ProbeKind::Session(symbol) => write!(f, "{symbol} (session)"),
+            ProbeKind::Usdt(name) => write!(f, "{name} (USDT)"),
         }
     }
 }
@@ -337,6 +340,8 @@ pub struct Probes {
 }
 
 const FREE_PROGRAM: &str = "free_enter";
+const USDT_ALLOC_PROGRAM: &str = "usdt_alloc";
+const USDT_FREE_PROGRAM: &str = "usdt_free";
 const BARE_PROGRAM: &str = "bare_count_enter";
 const RETURN_PROGRAM: &str = "alloc_return";
 
@@ -407,6 +412,12 @@ impl Probes {
                 programs.push(RETURN_PROGRAM);
             }
         }
+        // The in-process front end's probes: cheap to load, attached only where a process
+        // carries the library.
+        programs.push(USDT_ALLOC_PROGRAM);
+        if tracking {
+            programs.push(USDT_FREE_PROGRAM);
+        }
         for name in programs {
             loaded_uprobe(&mut ebpf, name)?;
         }
@@ -465,10 +476,7 @@ impl Probes {
                 continue;
             }
             self.note_sizes(allocator)?;
-            if self.config.track_frees.is_some() {
-                points.extend(self.attach_frees(scope, allocator)?);
-            }
-            points.extend(self.attach_allocations(scope, allocator)?);
+            points.extend(self.attach_file(scope, allocator)?);
             if self.config.duty_cycled {
                 self.added.push((scope, allocator.clone(), true));
             }
@@ -509,10 +517,7 @@ impl Probes {
             if attached {
                 continue;
             }
-            if self.config.track_frees.is_some() {
-                self.attach_frees(scope, &allocator)?;
-            }
-            self.attach_allocations(scope, &allocator)?;
+            self.attach_file(scope, &allocator)?;
             self.added[index].2 = true;
         }
         Ok(())
@@ -685,6 +690,65 @@ impl Probes {
                 .map_err(|e| AttachError::map("FUNCTION_SIZES", e))?;
         }
         Ok(())
+    }
+
+    /// Attaches the probes of one allocator file in `scope`: the front end's USDT sites, or
+    /// the frees then the allocation functions.
+    fn attach_file(
+        &mut self,
+        scope: Scope,
+        allocator: &Allocator,
+    ) -> Result<Vec<AttachedPoint>, AttachError> {
+        if let Some(front_end) = &allocator.file.front_end {
+            return self.attach_front_end(scope, allocator, front_end);
+        }
+        let mut points = Vec::new();
+        if self.config.track_frees.is_some() {
+            points.extend(self.attach_frees(scope, allocator)?);
+        }
+        points.extend(self.attach_allocations(scope, allocator)?);
+        Ok(points)
+    }
+
+    /// The in-process front end's `free` sites (frees tracked) then its `alloc` sites, on
+    /// the 5-byte nop where the kernel optimises such probes.
+    fn attach_front_end(
+        &mut self,
+        scope: Scope,
+        allocator: &Allocator,
+        front_end: &super::usdt::FrontEnd,
+    ) -> Result<Vec<AttachedPoint>, AttachError> {
+        let mut sites: Vec<(&'static str, &super::usdt::Site)> = Vec::new();
+        if self.config.track_frees.is_some() {
+            sites.extend(front_end.frees.iter().map(|s| (USDT_FREE_PROGRAM, s)));
+        }
+        sites.extend(front_end.allocs.iter().map(|s| (USDT_ALLOC_PROGRAM, s)));
+        let optimized = super::usdt_optimized();
+        let mut points = Vec::new();
+        for (program, site) in sites {
+            let nop5 = site.optimizable && optimized;
+            let offset = site.file_offset + u64::from(nop5);
+            let name = format!("{}:{}", site.provider, site.name);
+            let cookie = u64::from(scope.slot());
+            let id = self.attach_uprobe(program, scope, allocator, offset, cookie, &name)?;
+            self.links
+                .entry(scope.key())
+                .or_default()
+                .push(Link::Uprobe(program, id));
+            points.push(AttachedPoint {
+                pid: scope.key(),
+                probe: ProbeKind::Usdt(name),
+                path: allocator.shown.clone(),
+                file_offset: site.file_offset,
+                placement: Placement {
+                    offset: u64::from(nop5),
+                    instruction: if nop5 { "nop5 (optimised)" } else { "nop" }.to_owned(),
+                    emulated: true,
+                    moved: Vec::new(),
+                },
+            });
+        }
+        Ok(points)
     }
 
     fn attach_frees(

@@ -13,3 +13,19 @@ pub mod maps;
 pub mod prologue;
 pub mod runs;
 pub mod session;
+pub mod usdt;
+
+/// Whether this kernel optimises a uprobe on a 5-byte nop into a call to a user trampoline
+/// and a syscall (Linux ≥ 6.18 on x86-64): the `uprobe` syscall exists. Called outside a
+/// trampoline it only fails with ENXIO (ENOSYS where it does not exist). Asked once.
+pub fn usdt_optimized() -> bool {
+    static ANSWER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ANSWER.get_or_init(|| {
+        /// `__NR_uprobe` on x86-64.
+        const SYS_UPROBE: libc::c_long = 336;
+        // SAFETY: a syscall without arguments; outside a uprobe trampoline it returns an
+        // error and does nothing.
+        let result = unsafe { libc::syscall(SYS_UPROBE) };
+        result == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO)
+    })
+}

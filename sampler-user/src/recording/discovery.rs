@@ -23,6 +23,29 @@ use crate::{
 };
 
 impl Recording {
+    /// A process that carries the in-process front end counts its own calls: its region is
+    /// mapped (once) and set to the interval in force. Without it the process's counts
+    /// would be missing, which the summary would show as zero calls: said loudly instead.
+    fn map_front_end(&mut self, pid: u32, allocators: &[Allocator]) {
+        let Some(library) = allocators.iter().find(|a| a.file.is_in_process()) else {
+            return;
+        };
+        if self.counters.has_region(pid) {
+            return;
+        }
+        match crate::preload::MappedRegion::of_process(pid, &library.path) {
+            Ok(region) => {
+                if let Err(e) = region.set_interval(self.interval) {
+                    warn!("pid {pid}: setting its in-process sampler's interval: {e:#}");
+                }
+                self.counters.add_region(pid, region);
+            }
+            Err(e) => warn!(
+                "pid {pid}: its in-process sampler's counters cannot be read ({e:#}): its exact counts are missing"
+            ),
+        }
+    }
+
     /// Attaches `allocators` in process `pid` (new ones only, if it is attached already)
     /// and starts watching it; `since`: from when it is covered, if it is new. A process
     /// that vanishes meanwhile is an error for the caller to report and move on.
@@ -114,6 +137,7 @@ impl Recording {
         } else {
             self.note_late(pid, &fresh);
         }
+        self.map_front_end(pid, allocators);
         self.aggregator.add_allocators(pid, allocators);
         Ok(())
     }

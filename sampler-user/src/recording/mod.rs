@@ -28,6 +28,8 @@ use std::{
     time::Duration,
 };
 
+use std::os::fd::AsRawFd as _;
+
 use anyhow::Context as _;
 use aya::maps::RingBuf;
 use log::{debug, info, warn};
@@ -38,7 +40,7 @@ use crate::{
     config::{BadInput, SamplingConfig, Targets},
     exits,
     overhead::{self, Overhead, TargetUse, Trap},
-    preflight,
+    preflight, preload,
     probe::{
         attach::{AttachedPoint, KernelConfig, Probes, ReturnProbes, Target},
         maps::FileId,
@@ -58,6 +60,8 @@ pub struct Prepared {
     child: Option<PausedChild>,
     command: String,
     cache: AllocatorCache,
+    /// The in-process front end loaded into the command, and its counter region.
+    front_end: Option<(preload::Library, preload::MappedRegion)>,
 }
 
 /// Runs every check that can fail on bad input (privileges, targets, then the caller's own
@@ -65,6 +69,7 @@ pub struct Prepared {
 /// `redirect` is given. Must run before any thread exists.
 pub fn prepare(
     targets: &Targets,
+    sampling: &SamplingConfig,
     check: impl FnOnce() -> Result<(), BadInput>,
     redirect: impl FnOnce() -> Result<Option<spawn::Redirect>, BadInput>,
 ) -> Result<Prepared, BadInput> {
@@ -86,9 +91,28 @@ pub fn prepare(
     for problem in problems {
         warn!("{problem}: left out");
     }
+    let mut front_end = None;
+    let mut environment = Vec::new();
     if !targets.command.is_empty() {
         let program = preflight::resolve_command(&targets.command[0])?;
-        let allocators = preflight::allocators_for_command(&program, &mut cache)?;
+        let mut allocators = preflight::allocators_for_command(&program, &mut cache)?;
+        if sampling.preload {
+            if let Some((library, region, own)) = front_end_for(&program, sampling.interval)? {
+                environment = vec![
+                    (
+                        "LD_PRELOAD".into(),
+                        preload::ld_preload(&library, std::env::var_os("LD_PRELOAD").as_deref()),
+                    ),
+                    (
+                        "ALLOCSCOPE_REGION_FD".into(),
+                        region.1.as_raw_fd().to_string().into(),
+                    ),
+                ];
+                allocators.push(own);
+                crate::probe::allocator::behind_front_end(&mut allocators);
+                front_end = Some((library, region));
+            }
+        }
         initial.push(Target { pid: 0, allocators });
     }
     check()?;
@@ -96,20 +120,85 @@ pub fn prepare(
     let mut command = String::new();
     if let Some(program) = targets.command.first() {
         command = program.to_string_lossy().into_owned();
-        let paused = spawn::spawn_paused(&targets.command, redirect()?)
+        let paused = spawn::spawn_paused(&targets.command, redirect()?, &environment)
             .map_err(|e| BadInput(format!("cannot start {command}: {e}")))?;
         if let Some(target) = initial.last_mut() {
             target.pid = paused.pid;
         }
         child = Some(paused);
     }
+    let front_end = front_end.map(|(library, (mut region, fd))| {
+        drop(fd);
+        if let Some(child) = &child {
+            region.set_pid(child.pid);
+        }
+        (library, region)
+    });
     Ok(Prepared {
         targets: targets.clone(),
         initial,
         child,
         command,
         cache,
+        front_end,
     })
+}
+
+/// The in-process front end for command `program`: the library in a memfd, a counter
+/// region at `interval` with the descriptor the command inherits, and the library as an
+/// allocator to attach to. `None` (uprobes then) where the dynamic loader would not load
+/// it, said once: a statically linked program, or a set-user/group-ID one (the loader
+/// ignores `LD_PRELOAD` from a path outside the system's for those).
+#[allow(clippy::type_complexity)]
+fn front_end_for(
+    program: &std::path::Path,
+    interval: u64,
+) -> Result<
+    Option<(
+        preload::Library,
+        (preload::MappedRegion, std::os::fd::OwnedFd),
+        crate::probe::allocator::Allocator,
+    )>,
+    BadInput,
+> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let shown = program.display();
+    let data = std::fs::read(program).map_err(|e| BadInput(format!("cannot read {shown}: {e}")))?;
+    if data.starts_with(b"\x7fELF") && crate::targets::interpreter_of(&data).is_none() {
+        info!("{shown} is statically linked: the in-process sampler cannot load; probing its allocator with uprobes");
+        return Ok(None);
+    }
+    let mode = std::fs::metadata(program)
+        .map(|m| m.permissions().mode())
+        .unwrap_or(0);
+    if mode & 0o6000 != 0 {
+        info!("{shown} is set-user/group-ID: the loader ignores LD_PRELOAD for it; probing its allocator with uprobes");
+        return Ok(None);
+    }
+    let failed = |what: &str, e: &dyn std::fmt::Display| {
+        BadInput(format!(
+            "cannot prepare the in-process sampler ({what}): {e} (--no-preload uses uprobes)"
+        ))
+    };
+    let library = preload::Library::create().map_err(|e| failed("library", &e))?;
+    let region = preload::MappedRegion::for_command(interval).map_err(|e| failed("region", &e))?;
+    let path = library.own_path();
+    let metadata = std::fs::metadata(&path).map_err(|e| failed("library", &e))?;
+    let file = crate::probe::allocator::analyse_file(
+        &path,
+        false,
+        std::path::Path::new("allocscope-preload"),
+    )
+    .filter(|f| f.is_in_process())
+    .ok_or_else(|| failed("library", &"its probes were not found"))?;
+    let own = crate::probe::allocator::Allocator {
+        path: path.clone(),
+        shown: "/memfd:allocscope-preload".into(),
+        file_id: FileId::of(&metadata),
+        in_executable: false,
+        file: std::sync::Arc::new(file),
+    };
+    Ok(Some((library, region, own)))
 }
 
 /// How the command started for a recording (`-- CMD`) ended.
@@ -237,6 +326,12 @@ pub struct Recording {
     /// covers exactly what the final counters cover (removing a breakpoint takes the kernel
     /// milliseconds, and the probes still fire meanwhile).
     cutoff_ns: Option<u64>,
+    /// The in-process front end loaded into the command (kept open while it may start
+    /// programs that load it too).
+    library: Option<preload::Library>,
+    /// The mean interval in force (the throttle's, else the user's): a front end found in
+    /// a process is set to it.
+    interval: u64,
 }
 
 impl Recording {
@@ -253,6 +348,7 @@ impl Recording {
             child,
             command,
             cache,
+            front_end,
         } = prepared;
         let followed_only = !targets.all && (targets.follow || targets.comm.is_some());
         let kernel = KernelConfig {
@@ -350,9 +446,15 @@ impl Recording {
             samples_taken: 0,
             thread_states: None,
             cutoff_ns: None,
+            library: None,
+            interval: sampling.interval,
         };
         if followed_only {
             recording.probe_system_allocators();
+        }
+        if let (Some(child), Some((library, region))) = (&child, front_end) {
+            recording.counters.add_region(child.pid, region);
+            recording.library = Some(library);
         }
         for target in initial {
             let since = Since::now(if Some(target.pid) == recording.spawned {

@@ -102,6 +102,12 @@ impl Recording {
         if let Some(probes) = self.probes.as_mut() {
             probes.set_rate(interval)?;
         }
+        self.interval = interval;
+        for (pid, region) in self.counters.regions() {
+            if let Err(e) = region.set_interval(interval) {
+                log::warn!("pid {pid}: setting its in-process sampler's interval: {e:#}");
+            }
+        }
         Ok(())
     }
 }

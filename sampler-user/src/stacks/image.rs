@@ -14,6 +14,9 @@ pub struct Image {
     segments: Vec<(Range<u64>, u64)>,
     /// Sections with file contents: name → (virtual address range, file range).
     sections: HashMap<Vec<u8>, (Range<u64>, Range<usize>)>,
+    /// Whether this is allocscope's in-process front end, whose own frames lead the
+    /// stacks it reports and are dropped like an allocator's own frame.
+    pub front_end: bool,
 }
 
 impl Image {
@@ -32,7 +35,7 @@ impl Image {
                     (offset..offset + size, segment.address())
                 })
                 .collect();
-            let sections = elf
+            let sections: HashMap<Vec<u8>, (Range<u64>, Range<usize>)> = elf
                 .sections()
                 .filter_map(|section| {
                     let (offset, size) = section.file_range()?;
@@ -45,10 +48,13 @@ impl Image {
                 .collect();
             (segments, sections)
         };
+        let front_end = sections.contains_key(&b".note.stapsdt"[..])
+            && crate::probe::usdt::front_end(&crate::probe::usdt::sites(&data)).is_some();
         Some(Arc::new(Image {
             data,
             segments,
             sections,
+            front_end,
         }))
     }
 

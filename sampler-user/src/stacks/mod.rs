@@ -482,8 +482,19 @@ impl StackTable {
         taken_ns: u64,
     ) -> StackId {
         let mut frames: Vec<Frame> = Vec::with_capacity(addresses.len());
+        let mut leading = true;
         for &address in addresses {
             let frame = self.normalize(pid, address, taken_ns);
+            if leading {
+                // The in-process front end's own frames (its probe sits inside the
+                // interposed function): the allocator's frame, left out like it.
+                if let Frame::File { module, .. } = frame {
+                    if self.modules.image(module).is_some_and(|i| i.front_end) {
+                        continue;
+                    }
+                }
+                leading = false;
+            }
             let believed = match frame {
                 Frame::File { module, offset } => self.is_return_address(module, offset),
                 Frame::Unknown { .. } => {

@@ -52,6 +52,7 @@ pub fn prepare(config: &TopConfig) -> Result<Prepared, BadInput> {
     }
     recording::prepare(
         &config.targets,
+        &config.sampling,
         || preflight::check_snapshot_dir(&config.snapshot_dir),
         || command_output(config).map(Some),
     )
