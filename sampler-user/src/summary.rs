@@ -214,13 +214,18 @@ pub fn render(profile: &Profile, top: usize) -> String {
     for process in &profile.processes {
         let _ = writeln!(
             out,
-            "  pid {} ({}): {} samples; estimated {} allocated; exact {} in {} calls",
+            "  pid {} ({}): {} samples; estimated {} allocated; exact {} in {} calls{}",
             process.pid,
             text::printable(&process.command),
             process.samples,
             estimate_bytes(&process.alloc_bytes),
             bytes(process.exact.bytes as f64),
             process.exact.calls,
+            if process.front_end == "in-process" {
+                " (counted in-process)"
+            } else {
+                ""
+            },
         );
         if let Some(share) = process.observed_share {
             let _ = writeln!(

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""End-to-end slowdown on real programs (README, Cost): native, `record --alloc-only`,
-`record --alloc-only --max-overhead 2%`, `record` (frees tracked) and heaptrack,
-interleaved rounds, medians with the rounds' range; then, per round, the duty-cycled
-estimate of the bytes allocated against the exact count of the `--alloc-only` run.
+"""End-to-end slowdown on real programs (README, Cost): native, `record --preload` (the
+in-process front end, frees tracked), `record --preload --alloc-only`, `record` (uprobes on
+every call) and heaptrack, interleaved rounds, medians with the rounds' range; then, from
+the last round, each front end's exact count and estimate of the bytes allocated.
 
     sudo python3 xtask/e2e/run.py [ROUNDS]      (after cargo build --release)
 
 Inputs are made in a fresh temporary directory: a 240,000-row sqlite3 insert batch, the
-preprocessed C++ file (g++ -E big.cpp), and the Python script next to this file.
+preprocessed C++ file (g++ -E big.cpp), and the Python and Perl scripts next to this file.
 """
 import json, os, shutil, statistics, subprocess, sys, tempfile, time
 
@@ -18,6 +18,7 @@ CC1 = subprocess.run(["g++", "-print-prog-name=cc1plus"], capture_output=True, t
 work = tempfile.mkdtemp(prefix="allocscope-e2e-")
 os.chdir(work)
 shutil.copy(os.path.join(HERE, "script.py"), "script.py")
+shutil.copy(os.path.join(HERE, "script.pl"), "script.pl")
 subprocess.run(["g++", "-E", os.path.join(HERE, "big.cpp"), "-o", "big.ii"], check=True)
 with open("batch.sql", "w") as f:
     f.write("CREATE TABLE t(a INTEGER PRIMARY KEY, b TEXT, c REAL);\nBEGIN;\n")
@@ -28,21 +29,22 @@ with open("batch.sql", "w") as f:
 programs = {
     "python3 script.py (Debian 3.11)": (["/usr/bin/python3", "script.py"], None),
     "sqlite3 (240k inserts)": (["sqlite3", "test.db"], "batch.sql"),
+    "perl script.pl": (["/usr/bin/perl", "script.pl"], None),
     "cc1plus -O1 (C++, <regex>)": ([CC1, "-quiet", "-O1", "big.ii", "-o", "/dev/null"], None),
 }
 modes = {
     "native": [],
-    "record --alloc-only": [A, "record", "--alloc-only", "-o", "e2e.json", "--"],
-    "--alloc-only --max-overhead 2%": [A, "record", "--alloc-only", "--max-overhead", "2%",
-                                       "-o", "e2e.json", "--"],
-    "record (frees tracked)": [A, "record", "-o", "e2e.json", "--"],
+    "record --preload": [A, "record", "--preload", "-o", "e2e.json", "--"],
+    "record --preload --alloc-only": [A, "record", "--preload", "--alloc-only", "-o",
+                                      "e2e.json", "--"],
+    "record": [A, "record", "-o", "e2e.json", "--"],
     "heaptrack": ["heaptrack", "-o", os.path.join(work, "ht")],
 }
+compared = ["record --preload", "record"]
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 times = {(p, m): [] for p in programs for m in modes}
 failed = {}
-truth = {}
-duty = {p: [] for p in programs}
+counted = {}
 
 
 def allocated():
@@ -71,10 +73,8 @@ for r in range(rounds):
             times[(p, m)].append(time.monotonic() - started)
             if rc != 0:
                 failed[(p, m)] = rc
-            elif m == "record --alloc-only":
-                truth[p] = allocated()[0]
-            elif m.endswith("--max-overhead 2%"):
-                duty[p].append(allocated()[1:])
+            elif m in compared:
+                counted[(p, m)] = allocated()
     print(f"round {r + 1} done", file=sys.stderr)
 print("| program | " + " | ".join(modes) + " |")
 print("|---|" + "---|" * len(modes))
@@ -95,13 +95,17 @@ for p in programs:
         cells.append(cell)
     print(f"| {p} | " + " | ".join(cells) + " |")
 print()
-print("| program | exact bytes (--alloc-only) | --max-overhead 2%: estimate / exact, bounds, per round |")
-print("|---|---|---|")
+print("| program | " + " | ".join(f"{m}: exact, estimate [bounds]" for m in compared) + " |")
+print("|---|" + "---|" * len(compared))
 for p in programs:
-    rows = []
-    for est, lower, upper in duty[p]:
-        t = truth.get(p, 0) or 1
-        up = "no upper bound" if upper is None else f"{upper / t:.2f}"
-        rows.append(f"{est / t:.2f} [{lower / t:.2f}, {up}]")
-    print(f"| {p} | {truth.get(p, 0) / 2**20:.1f} MiB | " + "; ".join(rows) + " |")
+    cells = []
+    for m in compared:
+        if (p, m) not in counted:
+            cells.append("failed")
+            continue
+        exact, est, lower, upper = counted[(p, m)]
+        mib = lambda b: f"{b / 2**20:.1f}"
+        up = "∞" if upper is None else mib(upper)
+        cells.append(f"{mib(exact)} MiB, {mib(est)} [{mib(lower)}, {up}]")
+    print(f"| {p} | " + " | ".join(cells) + " |")
 shutil.rmtree(work)

@@ -248,6 +248,7 @@ pub(crate) mod tests {
                 command: "app".into(),
                 executable: "/bin/app".into(),
                 cgroup: Some("/system.slice/app.service".into()),
+                front_end: "uprobes".into(),
                 allocators: vec!["glibc (/lib/libc.so.6)".into()],
                 exact: ExactCounts {
                     calls: 300,

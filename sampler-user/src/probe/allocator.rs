@@ -514,11 +514,13 @@ pub fn find(
     Ok(found)
 }
 
-/// With an in-process front end among `allocators`, drops those whose calls it counts
-/// itself (see [`AllocatorFile::served_by_front_end`]).
+/// With an in-process front end among `allocators`, drops the libraries whose calls it
+/// counts itself (see [`AllocatorFile::served_by_front_end`]). An allocator defined in the
+/// executable stays: the executable's own `malloc` comes before any preloaded one in the
+/// dynamic linker's order, so the front end never sees those calls.
 pub fn behind_front_end(allocators: &mut Vec<Allocator>) {
     if allocators.iter().any(|a| a.file.is_in_process()) {
-        allocators.retain(|a| !a.file.served_by_front_end());
+        allocators.retain(|a| a.in_executable || !a.file.served_by_front_end());
     }
 }
 

@@ -183,6 +183,20 @@ pub struct ExactCounts {
     pub bytes: u64,
 }
 
+/// A process's front end, from the allocators probed in it.
+fn front_end_of(allocators: &[String]) -> String {
+    let described = crate::probe::allocator::Family::InProcess.to_string();
+    if allocators.iter().any(|a| a.starts_with(&described)) {
+        "in-process".into()
+    } else {
+        uprobes()
+    }
+}
+
+fn uprobes() -> String {
+    "uprobes".into()
+}
+
 /// One process's totals.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProcessProfile {
@@ -199,6 +213,10 @@ pub struct ProcessProfile {
     /// (`--all`), those it mapped when first looked at, probed for every process (`probes`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allocators: Vec<String>,
+    /// What measured it: `in-process` (allocscope's preload library counted every call and
+    /// fired `allocscope:alloc` for sampled blocks) or `uprobes` (a probe on every call).
+    #[serde(default = "uprobes")]
+    pub front_end: String,
     /// Exact counters.
     pub exact: ExactCounts,
     /// Samples received.
@@ -484,12 +502,15 @@ impl Profile {
                         ..pair.objects.estimate(settings.confidence, ns)
                     };
                 }
+                let allocators: Vec<String> =
+                    known.map(|p| p.allocators.clone()).unwrap_or_default();
                 ProcessProfile {
                     pid,
                     command: known.map(|p| p.command.clone()).unwrap_or_default(),
                     executable: known.map(|p| p.executable.clone()).unwrap_or_default(),
                     cgroup: known.and_then(|p| p.cgroup.clone()),
-                    allocators: known.map(|p| p.allocators.clone()).unwrap_or_default(),
+                    front_end: front_end_of(&allocators),
+                    allocators,
                     exact: ExactCounts {
                         calls: exact.calls,
                         bytes: exact.bytes,

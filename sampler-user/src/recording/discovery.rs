@@ -82,6 +82,9 @@ impl Recording {
                 .collect(),
             None => Vec::new(),
         };
+        // Its own counts start before the probes that sample it: a sample taken before the
+        // region's baseline would count in the estimate and not in the exact count.
+        self.map_front_end(pid, allocators);
         // The ring buffer is not read meanwhile: the time is logged, to be kept short.
         let started = std::time::Instant::now();
         let attached = self
@@ -137,7 +140,6 @@ impl Recording {
         } else {
             self.note_late(pid, &fresh);
         }
-        self.map_front_end(pid, allocators);
         self.aggregator.add_allocators(pid, allocators);
         Ok(())
     }

@@ -96,7 +96,11 @@ pub fn prepare(
     if !targets.command.is_empty() {
         let program = preflight::resolve_command(&targets.command[0])?;
         let mut allocators = preflight::allocators_for_command(&program, &mut cache)?;
-        if sampling.preload {
+        // Followed processes (`--follow`) are counted by file-wide probes from their fork:
+        // the front end's regions of forked children are not followed yet, so a followed
+        // command keeps uprobes.
+        let follows = targets.follow || targets.comm.is_some() || targets.all;
+        if sampling.preload && !follows {
             if let Some((library, region, own)) = front_end_for(&program, sampling.interval)? {
                 environment = vec![
                     (
@@ -165,19 +169,19 @@ fn front_end_for(
     let shown = program.display();
     let data = std::fs::read(program).map_err(|e| BadInput(format!("cannot read {shown}: {e}")))?;
     if data.starts_with(b"\x7fELF") && crate::targets::interpreter_of(&data).is_none() {
-        info!("{shown} is statically linked: the in-process sampler cannot load; probing its allocator with uprobes");
+        warn!("{shown} is statically linked: the in-process sampler cannot load; probing its allocator with uprobes");
         return Ok(None);
     }
     let mode = std::fs::metadata(program)
         .map(|m| m.permissions().mode())
         .unwrap_or(0);
     if mode & 0o6000 != 0 {
-        info!("{shown} is set-user/group-ID: the loader ignores LD_PRELOAD for it; probing its allocator with uprobes");
+        warn!("{shown} is set-user/group-ID: the loader ignores LD_PRELOAD for it; probing its allocator with uprobes");
         return Ok(None);
     }
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         BadInput(format!(
-            "cannot prepare the in-process sampler ({what}): {e} (--no-preload uses uprobes)"
+            "cannot prepare the in-process sampler ({what}): {e} (without --preload, uprobes are used)"
         ))
     };
     let library = preload::Library::create().map_err(|e| failed("library", &e))?;

@@ -1,0 +1,208 @@
+//! The in-process front end (sampler-preload): `record --preload -- CMD` loads it, counts
+//! every call in the process and takes samples through its USDT probes. Checked against the
+//! uprobe path on the same deterministic workload (glibc behind it): the same
+//! exact counts to the call, every site's truth inside its bounds on both; a process that
+//! carries the library is found by `-p`, its interval set, attached twice in a row; a
+//! statically linked command falls back to uprobes and says so.
+
+use std::{path::PathBuf, process::Command};
+
+use serde_json::Value;
+use tests::{
+    allocscope, bpf_available, check_workload_profile, drain, fixture, fixture_as, read_profile,
+    start_recording, workspace, TempDir, Workload,
+};
+
+const CONFIDENCE: &str = "0.9999";
+const ROUNDS: u64 = 2000;
+
+/// Records `-- workload ROUNDS` (plus `extra` flags) and returns the profile and stderr.
+fn record_command(
+    workload: &PathBuf,
+    extra: &[&str],
+    dir: &TempDir,
+    name: &str,
+) -> (Value, String) {
+    let out = dir.path(name);
+    let output = Command::new(allocscope())
+        .args(["record", "--interval", "64KiB", "--confidence", CONFIDENCE])
+        .args(extra)
+        .arg("-o")
+        .arg(&out)
+        .arg("--")
+        .arg(workload)
+        .arg(ROUNDS.to_string())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "allocscope failed:\n{stderr}");
+    (read_profile(&out), stderr)
+}
+
+fn first_process(profile: &Value) -> (&Value, u32) {
+    let process = &profile["processes"][0];
+    (process, process["pid"].as_u64().unwrap() as u32)
+}
+
+fn both_front_ends_agree(workload: PathBuf, label: &str) {
+    let dir = TempDir::new(&format!("preload-{label}"));
+    let (in_process, stderr) = record_command(&workload, &["--preload"], &dir, "in-process.json");
+    let (uprobes, _) = record_command(&workload, &[], &dir, "uprobes.json");
+    let (ours, our_pid) = first_process(&in_process);
+    let (theirs, their_pid) = first_process(&uprobes);
+    assert_eq!(ours["front_end"], "in-process", "{label}: {ours}");
+    assert_eq!(theirs["front_end"], "uprobes", "{label}: {theirs}");
+    assert!(stderr.contains("counted in-process"), "{stderr}");
+    check_workload_profile(&in_process, our_pid, ROUNDS);
+    check_workload_profile(&uprobes, their_pid, ROUNDS);
+    assert_eq!(
+        ours["exact"], theirs["exact"],
+        "{label}: the in-process counters and the kernel's disagree"
+    );
+    // Live heap means the same: the workload frees every block, so nothing it allocated
+    // is live at the end on either path.
+    for process in [ours, theirs] {
+        assert_eq!(process["inuse_bytes"]["samples"], 0, "{label}: {process}");
+    }
+}
+
+#[test]
+fn in_process_and_uprobes_agree_on_glibc() {
+    if !bpf_available("in_process_and_uprobes_agree_on_glibc") {
+        return;
+    }
+    both_front_ends_agree(fixture("workload", &[]), "glibc");
+}
+
+/// Records `threads 1000 300` (1000 threads, 300 malloc(512) each) with `extra` flags and
+/// returns the threads process's exact counts and front end.
+fn record_threads(extra: &[&str], dir: &TempDir, name: &str) -> (u64, u64, String) {
+    let out = dir.path(name);
+    let threads = fixture("threads", &["-pthread"]);
+    let mut child = Command::new(allocscope())
+        .args(["record", "--interval", "64KiB"])
+        .args(extra)
+        .arg("-o")
+        .arg(&out)
+        .arg("--")
+        .arg(&threads)
+        .args(["1000", "300"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The fixture waits for a line before its threads start and another before it exits.
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\nend\n").unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let profile = read_profile(&out);
+    let (process, _) = first_process(&profile);
+    (
+        process["exact"]["calls"].as_u64().unwrap(),
+        process["exact"]["bytes"].as_u64().unwrap(),
+        process["front_end"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+#[test]
+fn threads_by_the_thousand_are_counted_exactly_in_process() {
+    if !bpf_available("threads_by_the_thousand_are_counted_exactly_in_process") {
+        return;
+    }
+    // 1000 threads come and go (50 at a time): each slot of the region is handed back at
+    // the thread's exit and its counts moved to the retired totals. The threads' own
+    // 300,000 calls plus what the C library allocates for each new thread (its TLS
+    // vectors): the same on both paths, to the call.
+    let dir = TempDir::new("preload-threads");
+    let (calls, bytes, front_end) = record_threads(&["--preload"], &dir, "in-process.json");
+    assert_eq!(front_end, "in-process");
+    assert!(
+        calls >= 300_000,
+        "exact calls {calls}, expected 300000 and more"
+    );
+    let (their_calls, their_bytes, _) = record_threads(&[], &dir, "uprobes.json");
+    assert_eq!(
+        calls, their_calls,
+        "calls: in-process {calls}, uprobes {their_calls}"
+    );
+    // Bytes differed by 14,784 of 153.9 MB here (in-process higher), calls not at all: a
+    // size the two read differently in the C library's per-thread allocations, not yet
+    // explained; held to 0.1% meanwhile.
+    let gap = bytes.abs_diff(their_bytes) as f64 / their_bytes as f64;
+    assert!(
+        gap < 1e-3,
+        "bytes: in-process {bytes}, uprobes {their_bytes}"
+    );
+}
+
+/// The library as the workspace's release build leaves it (what `cargo build --release`
+/// builds beside allocscope).
+fn built_library() -> PathBuf {
+    let path = workspace().join("target/release/libsampler_preload.so");
+    assert!(
+        path.exists(),
+        "{} missing: cargo build --release builds it",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn a_process_carrying_the_library_is_attached_by_pid_twice() {
+    if !bpf_available("a_process_carrying_the_library_is_attached_by_pid_twice") {
+        return;
+    }
+    let dir = TempDir::new("preload-pid");
+    let mut command = Command::new(fixture("workload", &[]));
+    command.env("LD_PRELOAD", built_library());
+    // 8 MiB: the interval allocscope sets at attach must replace this one.
+    command.env("ALLOCSCOPE_INTERVAL", (8u64 << 20).to_string());
+    let mut workload = Workload::start_with(command, 1000, &["--forever"]);
+    workload.go();
+    let pid = workload.pid().to_string();
+    for round in 0..2 {
+        let out = dir.path(&format!("pid-{round}.json"));
+        let out_text = out.display().to_string();
+        let (recorder, stderr) = start_recording(&[
+            "record", "-p", &pid, "-i", "16KiB", "-d", "2", "-o", &out_text,
+        ]);
+        let log = drain(stderr);
+        let status = recorder.wait_with_output().unwrap().status;
+        let log = log.join().unwrap();
+        assert!(status.success(), "{log}");
+        let profile = read_profile(&out);
+        let (process, _) = first_process(&profile);
+        assert_eq!(process["front_end"], "in-process", "{process}");
+        let calls = process["exact"]["calls"].as_u64().unwrap();
+        assert!(
+            calls > 10_000,
+            "round {round}: {calls} calls counted in 2 s"
+        );
+        // At 16 KiB (not the 8 MiB the process started with) a second of the workload's
+        // ~100 MiB/s gives thousands of samples; at 8 MiB, tens.
+        let samples = process["samples"].as_u64().unwrap();
+        assert!(
+            samples > 1000,
+            "round {round}: {samples} samples: interval not set?"
+        );
+        // Not checked yet: the estimate against the exact count. The region's baseline is
+        // read before the probes attach, so calls in between count without samples (5%
+        // of a 2 s recording seen once); docs/preload.md, Limits.
+    }
+}
+
+#[test]
+fn a_static_command_falls_back_to_uprobes_and_says_so() {
+    if !bpf_available("a_static_command_falls_back_to_uprobes_and_says_so") {
+        return;
+    }
+    let dir = TempDir::new("preload-static");
+    let workload = fixture_as("workload", "workload_static", &["-static"]);
+    let (profile, stderr) = record_command(&workload, &["--preload"], &dir, "static.json");
+    assert!(stderr.contains("statically linked"), "{stderr}");
+    let (process, pid) = first_process(&profile);
+    assert_eq!(process["front_end"], "uprobes");
+    check_workload_profile(&profile, pid, ROUNDS);
+}
