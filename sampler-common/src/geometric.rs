@@ -106,7 +106,7 @@ pub fn draw(random: u64, scale: u64) -> u64 {
 /// `c = 1 / -ln(1 - 1/interval)` in Q32.32, computed once in user space and handed to the
 /// kernel as a load-time global. `interval` 1 samples every allocation (`c = 0`). Returns
 /// `None` for 0 or intervals above [`MAX_INTERVAL`].
-#[cfg(any(test, feature = "user"))]
+#[cfg(any(test, feature = "float"))]
 pub fn scale_q32(interval: u64) -> Option<u64> {
     if interval == 0 || interval > MAX_INTERVAL {
         return None;

@@ -5,7 +5,7 @@
 //! `#[repr(C)]` structs are the wire format of maps and ring-buffer records, and
 //! [`geometric::draw`] is the sampling decision's random source on both sides, so the unit
 //! tests here test exactly what the kernel runs.
-#![cfg_attr(not(any(test, feature = "user")), no_std)]
+#![cfg_attr(not(any(test, feature = "float")), no_std)]
 #![deny(missing_docs)]
 
 pub mod cookie;

@@ -252,18 +252,7 @@ pub fn on_return<C: EbpfContext>(ctx: &C) {
     };
     let mut flags = FLAG_STACK_AT_RETURN;
     if address != 0 {
-        let key = LiveKey {
-            pid,
-            pad: 0,
-            address,
-        };
-        // SAFETY: helper without preconditions.
-        let now = unsafe { bpf_ktime_get_ns() };
-        if LIVE.insert(key, now, 0).is_ok() {
-            flags |= FLAG_TRACKED;
-        } else {
-            count_loss(LossCounter::LiveMapFull);
-        }
+        flags |= track_live(pid, address);
     }
     let sample = Sample {
         pid,
@@ -310,18 +299,7 @@ pub fn on_usdt_alloc<C: EbpfContext>(
         if how & preload::ALLOC_UNTRACKED != 0 {
             count_loss(LossCounter::LiveMapFull);
         } else {
-            let key = LiveKey {
-                pid,
-                pad: 0,
-                address,
-            };
-            // SAFETY: helper without preconditions.
-            let now = unsafe { bpf_ktime_get_ns() };
-            if LIVE.insert(key, now, 0).is_ok() {
-                flags |= FLAG_TRACKED;
-            } else {
-                count_loss(LossCounter::LiveMapFull);
-            }
+            flags |= track_live(pid, address);
         }
     }
     let sample = Sample {
@@ -375,6 +353,25 @@ fn excluded(pid: u32) -> bool {
     } else {
         // SAFETY: as above.
         unsafe { EXCLUDED.get(pid) }.is_some()
+    }
+}
+
+/// Remembers sampled block `address` of `pid` as live, with the time: [`FLAG_TRACKED`], or
+/// 0 (counted) when the live map is full.
+#[inline(always)]
+fn track_live(pid: u32, address: u64) -> u32 {
+    let key = LiveKey {
+        pid,
+        pad: 0,
+        address,
+    };
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if LIVE.insert(key, now, 0).is_ok() {
+        FLAG_TRACKED
+    } else {
+        count_loss(LossCounter::LiveMapFull);
+        0
     }
 }
 

@@ -87,17 +87,7 @@ fn inherited() -> Option<*mut Region> {
     // SAFETY: unsetenv edits the environment in place (no allocation), before main.
     unsafe { libc::unsetenv(name.as_ptr()) };
     let fd = i32::try_from(fd?).ok()?;
-    // SAFETY: maps the descriptor's first pages shared; checked below before use.
-    let mapped = unsafe {
-        libc::mmap(
-            ptr::null_mut(),
-            region_bytes(),
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
-    };
+    let mapped = map_shared(fd);
     // SAFETY: the descriptor is ours to close (inherited for this purpose only).
     unsafe { libc::close(fd) };
     if mapped == libc::MAP_FAILED {
@@ -138,9 +128,10 @@ fn create(fallback: u64, interval: u64) -> *mut Region {
         (*region).version = REGION_VERSION;
         (*region).pid = pid();
         (*region).interval.store(interval, Ordering::Relaxed);
-        (*region)
-            .scale_q32
-            .store(scale_q32(interval), Ordering::Relaxed);
+        (*region).scale_q32.store(
+            geometric::scale_q32(interval).unwrap_or(0),
+            Ordering::Relaxed,
+        );
         (*region).generation.store(1, Ordering::Release);
     }
     region
@@ -156,35 +147,32 @@ fn map_new() -> Option<*mut Region> {
     if fd < 0 {
         return None;
     }
-    // SAFETY: sizing and mapping our own descriptor, then closing it (the mapping stays).
-    unsafe {
-        let sized = libc::ftruncate(fd, region_bytes() as libc::off_t) == 0;
-        let mapped = if sized {
-            libc::mmap(
-                ptr::null_mut(),
-                region_bytes(),
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        } else {
-            libc::MAP_FAILED
-        };
-        libc::close(fd);
-        (mapped != libc::MAP_FAILED).then(|| mapped.cast())
-    }
+    // SAFETY: sizing our own descriptor.
+    let sized = unsafe { libc::ftruncate(fd, region_bytes() as libc::off_t) } == 0;
+    let mapped = if sized {
+        map_shared(fd)
+    } else {
+        libc::MAP_FAILED
+    };
+    // SAFETY: closing our own descriptor (the mapping stays).
+    unsafe { libc::close(fd) };
+    (mapped != libc::MAP_FAILED).then(|| mapped.cast())
 }
 
-/// `scale_q32` without floating-point-free guarantees (user space): `1 / -ln(1 - 1/i)` in
-/// Q32.32, as sampler-common computes it for the kernel.
-fn scale_q32(interval: u64) -> u64 {
-    if interval <= 1 {
-        return 0;
+/// Maps a region's worth of `fd` from its start, shared and writable (`MAP_FAILED` on
+/// error).
+fn map_shared(fd: i32) -> *mut libc::c_void {
+    // SAFETY: a new mapping of the descriptor's first pages; nothing existing is replaced.
+    unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            region_bytes(),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
     }
-    let p = 1.0 / interval as f64;
-    let c = 1.0 / -(-p).ln_1p();
-    (c * 4_294_967_296.0).round() as u64
 }
 
 /// In a forked child: a region of its own, with the parent's interval.
@@ -205,13 +193,6 @@ pub fn after_fork() {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn scale_matches_the_kernels() {
-        for interval in [2u64, 4096, 512 * 1024, 1 << 30] {
-            assert_eq!(Some(scale_q32(interval)), geometric::scale_q32(interval));
-        }
-    }
 
     #[test]
     fn numbers_parse_or_are_refused() {

@@ -13,7 +13,7 @@
 
 use std::{
     fs::File,
-    io::{self, Read as _, Seek as _, Write as _},
+    io::{self, Read as _, Write as _},
     os::{
         fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
         unix::fs::FileExt as _,
@@ -236,10 +236,7 @@ impl MappedRegion {
 fn symbol_address(pid: u32, vmas: &[maps::Vma], library: &Path, name: &str) -> anyhow::Result<u64> {
     let mut data = Vec::new();
     File::open(library)
-        .and_then(|mut f| {
-            f.rewind()?;
-            f.read_to_end(&mut data)
-        })
+        .and_then(|mut f| f.read_to_end(&mut data))
         .with_context(|| format!("reading {}", library.display()))?;
     let file = object::File::parse(&*data).context("parsing the preload library")?;
     let value = file
