@@ -23,7 +23,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _};
-use object::{Object as _, ObjectSymbol as _};
+use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 use sampler_common::{
     geometric,
     preload::{Region, REGION_MAGIC, REGION_SYMBOL, REGION_VERSION},
@@ -244,13 +244,18 @@ fn symbol_address(pid: u32, vmas: &[maps::Vma], library: &Path, name: &str) -> a
         .find(|s| s.name() == Ok(name))
         .map(|s| s.address())
         .with_context(|| format!("{name} missing from the preload library"))?;
+    let segments: Vec<_> = file
+        .segments()
+        .map(|segment| {
+            let (offset, size) = segment.file_range();
+            (offset..offset + size, segment.address())
+        })
+        .collect();
     let id = maps::FileId::of(&std::fs::metadata(library)?);
-    let image = crate::stacks::image::Image::open(&File::open(library)?)
-        .context("reading the preload library's segments")?;
     let bias = vmas
         .iter()
         .filter(|v| v.file_id == id)
-        .find_map(|v| image.bias(v.start, v.offset))
+        .find_map(|v| maps::load_bias(&segments, v.start, v.offset))
         .with_context(|| format!("pid {pid} does not map {}", library.display()))?;
     Ok(bias.wrapping_add(value))
 }

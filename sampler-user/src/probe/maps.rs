@@ -1,6 +1,6 @@
 //! `/proc/PID/maps`: the parser is pure (tested on text), the reader is a thin wrapper.
 
-use std::{io, path::PathBuf};
+use std::{io, ops::Range, path::PathBuf};
 
 /// The page size of x86-64 user mappings.
 pub const PAGE_SIZE: u64 = 4096;
@@ -52,6 +52,25 @@ impl Vma {
             .contains(&address)
             .then(|| address - self.start + self.offset)
     }
+}
+
+/// The load bias of a mapping at `start` from file offset `offset` of a file whose loadable
+/// `segments` are (file range, virtual address of its start): what is added to the file's
+/// virtual addresses to give the process's. A mapping starts at its segment's offset
+/// rounded down to a page, which may fall inside the previous segment's bytes: the segment
+/// whose page-rounded start is `offset` is the one.
+pub fn load_bias(segments: &[(Range<u64>, u64)], start: u64, offset: u64) -> Option<u64> {
+    let page = !(PAGE_SIZE - 1);
+    let (file, address) = segments
+        .iter()
+        .find(|(file, _)| file.start & page == offset)
+        .or_else(|| segments.iter().find(|(file, _)| file.contains(&offset)))?;
+    // The process address of the segment's first byte is `start + (file.start - offset)`.
+    Some(
+        start
+            .wrapping_add(file.start.wrapping_sub(offset))
+            .wrapping_sub(*address),
+    )
 }
 
 /// Parses the text of a maps file. Malformed lines are skipped, not fatal: the kernel's
@@ -124,6 +143,23 @@ mod tests {
 garbage line
 7fffffffe000-7ffffffff000 --xp 00000000 00:00 0                          [uprobes]
 ";
+
+    #[test]
+    fn load_bias_picks_the_segment_a_mapping_starts() {
+        // A PIE's text segment at file 0x1120 (page 0x1000), virtual 0x2120; the data
+        // segment's page-rounded start shares no page with it.
+        let segments = [
+            (0..0x1000, 0),
+            (0x1120..0x5000, 0x2120),
+            (0x5e00..0x6000, 0x7e00),
+        ];
+        let bias = load_bias(&segments, 0x7f00_0000_1000, 0x1000).unwrap();
+        assert_eq!(bias.wrapping_add(0x2120), 0x7f00_0000_1120);
+        // An offset inside a segment, not at its page, still finds it.
+        let bias = load_bias(&segments, 0x7f00_0000_1200, 0x1200).unwrap();
+        assert_eq!(bias.wrapping_add(0x2200), 0x7f00_0000_1200);
+        assert_eq!(load_bias(&segments, 0x1000, 0x9000), None);
+    }
 
     #[test]
     fn parses_file_backed_and_anonymous_mappings() {

@@ -58,27 +58,10 @@ impl Image {
         }))
     }
 
-    /// The load bias of a mapping of this file at `start` from file offset `offset`: what
-    /// is added to the file's virtual addresses to give the process's. A mapping starts at
-    /// its segment's offset rounded down to a page, which may fall inside the previous
-    /// segment's bytes: the segment whose page-rounded start is `offset` is the one.
+    /// The load bias of a mapping of this file at `start` from file offset `offset` (see
+    /// [`load_bias`](crate::probe::maps::load_bias)).
     pub fn bias(&self, start: u64, offset: u64) -> Option<u64> {
-        let page = !(crate::probe::maps::PAGE_SIZE - 1);
-        let (file, address) = self
-            .segments
-            .iter()
-            .find(|(file, _)| file.start & page == offset)
-            .or_else(|| {
-                self.segments
-                    .iter()
-                    .find(|(file, _)| file.contains(&offset))
-            })?;
-        // The process address of the segment's first byte is `start + (file.start - offset)`.
-        Some(
-            start
-                .wrapping_add(file.start.wrapping_sub(offset))
-                .wrapping_sub(*address),
-        )
+        crate::probe::maps::load_bias(&self.segments, start, offset)
     }
 
     /// Up to `length` bytes of the file that end just before file offset `end`.
