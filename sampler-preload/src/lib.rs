@@ -16,6 +16,7 @@
 //! (`fatal`) rather than unwinding into C.
 
 mod next;
+mod python;
 mod region;
 mod table;
 mod thread;
@@ -42,6 +43,7 @@ pub(crate) fn fatal(message: &[u8]) -> ! {
 fn set_up() {
     region::init();
     thread::init();
+    python::wrap();
     // SAFETY: registers a child-side fork handler (a plain function, no allocation).
     unsafe { libc::pthread_atfork(None, None, Some(after_fork)) };
 }
@@ -145,13 +147,10 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
     if !ensure_ready() {
         return arena_alloc(size, 16);
     }
-    let sampled = thread::count(size as u64);
     // SAFETY: forwarding the caller's arguments to the next allocator's malloc.
-    let pointer = unsafe { next!(malloc as next::Malloc)(size) };
-    if sampled {
-        report(pointer, size as u64, AllocFn::Malloc);
-    }
-    pointer
+    counted(size as u64, AllocFn::Malloc, || unsafe {
+        next!(malloc as next::Malloc)(size)
+    })
 }
 
 /// # Safety
@@ -181,13 +180,10 @@ pub unsafe extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
         };
     }
     let bytes = sampler_common::geometric::saturating_product(count as u64, size as u64);
-    let sampled = thread::count(bytes);
     // SAFETY: forwarding the caller's arguments.
-    let pointer = unsafe { next!(calloc as next::Calloc)(count, size) };
-    if sampled {
-        report(pointer, bytes, AllocFn::Calloc);
-    }
-    pointer
+    counted(bytes, AllocFn::Calloc, || unsafe {
+        next!(calloc as next::Calloc)(count, size)
+    })
 }
 
 /// # Safety
@@ -198,6 +194,32 @@ pub unsafe extern "C" fn realloc(pointer: *mut c_void, size: usize) -> *mut c_vo
         // SAFETY: an arena block (or null), copied into a block of the usual kind.
         return unsafe { realloc_arena(pointer, size) };
     }
+    // SAFETY: forwarding the caller's arguments.
+    reallocated(pointer, size, || unsafe {
+        next!(realloc as next::Realloc)(pointer, size)
+    })
+}
+
+/// An allocation of `size` bytes by `function`, made by `call`: counted, and reported when
+/// sampled.
+#[inline(always)]
+fn counted(size: u64, function: AllocFn, call: impl FnOnce() -> *mut c_void) -> *mut c_void {
+    let sampled = thread::count(size);
+    let pointer = call();
+    if sampled {
+        report(pointer, size, function);
+    }
+    pointer
+}
+
+/// `realloc(pointer, size)` made by `call`: an allocation of `size` bytes, and a free of
+/// `pointer` when it was sampled.
+#[inline(always)]
+fn reallocated(
+    pointer: *mut c_void,
+    size: usize,
+    call: impl FnOnce() -> *mut c_void,
+) -> *mut c_void {
     let sampled = thread::count(size as u64);
     // A sampled old block is reported freed first: once realloc returns, another thread
     // may get its address (a free reported after that could hit the new block's sample).
@@ -205,8 +227,7 @@ pub unsafe extern "C" fn realloc(pointer: *mut c_void, size: usize) -> *mut c_vo
     if was_sampled {
         usdt::free(pointer as u64);
     }
-    // SAFETY: forwarding the caller's arguments.
-    let moved = unsafe { next!(realloc as next::Realloc)(pointer, size) };
+    let moved = call();
     if was_sampled && moved.is_null() && size != 0 {
         // Failed: the old block lives on, no longer tracked (reported freed above).
         region::current()
@@ -263,12 +284,7 @@ fn aligned(
     if !ensure_ready() {
         return next::arena::alloc(size, align);
     }
-    let sampled = thread::count(size as u64);
-    let pointer = call();
-    if sampled {
-        report(pointer, size as u64, function);
-    }
-    pointer
+    counted(size as u64, function, call)
 }
 
 /// # Safety

@@ -1,8 +1,9 @@
 //! The process's shared counter region ([`sampler_common::preload::Region`]).
 //!
 //! Started by allocscope (`-- CMD`), the process finds a region allocscope created and
-//! already maps, by its descriptor in `ALLOCSCOPE_REGION_FD`; the variable is removed
-//! and the descriptor closed at once, so the programs it starts make their own. Otherwise
+//! already maps, by its descriptor in `ALLOCSCOPE_REGION_FD`, named for its pid: the
+//! programs it execs (the same pid) count on in it, the processes it forks make their
+//! own. Otherwise
 //! (a process started by one of ours, or by hand with `LD_PRELOAD`) the library creates
 //! one from a memfd, which allocscope maps later through `/proc/PID/map_files`. A forked
 //! child gets a new one (the parent's is shared memory: the child must not count in it).
@@ -74,6 +75,13 @@ fn parse_u64(bytes: &[u8]) -> Option<u64> {
 }
 
 /// The region allocscope created for this process, if `ALLOCSCOPE_REGION_FD` names one.
+///
+/// The descriptor stays open and the variable set: a program this process execs is the
+/// same process (a wrapper script's `exec`, pyenv's shims, `env`, `nice`), and keeps
+/// counting in the same region; a process it forks has another pid and is refused here
+/// (it creates its own). Only a memfd-backed regular file of the region's size is mapped:
+/// the number may name another file by now, and reading past the end of a shorter one
+/// would raise SIGBUS.
 fn inherited() -> Option<*mut Region> {
     let name = c"ALLOCSCOPE_REGION_FD";
     // SAFETY: as in interval_from_env.
@@ -83,13 +91,18 @@ fn inherited() -> Option<*mut Region> {
     }
     // SAFETY: as above.
     let fd = parse_u64(unsafe { core::ffi::CStr::from_ptr(value) }.to_bytes());
-    // Not for the programs this one starts: they get their own.
-    // SAFETY: unsetenv edits the environment in place (no allocation), before main.
-    unsafe { libc::unsetenv(name.as_ptr()) };
     let fd = i32::try_from(fd?).ok()?;
+    // SAFETY: all-zero is a valid `stat`.
+    let mut stat: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: fstat fills the struct we own.
+    let statted = unsafe { libc::fstat(fd, &mut stat) } == 0;
+    if !statted
+        || stat.st_mode & libc::S_IFMT != libc::S_IFREG
+        || stat.st_size != region_bytes() as libc::off_t
+    {
+        return None;
+    }
     let mapped = map_shared(fd);
-    // SAFETY: the descriptor is ours to close (inherited for this purpose only).
-    unsafe { libc::close(fd) };
     if mapped == libc::MAP_FAILED {
         return None;
     }

@@ -34,7 +34,8 @@ pub struct Thread {
     slot: Cell<*const Counts>,
     /// `slot` is the shared overflow slot (atomic adds).
     shared: Cell<bool>,
-    /// In the library's own code that may call the allocator (nested calls uncounted).
+    /// In code whose allocator calls are not the program's own: the library's, or an
+    /// allocator call counted already (a wrapped CPython domain's, see `python`).
     busy: Cell<bool>,
     /// The last sampled call of this thread, for [`last_sample`].
     sampled: Cell<Sampled>,
@@ -109,6 +110,11 @@ pub fn init() {
 #[inline(always)]
 pub fn count(size: u64) -> bool {
     with(|t| {
+        if t.busy.get() {
+            // Made by an allocator call counted already (a wrapped CPython domain's
+            // `malloc` underneath), or by the library itself.
+            return false;
+        }
         let slot = t.slot.get();
         if slot.is_null() {
             return first_call(t, size);
@@ -216,10 +222,7 @@ fn seed() -> u64 {
 #[cold]
 #[inline(never)]
 fn first_call(t: &Thread, size: u64) -> bool {
-    if t.busy.get() {
-        // The library's own allocation (pthread_setspecific's): not the program's.
-        return false;
-    }
+    // The allocation pthread_setspecific may make is the library's, not the program's.
     t.busy.set(true);
     let region = region::current();
     // SAFETY: gettid has no preconditions.
@@ -262,7 +265,8 @@ fn first_call(t: &Thread, size: u64) -> bool {
     count(size)
 }
 
-/// Runs `f` with this thread's allocations uncounted (the library's own).
+/// Runs `f` with this thread's allocation calls uncounted (the library's own, or those an
+/// allocator call counted already makes underneath).
 pub fn busy<R>(f: impl FnOnce() -> R) -> R {
     let was = with(|t| t.busy.replace(true));
     let result = f();

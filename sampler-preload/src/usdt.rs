@@ -41,7 +41,9 @@ macro_rules! probe {
                 ".popsection",
                 ".endif",
                 $(in($reg) $value,)*
-                options(nostack, preserves_flags, readonly),
+                // Not `nostack`: on Linux ≥ 6.18 a probed 5-byte nop becomes a `call`, which
+                // writes below the stack pointer, so no red-zone data may live across it.
+                options(preserves_flags, readonly),
             )
         }
     };

@@ -383,18 +383,12 @@ fn a_stripped_program_is_named_from_its_debug_file_by_build_id() {
     );
 }
 
-#[test]
-fn pythons_object_allocator_is_counted_once() {
-    if !bpf_available("pythons_object_allocator_is_counted_once") {
-        return;
-    }
-    // PyObject_Malloc serves requests up to 512 bytes from pymalloc's arenas (malloc never
-    // sees them) and passes larger ones to malloc: the first must be counted at
-    // PyObject_Malloc, the second once, at malloc. Called here through ctypes, from
-    // Debian's python3.
-    let dir = TempDir::new("pymalloc-script");
+/// Records a script that calls `PyObject_Malloc(200)` and `PyObject_Malloc(2000)`
+/// (`CALLS` times each, freeing each block) through ctypes, from Debian's python3, with
+/// `flags`; returns the profile, the pid and the stacks through ctypes' call.
+fn record_pymalloc_calls(name: &str, flags: &[&str]) -> (Value, u32) {
+    let dir = TempDir::new(&format!("{name}-script"));
     let script = dir.path("script.py");
-    let calls: u64 = 100_000;
     std::fs::write(
         &script,
         format!(
@@ -405,15 +399,30 @@ fn pythons_object_allocator_is_counted_once() {
              f = ctypes.pythonapi.PyObject_Free\n\
              f.argtypes = [ctypes.c_void_p]\n\
              def run(n, size):\n    for _ in range(n):\n        f(m(size))\n\
-             run({calls}, 200)\nrun({calls}, 2000)\n"
+             run({PYMALLOC_CALLS}, 200)\nrun({PYMALLOC_CALLS}, 2000)\n"
         ),
     )
     .unwrap();
-    let (profile, pid) = record(
-        "pymalloc-recording",
-        &["-i", "64KiB"],
+    let flags = [&["-i", "64KiB"], flags].concat();
+    record(
+        name,
+        &flags,
         &["/usr/bin/python3", script.to_str().unwrap()],
-    );
+    )
+}
+
+/// Calls of each size in [`record_pymalloc_calls`]'s script.
+const PYMALLOC_CALLS: u64 = 100_000;
+
+#[test]
+fn pythons_object_allocator_is_counted_once() {
+    if !bpf_available("pythons_object_allocator_is_counted_once") {
+        return;
+    }
+    // PyObject_Malloc serves requests up to 512 bytes from pymalloc's arenas (malloc never
+    // sees them) and passes larger ones to malloc: with uprobes, the first must be counted
+    // at PyObject_Malloc, the second once, at malloc.
+    let (profile, pid) = record_pymalloc_calls("pymalloc-recording", &[]);
     let allocators = profile["processes"][0]["allocators"].to_string();
     assert!(
         allocators.contains("pymalloc") && allocators.contains("glibc"),
@@ -424,9 +433,41 @@ fn pythons_object_allocator_is_counted_once() {
         .iter()
         .partition(|s| names(s)[0] == "PyObject_Malloc");
     // Small: the caller of PyObject_Malloc (libffi) is the leaf.
-    assert_bytes_within(&small, calls * 200, "PyObject_Malloc(200)", &profile);
+    assert_bytes_within(
+        &small,
+        PYMALLOC_CALLS * 200,
+        "PyObject_Malloc(200)",
+        &profile,
+    );
     // Large: malloc called from inside PyObject_Malloc, counted once.
-    assert_bytes_within(&large, calls * 2000, "PyObject_Malloc(2000)", &profile);
+    assert_bytes_within(
+        &large,
+        PYMALLOC_CALLS * 2000,
+        "PyObject_Malloc(2000)",
+        &profile,
+    );
+}
+
+#[test]
+fn pythons_object_allocator_is_counted_once_in_process() {
+    if !bpf_available("pythons_object_allocator_is_counted_once_in_process") {
+        return;
+    }
+    // The in-process front end wraps CPython's object domain (PyMem_SetAllocator): each
+    // call is counted there at its own size, small or large, and the malloc pymalloc makes
+    // for a large one is not counted again (twice would put the estimate at 2x).
+    let (profile, pid) = record_pymalloc_calls("pymalloc-in-process", &["--preload"]);
+    let process = &profile["processes"][0];
+    assert_eq!(process["front_end"], "in-process", "{process}");
+    let exact_calls = process["exact"]["calls"].as_u64().unwrap();
+    assert!(exact_calls >= 2 * PYMALLOC_CALLS, "{process}");
+    let through_ctypes = stacks_through(&profile, pid, &["ffi_call"]);
+    assert_bytes_within(
+        &through_ctypes,
+        PYMALLOC_CALLS * 2200,
+        "PyObject_Malloc(200) and (2000), in-process",
+        &profile,
+    );
 }
 
 #[test]

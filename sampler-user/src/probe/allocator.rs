@@ -113,13 +113,6 @@ impl AllocatorFile {
     pub fn is_in_process(&self) -> bool {
         self.front_end.is_some()
     }
-
-    /// Whether its calls all reach an in-process front end in a process that has one: a
-    /// malloc-family allocator (the front end interposes its functions). A small-object
-    /// layer (pymalloc) serves calls that never reach malloc, and keeps its probes.
-    pub fn served_by_front_end(&self) -> bool {
-        !matches!(self.family, Family::Pymalloc | Family::InProcess)
-    }
 }
 
 /// An allocator found in a process.
@@ -138,6 +131,20 @@ pub struct Allocator {
 }
 
 impl Allocator {
+    /// Whether its calls all reach an in-process front end in a process that has one: a
+    /// malloc-family library (the front end interposes its functions; an executable's own
+    /// `malloc` comes before any preloaded one in the dynamic linker's order, so the front
+    /// end never sees those calls), and CPython's pymalloc wherever it is (the front end
+    /// wraps the interpreter's memory and object domains with `PyMem_SetAllocator`, which
+    /// every call goes through, inlined or not).
+    pub fn served_by_front_end(&self) -> bool {
+        match self.file.family {
+            Family::InProcess => false,
+            Family::Pymalloc => true,
+            _ => !self.in_executable,
+        }
+    }
+
     /// "jemalloc (/usr/lib/…/libjemalloc.so.2)" or "malloc (static, in /usr/bin/x)".
     pub fn describe(&self) -> String {
         if self.in_executable {
@@ -509,18 +516,18 @@ pub fn find(
     if found.is_empty() {
         return Err(AllocatorError::NoAllocator);
     }
-    behind_front_end(&mut found);
+    behind_front_end(&mut found, false);
     in_probing_order(&mut found);
     Ok(found)
 }
 
-/// With an in-process front end among `allocators`, drops the libraries whose calls it
-/// counts itself (see [`AllocatorFile::served_by_front_end`]). An allocator defined in the
-/// executable stays: the executable's own `malloc` comes before any preloaded one in the
-/// dynamic linker's order, so the front end never sees those calls.
-pub fn behind_front_end(allocators: &mut Vec<Allocator>) {
-    if allocators.iter().any(|a| a.file.is_in_process()) {
-        allocators.retain(|a| a.in_executable || !a.file.served_by_front_end());
+/// In a process that carries an in-process front end (`known`, or one among
+/// `allocators`), drops the allocators whose calls it counts itself (see
+/// [`Allocator::served_by_front_end`]). `known` covers a program that has just exec'd,
+/// whose libraries the dynamic loader has not mapped yet.
+pub fn behind_front_end(allocators: &mut Vec<Allocator>, known: bool) {
+    if known || allocators.iter().any(|a| a.file.is_in_process()) {
+        allocators.retain(|a| !a.served_by_front_end());
     }
 }
 

@@ -58,6 +58,11 @@ impl Recording {
         if self.followed_only {
             return self.admit(pid, Some(allocators), since);
         }
+        // A process whose region is mapped carries the front end, even in the moment
+        // after an exec when its maps show the executable and not the library yet.
+        let mut allocators = allocators.to_vec();
+        crate::probe::allocator::behind_front_end(&mut allocators, self.counters.has_region(pid));
+        let allocators = allocators.as_slice();
         let new = !self.running.contains_key(&pid);
         let slot = match self.running.get(&pid) {
             Some(&slot) => slot,

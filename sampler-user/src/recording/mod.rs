@@ -113,7 +113,7 @@ pub fn prepare(
                     ),
                 ];
                 allocators.push(own);
-                crate::probe::allocator::behind_front_end(&mut allocators);
+                crate::probe::allocator::behind_front_end(&mut allocators, false);
                 front_end = Some((library, region));
             }
         }
