@@ -103,7 +103,7 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
     }
     // Detach before the slow part: the targets stop paying for probes now. A command
     // started for this recording stops with it.
-    recording.detach().await?;
+    let _closing = recording.detach().await?;
     let period = every.map(|_| (stopped - period_started).as_secs_f64());
     let settings = config
         .sampling

@@ -302,21 +302,19 @@ impl Detached {
         log::debug!("closed {links} links in {:?}", started.elapsed());
     }
 
-    /// Drops the links on a thread of their own (the kernel's detach blocks).
-    pub fn close_in_background(self) {
+    /// Closes the links ([`Self::close_all`]) on a thread of their own, which the caller
+    /// may join (the kernel's detach blocks: ~0.1 s a link here, and the kernel does not
+    /// overlap them all). `None`: nothing to close, or closed on this thread (no thread).
+    pub fn close_in_background(self) -> Option<std::thread::JoinHandle<()>> {
         if self.uprobes.is_empty() && self.sessions.is_empty() {
-            return;
+            return None;
         }
-        let spawned = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("detach".into())
-            .spawn(move || {
-                let (links, started) = (self.uprobes.len() + self.sessions.len(), Instant::now());
-                drop(self);
-                log::debug!("closed {links} links in {:?}", started.elapsed());
-            });
-        if let Err(e) = spawned {
-            log::debug!("detaching on this thread: {e}");
-        }
+            .spawn(move || self.close_all())
+            // No thread: the links were dropped with the closure, one at a time.
+            .map_err(|e| log::debug!("detaching on this thread: {e}"))
+            .ok()
     }
 }
 
@@ -546,9 +544,10 @@ impl Probes {
         detached
     }
 
-    /// Detaches every probe, waiting until the kernel has removed them all (see
-    /// [`Detached::close_all`]); the maps stay readable.
-    pub fn detach_all(&mut self) {
+    /// Detaches every probe and unloads the programs on a thread of its own, which the
+    /// caller may join: the links close at once ([`Detached::close_all`]), then the
+    /// programs go (closing them waits behind the links' removal in the kernel).
+    pub fn close_in_background(mut self) -> Option<std::thread::JoinHandle<()>> {
         let keys: Vec<u32> = self.links.keys().copied().collect();
         let mut all = Detached::default();
         for key in keys {
@@ -556,7 +555,15 @@ impl Probes {
             all.uprobes.extend(uprobes);
             all.sessions.extend(sessions);
         }
-        all.close_all();
+        std::thread::Builder::new()
+            .name("unload".into())
+            .spawn(move || {
+                all.close_all();
+                drop(self);
+            })
+            // No thread: everything was dropped with the closure, here.
+            .map_err(|e| log::debug!("unloading on this thread: {e}"))
+            .ok()
     }
 
     /// How often the probe programs ran and how long they took, cumulative since load (the

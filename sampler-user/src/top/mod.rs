@@ -243,7 +243,7 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
         Err(e) => return Err(anyhow::Error::from(e).context("waiting for the screen thread")),
     }
     outcome?;
-    detached
+    detached.map(drop)
 }
 
 impl Watch {
