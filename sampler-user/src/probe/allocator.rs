@@ -569,6 +569,59 @@ fn is_libc(name: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn found(family: Family, in_executable: bool) -> Allocator {
+        Allocator {
+            path: PathBuf::from("/proc/1/root/x"),
+            shown: PathBuf::from("/x"),
+            file_id: FileId {
+                device: "fe:01".into(),
+                inode: family as u64,
+            },
+            in_executable,
+            file: Arc::new(AllocatorFile {
+                family,
+                functions: Vec::new(),
+                frees: Vec::new(),
+                front_end: (family == Family::InProcess).then(|| usdt::FrontEnd {
+                    allocs: Vec::new(),
+                    frees: Vec::new(),
+                }),
+            }),
+        }
+    }
+
+    fn families(allocators: &[Allocator]) -> Vec<(Family, bool)> {
+        allocators
+            .iter()
+            .map(|a| (a.file.family, a.in_executable))
+            .collect()
+    }
+
+    #[test]
+    fn the_front_end_serves_the_malloc_family_and_pymalloc_but_not_an_executables_malloc() {
+        let all = vec![
+            found(Family::InProcess, false),
+            found(Family::Glibc, false),
+            found(Family::Jemalloc, false),
+            found(Family::Malloc, true),
+            found(Family::Pymalloc, true),
+        ];
+        let mut kept = all.clone();
+        behind_front_end(&mut kept, false);
+        assert_eq!(
+            families(&kept),
+            [(Family::InProcess, false), (Family::Malloc, true)]
+        );
+        // Right after an exec the library is not mapped yet: known from the region.
+        let mut exec_time = vec![found(Family::Pymalloc, true), found(Family::Glibc, false)];
+        behind_front_end(&mut exec_time, true);
+        assert!(exec_time.is_empty(), "{:?}", families(&exec_time));
+        // Without a front end nothing is dropped.
+        let mut plain = all[1..].to_vec();
+        behind_front_end(&mut plain, false);
+        assert_eq!(plain.len(), 4);
+    }
+
     #[test]
     fn recognizes_libc_names() {
         assert!(is_libc("libc.so.6"));
