@@ -134,12 +134,12 @@ pub struct SamplingArgs {
     #[arg(long, help_heading = "Sampling")]
     pub alloc_only: bool,
 
-    /// With `-- CMD`: load allocscope's in-process sampler into the command (dynamically
-    /// linked ones) instead of probing its allocator with uprobes: it counts and samples in
-    /// the process and traps only on sampled blocks. Not with --max-overhead, --follow,
-    /// --comm or --all (uprobes then).
+    /// With `-- CMD`: probe the command's allocator with uprobes (a trap on every call)
+    /// instead of loading allocscope's in-process sampler into it, which counts and samples
+    /// in the process and traps only on sampled blocks (the default for dynamically linked
+    /// commands, without --max-overhead, --follow, --comm or --all).
     #[arg(long, help_heading = "Sampling")]
-    pub preload: bool,
+    pub no_preload: bool,
 
     /// Observe returns with a classic return probe on every allocation even where the kernel
     /// has uprobe sessions (for benchmarking the difference).

@@ -133,8 +133,8 @@ pub struct SamplingConfig {
     pub debug_dirs: Vec<PathBuf>,
     /// Use uprobe sessions where the kernel has them.
     pub sessions: bool,
-    /// Load the in-process front end into a command allocscope starts (`-- CMD`,
-    /// `--preload`), except under duty cycling (whose estimates need every call counted by
+    /// Load the in-process front end into a command allocscope starts (`-- CMD`, unless
+    /// `--no-preload`), except under duty cycling (whose estimates need every call counted by
     /// the probes it detaches).
     pub preload: bool,
     /// Confidence of the bounds.
@@ -333,7 +333,7 @@ impl SamplingArgs {
             unwind,
             debug_dirs: self.debug_dirs.clone(),
             sessions: !self.no_sessions,
-            preload: self.preload && max_overhead.is_none(),
+            preload: !self.no_preload && max_overhead.is_none(),
             confidence: self.confidence,
             verbose: self.verbose,
             max_samples_per_sec: self.max_samples_per_sec,

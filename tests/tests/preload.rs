@@ -1,4 +1,4 @@
-//! The in-process front end (sampler-preload): `record --preload -- CMD` loads it, counts
+//! The in-process front end (sampler-preload): `record -- CMD` loads it (`--no-preload`: uprobes), counts
 //! every call in the process and takes samples through its USDT probes. Checked against the
 //! uprobe path on the same deterministic workload (glibc behind it): the same
 //! exact counts to the call, every site's truth inside its bounds on both; a process that
@@ -46,8 +46,8 @@ fn first_process(profile: &Value) -> (&Value, u32) {
 
 fn both_front_ends_agree(workload: PathBuf, label: &str) {
     let dir = TempDir::new(&format!("preload-{label}"));
-    let (in_process, stderr) = record_command(&workload, &["--preload"], &dir, "in-process.json");
-    let (uprobes, _) = record_command(&workload, &[], &dir, "uprobes.json");
+    let (in_process, stderr) = record_command(&workload, &[], &dir, "in-process.json");
+    let (uprobes, _) = record_command(&workload, &["--no-preload"], &dir, "uprobes.json");
     let (ours, our_pid) = first_process(&in_process);
     let (theirs, their_pid) = first_process(&uprobes);
     assert_eq!(ours["front_end"], "in-process", "{label}: {ours}");
@@ -116,13 +116,13 @@ fn threads_by_the_thousand_are_counted_exactly_in_process() {
     // 300,000 calls plus what the C library allocates for each new thread (its TLS
     // vectors): the same on both paths, to the call.
     let dir = TempDir::new("preload-threads");
-    let (calls, bytes, front_end) = record_threads(&["--preload"], &dir, "in-process.json");
+    let (calls, bytes, front_end) = record_threads(&[], &dir, "in-process.json");
     assert_eq!(front_end, "in-process");
     assert!(
         calls >= 300_000,
         "exact calls {calls}, expected 300000 and more"
     );
-    let (their_calls, their_bytes, _) = record_threads(&[], &dir, "uprobes.json");
+    let (their_calls, their_bytes, _) = record_threads(&["--no-preload"], &dir, "uprobes.json");
     assert_eq!(
         calls, their_calls,
         "calls: in-process {calls}, uprobes {their_calls}"
@@ -203,7 +203,7 @@ fn a_static_command_falls_back_to_uprobes_and_says_so() {
     }
     let dir = TempDir::new("preload-static");
     let workload = fixture_as("workload", "workload_static", &["-static"]);
-    let (profile, stderr) = record_command(&workload, &["--preload"], &dir, "static.json");
+    let (profile, stderr) = record_command(&workload, &[], &dir, "static.json");
     assert!(stderr.contains("statically linked"), "{stderr}");
     let (process, pid) = first_process(&profile);
     assert_eq!(process["front_end"], "uprobes");

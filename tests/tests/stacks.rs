@@ -422,7 +422,7 @@ fn pythons_object_allocator_is_counted_once() {
     // PyObject_Malloc serves requests up to 512 bytes from pymalloc's arenas (malloc never
     // sees them) and passes larger ones to malloc: with uprobes, the first must be counted
     // at PyObject_Malloc, the second once, at malloc.
-    let (profile, pid) = record_pymalloc_calls("pymalloc-recording", &[]);
+    let (profile, pid) = record_pymalloc_calls("pymalloc-recording", &["--no-preload"]);
     let allocators = profile["processes"][0]["allocators"].to_string();
     assert!(
         allocators.contains("pymalloc") && allocators.contains("glibc"),
@@ -456,7 +456,7 @@ fn pythons_object_allocator_is_counted_once_in_process() {
     // The in-process front end wraps CPython's object domain (PyMem_SetAllocator): each
     // call is counted there at its own size, small or large, and the malloc pymalloc makes
     // for a large one is not counted again (twice would put the estimate at 2x).
-    let (profile, pid) = record_pymalloc_calls("pymalloc-in-process", &["--preload"]);
+    let (profile, pid) = record_pymalloc_calls("pymalloc-in-process", &[]);
     let process = &profile["processes"][0];
     assert_eq!(process["front_end"], "in-process", "{process}");
     let exact_calls = process["exact"]["calls"].as_u64().unwrap();

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""End-to-end slowdown on real programs (README, Cost): native, `record --preload` (the
-in-process front end, frees tracked), `record --preload --alloc-only`, `record` (uprobes on
-every call) and heaptrack, interleaved rounds, medians with the rounds' range; then, from
+"""End-to-end slowdown on real programs (README, Cost): native, `record` (the in-process
+front end, frees tracked), `record --alloc-only`, `record --no-preload` (uprobes on every
+call) and heaptrack, interleaved rounds, medians with the rounds' range; then, from
 the last round, each front end's exact count and estimate of the bytes allocated.
 
     sudo python3 xtask/e2e/run.py [ROUNDS]      (after cargo build --release)
@@ -34,13 +34,12 @@ programs = {
 }
 modes = {
     "native": [],
-    "record --preload": [A, "record", "--preload", "-o", "e2e.json", "--"],
-    "record --preload --alloc-only": [A, "record", "--preload", "--alloc-only", "-o",
-                                      "e2e.json", "--"],
     "record": [A, "record", "-o", "e2e.json", "--"],
+    "record --alloc-only": [A, "record", "--alloc-only", "-o", "e2e.json", "--"],
+    "record --no-preload": [A, "record", "--no-preload", "-o", "e2e.json", "--"],
     "heaptrack": ["heaptrack", "-o", os.path.join(work, "ht")],
 }
-compared = ["record --preload", "record"]
+compared = ["record", "record --no-preload"]
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 times = {(p, m): [] for p in programs for m in modes}
 failed = {}

@@ -307,6 +307,12 @@ impl Aggregator {
         self.stacks.intern_cost()
     }
 
+    /// Makes a file allocscope holds open readable to the unwinder and the frame checks
+    /// (see [`crate::stacks::ModuleTable::hold`]).
+    pub fn hold_file(&mut self, file_id: crate::probe::maps::FileId, path: std::path::PathBuf) {
+        self.stacks.hold_file(file_id, path);
+    }
+
     /// Keeps at most `max` whole distinct stacks (see [`StackTable`]).
     pub fn limit_stacks(&mut self, max: usize) {
         self.stacks.limit(max);

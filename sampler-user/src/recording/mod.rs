@@ -181,7 +181,7 @@ fn front_end_for(
     }
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         BadInput(format!(
-            "cannot prepare the in-process sampler ({what}): {e} (without --preload, uprobes are used)"
+            "cannot prepare the in-process sampler ({what}): {e} (--no-preload probes its allocator with uprobes instead)"
         ))
     };
     let library = preload::Library::create().map_err(|e| failed("library", &e))?;
@@ -466,6 +466,12 @@ impl Recording {
         }
         if let (Some(child), Some((library, region))) = (&child, front_end) {
             recording.counters.add_region(child.pid, region);
+            // Its frames lead every sample's stack; a short-lived command is gone before
+            // its own view of the library could be opened.
+            let own = library.own_path();
+            if let Ok(metadata) = std::fs::metadata(&own) {
+                recording.aggregator.hold_file(FileId::of(&metadata), own);
+            }
             recording.library = Some(library);
         }
         for target in initial {

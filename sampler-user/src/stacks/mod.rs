@@ -114,6 +114,9 @@ pub struct ModuleTable {
     index: HashMap<(PathBuf, FileId), ModuleId>,
     /// How many distinct files go by each path (a container's libc and the host's).
     files_per_path: HashMap<PathBuf, usize>,
+    /// Files allocscope holds open itself (the in-process front end's memfd), by identity:
+    /// readable after the processes that map them have exited.
+    held: HashMap<FileId, PathBuf>,
 }
 
 impl ModuleTable {
@@ -129,11 +132,21 @@ impl ModuleTable {
         self.names.push(name(path, file_id, *seen));
         *seen += 1;
         self.paths.push(path.to_owned());
-        self.files.push(open_module(open, path, file_id));
+        let file = open_module(open, path, file_id).or_else(|| {
+            let held = self.held.get(file_id)?;
+            std::fs::File::open(held).ok()
+        });
+        self.files.push(file);
         self.build_ids.push(OnceLock::new());
         self.images.push(OnceLock::new());
         self.index.insert(key, id);
         id
+    }
+
+    /// Makes the file `file_id` readable at `path` (one allocscope holds open) whatever
+    /// process shows it, also once that process has exited.
+    pub fn hold(&mut self, file_id: FileId, path: PathBuf) {
+        self.held.insert(file_id, path);
     }
 
     /// Module `id`'s file, mapped once on first use (`None`: it could not be opened).
@@ -586,6 +599,11 @@ impl StackTable {
     /// The module table.
     pub fn modules(&self) -> &ModuleTable {
         &self.modules
+    }
+
+    /// See [`ModuleTable::hold`].
+    pub fn hold_file(&mut self, file_id: FileId, path: PathBuf) {
+        self.modules.hold(file_id, path);
     }
 
     /// Every interned stack with its id, pid and frames.
