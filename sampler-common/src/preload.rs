@@ -14,11 +14,14 @@ use core::sync::atomic::AtomicU64;
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"alscope1");
 
 /// Layout version of [`Region`]; allocscope refuses any other.
-pub const REGION_VERSION: u64 = 1;
+pub const REGION_VERSION: u64 = 2;
 
 /// Per-thread counter slots. A thread beyond them counts in [`Region::overflow`] with
 /// atomic adds (exact, slower).
 pub const THREAD_SLOTS: usize = 1024;
+
+/// Bytes of [`Region::maps`].
+pub const MAPS_BYTES: usize = 32 * 1024;
 
 /// Attempts of [`Region::totals`] at a consistent reading.
 pub const READ_ATTEMPTS: usize = 10_000;
@@ -90,9 +93,54 @@ pub struct Region {
     pub overflow: Counts,
     /// One slot per live thread.
     pub slots: [Counts; THREAD_SLOTS],
+    /// The process's `/proc/self/maps` as the library read it at its set-up (the dynamic
+    /// loader has mapped the program's libraries by then), [`Self::maps_len`] bytes in
+    /// little-endian words, cut at a line when longer: what allocscope knows of a process
+    /// that exits before it could read its maps itself.
+    pub maps: [AtomicU64; MAPS_BYTES / 8],
+    /// Bytes of [`Self::maps`] written (0: none yet); stored after them.
+    pub maps_len: AtomicU64,
+    /// When the maps were read (CLOCK_MONOTONIC ns, the samples' clock).
+    pub maps_ns: AtomicU64,
 }
 
 impl Region {
+    /// Copies the maps the library wrote into `out` (at least [`MAPS_BYTES`] long) and
+    /// returns their length and when they were read; `None` before they are written.
+    pub fn maps_into(&self, out: &mut [u8]) -> Option<(usize, u64)> {
+        use core::sync::atomic::Ordering::{Acquire, Relaxed};
+        let len = (self.maps_len.load(Acquire) as usize)
+            .min(MAPS_BYTES)
+            .min(out.len());
+        if len == 0 {
+            return None;
+        }
+        for (chunk, word) in out[..len].chunks_mut(8).zip(&self.maps) {
+            chunk.copy_from_slice(&word.load(Relaxed).to_le_bytes()[..chunk.len()]);
+        }
+        Some((len, self.maps_ns.load(Relaxed)))
+    }
+
+    /// Writes `bytes` (at most [`MAPS_BYTES`], cut at the last full line beyond) as the
+    /// maps read at `read_ns`.
+    pub fn set_maps(&self, bytes: &[u8], read_ns: u64) {
+        use core::sync::atomic::Ordering::{Relaxed, Release};
+        let mut len = bytes.len().min(MAPS_BYTES);
+        if len < bytes.len() {
+            len = bytes[..len]
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |at| at + 1);
+        }
+        for (chunk, word) in bytes[..len].chunks(8).zip(&self.maps) {
+            let mut le = [0u8; 8];
+            le[..chunk.len()].copy_from_slice(chunk);
+            word.store(u64::from_le_bytes(le), Relaxed);
+        }
+        self.maps_ns.store(read_ns, Relaxed);
+        self.maps_len.store(len as u64, Release);
+    }
+
     /// Total calls and bytes counted so far: retired, overflowing and every slot, read
     /// consistently with an exiting thread's move (a seqlock on the retired counts). A
     /// process killed in the middle of a move leaves the sequence odd forever: after
@@ -115,5 +163,40 @@ impl Region {
             core::hint::spin_loop();
         }
         last
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::boxed::Box;
+
+    use super::*;
+
+    fn zeroed() -> Box<Region> {
+        // SAFETY: every field of a region is valid all-zero (how processes create them).
+        unsafe { Box::<Region>::new_zeroed().assume_init() }
+    }
+
+    #[test]
+    fn maps_round_trip_and_are_cut_at_a_line() {
+        let region = zeroed();
+        let mut out = std::vec![0u8; MAPS_BYTES];
+        assert_eq!(region.maps_into(&mut out), None);
+        let text = b"5581f0a01000-5581f0a02000 r-xp 00001000 fe:01 1234 /usr/bin/demo\n";
+        region.set_maps(text, 42);
+        let (len, read_ns) = region.maps_into(&mut out).unwrap();
+        assert_eq!((&out[..len], read_ns), (&text[..], 42));
+        // Longer than the buffer: whole lines only.
+        let long: std::vec::Vec<u8> = text
+            .iter()
+            .copied()
+            .cycle()
+            .take(MAPS_BYTES + 100)
+            .collect();
+        region.set_maps(&long, 43);
+        let (len, _) = region.maps_into(&mut out).unwrap();
+        assert!(len <= MAPS_BYTES && len % text.len() == 0, "{len}");
+        assert_eq!(out[len - 1], b'\n');
     }
 }

@@ -49,6 +49,63 @@ fn pid() -> u64 {
 pub fn init() {
     let region = inherited().unwrap_or_else(|| create(DEFAULT_INTERVAL, interval_from_env()));
     allocscope_preload_region.store(region, Ordering::Release);
+    snapshot_maps();
+}
+
+/// Copies `/proc/self/maps` into the region ([`Region::set_maps`]): a process that exits
+/// within milliseconds is gone before allocscope reads its maps, and its samples' frames
+/// would be addresses in no known file. Read into a temporary mapping (no allocation, no
+/// large stack frame: a forking thread's stack may be small); nothing on any failure.
+fn snapshot_maps() {
+    const BYTES: usize = sampler_common::preload::MAPS_BYTES + 4096;
+    // SAFETY: a fresh private anonymous mapping, ours until unmapped below.
+    let buffer = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if buffer == libc::MAP_FAILED {
+        return;
+    }
+    // SAFETY: opening a proc file with a NUL-terminated path.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/maps".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd >= 0 {
+        let mut len = 0usize;
+        while len < BYTES {
+            // SAFETY: reads into the unused rest of our buffer.
+            let n = unsafe { libc::read(fd, buffer.cast::<u8>().add(len).cast(), BYTES - len) };
+            if n <= 0 {
+                break;
+            }
+            len += n as usize;
+        }
+        // SAFETY: closing the descriptor opened above.
+        unsafe { libc::close(fd) };
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime fills the struct we own.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+        let read_ns = (now.tv_sec as u64)
+            .wrapping_mul(1_000_000_000)
+            .wrapping_add(now.tv_nsec as u64);
+        // SAFETY: the first `len` bytes of the buffer were written by read.
+        let bytes = unsafe { core::slice::from_raw_parts(buffer.cast::<u8>(), len) };
+        current().set_maps(bytes, read_ns);
+    }
+    // SAFETY: unmapping our own buffer.
+    unsafe { libc::munmap(buffer, BYTES) };
 }
 
 /// `ALLOCSCOPE_INTERVAL` (bytes), for a process started by hand with the library.
@@ -201,6 +258,7 @@ pub fn after_fork() {
             .store(generation.max(1), Ordering::Release)
     };
     allocscope_preload_region.store(region, Ordering::Release);
+    snapshot_maps();
 }
 
 #[cfg(test)]

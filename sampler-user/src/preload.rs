@@ -97,6 +97,8 @@ pub struct MappedRegion {
     map: memmap2::MmapMut,
     /// Counts at attach (zero for a command we started): what came before is not ours.
     baseline: (u64, u64),
+    /// When the maps last handed out by [`Self::new_maps`] were read (0: none yet).
+    maps_offered_ns: u64,
 }
 
 impl std::fmt::Debug for MappedRegion {
@@ -118,6 +120,7 @@ impl MappedRegion {
         let mapped = MappedRegion {
             map,
             baseline: (0, 0),
+            maps_offered_ns: 0,
         };
         let region = mapped.region();
         if region.magic != REGION_MAGIC || region.version != REGION_VERSION {
@@ -146,6 +149,21 @@ impl MappedRegion {
         let mapped = MappedRegion::check(map)?;
         mapped.set_interval(interval)?;
         Ok((mapped, file.into()))
+    }
+
+    /// The process's maps as its library read them at set-up (see
+    /// [`sampler_common::preload::Region::maps`]) and when, once per reading (an exec
+    /// writes them again): for a process gone before its maps could be read from /proc.
+    pub fn new_maps(&mut self) -> Option<(String, u64)> {
+        let written_ns = self.region().maps_ns.load(Ordering::Acquire);
+        if written_ns <= self.maps_offered_ns {
+            return None;
+        }
+        let mut bytes = vec![0u8; sampler_common::preload::MAPS_BYTES];
+        let (len, read_ns) = self.region().maps_into(&mut bytes)?;
+        self.maps_offered_ns = read_ns.max(written_ns);
+        bytes.truncate(len);
+        Some((String::from_utf8_lossy(&bytes).into_owned(), read_ns))
     }
 
     /// Names the process the region is for (the library refuses a region that is not its

@@ -66,6 +66,12 @@ impl Counters {
         self.regions.contains_key(&pid)
     }
 
+    /// `pid`'s maps as its in-process front end read them, when newly written (see
+    /// [`crate::preload::MappedRegion::new_maps`]).
+    pub fn new_maps(&mut self, pid: u32) -> Option<(String, u64)> {
+        self.regions.get_mut(&pid)?.new_maps()
+    }
+
     /// The regions, to set their interval.
     pub fn regions(&self) -> impl Iterator<Item = (u32, &crate::preload::MappedRegion)> {
         self.regions.iter().map(|(&pid, region)| (pid, region))

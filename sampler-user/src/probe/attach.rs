@@ -328,6 +328,8 @@ pub struct Probes {
     sessions: Option<session::MultiProgram>,
     /// `free_enter` for uprobe_multi links (with sessions), else classic uprobes.
     frees: Option<session::MultiProgram>,
+    /// The in-process front end's programs for uprobe_multi links, else classic uprobes.
+    front_end: Option<FrontEndPrograms>,
     links: HashMap<u32, Vec<Link>>,
     probed: HashSet<(u32, super::maps::FileId)>,
     /// What [`Self::add`] attached (duty cycling), to attach again after
@@ -335,6 +337,15 @@ pub struct Probes {
     added: Vec<(Scope, Allocator, bool)>,
     sizes: [u64; AllocFn::FUNCTION_SLOTS],
     _tracepoints: Vec<TracePointLinkId>,
+}
+
+/// `usdt_alloc` and (frees tracked) `usdt_free` loaded for uprobe_multi links: one link
+/// per program and process, whose removal waits for one grace period for all its sites,
+/// where the kernel removes classic uprobes one after another (~0.1 s each here, under a
+/// lock: parallel closes do not overlap), which is most of a short command's cost.
+struct FrontEndPrograms {
+    alloc: session::MultiProgram,
+    free: Option<session::MultiProgram>,
 }
 
 const FREE_PROGRAM: &str = "free_enter";
@@ -412,9 +423,20 @@ impl Probes {
         }
         // The in-process front end's probes: cheap to load, attached only where a process
         // carries the library.
-        programs.push(USDT_ALLOC_PROGRAM);
-        if tracking {
-            programs.push(USDT_FREE_PROGRAM);
+        let front_end =
+            multi(USDT_ALLOC_PROGRAM, session::BPF_TRACE_UPROBE_MULTI).and_then(|alloc| {
+                let free = if tracking {
+                    Some(multi(USDT_FREE_PROGRAM, session::BPF_TRACE_UPROBE_MULTI)?)
+                } else {
+                    None
+                };
+                Some(FrontEndPrograms { alloc, free })
+            });
+        if front_end.is_none() {
+            programs.push(USDT_ALLOC_PROGRAM);
+            if tracking {
+                programs.push(USDT_FREE_PROGRAM);
+            }
         }
         for name in programs {
             loaded_uprobe(&mut ebpf, name)?;
@@ -452,6 +474,7 @@ impl Probes {
             config,
             sessions,
             frees,
+            front_end,
             links: HashMap::new(),
             probed: HashSet::new(),
             added: Vec::new(),
@@ -725,35 +748,68 @@ impl Probes {
         allocator: &Allocator,
         front_end: &super::usdt::FrontEnd,
     ) -> Result<Vec<AttachedPoint>, AttachError> {
-        let mut sites: Vec<(&'static str, &super::usdt::Site)> = Vec::new();
+        let mut groups: Vec<(&'static str, &[super::usdt::Site])> = Vec::new();
         if self.config.track_frees.is_some() {
-            sites.extend(front_end.frees.iter().map(|s| (USDT_FREE_PROGRAM, s)));
+            groups.push((USDT_FREE_PROGRAM, &front_end.frees));
         }
-        sites.extend(front_end.allocs.iter().map(|s| (USDT_ALLOC_PROGRAM, s)));
+        groups.push((USDT_ALLOC_PROGRAM, &front_end.allocs));
         let optimized = super::usdt_optimized();
+        let cookie = u64::from(scope.slot());
         let mut points = Vec::new();
-        for (program, site) in sites {
-            let nop5 = site.optimizable && optimized;
-            let offset = site.file_offset + u64::from(nop5);
-            let name = format!("{}:{}", site.provider, site.name);
-            let cookie = u64::from(scope.slot());
-            let id = self.attach_uprobe(program, scope, allocator, offset, cookie, &name)?;
-            self.links
-                .entry(scope.key())
-                .or_default()
-                .push(Link::Uprobe(program, id));
-            points.push(AttachedPoint {
-                pid: scope.key(),
-                probe: ProbeKind::Usdt(name),
-                path: allocator.shown.clone(),
-                file_offset: site.file_offset,
-                placement: Placement {
-                    offset: u64::from(nop5),
-                    instruction: if nop5 { "nop5 (optimised)" } else { "nop" }.to_owned(),
-                    emulated: true,
-                    moved: Vec::new(),
-                },
+        for (program, sites) in groups {
+            if sites.is_empty() {
+                continue;
+            }
+            let nop5 = |site: &super::usdt::Site| site.optimizable && optimized;
+            let offsets: Vec<u64> = sites
+                .iter()
+                .map(|site| site.file_offset + u64::from(nop5(site)))
+                .collect();
+            let multi = self.front_end.as_ref().and_then(|programs| {
+                if program == USDT_FREE_PROGRAM {
+                    programs.free.as_ref()
+                } else {
+                    Some(&programs.alloc)
+                }
             });
+            if let Some(multi) = multi {
+                let name = format!("{}:{}", sites[0].provider, sites[0].name);
+                let cookies = vec![cookie; offsets.len()];
+                let link = multi_link(multi, scope, allocator, &offsets, &cookies, &name)?;
+                self.links
+                    .entry(scope.key())
+                    .or_default()
+                    .push(Link::Multi(link));
+            } else {
+                for (site, &offset) in sites.iter().zip(&offsets) {
+                    let name = format!("{}:{}", site.provider, site.name);
+                    let id =
+                        self.attach_uprobe(program, scope, allocator, offset, cookie, &name)?;
+                    self.links
+                        .entry(scope.key())
+                        .or_default()
+                        .push(Link::Uprobe(program, id));
+                }
+            }
+            points.extend(sites.iter().map(|site| {
+                AttachedPoint {
+                    pid: scope.key(),
+                    probe: ProbeKind::Usdt(format!("{}:{}", site.provider, site.name)),
+                    path: allocator.shown.clone(),
+                    file_offset: site.file_offset,
+                    placement: Placement {
+                        offset: u64::from(nop5(site)),
+                        instruction: if nop5(site) {
+                            "nop5 (optimised)"
+                        } else {
+                            "nop"
+                        }
+                        .to_owned(),
+                        emulated: true,
+                        moved: Vec::new(),
+                    },
+                }
+            }));
         }
         Ok(points)
     }
@@ -931,6 +987,7 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         config,
         sessions: None,
         frees: None,
+        front_end: None,
         links: HashMap::new(),
         probed: HashSet::new(),
         added: Vec::new(),

@@ -720,8 +720,15 @@ impl Recording {
                     read_ns,
                     ref text,
                 } => self.aggregator.offer_maps(pid, read_ns, text),
-                Event::Alloc(ref sample) if !self.aggregator.tracks(sample.pid) => {
-                    self.first_seen(sample.pid)
+                Event::Alloc(ref sample) => {
+                    // A process counted in-process may be gone before its maps are read
+                    // from /proc: its library's own copy stands in (the newer one wins).
+                    if let Some((text, read_ns)) = self.counters.new_maps(sample.pid) {
+                        self.aggregator.offer_maps(sample.pid, read_ns, &text);
+                    }
+                    if !self.aggregator.tracks(sample.pid) {
+                        self.first_seen(sample.pid);
+                    }
                 }
                 _ => {}
             }

@@ -311,12 +311,17 @@ impl StackTable {
         if entry.gone {
             return;
         }
-        entry.read_ns = crate::collect::monotonic_ns();
+        let read_ns = crate::collect::monotonic_ns();
         match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
             // A process that exited but was not reaped yet has no maps left.
             Ok(text) if text.is_empty() => entry.gone = true,
-            Ok(text) => entry.take(&text),
-            // Keep the last snapshot: it is what the process had when it died.
+            Ok(text) => {
+                entry.read_ns = read_ns;
+                entry.take(&text);
+            }
+            // Keep the last snapshot, and its time: it is what the process had when it
+            // died, and maps read earlier but offered later (its in-process front end's
+            // copy) still replace it.
             Err(_) => entry.gone = true,
         }
     }
