@@ -302,19 +302,21 @@ impl Detached {
         log::debug!("closed {links} links in {:?}", started.elapsed());
     }
 
-    /// Closes the links ([`Self::close_all`]) on a thread of their own, which the caller
-    /// may join (the kernel's detach blocks: ~0.1 s a link here, and the kernel does not
-    /// overlap them all). `None`: nothing to close, or closed on this thread (no thread).
-    pub fn close_in_background(self) -> Option<std::thread::JoinHandle<()>> {
+    /// Drops the links on a thread of their own (the kernel's detach blocks).
+    pub fn close_in_background(self) {
         if self.uprobes.is_empty() && self.sessions.is_empty() {
-            return None;
+            return;
         }
-        std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("detach".into())
-            .spawn(move || self.close_all())
-            // No thread: the links were dropped with the closure, one at a time.
-            .map_err(|e| log::debug!("detaching on this thread: {e}"))
-            .ok()
+            .spawn(move || {
+                let (links, started) = (self.uprobes.len() + self.sessions.len(), Instant::now());
+                drop(self);
+                log::debug!("closed {links} links in {:?}", started.elapsed());
+            });
+        if let Err(e) = spawned {
+            log::debug!("detaching on this thread: {e}");
+        }
     }
 }
 
