@@ -10,7 +10,7 @@ use std::{path::PathBuf, process::Command};
 use serde_json::Value;
 use tests::{
     allocscope, bpf_available, check_workload_profile, drain, fixture, fixture_as, read_profile,
-    start_recording, workspace, TempDir, Workload,
+    site, start_recording, workspace, TempDir, Workload,
 };
 
 const CONFIDENCE: &str = "0.9999";
@@ -72,6 +72,78 @@ fn in_process_and_uprobes_agree_on_glibc() {
         return;
     }
     both_front_ends_agree(fixture("workload", &[]), "glibc");
+}
+
+#[test]
+fn fork_dlopen_and_threads_are_counted_as_by_uprobes() {
+    if !bpf_available("fork_dlopen_and_threads_are_counted_as_by_uprobes") {
+        return;
+    }
+    // Each round forks a child that allocates 5 MB and exits (a process of its own, not
+    // counted with the parent on either path), dlopens and dlcloses a library, and runs
+    // a thread: the parent's calls agree to the call on both paths.
+    const CHURN_ROUNDS: u64 = 300;
+    let dir = TempDir::new("preload-churn");
+    let churn = fixture("churn", &["-pthread"]);
+    let record = |flags: &[&str], name: &str| -> (u64, u64, Value) {
+        let out = dir.path(name);
+        let output = Command::new(allocscope())
+            .args(["record", "--interval", "64KiB", "--confidence", CONFIDENCE])
+            .args(flags)
+            .arg("-o")
+            .arg(&out)
+            .arg("--")
+            .arg(&churn)
+            .arg(CHURN_ROUNDS.to_string())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{stderr}");
+        let profile = read_profile(&out);
+        let (process, _) = first_process(&profile);
+        let exact = &process["exact"];
+        (
+            exact["calls"].as_u64().unwrap(),
+            exact["bytes"].as_u64().unwrap(),
+            profile.clone(),
+        )
+    };
+    let (calls, bytes, profile) = record(&[], "in-process.json");
+    let (their_calls, their_bytes, _) = record(&["--no-preload"], "uprobes.json");
+    let (process, pid) = first_process(&profile);
+    assert_eq!(process["front_end"], "in-process", "{process}");
+    assert_eq!(
+        calls, their_calls,
+        "calls: in-process {calls}, uprobes {their_calls}"
+    );
+    // The children's 5 MB a round are not the parent's.
+    assert!(
+        bytes < CHURN_ROUNDS * 1_000_000,
+        "{bytes} bytes: children counted?"
+    );
+    // Thread vectors, as in the 1000-thread test: 16 bytes each, at most one per round.
+    let gap = bytes
+        .checked_sub(their_bytes)
+        .unwrap_or_else(|| panic!("bytes: in-process {bytes} below uprobes {their_bytes}"));
+    assert!(
+        gap % 16 == 0 && gap <= 16 * CHURN_ROUNDS,
+        "bytes: in-process {bytes}, uprobes {their_bytes}"
+    );
+    // The parent's site, from main and from the thread: 2 x 4 x (3000 + 6000) a round.
+    let truth = (CHURN_ROUNDS * 2 * 4 * 9000) as f64;
+    let stacks = site(&profile, pid, "parent_site");
+    let sum = |field: &str| -> f64 {
+        stacks
+            .iter()
+            .map(|s| s["alloc_bytes"][field].as_f64().unwrap())
+            .sum()
+    };
+    assert!(
+        sum("lower") <= truth && truth <= sum("upper"),
+        "parent_site: {truth} outside [{}, {}]",
+        sum("lower"),
+        sum("upper")
+    );
 }
 
 /// Records `threads 1000 300` (1000 threads, 300 malloc(512) each) with `extra` flags and
