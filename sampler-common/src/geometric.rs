@@ -115,8 +115,9 @@ pub fn scale_q32(interval: u64) -> Option<u64> {
         return Some(0);
     }
     let p = 1.0 / interval as f64;
-    // ln_1p keeps full precision for tiny p, where 1 - p would round.
-    let c = 1.0 / -(-p).ln_1p();
+    // log1p keeps full precision for tiny p, where 1 - p would round (the libm crate's:
+    // the in-process front end uses this and must not need the C library's libm).
+    let c = 1.0 / -libm::log1p(-p);
     Some((c * 4_294_967_296.0).round() as u64)
 }
 

@@ -115,7 +115,9 @@ fn weight(size: u64, interval: u64) -> u64 {
     if interval <= 1 || size == 0 {
         return size;
     }
-    let p = -(size as f64 * (-1.0 / interval as f64).ln_1p()).exp_m1();
+    // The libm crate's functions, not f64's: those would make every process the library
+    // is loaded into load the C library's libm.
+    let p = -libm::expm1(size as f64 * libm::log1p(-1.0 / interval as f64));
     (size as f64 / p).round() as u64
 }
 
