@@ -59,7 +59,7 @@ unsafe impl Sync for Previous {}
 
 static PREVIOUS: Previous = Previous([UnsafeCell::new(EMPTY), UnsafeCell::new(EMPTY)]);
 
-/// Whether the domains were wrapped (once per process; a fork keeps them).
+/// Whether [`wrap`] has run (once per process; a forked child keeps what it did).
 static WRAPPED: AtomicBool = AtomicBool::new(false);
 
 type GetAllocator = unsafe extern "C" fn(c_int, *mut Allocator);

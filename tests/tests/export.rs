@@ -11,8 +11,17 @@ use tests::{
 /// Records 1000 workload rounds at 64 KiB into `out` (format from the extension). The
 /// workload frees everything, so folded and SVG show allocated bytes.
 fn record(out: &Path, extra: &[&str]) {
+    // Unthrottled: counted in-process the workload runs fast enough for the sampling-rate
+    // throttle to raise the interval, and the order checks below assume ~600 samples a site.
     let output = Command::new(allocscope())
-        .args(["record", "--interval", "64KiB", "--value", "alloc-bytes"])
+        .args([
+            "record",
+            "--interval",
+            "64KiB",
+            "--max-samples-per-sec",
+            "0",
+        ])
+        .args(["--value", "alloc-bytes"])
         .args(extra)
         .arg("-o")
         .arg(out)
