@@ -23,7 +23,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _};
-use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+use object::{Object as _, ObjectSymbol as _};
 use sampler_common::{
     geometric,
     preload::{Region, REGION_MAGIC, REGION_SYMBOL, REGION_VERSION},
@@ -73,6 +73,11 @@ impl Library {
     /// Where allocscope itself opens it (to attach the probes before the command runs).
     pub fn own_path(&self) -> std::path::PathBuf {
         format!("/proc/{}/fd/{}", std::process::id(), self.fd.as_raw_fd()).into()
+    }
+
+    /// The file's identity, as the processes that map it show it.
+    pub fn file_id(&self) -> io::Result<maps::FileId> {
+        Ok(maps::FileId::of(&std::fs::metadata(self.own_path())?))
     }
 }
 
@@ -262,13 +267,7 @@ fn symbol_address(pid: u32, vmas: &[maps::Vma], library: &Path, name: &str) -> a
         .find(|s| s.name() == Ok(name))
         .map(|s| s.address())
         .with_context(|| format!("{name} missing from the preload library"))?;
-    let segments: Vec<_> = file
-        .segments()
-        .map(|segment| {
-            let (offset, size) = segment.file_range();
-            (offset..offset + size, segment.address())
-        })
-        .collect();
+    let segments = maps::loadable_segments(&file);
     let id = maps::FileId::of(&std::fs::metadata(library)?);
     let bias = vmas
         .iter()

@@ -26,9 +26,10 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 }
 const ROUNDS: u64 = 2000;
 
-/// Records `-- workload ROUNDS` (plus `extra` flags) and returns the profile and stderr.
+/// Records `-- workload rounds` (plus `extra` flags) and returns the profile and stderr.
 fn record_command(
     workload: &PathBuf,
+    rounds: u64,
     extra: &[&str],
     dir: &TempDir,
     name: &str,
@@ -41,7 +42,7 @@ fn record_command(
         .arg(&out)
         .arg("--")
         .arg(workload)
-        .arg(ROUNDS.to_string())
+        .arg(rounds.to_string())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
@@ -56,8 +57,8 @@ fn first_process(profile: &Value) -> (&Value, u32) {
 
 fn both_front_ends_agree(workload: PathBuf, label: &str) {
     let dir = TempDir::new(&format!("preload-{label}"));
-    let (in_process, stderr) = record_command(&workload, &[], &dir, "in-process.json");
-    let (uprobes, _) = record_command(&workload, &["--no-preload"], &dir, "uprobes.json");
+    let (in_process, stderr) = record_command(&workload, ROUNDS, &[], &dir, "in-process.json");
+    let (uprobes, _) = record_command(&workload, ROUNDS, &["--no-preload"], &dir, "uprobes.json");
     let (ours, our_pid) = first_process(&in_process);
     let (theirs, their_pid) = first_process(&uprobes);
     assert_eq!(ours["front_end"], "in-process", "{label}: {ours}");
@@ -97,31 +98,22 @@ fn fork_dlopen_and_threads_are_counted_as_by_uprobes() {
     const CHURN_ROUNDS: u64 = 300;
     let dir = TempDir::new("preload-churn");
     let churn = fixture("churn", &["-pthread"]);
-    let record = |flags: &[&str], name: &str| -> (u64, u64, Value) {
-        let out = dir.path(name);
-        let output = Command::new(allocscope())
-            .args(["record", "--interval", "64KiB", "--confidence", CONFIDENCE])
-            .args(flags)
-            .arg("-o")
-            .arg(&out)
-            .arg("--")
-            .arg(&churn)
-            .arg(CHURN_ROUNDS.to_string())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "{stderr}");
-        let profile = read_profile(&out);
-        let (process, _) = first_process(&profile);
-        let exact = &process["exact"];
+    let exact = |profile: &Value| -> (u64, u64) {
+        let exact = &first_process(profile).0["exact"];
         (
             exact["calls"].as_u64().unwrap(),
             exact["bytes"].as_u64().unwrap(),
-            profile.clone(),
         )
     };
-    let (calls, bytes, profile) = record(&[], "in-process.json");
-    let (their_calls, their_bytes, _) = record(&["--no-preload"], "uprobes.json");
+    let (profile, _) = record_command(&churn, CHURN_ROUNDS, &[], &dir, "in-process.json");
+    let (theirs, _) = record_command(
+        &churn,
+        CHURN_ROUNDS,
+        &["--no-preload"],
+        &dir,
+        "uprobes.json",
+    );
+    let ((calls, bytes), (their_calls, their_bytes)) = (exact(&profile), exact(&theirs));
     let (process, pid) = first_process(&profile);
     assert_eq!(process["front_end"], "in-process", "{process}");
     assert_eq!(
@@ -290,7 +282,7 @@ fn a_static_command_falls_back_to_uprobes_and_says_so() {
     let _serial = one_at_a_time();
     let dir = TempDir::new("preload-static");
     let workload = fixture_as("workload", "workload_static", &["-static"]);
-    let (profile, stderr) = record_command(&workload, &[], &dir, "static.json");
+    let (profile, stderr) = record_command(&workload, ROUNDS, &[], &dir, "static.json");
     assert!(stderr.contains("statically linked"), "{stderr}");
     let (process, pid) = first_process(&profile);
     assert_eq!(process["front_end"], "uprobes");

@@ -767,6 +767,10 @@ impl Probes {
                 .iter()
                 .map(|site| site.file_offset + u64::from(nop5(site)))
                 .collect();
+            let names: Vec<String> = sites
+                .iter()
+                .map(|site| format!("{}:{}", site.provider, site.name))
+                .collect();
             let multi = self.front_end.as_ref().and_then(|programs| {
                 if program == USDT_FREE_PROGRAM {
                     programs.free.as_ref()
@@ -775,28 +779,25 @@ impl Probes {
                 }
             });
             if let Some(multi) = multi {
-                let name = format!("{}:{}", sites[0].provider, sites[0].name);
                 let cookies = vec![cookie; offsets.len()];
-                let link = multi_link(multi, scope, allocator, &offsets, &cookies, &name)?;
+                let link = multi_link(multi, scope, allocator, &offsets, &cookies, &names[0])?;
                 self.links
                     .entry(scope.key())
                     .or_default()
                     .push(Link::Multi(link));
             } else {
-                for (site, &offset) in sites.iter().zip(&offsets) {
-                    let name = format!("{}:{}", site.provider, site.name);
-                    let id =
-                        self.attach_uprobe(program, scope, allocator, offset, cookie, &name)?;
+                for (name, &offset) in names.iter().zip(&offsets) {
+                    let id = self.attach_uprobe(program, scope, allocator, offset, cookie, name)?;
                     self.links
                         .entry(scope.key())
                         .or_default()
                         .push(Link::Uprobe(program, id));
                 }
             }
-            points.extend(sites.iter().map(|site| {
+            points.extend(sites.iter().zip(names).map(|(site, name)| {
                 AttachedPoint {
                     pid: scope.key(),
-                    probe: ProbeKind::Usdt(format!("{}:{}", site.provider, site.name)),
+                    probe: ProbeKind::Usdt(name),
                     path: allocator.shown.clone(),
                     file_offset: site.file_offset,
                     placement: Placement {

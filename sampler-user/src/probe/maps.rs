@@ -54,6 +54,18 @@ impl Vma {
     }
 }
 
+/// The loadable segments of `elf`: (file range, virtual address of its start), as
+/// [`load_bias`] takes them.
+pub fn loadable_segments(elf: &object::File<'_>) -> Vec<(Range<u64>, u64)> {
+    use object::{Object as _, ObjectSegment as _};
+    elf.segments()
+        .map(|segment| {
+            let (offset, size) = segment.file_range();
+            (offset..offset + size, segment.address())
+        })
+        .collect()
+}
+
 /// The load bias of a mapping at `start` from file offset `offset` of a file whose loadable
 /// `segments` are (file range, virtual address of its start): what is added to the file's
 /// virtual addresses to give the process's. A mapping starts at its segment's offset

@@ -187,7 +187,7 @@ fn front_end_for(
     let library = preload::Library::create().map_err(|e| failed("library", &e))?;
     let region = preload::MappedRegion::for_command(interval).map_err(|e| failed("region", &e))?;
     let path = library.own_path();
-    let metadata = std::fs::metadata(&path).map_err(|e| failed("library", &e))?;
+    let file_id = library.file_id().map_err(|e| failed("library", &e))?;
     let file = crate::probe::allocator::analyse_file(
         &path,
         false,
@@ -198,7 +198,7 @@ fn front_end_for(
     let own = crate::probe::allocator::Allocator {
         path: path.clone(),
         shown: "/memfd:allocscope-preload".into(),
-        file_id: FileId::of(&metadata),
+        file_id,
         in_executable: false,
         file: std::sync::Arc::new(file),
     };
@@ -468,9 +468,8 @@ impl Recording {
             recording.counters.add_region(child.pid, region);
             // Its frames lead every sample's stack; a short-lived command is gone before
             // its own view of the library could be opened.
-            let own = library.own_path();
-            if let Ok(metadata) = std::fs::metadata(&own) {
-                recording.aggregator.hold_file(FileId::of(&metadata), own);
+            if let Ok(file_id) = library.file_id() {
+                recording.aggregator.hold_file(file_id, library.own_path());
             }
             recording.library = Some(library);
         }

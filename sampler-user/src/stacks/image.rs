@@ -4,7 +4,7 @@
 
 use std::{collections::HashMap, ops::Range, sync::Arc};
 
-use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+use object::{Object as _, ObjectSection as _};
 
 /// A mapped ELF file and what is read from its headers.
 #[derive(Debug)]
@@ -28,13 +28,7 @@ impl Image {
         let data = unsafe { memmap2::Mmap::map(file) }.ok()?;
         let (segments, sections) = {
             let elf = object::File::parse(&*data).ok()?;
-            let segments = elf
-                .segments()
-                .map(|segment| {
-                    let (offset, size) = segment.file_range();
-                    (offset..offset + size, segment.address())
-                })
-                .collect();
+            let segments = crate::probe::maps::loadable_segments(&elf);
             let sections: HashMap<Vec<u8>, (Range<u64>, Range<usize>)> = elf
                 .sections()
                 .filter_map(|section| {
