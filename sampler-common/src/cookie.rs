@@ -11,6 +11,11 @@
 //! * 32–47: the [`crate::AllocFn`] (session program only);
 //! * 48–59: four bits per argument `n` (at `48 + 4n`): 0 for its own register, else the
 //!   [`Register`] code it moved to;
+//! * 60: the site is another program's USDT probe (`otel_memory`, `ddheap`): bits 32–47
+//!   index its argument spec in the kernel's table ([`crate::usdt`]): see [`is_producer`];
+//! * 61: the site is an in-process front end's `free` probe, not its `alloc` probe (one
+//!   program serves both, so that a process's front end is one link): see
+//!   [`is_front_end_free`];
 //! * 62: the function is a small-object allocator layered over `malloc` (CPython's
 //!   `PyObject_Malloc`): see [`is_small_objects`];
 //! * 63: the probed `malloc` may call another probed `malloc` (an interposer's: a program's
@@ -126,6 +131,32 @@ pub const fn is_outer(cookie: u64) -> bool {
 /// `cookie` marked as an outer `malloc`'s ([`is_outer`]).
 pub const fn with_outer(cookie: u64) -> u64 {
     cookie | OUTER_BIT
+}
+
+const PRODUCER_BIT: u64 = 1 << 60;
+
+/// Whether the probed site is another program's USDT allocation probe, its argument spec
+/// at index [`function`] of the kernel's table.
+pub const fn is_producer(cookie: u64) -> bool {
+    cookie & PRODUCER_BIT != 0
+}
+
+/// The cookie of another program's USDT site whose argument spec is at `index`.
+pub const fn producer(index: u32, slot: u32) -> u64 {
+    new(index, slot) | PRODUCER_BIT
+}
+
+const FRONT_END_FREE_BIT: u64 = 1 << 61;
+
+/// Whether the probed site is an in-process front end's `free(ptr)` probe (else its
+/// `alloc` probe).
+pub const fn is_front_end_free(cookie: u64) -> bool {
+    cookie & FRONT_END_FREE_BIT != 0
+}
+
+/// `cookie` marked as a front end's `free` site's ([`is_front_end_free`]).
+pub const fn with_front_end_free(cookie: u64) -> u64 {
+    cookie | FRONT_END_FREE_BIT
 }
 
 const SMALL_OBJECTS_BIT: u64 = 1 << 62;

@@ -180,6 +180,10 @@ pub const FLAG_TRACKED: u32 = 2;
 /// [`AllocEvent::flags`]: the payload is a copy of the user stack from [`StackCopy::start`]
 /// (`--unwind dwarf`), not frame-pointer return addresses.
 pub const FLAG_STACK_COPY: u32 = 4;
+/// [`AllocEvent::flags`]: another program's allocator sampled the block and stated the
+/// bytes it stands for (`otel_memory:alloc`'s weight), which [`AllocEvent::interval`] then
+/// holds; [`AllocEvent::offset`] is unknown (0).
+pub const FLAG_WEIGHTED: u32 = 8;
 
 /// One sampled allocation: the head of each sample's ring-buffer record, which continues
 /// with a [`StackCopy`] and `stack_len` payload entries ([`SampleRecord`] without its unused
@@ -445,4 +449,8 @@ mod pod {
     unsafe impl aya::Pod for super::LostSamples {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Rate {}
+    // SAFETY: as above (an i64 then four bytes and explicit padding: 16 bytes, no gap).
+    unsafe impl aya::Pod for crate::usdt::UsdtArgument {}
+    // SAFETY: as above (three 16-byte arguments then two u32s: no gap).
+    unsafe impl aya::Pod for crate::usdt::UsdtSpec {}
 }

@@ -66,18 +66,16 @@ pub fn on_exec() {
     }
 }
 
-/// sched:sched_process_exit — runs in each exiting thread; `group_dead` (offset 32) says
-/// the whole process is gone.
+/// sched:sched_process_exit — runs in each exiting thread; `group_dead` says the whole
+/// process is gone.
 #[inline(always)]
-pub fn on_exit(ctx: &TracePointContext) {
+pub fn on_exit(group_dead: bool) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     // SAFETY: lookups whose values are not read.
     if unsafe { THREADS.get(tid) }.is_some() {
         let _ = THREADS.remove(tid);
     }
-    // SAFETY: as in on_new_task.
-    let group_dead = unsafe { ctx.read_at::<u8>(32) }.unwrap_or(0) != 0;
     let pid = (pid_tgid >> 32) as u32;
     // SAFETY: a lookup whose value is not read.
     if group_dead && unsafe { FOLLOWED.get(pid) }.is_some() {

@@ -6,8 +6,8 @@
 //! * with frees tracked: `alloc_session`, entry and return of every allocator function as one
 //!   uprobe session (kernel ≥ 6.13; loaded by allocscope itself), or else the classic
 //!   `alloc_return` return probe; and `free_enter`;
-//! * `usdt_alloc` and `usdt_free` on the in-process front end's probes (sampler-preload):
-//!   the process counted and sampled the call itself; only sampled blocks arrive here;
+//! * `usdt` on the in-process front end's probes (sampler-preload): the process counted and
+//!   sampled the call itself; only sampled blocks and their frees arrive here;
 //! * `task_newtask`, `process_exec`, `process_exit`: processes followed through fork and
 //!   exec (`--follow`), and thread exits (their sampling state is dropped);
 //! * `bare_count_enter`, the reference the benchmark compares against.
@@ -22,8 +22,8 @@ mod maps;
 mod sample;
 
 use aya_ebpf::{
-    macros::{tracepoint, uprobe, uretprobe},
-    programs::{ProbeContext, RetProbeContext, TracePointContext},
+    macros::{raw_tracepoint, tracepoint, uprobe, uretprobe},
+    programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
 };
 use sampler_common::AllocFn;
 
@@ -112,26 +112,33 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     0
 }
 
-/// `allocscope:alloc(ptr, size, offset, interval, how)`, fired by the in-process front end
-/// (sampler-preload) for a block its own countdown sampled; the registers are pinned by
-/// the probe's definition (`sampler_common::preload::PROBE_ALLOC`).
+/// The in-process front end's probes (sampler-preload), both kinds in one program so that
+/// a process's front end is one link (removing a link waits for a grace period, ~20 ms:
+/// one per process, not two). The cookie says which kind the site is:
+/// * `allocscope:alloc(ptr, size, offset, interval, how)`, fired for a block the process's
+///   own countdown sampled; the registers are pinned by the probe's definition
+///   (`sampler_common::preload::PROBE_ALLOC`);
+/// * `allocscope:free(ptr)`: a sampled block is being freed.
+///
+/// Another program's probes (`otel_memory`, `ddheap`) come here too, the cookie giving the
+/// index of their argument spec ([`sampler_common::usdt`]).
 #[uprobe]
-pub fn usdt_alloc(ctx: ProbeContext) -> u32 {
-    sample::on_usdt_alloc(
-        &ctx,
-        arg(&ctx, 0),
-        arg(&ctx, 1),
-        arg(&ctx, 2),
-        arg(&ctx, 3),
-        arg(&ctx, 4),
-    );
-    0
-}
-
-/// `allocscope:free(ptr)`: a sampled block is being freed.
-#[uprobe]
-pub fn usdt_free(ctx: ProbeContext) -> u32 {
-    sample::on_free(arg(&ctx, 0));
+pub fn usdt(ctx: ProbeContext) -> u32 {
+    let cookie = sample::cookie(&ctx);
+    if sampler_common::cookie::is_producer(cookie) {
+        sample::on_producer(&ctx, sampler_common::cookie::function(cookie));
+    } else if sampler_common::cookie::is_front_end_free(cookie) {
+        sample::on_free(arg(&ctx, 0));
+    } else {
+        sample::on_usdt_alloc(
+            &ctx,
+            arg(&ctx, 0),
+            arg(&ctx, 1),
+            arg(&ctx, 2),
+            arg(&ctx, 3),
+            arg(&ctx, 4),
+        );
+    }
     0
 }
 
@@ -153,9 +160,12 @@ pub fn process_exec(_ctx: TracePointContext) -> u32 {
     0
 }
 
-#[tracepoint]
-pub fn process_exit(ctx: TracePointContext) -> u32 {
-    follow::on_exit(&ctx);
+/// `sched_process_exit(task, group_dead)` as a raw tracepoint: its link detaches without
+/// waiting, where closing a perf-event tracepoint waits for the kernel's tracepoint grace
+/// periods (~50 ms here), the largest part of stopping a short command's recording.
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn process_exit(ctx: RawTracePointContext) -> u32 {
+    follow::on_exit(ctx.arg::<u64>(1) & 0xff != 0);
     0
 }
 

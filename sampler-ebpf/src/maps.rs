@@ -9,6 +9,13 @@ use sampler_common::{
     LiveKey, LossCounter, LostKey, LostSamples, ProcessCounters, SampleRecord, ThreadState,
 };
 
+/// `BPF_F_NO_PREALLOC`: the hash maps that fill slowly (one entry per process, per
+/// sampled block, per lost stack) allocate entries as they are inserted. Preallocated, their
+/// capacity cost ~20 ms at every start (most of it the per-CPU ones' 16384 × CPUs values),
+/// the largest part of `record -- /bin/true`'s time; allocating on insert costs the rare
+/// inserts ~100 ns more.
+const NO_PREALLOC: u32 = 1;
+
 /// Sampled allocations → user space. Sized for bursts of ~4000 samples in flight.
 #[map]
 pub static SAMPLES: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
@@ -28,15 +35,15 @@ pub static COUNTERS: PerCpuArray<ProcessCounters> =
 /// cookie [`sampler_common::HOST_SLOT`]), one copy per CPU.
 #[map]
 pub static HOST_COUNTERS: PerCpuHashMap<u32, ProcessCounters> =
-    PerCpuHashMap::with_max_entries(16384, 0);
+    PerCpuHashMap::with_max_entries(16384, NO_PREALLOC);
 
 /// pids the host-wide probes must ignore (`--exclude-*`, allocscope itself).
 #[map]
-pub static EXCLUDED: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
+pub static EXCLUDED: HashMap<u32, u8> = HashMap::with_max_entries(4096, NO_PREALLOC);
 
 /// pids followed through fork (`--follow`): their new processes are followed too.
 #[map]
-pub static FOLLOWED: HashMap<u32, u8> = HashMap::with_max_entries(65536, 0);
+pub static FOLLOWED: HashMap<u32, u8> = HashMap::with_max_entries(65536, NO_PREALLOC);
 
 /// Code size of each probed function (by AllocFn): the largest over the probed allocators,
 /// updated by user space as allocators are found, for recognizing a call nested in it.
@@ -48,13 +55,14 @@ pub static FUNCTION_SIZES: Array<u64> =
 /// pointer up here: one failed lookup for the unsampled majority. Sized by user space
 /// (`--max-tracked`); a full map counts `LiveMapFull`.
 #[map]
-pub static LIVE: HashMap<LiveKey, u64> = HashMap::with_max_entries(65536, 0);
+pub static LIVE: HashMap<LiveKey, u64> = HashMap::with_max_entries(65536, NO_PREALLOC);
 
 /// (pid, size, interval) → samples lost because the ring buffer was full, and their
 /// remainders, one copy per CPU: enough for user space to add them to their process's
 /// estimates exactly as if they had arrived (without a stack). Written only on a loss.
 #[map]
-pub static LOST: PerCpuHashMap<LostKey, LostSamples> = PerCpuHashMap::with_max_entries(16384, 0);
+pub static LOST: PerCpuHashMap<LostKey, LostSamples> =
+    PerCpuHashMap::with_max_entries(16384, NO_PREALLOC);
 
 /// [`LossCounter`] index → number of events or counts lost, per CPU.
 #[map]
@@ -75,6 +83,13 @@ pub static RATE: Array<sampler_common::Rate> = Array::with_max_entries(1, 0);
 /// user space). Read only when `DUTY_CYCLED`.
 #[map]
 pub static GATE: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Argument locations of other programs' USDT allocation probes (`otel_memory`, `ddheap`):
+/// index → spec, the index given in each site's attach cookie. Set by user space before it
+/// attaches the sites.
+#[map]
+pub static USDT_SPECS: Array<sampler_common::usdt::UsdtSpec> =
+    Array::with_max_entries(sampler_common::usdt::MAX_SPECS, 0);
 
 /// Calls seen by the bare reference probe of the benchmark (index 0).
 #[map]

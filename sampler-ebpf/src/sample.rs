@@ -20,15 +20,15 @@ use aya_log_ebpf::warn;
 use sampler_common::{
     cookie, geometric, preload, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, LostKey,
     LostSamples, ProcessCounters, SampleRecord, StackCopy, ThreadState, FLAG_STACK_AT_RETURN,
-    FLAG_STACK_COPY, FLAG_TRACKED, HOST_SLOT, MAX_STACK_COPY, MAX_STACK_DEPTH, RETURN_SLOTS,
-    STACK_PAGE,
+    FLAG_STACK_COPY, FLAG_TRACKED, FLAG_WEIGHTED, HOST_SLOT, MAX_STACK_COPY, MAX_STACK_DEPTH,
+    RETURN_SLOTS, STACK_PAGE,
 };
 
 use crate::{
     config,
     maps::{
         count_loss, COUNTERS, EXCLUDED, FOLLOWED, GATE, HOST_COUNTERS, LIVE, LOST, RATE, SAMPLES,
-        SCRATCH, THREADS,
+        SCRATCH, THREADS, USDT_SPECS,
     },
 };
 
@@ -726,15 +726,29 @@ pub fn arguments(ctx: &ProbeContext, cookie: u64, function: AllocFn) -> (u64, u6
 /// instruction moved it to.
 #[inline(always)]
 fn argument(ctx: &ProbeContext, cookie: u64, n: usize) -> u64 {
+    match cookie::moved(cookie, n) {
+        0 => ctx.arg::<u64>(n).unwrap_or(0),
+        code => register(ctx, code),
+    }
+}
+
+/// The probed task's register of `code` ([`cookie::Register`]'s, or
+/// [`sampler_common::usdt::REGISTER_RSP`]); 0 for an unknown code.
+#[inline(always)]
+fn register(ctx: &ProbeContext, code: u8) -> u64 {
     use cookie::Register;
-    let Some(register) = Register::from_code(cookie::moved(cookie, n)) else {
-        return ctx.arg::<u64>(n).unwrap_or(0);
-    };
     let regs = ctx.regs;
     // The verifier accepts only constant offsets into the context: one volatile load per
     // arm keeps the compiler from turning the match into a computed address.
     // SAFETY: `regs` is the probed task's saved registers, valid for the program's run.
     let read = |field: *const u64| unsafe { core::ptr::read_volatile(field) };
+    if code == sampler_common::usdt::REGISTER_RSP {
+        // SAFETY: as below.
+        return read(unsafe { &raw const (*regs).rsp });
+    }
+    let Some(register) = Register::from_code(code) else {
+        return 0;
+    };
     // SAFETY: each arm takes the address of a field of `*regs` (nothing is dereferenced
     // but by `read`).
     unsafe {
@@ -756,6 +770,83 @@ fn argument(ctx: &ProbeContext, cookie: u64, n: usize) -> u64 {
             Register::R15 => read(&raw const (*regs).r15),
         }
     }
+}
+
+/// One argument of another program's USDT probe, where its spec says it is.
+#[inline(always)]
+fn usdt_argument(ctx: &ProbeContext, argument: &sampler_common::usdt::UsdtArgument) -> u64 {
+    if argument.register == 0 {
+        return argument.extend(argument.value as u64);
+    }
+    let base = register(ctx, argument.register);
+    if argument.deref == 0 {
+        return argument.extend(base);
+    }
+    let at = base.wrapping_add(argument.value as u64);
+    // SAFETY: bpf_probe_read_user copies from user memory, failing (not faulting) on a bad
+    // address; exactly the argument's bytes are read.
+    let raw = unsafe {
+        match argument.size {
+            1 => bpf_probe_read_user(at as *const u8).map(u64::from),
+            2 => bpf_probe_read_user(at as *const u16).map(u64::from),
+            4 => bpf_probe_read_user(at as *const u32).map(u64::from),
+            _ => bpf_probe_read_user(at as *const u64),
+        }
+    };
+    argument.extend(raw.unwrap_or(0))
+}
+
+/// A probe of another program's allocator (`otel_memory`/`ddheap` `alloc(ptr, size,
+/// weight)` or `free(ptr)`), its arguments where spec `index` says.
+#[inline(always)]
+pub fn on_producer(ctx: &ProbeContext, index: u32) {
+    let Some(spec) = USDT_SPECS.get(index) else {
+        return;
+    };
+    let pointer = usdt_argument(ctx, &spec.arguments[0]);
+    if spec.kind == sampler_common::usdt::KIND_FREE {
+        on_free(pointer);
+        return;
+    }
+    let size = usdt_argument(ctx, &spec.arguments[1]);
+    let weight = usdt_argument(ctx, &spec.arguments[2]);
+    on_producer_alloc(ctx, pointer, size, weight);
+}
+
+/// A block another program's allocator sampled and weighed (`weight`: the bytes it stands
+/// for): remembered as live, and sent with the stack at the probe.
+#[inline(always)]
+fn on_producer_alloc(ctx: &ProbeContext, address: u64, size: u64, weight: u64) {
+    if size == 0 || weight == 0 {
+        return;
+    }
+    if config::duty_cycled() && !gate_open() {
+        return;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    if excluded(pid) {
+        return;
+    }
+    let mut flags = FLAG_WEIGHTED;
+    if config::track_frees() && address != 0 {
+        flags |= track_live(pid, address);
+    }
+    let sample = Sample {
+        pid,
+        tid,
+        function: AllocFn::Malloc,
+        size,
+        offset: 0,
+        interval: weight,
+        caller: 0,
+        address,
+        flags,
+        return_slots: [0; RETURN_SLOTS],
+        return_values: [0; RETURN_SLOTS],
+        return_next: 0,
+    };
+    emit(ctx, &sample);
 }
 
 /// The uprobe-session program (kernel ≥ 6.13): the same program runs at the entry and, when

@@ -17,6 +17,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Record(args) => {
             init_logging(args.sampling.verbose);
+            log::debug!("allocscope {} starting", env!("CARGO_PKG_VERSION"));
             match run_record(args) {
                 // The exit code of a command that ended on its own.
                 Ok(code) => ExitCode::from(code),
@@ -78,7 +79,8 @@ fn init_logging_to(verbose: bool, buffer: Option<top::LogBuffer>) {
         .filter_module("aya", log::LevelFilter::Error)
         .filter_module("aya_obj", log::LevelFilter::Error)
         .format_target(false)
-        .format_timestamp(None)
+        // --verbose is where a slow start or stop is looked into: its lines carry times.
+        .format_timestamp(verbose.then_some(env_logger::fmt::TimestampPrecision::Millis))
         .target(match buffer {
             Some(buffer) => env_logger::Target::Pipe(Box::new(buffer)),
             None => env_logger::Target::Stderr,

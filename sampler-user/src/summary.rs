@@ -212,20 +212,30 @@ pub fn render(profile: &Profile, top: usize) -> String {
         let _ = writeln!(out, "  {}", describe_duty(duty));
     }
     for process in &profile.processes {
+        // Another program's allocator reports samples with their weights, no totals.
+        let exact = match process.front_end.strip_prefix("in-process (") {
+            Some(provider) => format!(
+                "no exact counts (sampled by its own allocator, reported through its {} probes)",
+                provider.trim_end_matches(')')
+            ),
+            None => format!(
+                "exact {} in {} calls{}",
+                bytes(process.exact.bytes as f64),
+                process.exact.calls,
+                if process.front_end == "in-process" {
+                    " (counted in-process)"
+                } else {
+                    ""
+                }
+            ),
+        };
         let _ = writeln!(
             out,
-            "  pid {} ({}): {} samples; estimated {} allocated; exact {} in {} calls{}",
+            "  pid {} ({}): {} samples; estimated {} allocated; {exact}",
             process.pid,
             text::printable(&process.command),
             process.samples,
             estimate_bytes(&process.alloc_bytes),
-            bytes(process.exact.bytes as f64),
-            process.exact.calls,
-            if process.front_end == "in-process" {
-                " (counted in-process)"
-            } else {
-                ""
-            },
         );
         if let Some(share) = process.observed_share {
             let _ = writeln!(

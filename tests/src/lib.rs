@@ -213,7 +213,13 @@ pub struct Fixture {
 impl Fixture {
     /// Starts `tests/fixtures/NAME` (built with gcc) with `args` and `env`.
     pub fn start(name: &str, args: &[&str], env: &[(&str, &str)]) -> Fixture {
-        let mut child = Command::new(fixture(name, &[]))
+        Fixture::start_binary(&fixture(name, &[]), args, env)
+    }
+
+    /// Starts a fixture already built (e.g. by [`fixture_as`], with other flags).
+    pub fn start_binary(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> Fixture {
+        let name = binary.display();
+        let mut child = Command::new(binary)
             .args(args)
             .envs(env.iter().copied())
             .stdin(Stdio::piped())

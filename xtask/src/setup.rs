@@ -10,8 +10,9 @@
 //!   files are tested against; tmux is the real terminal `allocscope top` is tested in;
 //!   libjemalloc2, libgoogle-perftools4 and libmimalloc2.0 are the other allocators profiled
 //!   in the tests
-//!   (with glibc), libc6-dev's libc.a links the statically linked fixture, and unshare
-//!   starts the container-like target.
+//!   (with glibc), libc6-dev's libc.a links the statically linked fixture, unshare
+//!   starts the container-like target, and systemtap-sdt-dev's `sys/sdt.h` builds the
+//!   fixture that fires another producer's USDT allocation probes.
 
 use std::process::Command;
 
@@ -24,6 +25,10 @@ const BPF_LINKER_VERSION: &str = "0.10.0";
 const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("gcc", "gcc"),
     ("g++", "g++"),
+    (
+        "/usr/include/x86_64-linux-gnu/sys/sdt.h",
+        "systemtap-sdt-dev",
+    ),
     ("/usr/bin/python3", "python3-minimal"),
     (
         "/usr/lib/python3.11/lib-dynload/_ctypes.cpython-311-x86_64-linux-gnu.so",

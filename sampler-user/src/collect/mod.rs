@@ -17,8 +17,8 @@ use anyhow::Context as _;
 use aya::maps::{MapData, RingBuf};
 use sampler_common::{
     AllocEvent, AllocFn, EventKind, FreeEvent, ProcessEvent, SampleRecord, StackCopy,
-    FLAG_STACK_AT_RETURN, FLAG_STACK_COPY, FLAG_TRACKED, MAX_STACK_DEPTH, PROCESS_EXEC,
-    PROCESS_FORK, RETURN_SLOTS,
+    FLAG_STACK_AT_RETURN, FLAG_STACK_COPY, FLAG_TRACKED, FLAG_WEIGHTED, MAX_STACK_DEPTH,
+    PROCESS_EXEC, PROCESS_FORK, RETURN_SLOTS,
 };
 use tokio::sync::mpsc;
 
@@ -70,6 +70,10 @@ pub struct Sample {
     pub address: u64,
     /// Whether the kernel tracks the block: its free will be reported.
     pub tracked: bool,
+    /// The bytes the sample stands for, as another program's sampling allocator stated it
+    /// (`otel_memory:alloc`'s weight; `interval` and `offset` then mean nothing); `None`:
+    /// drawn by allocscope's own countdown.
+    pub weight: Option<u64>,
 }
 
 /// A copy of the top of a sampled thread's user stack, with the registers it was taken with.
@@ -224,6 +228,7 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
         copied,
         address: event.address,
         tracked: event.flags & FLAG_TRACKED != 0,
+        weight: (event.flags & FLAG_WEIGHTED != 0).then_some(event.interval),
     }))
 }
 
@@ -625,6 +630,7 @@ mod tests {
             copied: None,
             address: 0,
             tracked: false,
+            weight: None,
         };
         let sample = Event::Alloc(ours.clone());
         let maps_sent = |reader: &mut MapsReader, event: &Event| {

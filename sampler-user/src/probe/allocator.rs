@@ -105,6 +105,9 @@ pub struct AllocatorFile {
     pub frees: Vec<FreeFunction>,
     /// The in-process front end's probe sites ([`Family::InProcess`]: no entry points).
     pub front_end: Option<usdt::FrontEnd>,
+    /// Another program's sampling allocator's probe sites ([`Family::Producer`]: no entry
+    /// points).
+    pub producer: Option<usdt::Producer>,
 }
 
 impl AllocatorFile {
@@ -112,6 +115,12 @@ impl AllocatorFile {
     /// preload library), so that the malloc-family allocators behind it need no probes.
     pub fn is_in_process(&self) -> bool {
         self.front_end.is_some()
+    }
+
+    /// Whether the process samples its allocations itself and reports them through another
+    /// producer's probes (`otel_memory`, `ddheap`): probed there instead of its malloc.
+    pub fn is_producer(&self) -> bool {
+        self.producer.is_some()
     }
 }
 
@@ -139,15 +148,18 @@ impl Allocator {
     /// every call goes through, inlined or not).
     pub fn served_by_front_end(&self) -> bool {
         match self.file.family {
-            Family::InProcess => false,
+            Family::InProcess | Family::Producer => false,
             Family::Pymalloc => true,
             _ => !self.in_executable,
         }
     }
 
-    /// "jemalloc (/usr/lib/…/libjemalloc.so.2)" or "malloc (static, in /usr/bin/x)".
+    /// "jemalloc (/usr/lib/…/libjemalloc.so.2)", "malloc (static, in /usr/bin/x)" or
+    /// "otel_memory probes (/usr/bin/x)".
     pub fn describe(&self) -> String {
-        if self.in_executable {
+        if let Some(producer) = &self.file.producer {
+            format!("{} probes ({})", producer.provider, self.shown.display())
+        } else if self.in_executable {
             format!("{} (static, in {})", self.file.family, self.shown.display())
         } else {
             format!("{} ({})", self.file.family, self.shown.display())
@@ -247,12 +259,25 @@ fn classify_base(base: &str) -> Option<Role> {
 /// malloc (not an allocator). `full_symbols` also reads the static symbol table (the
 /// executable, where a statically linked allocator's symbols are local). Pure.
 pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<AllocatorFile> {
-    if let Some(front_end) = usdt::front_end(&usdt::sites(elf)) {
+    let sites = usdt::sites(elf);
+    if let Some(front_end) = usdt::front_end(&sites) {
         return Some(AllocatorFile {
             family: Family::InProcess,
             functions: Vec::new(),
             frees: Vec::new(),
             front_end: Some(front_end),
+            producer: None,
+        });
+    }
+    // A file that fires the contract's probes samples its own allocations: probed there,
+    // not at its allocation functions (which would count the same blocks again).
+    if let Some(producer) = usdt::producer(&sites) {
+        return Some(AllocatorFile {
+            family: Family::Producer,
+            functions: Vec::new(),
+            frees: Vec::new(),
+            front_end: None,
+            producer: Some(producer),
         });
     }
     let file = object::File::parse(elf).ok()?;
@@ -340,6 +365,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
         functions,
         frees,
         front_end: None,
+        producer: None,
     })
 }
 
@@ -439,6 +465,9 @@ pub enum Family {
     /// allocscope's in-process front end (sampler-preload): it counts and samples the
     /// malloc family itself and fires USDT probes for sampled blocks.
     InProcess,
+    /// Another program's allocator that samples itself and fires the OpenTelemetry
+    /// memory-profiling contract's probes (`otel_memory`) or libdatadog's (`ddheap`).
+    Producer,
 }
 
 impl Family {
@@ -472,6 +501,7 @@ impl std::fmt::Display for Family {
             Family::Pymalloc => "pymalloc",
             Family::Malloc => "malloc",
             Family::InProcess => "in-process (allocscope preload)",
+            Family::Producer => "in-process (its own USDT probes)",
         })
     }
 }
@@ -526,7 +556,11 @@ pub fn find(
 /// [`Allocator::served_by_front_end`]). `known` covers a program that has just exec'd,
 /// whose libraries the dynamic loader has not mapped yet.
 pub fn behind_front_end(allocators: &mut Vec<Allocator>, known: bool) {
-    if known || allocators.iter().any(|a| a.file.is_in_process()) {
+    if known
+        || allocators
+            .iter()
+            .any(|a| a.file.is_in_process() || a.file.is_producer())
+    {
         allocators.retain(|a| !a.served_by_front_end());
     }
 }
@@ -582,6 +616,7 @@ mod tests {
                 family,
                 functions: Vec::new(),
                 frees: Vec::new(),
+                producer: None,
                 front_end: (family == Family::InProcess).then(|| usdt::FrontEnd {
                     allocs: Vec::new(),
                     frees: Vec::new(),

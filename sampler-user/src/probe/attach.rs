@@ -25,9 +25,10 @@ use std::{
 use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuHashMap},
     programs::{
+        raw_trace_point::RawTracePointLinkId,
         trace_point::TracePointLinkId,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
-        TracePoint, UProbe,
+        RawTracePoint, TracePoint, UProbe,
     },
     Ebpf, EbpfLoader,
 };
@@ -74,6 +75,10 @@ pub struct KernelConfig {
     /// ([`Probes::set_gate`]); the probes come and go with [`Probes::suspend`] and
     /// [`Probes::resume`].
     pub duty_cycled: bool,
+    /// Load the programs of uprobes on allocator functions (and the thread-exit tracepoint
+    /// that cleans their state) only when a file is first probed with them: a command
+    /// counted in-process alone usually never is, and their verification is ~20 ms.
+    pub lazy_uprobes: bool,
 }
 
 /// One process to probe and the allocators found in it.
@@ -324,16 +329,22 @@ impl Detached {
 pub struct Probes {
     /// The eBPF object (maps are taken from it by the collector).
     pub ebpf: Ebpf,
-    /// How allocation returns are observed.
-    pub returns: ReturnProbes,
     config: KernelConfig,
-    sessions: Option<session::MultiProgram>,
-    /// `free_enter` for uprobe_multi links (with sessions), else classic uprobes.
-    frees: Option<session::MultiProgram>,
-    /// The in-process front end's programs for uprobe_multi links, else classic uprobes.
-    front_end: Option<FrontEndPrograms>,
+    /// The object relocated against the maps, for programs loaded for uprobe_multi links
+    /// (`None`: the kernel or the object cannot have them; classic uprobes then).
+    relocated: Option<session::Relocated>,
+    /// `None` until a file is first probed with uprobes (see [`KernelConfig::lazy_uprobes`]).
+    uprobes: Option<UprobePrograms>,
+    /// The in-process front end's program for uprobe_multi links (else classic uprobes):
+    /// one link per process for all its sites, whose removal waits for one grace period,
+    /// where the kernel removes classic uprobes one after another (~0.1 s each here, under
+    /// a lock: parallel closes do not overlap), which is most of a short command's cost.
+    front_end: Option<session::MultiProgram>,
     links: HashMap<u32, Vec<Link>>,
     probed: HashSet<(u32, super::maps::FileId)>,
+    /// Producers' files → the index of their first argument spec in the kernel's table.
+    specs: HashMap<super::maps::FileId, u32>,
+    next_spec: u32,
     /// What [`Self::add`] attached (duty cycling), to attach again after
     /// [`Self::suspend`], and whether each is attached now.
     added: Vec<(Scope, Allocator, bool)>,
@@ -341,18 +352,31 @@ pub struct Probes {
     _tracepoints: Vec<TracePointLinkId>,
 }
 
-/// `usdt_alloc` and (frees tracked) `usdt_free` loaded for uprobe_multi links: one link
-/// per program and process, whose removal waits for one grace period for all its sites,
-/// where the kernel removes classic uprobes one after another (~0.1 s each here, under a
-/// lock: parallel closes do not overlap), which is most of a short command's cost.
-struct FrontEndPrograms {
-    alloc: session::MultiProgram,
-    free: Option<session::MultiProgram>,
+/// The programs of uprobes on allocator functions.
+struct UprobePrograms {
+    /// The session program for uprobe_multi links, else classic uprobes.
+    sessions: Option<session::MultiProgram>,
+    /// `free_enter` for uprobe_multi links (with sessions), else classic uprobes.
+    frees: Option<session::MultiProgram>,
+    /// `sched_process_exit`: a thread's sampling state goes with it.
+    _exits: RawTracePointLinkId,
+}
+
+/// Loads `name` from the relocated object for uprobe_multi links, or says why not.
+fn load_multi(
+    relocated: &Option<session::Relocated>,
+    name: &str,
+    attach_type: u32,
+) -> Option<session::MultiProgram> {
+    relocated
+        .as_ref()?
+        .load(name, attach_type)
+        .map_err(|why| log::info!("uprobe_multi links unavailable for {name}: {why}"))
+        .ok()
 }
 
 const FREE_PROGRAM: &str = "free_enter";
-const USDT_ALLOC_PROGRAM: &str = "usdt_alloc";
-const USDT_FREE_PROGRAM: &str = "usdt_free";
+const USDT_PROGRAM: &str = "usdt";
 const BARE_PROGRAM: &str = "bare_count_enter";
 const RETURN_PROGRAM: &str = "alloc_return";
 
@@ -372,7 +396,9 @@ impl Probes {
         let possible_cpus = aya::util::nr_cpus()
             .map_err(|(path, source)| AttachError::Cpus { path, source })?
             as u32;
+        let started = std::time::Instant::now();
         let mut ebpf = EbpfLoader::new()
+            .btf(None)
             .override_global("INTERVAL", &config.interval, true)
             .override_global("SCALE_Q32", &scale, true)
             .override_global("LOG_ENABLED", &log, true)
@@ -386,69 +412,20 @@ impl Probes {
             .map_max_entries("LIVE", config.track_frees.unwrap_or(1).max(1))
             .map_max_entries("SAMPLES", config.ring_buffer)
             .load(SAMPLER_OBJECT)?;
-        let tracking = config.track_frees.is_some();
+        log::debug!("eBPF object loaded in {:?}", started.elapsed());
         // The session program serves allocation entries through uprobe_multi links also
         // without return probes (`--alloc-only`): they detach in one grace period per file,
         // where classic uprobes take one each (50 of them: 5 s).
-        let multi = |name, attach_type| {
-            session::load(&ebpf, SAMPLER_OBJECT, name, attach_type)
-                .map_err(|why| log::info!("uprobe_multi links unavailable for {name}: {why}"))
-                .ok()
-        };
-        // Without return probes the same program goes on plain uprobe_multi links: a session
-        // link still arms a return probe for every call its program filters out (another
-        // process hitting the same breakpoint for another tracer: +300 ns a call, measured).
-        let attach_type = if tracking {
-            session::BPF_TRACE_UPROBE_SESSION
-        } else {
-            session::BPF_TRACE_UPROBE_MULTI
-        };
-        let sessions = if config.sessions {
-            multi(session::SESSION_PROGRAM, attach_type)
-        } else {
-            None
-        };
-        let frees = if tracking && sessions.is_some() {
-            multi(FREE_PROGRAM, session::BPF_TRACE_UPROBE_MULTI)
-        } else {
-            None
-        };
-        let mut programs: Vec<&'static str> = Vec::new();
-        if tracking && frees.is_none() {
-            programs.push(FREE_PROGRAM);
-        }
-        if sessions.is_none() {
-            programs.extend(AllocFn::ALL.iter().map(|&f| program_name(f)));
-            if tracking {
-                programs.push(RETURN_PROGRAM);
-            }
-        }
+        let relocated = session::Relocated::new(&ebpf, SAMPLER_OBJECT)
+            .map_err(|why| log::info!("uprobe_multi links unavailable: {why}"))
+            .ok();
         // The in-process front end's probes: cheap to load, attached only where a process
         // carries the library.
-        let front_end =
-            multi(USDT_ALLOC_PROGRAM, session::BPF_TRACE_UPROBE_MULTI).and_then(|alloc| {
-                let free = if tracking {
-                    Some(multi(USDT_FREE_PROGRAM, session::BPF_TRACE_UPROBE_MULTI)?)
-                } else {
-                    None
-                };
-                Some(FrontEndPrograms { alloc, free })
-            });
+        let front_end = load_multi(&relocated, USDT_PROGRAM, session::BPF_TRACE_UPROBE_MULTI);
         if front_end.is_none() {
-            programs.push(USDT_ALLOC_PROGRAM);
-            if tracking {
-                programs.push(USDT_FREE_PROGRAM);
-            }
+            loaded_uprobe(&mut ebpf, USDT_PROGRAM)?;
         }
-        for name in programs {
-            loaded_uprobe(&mut ebpf, name)?;
-        }
-        let mut tracepoints = vec![attach_tracepoint(
-            &mut ebpf,
-            "process_exit",
-            "sched",
-            "sched_process_exit",
-        )?];
+        let mut tracepoints = Vec::new();
         if config.follow || config.followed_only {
             tracepoints.push(attach_tracepoint(
                 &mut ebpf,
@@ -465,24 +442,90 @@ impl Probes {
                 "sched_process_exec",
             )?);
         }
-        let returns = match (tracking, &sessions) {
-            (false, _) => ReturnProbes::None,
-            (true, Some(_)) => ReturnProbes::Sessions,
-            (true, None) => ReturnProbes::Classic,
-        };
-        Ok(Probes {
+        let mut probes = Probes {
             ebpf,
-            returns,
             config,
-            sessions,
-            frees,
+            relocated,
+            uprobes: None,
             front_end,
             links: HashMap::new(),
             probed: HashSet::new(),
+            specs: HashMap::new(),
+            next_spec: 0,
             added: Vec::new(),
             sizes: [0; AllocFn::FUNCTION_SLOTS],
             _tracepoints: tracepoints,
-        })
+        };
+        if !probes.config.lazy_uprobes {
+            probes.uprobe_programs()?;
+        }
+        log::debug!("eBPF programs loaded in {:?}", started.elapsed());
+        Ok(probes)
+    }
+
+    /// The programs of uprobes on allocator functions, loaded at the first call.
+    fn uprobe_programs(&mut self) -> Result<&UprobePrograms, AttachError> {
+        if self.uprobes.is_none() {
+            let started = std::time::Instant::now();
+            let tracking = self.config.track_frees.is_some();
+            // Without return probes the same program goes on plain uprobe_multi links: a
+            // session link still arms a return probe for every call its program filters
+            // out (another process hitting the same breakpoint for another tracer: +300 ns
+            // a call, measured). The session program serves allocation entries through
+            // uprobe_multi links also without return probes (`--alloc-only`): they detach
+            // in one grace period per file, where classic uprobes take one each (50 of
+            // them: 5 s).
+            let attach_type = if tracking {
+                session::BPF_TRACE_UPROBE_SESSION
+            } else {
+                session::BPF_TRACE_UPROBE_MULTI
+            };
+            let sessions = if self.config.sessions {
+                load_multi(&self.relocated, session::SESSION_PROGRAM, attach_type)
+            } else {
+                None
+            };
+            let frees = if tracking && sessions.is_some() {
+                load_multi(
+                    &self.relocated,
+                    FREE_PROGRAM,
+                    session::BPF_TRACE_UPROBE_MULTI,
+                )
+            } else {
+                None
+            };
+            let mut programs: Vec<&'static str> = Vec::new();
+            if tracking && frees.is_none() {
+                programs.push(FREE_PROGRAM);
+            }
+            if sessions.is_none() {
+                programs.extend(AllocFn::ALL.iter().map(|&f| program_name(f)));
+                if tracking {
+                    programs.push(RETURN_PROGRAM);
+                }
+            }
+            for name in programs {
+                loaded_uprobe(&mut self.ebpf, name)?;
+            }
+            // Thread exits drop the countdown state these programs keep per thread.
+            let exits =
+                attach_raw_tracepoint(&mut self.ebpf, "process_exit", "sched_process_exit")?;
+            let returns = match (tracking, &sessions) {
+                (false, _) => ReturnProbes::None,
+                (true, Some(_)) => ReturnProbes::Sessions,
+                (true, None) => ReturnProbes::Classic,
+            };
+            log::debug!(
+                "uprobe programs loaded in {:?}; allocation returns observed by: {returns:?}",
+                started.elapsed()
+            );
+            self.uprobes = Some(UprobePrograms {
+                sessions,
+                frees,
+                _exits: exits,
+            });
+        }
+        Ok(self.uprobes.as_ref().expect("loaded above"))
     }
 
     /// Attaches the probes of `allocators` in `scope`, skipping files already probed
@@ -607,12 +650,17 @@ impl Probes {
                 runs.add(name, counted);
             }
         }
+        let uprobes = self.uprobes.as_ref();
         let multi = [
-            (session::SESSION_PROGRAM, &self.sessions),
-            (FREE_PROGRAM, &self.frees),
+            (
+                session::SESSION_PROGRAM,
+                uprobes.and_then(|u| u.sessions.as_ref()),
+            ),
+            (FREE_PROGRAM, uprobes.and_then(|u| u.frees.as_ref())),
+            (USDT_PROGRAM, self.front_end.as_ref()),
         ];
         for (name, program) in multi {
-            if let Some(counted) = program.as_ref().and_then(|p| runs::of_fd(p.fd()).ok()) {
+            if let Some(counted) = program.and_then(|p| runs::of_fd(p.fd()).ok()) {
                 runs.add(name, counted);
             }
         }
@@ -734,6 +782,10 @@ impl Probes {
         if let Some(front_end) = &allocator.file.front_end {
             return self.attach_front_end(scope, allocator, front_end);
         }
+        if let Some(producer) = &allocator.file.producer {
+            return self.attach_producer(scope, allocator, producer);
+        }
+        self.uprobe_programs()?;
         let mut points = Vec::new();
         if self.config.track_frees.is_some() {
             points.extend(self.attach_frees(scope, allocator)?);
@@ -742,79 +794,180 @@ impl Probes {
         Ok(points)
     }
 
+    /// Another program's allocation probes (`otel_memory`, `ddheap`): each site's argument
+    /// spec goes into the kernel's table (once per file), then every site is attached as
+    /// one link, `free` sites first (frees tracked), semaphores raised while attached.
+    fn attach_producer(
+        &mut self,
+        scope: Scope,
+        allocator: &Allocator,
+        producer: &super::usdt::Producer,
+    ) -> Result<Vec<AttachedPoint>, AttachError> {
+        use sampler_common::usdt::KIND_FREE;
+        if self.front_end.is_none() {
+            return Err(AttachError::MissingProgram(format!(
+                "{} probes need uprobe_multi links (kernel ≥ 6.6)",
+                producer.provider
+            )));
+        }
+        let tracking = self.config.track_frees.is_some();
+        let mut sites: Vec<&(super::usdt::Site, sampler_common::usdt::UsdtSpec)> = producer
+            .sites
+            .iter()
+            .filter(|(_, spec)| tracking || spec.kind != KIND_FREE)
+            .collect();
+        sites.sort_by_key(|(_, spec)| spec.kind != KIND_FREE);
+        let base = match self.specs.get(&allocator.file_id) {
+            Some(&base) => base,
+            None => {
+                let base = self.next_spec;
+                let count = producer.sites.len() as u32;
+                if base + count > sampler_common::usdt::MAX_SPECS {
+                    return Err(AttachError::MissingProgram(format!(
+                        "room for {} probe specs ({} in use)",
+                        count, base
+                    )));
+                }
+                let mut table: Array<&mut MapData, sampler_common::usdt::UsdtSpec> =
+                    self.map_mut("USDT_SPECS")?;
+                for (index, (_, spec)) in producer.sites.iter().enumerate() {
+                    table
+                        .set(base + index as u32, spec, 0)
+                        .map_err(|e| AttachError::map("USDT_SPECS", e))?;
+                }
+                self.next_spec += count;
+                self.specs.insert(allocator.file_id.clone(), base);
+                base
+            }
+        };
+        let index_of = |site: &super::usdt::Site| {
+            producer
+                .sites
+                .iter()
+                .position(|(s, _)| s == site)
+                .unwrap_or(0) as u32
+        };
+        let offsets: Vec<u64> = sites.iter().map(|(site, _)| site.file_offset).collect();
+        let cookies: Vec<u64> = sites
+            .iter()
+            .map(|(site, _)| sampler_common::cookie::producer(base + index_of(site), scope.slot()))
+            .collect();
+        let semaphores: Vec<u64> = sites
+            .iter()
+            .map(|(site, _)| site.semaphore.unwrap_or(0))
+            .collect();
+        let any_semaphore = semaphores.iter().any(|&s| s != 0);
+        let names: Vec<String> = sites
+            .iter()
+            .map(|(site, _)| format!("{}:{}", site.provider, site.name))
+            .collect();
+        if offsets.is_empty() {
+            return Ok(Vec::new());
+        }
+        let program = self.front_end.as_ref().expect("checked above");
+        let link = program
+            .link_with_semaphores(
+                &allocator.path,
+                scope.key(),
+                &offsets,
+                &cookies,
+                any_semaphore.then_some(semaphores.as_slice()),
+            )
+            .map_err(|source| AttachError::Attach {
+                symbol: names[0].clone(),
+                path: allocator.shown.clone(),
+                pid: scope.key(),
+                source: Box::new(source),
+            })?;
+        self.links
+            .entry(scope.key())
+            .or_default()
+            .push(Link::Multi(link));
+        let points = sites
+            .iter()
+            .zip(names)
+            .map(|((site, _), name)| AttachedPoint {
+                pid: scope.key(),
+                probe: ProbeKind::Usdt(name),
+                path: allocator.shown.clone(),
+                file_offset: site.file_offset,
+                placement: Placement {
+                    offset: 0,
+                    instruction: "nop".to_owned(),
+                    emulated: true,
+                    moved: Vec::new(),
+                },
+            });
+        Ok(points.collect())
+    }
+
     /// The in-process front end's `free` sites (frees tracked) then its `alloc` sites, on
-    /// the 5-byte nop where the kernel optimises such probes.
+    /// the 5-byte nop where the kernel optimises such probes, as one link (one program,
+    /// the cookie telling a `free` site from an `alloc` one).
     fn attach_front_end(
         &mut self,
         scope: Scope,
         allocator: &Allocator,
         front_end: &super::usdt::FrontEnd,
     ) -> Result<Vec<AttachedPoint>, AttachError> {
-        let mut groups: Vec<(&'static str, &[super::usdt::Site])> = Vec::new();
+        let slot = u64::from(scope.slot());
+        let mut sites: Vec<(&super::usdt::Site, u64)> = Vec::new();
         if self.config.track_frees.is_some() {
-            groups.push((USDT_FREE_PROGRAM, &front_end.frees));
+            let free = sampler_common::cookie::with_front_end_free(slot);
+            sites.extend(front_end.frees.iter().map(|site| (site, free)));
         }
-        groups.push((USDT_ALLOC_PROGRAM, &front_end.allocs));
+        sites.extend(front_end.allocs.iter().map(|site| (site, slot)));
         let optimized = super::usdt_optimized();
-        let cookie = u64::from(scope.slot());
-        let mut points = Vec::new();
-        for (program, sites) in groups {
-            if sites.is_empty() {
-                continue;
-            }
-            let nop5 = |site: &super::usdt::Site| site.optimizable && optimized;
-            let offsets: Vec<u64> = sites
-                .iter()
-                .map(|site| site.file_offset + u64::from(nop5(site)))
-                .collect();
-            let names: Vec<String> = sites
-                .iter()
-                .map(|site| format!("{}:{}", site.provider, site.name))
-                .collect();
-            let multi = self.front_end.as_ref().and_then(|programs| {
-                if program == USDT_FREE_PROGRAM {
-                    programs.free.as_ref()
-                } else {
-                    Some(&programs.alloc)
-                }
-            });
-            if let Some(multi) = multi {
-                let cookies = vec![cookie; offsets.len()];
-                let link = multi_link(multi, scope, allocator, &offsets, &cookies, &names[0])?;
+        let nop5 = |site: &super::usdt::Site| site.optimizable && optimized;
+        let offsets: Vec<u64> = sites
+            .iter()
+            .map(|(site, _)| site.file_offset + u64::from(nop5(site)))
+            .collect();
+        let cookies: Vec<u64> = sites.iter().map(|&(_, cookie)| cookie).collect();
+        let names: Vec<String> = sites
+            .iter()
+            .map(|(site, _)| format!("{}:{}", site.provider, site.name))
+            .collect();
+        if offsets.is_empty() {
+            return Ok(Vec::new());
+        }
+        if let Some(multi) = &self.front_end {
+            let link = multi_link(multi, scope, allocator, &offsets, &cookies, &names[0])?;
+            self.links
+                .entry(scope.key())
+                .or_default()
+                .push(Link::Multi(link));
+        } else {
+            for ((name, &offset), &cookie) in names.iter().zip(&offsets).zip(&cookies) {
+                let id =
+                    self.attach_uprobe(USDT_PROGRAM, scope, allocator, offset, cookie, name)?;
                 self.links
                     .entry(scope.key())
                     .or_default()
-                    .push(Link::Multi(link));
-            } else {
-                for (name, &offset) in names.iter().zip(&offsets) {
-                    let id = self.attach_uprobe(program, scope, allocator, offset, cookie, name)?;
-                    self.links
-                        .entry(scope.key())
-                        .or_default()
-                        .push(Link::Uprobe(program, id));
-                }
+                    .push(Link::Uprobe(USDT_PROGRAM, id));
             }
-            points.extend(sites.iter().zip(names).map(|(site, name)| {
-                AttachedPoint {
-                    pid: scope.key(),
-                    probe: ProbeKind::Usdt(name),
-                    path: allocator.shown.clone(),
-                    file_offset: site.file_offset,
-                    placement: Placement {
-                        offset: u64::from(nop5(site)),
-                        instruction: if nop5(site) {
-                            "nop5 (optimised)"
-                        } else {
-                            "nop"
-                        }
-                        .to_owned(),
-                        emulated: true,
-                        moved: Vec::new(),
-                    },
-                }
-            }));
         }
-        Ok(points)
+        let points = sites
+            .iter()
+            .zip(names)
+            .map(|(&(site, _), name)| AttachedPoint {
+                pid: scope.key(),
+                probe: ProbeKind::Usdt(name),
+                path: allocator.shown.clone(),
+                file_offset: site.file_offset,
+                placement: Placement {
+                    offset: u64::from(nop5(site)),
+                    instruction: if nop5(site) {
+                        "nop5 (optimised)"
+                    } else {
+                        "nop"
+                    }
+                    .to_owned(),
+                    emulated: true,
+                    moved: Vec::new(),
+                },
+            });
+        Ok(points.collect())
     }
 
     fn attach_frees(
@@ -838,7 +991,8 @@ impl Probes {
             .map(|free| free.file_offset + free.probe.offset)
             .collect();
         let cookie = u64::from(scope.slot());
-        if let Some(program) = self.frees.as_ref().filter(|_| !offsets.is_empty()) {
+        let program = self.uprobes.as_ref().and_then(|u| u.frees.as_ref());
+        if let Some(program) = program.filter(|_| !offsets.is_empty()) {
             let cookies = vec![cookie; offsets.len()];
             let link = multi_link(
                 program,
@@ -881,7 +1035,7 @@ impl Probes {
             placement: f.probe.clone(),
         };
         let mut points = Vec::new();
-        if let Some(sessions) = &self.sessions {
+        if let Some(sessions) = self.uprobes.as_ref().and_then(|u| u.sessions.as_ref()) {
             let offsets: Vec<u64> = functions
                 .iter()
                 .map(|f| f.file_offset + f.probe.offset)
@@ -964,6 +1118,7 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         followed_only: false,
         watch_execs: false,
         duty_cycled: false,
+        lazy_uprobes: true,
     };
     let mut ebpf = EbpfLoader::new().load(SAMPLER_OBJECT)?;
     let allocator = target
@@ -986,13 +1141,14 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
     )?;
     Ok(Probes {
         ebpf,
-        returns: ReturnProbes::None,
         config,
-        sessions: None,
-        frees: None,
+        relocated: None,
+        uprobes: None,
         front_end: None,
         links: HashMap::new(),
         probed: HashSet::new(),
+        specs: HashMap::new(),
+        next_spec: 0,
         added: Vec::new(),
         sizes: [0; AllocFn::FUNCTION_SLOTS],
         _tracepoints: Vec::new(),
@@ -1089,6 +1245,28 @@ fn attach_tracepoint(
     program
         .attach(category, event)
         .map_err(|e| AttachError::Tracepoint(format!("{category}/{event}"), e))
+}
+
+fn attach_raw_tracepoint(
+    ebpf: &mut Ebpf,
+    name: &str,
+    event: &str,
+) -> Result<RawTracePointLinkId, AttachError> {
+    let program: &mut RawTracePoint = ebpf
+        .program_mut(name)
+        .ok_or_else(|| AttachError::MissingProgram(name.to_owned()))?
+        .try_into()
+        .map_err(|source| AttachError::LoadProgram {
+            program: name.to_owned(),
+            source,
+        })?;
+    program.load().map_err(|source| AttachError::LoadProgram {
+        program: name.to_owned(),
+        source,
+    })?;
+    program
+        .attach(event)
+        .map_err(|e| AttachError::Tracepoint(event.to_owned(), e))
 }
 
 /// Mounts tracefs at /sys/kernel/tracing unless it (or debugfs's tracing) is there.

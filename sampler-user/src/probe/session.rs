@@ -118,21 +118,24 @@ fn map_fds(ebpf: &Ebpf) -> HashMap<String, i32> {
         .collect()
 }
 
-/// Loads program `name` of `object` against `ebpf`'s maps, for links of `attach_type`
-/// ([`BPF_TRACE_UPROBE_SESSION`] or [`BPF_TRACE_UPROBE_MULTI`]). Its links carry each
-/// function's cookie ([`sampler_common::cookie`]: target slot, function, moved arguments,
-/// outer malloc).
-pub fn load(ebpf: &Ebpf, object: &[u8], name: &str, attach_type: u32) -> io::Result<MultiProgram> {
-    let program_name = name;
-    let mut obj = aya_obj::Object::parse(object).map_err(io::Error::other)?;
-    let fds = map_fds(ebpf);
-    let maps: Vec<(String, aya_obj::Map)> = obj
-        .maps
-        .iter()
-        .map(|(name, map)| (name.clone(), map.clone()))
-        .collect();
-    let relocatable: Vec<(&str, i32, &aya_obj::Map)> =
-        maps.iter()
+/// The eBPF object parsed and relocated against the maps aya created, once: programs are
+/// loaded from it for `uprobe_multi` links (each parse of the 2 MB object costs ~4 ms).
+pub struct Relocated {
+    obj: aya_obj::Object,
+}
+
+impl Relocated {
+    /// Parses `object` and points its map references at `ebpf`'s maps.
+    pub fn new(ebpf: &Ebpf, object: &[u8]) -> io::Result<Relocated> {
+        let mut obj = aya_obj::Object::parse(object).map_err(io::Error::other)?;
+        let fds = map_fds(ebpf);
+        let maps: Vec<(String, aya_obj::Map)> = obj
+            .maps
+            .iter()
+            .map(|(name, map)| (name.clone(), map.clone()))
+            .collect();
+        let relocatable: Vec<(&str, i32, &aya_obj::Map)> = maps
+            .iter()
             .map(|(name, map)| {
                 let fd = fds.get(name).copied().ok_or_else(|| {
                     io::Error::other(format!("map {name} not created by the loader"))
@@ -140,11 +143,25 @@ pub fn load(ebpf: &Ebpf, object: &[u8], name: &str, attach_type: u32) -> io::Res
                 Ok((name.as_str(), fd, map))
             })
             .collect::<io::Result<_>>()?;
-    let text_sections: HashSet<usize> = obj.functions.keys().map(|(section, _)| *section).collect();
-    obj.relocate_maps(relocatable.into_iter(), &text_sections)
-        .map_err(io::Error::other)?;
-    obj.relocate_calls(&text_sections)
-        .map_err(io::Error::other)?;
+        let text_sections: HashSet<usize> =
+            obj.functions.keys().map(|(section, _)| *section).collect();
+        obj.relocate_maps(relocatable.into_iter(), &text_sections)
+            .map_err(io::Error::other)?;
+        obj.relocate_calls(&text_sections)
+            .map_err(io::Error::other)?;
+        Ok(Relocated { obj })
+    }
+
+    /// Loads program `name` for links of `attach_type` ([`BPF_TRACE_UPROBE_SESSION`] or
+    /// [`BPF_TRACE_UPROBE_MULTI`]). Its links carry each function's cookie
+    /// ([`sampler_common::cookie`]: target slot, function, moved arguments, outer malloc).
+    pub fn load(&self, name: &str, attach_type: u32) -> io::Result<MultiProgram> {
+        load(&self.obj, name, attach_type)
+    }
+}
+
+fn load(obj: &aya_obj::Object, name: &str, attach_type: u32) -> io::Result<MultiProgram> {
+    let program_name = name;
     let program = obj
         .programs
         .get(program_name)
@@ -208,12 +225,30 @@ impl MultiProgram {
         offsets: &[u64],
         cookies: &[u64],
     ) -> io::Result<OwnedFd> {
+        self.link_with_semaphores(path, pid, offsets, cookies, None)
+    }
+
+    /// [`Self::link`], raising each site's USDT semaphore (`semaphores`: one file offset
+    /// per site, 0 for none) while the link is attached, as the kernel does for a uprobe's
+    /// reference counter.
+    pub fn link_with_semaphores(
+        &self,
+        path: &Path,
+        pid: u32,
+        offsets: &[u64],
+        cookies: &[u64],
+        semaphores: Option<&[u64]>,
+    ) -> io::Result<OwnedFd> {
         let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
+        if semaphores.is_some_and(|s| s.len() != offsets.len()) {
+            return Err(io::Error::other("one semaphore offset per site"));
+        }
         let mut attr = UprobeMultiLinkAttr {
             prog_fd: self.program.as_raw_fd() as u32,
             attach_type: self.attach_type,
             path: c_path.as_ptr() as u64,
             offsets: offsets.as_ptr() as u64,
+            ref_ctr_offsets: semaphores.map_or(0, |s| s.as_ptr() as u64),
             cookies: cookies.as_ptr() as u64,
             cnt: offsets.len() as u32,
             pid,

@@ -1,6 +1,10 @@
 //! USDT probe sites (`sys/sdt.h` notes, `.note.stapsdt`) of an ELF file, and which of them
 //! make a file an allocation front end: allocscope's own in-process library
-//! (`allocscope:alloc`/`free`, see [`sampler_common::preload`]).
+//! (`allocscope:alloc`/`free`, see [`sampler_common::preload`]), or another program's
+//! allocator that samples itself and reports through the OpenTelemetry memory-profiling
+//! contract (`otel_memory:alloc(ptr, size, weight)`, `otel_memory:free(ptr)`) or
+//! libdatadog's equivalent (`ddheap:*`), whose argument strings are parsed here into the
+//! [`UsdtSpec`]s the eBPF program reads.
 //!
 //! Pure: bytes in, sites out. A site's address is where the note says, moved by however far
 //! the `.stapsdt.base` section is from where the note recorded it (prelinking), and turned
@@ -9,6 +13,10 @@
 //! lets Linux ≥ 6.18 replace the trap by a call (see [`crate::probe::attach`]).
 
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+use sampler_common::{
+    cookie::Register,
+    usdt::{UsdtArgument, UsdtSpec, KIND_ALLOC, KIND_FREE, MAX_ARGUMENTS, REGISTER_RSP},
+};
 
 /// One probe site.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +31,9 @@ pub struct Site {
     pub file_offset: u64,
     /// Whether a 5-byte nop follows a 1-byte nop there (probe `file_offset + 1`).
     pub optimizable: bool,
+    /// File offset of its semaphore, if it has one: the probe fires only while the
+    /// semaphore is non-zero, which the kernel raises for each attached consumer.
+    pub semaphore: Option<u64>,
 }
 
 /// The 1-byte nop and the 5-byte nop of an optimizable site.
@@ -42,22 +53,28 @@ pub fn sites(elf: &[u8]) -> Vec<Site> {
         return Vec::new();
     };
     let base = file.section_by_name(".stapsdt.base").map(|s| s.address());
+    let placed = |recorded_address: u64, recorded_base: u64| match (base, recorded_base) {
+        (Some(actual), recorded) if recorded != 0 => {
+            recorded_address.wrapping_add(actual).wrapping_sub(recorded)
+        }
+        _ => recorded_address,
+    };
     parse_notes(notes)
         .into_iter()
         .filter_map(|note| {
-            let address = match (base, note.base) {
-                (Some(actual), recorded) if recorded != 0 => {
-                    note.pc.wrapping_add(actual).wrapping_sub(recorded)
-                }
-                _ => note.pc,
+            let (file_offset, code) = locate(&file, elf, placed(note.pc, note.base))?;
+            // A semaphore that cannot be placed makes the site useless (it would never fire).
+            let semaphore = match note.semaphore {
+                0 => None,
+                at => Some(locate(&file, elf, placed(at, note.base))?.0),
             };
-            let (file_offset, code) = locate(&file, elf, address)?;
             Some(Site {
                 provider: note.provider,
                 name: note.name,
                 arguments: note.arguments,
                 file_offset,
                 optimizable: code.starts_with(&NOP_NOP5),
+                semaphore,
             })
         })
         .collect()
@@ -83,6 +100,7 @@ fn locate<'a>(file: &object::File, elf: &'a [u8], address: u64) -> Option<(u64, 
 struct Note {
     pc: u64,
     base: u64,
+    semaphore: u64,
     provider: String,
     name: String,
     arguments: String,
@@ -123,7 +141,7 @@ fn parse_desc(desc: &[u8]) -> Option<Note> {
     let word = |at: usize| -> Option<u64> {
         Some(u64::from_le_bytes(desc.get(at..at + 8)?.try_into().ok()?))
     };
-    let (pc, base) = (word(0)?, word(8)?);
+    let (pc, base, semaphore) = (word(0)?, word(8)?, word(16)?);
     let mut strings = desc.get(24..)?.split(|&b| b == 0);
     let mut text = || {
         strings
@@ -133,6 +151,7 @@ fn parse_desc(desc: &[u8]) -> Option<Note> {
     Some(Note {
         pc,
         base,
+        semaphore,
         provider: text()?,
         name: text()?,
         arguments: text().unwrap_or_default(),
@@ -156,10 +175,143 @@ pub fn front_end(sites: &[Site]) -> Option<FrontEnd> {
     (!allocs.is_empty() && !frees.is_empty()).then_some(FrontEnd { allocs, frees })
 }
 
-/// The argument layout `usdt_alloc` reads.
+/// The argument layout the `usdt` program reads at an `alloc` site.
 pub const ALLOC_ARGUMENTS: &str = "8@%rdi 8@%rsi 8@%rdx 8@%rcx 8@%r8";
-/// The argument layout `usdt_free` reads.
+/// The argument layout the `usdt` program reads at a `free` site.
 pub const FREE_ARGUMENTS: &str = "8@%rdi";
+
+/// Providers of the allocation-probe contract allocscope consumes from other programs.
+pub const PRODUCER_PROVIDERS: [&str; 2] = [sampler_common::preload::OTEL_PROVIDER, "ddheap"];
+
+/// Another program's allocation probes: `alloc(ptr, size, weight)` and `free(ptr)` sites of
+/// one provider, each with where its arguments are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Producer {
+    /// `otel_memory` or `ddheap`.
+    pub provider: String,
+    /// Every site with its argument spec (allocations and frees).
+    pub sites: Vec<(Site, UsdtSpec)>,
+}
+
+/// The allocation probes of another producer among `sites` (the first provider of
+/// [`PRODUCER_PROVIDERS`] with at least one `alloc` site whose arguments parse), or `None`.
+pub fn producer(sites: &[Site]) -> Option<Producer> {
+    PRODUCER_PROVIDERS.iter().find_map(|&provider| {
+        let specs: Vec<(Site, UsdtSpec)> = sites
+            .iter()
+            .filter(|s| s.provider == provider)
+            .filter_map(|site| {
+                let (kind, wanted) = match site.name.as_str() {
+                    "alloc" => (KIND_ALLOC, 3),
+                    "free" => (KIND_FREE, 1),
+                    _ => return None,
+                };
+                let arguments = parse_arguments(&site.arguments)?;
+                if arguments.len() < wanted {
+                    return None;
+                }
+                let mut spec = UsdtSpec {
+                    kind,
+                    count: wanted as u32,
+                    ..UsdtSpec::default()
+                };
+                spec.arguments[..wanted].copy_from_slice(&arguments[..wanted]);
+                Some((site.clone(), spec))
+            })
+            .collect();
+        specs
+            .iter()
+            .any(|(_, spec)| spec.kind == KIND_ALLOC)
+            .then(|| Producer {
+                provider: provider.to_owned(),
+                sites: specs,
+            })
+    })
+}
+
+/// Parses a note's argument string (`8@%rdi -4@-20(%rbp) 8@$42`), x86-64: `None` if an
+/// argument is not one the eBPF program can read (a register it does not know, an index
+/// register, more than [`MAX_ARGUMENTS`] is fine: only the first are kept).
+pub fn parse_arguments(text: &str) -> Option<Vec<UsdtArgument>> {
+    text.split_whitespace()
+        .take(MAX_ARGUMENTS)
+        .map(parse_argument)
+        .collect()
+}
+
+fn parse_argument(text: &str) -> Option<UsdtArgument> {
+    let (size, location) = text.split_once('@')?;
+    let size: i32 = size.parse().ok()?;
+    let (signed, bytes) = (size < 0, size.unsigned_abs());
+    if ![1, 2, 4, 8].contains(&bytes) {
+        return None;
+    }
+    let mut argument = UsdtArgument {
+        size: bytes as u8,
+        signed: u8::from(signed),
+        ..UsdtArgument::default()
+    };
+    if let Some(constant) = location.strip_prefix('$') {
+        argument.value = parse_integer(constant)?;
+    } else if let Some(name) = location.strip_prefix('%') {
+        argument.register = register_code(name)?;
+    } else {
+        // offset(%reg): memory at a register plus a displacement (no index register).
+        let (offset, rest) = location.split_once('(')?;
+        let name = rest.strip_suffix(')')?.strip_prefix('%')?;
+        argument.value = if offset.is_empty() {
+            0
+        } else {
+            parse_integer(offset)?
+        };
+        argument.register = register_code(name)?;
+        argument.deref = 1;
+    }
+    Some(argument)
+}
+
+fn parse_integer(text: &str) -> Option<i64> {
+    let (negative, digits) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let value = match digits.strip_prefix("0x") {
+        Some(hex) => i64::from_str_radix(hex, 16).ok()?,
+        None => digits.parse().ok()?,
+    };
+    Some(if negative { -value } else { value })
+}
+
+/// The code of a register by any of its names (`rdi`, `edi`, `di`, `dil`; `r8`, `r8d`…):
+/// a narrower name reads the same register, cut by the argument's size.
+fn register_code(name: &str) -> Option<u8> {
+    let full = match name {
+        "rdi" | "edi" | "di" | "dil" => Register::Rdi,
+        "rsi" | "esi" | "si" | "sil" => Register::Rsi,
+        "rdx" | "edx" | "dx" | "dl" => Register::Rdx,
+        "rcx" | "ecx" | "cx" | "cl" => Register::Rcx,
+        "rax" | "eax" | "ax" | "al" => Register::Rax,
+        "rbx" | "ebx" | "bx" | "bl" => Register::Rbx,
+        "rbp" | "ebp" | "bp" | "bpl" => Register::Rbp,
+        "rsp" | "esp" | "sp" | "spl" => return Some(REGISTER_RSP),
+        _ => {
+            let number = name.strip_prefix('r')?;
+            let digits = number.trim_end_matches(['d', 'w', 'b']);
+            match digits.parse::<u8>().ok()? {
+                8 => Register::R8,
+                9 => Register::R9,
+                10 => Register::R10,
+                11 => Register::R11,
+                12 => Register::R12,
+                13 => Register::R13,
+                14 => Register::R14,
+                15 => Register::R15,
+                _ => return None,
+            }
+        }
+    };
+    Some(full as u8)
+}
 
 /// The probe sites of an in-process front end.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -196,6 +348,90 @@ mod tests {
     }
 
     #[test]
+    fn argument_strings_parse_as_the_compiler_writes_them() {
+        let parsed = parse_arguments("8@%r13 -4@-20(%rbp) 8@$42").unwrap();
+        assert_eq!(parsed.len(), 3);
+        assert_eq!(
+            parsed[0],
+            UsdtArgument {
+                register: Register::R13 as u8,
+                size: 8,
+                ..UsdtArgument::default()
+            }
+        );
+        assert_eq!(
+            parsed[1],
+            UsdtArgument {
+                register: Register::Rbp as u8,
+                deref: 1,
+                value: -20,
+                size: 4,
+                signed: 1,
+                ..UsdtArgument::default()
+            }
+        );
+        assert_eq!(parsed[2].value, 42);
+        assert_eq!(parsed[2].register, 0);
+        let narrow = parse_arguments("4@%r8d 2@%si 1@%al 8@(%rsp) 8@0x10(%rdi)").unwrap();
+        let registers: Vec<u8> = narrow.iter().map(|a| a.register).collect();
+        assert_eq!(
+            registers,
+            [Register::R8 as u8, Register::Rsi as u8, Register::Rax as u8]
+        );
+        let memory = parse_arguments("8@(%rsp) 8@0x10(%rdi)").unwrap();
+        assert_eq!(
+            (memory[0].register, memory[0].deref, memory[0].value),
+            (REGISTER_RSP, 1, 0)
+        );
+        assert_eq!(
+            (memory[1].register, memory[1].value),
+            (Register::Rdi as u8, 16)
+        );
+        // What the eBPF program cannot read is refused, not guessed.
+        for bad in [
+            "8@%xmm0",
+            "3@%rdi",
+            "8@-8(%rbp,%rax,8)",
+            "8@%rip",
+            "rdi",
+            "8@",
+        ] {
+            assert_eq!(parse_arguments(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_producers_alloc_and_free_sites_are_found_with_their_specs() {
+        let site = |provider: &str, name: &str, arguments: &str| Site {
+            provider: provider.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+            file_offset: 0x100,
+            optimizable: false,
+            semaphore: Some(0x4060),
+        };
+        let sites = [
+            site("ddheap", "alloc", "8@%r13 8@%r12 8@%rax"),
+            site("ddheap", "free", "8@%rdi"),
+            site("ddheap", "other", "8@%rdi"),
+        ];
+        let found = producer(&sites).unwrap();
+        assert_eq!(found.provider, "ddheap");
+        let kinds: Vec<u32> = found.sites.iter().map(|(_, spec)| spec.kind).collect();
+        assert_eq!(kinds, [KIND_ALLOC, KIND_FREE]);
+        assert_eq!(found.sites[0].1.count, 3);
+        // An alloc probe with too few arguments is no producer; allocscope's own is not one.
+        assert_eq!(
+            producer(&[site("otel_memory", "alloc", "8@%rdi 8@%rsi")]),
+            None
+        );
+        assert_eq!(
+            producer(&[site("allocscope", "alloc", ALLOC_ARGUMENTS)]),
+            None
+        );
+    }
+
+    #[test]
     fn notes_parse_in_order_and_a_truncated_one_ends_the_list() {
         let mut data = note(0x1000, 0x2000, "allocscope", "alloc", ALLOC_ARGUMENTS);
         data.extend(note(0x1010, 0, "otel_memory", "free", "8@%rdi"));
@@ -216,6 +452,7 @@ mod tests {
             arguments: arguments.into(),
             file_offset: 0x10,
             optimizable: true,
+            semaphore: None,
         };
         let ours = vec![
             site("allocscope", "alloc", ALLOC_ARGUMENTS),

@@ -370,6 +370,7 @@ impl Aggregator {
             size: sample.size,
             offset: sample.offset,
             interval: sample.interval,
+            weight: sample.weight,
         };
         self.per_stack[id].add(obs);
         self.per_stack_period[id].add(obs);

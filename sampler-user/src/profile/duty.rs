@@ -242,6 +242,7 @@ mod tests {
             size: 1 << 20,
             offset: 0,
             interval: 1024,
+            weight: None,
         };
         let none = BTreeMap::new();
         sums.add(0, 7, obs);

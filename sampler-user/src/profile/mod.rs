@@ -186,8 +186,15 @@ pub struct ExactCounts {
 /// A process's front end, from the allocators probed in it.
 fn front_end_of(allocators: &[String]) -> String {
     let described = crate::probe::allocator::Family::InProcess.to_string();
+    let producer = crate::probe::usdt::PRODUCER_PROVIDERS.iter().find(|p| {
+        allocators
+            .iter()
+            .any(|a| a.starts_with(&format!("{p} probes")))
+    });
     if allocators.iter().any(|a| a.starts_with(&described)) {
         "in-process".into()
+    } else if let Some(provider) = producer {
+        format!("in-process ({provider})")
     } else {
         uprobes()
     }
@@ -214,7 +221,10 @@ pub struct ProcessProfile {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allocators: Vec<String>,
     /// What measured it: `in-process` (allocscope's preload library counted every call and
-    /// fired `allocscope:alloc` for sampled blocks) or `uprobes` (a probe on every call).
+    /// fired `allocscope:alloc` for sampled blocks), `in-process (otel_memory)` or
+    /// `in-process (ddheap)` (the program's own allocator sampled itself and fired that
+    /// contract's probes, weighing each sample: no exact counts) or `uprobes` (a probe on
+    /// every call).
     #[serde(default = "uprobes")]
     pub front_end: String,
     /// Exact counters.

@@ -32,7 +32,7 @@ use std::os::fd::AsRawFd as _;
 
 use anyhow::Context as _;
 use aya::maps::RingBuf;
-use log::{debug, info, warn};
+use log::{info, warn};
 use sampler_common::ProcessCounters;
 
 use crate::{
@@ -42,7 +42,7 @@ use crate::{
     overhead::{self, Overhead, TargetUse, Trap},
     preflight, preload,
     probe::{
-        attach::{AttachedPoint, KernelConfig, Probes, ReturnProbes, Target},
+        attach::{AttachedPoint, KernelConfig, Probes, Target},
         maps::FileId,
         runs::ProgramRuns,
     },
@@ -355,6 +355,9 @@ impl Recording {
             front_end,
         } = prepared;
         let followed_only = !targets.all && (targets.follow || targets.comm.is_some());
+        // A command counted in-process, alone, traps only on its samples (rare), and needs
+        // no uprobe on its allocator unless one is linked into its executable.
+        let in_process_only = front_end.is_some() && initial.len() == 1 && !targets.waits_for_new();
         let kernel = KernelConfig {
             interval: sampling.interval,
             log: sampling.verbose,
@@ -367,13 +370,12 @@ impl Recording {
             followed_only,
             watch_execs: targets.waits_for_new(),
             duty_cycled: sampling.max_overhead.is_some(),
+            lazy_uprobes: in_process_only,
         };
         let mut probes = Probes::load(kernel).context("loading the eBPF programs")?;
-        debug!("allocation returns observed by: {:?}", probes.returns);
-        // A command counted in-process, alone, traps only on its samples (rare): the
-        // calibration's ~0.15 s (timing, then a link the kernel takes ~0.1 s to remove, which
-        // holds up the attach behind it) would be the largest part of its cost.
-        let in_process_only = front_end.is_some() && initial.len() == 1 && !targets.waits_for_new();
+        // The trap calibration's ~0.15 s (timing, then a link the kernel takes ~0.1 s to
+        // remove, which holds up the attach behind it) would be the largest part of such a
+        // command's cost.
         let trap = if in_process_only {
             Trap::MODELLED
         } else {
@@ -503,11 +505,6 @@ impl Recording {
 
     fn probes_mut(&mut self) -> anyhow::Result<&mut Probes> {
         self.probes.as_mut().context("the probes are detached")
-    }
-
-    /// How allocation returns are observed (`None` once detached).
-    pub fn returns(&self) -> Option<ReturnProbes> {
-        self.probes.as_ref().map(|p| p.returns)
     }
 
     /// Every process attached so far (host-wide: every one seen allocating).

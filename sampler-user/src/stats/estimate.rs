@@ -28,6 +28,18 @@
 //!   mean and variance include one more event of the largest weight seen;
 //! * every lower bound is at least what was seen: `Σ n_i` bytes and `s` objects.
 //!
+//! Samples another program's allocator took and weighed (`otel_memory:alloc(ptr, size,
+//! weight)`, the weight being the bytes the sample stands for: the number of times its
+//! countdown reached zero in the block times its mean interval) are estimated by their
+//! weights: bytes `Σ w_i`, objects `Σ w_i / n_i`, both unbiased when the producer's
+//! countdown crossings are a Poisson process (a block of `n` bytes is crossed `k ~
+//! Poisson(n/T)` times). Each sample is a weighted rare event, so their bounds are Fay and
+//! Feuer's gamma interval with the variance estimate `Σ w_i²` (`Σ (w_i/n_i)²` for objects)
+//! and one more event of the largest weight seen on the upper side: conservative when one
+//! sample stands for several crossings (`(kT)²` over-counts the `kT²` of `k` events). A
+//! set holding both kinds sums the two estimates and bounds each part at half the tail
+//! (Bonferroni).
+//!
 //! Zero samples estimate zero but keep a finite upper bound: "fewer than X bytes", not
 //! "none". The posterior view of jemalloc #1751 is [`Posterior`].
 
@@ -47,6 +59,10 @@ pub struct SampleObs {
     pub offset: u64,
     /// Mean sampling interval in force (1/p), ≥ 1.
     pub interval: u64,
+    /// `Some`: another program's sampling allocator took the sample and stated the bytes it
+    /// stands for (`otel_memory:alloc`'s weight); `offset` and `interval` are then unknown
+    /// and the sample is estimated by its weight ([`SampleSet`]'s weighted part).
+    pub weight: Option<u64>,
 }
 
 impl SampleObs {
@@ -190,6 +206,82 @@ pub struct SampleSet {
     failure_mean: f64,
     failure_variance: f64,
     max_interval: u64,
+    weighted: WeightedSums,
+}
+
+/// Running sums over the samples another program's allocator weighed.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct WeightedSums {
+    samples: u64,
+    /// `Σ n_i`.
+    sampled_bytes: f64,
+    /// `Σ w_i`.
+    bytes: f64,
+    /// `Σ w_i²`.
+    bytes_variance: f64,
+    /// `Σ w_i / n_i`.
+    objects: f64,
+    /// `Σ (w_i / n_i)²`.
+    objects_variance: f64,
+    /// Largest `w_i` and `w_i / n_i` seen (kept on removal: only widens the upper bound).
+    max_bytes_weight: f64,
+    max_object_weight: f64,
+}
+
+impl WeightedSums {
+    fn apply(&mut self, size: u64, weight: u64, sign: f64) {
+        let (n, w) = (size.max(1) as f64, weight as f64);
+        if sign > 0.0 {
+            self.samples += 1;
+            self.max_bytes_weight = self.max_bytes_weight.max(w);
+            self.max_object_weight = self.max_object_weight.max(w / n);
+        } else {
+            self.samples = self.samples.saturating_sub(1);
+        }
+        self.sampled_bytes += sign * n;
+        self.bytes += sign * w;
+        self.bytes_variance += sign * w * w;
+        self.objects += sign * w / n;
+        self.objects_variance += sign * (w / n) * (w / n);
+    }
+
+    fn merge(&mut self, other: &WeightedSums) {
+        self.samples += other.samples;
+        self.sampled_bytes += other.sampled_bytes;
+        self.bytes += other.bytes;
+        self.bytes_variance += other.bytes_variance;
+        self.objects += other.objects;
+        self.objects_variance += other.objects_variance;
+        self.max_bytes_weight = self.max_bytes_weight.max(other.max_bytes_weight);
+        self.max_object_weight = self.max_object_weight.max(other.max_object_weight);
+    }
+
+    /// Bytes and objects with Fay-Feuer bounds, `tail` outside each end.
+    fn estimate(&self, tail: f64) -> (Estimate, Estimate) {
+        let bounded = |estimate: f64, variance: f64, max: f64, seen: f64| {
+            let (lower, upper) = gamma_interval(estimate, variance, max, tail);
+            Estimate {
+                samples: self.samples,
+                estimate,
+                lower: lower.max(seen).min(estimate),
+                upper: upper.max(estimate),
+            }
+        };
+        (
+            bounded(
+                self.bytes,
+                self.bytes_variance,
+                self.max_bytes_weight,
+                self.sampled_bytes,
+            ),
+            bounded(
+                self.objects,
+                self.objects_variance,
+                self.max_object_weight,
+                self.samples as f64,
+            ),
+        )
+    }
 }
 
 impl SampleSet {
@@ -200,6 +292,19 @@ impl SampleSet {
 
     /// Removes a sample added before (its object was freed): exactly undoes [`Self::add`].
     pub fn remove(&mut self, obs: SampleObs) {
+        if let Some(weight) = obs.weight {
+            if self.weighted.samples > 0 {
+                self.weighted.apply(obs.size, weight, -1.0);
+                if self.weighted.samples == 0 {
+                    self.weighted = WeightedSums {
+                        max_bytes_weight: self.weighted.max_bytes_weight,
+                        max_object_weight: self.weighted.max_object_weight,
+                        ..WeightedSums::default()
+                    };
+                }
+            }
+            return;
+        }
         if self.samples == 0 {
             return;
         }
@@ -209,6 +314,7 @@ impl SampleSet {
             *self = SampleSet {
                 max_interval: self.max_interval,
                 max_object_weight: self.max_object_weight,
+                weighted: self.weighted,
                 ..SampleSet::default()
             };
         }
@@ -225,6 +331,10 @@ impl SampleSet {
     }
 
     fn apply(&mut self, obs: SampleObs, sign: f64) {
+        if let Some(weight) = obs.weight {
+            self.weighted.apply(obs.size, weight, sign);
+            return;
+        }
         let unseen = obs.size.saturating_sub(obs.offset) as f64;
         self.apply_many(obs.size, obs.interval, sign, sign * unseen);
     }
@@ -270,11 +380,12 @@ impl SampleSet {
         self.failure_mean += other.failure_mean;
         self.failure_variance += other.failure_variance;
         self.max_interval = self.max_interval.max(other.max_interval);
+        self.weighted.merge(&other.weighted);
     }
 
     /// Number of samples.
     pub fn samples(&self) -> u64 {
-        self.samples
+        self.samples + self.weighted.samples
     }
 
     /// The Horvitz-Thompson sums: estimates of bytes and objects, their variance
@@ -313,6 +424,36 @@ impl SampleSet {
     /// `interval` is the mean interval assumed for an empty set's upper bound.
     pub fn estimate(&self, confidence: f64, window: Window, interval: u64) -> Estimates {
         let tail = (1.0 - confidence.clamp(0.0, 1.0)) / 2.0;
+        if self.weighted.samples == 0 {
+            return self.own_estimate(tail, window, interval);
+        }
+        if self.samples == 0 {
+            let (bytes, objects) = self.weighted.estimate(tail);
+            return Estimates {
+                bytes,
+                objects,
+                bytes_by_trials: bytes.estimate,
+            };
+        }
+        // Both kinds: each part bounded at half the tail, the bounds summed (Bonferroni).
+        let own = self.own_estimate(tail / 2.0, window, interval);
+        let (bytes, objects) = self.weighted.estimate(tail / 2.0);
+        let sum = |a: Estimate, b: Estimate| Estimate {
+            samples: a.samples + b.samples,
+            estimate: a.estimate + b.estimate,
+            lower: a.lower + b.lower,
+            upper: a.upper + b.upper,
+        };
+        Estimates {
+            bytes: sum(own.bytes, bytes),
+            objects: sum(own.objects, objects),
+            bytes_by_trials: own.bytes_by_trials + bytes.estimate,
+        }
+    }
+
+    /// [`Self::estimate`] of the samples allocscope's countdown drew, `tail` outside each
+    /// end.
+    fn own_estimate(&self, tail: f64, window: Window, interval: u64) -> Estimates {
         let (mut lower, mut upper) = self.negbin_bounds(tail, window, interval);
         let z = if tail > 0.0 {
             Normal::standard().inverse_cdf(1.0 - tail)
@@ -488,6 +629,7 @@ mod tests {
                 size: 16_384,
                 offset,
                 interval: 4096,
+                weight: None,
             });
         }
         let mut by_sums = SampleSet::default();
@@ -529,6 +671,7 @@ mod tests {
                 size: 1 << 30,
                 offset: 1023,
                 interval: 1024,
+                weight: None,
             });
         }
         let e = set.estimate(0.95, Window::RECORDING, 1024);
@@ -547,6 +690,7 @@ mod tests {
             size: 1,
             offset: 0,
             interval: 1000,
+            weight: None,
         });
         let e = small.estimate(0.95, Window::RECORDING, 1000);
         assert!((e.bytes.estimate - 1000.0).abs() < 1e-6);
@@ -569,6 +713,7 @@ mod tests {
                 size,
                 offset,
                 interval: 102400,
+                weight: None,
             });
         }
         let aligned = Window {
@@ -590,6 +735,133 @@ mod tests {
         let sliding = set.estimate(0.95, Window::SLIDING, 102400);
         assert!(sliding.bytes.lower < e.bytes.lower && sliding.bytes.upper > e.bytes.upper);
         assert!((sliding.bytes.upper - (1614137.0 + 10908.0)).abs() < 0.001 * 1625045.0);
+    }
+
+    /// Another producer's samples: a countdown with exponential gaps of mean `T` runs over
+    /// a stream of blocks; a block the countdown reaches zero in `k` times is reported with
+    /// weight `k·T`. Over many runs the weighted estimates of bytes and objects are
+    /// unbiased and their 95% bounds hold the truth at least 95% of the time (the
+    /// construction is conservative), also with half the blocks freed (removed again).
+    #[test]
+    fn producer_weights_are_unbiased_and_their_bounds_calibrated() {
+        use rand::{Rng as _, SeedableRng as _};
+        let mut rng = rand_pcg::Pcg64::seed_from_u64(23);
+        const T: f64 = 65536.0;
+        // Mixed sizes: far below, near and above the interval.
+        let sizes = [64u64, 256, 4096, 40_000, 300_000];
+        let counts = [4000u64, 2000, 300, 40, 6];
+        let truth_bytes: f64 = sizes.iter().zip(&counts).map(|(s, c)| (s * c) as f64).sum();
+        let truth_objects: f64 = counts.iter().sum::<u64>() as f64;
+        let runs = 2000;
+        let (mut bytes_sum, mut objects_sum) = (0.0, 0.0);
+        let (mut bytes_held, mut objects_held, mut live_held) = (0, 0, 0);
+        for _ in 0..runs {
+            let mut countdown = -T * rng.random::<f64>().max(f64::MIN_POSITIVE).ln();
+            let mut set = SampleSet::default();
+            let mut live = SampleSet::default();
+            let mut live_truth = 0.0;
+            for (&size, &count) in sizes.iter().zip(&counts) {
+                for i in 0..count {
+                    countdown -= size as f64;
+                    let mut k = 0u64;
+                    while countdown <= 0.0 {
+                        k += 1;
+                        countdown -= T * rng.random::<f64>().max(f64::MIN_POSITIVE).ln();
+                    }
+                    let freed = i % 2 == 0;
+                    if !freed {
+                        live_truth += size as f64;
+                    }
+                    if k == 0 {
+                        continue;
+                    }
+                    let obs = SampleObs {
+                        size,
+                        offset: 0,
+                        interval: 0,
+                        weight: Some(k * T as u64),
+                    };
+                    set.add(obs);
+                    live.add(obs);
+                    if freed {
+                        live.remove(obs);
+                    }
+                }
+            }
+            let e = set.estimate(0.95, Window::RECORDING, 512 * 1024);
+            bytes_sum += e.bytes.estimate;
+            objects_sum += e.objects.estimate;
+            bytes_held += u32::from(e.bytes.lower <= truth_bytes && truth_bytes <= e.bytes.upper);
+            objects_held +=
+                u32::from(e.objects.lower <= truth_objects && truth_objects <= e.objects.upper);
+            let l = live.estimate(0.95, Window::RECORDING, 512 * 1024).bytes;
+            live_held += u32::from(l.lower <= live_truth && live_truth <= l.upper);
+        }
+        let mean_bytes = bytes_sum / runs as f64;
+        let mean_objects = objects_sum / runs as f64;
+        assert!(
+            (mean_bytes / truth_bytes - 1.0).abs() < 0.01,
+            "bytes: mean {mean_bytes} vs {truth_bytes}"
+        );
+        assert!(
+            (mean_objects / truth_objects - 1.0).abs() < 0.02,
+            "objects: mean {mean_objects} vs {truth_objects}"
+        );
+        let coverage = |held: u32| f64::from(held) / runs as f64;
+        assert!(
+            coverage(bytes_held) >= 0.94,
+            "bytes covered {}",
+            coverage(bytes_held)
+        );
+        assert!(
+            coverage(objects_held) >= 0.94,
+            "objects covered {}",
+            coverage(objects_held)
+        );
+        assert!(
+            coverage(live_held) >= 0.94,
+            "live covered {}",
+            coverage(live_held)
+        );
+    }
+
+    /// A set holding both kinds sums the two estimates, each part bounded at half the tail.
+    #[test]
+    fn own_and_producer_samples_add_up() {
+        let ours = SampleObs {
+            size: 100,
+            offset: 10,
+            interval: 1000,
+            weight: None,
+        };
+        let theirs = SampleObs {
+            size: 100,
+            offset: 0,
+            interval: 0,
+            weight: Some(5000),
+        };
+        let (mut a, mut b, mut both) = (
+            SampleSet::default(),
+            SampleSet::default(),
+            SampleSet::default(),
+        );
+        a.add(ours);
+        b.add(theirs);
+        both.add(ours);
+        both.add(theirs);
+        let w = Window::RECORDING;
+        let (ea, eb, e) = (
+            a.estimate(0.95, w, 1000),
+            b.estimate(0.95, w, 1000),
+            both.estimate(0.95, w, 1000),
+        );
+        assert_eq!(e.bytes.samples, 2);
+        assert!((e.bytes.estimate - ea.bytes.estimate - 5000.0).abs() < 1e-6);
+        assert_eq!(eb.bytes.estimate, 5000.0);
+        assert!(e.bytes.lower <= ea.bytes.lower + eb.bytes.lower);
+        assert!(e.bytes.upper >= ea.bytes.upper + eb.bytes.upper);
+        both.remove(theirs);
+        assert_eq!(both.estimate(0.95, w, 1000).bytes, ea.bytes);
     }
 
     #[test]
@@ -616,6 +888,7 @@ mod tests {
                 size: 64,
                 offset: i % 64,
                 interval: 65536,
+                weight: None,
             });
         }
         let e = set.estimate(0.9999, Window::RECORDING, 65536);
@@ -635,11 +908,13 @@ mod tests {
             size: 100,
             offset: 3,
             interval: 4096,
+            weight: None,
         };
         let b = SampleObs {
             size: 70000,
             offset: 900,
             interval: 65536,
+            weight: None,
         };
         let mut set = SampleSet::default();
         set.add(a);
@@ -666,6 +941,7 @@ mod tests {
                 size: 10,
                 offset: 2,
                 interval: 1000,
+                weight: None,
             });
         }
         let posterior = set.posterior(1000);
@@ -685,6 +961,7 @@ mod tests {
                 size: 64,
                 offset: i % 64,
                 interval: 8192,
+                weight: None,
             };
             uniform.add(obs);
             split.add(obs);
@@ -700,6 +977,7 @@ mod tests {
                 size: 64,
                 offset: i % 64,
                 interval,
+                weight: None,
             });
         }
         let m = mixed.estimate(0.95, Window::RECORDING, 8192);
@@ -722,6 +1000,7 @@ mod tests {
                     ((size as f64 * fraction) as u64).min(size - 1)
                 },
                 interval,
+                weight: None,
             })
     }
 

@@ -144,6 +144,7 @@ mod tests {
                             size,
                             offset: countdown,
                             interval,
+                            weight: None,
                         },
                     );
                     countdown = geometric::draw(rng.next_u64(), scale);
@@ -173,6 +174,7 @@ mod tests {
             size: 10,
             offset: 0,
             interval: 1,
+            weight: None,
         };
         tracker.add(500_000_000, obs);
         // Half a second recorded: the rate covers half a second, not the whole window.

@@ -108,6 +108,7 @@ pub fn calibrate(
                     size,
                     offset: countdown,
                     interval,
+                    weight: None,
                 };
                 all.add(obs);
                 live.add(obs);
@@ -183,6 +184,7 @@ pub fn calibrate_step(
                     size,
                     offset: countdown,
                     interval: drawn_at,
+                    weight: None,
                 });
                 drawn_at = in_force;
                 countdown = geometric::draw(rng.next_u64(), scale(drawn_at));

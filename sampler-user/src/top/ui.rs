@@ -465,6 +465,7 @@ mod tests {
                 size,
                 offset: 0,
                 interval: INTERVAL,
+                weight: None,
             });
         }
         set
