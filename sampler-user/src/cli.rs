@@ -146,6 +146,11 @@ pub struct SamplingArgs {
     #[arg(long, hide = true)]
     pub no_sessions: bool,
 
+    /// Probe the in-process front end's sites at their 1-byte nop (an int3 trap per sample)
+    /// even where the kernel optimises the 5-byte one (for benchmarking the difference).
+    #[arg(long, hide = true)]
+    pub usdt_int3: bool,
+
     /// Most sampled allocations tracked as live at once (the kernel's live map); beyond it,
     /// samples are counted as untracked and live numbers say they are incomplete.
     #[arg(

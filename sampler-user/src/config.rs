@@ -133,6 +133,8 @@ pub struct SamplingConfig {
     pub debug_dirs: Vec<PathBuf>,
     /// Use uprobe sessions where the kernel has them.
     pub sessions: bool,
+    /// Probe front ends' sites at the trapping 1-byte nop (benchmark).
+    pub usdt_int3: bool,
     /// Load the in-process front end into a command allocscope starts (`-- CMD`, unless
     /// `--no-preload`), except under duty cycling (whose estimates need every call counted by
     /// the probes it detaches).
@@ -333,6 +335,7 @@ impl SamplingArgs {
             unwind,
             debug_dirs: self.debug_dirs.clone(),
             sessions: !self.no_sessions,
+            usdt_int3: self.usdt_int3,
             preload: !self.no_preload && max_overhead.is_none(),
             confidence: self.confidence,
             verbose: self.verbose,

@@ -4,7 +4,8 @@
 //! and with classic return probes on every call; `--unwind fp` beside the default stack
 //! copy, and both at `-i 4KiB` to show what one sample costs; and `record --all
 //! --alloc-only` and `record --follow --alloc-only`, file-wide probes, with what a process
-//! left out of them (excluded, or not followed) pays.
+//! left out of them (excluded, or not followed) pays. `--front-end`: the in-process front
+//! end instead (see [`front_end`]); `--duty`: duty cycling (see [`duty`]).
 //!
 //! Absolute timings on a 2-vCPU VM swing ±30% between runs, so each round runs two copies of
 //! a malloc+free loop at the same time, one pinned to each CPU: first both unprobed (the
@@ -37,6 +38,11 @@ pub struct BenchArgs {
     /// natively and under each budget, and whether the estimate's bounds held the truth.
     #[arg(long)]
     duty: bool,
+    /// Only the in-process front end's benchmark: what the library adds per malloc+free
+    /// with nothing attached and under `record -- CMD`, and what one sample costs through
+    /// the optimised 5-byte-nop probe and through the int3 fallback.
+    #[arg(long)]
+    front_end: bool,
     /// malloc+free iterations of each duty-cycling run (~9 ns each natively here).
     #[arg(long, default_value_t = 2_000_000_000)]
     duty_iterations: u64,
@@ -57,6 +63,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&out_dir)?;
     if args.duty {
         return duty(&args, &looper, &allocscope, &out_dir);
+    }
+    if args.front_end {
+        return front_end(&args, &looper, &allocscope, &out_dir);
     }
     // (name, extra record arguments, target ratio): DESIGN.md §5 and the issues' targets.
     // The last mode probes the whole host (`--all`) and leaves the reference copy out
@@ -212,6 +221,116 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The in-process front end's benchmark. Per round, two pinned copies of the loop run at
+/// once natively (each CPU's native cost), then per mode copy A natively (the drift
+/// reference) and copy B under the mode; B's added cost is corrected by A's drift. CPUs
+/// swap every round; medians over rounds. Modes: the library preloaded with nothing
+/// attached (its countdown and counters; the USDT sites are nops); `record -- CMD` at the
+/// default interval (library and allocscope attached: what a user pays); and at `-i 4KiB`
+/// (one call in 64 sampled, unthrottled) with the sites probed at the optimised 5-byte nop
+/// and, `--usdt-int3`, at the trapping 1-byte nop: their difference from the default mode,
+/// times 64, is what one sample costs each way.
+fn front_end(
+    args: &BenchArgs,
+    looper: &Path,
+    allocscope: &Path,
+    out_dir: &Path,
+) -> anyhow::Result<()> {
+    let library = workspace().join("target/release/libsampler_preload.so");
+    if !library.exists() {
+        bail!(
+            "{} missing (cargo build --release builds it)",
+            library.display()
+        );
+    }
+    let out = out_dir.join("front-end.json");
+    let record = |extra: &[&str]| -> Vec<String> {
+        let mut command = vec![
+            allocscope.display().to_string(),
+            "record".to_owned(),
+            "-o".to_owned(),
+            out.display().to_string(),
+        ];
+        command.extend(extra.iter().map(|s| (*s).to_owned()));
+        command.push("--".to_owned());
+        command
+    };
+    let sampled = ["-i", "4KiB", "--max-samples-per-sec", "0"];
+    let int3 = ["-i", "4KiB", "--max-samples-per-sec", "0", "--usdt-int3"];
+    // (name, command prefix, environment)
+    let modes: Vec<(&str, Vec<String>, Vec<(String, String)>)> = vec![
+        (
+            "library, nothing attached",
+            Vec::new(),
+            vec![("LD_PRELOAD".into(), library.display().to_string())],
+        ),
+        ("record -- (default interval)", record(&[]), Vec::new()),
+        ("record -i 4KiB (nop5)", record(&sampled), Vec::new()),
+        ("record -i 4KiB (int3)", record(&int3), Vec::new()),
+    ];
+    let mut added: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
+    let mut natives = Vec::new();
+    eprintln!("round  mode                           cpu  native ns  added ns");
+    for round in 0..=args.rounds {
+        let (a_cpu, b_cpu) = if round % 2 == 0 { (0, 1) } else { (1, 0) };
+        let native = {
+            let mut a = Loop::start(looper, a_cpu, args)?;
+            let mut b = Loop::start(looper, b_cpu, args)?;
+            a.go()?;
+            b.go()?;
+            (a.finish()?, b.finish()?)
+        };
+        for (index, (name, prefix, env)) in modes.iter().enumerate() {
+            let mut a = Loop::start(looper, a_cpu, args)?;
+            let mut b = Loop::start_under(prefix, env, looper, b_cpu, args)?;
+            a.go()?;
+            b.go()?;
+            let (reference, ours) = (a.finish()?, b.finish()?);
+            let cost = (ours - native.1) - (reference - native.0);
+            eprintln!(
+                "{:>5}  {name:<30} {b_cpu}    {:>9.1}  {cost:>8.2}",
+                if round == 0 {
+                    "warm".to_owned()
+                } else {
+                    round.to_string()
+                },
+                native.1,
+            );
+            if round > 0 {
+                added[index].push(cost);
+            }
+        }
+        if round > 0 {
+            natives.push((native.0 + native.1) / 2.0);
+        }
+    }
+    let native = median(natives);
+    println!("native malloc(64)+free: {native:.1} ns (median over rounds)");
+    for ((name, ..), costs) in modes.iter().zip(&added) {
+        println!(
+            "{name}: +{:.2} ns per malloc+free (median over {} rounds)",
+            median(costs.clone()),
+            costs.len()
+        );
+    }
+    let per_sample = |mode: usize| -> f64 {
+        median(
+            added[mode]
+                .iter()
+                .zip(&added[1])
+                .map(|(sampled, default)| (sampled - default) * CALLS_PER_SAMPLE_4K)
+                .collect(),
+        )
+    };
+    println!(
+        "per sample (-i 4KiB, 1 call in {CALLS_PER_SAMPLE_4K}): {:+.0} ns through the optimised \
+         5-byte-nop probe, {:+.0} ns through the int3 trap (medians over rounds)",
+        per_sample(2),
+        per_sample(3)
+    );
+    Ok(())
+}
+
 /// The duty-cycling benchmark: per round, workload and budget, two pinned copies of the
 /// loop doing the same work, one native and one under `record --alloc-only
 /// --max-overhead`; the ratio of their whole run times, the share the profile says the
@@ -339,6 +458,36 @@ impl Loop {
         Loop::start_working(looper, cpu, args.chunk_iterations, args.chunks, 0)
     }
 
+    /// Like [`Loop::start`], the pinned loop run by `prefix` (`allocscope record … --`;
+    /// empty: directly) with `env` added: `prefix taskset -c CPU looper …`, so that only
+    /// the loop is pinned, not the recorder.
+    fn start_under(
+        prefix: &[String],
+        env: &[(String, String)],
+        looper: &Path,
+        cpu: u32,
+        args: &BenchArgs,
+    ) -> anyhow::Result<Loop> {
+        let mut command = match prefix.split_first() {
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg("taskset");
+                command
+            }
+            None => Command::new("taskset"),
+        };
+        command
+            .args(["-c", &cpu.to_string()])
+            .arg(looper)
+            .args([
+                args.chunk_iterations.to_string(),
+                args.chunks.to_string(),
+                "0".to_owned(),
+            ])
+            .envs(env.iter().map(|(k, v)| (k, v)));
+        Loop::spawn(command)
+    }
+
     /// `work` steps of arithmetic between allocations (~1 ns each).
     fn start_working(
         looper: &Path,
@@ -347,12 +496,21 @@ impl Loop {
         chunks: u32,
         work: u32,
     ) -> anyhow::Result<Loop> {
-        let mut child = Command::new("taskset")
-            .args(["-c", &cpu.to_string()])
-            .arg(looper)
-            .args([per_chunk.to_string(), chunks.to_string(), work.to_string()])
+        let mut command = Command::new("taskset");
+        command.args(["-c", &cpu.to_string()]).arg(looper).args([
+            per_chunk.to_string(),
+            chunks.to_string(),
+            work.to_string(),
+        ]);
+        Loop::spawn(command)
+    }
+
+    /// Starts `command` (a loop, maybe under a prefix) and waits for it to be ready.
+    fn spawn(mut command: Command) -> anyhow::Result<Loop> {
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
+            .stderr(Stdio::null())
             .spawn()
             .context("starting taskset (util-linux)")?;
         let stdin = child.stdin.take();

@@ -61,6 +61,9 @@ pub struct KernelConfig {
     pub stack_bytes: u32,
     /// Try uprobe sessions for the returns (else classic return probes on every call).
     pub sessions: bool,
+    /// Probe the front end's sites at the 1-byte nop even where the kernel optimises the
+    /// 5-byte one (`--usdt-int3`, the benchmark of the difference).
+    pub usdt_int3: bool,
     /// Host mode (`--all`): probes attached host-wide, excluded pids skipped in the kernel.
     pub host: bool,
     /// Follow new processes of followed ones through fork and exec (`--follow`).
@@ -917,7 +920,7 @@ impl Probes {
             sites.extend(front_end.frees.iter().map(|site| (site, free)));
         }
         sites.extend(front_end.allocs.iter().map(|site| (site, slot)));
-        let optimized = super::usdt_optimized();
+        let optimized = super::usdt_optimized() && !self.config.usdt_int3;
         let nop5 = |site: &super::usdt::Site| site.optimizable && optimized;
         let offsets: Vec<u64> = sites
             .iter()
@@ -1113,6 +1116,7 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         ring_buffer: 4 << 20,
         stack_bytes: 0,
         sessions: false,
+        usdt_int3: false,
         host: false,
         follow: false,
         followed_only: false,

@@ -365,6 +365,7 @@ impl Recording {
             ring_buffer: sampling.ring_buffer,
             stack_bytes: sampling.unwind.stack_bytes(),
             sessions: sampling.sessions,
+            usdt_int3: sampling.usdt_int3,
             host: targets.all || followed_only,
             follow: targets.follow,
             followed_only,
