@@ -221,6 +221,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A benchmark mode: its name, the command prefix the loop runs under, and environment.
+type Mode<'a> = (&'a str, Vec<String>, Vec<(String, String)>);
+
 /// The in-process front end's benchmark. Per round, two pinned copies of the loop run at
 /// once natively (each CPU's native cost), then per mode copy A natively (the drift
 /// reference) and copy B under the mode; B's added cost is corrected by A's drift. CPUs
@@ -257,8 +260,7 @@ fn front_end(
     };
     let sampled = ["-i", "4KiB", "--max-samples-per-sec", "0"];
     let int3 = ["-i", "4KiB", "--max-samples-per-sec", "0", "--usdt-int3"];
-    // (name, command prefix, environment)
-    let modes: Vec<(&str, Vec<String>, Vec<(String, String)>)> = vec![
+    let modes: Vec<Mode> = vec![
         (
             "library, nothing attached",
             Vec::new(),
