@@ -277,8 +277,8 @@ fn duration_limits_the_recording() {
     assert!(target.child.try_wait().unwrap().is_none(), "target died");
 }
 
-/// Frees are tracked by default; on this kernel (≥ 6.13) through uprobe sessions, and the
-/// classic return probes they replace (`--no-sessions`, the fallback on older kernels) give
+/// Frees are tracked by default; with uprobes (`--no-preload`), on this kernel (≥ 6.13)
+/// through uprobe sessions, and the classic return probes they replace (`--no-sessions`, the fallback on older kernels) give
 /// the same, correct profile.
 #[test]
 fn sessions_and_classic_return_probes_agree() {
@@ -292,6 +292,7 @@ fn sessions_and_classic_return_probes_agree() {
             .args([
                 "record",
                 "-v",
+                "--no-preload",
                 "--interval",
                 "64KiB",
                 "--confidence",
