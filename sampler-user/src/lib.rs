@@ -12,6 +12,7 @@ pub mod duty_cycle;
 pub mod exits;
 pub mod export;
 pub mod format;
+pub mod infile;
 pub mod outfile;
 pub mod overhead;
 pub mod preflight;

@@ -13,7 +13,11 @@
 //!   replace it for the whole machine;
 //! * a snapshot never replaces another file: a name already taken gets a `-N` suffix;
 //! * the command log of `top -- CMD` is opened without following a symlink and reused only
-//!   if it is a regular file we own with no other link to it.
+//!   if it is a regular file we own with no other link to it;
+//! * a snapshot directory is opened one component at a time, and a symlink on the way that
+//!   another user planted in a sticky world-writable directory (`/tmp`) is refused, as the
+//!   kernel's `fs.protected_symlinks` would (which is often off); snapshots are then written
+//!   through the directory's descriptor, so the path cannot be swapped after the check.
 
 use std::{
     fs::File,
@@ -138,6 +142,141 @@ pub fn write_new(
     ))
 }
 
+/// Opens the directory `path` (`O_PATH`), one component at a time, refusing a symlink that
+/// another user planted in a sticky world-writable directory: one owned neither by us nor
+/// by the directory's owner (the kernel's `fs.protected_symlinks` rule, applied whatever
+/// the sysctl says). Every component is opened relative to the one before it, so nothing
+/// can be swapped between the check and the open.
+pub fn open_directory(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
+    let start = if path.is_absolute() { "/" } else { "." };
+    let base = open_at(None, Path::new(start), libc::O_PATH | libc::O_DIRECTORY)?;
+    walk(base, path, 0, false)
+}
+
+/// [`open_directory`], creating the missing components (mode 0755) on the way, each in the
+/// directory just opened (never through a symlink that was not checked).
+pub fn create_directory(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
+    let start = if path.is_absolute() { "/" } else { "." };
+    let base = open_at(None, Path::new(start), libc::O_PATH | libc::O_DIRECTORY)?;
+    walk(base, path, 0, true)
+}
+
+/// The path through which files are created in a directory opened by [`open_directory`].
+pub fn through(dir: &std::os::fd::OwnedFd) -> PathBuf {
+    use std::os::fd::AsRawFd as _;
+    PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()))
+}
+
+/// Symlinks followed in one walk at most (the kernel's limit).
+const MAX_SYMLINKS: usize = 40;
+
+fn walk(
+    mut current: std::os::fd::OwnedFd,
+    path: &Path,
+    mut followed: usize,
+    create: bool,
+) -> io::Result<std::os::fd::OwnedFd> {
+    use std::path::Component;
+    for component in path.components() {
+        let name = match component {
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => continue,
+            Component::ParentDir => Path::new(".."),
+            Component::Normal(name) => Path::new(name),
+        };
+        let here = stat_at(&current, Path::new("."), 0)?;
+        let entry = match stat_at(&current, name, libc::AT_SYMLINK_NOFOLLOW) {
+            Err(e) if create && e.kind() == io::ErrorKind::NotFound => {
+                make_dir_at(&current, name)?;
+                stat_at(&current, name, libc::AT_SYMLINK_NOFOLLOW)?
+            }
+            other => other?,
+        };
+        if entry.st_mode & libc::S_IFMT == libc::S_IFLNK {
+            followed += 1;
+            if followed > MAX_SYMLINKS {
+                return Err(io::Error::from_raw_os_error(libc::ELOOP));
+            }
+            let sticky_shared = here.st_mode & libc::S_ISVTX != 0 && here.st_mode & 0o002 != 0;
+            // SAFETY: geteuid has no preconditions.
+            let us = unsafe { libc::geteuid() };
+            if sticky_shared && entry.st_uid != here.st_uid && entry.st_uid != us {
+                return Err(refused(
+                    path,
+                    &format!(
+                        "{} is a symlink another user (uid {}) made in a sticky world-writable directory",
+                        name.display(),
+                        entry.st_uid
+                    ),
+                ));
+            }
+            let target = std::fs::read_link(through(&current).join(name))?;
+            let from = if target.is_absolute() {
+                open_at(None, Path::new("/"), libc::O_PATH | libc::O_DIRECTORY)?
+            } else {
+                current.try_clone()?
+            };
+            current = walk(from, &target, followed, create)?;
+        } else {
+            current = open_at(
+                Some(&current),
+                name,
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+            )?;
+        }
+    }
+    Ok(current)
+}
+
+fn make_dir_at(dir: &std::os::fd::OwnedFd, name: &Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let c = c_path(name)?;
+    // SAFETY: mkdirat with a live descriptor and a NUL-terminated name.
+    let rc = unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o755) };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        // Made meanwhile by someone else: the walk checks what is there now.
+        if e.kind() != io::ErrorKind::AlreadyExists {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+fn c_path(path: &Path) -> io::Result<std::ffi::CString> {
+    std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in a path"))
+}
+
+fn open_at(
+    dir: Option<&std::os::fd::OwnedFd>,
+    path: &Path,
+    flags: libc::c_int,
+) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _};
+    let c = c_path(path)?;
+    let dirfd = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
+    // SAFETY: openat with a live descriptor (or AT_FDCWD) and a NUL-terminated path.
+    let fd = unsafe { libc::openat(dirfd, c.as_ptr(), flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor owned by nobody else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+fn stat_at(dir: &std::os::fd::OwnedFd, name: &Path, flags: libc::c_int) -> io::Result<libc::stat> {
+    use std::os::fd::AsRawFd as _;
+    let c = c_path(name)?;
+    // SAFETY: an all-zero stat is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatat with a live descriptor, a NUL-terminated name and a stat to fill.
+    let rc = unsafe { libc::fstatat(dir.as_raw_fd(), c.as_ptr(), &mut st, flags) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
 /// Proves that `dir` accepts new files (a temporary file, removed at once).
 pub fn check_writable_dir(dir: &Path) -> io::Result<()> {
     temporary_in(dir, "write-test").map(drop)
@@ -216,6 +355,47 @@ mod tests {
         assert_eq!(first, dir.path().join("snap.json"));
         assert_eq!(second, dir.path().join("snap-1.json"));
         assert_eq!(std::fs::read_to_string(first).unwrap(), "a");
+    }
+
+    /// A symlink another user planted in a sticky world-writable directory is not followed
+    /// (as root: the test makes such a link by `lchown`); ours, or the directory owner's, is.
+    #[test]
+    fn planted_symlinks_on_the_way_to_a_directory_are_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIPPED planted_symlinks_on_the_way_to_a_directory_are_refused: needs root (lchown)");
+            assert!(std::env::var("CI").is_err(), "CI runs as root");
+            return;
+        }
+        let root = tempfile::tempdir().unwrap();
+        let shared = root.path().join("tmp");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let target = root.path().join("elsewhere");
+        std::fs::create_dir(&target).unwrap();
+        let planted = shared.join("snaps");
+        std::os::unix::fs::symlink(&target, &planted).unwrap();
+        let c = c_path(&planted).unwrap();
+        // SAFETY: lchown with a NUL-terminated path.
+        assert_eq!(unsafe { libc::lchown(c.as_ptr(), 65534, 65534) }, 0);
+        let err = open_directory(&planted).unwrap_err();
+        assert!(
+            err.to_string().contains("another user (uid 65534)"),
+            "{err}"
+        );
+        // Through it, as a middle component, too.
+        std::fs::create_dir(target.join("inner")).unwrap();
+        assert!(open_directory(&planted.join("inner")).is_err());
+        // Our own link is followed, and the descriptor is the target's.
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::lchown(c.as_ptr(), 0, 0) }, 0);
+        let dir = open_directory(&planted.join("inner")).unwrap();
+        std::fs::write(through(&dir).join("x"), b"1").unwrap();
+        assert!(target.join("inner/x").exists());
+        // A plain relative path works.
+        let here = open_directory(Path::new(".")).unwrap();
+        assert!(through(&here).is_dir());
     }
 
     #[test]

@@ -127,13 +127,13 @@ pub fn check_output_file(path: &Path) -> Result<(), BadInput> {
 
 /// Creates the snapshot directory `dir` if missing and proves it accepts files.
 pub fn check_snapshot_dir(dir: &Path) -> Result<(), BadInput> {
-    std::fs::create_dir_all(dir).map_err(|e| {
+    let pinned = outfile::create_directory(dir).map_err(|e| {
         BadInput(format!(
             "cannot create snapshot directory {}: {e}",
             dir.display()
         ))
     })?;
-    outfile::check_writable_dir(dir)
+    outfile::check_writable_dir(&outfile::through(&pinned))
         .map_err(|e| BadInput(format!("cannot write into {}: {e}", dir.display())))
 }
 

@@ -121,7 +121,8 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
 /// Where the profile goes: one file, or snapshots of which the newest `keep` are kept.
 struct Writer<'a> {
     config: &'a RecordConfig,
-    /// Snapshots this recording wrote, oldest first: `--keep` deletes only these.
+    /// Snapshots this recording wrote (their names in the directory), oldest first: `--keep`
+    /// deletes only these.
     written: VecDeque<PathBuf>,
 }
 
@@ -137,17 +138,29 @@ impl Writer<'_> {
                 path.clone()
             }
             Output::Snapshots { dir, keep, .. } => {
-                let path =
-                    export::write_snapshot(profile, config.format, value, dir, SystemTime::now())
-                        .with_context(|| format!("writing a snapshot into {}", dir.display()))?;
-                self.written.push_back(path.clone());
+                // Opened again for every snapshot, a component at a time (a symlink another
+                // user planted on the way is refused), and written through its descriptor.
+                let pinned = crate::outfile::open_directory(dir)
+                    .with_context(|| format!("opening the snapshot directory {}", dir.display()))?;
+                let through = crate::outfile::through(&pinned);
+                let written = export::write_snapshot(
+                    profile,
+                    config.format,
+                    value,
+                    &through,
+                    SystemTime::now(),
+                )
+                .with_context(|| format!("writing a snapshot into {}", dir.display()))?;
+                let name = written.file_name().unwrap_or_default().to_owned();
+                self.written.push_back(name.clone().into());
                 while keep.is_some_and(|keep| self.written.len() > keep) {
                     if let Some(old) = self.written.pop_front() {
-                        std::fs::remove_file(&old)
-                            .with_context(|| format!("removing old snapshot {}", old.display()))?;
+                        std::fs::remove_file(through.join(&old)).with_context(|| {
+                            format!("removing old snapshot {}", dir.join(&old).display())
+                        })?;
                     }
                 }
-                path
+                dir.join(name)
             }
         };
         info!("wrote {}", path.display());

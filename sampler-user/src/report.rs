@@ -14,7 +14,8 @@ use crate::{
 
 /// Reads an `allocscope/v1` JSON profile.
 pub fn read(path: &std::path::Path) -> Result<Profile, BadInput> {
-    let bytes = std::fs::read(path)
+    // Not a FIFO (which would block) nor a device (`/dev/zero` never ends).
+    let bytes = crate::infile::read_regular(path)
         .map_err(|e| BadInput(format!("cannot read {}: {e}", path.display())))?;
     let profile: Profile = serde_json::from_slice(&bytes).map_err(|e| {
         BadInput(format!(

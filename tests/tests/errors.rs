@@ -192,3 +192,29 @@ fn the_documented_capabilities_suffice_and_fewer_are_refused_up_front() {
     assert_bad_input(&too_few, "needs root (or CAP_SYS_ADMIN and CAP_SYS_PTRACE");
     assert!(!String::from_utf8_lossy(&too_few.stdout).contains("done"));
 }
+
+/// `report` reads only regular files: `/dev/zero` (which never ends) and a FIFO (whose open
+/// would wait for a writer forever) are refused at once. (Issue #29, item 4.)
+#[test]
+fn report_refuses_devices_and_fifos_at_once() {
+    let dir = TempDir::new("report-inputs");
+    let fifo = dir.path("profile.json");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let started = std::time::Instant::now();
+    for (input, what) in [
+        ("/dev/zero", "a device"),
+        (fifo.to_str().unwrap(), "a FIFO"),
+    ] {
+        let output = Command::new(allocscope())
+            .args(["report", input])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{input}: {stderr}");
+        let expected = format!("{what} is not a regular file");
+        assert!(stderr.contains(&expected), "{input}: {stderr}");
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+}

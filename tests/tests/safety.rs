@@ -1,16 +1,19 @@
 //! Running as root safely: outputs never replace devices, FIFOs or other users' files,
 //! children never outlive us, the command's exit status is passed on, SIGHUP saves the
 //! recording, `--keep` deletes only our own snapshots, and names from targets cannot drive
-//! the user's terminal.
+//! the user's terminal; a FIFO planted at a debug link cannot hang symbolization.
 
 use std::{
-    io::Read as _,
+    io::{BufReader, Read as _},
     os::unix::fs::{FileTypeExt as _, PermissionsExt as _},
     process::{Command, Stdio},
     time::Duration,
 };
 
-use tests::{allocscope, bpf_available, fixture, read_profile, run, start_recording, TempDir};
+use tests::{
+    allocscope, bpf_available, drain, fixture, read_profile, run, start_recording, wait_until,
+    TempDir,
+};
 
 fn stderr_of(output: &std::process::Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
@@ -237,6 +240,70 @@ fn keep_deletes_only_our_own_snapshots() {
     assert_eq!(ours, 2, "--keep 2 keeps two of ours");
 }
 
+/// `--every -o DIR` where another user planted DIR as a symlink in a sticky
+/// world-writable directory (`/tmp` with `fs.protected_symlinks` off), directly or as a
+/// middle component: refused before anything is attached, and nothing is written where the
+/// link points. (Issue #29, item 2.)
+#[test]
+fn snapshots_never_follow_a_symlink_another_user_planted() {
+    if !bpf_available("snapshots_never_follow_a_symlink_another_user_planted") {
+        return;
+    }
+    let dir = TempDir::new("safety-planted");
+    let shared = dir.path("tmp");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let victim = dir.path("victim");
+    std::fs::create_dir_all(victim.join("inner")).unwrap();
+    let planted = shared.join("snaps");
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    let c = std::ffi::CString::new(planted.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: lchown with a NUL-terminated path: the link now belongs to "nobody".
+    assert_eq!(unsafe { libc::lchown(c.as_ptr(), 65534, 65534) }, 0);
+    for target in [planted.clone(), planted.join("inner"), planted.join("new")] {
+        let result = Command::new(allocscope())
+            .args(["record", "--every", "200ms", "-d", "1s", "-o"])
+            .arg(&target)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        let stderr = stderr_of(&result);
+        assert_eq!(
+            result.status.code(),
+            Some(2),
+            "{}: {stderr}",
+            target.display()
+        );
+        assert!(
+            stderr.contains("a symlink another user (uid 65534) made"),
+            "{}: {stderr}",
+            target.display()
+        );
+    }
+    let written: Vec<_> = walk_files(&victim);
+    assert!(
+        written.is_empty(),
+        "written through the planted link: {written:?}"
+    );
+    assert!(
+        !victim.join("new").exists(),
+        "a directory was made through the planted link"
+    );
+}
+
+fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(walk_files(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
+}
+
 #[test]
 fn escape_sequences_in_names_never_reach_the_terminal() {
     if !bpf_available("escape_sequences_in_names_never_reach_the_terminal") {
@@ -275,5 +342,82 @@ fn escape_sequences_in_names_never_reach_the_terminal() {
     assert_eq!(
         profile["processes"][0]["command"].as_str().unwrap(),
         "\x1b[2J\x1b]0;x\x07w"
+    );
+}
+
+/// A target's owner plants a FIFO where the binary's `.gnu_debuglink` points (next to the
+/// binary). The symbolizer must not open it (a blocking open would wait for a writer
+/// forever, and stopping would wait on the symbolizer): the recording ends on its own,
+/// says why that module's separate debug info was not read, and still names the functions
+/// from the binary's own symbol table. (Issue #29, item 1.)
+#[test]
+fn a_fifo_at_a_debug_link_does_not_hang_symbolization() {
+    if !bpf_available("a_fifo_at_a_debug_link_does_not_hang_symbolization") {
+        return;
+    }
+    let dir = TempDir::new("debuglink-fifo");
+    let program = dir.path("p");
+    std::fs::copy(fixture("workload", &[]), &program).unwrap();
+    let tool = |name: &str, args: &[&std::ffi::OsStr]| {
+        let status = Command::new(name).args(args).status().unwrap();
+        assert!(status.success(), "{name} {args:?} failed");
+    };
+    let debug = dir.path("p.dbg");
+    tool(
+        "objcopy",
+        &[
+            "--only-keep-debug".as_ref(),
+            program.as_os_str(),
+            debug.as_os_str(),
+        ],
+    );
+    tool("strip", &["--strip-debug".as_ref(), program.as_os_str()]);
+    // objcopy reads the file for its checksum and records its base name.
+    let link = format!("--add-gnu-debuglink={}", debug.display());
+    tool("objcopy", &[link.as_ref(), program.as_os_str()]);
+    std::fs::remove_file(&debug).unwrap();
+    let c = std::ffi::CString::new(debug.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let out = dir.path("profile.json");
+    let mut recorder = Command::new(allocscope())
+        .args(["record", "--interval", "64KiB", "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(&program)
+        .arg("200")
+        .current_dir(&dir.0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = drain(BufReader::new(recorder.stderr.take().unwrap()));
+    let finished = wait_until(Duration::from_secs(60), || {
+        recorder.try_wait().unwrap().is_some()
+    });
+    if !finished {
+        let _ = recorder.kill();
+        let _ = recorder.wait();
+        panic!(
+            "allocscope hung on the FIFO at the debug link:\n{}",
+            stderr.join().unwrap()
+        );
+    }
+    let status = recorder.wait().unwrap();
+    let stderr = stderr.join().unwrap();
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stderr.contains("p.dbg is a FIFO"),
+        "the skipped debug info is not explained:\n{stderr}"
+    );
+    let profile = read_profile(&out);
+    let named = profile["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["frames"][0]["function"] == "site_calloc");
+    assert!(
+        named,
+        "the binary's own symbols must still name its functions:\n{stderr}"
     );
 }

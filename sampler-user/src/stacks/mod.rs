@@ -193,7 +193,8 @@ fn name(path: &Path, file_id: &FileId, earlier: usize) -> String {
 /// The GNU build id of an ELF file, in hex.
 pub fn build_id(path: &Path) -> Option<String> {
     use object::Object as _;
-    let data = std::fs::read(path).ok()?;
+    // A module's path can be replaced once its process is gone: never a blocking open.
+    let data = crate::infile::read_regular(path).ok()?;
     let file = object::File::parse(&*data).ok()?;
     let id = file.build_id().ok()??;
     Some(id.iter().map(|byte| format!("{byte:02x}")).collect())

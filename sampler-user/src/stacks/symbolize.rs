@@ -41,7 +41,14 @@ type Request = (Vec<(PathBuf, u64)>, oneshot::Sender<Vec<Vec<FrameInfo>>>);
 /// Handle to the symbolizer thread; the thread ends when the handle is dropped.
 pub struct Symbolizer {
     requests: mpsc::Sender<Request>,
+    /// Set when a request outlived [`DEADLINE`] or was cancelled: the thread may be stuck
+    /// (in a blocking read of a file someone else controls), so nothing more is asked of it.
+    abandoned: std::sync::atomic::AtomicBool,
 }
+
+/// The longest one batch of frames may take to symbolize (debuginfod lookups included)
+/// before the profile is written with the rest unresolved.
+pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl Symbolizer {
     /// Starts the thread. Separate debug files are looked up (by build id, then by
@@ -54,18 +61,48 @@ impl Symbolizer {
         thread::Builder::new()
             .name("symbolizer".into())
             .spawn(move || serve(incoming, dirs))?;
-        Ok(Symbolizer { requests })
+        Ok(Symbolizer {
+            requests,
+            abandoned: std::sync::atomic::AtomicBool::new(false),
+        })
     }
 
     /// Resolves each frame to its (possibly inlined) functions, innermost first. A frame
     /// that cannot be resolved comes back with `function: None`, never as an error.
+    ///
+    /// Under [`DEADLINE`], and cancelled by SIGINT or SIGTERM (the user stopping a recording
+    /// a second time, or a service manager): the frames then come back unresolved, with a
+    /// warning, and the symbolizer is not asked again.
     pub async fn resolve(&self, frames: Vec<(PathBuf, u64)>) -> Vec<Vec<FrameInfo>> {
+        use std::sync::atomic::Ordering;
+        use tokio::signal::unix::{signal, SignalKind};
         let count = frames.len();
+        if self.abandoned.load(Ordering::Relaxed) {
+            return vec![Vec::new(); count];
+        }
         let (reply, answer) = oneshot::channel();
         if self.requests.send((frames, reply)).is_err() {
             return vec![Vec::new(); count];
         }
-        answer.await.unwrap_or_else(|_| vec![Vec::new(); count])
+        let mut interrupt = signal(SignalKind::interrupt()).ok();
+        let mut terminate = signal(SignalKind::terminate()).ok();
+        let signalled = async {
+            match (&mut interrupt, &mut terminate) {
+                (Some(i), Some(t)) => tokio::select! {
+                    _ = i.recv() => "SIGINT",
+                    _ = t.recv() => "SIGTERM",
+                },
+                _ => std::future::pending().await,
+            }
+        };
+        let why = tokio::select! {
+            answered = answer => return answered.unwrap_or_else(|_| vec![Vec::new(); count]),
+            _ = tokio::time::sleep(DEADLINE) => format!("took over {} s", DEADLINE.as_secs()),
+            signal = signalled => format!("was cancelled by {signal}"),
+        };
+        self.abandoned.store(true, Ordering::Relaxed);
+        log::warn!("symbolization {why}: {count} frames and any later ones are left unresolved (addresses only)");
+        vec![Vec::new(); count]
     }
 }
 
@@ -84,9 +121,11 @@ fn serve(incoming: mpsc::Receiver<Request>, mut debug_dirs: Vec<PathBuf>) {
     let symbolizer = Blazesym::builder()
         .enable_code_info(true)
         .enable_inlined_fns(true)
-        .set_debug_dirs(Some(debug_dirs))
+        .set_debug_dirs(Some(debug_dirs.clone()))
         .build();
     let mut cache: HashMap<(PathBuf, u64), Vec<FrameInfo>> = HashMap::new();
+    // Per module: whether its DWARF (and so its debug link) may be read.
+    let mut debug_syms: HashMap<PathBuf, bool> = HashMap::new();
     for (frames, reply) in incoming {
         let mut by_module: HashMap<&Path, Vec<u64>> = HashMap::new();
         for (path, offset) in &frames {
@@ -100,7 +139,20 @@ fn serve(incoming: mpsc::Receiver<Request>, mut debug_dirs: Vec<PathBuf>) {
                     fetcher.ensure(&id);
                 }
             }
-            let resolved = resolve_module(&symbolizer, path, &offsets);
+            let with_debug = *debug_syms.entry(path.to_owned()).or_insert_with(|| {
+                match irregular_debug_file(path, &debug_dirs) {
+                    Some((candidate, what)) => {
+                        log::warn!(
+                            "not reading {}'s separate debug info: {} is {what} (opening it could block forever); its symbols come from the file itself",
+                            crate::text::printable(&path.display().to_string()),
+                            crate::text::printable(&candidate.display().to_string()),
+                        );
+                        false
+                    }
+                    None => true,
+                }
+            });
+            let resolved = resolve_module(&symbolizer, path, &offsets, with_debug);
             for (offset, infos) in offsets.into_iter().zip(resolved) {
                 cache.insert((path.to_owned(), offset), infos);
             }
@@ -113,7 +165,58 @@ fn serve(incoming: mpsc::Receiver<Request>, mut debug_dirs: Vec<PathBuf>) {
     }
 }
 
-fn resolve_module(symbolizer: &Blazesym, path: &Path, offsets: &[u64]) -> Vec<Vec<FrameInfo>> {
+/// Where blazesym may look for `module`'s separate debug file, and the first of those that
+/// exists but is not a regular file. blazesym opens the first candidate that exists with a
+/// blocking `open`: a FIFO planted there by a target's owner would block the symbolizer
+/// forever. A superset of its candidates is checked: the build-id paths under each debug
+/// directory, and the `.gnu_debuglink` name beside the module (its real path), in its
+/// `.debug` directory, and under each debug directory (with and without the module's
+/// directory).
+fn irregular_debug_file(module: &Path, debug_dirs: &[PathBuf]) -> Option<(PathBuf, &'static str)> {
+    use object::Object as _;
+    use std::os::unix::ffi::OsStrExt as _;
+    if let Some(what) = crate::infile::exists_irregular(module) {
+        return Some((module.to_owned(), what));
+    }
+    let data = crate::infile::read_regular(module).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Ok(Some(id)) = file.build_id() {
+        if let Some((first, rest)) = id.split_first() {
+            let rest: String = rest.iter().map(|b| format!("{b:02x}")).collect();
+            for dir in debug_dirs {
+                candidates.push(
+                    dir.join(".build-id")
+                        .join(format!("{first:02x}"))
+                        .join(format!("{rest}.debug")),
+                );
+            }
+        }
+    }
+    if let Ok(Some((name, _))) = file.gnu_debuglink() {
+        let name = Path::new(std::ffi::OsStr::from_bytes(name));
+        let real = std::fs::canonicalize(module).unwrap_or_else(|_| module.to_owned());
+        if let Some(dir) = real.parent() {
+            candidates.push(dir.join(name));
+            candidates.push(dir.join(".debug").join(name));
+            let relative = dir.strip_prefix("/").unwrap_or(dir);
+            for debug_dir in debug_dirs {
+                candidates.push(debug_dir.join(relative).join(name));
+                candidates.push(debug_dir.join(name));
+            }
+        }
+    }
+    candidates
+        .into_iter()
+        .find_map(|c| crate::infile::exists_irregular(&c).map(|what| (c, what)))
+}
+
+fn resolve_module(
+    symbolizer: &Blazesym,
+    path: &Path,
+    offsets: &[u64],
+    debug_syms: bool,
+) -> Vec<Vec<FrameInfo>> {
     let module = Some(path.display().to_string());
     let unresolved = |offset: u64| {
         vec![FrameInfo {
@@ -125,7 +228,9 @@ fn resolve_module(symbolizer: &Blazesym, path: &Path, offsets: &[u64]) -> Vec<Ve
     // A return address points after the call; its call instruction is one byte earlier
     // (and may be the last instruction of the function, before another function starts).
     let call_sites: Vec<u64> = offsets.iter().map(|o| o.saturating_sub(1)).collect();
-    let source = Source::Elf(Elf::new(path));
+    let mut elf = Elf::new(path);
+    elf.debug_syms = debug_syms;
+    let source = Source::Elf(elf);
     let Ok(results) = symbolizer.symbolize(&source, Input::FileOffset(&call_sites)) else {
         return offsets.iter().map(|&o| unresolved(o)).collect();
     };
