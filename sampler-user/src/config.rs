@@ -456,9 +456,10 @@ impl RecordArgs {
                 self.format.unwrap_or(Format::Json),
             ),
             None => {
-                let format = self
-                    .format
-                    .unwrap_or_else(|| Format::for_path(&self.output));
+                let format = match self.format {
+                    Some(format) => format,
+                    None => Format::for_path(&self.output).map_err(BadInput)?,
+                };
                 (Output::File(self.output), format)
             }
         };

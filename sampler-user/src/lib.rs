@@ -23,6 +23,7 @@ pub mod record;
 pub mod recording;
 pub mod reference;
 pub mod report;
+pub mod say;
 pub mod spawn;
 pub mod stacks;
 pub mod stats;

@@ -47,7 +47,7 @@ fn run_top(args: cli::TopArgs) -> anyhow::Result<()> {
     init_logging_to(config.sampling.verbose, Some(log.clone()));
     let prepared = top::prepare(&config)?;
     let result = runtime()?.block_on(top::run(config, prepared, log.clone()));
-    eprint!("{}", log.take_all());
+    sampler_user::say_raw!("{}", log.take_all());
     result
 }
 
@@ -92,7 +92,7 @@ fn exit_code(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("allocscope: {err:#}");
+            sampler_user::say!("allocscope: {err:#}");
             if err.downcast_ref::<BadInput>().is_some() {
                 ExitCode::from(2)
             } else {

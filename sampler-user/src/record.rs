@@ -67,7 +67,7 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
         config: &config,
         written: VecDeque::new(),
     };
-    eprintln!(
+    crate::say!(
         "allocscope: recording {} (Ctrl-C to stop)",
         recording.describe()
     );
@@ -110,8 +110,8 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
         .settings(stopped - started, config.leaks_older_than);
     let profile = recording.profile(settings, period).await?;
     let written = writer.write(&profile)?;
-    eprint!("{}", summary::render(&profile, 10));
-    eprintln!("wrote {} ({})", written.display(), config.format.name());
+    crate::say_raw!("{}", summary::render(&profile, 10));
+    crate::say!("wrote {} ({})", written.display(), config.format.name());
     Ok(match recording.command_exit() {
         Some(CommandExit::OnItsOwn(exit)) => exit.shell_code(),
         _ => 0,

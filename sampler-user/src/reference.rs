@@ -24,7 +24,7 @@ pub fn run(pid: u32) -> anyhow::Result<()> {
         .map_err(|e| BadInput(format!("pid {pid}: {e}")))?;
     let target = Target { pid, allocators };
     let probes = attach::attach_reference(&target).context("attaching the reference probe")?;
-    eprintln!("allocscope: reference probe recording pid {pid} (counting malloc calls)");
+    crate::say!("allocscope: reference probe recording pid {pid} (counting malloc calls)");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -44,6 +44,6 @@ pub fn run(pid: u32) -> anyhow::Result<()> {
             .context("BARE_CALLS missing")?,
     )?;
     let total: u64 = calls.get(&0, 0)?.iter().sum();
-    eprintln!("allocscope: reference probe saw {total} malloc calls");
+    crate::say!("allocscope: reference probe saw {total} malloc calls");
     Ok(())
 }

@@ -35,13 +35,21 @@ pub fn read(path: &std::path::Path) -> Result<Profile, BadInput> {
 
 /// Prints the table on stdout and writes the conversion, if asked.
 pub fn run(args: ReportArgs) -> anyhow::Result<()> {
-    if let Some(output) = &args.output {
-        preflight::check_output_file(output)?;
-    }
+    // The output's format is known (or refused) before anything is read or printed.
+    let output = match &args.output {
+        Some(output) => {
+            let format = match args.format {
+                Some(format) => format,
+                None => Format::for_path(output).map_err(BadInput)?,
+            };
+            preflight::check_output_file(output)?;
+            Some((output, format))
+        }
+        None => None,
+    };
     let profile = read(&args.input)?;
-    print!("{}", summary::render(&profile, args.top));
-    if let Some(output) = &args.output {
-        let format = args.format.unwrap_or_else(|| Format::for_path(output));
+    crate::show!("{}", summary::render(&profile, args.top));
+    if let Some((output, format)) = output {
         let value = args.value.unwrap_or_else(|| Value::default_for(&profile));
         if profile.alloc_only && value.needs_frees() {
             return Err(BadInput(format!(
@@ -52,7 +60,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
         }
         export::write_file(&profile, format, value, output)
             .with_context(|| format!("writing {}", output.display()))?;
-        eprintln!("wrote {} ({})", output.display(), format.name());
+        crate::say!("wrote {} ({})", output.display(), format.name());
     }
     Ok(())
 }

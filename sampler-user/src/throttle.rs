@@ -21,8 +21,9 @@
 /// later ones are counted.
 pub const LISTED_CHANGES: usize = 1000;
 
-/// The largest interval the throttle sets (1 TiB).
-pub const MAX_INTERVAL: u64 = 1 << 40;
+/// The largest interval the throttle sets: the kernel's (4 GiB; one constant, so the
+/// throttle never chooses an interval the probes refuse).
+pub use sampler_common::geometric::MAX_INTERVAL;
 
 /// Weight of the newest second in the allocation-rate EWMA.
 const EWMA_WEIGHT: f64 = 0.5;
@@ -173,5 +174,18 @@ mod tests {
         // The ceiling holds.
         on.update(1.0, u64::MAX, u64::MAX / 512);
         assert!(on.interval() <= MAX_INTERVAL);
+        // 30 MiB blocks at a storm's rate with a target of one sample a second (issue #29,
+        // item 6: the throttle chose 326 GB, which the kernel refused and the recording
+        // ended): whatever it chooses, the kernel takes.
+        let mut storm = Throttle::new(1.0, 512 * 1024);
+        for _ in 0..50 {
+            if let Some(interval) = storm.update(1.0, 200 << 30, 20_000) {
+                assert!(
+                    sampler_common::geometric::scale_q32(interval).is_some(),
+                    "{interval}"
+                );
+            }
+        }
+        assert_eq!(storm.interval(), MAX_INTERVAL);
     }
 }

@@ -218,3 +218,61 @@ fn report_refuses_devices_and_fifos_at_once() {
     }
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
 }
+
+/// An output name with an extension allocscope does not know is refused before anything is
+/// attached (it used to get JSON silently). (Issue #29, item 10.)
+#[test]
+fn unknown_output_extensions_are_refused() {
+    let dir = TempDir::new("unknown-extension");
+    let out = dir.path("report.html");
+    assert_bad_input(
+        &run(&["record", "-o", out.to_str().unwrap(), "--", "true"]),
+        "unknown extension .html",
+    );
+    assert!(!out.exists());
+    let input = dir.path("missing.json");
+    assert_bad_input(
+        &run(&[
+            "report",
+            input.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]),
+        "unknown extension .html",
+    );
+}
+
+/// A closed stderr (`allocscope record … 2>&1 | true`) loses the messages, not the
+/// recording: the profile is written and the command's exit status passed on, no panic.
+/// (Issue #29, item 8.)
+#[test]
+fn a_closed_stderr_loses_messages_not_the_recording() {
+    if !bpf_available("a_closed_stderr_loses_messages_not_the_recording") {
+        return;
+    }
+    let dir = TempDir::new("closed-stderr");
+    let out = dir.path("profile.json");
+    let mut child = Command::new(allocscope())
+        .args([
+            "record",
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Nobody reads stderr: every write to it fails (EPIPE).
+    drop(child.stderr.take());
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "the command's status, not a panic's 101"
+    );
+    assert!(out.exists(), "the recording was lost");
+}

@@ -51,17 +51,28 @@ impl Format {
     }
 
     /// The format a file name implies: `.pb.gz`/`.pb`/`.pprof` → pprof, `.folded`/`.txt` →
-    /// folded, `.svg` → svg, anything else → json.
-    pub fn for_path(path: &Path) -> Format {
+    /// folded, `.svg` → svg, `.json` or no extension → json. Any other extension is an
+    /// error that lists these (`-o x.html` must not silently get JSON).
+    pub fn for_path(path: &Path) -> Result<Format, String> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         if name.ends_with(".pb.gz") || name.ends_with(".pb") || name.ends_with(".pprof") {
-            Format::Pprof
+            Ok(Format::Pprof)
         } else if name.ends_with(".folded") || name.ends_with(".txt") {
-            Format::Folded
+            Ok(Format::Folded)
         } else if name.ends_with(".svg") {
-            Format::Svg
+            Ok(Format::Svg)
+        } else if name.ends_with(".json") {
+            Ok(Format::Json)
         } else {
-            Format::Json
+            match Path::new(name).extension() {
+                None => Ok(Format::Json),
+                Some(extension) => Err(format!(
+                    "{}: unknown extension .{} (known: .json, .pb.gz, .pb, .pprof, .folded, \
+                     .txt, .svg; or name the format with --format)",
+                    path.display(),
+                    extension.to_string_lossy()
+                )),
+            }
         }
     }
 }
@@ -404,11 +415,17 @@ pub(crate) mod tests {
 
     #[test]
     fn formats_follow_extensions() {
-        assert_eq!(Format::for_path(Path::new("heap.pb.gz")), Format::Pprof);
-        assert_eq!(Format::for_path(Path::new("x/heap.pprof")), Format::Pprof);
-        assert_eq!(Format::for_path(Path::new("heap.folded")), Format::Folded);
-        assert_eq!(Format::for_path(Path::new("heap.svg")), Format::Svg);
-        assert_eq!(Format::for_path(Path::new("heap.json")), Format::Json);
-        assert_eq!(Format::for_path(Path::new("heap")), Format::Json);
+        let of = |name: &str| Format::for_path(Path::new(name));
+        assert_eq!(of("heap.pb.gz"), Ok(Format::Pprof));
+        assert_eq!(of("x/heap.pprof"), Ok(Format::Pprof));
+        assert_eq!(of("heap.folded"), Ok(Format::Folded));
+        assert_eq!(of("heap.svg"), Ok(Format::Svg));
+        assert_eq!(of("heap.json"), Ok(Format::Json));
+        assert_eq!(of("heap"), Ok(Format::Json));
+        let err = of("report.html").unwrap_err();
+        assert!(
+            err.contains("unknown extension .html") && err.contains(".svg"),
+            "{err}"
+        );
     }
 }

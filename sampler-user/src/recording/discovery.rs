@@ -327,7 +327,7 @@ impl Recording {
         if self.running.is_empty() && !self.said_waiting {
             self.said_waiting = true;
             if let Some(pattern) = &self.targets.comm {
-                eprintln!(
+                crate::say!(
                     "allocscope: no process matches --comm {:?} yet: waiting for one to start",
                     pattern.0.as_str()
                 );

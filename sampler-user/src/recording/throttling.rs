@@ -100,7 +100,11 @@ impl Recording {
             throttling.target
         );
         if let Some(probes) = self.probes.as_mut() {
-            probes.set_rate(interval)?;
+            // A failure keeps the interval in force: the recording goes on (and is saved).
+            if let Err(e) = probes.set_rate(interval) {
+                log::warn!("the sampling interval stays as it was: {e}");
+                return Ok(());
+            }
         }
         self.interval = interval;
         for (pid, region) in self.counters.regions() {

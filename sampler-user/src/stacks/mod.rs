@@ -18,6 +18,7 @@
 
 pub mod call_site;
 pub mod debuginfod;
+pub mod demangle;
 pub mod image;
 pub mod symbolize;
 pub mod unwind;

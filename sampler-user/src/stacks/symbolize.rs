@@ -121,6 +121,8 @@ fn serve(incoming: mpsc::Receiver<Request>, mut debug_dirs: Vec<PathBuf>) {
     let symbolizer = Blazesym::builder()
         .enable_code_info(true)
         .enable_inlined_fns(true)
+        // Ours demangles only mangled names (blazesym's reads a C function `f` as `float`).
+        .enable_demangling(false)
         .set_debug_dirs(Some(debug_dirs.clone()))
         .build();
     let mut cache: HashMap<(PathBuf, u64), Vec<FrameInfo>> = HashMap::new();
@@ -247,7 +249,7 @@ fn resolve_module(
                 for inlined in sym.inlined.iter().rev() {
                     let (file, line) = location(inlined.code_info.as_ref());
                     frames.push(FrameInfo {
-                        function: Some(inlined.name.to_string()),
+                        function: Some(super::demangle::demangle(&inlined.name)),
                         module: module.clone(),
                         file,
                         line,
@@ -256,7 +258,7 @@ fn resolve_module(
                 }
                 let (file, line) = location(sym.code_info.as_deref());
                 frames.push(FrameInfo {
-                    function: Some(sym.name.to_string()),
+                    function: Some(super::demangle::demangle(&sym.name)),
                     module: module.clone(),
                     file,
                     line,

@@ -226,7 +226,7 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
     let screen = tokio::task::spawn_blocking(move || screen.join()).await;
     let detached = recording.detach().await;
     let elapsed = watch.started.elapsed();
-    eprintln!(
+    crate::say!(
         "allocscope top: detached from pid {} after {}",
         recording
             .pids()
