@@ -77,15 +77,34 @@ impl Symbolizer {
         use std::sync::atomic::Ordering;
         use tokio::signal::unix::{signal, SignalKind};
         let count = frames.len();
+        // Unresolved: each frame keeps its module and address.
+        let unresolved = |frames: &[(PathBuf, u64)]| -> Vec<Vec<FrameInfo>> {
+            frames
+                .iter()
+                .map(|(module, offset)| {
+                    vec![FrameInfo {
+                        module: Some(module.display().to_string()),
+                        address: *offset,
+                        ..FrameInfo::default()
+                    }]
+                })
+                .collect()
+        };
         if self.abandoned.load(Ordering::Relaxed) {
-            return vec![Vec::new(); count];
+            return unresolved(&frames);
         }
+        let asked = frames.clone();
         let (reply, answer) = oneshot::channel();
         if self.requests.send((frames, reply)).is_err() {
-            return vec![Vec::new(); count];
+            return unresolved(&asked);
         }
         let mut interrupt = signal(SignalKind::interrupt()).ok();
         let mut terminate = signal(SignalKind::terminate()).ok();
+        // A signal that arrived before (the one that stopped the recording) may still be
+        // pending for a new listener: taken now, so that only a later one cancels.
+        for pending in [&mut interrupt, &mut terminate].into_iter().flatten() {
+            let _ = tokio::time::timeout(std::time::Duration::ZERO, pending.recv()).await;
+        }
         let signalled = async {
             match (&mut interrupt, &mut terminate) {
                 (Some(i), Some(t)) => tokio::select! {
@@ -96,13 +115,13 @@ impl Symbolizer {
             }
         };
         let why = tokio::select! {
-            answered = answer => return answered.unwrap_or_else(|_| vec![Vec::new(); count]),
+            answered = answer => return answered.unwrap_or_else(|_| unresolved(&asked)),
             _ = tokio::time::sleep(DEADLINE) => format!("took over {} s", DEADLINE.as_secs()),
             signal = signalled => format!("was cancelled by {signal}"),
         };
         self.abandoned.store(true, Ordering::Relaxed);
         log::warn!("symbolization {why}: {count} frames and any later ones are left unresolved (addresses only)");
-        vec![Vec::new(); count]
+        unresolved(&asked)
     }
 }
 
