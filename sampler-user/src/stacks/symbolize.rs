@@ -70,9 +70,10 @@ impl Symbolizer {
     /// Resolves each frame to its (possibly inlined) functions, innermost first. A frame
     /// that cannot be resolved comes back with `function: None`, never as an error.
     ///
-    /// Under [`DEADLINE`], and cancelled by SIGINT or SIGTERM (the user stopping a recording
-    /// a second time, or a service manager): the frames then come back unresolved, with a
-    /// warning, and the symbolizer is not asked again.
+    /// Under [`DEADLINE`], and cancelled by a second SIGINT or SIGTERM while it runs (the
+    /// first may be a stop request crossing a recording that stopped on its own: it gets a
+    /// note): the frames then come back unresolved (module and address), with a warning,
+    /// and the symbolizer is not asked again.
     pub async fn resolve(&self, frames: Vec<(PathBuf, u64)>) -> Vec<Vec<FrameInfo>> {
         use std::sync::atomic::Ordering;
         use tokio::signal::unix::{signal, SignalKind};
@@ -105,13 +106,23 @@ impl Symbolizer {
         for pending in [&mut interrupt, &mut terminate].into_iter().flatten() {
             let _ = tokio::time::timeout(std::time::Duration::ZERO, pending.recv()).await;
         }
+        // One signal may be a stop request that crossed a recording already stopping on its
+        // own (every target gone): it is answered with a note; a second one cancels.
         let signalled = async {
-            match (&mut interrupt, &mut terminate) {
-                (Some(i), Some(t)) => tokio::select! {
-                    _ = i.recv() => "SIGINT",
-                    _ = t.recv() => "SIGTERM",
-                },
-                _ => std::future::pending().await,
+            let mut seen = 0;
+            loop {
+                let which = match (&mut interrupt, &mut terminate) {
+                    (Some(i), Some(t)) => tokio::select! {
+                        _ = i.recv() => "SIGINT",
+                        _ = t.recv() => "SIGTERM",
+                    },
+                    _ => std::future::pending().await,
+                };
+                seen += 1;
+                if seen >= 2 {
+                    break which;
+                }
+                log::warn!("symbolizing the stacks before writing the profile: {which} again writes it with addresses only");
             }
         };
         let why = tokio::select! {
