@@ -324,9 +324,18 @@ fn front_end(
                 .collect(),
         )
     };
+    // The trap's share, round by round (both modes ran in the same round).
+    let trap_over_nop5 = median(
+        added[3]
+            .iter()
+            .zip(&added[2])
+            .map(|(int3, nop5)| (int3 - nop5) * CALLS_PER_SAMPLE_4K)
+            .collect(),
+    );
     println!(
         "per sample (-i 4KiB, 1 call in {CALLS_PER_SAMPLE_4K}): {:+.0} ns through the optimised \
-         5-byte-nop probe, {:+.0} ns through the int3 trap (medians over rounds)",
+         5-byte-nop probe, {:+.0} ns through the int3 trap (medians over rounds); the int3 \
+         trap costs {trap_over_nop5:+.0} ns more per sample (median of the rounds' differences)",
         per_sample(2),
         per_sample(3)
     );
