@@ -255,6 +255,9 @@ pub fn render(profile: &Profile, top: usize) -> String {
         if let Some(line) = process.coverage.as_ref().and_then(describe_coverage) {
             let _ = writeln!(out, "    {line}");
         }
+        for reason in &process.incomplete {
+            let _ = writeln!(out, "    incomplete: {}", text::printable(reason));
+        }
         if process.lost_samples > 0 {
             let _ = writeln!(
                 out,

@@ -276,6 +276,7 @@ pub(crate) mod tests {
                 rss_bytes: Some(1 << 20),
                 cpu_seconds: Some(1.5),
                 coverage: None,
+                incomplete: Vec::new(),
             }],
             losses: Losses::default(),
             modules: vec![Module {
