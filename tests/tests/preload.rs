@@ -15,10 +15,10 @@ use tests::{
 
 const CONFIDENCE: &str = "0.9999";
 
-/// One test of this file at a time: each compares the two front ends on libc, and while
-/// another recording attaches and removes uprobes on the same libc functions for its own
-/// process, the uprobe run lost one free in about 8 runs here (a sampled block left live),
-/// which the exact comparisons below would take for a miscount of either front end.
+/// One test of this file at a time: each compares the two front ends on libc, and keeps
+/// its uprobe runs away from other recordings' uprobes on the same libc functions. (The
+/// "lost free" once blamed on those was stdout's buffer, sampled and never freed: see
+/// `both_front_ends_agree`.)
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
@@ -70,10 +70,19 @@ fn both_front_ends_agree(workload: PathBuf, label: &str) {
         ours["exact"], theirs["exact"],
         "{label}: the in-process counters and the kernel's disagree"
     );
-    // Live heap means the same: the workload frees every block, so nothing it allocated
-    // is live at the end on either path.
-    for process in [ours, theirs] {
-        assert_eq!(process["inuse_bytes"]["samples"], 0, "{label}: {process}");
+    // Live heap means the same: the workload frees every block its rounds allocate, so
+    // none of theirs is live at the end on either path. (stdout's buffer, which printf
+    // allocates and exit never frees, is sampled in ~1 run of 16 at this interval: it was
+    // this test's intermittent "lost free".)
+    for (profile, pid) in [(&in_process, our_pid), (&uprobes, their_pid)] {
+        for stack in profile["stacks"].as_array().unwrap() {
+            let live = stack["inuse_bytes"]["samples"].as_u64().unwrap_or(0);
+            let frames = stack["frames"].to_string();
+            assert!(
+                stack["pid"] != pid || live == 0 || !frames.contains("one_round"),
+                "{label}: a block of the rounds left live: {stack}"
+            );
+        }
     }
 }
 
