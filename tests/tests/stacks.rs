@@ -551,3 +551,138 @@ fn debug_files_come_from_debuginfod_when_asked() {
     );
     assert!(cache.join(&id).join("debuginfo").exists(), "cached");
 }
+
+/// Servers that misbehave, as `DEBUGINFOD_URLS` may name them (issue #29, item 3): one that
+/// accepts and never answers, one whose body never ends, one that sends what is not the
+/// debug file. The recording still ends soon after its command (each request is bounded,
+/// a misbehaving server is not asked again), nothing they sent is kept in the cache, the
+/// log says what each did, and no temporary directory is left behind.
+#[test]
+fn misbehaving_debuginfod_servers_are_bounded() {
+    if !bpf_available("misbehaving_debuginfod_servers_are_bounded") {
+        return;
+    }
+    let dir = TempDir::new("debuginfod-hostile");
+    let (stripped, _, id) = stripped_deep(&dir);
+    let server = dir.path("server.py");
+    std::fs::write(
+        &server,
+        r#"import socket, sys, threading
+mode = sys.argv[1]
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 0))
+s.listen(16)
+print(s.getsockname()[1], flush=True)
+held = []
+def serve(c):
+    c.recv(65536)
+    if mode == "silent":
+        held.append(c)
+        return
+    if mode == "endless":
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n\r\n")
+        chunk = b"\0" * 65536
+        try:
+            while True:
+                c.sendall(chunk)
+        except OSError:
+            return
+    body = b"<html>not a debug file</html>"
+    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#,
+    )
+    .unwrap();
+    let mut servers = Vec::new();
+    let mut urls = Vec::new();
+    for mode in ["silent", "endless", "garbage"] {
+        let mut child = Command::new("/usr/bin/python3")
+            .arg(&server)
+            .arg(mode)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        urls.push(format!("http://127.0.0.1:{}", line.trim()));
+        servers.push(child);
+    }
+    let cache = dir.path("cache");
+    let tmp = dir.path("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = dir.path("profile.json");
+    let started = std::time::Instant::now();
+    let output = Command::new(allocscope())
+        .args(["record", "-i", "64KiB", "-o"])
+        .arg(&out)
+        .env("DEBUGINFOD_URLS", urls.join(" "))
+        .env("DEBUGINFOD_CACHE_PATH", &cache)
+        .env("TMPDIR", &tmp)
+        .arg("--")
+        .arg(&stripped)
+        .arg("5000")
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    for mut child in servers {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    // Three build ids (the program, libc, the loader), each asked of every server still
+    // trusted: the silent one costs one request's limit (10 s), then is dropped.
+    assert!(
+        took < std::time::Duration::from_secs(45),
+        "took {took:?}:\n{stderr}"
+    );
+    for (url, what) in [
+        (&urls[0], "no answer"),
+        (&urls[1], "sent more than"),
+        (&urls[2], "not the debug file"),
+    ] {
+        assert!(
+            stderr.contains(url.as_str()) && stderr.contains(what),
+            "{url}: expected {what:?} in:\n{stderr}"
+        );
+    }
+    let kept: Vec<_> = walk(&cache)
+        .into_iter()
+        .filter(|p| p.file_name().is_some_and(|n| n == "debuginfo"))
+        .collect();
+    assert!(kept.is_empty(), "cached what they sent: {kept:?}");
+    assert!(
+        !cache.join(&id).join("debuginfo").exists(),
+        "the build id asked for was never served"
+    );
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().flatten().collect();
+    assert!(left.is_empty(), "left behind in TMPDIR: {left:?}");
+    // The recording itself is whole: the stack still has its module and offsets.
+    let profile = read_profile(&out);
+    assert!(!profile["stacks"].as_array().unwrap().is_empty());
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(walk(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
+}

@@ -44,6 +44,9 @@ pub struct Symbolizer {
     /// Set when a request outlived [`DEADLINE`] or was cancelled: the thread may be stuck
     /// (in a blocking read of a file someone else controls), so nothing more is asked of it.
     abandoned: std::sync::atomic::AtomicBool,
+    /// The build-id tree fetched debug files are linked into (`DEBUGINFOD_URLS` set):
+    /// held here, so that it is removed when allocscope ends, whatever the thread is doing.
+    _tree: Option<tempfile::TempDir>,
 }
 
 /// The longest one batch of frames may take to symbolize (debuginfod lookups included)
@@ -58,12 +61,26 @@ impl Symbolizer {
         let (requests, incoming) = mpsc::channel::<Request>();
         let mut dirs = debug_dirs.to_vec();
         dirs.extend(DEFAULT_DEBUG_DIRS.iter().map(PathBuf::from));
+        let tree =
+            if super::debuginfod::servers_of(&std::env::var("DEBUGINFOD_URLS").unwrap_or_default())
+                .is_empty()
+            {
+                None
+            } else {
+                Some(
+                    tempfile::Builder::new()
+                        .prefix("allocscope-debuginfod-")
+                        .tempdir()?,
+                )
+            };
+        let tree_path = tree.as_ref().map(|t| t.path().to_owned());
         thread::Builder::new()
             .name("symbolizer".into())
-            .spawn(move || serve(incoming, dirs))?;
+            .spawn(move || serve(incoming, dirs, tree_path))?;
         Ok(Symbolizer {
             requests,
             abandoned: std::sync::atomic::AtomicBool::new(false),
+            _tree: tree,
         })
     }
 
@@ -139,14 +156,16 @@ impl Symbolizer {
 /// Where distributions install separate debug files (Debian: `*-dbg`, `*-dbgsym`).
 const DEFAULT_DEBUG_DIRS: [&str; 2] = ["/usr/lib/debug", "/lib/debug"];
 
-fn serve(incoming: mpsc::Receiver<Request>, mut debug_dirs: Vec<PathBuf>) {
+fn serve(incoming: mpsc::Receiver<Request>, mut debug_dirs: Vec<PathBuf>, tree: Option<PathBuf>) {
     // The debuginfod client blocks: made here, on this thread, never in the async runtime.
-    let mut fetcher = Fetcher::from_env(&debug_dirs).unwrap_or_else(|e| {
-        log::warn!("debuginfod disabled: {e:#}");
-        None
+    let mut fetcher = tree.as_deref().and_then(|tree| {
+        Fetcher::from_env(&debug_dirs, tree).unwrap_or_else(|e| {
+            log::warn!("debuginfod disabled: {e:#}");
+            None
+        })
     });
-    if let Some(fetcher) = &fetcher {
-        debug_dirs.push(fetcher.tree().to_owned());
+    if let Some(tree) = tree.filter(|_| fetcher.is_some()) {
+        debug_dirs.push(tree);
     }
     let symbolizer = Blazesym::builder()
         .enable_code_info(true)
@@ -168,7 +187,8 @@ fn serve(incoming: mpsc::Receiver<Request>, mut debug_dirs: Vec<PathBuf>) {
         for (path, offsets) in by_module {
             if let Some(fetcher) = &mut fetcher {
                 if let Some(id) = super::build_id(path) {
-                    fetcher.ensure(&id);
+                    let size = std::fs::metadata(path).map_or(0, |m| m.len());
+                    fetcher.ensure(&id, size);
                 }
             }
             let with_debug = *debug_syms.entry(path.to_owned()).or_insert_with(|| {
