@@ -98,27 +98,17 @@ pub struct TargetArgs {
 #[derive(Debug, Args)]
 pub struct SamplingArgs {
     /// Mean sampling interval: on average one sample per this many allocated bytes
-    /// (e.g. 512KiB, 64K, 4096).
-    #[arg(
-        short,
-        long,
-        value_name = "BYTES",
-        default_value = "512KiB",
-        help_heading = "Sampling"
-    )]
-    pub interval: String,
+    /// (e.g. 512KiB, 64K, 4096) [default: 512KiB]. An interval you give is kept: the
+    /// throttle then acts only if --max-samples-per-sec is given too.
+    #[arg(short, long, value_name = "BYTES", help_heading = "Sampling")]
+    pub interval: Option<String>,
 
     /// Most samples per second: above it, the interval is raised (for all targets, at each
     /// thread's next sample) and lowered back when the rate falls, never below
     /// `--interval`; every sample carries the interval it was drawn at, so estimates stay
-    /// unbiased. 0: never raised.
-    #[arg(
-        long,
-        value_name = "N",
-        default_value_t = 5000,
-        help_heading = "Sampling"
-    )]
-    pub max_samples_per_sec: u32,
+    /// unbiased. 0: never raised. [default: 5000, or 0 when --interval is given]
+    #[arg(long, value_name = "N", help_heading = "Sampling")]
+    pub max_samples_per_sec: Option<u32>,
 
     /// Most CPU time the probes may add to the targets, as a share of their own (e.g. 2%):
     /// above it the probes are duty-cycled, attached in one randomly drawn 50 ms slot of

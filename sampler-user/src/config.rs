@@ -111,6 +111,12 @@ impl Unwind {
 }
 
 /// Range of `--stack-bytes`: at least a page, at most the kernel's scratch payload.
+/// The mean sampling interval when `--interval` is not given.
+pub const DEFAULT_INTERVAL: &str = "512KiB";
+
+/// The throttle's target when neither `--max-samples-per-sec` nor `--interval` is given.
+pub const DEFAULT_MAX_SAMPLES_PER_SEC: u32 = 5000;
+
 const STACK_BYTES_RANGE: std::ops::RangeInclusive<u64> =
     sampler_common::STACK_PAGE as u64..=sampler_common::MAX_STACK_COPY as u64;
 
@@ -261,14 +267,22 @@ impl TargetArgs {
 impl SamplingArgs {
     /// Validates the sampling parameters.
     pub fn into_config(self) -> Result<SamplingConfig, BadInput> {
-        let interval = parse_size(&self.interval)
-            .map_err(|why| BadInput(format!("invalid --interval {:?}: {why}", self.interval)))?;
+        let text = self.interval.as_deref().unwrap_or(DEFAULT_INTERVAL);
+        let interval = parse_size(text)
+            .map_err(|why| BadInput(format!("invalid --interval {text:?}: {why}")))?;
         if interval == 0 || interval > MAX_INTERVAL {
             return Err(BadInput(format!(
-                "invalid --interval {:?}: must be between 1 byte and 4GiB",
-                self.interval
+                "invalid --interval {text:?}: must be between 1 byte and 4GiB"
             )));
         }
+        // An interval the user typed wins: the throttle changes it only if asked to too.
+        let max_samples_per_sec = self
+            .max_samples_per_sec
+            .unwrap_or(if self.interval.is_some() {
+                0
+            } else {
+                DEFAULT_MAX_SAMPLES_PER_SEC
+            });
         if !(self.confidence > 0.0 && self.confidence < 1.0) {
             return Err(BadInput(format!(
                 "invalid --confidence {}: must be strictly between 0 and 1",
@@ -339,7 +353,7 @@ impl SamplingArgs {
             preload: !self.no_preload && max_overhead.is_none(),
             confidence: self.confidence,
             verbose: self.verbose,
-            max_samples_per_sec: self.max_samples_per_sec,
+            max_samples_per_sec,
             max_overhead,
         })
     }
@@ -571,6 +585,22 @@ mod tests {
             Command::Record(args) => args.into_config().map_err(|e| e.to_string()),
             other => panic!("parsed as {other:?}"),
         }
+    }
+
+    /// An interval the user typed is kept: the throttle is off unless asked for too (issue
+    /// #29, item 11: `-i 64KiB` was raised to 483 KiB by the default throttle).
+    #[test]
+    fn a_typed_interval_is_not_throttled_unless_asked() {
+        let max = |args: &[&str]| record(args).unwrap().sampling.max_samples_per_sec;
+        let interval = |args: &[&str]| record(args).unwrap().sampling.interval;
+        let base = ["-p", "1", "-o", "/tmp/x.json"];
+        assert_eq!(max(&base), DEFAULT_MAX_SAMPLES_PER_SEC);
+        assert_eq!(interval(&base), 512 * 1024);
+        let typed = [&base[..], &["-i", "64KiB"]].concat();
+        assert_eq!(max(&typed), 0);
+        assert_eq!(interval(&typed), 64 * 1024);
+        let both = [&typed[..], &["--max-samples-per-sec", "100"]].concat();
+        assert_eq!(max(&both), 100);
     }
 
     #[test]

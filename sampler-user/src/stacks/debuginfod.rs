@@ -210,16 +210,15 @@ impl Fetcher {
             total += n as u64;
             anyhow::ensure!(
                 total <= limit,
-                "sent more than {} for build id {hex}: dropped",
-                crate::format::bytes(limit as f64)
+                "sent more than {} MiB for build id {hex}: dropped",
+                limit >> 20
             );
             file.write_all(&buffer[..n]).context("writing the cache")?;
         }
         file.flush()?;
         anyhow::ensure!(
             carries_build_id(file.path(), hex),
-            "sent a file that is not the debug file of build id {hex} ({}): dropped",
-            crate::format::bytes(total as f64)
+            "sent a file that is not the debug file of build id {hex} ({total} bytes): dropped"
         );
         file.persist(cached)
             .map_err(|e| e.error)
