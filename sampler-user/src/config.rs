@@ -252,6 +252,11 @@ impl TargetArgs {
                 "pid {own} is allocscope itself: it never profiles itself"
             )));
         }
+        if let Some(both) = pids.iter().find(|p| exclude_pids.contains(p)) {
+            return Err(BadInput(format!(
+                "pid {both} is both asked for (-p) and left out (--exclude-pid): give one"
+            )));
+        }
         Ok(Targets {
             pids,
             comm,
@@ -563,7 +568,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "" | "s" => number,
         "m" => number * 60.0,
         "h" => number * 3600.0,
-        other => return Err(format!("unknown unit {other:?} (use ms, s, m or h)")),
+        "d" => number * 86400.0,
+        other => return Err(format!("unknown unit {other:?} (use ms, s, m, h or d)")),
     };
     if seconds.is_nan() || seconds <= 0.0 || seconds.is_infinite() {
         return Err("must be greater than zero".to_owned());
@@ -626,6 +632,9 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(2 * 86400)));
+        let both = record(&["-p", "4242", "--exclude-pid", "4242", "-o", "/tmp/x.json"]);
+        assert!(both.unwrap_err().contains("both asked for"));
         assert!(parse_duration("0").is_err());
         assert!(parse_duration("soon").is_err());
     }

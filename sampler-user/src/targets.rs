@@ -23,6 +23,9 @@ pub enum FindError {
     /// A kernel thread: no user-space memory, no allocator.
     #[error("a kernel thread: it has no user-space memory to profile")]
     KernelThread,
+    /// A zombie: it has exited, and its parent has not collected its status yet.
+    #[error("a zombie: it has exited (its parent has not reaped it), nothing is left to profile")]
+    Zombie,
     /// Its memory map is unreadable.
     #[error("cannot read its memory map: {0}")]
     Maps(std::io::Error),
@@ -42,6 +45,12 @@ pub fn is_kernel_thread(pid: u32) -> bool {
 
 /// The `flags` field of a /proc/PID/stat line (the name in parentheses may hold anything,
 /// `)` and spaces included: the fields start after its last `) `).
+/// The state letter of a `/proc/PID/stat` line (`R`, `S`, `Z`…).
+pub fn stat_state(stat: &str) -> Option<char> {
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// The flags field of a `/proc/PID/stat` line.
 pub fn stat_flags(stat: &str) -> Option<u64> {
     // After the name: state, ppid, pgrp, session, tty, tpgid, flags.
     let fields = stat.rsplit_once(") ")?.1;
@@ -63,8 +72,14 @@ impl AllocatorCache {
         })?;
         if vmas.is_empty() {
             // Nothing mapped: a kernel thread, or a zombie (gone in all but name).
+            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| stat_state(&stat))
+                == Some('Z');
             return Err(if is_kernel_thread(pid) {
                 FindError::KernelThread
+            } else if zombie {
+                FindError::Zombie
             } else {
                 FindError::Gone
             });
@@ -272,6 +287,27 @@ pub fn interpreter_of(elf: &[u8]) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A zombie is said to be one, not "no such process" (issue #29's smaller list): a real
+    /// zombie, our own unreaped child.
+    #[test]
+    fn a_zombie_is_named_as_one() {
+        assert_eq!(stat_state("42 (a) b) Z 1 42 42 0 -1 4194564"), Some('Z'));
+        assert_eq!(stat_state("7 (sh) S 1"), Some('S'));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let exited = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| stat_state(&s))
+                == Some('Z')
+        });
+        assert!(exited, "the child never became a zombie");
+        let found = AllocatorCache::default().of_pid(pid);
+        assert!(matches!(found, Err(FindError::Zombie)), "{found:?}");
+        child.wait().unwrap();
+    }
 
     #[test]
     fn reads_cgroup_paths() {
