@@ -320,12 +320,13 @@ pub fn render(profile: &Profile, top: usize) -> String {
         if leaks.is_empty() {
             let _ = writeln!(out, "  none");
         }
-        for (stack, leak) in leaks.iter().take(top) {
+        let shown: Vec<&StackProfile> = leaks.iter().take(top).map(|(s, _)| *s).collect();
+        for ((stack, leak), chain) in leaks.iter().take(top).zip(row_chains(&shown)) {
             let detail = format!(
                 "{:>6.0} blocks  oldest {:.0} s",
                 leak.inuse_objects.estimate, leak.oldest_seconds
             );
-            stack_row(&mut out, &leak.inuse_bytes, &detail, stack);
+            stack_row(&mut out, &leak.inuse_bytes, &detail, stack, &chain);
         }
     }
     if !profile.alloc_only {
@@ -339,32 +340,92 @@ pub fn render(profile: &Profile, top: usize) -> String {
         if !live.is_empty() {
             let _ = writeln!(out, "top stacks by estimated live bytes:");
         }
-        for (stack, inuse) in live.iter().take(top) {
+        let shown: Vec<&StackProfile> = live.iter().take(top).map(|(s, _)| *s).collect();
+        for ((stack, inuse), chain) in live.iter().take(top).zip(row_chains(&shown)) {
             stack_row(
                 &mut out,
                 inuse,
                 &format!("{:>6} samples", inuse.samples),
                 stack,
+                &chain,
             );
         }
     }
     let _ = writeln!(out, "top stacks by estimated allocated bytes:");
-    for stack in profile.stacks.iter().take(top) {
+    let shown: Vec<&StackProfile> = profile.stacks.iter().take(top).collect();
+    for (stack, chain) in shown.iter().zip(row_chains(&shown)) {
         let detail = format!("{:>6} samples", stack.samples);
-        stack_row(&mut out, &stack.alloc_bytes, &detail, stack);
+        stack_row(&mut out, &stack.alloc_bytes, &detail, stack, &chain);
     }
     out
 }
 
-/// One table row: the estimate with its bounds, `detail`, the pid and the first frames.
-fn stack_row(out: &mut String, estimate: &Estimate, detail: &str, stack: &StackProfile) {
-    let chain: Vec<String> = stack.frames.iter().take(4).map(frame_name).collect();
+/// Frames a row shows.
+const ROW_FRAMES: usize = 4;
+
+/// What each row of a table shows of its stack: the first [`ROW_FRAMES`] frames and, when
+/// another row of the same process starts with the same ones (rows that would read alike),
+/// ` … ← ` and the first frame that tells them apart (or, when no frame's name does, the
+/// return address where they part).
+fn row_chains(stacks: &[&StackProfile]) -> Vec<String> {
+    let names: Vec<Vec<String>> = stacks
+        .iter()
+        .map(|s| s.frames.iter().map(frame_name).collect())
+        .collect();
+    (0..stacks.len())
+        .map(|i| {
+            let head = &names[i][..names[i].len().min(ROW_FRAMES)];
+            let mut chain = head.join(" ← ");
+            // Per row that reads alike: the first frame whose name differs, else the first
+            // whose address does.
+            let alike: Vec<(Option<usize>, Option<usize>)> = (0..stacks.len())
+                .filter(|&j| j != i && stacks[j].pid == stacks[i].pid)
+                .filter(|&j| names[j][..names[j].len().min(ROW_FRAMES)] == *head)
+                .map(|j| {
+                    let (a, b) = (&stacks[i].frames, &stacks[j].frames);
+                    let by_name = (ROW_FRAMES..names[i].len())
+                        .find(|&k| names[j].get(k) != Some(&names[i][k]));
+                    let by_address =
+                        (0..a.len()).find(|&k| b.get(k).is_none_or(|f| f.address != a[k].address));
+                    (by_name, by_address)
+                })
+                .collect();
+            if let Some(k) = alike.iter().filter_map(|(name, _)| *name).max() {
+                let _ = write!(chain, " … ← {}", names[i][k]);
+            }
+            // Rows that no name tells apart: where their addresses part.
+            if let Some(k) = alike
+                .iter()
+                .filter(|(name, _)| name.is_none())
+                .filter_map(|(_, address)| *address)
+                .max()
+            {
+                let _ = write!(
+                    chain,
+                    " (at {:#x} in frame {})",
+                    stacks[i].frames[k].address,
+                    k + 1
+                );
+            }
+            chain
+        })
+        .collect()
+}
+
+/// One table row: the estimate with its bounds, `detail`, the pid and `chain` (the frames
+/// shown, see [`row_chains`]).
+fn stack_row(
+    out: &mut String,
+    estimate: &Estimate,
+    detail: &str,
+    stack: &StackProfile,
+    chain: &str,
+) {
     let _ = writeln!(
         out,
-        "  {:>38}  {detail}  pid {}  {}",
+        "  {:>38}  {detail}  pid {}  {chain}",
         estimate_bytes(estimate),
         stack.pid,
-        chain.join(" ← "),
     );
 }
 
@@ -372,6 +433,37 @@ fn stack_row(out: &mut String, estimate: &Estimate, detail: &str, stack: &StackP
 mod tests {
     use super::*;
     use crate::profile::{CoverageStart, LateAllocator};
+
+    /// Two rows whose first four frames read alike show where they part (issue #29's
+    /// smaller list: the top list seemed to repeat a row).
+    #[test]
+    fn rows_alike_in_their_first_frames_show_where_they_part() {
+        use crate::stacks::symbolize::FrameInfo;
+        let frame = |name: &str, address: u64| FrameInfo {
+            function: Some(name.to_owned()),
+            module: Some("/bin/app".to_owned()),
+            file: None,
+            line: None,
+            address,
+        };
+        let mut profile = crate::export::tests::synthetic();
+        let common = ["leaf", "a", "b", "c"];
+        let mut first = profile.stacks[0].clone();
+        first.frames = common.iter().map(|n| frame(n, 1)).collect();
+        first.frames.push(frame("from_x", 5));
+        let mut second = first.clone();
+        second.frames[4] = frame("from_y", 6);
+        let mut third = first.clone();
+        third.frames[4].address = 7;
+        let other = profile.stacks[1].clone();
+        profile.stacks = vec![first, second, third, other];
+        let refs: Vec<&StackProfile> = profile.stacks.iter().collect();
+        let chains = row_chains(&refs);
+        assert_eq!(chains[0], "leaf ← a ← b ← c … ← from_x (at 0x5 in frame 5)");
+        assert_eq!(chains[1], "leaf ← a ← b ← c … ← from_y");
+        assert_eq!(chains[2], "leaf ← a ← b ← c … ← from_x (at 0x7 in frame 5)");
+        assert!(!chains[3].contains('…'), "{}", chains[3]);
+    }
 
     #[test]
     fn overhead_says_per_call_cost_and_share() {
