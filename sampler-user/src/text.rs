@@ -35,11 +35,33 @@ pub fn printable(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Processes for a line of text: "pid 12", "pids 12, 13 and 14", or, past a handful,
+/// "pids 12, 13, 14, 15, 16 and 995 more" (`top --follow` once printed 1000 on one line).
+pub fn pid_list(pids: &[u32]) -> String {
+    const SHOWN: usize = 5;
+    let listed: Vec<String> = pids.iter().take(SHOWN).map(u32::to_string).collect();
+    match pids.len() {
+        0 => "no process".to_owned(),
+        1 => format!("pid {}", listed[0]),
+        n if n <= SHOWN => format!("pids {} and {}", listed[..n - 1].join(", "), listed[n - 1]),
+        n => format!("pids {} and {} more", listed.join(", "), n - SHOWN),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn pid_lists_stay_short() {
+        assert_eq!(pid_list(&[]), "no process");
+        assert_eq!(pid_list(&[7]), "pid 7");
+        assert_eq!(pid_list(&[7, 8, 9]), "pids 7, 8 and 9");
+        let many: Vec<u32> = (1..=1000).collect();
+        assert_eq!(pid_list(&many), "pids 1, 2, 3, 4, 5 and 995 more");
+    }
 
     #[test]
     fn escapes_what_a_terminal_would_act_on() {

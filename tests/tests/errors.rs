@@ -65,6 +65,18 @@ fn top_without_a_terminal_exits_2() {
         &run(&["top", "-p", &me, "--leaks-older-than", "never"]),
         "invalid --leaks-older-than",
     );
+    // A terminal that cannot show a full-screen view (TERM=dumb), on a real pty (script(1),
+    // which passes on the exit status): refused, not drawn with escapes it cannot show.
+    let command = format!("{} top -p {me}", allocscope().display());
+    let output = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("TERM", "dumb")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(2), "{shown}");
+    assert!(shown.contains("TERM=dumb cannot show"), "{shown}");
 }
 
 #[test]

@@ -426,7 +426,7 @@ fn bad_targets_are_refused_or_left_out() {
     if !bpf_available("bad_targets_are_refused_or_left_out") {
         return;
     }
-    // A process that exited (a zombie, not reaped yet): gone, exit 2.
+    // A process that exited (a zombie, not reaped yet): said to be one, exit 2.
     let mut zombie = Command::new("true").spawn().unwrap();
     let zombie_pid = zombie.id();
     assert!(wait_until(Duration::from_secs(5), || {
@@ -435,7 +435,8 @@ fn bad_targets_are_refused_or_left_out() {
     }));
     let output = run(&["record", "-p", &zombie_pid.to_string(), "-o", "/tmp/x.json"]);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
-    assert!(String::from_utf8_lossy(&output.stderr).contains("no such process"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("a zombie: it has exited"), "{stderr}");
     // Next to a live target, a process without an allocator and the gone one are left
     // out with a warning, and the recording goes on.
     let no_libc = fixture("no_libc", &["-static", "-nostdlib"]);
@@ -464,7 +465,7 @@ fn bad_targets_are_refused_or_left_out() {
     assert!(output.status.success(), "{stderr}");
     assert!(stderr.contains("no allocator found"), "{stderr}");
     assert!(
-        stderr.contains(&format!("no such process: pid {zombie_pid}")),
+        stderr.contains(&format!("pid {zombie_pid}: a zombie")),
         "{stderr}"
     );
     assert_eq!(stderr.matches("left out").count(), 2, "{stderr}");

@@ -516,18 +516,15 @@ impl Recording {
     /// What is being recorded, for people: "pid 12, 13 and the processes they start".
     pub fn describe(&self) -> String {
         let pids = || {
-            self.running
-                .keys()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
+            let running: Vec<u32> = self.running.keys().copied().collect();
+            crate::text::pid_list(&running)
         };
         let what = if self.targets.all {
             "every process".to_owned()
         } else if let Some(pattern) = &self.targets.comm {
             format!("processes named like {:?}", pattern.0.as_str())
         } else {
-            format!("pid {}", pids())
+            pids()
         };
         if self.targets.follow {
             format!("{what} and the processes they start")

@@ -50,6 +50,13 @@ pub fn prepare(config: &TopConfig) -> Result<Prepared, BadInput> {
                 .into(),
         ));
     }
+    if std::env::var("TERM").is_ok_and(|term| term == "dumb") {
+        return Err(BadInput(
+            "allocscope top draws a full-screen view, which TERM=dumb cannot show; use \
+             `allocscope record ... -o FILE` (or set TERM to your terminal's type)"
+                .into(),
+        ));
+    }
     recording::prepare(
         &config.targets,
         &config.sampling,
@@ -227,13 +234,8 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
     let detached = recording.detach().await;
     let elapsed = watch.started.elapsed();
     crate::say!(
-        "allocscope top: detached from pid {} after {}",
-        recording
-            .pids()
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(", "),
+        "allocscope top: detached from {} after {}",
+        crate::text::pid_list(recording.pids()),
         humantime::format_duration(Duration::from_secs(elapsed.as_secs()))
     );
     match screen {
