@@ -1,7 +1,7 @@
 //! The demo: record the bundled workload (tests/fixtures/workload.c, sites of known sizes
 //! and counts, listed at the top of that file) and write its JSON profile.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use crate::run::{cargo, fixture, is_root, status, workspace};
 
@@ -25,7 +25,10 @@ pub fn run() -> anyhow::Result<()> {
         .arg(out_dir.join("heap.json"))
         .arg("--")
         .arg(&workload)
-        .arg("2000");
+        .arg("2000")
+        // allocscope's summary is on stderr; the workload's own lines (stdout, which the
+        // command inherits) would be mixed into it.
+        .stdout(Stdio::null());
     status(&mut command)?;
     eprintln!(
         "\nxtask: true totals per site: the header of tests/fixtures/workload.c, x2000 rounds\n       \
