@@ -285,6 +285,26 @@ pub fn on_usdt_alloc<C: EbpfContext>(
     interval: u64,
     how: u64,
 ) {
+    let function = AllocFn::from_u32((how & 0xff) as u32).unwrap_or(AllocFn::Malloc);
+    let untracked = how & preload::ALLOC_UNTRACKED != 0;
+    in_process_sample(ctx, address, size, offset, interval, function, untracked, 0);
+}
+
+/// A block sampled in the process (by allocscope's library or another producer): the
+/// duty cycle's gate and the exclusions apply, the block is remembered as live (unless the
+/// process could not track its free: counted), and the sample goes out with `flags`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn in_process_sample<C: EbpfContext>(
+    ctx: &C,
+    address: u64,
+    size: u64,
+    offset: u64,
+    interval: u64,
+    function: AllocFn,
+    untracked: bool,
+    mut flags: u32,
+) {
     if config::duty_cycled() && !gate_open() {
         return;
     }
@@ -293,10 +313,8 @@ pub fn on_usdt_alloc<C: EbpfContext>(
     if excluded(pid) {
         return;
     }
-    let function = AllocFn::from_u32((how & 0xff) as u32).unwrap_or(AllocFn::Malloc);
-    let mut flags = 0;
     if config::track_frees() && address != 0 {
-        if how & preload::ALLOC_UNTRACKED != 0 {
+        if untracked {
             count_loss(LossCounter::LiveMapFull);
         } else {
             flags |= track_live(pid, address);
@@ -820,33 +838,17 @@ fn on_producer_alloc(ctx: &ProbeContext, address: u64, size: u64, weight: u64) {
     if size == 0 || weight == 0 {
         return;
     }
-    if config::duty_cycled() && !gate_open() {
-        return;
-    }
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
-    if excluded(pid) {
-        return;
-    }
-    let mut flags = FLAG_WEIGHTED;
-    if config::track_frees() && address != 0 {
-        flags |= track_live(pid, address);
-    }
-    let sample = Sample {
-        pid,
-        tid,
-        function: AllocFn::Malloc,
-        size,
-        offset: 0,
-        interval: weight,
-        caller: 0,
+    // The weight travels as the interval; the sampled byte's offset is unknown.
+    in_process_sample(
+        ctx,
         address,
-        flags,
-        return_slots: [0; RETURN_SLOTS],
-        return_values: [0; RETURN_SLOTS],
-        return_next: 0,
-    };
-    emit(ctx, &sample);
+        size,
+        0,
+        weight,
+        AllocFn::Malloc,
+        false,
+        FLAG_WEIGHTED,
+    );
 }
 
 /// The uprobe-session program (kernel ≥ 6.13): the same program runs at the entry and, when

@@ -38,6 +38,15 @@ pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Maps the regular file at `path` read-only (see [`open_regular`]): for the ELF files read
+/// for an id or a section, which may be large, without copying them.
+pub fn map_regular(path: &Path) -> io::Result<memmap2::Mmap> {
+    let file = open_regular(path)?;
+    // SAFETY: a private read-only mapping; a file replaced on disk is a new inode (package
+    // managers rename), and a truncation under us is the one risk every ELF reader takes.
+    unsafe { memmap2::Mmap::map(&file) }
+}
+
 /// Whether `path` names something that is not a regular file (following symlinks): a FIFO,
 /// a device, a socket or a directory. A missing path is not.
 pub fn exists_irregular(path: &Path) -> Option<&'static str> {

@@ -384,6 +384,38 @@ impl Drop for TempDir {
     }
 }
 
+/// Every file under `dir`, recursively (none if it is missing).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(files_under(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// Starts `command` with stdout piped (stderr discarded) and returns it with the first line
+/// it prints (a server saying where it listens).
+pub fn spawn_with_first_line(command: &mut Command) -> (Child, String) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (child, line)
+}
+
 /// Reads a JSON profile.
 pub fn read_profile(path: &Path) -> Value {
     let text =

@@ -11,8 +11,8 @@ use std::{
 };
 
 use tests::{
-    allocscope, bpf_available, drain, fixture, read_profile, run, start_recording, wait_until,
-    TempDir,
+    allocscope, bpf_available, drain, files_under, fixture, read_profile, run, start_recording,
+    wait_until, TempDir,
 };
 
 fn stderr_of(output: &std::process::Output) -> String {
@@ -280,7 +280,7 @@ fn snapshots_never_follow_a_symlink_another_user_planted() {
             target.display()
         );
     }
-    let written: Vec<_> = walk_files(&victim);
+    let written = files_under(&victim);
     assert!(
         written.is_empty(),
         "written through the planted link: {written:?}"
@@ -289,19 +289,6 @@ fn snapshots_never_follow_a_symlink_another_user_planted() {
         !victim.join("new").exists(),
         "a directory was made through the planted link"
     );
-}
-
-fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            found.extend(walk_files(&path));
-        } else {
-            found.push(path);
-        }
-    }
-    found
 }
 
 #[test]

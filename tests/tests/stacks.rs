@@ -7,7 +7,9 @@
 use std::process::Command;
 
 use serde_json::Value;
-use tests::{allocscope, bpf_available, fixture, read_profile, TempDir};
+use tests::{
+    allocscope, bpf_available, files_under, fixture, read_profile, spawn_with_first_line, TempDir,
+};
 
 const CONFIDENCE: &str = "0.9999";
 
@@ -497,27 +499,19 @@ fn debug_files_come_from_debuginfod_when_asked() {
         .join(&id[..2])
         .join(format!("{}.debug", &id[2..]));
     std::fs::copy(&debug_file, served.join("debuginfo")).unwrap();
-    let mut server = Command::new("/usr/bin/python3")
-        .args([
-            "-u",
-            "-m",
-            "http.server",
-            "0",
-            "--bind",
-            "127.0.0.1",
-            "--directory",
-        ])
-        .arg(dir.path("server"))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    let (mut server, line) = spawn_with_first_line(
+        Command::new("/usr/bin/python3")
+            .args([
+                "-u",
+                "-m",
+                "http.server",
+                "0",
+                "--bind",
+                "127.0.0.1",
+                "--directory",
+            ])
+            .arg(dir.path("server")),
+    );
     // "Serving HTTP on 127.0.0.1 port 41234 (http://127.0.0.1:41234/) ..."
     let port: u16 = line
         .split_whitespace()
@@ -600,19 +594,8 @@ while True:
     let mut servers = Vec::new();
     let mut urls = Vec::new();
     for mode in ["silent", "endless", "garbage"] {
-        let mut child = Command::new("/usr/bin/python3")
-            .arg(&server)
-            .arg(mode)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
+        let (child, line) =
+            spawn_with_first_line(Command::new("/usr/bin/python3").arg(&server).arg(mode));
         urls.push(format!("http://127.0.0.1:{}", line.trim()));
         servers.push(child);
     }
@@ -655,7 +638,7 @@ while True:
             "{url}: expected {what:?} in:\n{stderr}"
         );
     }
-    let kept: Vec<_> = walk(&cache)
+    let kept: Vec<_> = files_under(&cache)
         .into_iter()
         .filter(|p| p.file_name().is_some_and(|n| n == "debuginfo"))
         .collect();
@@ -669,20 +652,4 @@ while True:
     // The recording itself is whole: the stack still has its module and offsets.
     let profile = read_profile(&out);
     assert!(!profile["stacks"].as_array().unwrap().is_empty());
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut found = Vec::new();
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            found.extend(walk(&path));
-        } else {
-            found.push(path);
-        }
-    }
-    found
 }

@@ -1206,22 +1206,32 @@ fn multi_link(
 
 /// The uprobe program `name` of the object (loaded by [`Probes::load`]).
 fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, AttachError> {
+    program(ebpf, name)
+}
+
+/// Program `name` of the object, as its type `T` (`UProbe`, `TracePoint`…).
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, AttachError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
     ebpf.program_mut(name)
         .ok_or_else(|| AttachError::MissingProgram(name.to_owned()))?
         .try_into()
-        .map_err(|source| AttachError::LoadProgram {
-            program: name.to_owned(),
-            source,
-        })
+        .map_err(load_failed(name))
+}
+
+/// The error of loading (or finding) program `name`.
+fn load_failed(name: &str) -> impl FnOnce(aya::programs::ProgramError) -> AttachError + '_ {
+    move |source| AttachError::LoadProgram {
+        program: name.to_owned(),
+        source,
+    }
 }
 
 /// The uprobe program `name` of the object, loaded into the kernel (verified).
 fn loaded_uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, AttachError> {
     let program = uprobe(ebpf, name)?;
-    program.load().map_err(|source| AttachError::LoadProgram {
-        program: name.to_owned(),
-        source,
-    })?;
+    program.load().map_err(load_failed(name))?;
     Ok(program)
 }
 
@@ -1234,40 +1244,21 @@ fn attach_tracepoint(
     event: &str,
 ) -> Result<TracePointLinkId, AttachError> {
     ensure_tracefs();
-    let program: &mut TracePoint = ebpf
-        .program_mut(name)
-        .ok_or_else(|| AttachError::MissingProgram(name.to_owned()))?
-        .try_into()
-        .map_err(|source| AttachError::LoadProgram {
-            program: name.to_owned(),
-            source,
-        })?;
-    program.load().map_err(|source| AttachError::LoadProgram {
-        program: name.to_owned(),
-        source,
-    })?;
+    let program: &mut TracePoint = program(ebpf, name)?;
+    program.load().map_err(load_failed(name))?;
     program
         .attach(category, event)
         .map_err(|e| AttachError::Tracepoint(format!("{category}/{event}"), e))
 }
 
+/// Loads raw tracepoint program `name` and attaches it to `event` (no tracefs needed).
 fn attach_raw_tracepoint(
     ebpf: &mut Ebpf,
     name: &str,
     event: &str,
 ) -> Result<RawTracePointLinkId, AttachError> {
-    let program: &mut RawTracePoint = ebpf
-        .program_mut(name)
-        .ok_or_else(|| AttachError::MissingProgram(name.to_owned()))?
-        .try_into()
-        .map_err(|source| AttachError::LoadProgram {
-            program: name.to_owned(),
-            source,
-        })?;
-    program.load().map_err(|source| AttachError::LoadProgram {
-        program: name.to_owned(),
-        source,
-    })?;
+    let program: &mut RawTracePoint = program(ebpf, name)?;
+    program.load().map_err(load_failed(name))?;
     program
         .attach(event)
         .map_err(|e| AttachError::Tracepoint(event.to_owned(), e))

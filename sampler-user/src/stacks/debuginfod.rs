@@ -230,12 +230,7 @@ impl Fetcher {
 /// Whether `path` is a regular ELF file whose build id is `hex`.
 fn carries_build_id(path: &Path, hex: &str) -> bool {
     use object::Object as _;
-    let Ok(file) = crate::infile::open_regular(path) else {
-        return false;
-    };
-    // SAFETY: a private read-only mapping of a regular file that only we write (a
-    // temporary file, or the cache entry we renamed into place).
-    let Ok(data) = (unsafe { memmap2::Mmap::map(&file) }) else {
+    let Ok(data) = crate::infile::map_regular(path) else {
         return false;
     };
     let Ok(elf) = object::File::parse(&*data) else {

@@ -195,7 +195,7 @@ fn name(path: &Path, file_id: &FileId, earlier: usize) -> String {
 pub fn build_id(path: &Path) -> Option<String> {
     use object::Object as _;
     // A module's path can be replaced once its process is gone: never a blocking open.
-    let data = crate::infile::read_regular(path).ok()?;
+    let data = crate::infile::map_regular(path).ok()?;
     let file = object::File::parse(&*data).ok()?;
     let id = file.build_id().ok()??;
     Some(id.iter().map(|byte| format!("{byte:02x}")).collect())

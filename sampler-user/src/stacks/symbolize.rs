@@ -230,7 +230,7 @@ fn irregular_debug_file(module: &Path, debug_dirs: &[PathBuf]) -> Option<(PathBu
     if let Some(what) = crate::infile::exists_irregular(module) {
         return Some((module.to_owned(), what));
     }
-    let data = crate::infile::read_regular(module).ok()?;
+    let data = crate::infile::map_regular(module).ok()?;
     let file = object::File::parse(&*data).ok()?;
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Ok(Some(id)) = file.build_id() {
