@@ -26,6 +26,19 @@ pub const MAPS_BYTES: usize = 32 * 1024;
 /// Attempts of [`Region::totals`] at a consistent reading.
 pub const READ_ATTEMPTS: usize = 10_000;
 
+/// Regions in a [`Family`]: the processes of one command's tree counting at once (one
+/// more finds the table full and makes a region of its own, counted in [`Family::full`]).
+pub const FAMILY_SLOTS: usize = 1024;
+
+/// First word of a [`Family`] ("alsfam01").
+pub const FAMILY_MAGIC: u64 = u64::from_le_bytes(*b"alsfam01");
+
+/// Layout version of [`Family`].
+pub const FAMILY_VERSION: u64 = 1;
+
+/// Environment variable naming the descriptor of the family table a command inherits.
+pub const FAMILY_FD_VARIABLE: &str = "ALLOCSCOPE_FAMILY_FD";
+
 /// Name of the exported symbol holding the address of the process's [`Region`].
 pub const REGION_SYMBOL: &str = "allocscope_preload_region";
 
@@ -60,6 +73,114 @@ pub struct Counts {
     pub bytes: AtomicU64,
     /// Thread id that owns the slot (0: free). Unused in the shared totals.
     pub owner: AtomicU64,
+}
+
+/// The table of regions a command started by allocscope and every process of its tree
+/// count in: one memfd, allocscope's from before the command runs, inherited by
+/// descriptor ([`FAMILY_FD_VARIABLE`]). A process claims a slot ([`claim`]) and counts in
+/// the region at [`family_region_offset`]; allocscope maps the whole table, so a child's
+/// counts and maps are read whole however soon it exits, and gives a slot back once its
+/// process is gone and read (the region's pages are dropped, reading as zeros again).
+///
+/// File layout: this header, padded to [`family_header_bytes`], then [`FAMILY_SLOTS`]
+/// regions of [`region_bytes`] each.
+#[repr(C)]
+#[derive(Debug)]
+pub struct Family {
+    /// [`FAMILY_MAGIC`].
+    pub magic: u64,
+    /// [`FAMILY_VERSION`].
+    pub version: u64,
+    /// Mean interval a new region starts with (allocscope keeps it current).
+    pub interval: AtomicU64,
+    /// [`crate::geometric::scale_q32`] of [`Self::interval`].
+    pub scale_q32: AtomicU64,
+    /// Claims made so far (each claim's sequence number is taken from it).
+    pub sequence: AtomicU64,
+    /// Processes that found no free slot (they count in a region of their own).
+    pub full: AtomicU64,
+    /// Per slot: 0 when free, else a [`claim`] word.
+    pub claims: [AtomicU64; FAMILY_SLOTS],
+}
+
+/// Bit of a claim word set once its region is ready to be read.
+pub const CLAIM_READY: u64 = 1 << 63;
+
+/// The claim word of process `pid` with sequence number `sequence` (31 bits kept; 0 is
+/// never a valid claim).
+pub const fn claim(sequence: u64, pid: u32, ready: bool) -> u64 {
+    let ready = if ready { CLAIM_READY } else { 0 };
+    ready | ((sequence & 0x7fff_ffff) << 32) | pid as u64
+}
+
+/// The process of claim word `word`.
+pub const fn claim_pid(word: u64) -> u32 {
+    word as u32
+}
+
+/// The sequence number of claim word `word` (later claims have larger ones, modulo 2^31).
+pub const fn claim_sequence(word: u64) -> u64 {
+    (word >> 32) & 0x7fff_ffff
+}
+
+/// Whether claim word `word` names a region ready to be read.
+pub const fn claim_ready(word: u64) -> bool {
+    word & CLAIM_READY != 0
+}
+
+const PAGE: usize = 4096;
+
+/// Bytes of a region in memory and in a family table (whole pages).
+pub const fn region_bytes() -> usize {
+    (core::mem::size_of::<Region>() + PAGE - 1) & !(PAGE - 1)
+}
+
+/// Bytes of a family table's header (whole pages).
+pub const fn family_header_bytes() -> usize {
+    (core::mem::size_of::<Family>() + PAGE - 1) & !(PAGE - 1)
+}
+
+/// File offset of slot `slot`'s region in a family table.
+pub const fn family_region_offset(slot: usize) -> usize {
+    family_header_bytes() + slot * region_bytes()
+}
+
+/// Bytes of a family table file.
+pub const fn family_bytes() -> usize {
+    family_region_offset(FAMILY_SLOTS)
+}
+
+/// Among the claim words `claims`, the slot of process `pid`'s ready region: the latest
+/// claim when there are several (an earlier process of the same pid, exited and not yet
+/// given back).
+pub fn find_claim(claims: &[AtomicU64], pid: u32) -> Option<usize> {
+    use core::sync::atomic::Ordering::Acquire;
+    let mut best: Option<(usize, u64)> = None;
+    for (slot, word) in claims.iter().enumerate() {
+        let word = word.load(Acquire);
+        if word == 0 || !claim_ready(word) || claim_pid(word) != pid {
+            continue;
+        }
+        let sequence = claim_sequence(word);
+        // Later modulo 2^31: the difference, read as signed, is positive.
+        let later = |than: u64| (sequence.wrapping_sub(than) & 0x7fff_ffff) < 0x4000_0000;
+        if best.is_none_or(|(_, s)| later(s)) {
+            best = Some((slot, sequence));
+        }
+    }
+    best.map(|(slot, _)| slot)
+}
+
+/// Claims a free slot among `claims` for process `pid` (not ready yet): its index, or
+/// `None` when every slot is taken. (Not for the eBPF target, which has no
+/// compare-and-exchange here.)
+#[cfg(not(target_arch = "bpf"))]
+pub fn take_slot(claims: &[AtomicU64], sequence: u64, pid: u32) -> Option<usize> {
+    use core::sync::atomic::Ordering::{AcqRel, Relaxed};
+    let word = claim(sequence.max(1), pid, false);
+    claims.iter().position(|slot| {
+        slot.load(Relaxed) == 0 && slot.compare_exchange(0, word, AcqRel, Relaxed).is_ok()
+    })
 }
 
 /// The shared region, one per process (a fork gets a fresh one).
@@ -176,6 +297,53 @@ mod tests {
     fn zeroed() -> Box<Region> {
         // SAFETY: every field of a region is valid all-zero (how processes create them).
         unsafe { Box::<Region>::new_zeroed().assume_init() }
+    }
+
+    #[test]
+    fn claims_name_their_process_and_the_latest_wins() {
+        let claims: std::vec::Vec<AtomicU64> = (0..8).map(|_| AtomicU64::new(0)).collect();
+        let first = take_slot(&claims, 1, 4242).unwrap();
+        assert_eq!(find_claim(&claims, 4242), None, "not ready yet");
+        claims[first].store(claim(1, 4242, true), core::sync::atomic::Ordering::Release);
+        assert_eq!(find_claim(&claims, 4242), Some(first));
+        assert_eq!(find_claim(&claims, 4243), None);
+        // The same pid again (the first process exited, not given back yet): the later.
+        let second = take_slot(&claims, 2, 4242).unwrap();
+        assert_ne!(first, second);
+        claims[second].store(claim(2, 4242, true), core::sync::atomic::Ordering::Release);
+        assert_eq!(find_claim(&claims, 4242), Some(second));
+        // Sequence numbers wrap at 2^31: still the later one.
+        claims[first].store(
+            claim(0x7fff_ffff, 7, true),
+            core::sync::atomic::Ordering::Release,
+        );
+        claims[second].store(claim(3, 7, true), core::sync::atomic::Ordering::Release);
+        assert_eq!(find_claim(&claims, 7), Some(second));
+        let word = claim(5, u32::MAX, true);
+        assert_eq!(
+            (claim_pid(word), claim_sequence(word), claim_ready(word)),
+            (u32::MAX, 5, true)
+        );
+        // Full: no slot.
+        for _ in 0..6 {
+            assert!(take_slot(&claims, 9, 1).is_some());
+        }
+        assert_eq!(take_slot(&claims, 9, 1), None);
+    }
+
+    #[test]
+    fn regions_sit_on_page_boundaries_after_the_header() {
+        assert_eq!(family_header_bytes() % PAGE, 0);
+        assert!(family_header_bytes() >= core::mem::size_of::<Family>());
+        assert_eq!(region_bytes() % PAGE, 0);
+        assert_eq!(
+            family_region_offset(1) - family_region_offset(0),
+            region_bytes()
+        );
+        assert_eq!(
+            family_bytes(),
+            family_header_bytes() + FAMILY_SLOTS * region_bytes()
+        );
     }
 
     #[test]

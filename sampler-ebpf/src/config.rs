@@ -45,6 +45,17 @@ static DUTY_CYCLED: u8 = 0;
 #[no_mangle]
 static STACK_BYTES: u64 = 0;
 
+/// Byte offset of `pid` in the kernel's `struct task_struct` (from its BTF), for
+/// `task_newtask_raw`; 0 when unknown (the perf-event `task_newtask` is used then).
+#[no_mangle]
+static TASK_PID_OFFSET: u64 = 0;
+
+#[inline(always)]
+pub fn task_pid_offset() -> u64 {
+    // SAFETY: as below.
+    unsafe { core::ptr::read_volatile(&TASK_PID_OFFSET) }
+}
+
 #[inline(always)]
 pub fn stack_bytes() -> u64 {
     // SAFETY: as below.

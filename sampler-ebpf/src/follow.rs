@@ -11,10 +11,7 @@
 //! sampling state (its countdown), so threads created and destroyed by the thousand do not
 //! fill the map.
 
-use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    programs::TracePointContext,
-};
+use aya_ebpf::helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns};
 use sampler_common::{
     EventKind, ProcessEvent, FOLLOWED_PENDING, FOLLOWED_TARGET, PROCESS_EXEC, PROCESS_FORK,
 };
@@ -24,15 +21,10 @@ use crate::maps::{count_loss, FOLLOWED, SAMPLES, THREADS};
 /// `clone(2)` flag: the new task is a thread of the caller's process.
 const CLONE_THREAD: u64 = 0x0001_0000;
 
-/// task:task_newtask — `pid` at offset 8, `clone_flags` at 32 (its format file). Runs in
-/// the parent; the child inherits its parent's standing (target, or pending a decision).
+/// task:task_newtask — new task `pid` created with `flags`. Runs in the parent; the child
+/// inherits its parent's standing (target, or pending a decision).
 #[inline(always)]
-pub fn on_new_task(ctx: &TracePointContext) {
-    // SAFETY: offsets from the tracepoint's format; the reads are bounds-checked helpers.
-    let (pid, flags) = unsafe { (ctx.read_at::<i32>(8), ctx.read_at::<u64>(32)) };
-    let (Ok(pid), Ok(flags)) = (pid, flags) else {
-        return;
-    };
+pub fn on_new_task(pid: u32, flags: u64) {
     if flags & CLONE_THREAD != 0 {
         return;
     }
@@ -41,7 +33,7 @@ pub fn on_new_task(ctx: &TracePointContext) {
     let Some(standing) = (unsafe { FOLLOWED.get(parent) }).copied() else {
         return;
     };
-    let child = pid as u32;
+    let child = pid;
     if FOLLOWED.insert(child, standing, 0).is_err() {
         count_loss(sampler_common::LossCounter::FollowedFull);
     }

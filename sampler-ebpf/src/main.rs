@@ -148,14 +148,38 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
     0
 }
 
+/// `task:task_newtask` as a perf-event tracepoint (the child's pid at offset 8 and
+/// `clone_flags` at 32 of its record, per its format file): where the kernel's BTF does not
+/// say where a `task_struct` keeps its pid.
 #[tracepoint]
 pub fn task_newtask(ctx: TracePointContext) -> u32 {
-    follow::on_new_task(&ctx);
+    // SAFETY: offsets from the tracepoint's format; the reads are bounds-checked helpers.
+    let (pid, flags) = unsafe { (ctx.read_at::<i32>(8), ctx.read_at::<u64>(32)) };
+    if let (Ok(pid), Ok(flags)) = (pid, flags) {
+        follow::on_new_task(pid as u32, flags);
+    }
     0
 }
 
-#[tracepoint]
-pub fn process_exec(_ctx: TracePointContext) -> u32 {
+/// `task_newtask(task, clone_flags)` as a raw tracepoint, the child's pid read from its
+/// `task_struct` at the offset BTF gave ([`config::task_pid_offset`]): its link closes at
+/// once, where the perf-event one waits ~65 ms for the tracepoint grace periods.
+#[raw_tracepoint(tracepoint = "task_newtask")]
+pub fn task_newtask_raw(ctx: RawTracePointContext) -> u32 {
+    let task = ctx.arg::<u64>(0);
+    let flags = ctx.arg::<u64>(1);
+    let at = task.wrapping_add(config::task_pid_offset()) as *const i32;
+    // SAFETY: a checked kernel read of 4 bytes of the new task.
+    if let Ok(pid) = unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(at) } {
+        follow::on_new_task(pid as u32, flags);
+    }
+    0
+}
+
+/// `sched_process_exec` as a raw tracepoint (it needs no argument: it runs in the process
+/// that exec'd), for the same reason.
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn process_exec(_ctx: RawTracePointContext) -> u32 {
     follow::on_exec();
     0
 }

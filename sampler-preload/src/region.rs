@@ -1,28 +1,42 @@
 //! The process's shared counter region ([`sampler_common::preload::Region`]).
 //!
-//! Started by allocscope (`-- CMD`), the process finds a region allocscope created and
-//! already maps, by its descriptor in `ALLOCSCOPE_REGION_FD`, named for its pid: the
-//! programs it execs (the same pid) count on in it, the processes it forks make their
-//! own. Otherwise
-//! (a process started by one of ours, or by hand with `LD_PRELOAD`) the library creates
-//! one from a memfd, which allocscope maps later through `/proc/PID/map_files`. A forked
-//! child gets a new one (the parent's is shared memory: the child must not count in it).
-//! The address is exported as [`allocscope_preload_region`] for allocscope to find.
+//! Started by allocscope (`-- CMD`), a process finds the family table allocscope created
+//! ([`sampler_common::preload::Family`]) by its descriptor in `ALLOCSCOPE_FAMILY_FD`,
+//! inherited by every process of the command's tree: the command's own slot is claimed by
+//! allocscope before it runs, a process it forks claims a slot of its own at once (in the
+//! fork handler, before its first call), and a program a process execs (the same pid)
+//! finds its process's claim and counts on in it. allocscope maps the whole table, so a
+//! process's counts and maps are there however soon it exits. Otherwise (a process started
+//! by hand with `LD_PRELOAD`, a table that is full, a descriptor the program closed) the
+//! library creates a region of its own from a memfd, which allocscope maps later through
+//! `/proc/PID/map_files`. The address is exported as [`allocscope_preload_region`] for
+//! allocscope to find.
 
 use core::{
     ptr,
-    sync::atomic::{AtomicPtr, Ordering},
+    sync::atomic::{AtomicI32, AtomicPtr, Ordering},
 };
 
 use sampler_common::{
     geometric,
-    preload::{Region, REGION_MAGIC, REGION_VERSION},
+    preload::{
+        claim, family_bytes, family_header_bytes, family_region_offset, find_claim, region_bytes,
+        take_slot, Family, Region, CLAIM_READY, FAMILY_MAGIC, FAMILY_VERSION, REGION_MAGIC,
+        REGION_VERSION,
+    },
 };
 
 /// Where this process's region is (read by allocscope from outside).
 #[no_mangle]
 #[used]
 pub static allocscope_preload_region: AtomicPtr<Region> = AtomicPtr::new(ptr::null_mut());
+
+/// The family table's header, when the process found one (kept across fork: the mapping
+/// is shared, so a child claims in the same table).
+static FAMILY: AtomicPtr<Family> = AtomicPtr::new(ptr::null_mut());
+
+/// The family table's descriptor (to map a child's region after a fork).
+static FAMILY_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// Default mean interval when nobody set one (allocscope's and OpenTelemetry's default).
 const DEFAULT_INTERVAL: u64 = 512 * 1024;
@@ -35,19 +49,31 @@ pub fn current() -> &'static Region {
     unsafe { &*allocscope_preload_region.load(Ordering::Relaxed) }
 }
 
-const fn region_bytes() -> usize {
-    (core::mem::size_of::<Region>() + 4095) & !4095
-}
-
-fn pid() -> u64 {
+fn pid() -> u32 {
     // SAFETY: getpid has no preconditions.
-    unsafe { libc::getpid() as u64 }
+    unsafe { libc::getpid() as u32 }
 }
 
-/// Maps a region: from allocscope's descriptor if it left one for this very process, else
-/// a new one. Runs once, while resolving (no allocation happens here).
+/// Maps a region: this process's in the family table it inherited (found, or claimed),
+/// else a new one. Runs once, while resolving (no allocation happens here).
 pub fn init() {
-    let region = inherited().unwrap_or_else(|| create(DEFAULT_INTERVAL, interval_from_env()));
+    let region = match family() {
+        Some((family, fd)) => {
+            FAMILY.store(family, Ordering::Release);
+            FAMILY_FD.store(fd, Ordering::Release);
+            // SAFETY: a checked header mapping, never unmapped.
+            let claims = unsafe { &(*family).claims };
+            match find_claim(claims, pid()) {
+                Some(slot) => map_slot(fd, slot).filter(|&r| {
+                    // SAFETY: a region-sized mapping.
+                    unsafe { (*r).magic == REGION_MAGIC && (*r).pid == u64::from(pid()) }
+                }),
+                None => claim_slot(family, fd, 0),
+            }
+        }
+        None => None,
+    };
+    let region = region.unwrap_or_else(|| create(DEFAULT_INTERVAL, interval_from_env()));
     allocscope_preload_region.store(region, Ordering::Release);
     snapshot_maps();
 }
@@ -131,16 +157,12 @@ fn parse_u64(bytes: &[u8]) -> Option<u64> {
     })
 }
 
-/// The region allocscope created for this process, if `ALLOCSCOPE_REGION_FD` names one.
-///
-/// The descriptor stays open and the variable set: a program this process execs is the
-/// same process (a wrapper script's `exec`, pyenv's shims, `env`, `nice`), and keeps
-/// counting in the same region; a process it forks has another pid and is refused here
-/// (it creates its own). Only a memfd-backed regular file of the region's size is mapped:
-/// the number may name another file by now, and reading past the end of a shorter one
-/// would raise SIGBUS.
-fn inherited() -> Option<*mut Region> {
-    let name = c"ALLOCSCOPE_REGION_FD";
+/// The family table named by `ALLOCSCOPE_FAMILY_FD`, its header mapped, and the
+/// descriptor. Only a regular file of the table's size with the right header is taken: the
+/// number may name another file by now, and reading past the end of a shorter one would
+/// raise SIGBUS.
+fn family() -> Option<(*mut Family, i32)> {
+    let name = c"ALLOCSCOPE_FAMILY_FD";
     // SAFETY: as in interval_from_env.
     let value = unsafe { libc::getenv(name.as_ptr()) };
     if value.is_null() {
@@ -155,56 +177,92 @@ fn inherited() -> Option<*mut Region> {
     let statted = unsafe { libc::fstat(fd, &mut stat) } == 0;
     if !statted
         || stat.st_mode & libc::S_IFMT != libc::S_IFREG
-        || stat.st_size != region_bytes() as libc::off_t
+        || stat.st_size != family_bytes() as libc::off_t
     {
         return None;
     }
-    let mapped = map_shared(fd);
+    let mapped = map_shared(fd, 0, family_header_bytes());
     if mapped == libc::MAP_FAILED {
         return None;
     }
-    let region = mapped.cast::<Region>();
-    // SAFETY: a mapping of region_bytes() bytes.
-    let ok = unsafe {
-        (*region).magic == REGION_MAGIC
-            && (*region).version == REGION_VERSION
-            && (*region).pid == pid()
-    };
+    let family = mapped.cast::<Family>();
+    // SAFETY: a mapping of the header's bytes.
+    let ok = unsafe { (*family).magic == FAMILY_MAGIC && (*family).version == FAMILY_VERSION };
     if !ok {
         // SAFETY: unmapping what we just mapped.
-        unsafe { libc::munmap(mapped, region_bytes()) };
+        unsafe { libc::munmap(mapped, family_header_bytes()) };
         return None;
     }
+    Some((family, fd))
+}
+
+/// Maps slot `slot`'s region of the family table `fd`.
+fn map_slot(fd: i32, slot: usize) -> Option<*mut Region> {
+    let mapped = map_shared(fd, family_region_offset(slot), region_bytes());
+    (mapped != libc::MAP_FAILED).then(|| mapped.cast())
+}
+
+/// Claims a free slot of `family` for this process, maps its region (all zeros: never
+/// used, or given back with its pages dropped) and sets it up at the table's interval (or
+/// `interval`, when not 0). `None` when the table is full (counted) or the region cannot
+/// be mapped (the slot is given back).
+fn claim_slot(family: *mut Family, fd: i32, interval: u64) -> Option<*mut Region> {
+    // SAFETY: a checked header mapping, never unmapped; its fields are atomics.
+    let family = unsafe { &*family };
+    let sequence = family.sequence.fetch_add(1, Ordering::AcqRel) + 1;
+    let pid = pid();
+    let Some(slot) = take_slot(&family.claims, sequence, pid) else {
+        family.full.fetch_add(1, Ordering::Relaxed);
+        return None;
+    };
+    let Some(region) = map_slot(fd, slot) else {
+        family.claims[slot].store(0, Ordering::Release);
+        return None;
+    };
+    let interval = if interval == 0 {
+        family.interval.load(Ordering::Acquire)
+    } else {
+        interval
+    };
+    set_up(region, interval, DEFAULT_INTERVAL, 1);
+    family.claims[slot].store(claim(sequence, pid, true), Ordering::Release);
+    debug_assert!(family.claims[slot].load(Ordering::Relaxed) & CLAIM_READY != 0);
     Some(region)
 }
 
 /// A new region from a memfd (a static one if that fails: still counted, readable through
 /// /proc/PID/mem), with `interval` (or `fallback` when 0).
 fn create(fallback: u64, interval: u64) -> *mut Region {
-    let interval = if interval == 0 || interval > geometric::MAX_INTERVAL {
-        fallback
-    } else {
-        interval
-    };
     let region = map_new().unwrap_or_else(|| {
         static FALLBACK: StaticRegion =
             StaticRegion(core::cell::UnsafeCell::new(core::mem::MaybeUninit::zeroed()));
         FALLBACK.0.get().cast::<Region>()
     });
+    set_up(region, interval, fallback, 1);
+    region
+}
+
+/// Writes a zeroed region's header: this process's, at `interval` (or `fallback` when it
+/// is 0 or out of range), at `generation`.
+fn set_up(region: *mut Region, interval: u64, fallback: u64, generation: u64) {
+    let interval = if interval == 0 || interval > geometric::MAX_INTERVAL {
+        fallback
+    } else {
+        interval
+    };
     // SAFETY: a zeroed region no other thread sees yet; the atomics are written through
     // their own API.
     unsafe {
         (*region).magic = REGION_MAGIC;
         (*region).version = REGION_VERSION;
-        (*region).pid = pid();
+        (*region).pid = u64::from(pid());
         (*region).interval.store(interval, Ordering::Relaxed);
         (*region).scale_q32.store(
             geometric::scale_q32(interval).unwrap_or(0),
             Ordering::Relaxed,
         );
-        (*region).generation.store(1, Ordering::Release);
+        (*region).generation.store(generation, Ordering::Release);
     }
-    region
 }
 
 struct StaticRegion(core::cell::UnsafeCell<core::mem::MaybeUninit<Region>>);
@@ -220,7 +278,7 @@ fn map_new() -> Option<*mut Region> {
     // SAFETY: sizing our own descriptor.
     let sized = unsafe { libc::ftruncate(fd, region_bytes() as libc::off_t) } == 0;
     let mapped = if sized {
-        map_shared(fd)
+        map_shared(fd, 0, region_bytes())
     } else {
         libc::MAP_FAILED
     };
@@ -229,34 +287,37 @@ fn map_new() -> Option<*mut Region> {
     (mapped != libc::MAP_FAILED).then(|| mapped.cast())
 }
 
-/// Maps a region's worth of `fd` from its start, shared and writable (`MAP_FAILED` on
-/// error).
-fn map_shared(fd: i32) -> *mut libc::c_void {
-    // SAFETY: a new mapping of the descriptor's first pages; nothing existing is replaced.
+/// Maps `len` bytes of `fd` from `offset`, shared and writable (`MAP_FAILED` on error).
+fn map_shared(fd: i32, offset: usize, len: usize) -> *mut libc::c_void {
+    // SAFETY: a new mapping of the descriptor's pages; nothing existing is replaced.
     unsafe {
         libc::mmap(
             ptr::null_mut(),
-            region_bytes(),
+            len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED,
             fd,
-            0,
+            offset as libc::off_t,
         )
     }
 }
 
-/// In a forked child: a region of its own, with the parent's interval.
+/// In a forked child: a region of its own, with the parent's interval: a slot of the
+/// family table when the process has one, else a new memfd.
 pub fn after_fork() {
     let parent = current();
     let interval = parent.interval.load(Ordering::Relaxed);
-    let generation = parent.generation.load(Ordering::Relaxed);
-    let region = create(DEFAULT_INTERVAL, interval);
-    // SAFETY: the new region, not yet visible to anyone.
-    unsafe {
-        (*region)
-            .generation
-            .store(generation.max(1), Ordering::Release)
+    let generation = parent.generation.load(Ordering::Relaxed).max(1);
+    let family = FAMILY.load(Ordering::Acquire);
+    let claimed = if family.is_null() {
+        None
+    } else {
+        claim_slot(family, FAMILY_FD.load(Ordering::Acquire), interval)
     };
+    let region = claimed.unwrap_or_else(|| create(DEFAULT_INTERVAL, interval));
+    // SAFETY: the new region, not yet visible to anyone but allocscope (which only reads
+    // the generation).
+    unsafe { (*region).generation.store(generation, Ordering::Release) };
     allocscope_preload_region.store(region, Ordering::Release);
     snapshot_maps();
 }

@@ -75,11 +75,17 @@ pub struct TargetArgs {
     pub all: bool,
 
     /// Also profile the processes the targets start (fork, exec), and theirs, each counted
-    /// from its fork. Probes the allocator libraries for every process: while it records,
-    /// each allocation of any other process using them pays the uprobe trap (~0.7 µs),
-    /// though it is neither counted nor sampled.
-    #[arg(long, help_heading = "Targets")]
+    /// from its fork. The default for `-- CMD` when allocscope's in-process sampler is
+    /// loaded into it: its children carry it too, and nothing else is probed. Otherwise
+    /// (-p, --no-preload, a static or set-user-ID command) this probes the allocator
+    /// libraries for every process: while it records, each allocation of any other process
+    /// using them pays the uprobe trap (~0.7 µs), though it is neither counted nor sampled.
+    #[arg(long, help_heading = "Targets", conflicts_with = "no_follow")]
     pub follow: bool,
+
+    /// With `-- CMD`: profile the command's own process only, not the processes it starts.
+    #[arg(long, help_heading = "Targets")]
+    pub no_follow: bool,
 
     /// Leave processes whose name matches this regex alone (with --all, --comm, --follow).
     #[arg(long, value_name = "REGEX", help_heading = "Targets")]
@@ -127,7 +133,7 @@ pub struct SamplingArgs {
     /// With `-- CMD`: probe the command's allocator with uprobes (a trap on every call)
     /// instead of loading allocscope's in-process sampler into it, which counts and samples
     /// in the process and traps only on sampled blocks (the default for dynamically linked
-    /// commands, without --max-overhead, --follow, --comm or --all).
+    /// commands, without --max-overhead, --comm or --all).
     #[arg(long, help_heading = "Sampling")]
     pub no_preload: bool,
 
@@ -136,10 +142,13 @@ pub struct SamplingArgs {
     #[arg(long, hide = true)]
     pub no_sessions: bool,
 
-    /// Probe the in-process front end's sites at their 1-byte nop (an int3 trap per sample)
-    /// even where the kernel optimises the 5-byte one (for benchmarking the difference).
+    /// Probe USDT sites at their 5-byte nop, which Linux 6.18 optimises into a call to a
+    /// trampoline (~0.4–1 µs less per sample than the int3 trap at the 1-byte nop), for
+    /// benchmarking only: on that kernel a process forked after a site was optimised
+    /// crashes when it reaches the site (its copy of the code calls a trampoline mapping
+    /// the fork did not copy).
     #[arg(long, hide = true)]
-    pub usdt_int3: bool,
+    pub usdt_nop5: bool,
 
     /// Most sampled allocations tracked as live at once (the kernel's live map); beyond it,
     /// samples are counted as untracked and live numbers say they are incomplete.

@@ -28,6 +28,10 @@ pub struct Targets {
     pub command: Vec<OsString>,
     /// Follow the targets' new processes (`--follow`).
     pub follow: bool,
+    /// Follow the command's new processes where that costs no other process anything (its
+    /// tree carries the in-process front end): the default for `-- CMD`, `--no-follow`
+    /// turns it off.
+    pub children: bool,
     /// Processes never profiled, by name.
     pub exclude_comm: Option<Pattern>,
     /// Processes never profiled, by pid.
@@ -139,8 +143,9 @@ pub struct SamplingConfig {
     pub debug_dirs: Vec<PathBuf>,
     /// Use uprobe sessions where the kernel has them.
     pub sessions: bool,
-    /// Probe front ends' sites at the trapping 1-byte nop (benchmark).
-    pub usdt_int3: bool,
+    /// Probe USDT sites at the 5-byte nop the kernel optimises (benchmark only: a forked
+    /// child crashes at an optimised site on Linux 6.18).
+    pub usdt_nop5: bool,
     /// Load the in-process front end into a command allocscope starts (`-- CMD`, unless
     /// `--no-preload`), except under duty cycling (whose estimates need every call counted by
     /// the probes it detaches).
@@ -257,10 +262,16 @@ impl TargetArgs {
                 "pid {both} is both asked for (-p) and left out (--exclude-pid): give one"
             )));
         }
+        if self.no_follow && !command {
+            return Err(BadInput(
+                "--no-follow is for -- CMD (whose children are followed by default)".into(),
+            ));
+        }
         Ok(Targets {
             pids,
             comm,
             all: self.all,
+            children: !self.command.is_empty() && !self.no_follow,
             command: self.command,
             follow: self.follow,
             exclude_comm,
@@ -354,7 +365,7 @@ impl SamplingArgs {
             unwind,
             debug_dirs: self.debug_dirs.clone(),
             sessions: !self.no_sessions,
-            usdt_int3: self.usdt_int3,
+            usdt_nop5: self.usdt_nop5,
             preload: !self.no_preload && max_overhead.is_none(),
             confidence: self.confidence,
             verbose: self.verbose,

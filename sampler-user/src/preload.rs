@@ -5,11 +5,12 @@
 //!
 //! The library reaches a command as a sealed memfd (`LD_PRELOAD=/proc/self/fd/N`, the
 //! descriptor inherited without close-on-exec): no file is written anywhere, and nobody can
-//! change it after it is checked. Its region is created here too, mapped before the
-//! command runs, so its counts are read whole even after it exits; the library finds it
-//! by `ALLOCSCOPE_REGION_FD`. A process that carries the library otherwise (its own
-//! children, or one started by hand) has a region of its own, found through the exported
-//! [`REGION_SYMBOL`] and mapped through `/proc/PID/map_files`.
+//! change it after it is checked. The command's tree counts in a family table created here
+//! too ([`Family`], found by `ALLOCSCOPE_FAMILY_FD`), mapped before the command runs, so
+//! every process's counts and maps are read whole however soon it exits; a slot goes back
+//! once its process is gone and read. A process that carries the library otherwise (one
+//! started by hand, or that found the table full) has a region of its own, found through
+//! the exported [`REGION_SYMBOL`] and mapped through `/proc/PID/map_files`.
 
 use std::{
     fs::File,
@@ -26,7 +27,11 @@ use anyhow::{bail, Context as _};
 use object::{Object as _, ObjectSymbol as _};
 use sampler_common::{
     geometric,
-    preload::{Region, REGION_MAGIC, REGION_SYMBOL, REGION_VERSION},
+    preload::{
+        claim, family_bytes, family_header_bytes, family_region_offset, find_claim, region_bytes,
+        take_slot, Family as Header, Region, FAMILY_MAGIC, FAMILY_SLOTS, FAMILY_VERSION,
+        REGION_MAGIC, REGION_SYMBOL, REGION_VERSION,
+    },
 };
 
 use crate::probe::maps;
@@ -92,14 +97,152 @@ pub fn ld_preload(library: &Library, existing: Option<&std::ffi::OsStr>) -> std:
     value
 }
 
-/// Bytes of a region mapping (whole pages).
-fn region_bytes() -> usize {
-    std::mem::size_of::<Region>().next_multiple_of(maps::PAGE_SIZE as usize)
+/// The family table of a command's tree (see [`sampler_common::preload::Family`]): its
+/// memfd, its header mapped here, and the slots whose regions were handed out.
+pub struct Family {
+    file: File,
+    header: memmap2::MmapMut,
+}
+
+impl std::fmt::Debug for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Family").finish_non_exhaustive()
+    }
+}
+
+impl Family {
+    /// A new table at `interval`, and the descriptor the command inherits (no
+    /// close-on-exec) to find it. Sparse: a region's pages exist once its process counts.
+    pub fn create(interval: u64) -> anyhow::Result<(Family, OwnedFd)> {
+        let file = memfd(c"allocscope-family", 0)?;
+        file.set_len(family_bytes() as u64)?;
+        // SAFETY: a shared mapping of our own memfd's header, sized above.
+        let mut header = unsafe {
+            memmap2::MmapOptions::new()
+                .len(family_header_bytes())
+                .map_mut(&file)
+        }?;
+        header[..8].copy_from_slice(&FAMILY_MAGIC.to_ne_bytes());
+        header[8..16].copy_from_slice(&FAMILY_VERSION.to_ne_bytes());
+        // Ours is close-on-exec (a duplicate); the command inherits the original.
+        let family = Family {
+            file: file.try_clone()?,
+            header,
+        };
+        family.set_interval(interval)?;
+        Ok((family, file.into()))
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the mapping is family_header_bytes() long and page-aligned, and holds a
+        // header (written at creation); its changing fields are atomics.
+        unsafe { &*self.header.as_ptr().cast::<Header>() }
+    }
+
+    /// Sets the interval regions claimed from now on start with.
+    pub fn set_interval(&self, interval: u64) -> anyhow::Result<()> {
+        let scale = geometric::scale_q32(interval)
+            .with_context(|| format!("sampling interval {interval} is out of range"))?;
+        self.header().scale_q32.store(scale, Ordering::Release);
+        self.header().interval.store(interval, Ordering::Release);
+        Ok(())
+    }
+
+    /// Processes that found the table full (each counts in a region of its own).
+    pub fn full(&self) -> u64 {
+        self.header().full.load(Ordering::Relaxed)
+    }
+
+    fn map_slot(&self, slot: usize) -> anyhow::Result<memmap2::MmapMut> {
+        // SAFETY: a shared mapping of one region of our own memfd; the processes write
+        // only atomics there.
+        Ok(unsafe {
+            memmap2::MmapOptions::new()
+                .offset(family_region_offset(slot) as u64)
+                .len(region_bytes())
+                .map_mut(&self.file)
+        }?)
+    }
+
+    /// Claims a slot for the command about to run as `pid` (paused before its exec), at
+    /// the table's interval: the library finds it by its pid.
+    pub fn claim_for(&self, pid: u32) -> anyhow::Result<MappedRegion> {
+        let header = self.header();
+        let sequence = header.sequence.fetch_add(1, Ordering::AcqRel) + 1;
+        let slot = take_slot(&header.claims, sequence, pid).context("the family table is full")?;
+        let mut map = self.map_slot(slot)?;
+        map[..8].copy_from_slice(&REGION_MAGIC.to_ne_bytes());
+        map[8..16].copy_from_slice(&REGION_VERSION.to_ne_bytes());
+        map[16..24].copy_from_slice(&u64::from(pid).to_ne_bytes());
+        let mut mapped = MappedRegion::check(map)?;
+        mapped.slot = Some(slot);
+        mapped.set_interval(header.interval.load(Ordering::Acquire))?;
+        header.claims[slot].store(claim(sequence, pid, true), Ordering::Release);
+        Ok(mapped)
+    }
+
+    /// The region process `pid` counts in, if it claimed one: mapped, counting from its
+    /// fork (or its start).
+    pub fn region_of(&self, pid: u32) -> Option<anyhow::Result<MappedRegion>> {
+        let slot = find_claim(&self.header().claims, pid)?;
+        Some(self.map_slot(slot).and_then(|map| {
+            let mut mapped = MappedRegion::check(map)?;
+            if mapped.region().pid != u64::from(pid) {
+                bail!("slot {slot} of the family table is not pid {pid}'s");
+            }
+            mapped.slot = Some(slot);
+            Ok(mapped)
+        }))
+    }
+
+    /// Gives slot `slot` back: its pages are dropped (reading as zeros for the next
+    /// process), then the slot is free. Only once its process is gone and its counts read.
+    pub fn release(&self, slot: usize) {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: fallocate on our own memfd, within its size.
+        let punched = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                family_region_offset(slot) as libc::off_t,
+                region_bytes() as libc::off_t,
+            )
+        } == 0;
+        if punched {
+            self.header().claims[slot].store(0, Ordering::Release);
+        } else {
+            // Not zeroed: never handed out again (the table has one slot fewer).
+            log::debug!(
+                "family table slot {slot}: not given back ({})",
+                io::Error::last_os_error()
+            );
+        }
+    }
+
+    /// The slots claimed by processes for which `gone` says yes, with their claim words
+    /// (a claim not ready yet is a process that died while claiming).
+    pub fn claims_of_gone(&self, gone: impl Fn(u32) -> bool) -> Vec<(usize, u64)> {
+        (0..FAMILY_SLOTS)
+            .filter_map(|slot| {
+                let word = self.header().claims[slot].load(Ordering::Acquire);
+                let pid = sampler_common::preload::claim_pid(word);
+                (word != 0 && gone(pid)).then_some((slot, word))
+            })
+            .collect()
+    }
+
+    /// Whether slot `slot` still holds claim `word` (only allocscope frees a slot, so a
+    /// claim seen twice is the same process's).
+    pub fn holds(&self, slot: usize, word: u64) -> bool {
+        self.header().claims[slot].load(Ordering::Acquire) == word
+    }
 }
 
 /// A process's counter region, mapped here (it stays readable after the process exits).
 pub struct MappedRegion {
     map: memmap2::MmapMut,
+    /// Its slot in the family table, if it is one (given back once its process is gone).
+    slot: Option<usize>,
     /// Counts at attach (zero for a command we started): what came before is not ours.
     baseline: (u64, u64),
     /// When the maps last handed out by [`Self::new_maps`] were read (0: none yet).
@@ -124,6 +267,7 @@ impl MappedRegion {
     fn check(map: memmap2::MmapMut) -> anyhow::Result<MappedRegion> {
         let mapped = MappedRegion {
             map,
+            slot: None,
             baseline: (0, 0),
             maps_offered_ns: 0,
         };
@@ -136,24 +280,6 @@ impl MappedRegion {
             );
         }
         Ok(mapped)
-    }
-
-    /// A new region for a command about to start, at `interval`, and the descriptor the
-    /// command inherits (no close-on-exec) to find it.
-    pub fn for_command(interval: u64) -> anyhow::Result<(MappedRegion, OwnedFd)> {
-        let file = memfd(c"allocscope-counters", 0)?;
-        file.set_len(region_bytes() as u64)?;
-        // SAFETY: a shared mapping of our own memfd, sized above.
-        let mut map = unsafe {
-            memmap2::MmapOptions::new()
-                .len(region_bytes())
-                .map_mut(&file)
-        }?;
-        map[..8].copy_from_slice(&REGION_MAGIC.to_ne_bytes());
-        map[8..16].copy_from_slice(&REGION_VERSION.to_ne_bytes());
-        let mapped = MappedRegion::check(map)?;
-        mapped.set_interval(interval)?;
-        Ok((mapped, file.into()))
     }
 
     /// The process's maps as its library read them at set-up (see
@@ -169,12 +295,6 @@ impl MappedRegion {
         self.maps_offered_ns = read_ns.max(written_ns);
         bytes.truncate(len);
         Some((String::from_utf8_lossy(&bytes).into_owned(), read_ns))
-    }
-
-    /// Names the process the region is for (the library refuses a region that is not its
-    /// process's: a descriptor leaked to another program). Before the command runs.
-    pub fn set_pid(&mut self, pid: u32) {
-        self.map[16..24].copy_from_slice(&u64::from(pid).to_ne_bytes());
     }
 
     /// Maps the region of running process `pid`, whose mapped file `library` (at `path`,
@@ -221,6 +341,11 @@ impl MappedRegion {
         }
         mapped.baseline = mapped.region().totals();
         Ok(mapped)
+    }
+
+    /// Its slot in the family table, if it is one.
+    pub fn slot(&self) -> Option<usize> {
+        self.slot
     }
 
     /// Calls and bytes counted since this mapping was made (for a command: since its start).

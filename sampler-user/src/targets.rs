@@ -142,6 +142,39 @@ pub fn comm_of(pid: u32) -> Option<String> {
         .map(|c| c.trim_end().to_owned())
 }
 
+/// The environment `pid` started its program with (`/proc/PID/environ`, at most 1 MiB).
+pub fn environ_of(pid: u32) -> Option<Vec<u8>> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(format!("/proc/{pid}/environ"))
+        .ok()?
+        .take(1 << 20)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    Some(bytes)
+}
+
+/// Whether `pid`'s program runs in secure-execution mode (its auxv's `AT_SECURE`: a
+/// set-user/group-ID program or one with file capabilities, for which the dynamic loader
+/// ignores `LD_PRELOAD` paths); `None` when unreadable.
+pub fn secure_execution(pid: u32) -> Option<bool> {
+    let auxv = std::fs::read(format!("/proc/{pid}/auxv")).ok()?;
+    Some(at_secure(&auxv))
+}
+
+/// `AT_SECURE` in an auxiliary vector (native-endian 64-bit key/value pairs).
+fn at_secure(auxv: &[u8]) -> bool {
+    const AT_SECURE: u64 = 23;
+    auxv.chunks_exact(16)
+        .map(|pair| {
+            let word =
+                |at: usize| u64::from_ne_bytes(pair[at..at + 8].try_into().unwrap_or_default());
+            (word(0), word(8))
+        })
+        .take_while(|&(key, _)| key != 0)
+        .any(|(key, value)| key == AT_SECURE && value != 0)
+}
+
 /// The cgroup (v2 path) of `pid`: groups a container's or a systemd unit's processes.
 pub fn cgroup_of(pid: u32) -> Option<String> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
@@ -287,6 +320,23 @@ pub fn interpreter_of(elf: &[u8]) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secure_execution_is_read_from_the_auxiliary_vector() {
+        let vector = |pairs: &[(u64, u64)]| -> Vec<u8> {
+            pairs
+                .iter()
+                .flat_map(|&(k, v)| k.to_ne_bytes().into_iter().chain(v.to_ne_bytes()))
+                .collect()
+        };
+        assert!(!at_secure(&vector(&[(6, 4096), (23, 0), (0, 0)])));
+        assert!(at_secure(&vector(&[(6, 4096), (23, 1), (0, 0)])));
+        // Past the terminating pair, nothing counts; a cut vector is read as far as whole.
+        assert!(!at_secure(&vector(&[(0, 0), (23, 1)])));
+        assert!(!at_secure(&[1, 2, 3]));
+        // This process is not set-user-ID.
+        assert_eq!(secure_execution(std::process::id()), Some(false));
+    }
 
     /// A zombie is said to be one, not "no such process" (issue #29's smaller list): a real
     /// zombie, our own unreaped child.

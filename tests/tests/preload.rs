@@ -159,6 +159,91 @@ fn fork_dlopen_and_threads_are_counted_as_by_uprobes() {
     );
 }
 
+/// The command's children (forked without exec, each 100 x malloc(50000)) in a profile:
+/// (pid, exact calls, exact bytes, front end), the parent (the first process) aside.
+fn children_of(profile: &Value) -> Vec<(u64, u64, u64, String)> {
+    let (_, parent) = first_process(profile);
+    profile["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["pid"] != parent)
+        .map(|p| {
+            (
+                p["pid"].as_u64().unwrap(),
+                p["exact"]["calls"].as_u64().unwrap(),
+                p["exact"]["bytes"].as_u64().unwrap(),
+                p["front_end"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_commands_children_are_followed_in_process_by_default() {
+    if !bpf_available("a_commands_children_are_followed_in_process_by_default") {
+        return;
+    }
+    let _serial = one_at_a_time();
+    // `record -- CMD` follows the processes CMD starts (as perf and heaptrack do), through
+    // the library they inherit: each forked child is counted exactly from its fork, in the
+    // family table, however soon it exits; its samples come through the same probes, and
+    // it survives them (churn exits 3 if a child does not exit 0: an optimised probe
+    // site once killed forked children). The same children through uprobes (`--no-preload
+    // --follow`) count the same; `--no-follow` leaves them out.
+    const ROUNDS: u64 = 40;
+    let dir = TempDir::new("preload-children");
+    let churn = fixture("churn", &["-pthread"]);
+    let (followed, stderr) = record_command(&churn, ROUNDS, &[], &dir, "followed.json");
+    assert!(stderr.contains("and the processes they start"), "{stderr}");
+    let children = children_of(&followed);
+    assert_eq!(children.len() as u64, ROUNDS, "{children:?}\n{stderr}");
+    for (pid, calls, bytes, front_end) in &children {
+        assert_eq!(
+            (*calls, *bytes, front_end.as_str()),
+            (100, 5_000_000, "in-process"),
+            "child {pid}"
+        );
+    }
+    // Every child's samples are its own, and their estimate bounds the truth.
+    let truth = (ROUNDS * 5_000_000) as f64;
+    let (mut estimate, mut lower, mut upper) = (0.0, 0.0, 0.0);
+    for process in followed["processes"].as_array().unwrap() {
+        if process["pid"] == first_process(&followed).1 {
+            continue;
+        }
+        estimate += process["alloc_bytes"]["estimate"].as_f64().unwrap();
+        lower += process["alloc_bytes"]["lower"].as_f64().unwrap();
+        upper += process["alloc_bytes"]["upper"].as_f64().unwrap();
+    }
+    assert!(
+        lower <= truth && truth <= upper,
+        "children: {truth} outside [{lower}, {upper}] (estimate {estimate})"
+    );
+    let (uprobes, _) = record_command(
+        &churn,
+        ROUNDS,
+        &["--no-preload", "--follow"],
+        &dir,
+        "uprobes.json",
+    );
+    let theirs = children_of(&uprobes);
+    assert_eq!(theirs.len() as u64, ROUNDS, "{theirs:?}");
+    assert!(
+        theirs
+            .iter()
+            .all(|(_, c, b, f)| (*c, *b, f.as_str()) == (100, 5_000_000, "uprobes")),
+        "{theirs:?}"
+    );
+    let (alone, _) = record_command(&churn, ROUNDS, &["--no-follow"], &dir, "alone.json");
+    assert_eq!(
+        alone["processes"].as_array().unwrap().len(),
+        1,
+        "{}",
+        alone["processes"]
+    );
+}
+
 /// Records `threads 1000 300` (1000 threads, 300 malloc(512) each) with `extra` flags and
 /// returns the threads process's exact counts and front end.
 fn record_threads(extra: &[&str], dir: &TempDir, name: &str) -> (u64, u64, String) {

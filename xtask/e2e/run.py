@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """End-to-end slowdown on real programs (README, Cost): native, `record` (the in-process
-front end, frees tracked), `record --alloc-only`, `record --no-preload` (uprobes on every
+front end, frees tracked, children followed), `record --alloc-only`, `record --no-preload` (uprobes on every
 call) and heaptrack, interleaved rounds, medians with the rounds' range; then, from
 the last round, each front end's exact count and estimate of the bytes allocated.
 
@@ -31,6 +31,9 @@ programs = {
     "sqlite3 (240k inserts)": (["sqlite3", "test.db"], "batch.sql"),
     "perl script.pl": (["/usr/bin/perl", "script.pl"], None),
     "cc1plus -O1 (C++, <regex>)": ([CC1, "-quiet", "-O1", "big.ii", "-o", "/dev/null"], None),
+    # The driver starts cc1plus and as: followed by default in-process; with --no-preload
+    # only with --follow (file-wide uprobes), which that mode then gets here.
+    "g++ -O1 -c (driver, cc1plus, as)": (["g++", "-O1", "-c", "big.ii", "-o", "big.o"], None),
 }
 modes = {
     "native": [],
@@ -66,6 +69,10 @@ for r in range(rounds):
                 if name == "test.db" or name.startswith("ht."):
                     os.remove(name)
             inp = open(stdin) if stdin else subprocess.DEVNULL
+            if p.startswith("g++") and m == "record --no-preload":
+                prefix = prefix[:-1] + ["--follow", "--"]
+            if p.startswith("g++") and m == "heaptrack" and r > 0:
+                continue
             started = time.monotonic()
             rc = subprocess.run(prefix + cmd, stdin=inp, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL).returncode

@@ -61,6 +61,16 @@ impl Counters {
         self.regions.insert(pid, region);
     }
 
+    /// `pid` is gone: the counts of its region are kept, and the region's slot in the family
+    /// table returned, to be given back.
+    pub fn release_region(&mut self, pid: u32) -> Option<usize> {
+        let slot = self.regions.get(&pid)?.slot()?;
+        let region = self.regions.remove(&pid)?;
+        let (calls, bytes) = region.counts();
+        self.keep(pid, ProcessCounters { calls, bytes });
+        Some(slot)
+    }
+
     /// Whether `pid` counts its own calls.
     pub fn has_region(&self, pid: u32) -> bool {
         self.regions.contains_key(&pid)

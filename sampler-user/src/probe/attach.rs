@@ -61,9 +61,9 @@ pub struct KernelConfig {
     pub stack_bytes: u32,
     /// Try uprobe sessions for the returns (else classic return probes on every call).
     pub sessions: bool,
-    /// Probe the front end's sites at the 1-byte nop even where the kernel optimises the
-    /// 5-byte one (`--usdt-int3`, the benchmark of the difference).
-    pub usdt_int3: bool,
+    /// Probe USDT sites at their 5-byte nop where the kernel optimises it (`--usdt-nop5`,
+    /// the benchmark of the difference; unsafe for processes that fork, see the flag).
+    pub usdt_nop5: bool,
     /// Host mode (`--all`): probes attached host-wide, excluded pids skipped in the kernel.
     pub host: bool,
     /// Follow new processes of followed ones through fork and exec (`--follow`).
@@ -353,6 +353,7 @@ pub struct Probes {
     added: Vec<(Scope, Allocator, bool)>,
     sizes: [u64; AllocFn::FUNCTION_SLOTS],
     _tracepoints: Vec<TracePointLinkId>,
+    _raw_tracepoints: Vec<RawTracePointLinkId>,
 }
 
 /// The programs of uprobes on allocator functions.
@@ -400,6 +401,12 @@ impl Probes {
             .map_err(|(path, source)| AttachError::Cpus { path, source })?
             as u32;
         let started = std::time::Instant::now();
+        let task_pid_offset = if config.follow || config.followed_only {
+            super::btf::task_pid_offset()
+        } else {
+            None
+        };
+        let task_pid_offset_value = u64::from(task_pid_offset.unwrap_or(0));
         let mut ebpf = EbpfLoader::new()
             .btf(None)
             .override_global("INTERVAL", &config.interval, true)
@@ -411,6 +418,7 @@ impl Probes {
             .override_global("WATCH_EXECS", &watch_execs, true)
             .override_global("STACK_BYTES", &stack_bytes, true)
             .override_global("DUTY_CYCLED", &duty_cycled, true)
+            .override_global("TASK_PID_OFFSET", &task_pid_offset_value, true)
             .map_max_entries("SCRATCH", possible_cpus)
             .map_max_entries("LIVE", config.track_frees.unwrap_or(1).max(1))
             .map_max_entries("SAMPLES", config.ring_buffer)
@@ -429,19 +437,27 @@ impl Probes {
             loaded_uprobe(&mut ebpf, USDT_PROGRAM)?;
         }
         let mut tracepoints = Vec::new();
+        let mut raw_tracepoints = Vec::new();
         if config.follow || config.followed_only {
-            tracepoints.push(attach_tracepoint(
-                &mut ebpf,
-                "task_newtask",
-                "task",
-                "task_newtask",
-            )?);
+            if task_pid_offset.is_some() {
+                raw_tracepoints.push(attach_raw_tracepoint(
+                    &mut ebpf,
+                    "task_newtask_raw",
+                    "task_newtask",
+                )?);
+            } else {
+                tracepoints.push(attach_tracepoint(
+                    &mut ebpf,
+                    "task_newtask",
+                    "task",
+                    "task_newtask",
+                )?);
+            }
         }
         if config.follow || config.followed_only || config.watch_execs {
-            tracepoints.push(attach_tracepoint(
+            raw_tracepoints.push(attach_raw_tracepoint(
                 &mut ebpf,
                 "process_exec",
-                "sched",
                 "sched_process_exec",
             )?);
         }
@@ -458,6 +474,7 @@ impl Probes {
             added: Vec::new(),
             sizes: [0; AllocFn::FUNCTION_SLOTS],
             _tracepoints: tracepoints,
+            _raw_tracepoints: raw_tracepoints,
         };
         if !probes.config.lazy_uprobes {
             probes.uprobe_programs()?;
@@ -920,7 +937,10 @@ impl Probes {
             sites.extend(front_end.frees.iter().map(|site| (site, free)));
         }
         sites.extend(front_end.allocs.iter().map(|site| (site, slot)));
-        let optimized = super::usdt_optimized() && !self.config.usdt_int3;
+        // At the 1-byte nop (an int3 trap) unless asked: an optimised site's code calls a
+        // trampoline mapping that a fork does not copy (Linux 6.18), so a child forked
+        // without exec would crash at the site.
+        let optimized = super::usdt_optimized() && self.config.usdt_nop5;
         let nop5 = |site: &super::usdt::Site| site.optimizable && optimized;
         let offsets: Vec<u64> = sites
             .iter()
@@ -1116,7 +1136,7 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         ring_buffer: 4 << 20,
         stack_bytes: 0,
         sessions: false,
-        usdt_int3: false,
+        usdt_nop5: false,
         host: false,
         follow: false,
         followed_only: false,
@@ -1156,6 +1176,7 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         added: Vec::new(),
         sizes: [0; AllocFn::FUNCTION_SLOTS],
         _tracepoints: Vec::new(),
+        _raw_tracepoints: Vec::new(),
     })
 }
 

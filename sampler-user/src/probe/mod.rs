@@ -9,6 +9,7 @@
 
 pub mod allocator;
 pub mod attach;
+pub mod btf;
 pub mod maps;
 pub mod prologue;
 pub mod runs;

@@ -17,6 +17,12 @@ impl Recording {
         self.duty_exit(pid);
         self.catch_up().await?;
         self.aggregator.mark_exited(pid);
+        self.claim_regions(Some(pid));
+        if let Some(slot) = self.counters.release_region(pid) {
+            if let Some(family) = &self.family {
+                family.release(slot);
+            }
+        }
         let Some(slot) = self.running.remove(&pid) else {
             return Ok(());
         };
@@ -41,6 +47,7 @@ impl Recording {
     /// deliver to the aggregator.
     pub async fn counters(&mut self) -> anyhow::Result<(BTreeMap<u32, ProcessCounters>, Losses)> {
         self.catch_up().await?;
+        self.claim_regions(None);
         let mut lost = None;
         if self.probes.is_some() {
             self.counted_ns = monotonic_ns();

@@ -24,25 +24,114 @@ use crate::{
 
 impl Recording {
     /// A process that carries the in-process front end counts its own calls: its region is
-    /// mapped (once) and set to the interval in force. Without it the process's counts
-    /// would be missing, which the summary would show as zero calls: said loudly instead.
+    /// mapped (once) and set to the interval in force; in the command's family table when
+    /// it claimed a slot there, else found through the library among `allocators`. Without
+    /// it the process's counts would be missing, which the summary would show as zero
+    /// calls: said loudly instead.
     fn map_front_end(&mut self, pid: u32, allocators: &[Allocator]) {
-        let Some(library) = allocators.iter().find(|a| a.file.is_in_process()) else {
-            return;
-        };
         if self.counters.has_region(pid) {
             return;
         }
-        match crate::preload::MappedRegion::of_process(pid, &library.path) {
+        let carries = allocators.iter().find(|a| a.file.is_in_process());
+        let found = match self.family.as_ref().and_then(|f| f.region_of(pid)) {
+            Some(found) => found,
+            // A process of the command's tree claims its slot when its library starts: one
+            // just forked (through vfork, no fork handler runs) or exec'd has not yet. Looked
+            // for again at each reading and when it exits.
+            None if self.family.is_some() && self.family_full() == 0 => {
+                if carries.is_some() || self.running.contains_key(&pid) {
+                    self.awaiting_region.insert(pid);
+                }
+                return;
+            }
+            None => match carries {
+                Some(library) => crate::preload::MappedRegion::of_process(pid, &library.path),
+                None => return,
+            },
+        };
+        self.awaiting_region.remove(&pid);
+        self.take_region(pid, found);
+    }
+
+    /// Counts `pid`'s calls from its region (set to the interval in force), and notes that
+    /// the front end measures it; `found`'s error is said loudly.
+    fn take_region(&mut self, pid: u32, found: anyhow::Result<crate::preload::MappedRegion>) {
+        match found {
             Ok(region) => {
                 if let Err(e) = region.set_interval(self.interval) {
                     warn!("pid {pid}: setting its in-process sampler's interval: {e:#}");
                 }
                 self.counters.add_region(pid, region);
+                if let Some((_, library)) = &self.library {
+                    let library = library.clone();
+                    self.aggregator.add_allocators(pid, std::slice::from_ref(&library));
+                }
             }
             Err(e) => warn!(
                 "pid {pid}: its in-process sampler's counters cannot be read ({e:#}): its exact counts are missing"
             ),
+        }
+    }
+
+    fn family_full(&self) -> u64 {
+        self.family.as_ref().map_or(0, crate::preload::Family::full)
+    }
+
+    /// Maps the regions of the processes that had not claimed theirs when last looked for
+    /// (see [`Self::map_front_end`]); `gone`: `pid` has exited, and is looked for one last
+    /// time.
+    pub(super) fn claim_regions(&mut self, gone: Option<u32>) {
+        let pids: Vec<u32> = match gone {
+            Some(pid) if self.awaiting_region.contains(&pid) => vec![pid],
+            Some(_) => return,
+            None => self.awaiting_region.iter().copied().collect(),
+        };
+        for pid in pids {
+            let Some(found) = self.family.as_ref().and_then(|f| f.region_of(pid)) else {
+                continue;
+            };
+            self.awaiting_region.remove(&pid);
+            self.take_region(pid, found);
+        }
+        if let Some(pid) = gone {
+            if self.awaiting_region.remove(&pid) {
+                // It never counted in the table: its program did not load the library after
+                // all (its calls went to its allocator's probes, if any), or it exited
+                // before it ran.
+                debug!("pid {pid}: exited without an in-process region");
+            }
+        }
+    }
+
+    /// Gives back the family table's slots of processes that are gone and that no target
+    /// holds (a target's goes when it is finalized): those found at the previous look,
+    /// whose events have been read since, then notes today's.
+    pub(super) fn sweep_family(&mut self) {
+        let Some(family) = self.family.as_ref() else {
+            return;
+        };
+        let regions = &self.counters;
+        for &(slot, word) in &self.family_gone {
+            let pid = sampler_common::preload::claim_pid(word);
+            if family.holds(slot, word) && !regions.has_region(pid) {
+                family.release(slot);
+            }
+        }
+        let running = &self.running;
+        let gone = |pid: u32| {
+            !regions.has_region(pid)
+                && !running.contains_key(&pid)
+                && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        };
+        self.family_gone = family.claims_of_gone(gone);
+        let full = family.full();
+        if full > 0 && !self.said_family_full {
+            self.said_family_full = true;
+            warn!(
+                "{full} processes found the in-process sampler's table full ({} at once): \
+                 each counts on its own, read while it lives",
+                sampler_common::preload::FAMILY_SLOTS
+            );
         }
     }
 
@@ -188,6 +277,7 @@ impl Recording {
                 since.start
             );
         }
+        self.map_front_end(pid, allocators.unwrap_or_default());
         if let Some(allocators) = allocators {
             self.probe_files(allocators)?;
             self.note_late(pid, allocators);
@@ -228,7 +318,7 @@ impl Recording {
     }
 
     /// Probes for every process the allocator files not probed yet, noting when.
-    fn probe_files(&mut self, allocators: &[Allocator]) -> anyhow::Result<()> {
+    pub(super) fn probe_files(&mut self, allocators: &[Allocator]) -> anyhow::Result<()> {
         for allocator in allocators {
             if self.host_files.contains_key(&allocator.file_id) {
                 continue;
@@ -269,6 +359,8 @@ impl Recording {
     /// Looks for new targets (`--comm`, `--all`) and for allocators the current targets
     /// loaded since they were attached.
     pub(super) fn discover(&mut self) -> anyhow::Result<()> {
+        self.claim_regions(None);
+        self.sweep_family();
         if self.targets.all {
             self.scan_host()?;
         } else if self.targets.comm.is_some() {
@@ -381,16 +473,53 @@ impl Recording {
     }
 
     /// The allocators of `pid`; for a program that has just exec'd and whose libraries
-    /// the dynamic loader has not mapped yet, those it is about to map.
+    /// the dynamic loader has not mapped yet, those it is about to map (the in-process
+    /// front end first when it will load it: see [`Self::will_load_front_end`]).
     fn allocators_of(&mut self, pid: u32) -> Result<Vec<Allocator>, FindError> {
         match self.cache.of_pid(pid) {
             Err(FindError::NoAllocator(why)) => {
                 let exe = std::path::PathBuf::from(format!("/proc/{pid}/exe"));
-                preflight::allocators_for_command(&exe, &mut self.cache)
-                    .map_err(|_| FindError::NoAllocator(why))
+                let mut found = preflight::allocators_for_command(&exe, &mut self.cache)
+                    .map_err(|_| FindError::NoAllocator(why))?;
+                if let Some(library) = self.will_load_front_end(pid, &found) {
+                    found.push(library);
+                    crate::probe::allocator::behind_front_end(&mut found, true);
+                } else if !found.is_empty() && crate::targets::secure_execution(pid) == Some(false)
+                {
+                    // What its LD_PRELOAD names comes first (a jemalloc put there).
+                    for path in preloaded(pid) {
+                        if let Some(allocator) = self.cache.of_file(&path, false) {
+                            found.insert(0, allocator);
+                        }
+                    }
+                }
+                Ok(found)
             }
             found => found,
         }
+    }
+
+    /// For `pid`, just past an exec (its loader not run yet), the library it will load: the
+    /// command's, named in its `LD_PRELOAD` by a descriptor it holds, where the loader
+    /// honours it (a dynamically linked program, not set-user-ID: `found` is not empty
+    /// and the process has no secure-execution auxv flag).
+    fn will_load_front_end(&self, pid: u32, found: &[Allocator]) -> Option<Allocator> {
+        let (library, allocator) = self.library.as_ref()?;
+        if found.is_empty() || crate::targets::secure_execution(pid) != Some(false) {
+            return None;
+        }
+        let environ = crate::targets::environ_of(pid)?;
+        let preload = environ
+            .split(|&b| b == 0)
+            .find_map(|entry| entry.strip_prefix(b"LD_PRELOAD="))?;
+        let own = library.preload_path();
+        let path = preload
+            .split(|&b| b == b' ' || b == b':')
+            .find(|p| *p == own.as_bytes())?;
+        let through = format!("/proc/{pid}/fd/{}", own.rsplit('/').next()?);
+        let held = std::fs::metadata(&through).ok()?;
+        let id = crate::probe::maps::FileId::of(&held);
+        (library.file_id().ok()? == id && !path.is_empty()).then(|| allocator.clone())
     }
 
     /// `--all`: probes each allocator file of each new process once, for every process;
@@ -558,6 +687,28 @@ impl Recording {
         }
         self.excluded.insert(pid);
     }
+}
+
+/// The files `pid`'s `LD_PRELOAD` names, through its own root (absolute paths only).
+fn preloaded(pid: u32) -> Vec<std::path::PathBuf> {
+    let Some(environ) = crate::targets::environ_of(pid) else {
+        return Vec::new();
+    };
+    let Some(value) = environ
+        .split(|&b| b == 0)
+        .find_map(|entry| entry.strip_prefix(b"LD_PRELOAD="))
+    else {
+        return Vec::new();
+    };
+    value
+        .split(|&b| b == b' ' || b == b':')
+        .filter(|path| path.starts_with(b"/"))
+        .map(|path| {
+            let mut through = std::ffi::OsString::from(format!("/proc/{pid}/root"));
+            through.push(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path));
+            std::path::PathBuf::from(through)
+        })
+        .collect()
 }
 
 fn describe(allocators: &[Allocator]) -> String {

@@ -60,8 +60,17 @@ pub struct Prepared {
     child: Option<PausedChild>,
     command: String,
     cache: AllocatorCache,
-    /// The in-process front end loaded into the command, and its counter region.
-    front_end: Option<(preload::Library, preload::MappedRegion)>,
+    /// The in-process front end loaded into the command.
+    front_end: Option<FrontEnd>,
+}
+
+/// The in-process front end of a command: the library, the family table its tree counts
+/// in, the command's own slot there, and the library as an allocator to probe.
+struct FrontEnd {
+    library: preload::Library,
+    family: preload::Family,
+    region: preload::MappedRegion,
+    allocator: crate::probe::allocator::Allocator,
 }
 
 /// Runs every check that can fail on bad input (privileges, targets, then the caller's own
@@ -96,25 +105,25 @@ pub fn prepare(
     if !targets.command.is_empty() {
         let program = preflight::resolve_command(&targets.command[0])?;
         let mut allocators = preflight::allocators_for_command(&program, &mut cache)?;
-        // Followed processes (`--follow`) are counted by file-wide probes from their fork:
-        // the front end's regions of forked children are not followed yet, so a followed
-        // command keeps uprobes.
-        let follows = targets.follow || targets.comm.is_some() || targets.all;
-        if sampling.preload && !follows {
-            if let Some((library, region, own)) = front_end_for(&program, sampling.interval)? {
+        // A followed command's tree carries the library too (through the environment): the
+        // library's probes, file-wide, reach every process that maps it, and no other.
+        // `--comm` and `--all` look at processes that do not.
+        let host_wide = targets.comm.is_some() || targets.all;
+        if sampling.preload && !host_wide {
+            if let Some((library, family, own)) = front_end_for(&program, sampling.interval)? {
                 environment = vec![
                     (
                         "LD_PRELOAD".into(),
                         preload::ld_preload(&library, std::env::var_os("LD_PRELOAD").as_deref()),
                     ),
                     (
-                        "ALLOCSCOPE_REGION_FD".into(),
-                        region.1.as_raw_fd().to_string().into(),
+                        sampler_common::preload::FAMILY_FD_VARIABLE.into(),
+                        family.1.as_raw_fd().to_string().into(),
                     ),
                 ];
-                allocators.push(own);
+                allocators.push(own.clone());
                 crate::probe::allocator::behind_front_end(&mut allocators, false);
-                front_end = Some((library, region));
+                front_end = Some((library, family, own));
             }
         }
         initial.push(Target { pid: 0, allocators });
@@ -131,15 +140,34 @@ pub fn prepare(
         }
         child = Some(paused);
     }
-    let front_end = front_end.map(|(library, (mut region, fd))| {
-        drop(fd);
-        if let Some(child) = &child {
-            region.set_pid(child.pid);
+    let front_end = match (front_end, &child) {
+        (Some((library, (family, fd), allocator)), Some(child)) => {
+            drop(fd);
+            let region = family.claim_for(child.pid).map_err(|e| {
+                BadInput(format!(
+                    "cannot prepare the in-process sampler (family table): {e:#}"
+                ))
+            })?;
+            Some(FrontEnd {
+                library,
+                family,
+                region,
+                allocator,
+            })
         }
-        (library, region)
-    });
+        _ => None,
+    };
+    let mut targets = targets.clone();
+    if front_end.is_some() && targets.children {
+        targets.follow = true;
+    } else if targets.children && !targets.follow {
+        info!(
+            "the processes {command} starts are not followed: with uprobes that would trap \
+             every process using their allocator (--follow does it anyway)"
+        );
+    }
     Ok(Prepared {
-        targets: targets.clone(),
+        targets,
         initial,
         child,
         command,
@@ -148,8 +176,8 @@ pub fn prepare(
     })
 }
 
-/// The in-process front end for command `program`: the library in a memfd, a counter
-/// region at `interval` with the descriptor the command inherits, and the library as an
+/// The in-process front end for command `program`: the library in a memfd, a family table
+/// at `interval` with the descriptor the command inherits, and the library as an
 /// allocator to attach to. `None` (uprobes then) where the dynamic loader would not load
 /// it, said once: a statically linked program, or a set-user/group-ID one (the loader
 /// ignores `LD_PRELOAD` from a path outside the system's for those).
@@ -160,7 +188,7 @@ fn front_end_for(
 ) -> Result<
     Option<(
         preload::Library,
-        (preload::MappedRegion, std::os::fd::OwnedFd),
+        (preload::Family, std::os::fd::OwnedFd),
         crate::probe::allocator::Allocator,
     )>,
     BadInput,
@@ -185,7 +213,7 @@ fn front_end_for(
         ))
     };
     let library = preload::Library::create().map_err(|e| failed("library", &e))?;
-    let region = preload::MappedRegion::for_command(interval).map_err(|e| failed("region", &e))?;
+    let family = preload::Family::create(interval).map_err(|e| failed("family table", &e))?;
     let path = library.own_path();
     let file_id = library.file_id().map_err(|e| failed("library", &e))?;
     let file = crate::probe::allocator::analyse_file(
@@ -202,7 +230,7 @@ fn front_end_for(
         in_executable: false,
         file: std::sync::Arc::new(file),
     };
-    Ok(Some((library, region, own)))
+    Ok(Some((library, family, own)))
 }
 
 /// How the command started for a recording (`-- CMD`) ended.
@@ -331,8 +359,18 @@ pub struct Recording {
     /// milliseconds, and the probes still fire meanwhile).
     cutoff_ns: Option<u64>,
     /// The in-process front end loaded into the command (kept open while it may start
-    /// programs that load it too).
-    library: Option<preload::Library>,
+    /// programs that load it too), and the library as an allocator.
+    library: Option<(preload::Library, crate::probe::allocator::Allocator)>,
+    /// The family table the command's tree counts in.
+    family: Option<preload::Family>,
+    /// Slots of the family table (and their claims) whose process was found gone at the
+    /// last look and that no target holds: given back at the next (its events are read by
+    /// then).
+    family_gone: Vec<(usize, u64)>,
+    /// Whether the family table was said to be full.
+    said_family_full: bool,
+    /// Targets of the command's tree whose region was not claimed yet when looked for.
+    awaiting_region: HashSet<u32>,
     /// The mean interval in force (the throttle's, else the user's): a front end found in
     /// a process is set to it.
     interval: u64,
@@ -365,7 +403,7 @@ impl Recording {
             ring_buffer: sampling.ring_buffer,
             stack_bytes: sampling.unwind.stack_bytes(),
             sessions: sampling.sessions,
-            usdt_int3: sampling.usdt_int3,
+            usdt_nop5: sampling.usdt_nop5,
             host: targets.all || followed_only,
             follow: targets.follow,
             followed_only,
@@ -462,19 +500,40 @@ impl Recording {
             thread_states: None,
             cutoff_ns: None,
             library: None,
+            family: None,
+            family_gone: Vec::new(),
+            said_family_full: false,
+            awaiting_region: HashSet::new(),
             interval: sampling.interval,
         };
-        if followed_only {
-            recording.probe_system_allocators();
+        // A followed command that carries the front end has its tree carry it too: nothing
+        // else is probed unless a process turns out not to (a static or set-user-ID
+        // program, a cleared environment), and then only its own files.
+        match &front_end {
+            None if followed_only => recording.probe_system_allocators(),
+            // Before the command is followed: it is covered from its start.
+            Some(front_end) if followed_only => {
+                if let Err(e) = recording.probe_files(std::slice::from_ref(&front_end.allocator)) {
+                    warn!("probing the in-process sampler for every process: {e:#}");
+                }
+            }
+            _ => {}
         }
-        if let (Some(child), Some((library, region))) = (&child, front_end) {
+        if let (Some(child), Some(front_end)) = (&child, front_end) {
+            let FrontEnd {
+                library,
+                family,
+                region,
+                allocator,
+            } = front_end;
             recording.counters.add_region(child.pid, region);
+            recording.family = Some(family);
             // Its frames lead every sample's stack; a short-lived command is gone before
             // its own view of the library could be opened.
             if let Ok(file_id) = library.file_id() {
                 recording.aggregator.hold_file(file_id, library.own_path());
             }
-            recording.library = Some(library);
+            recording.library = Some((library, allocator));
         }
         for target in initial {
             let since = Since::now(if Some(target.pid) == recording.spawned {
