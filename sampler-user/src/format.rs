@@ -28,7 +28,7 @@ pub fn percent(level: f64) -> String {
 /// A frame's display name: the function, else `module+0xoffset`, else the address.
 pub fn frame_name(frame: &FrameInfo) -> String {
     let name = match (&frame.function, &frame.module) {
-        (Some(function), _) => function.clone(),
+        (Some(function), _) => function.to_string(),
         (None, Some(module)) => {
             let name = module.rsplit('/').next().unwrap_or(module);
             format!("{name}+{:#x}", frame.address)

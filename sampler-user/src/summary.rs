@@ -440,8 +440,8 @@ mod tests {
     fn rows_alike_in_their_first_frames_show_where_they_part() {
         use crate::stacks::symbolize::FrameInfo;
         let frame = |name: &str, address: u64| FrameInfo {
-            function: Some(name.to_owned()),
-            module: Some("/bin/app".to_owned()),
+            function: Some(name.into()),
+            module: Some("/bin/app".into()),
             file: None,
             line: None,
             address,

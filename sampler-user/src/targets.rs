@@ -162,6 +162,20 @@ pub fn secure_execution(pid: u32) -> Option<bool> {
     Some(at_secure(&auxv))
 }
 
+/// Whether `pid`'s maps hold a dynamic loader (`ld-linux…`, `ld-musl…`): its program is
+/// dynamically linked, and `LD_PRELOAD` applies to it.
+pub fn has_dynamic_loader(pid: u32) -> bool {
+    crate::probe::maps::read(pid).is_ok_and(|vmas| {
+        vmas.iter().any(|vma| {
+            vma.path
+                .as_deref()
+                .and_then(std::path::Path::file_name)
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with("ld-linux") || name.starts_with("ld-musl"))
+        })
+    })
+}
+
 /// `AT_SECURE` in an auxiliary vector (native-endian 64-bit key/value pairs).
 fn at_secure(auxv: &[u8]) -> bool {
     const AT_SECURE: u64 = 23;

@@ -46,6 +46,51 @@ fn invalid_arguments_exit_2() {
 }
 
 #[test]
+fn a_stack_cap_that_does_not_fit_in_memory_is_refused() {
+    // --max-stacks is tied to what fits: half the memory available at start, at 16 KiB a
+    // stack (#29: 418k stacks once took 10.7 GB; a full cap would have exceeded the
+    // machine).
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let available: u64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap();
+    let fits = available * 1024 / 2 / (16 << 10);
+    let me = std::process::id().to_string();
+    // A quarter more than fits now (what is available moves a little meanwhile).
+    let too_many = fits + fits / 4 + 1;
+    if too_many <= 1 << 20 {
+        assert_bad_input(
+            &run(&[
+                "record",
+                "-p",
+                &me,
+                "--max-stacks",
+                &too_many.to_string(),
+                "-o",
+                "/tmp/x.json",
+            ]),
+            "more than half of",
+        );
+    } else {
+        eprintln!("more than 32 GiB available: every --max-stacks fits");
+    }
+    assert_bad_input(
+        &run(&[
+            "record",
+            "-p",
+            &me,
+            "--max-stacks",
+            "2000000",
+            "-o",
+            "/tmp/x.json",
+        ]),
+        "between 1 and 1048576",
+    );
+}
+
+#[test]
 fn top_without_a_terminal_exits_2() {
     // The test harness's stdin and stdout are pipes, not a TTY.
     let me = std::process::id().to_string();

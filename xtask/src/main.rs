@@ -29,6 +29,12 @@ enum Task {
     Test,
     /// Measure allocscope's cost per malloc against a bare counting uprobe, in one run.
     Bench(bench::BenchArgs),
+    /// Run the hostile and clumsy user's campaign (xtask/torture/run.py) against the
+    /// release build and print a pass/fail table; names select cases by substring.
+    Torture {
+        /// Only the cases whose name contains one of these.
+        names: Vec<String>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -37,5 +43,27 @@ fn main() -> anyhow::Result<()> {
         Task::Demo => demo::run(),
         Task::Test => test::run(),
         Task::Bench(args) => bench::run(args),
+        Task::Torture { names } => torture(&names),
     }
+}
+
+/// Builds the release binary, then runs the campaign script with `names`.
+fn torture(names: &[String]) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("xtask has no parent directory")?;
+    let built = std::process::Command::new("cargo")
+        .args(["build", "--release"])
+        .current_dir(root)
+        .status()?;
+    anyhow::ensure!(built.success(), "cargo build --release failed");
+    let status = std::process::Command::new("python3")
+        .arg(root.join("xtask/torture/run.py"))
+        .args(names)
+        .current_dir(root)
+        .status()
+        .context("running python3")?;
+    anyhow::ensure!(status.success(), "some cases did not hold (see the table)");
+    Ok(())
 }

@@ -209,9 +209,9 @@ pub(crate) mod tests {
 
     fn frame(function: &str, module: &str, address: u64, line: u32) -> FrameInfo {
         FrameInfo {
-            function: Some(function.to_owned()),
-            module: Some(module.to_owned()),
-            file: Some("/src/app.c".to_owned()),
+            function: Some(function.into()),
+            module: Some(module.into()),
+            file: Some("/src/app.c".into()),
             line: Some(line),
             address,
         }

@@ -252,7 +252,7 @@ impl<'a> Tables<'a> {
             .map(|frame| proto::Line {
                 function_id: self.function(
                     crate::format::frame_name(frame),
-                    frame.file.clone().unwrap_or_default(),
+                    frame.file.as_deref().unwrap_or_default().to_owned(),
                 ),
                 line: frame.line.map_or(0, i64::from),
                 column: 0,

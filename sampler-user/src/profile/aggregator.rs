@@ -488,7 +488,7 @@ impl Aggregator {
     ) -> Profile {
         let leak_age = settings.leaks_older_than.filter(|_| !settings.alloc_only);
         let tally = self.tally(symbolizer, now_ns, leak_age).await;
-        Profile::from_tally(&tally, settings, counters, losses, period_seconds)
+        Profile::from_tally(tally, settings, counters, losses, period_seconds)
     }
 
     /// Every stack's sample sets now (`now_ns`, CLOCK_MONOTONIC), frames resolved; live
@@ -519,10 +519,17 @@ impl Aggregator {
                     .unwrap_or_default();
                 StackTally {
                     pid,
-                    frames: frames
-                        .iter()
-                        .flat_map(|frame| resolved[frame].iter().cloned())
-                        .collect(),
+                    frames: {
+                        // Sized exactly: 100,000 stacks hold these until written.
+                        let count = frames.iter().map(|frame| resolved[frame].len()).sum();
+                        let mut infos = Vec::with_capacity(count);
+                        infos.extend(
+                            frames
+                                .iter()
+                                .flat_map(|frame| resolved[frame].iter().cloned()),
+                        );
+                        infos
+                    },
                     all: *all,
                     live: self.per_stack_live[id],
                     leaked: leaks
@@ -545,7 +552,7 @@ impl Aggregator {
                 StackTally {
                     pid,
                     frames: vec![FrameInfo {
-                        function: Some(LOST_FRAME.to_owned()),
+                        function: Some(LOST_FRAME.into()),
                         ..FrameInfo::default()
                     }],
                     all: lost_set(batches, &[]),
@@ -651,16 +658,21 @@ impl Aggregator {
             })
             .collect();
         let mut names = symbolizer.resolve(files).await.into_iter();
+        // One copy of each module's name for all its frames.
+        let mut shown_names: HashMap<_, std::sync::Arc<str>> = HashMap::new();
         distinct
             .into_iter()
             .map(|frame| {
                 let infos = match frame {
                     Frame::File { module, .. } => {
                         // Read through the open file; named as the process showed it.
-                        let shown = self.stacks.modules().name(module);
+                        let shown = shown_names
+                            .entry(module)
+                            .or_insert_with(|| self.stacks.modules().name(module).into())
+                            .clone();
                         let mut infos = names.next().unwrap_or_default();
                         for info in &mut infos {
-                            info.module = Some(shown.to_owned());
+                            info.module = Some(shown.clone());
                         }
                         infos
                     }

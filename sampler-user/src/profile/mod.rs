@@ -44,12 +44,13 @@ fn modules_of(
     executables: &[&str],
     build_ids: &HashMap<String, Option<String>>,
 ) -> Vec<Module> {
-    let mut paths: Vec<&str> = stacks
+    // A set, not every frame's path (millions with 100,000 deep stacks).
+    let distinct: std::collections::HashSet<&str> = stacks
         .iter()
         .flat_map(|stack| stack.frames.iter().filter_map(|f| f.module.as_deref()))
         .collect();
+    let mut paths: Vec<&str> = distinct.into_iter().collect();
     paths.sort_unstable_by_key(|path| (!executables.contains(path), *path));
-    paths.dedup();
     paths
         .into_iter()
         .map(|path| Module {
@@ -433,7 +434,7 @@ impl Profile {
     /// the current period; leak values for the stacks with leaked samples when
     /// `settings.leaks_older_than` applies (frees tracked).
     pub fn from_tally(
-        tally: &Tally,
+        mut tally: Tally,
         settings: Settings,
         counters: &BTreeMap<u32, ProcessCounters>,
         losses: Losses,
@@ -457,7 +458,10 @@ impl Profile {
             .map(|p| (p.pid, Default::default()))
             .collect();
         let mut stacks = Vec::with_capacity(tally.stacks.len());
-        for stack in &tally.stacks {
+        // Frames move into the profile (one copy of each stack's frames at a time).
+        let tallied = std::mem::take(&mut tally.stacks);
+        let tally = &tally;
+        for stack in tallied {
             let totals = per_pid.entry(stack.pid).or_default();
             totals.0.merge(&stack.all);
             totals.1.merge(&stack.live);
@@ -502,7 +506,7 @@ impl Profile {
             });
             stacks.push(StackProfile {
                 pid: stack.pid,
-                frames: stack.frames.clone(),
+                frames: stack.frames,
                 samples: stack.all.samples(),
                 alloc_bytes: alloc.bytes,
                 alloc_objects: alloc.objects,

@@ -368,7 +368,9 @@ impl Recording {
         }
         let running: Vec<u32> = self.running.keys().copied().collect();
         for pid in running {
-            if let Ok(allocators) = self.cache.of_pid(pid) {
+            // As the loader leaves it: a program just past its exec is not counted as
+            // lacking the in-process front end it is about to load.
+            if let Ok(allocators) = self.allocators_of(pid) {
                 if let Err(e) = self.attach(pid, &allocators, Since::now(CoverageStart::Attach)) {
                     debug!("pid {pid}: late allocators: {e:#}");
                 }
@@ -476,36 +478,41 @@ impl Recording {
     /// the dynamic loader has not mapped yet, those it is about to map (the in-process
     /// front end first when it will load it: see [`Self::will_load_front_end`]).
     fn allocators_of(&mut self, pid: u32) -> Result<Vec<Allocator>, FindError> {
-        match self.cache.of_pid(pid) {
+        let (mut found, before_loader) = match self.cache.of_pid(pid) {
             Err(FindError::NoAllocator(why)) => {
                 let exe = std::path::PathBuf::from(format!("/proc/{pid}/exe"));
-                let mut found = preflight::allocators_for_command(&exe, &mut self.cache)
+                let found = preflight::allocators_for_command(&exe, &mut self.cache)
                     .map_err(|_| FindError::NoAllocator(why))?;
-                if let Some(library) = self.will_load_front_end(pid, &found) {
-                    found.push(library);
-                    crate::probe::allocator::behind_front_end(&mut found, true);
-                } else if !found.is_empty() && crate::targets::secure_execution(pid) == Some(false)
-                {
-                    // What its LD_PRELOAD names comes first (a jemalloc put there).
-                    for path in preloaded(pid) {
-                        if let Some(allocator) = self.cache.of_file(&path, false) {
-                            found.insert(0, allocator);
-                        }
-                    }
-                }
-                Ok(found)
+                (found, true)
             }
-            found => found,
+            found => (found?, false),
+        };
+        if found.iter().any(|a| a.file.is_in_process()) {
+            return Ok(found);
         }
+        if let Some(library) = self.will_load_front_end(pid) {
+            found.push(library);
+            crate::probe::allocator::behind_front_end(&mut found, true);
+        } else if before_loader && crate::targets::secure_execution(pid) == Some(false) {
+            // What its LD_PRELOAD names comes first (a jemalloc put there).
+            for path in preloaded(pid) {
+                if let Some(allocator) = self.cache.of_file(&path, false) {
+                    found.insert(0, allocator);
+                }
+            }
+        }
+        Ok(found)
     }
 
-    /// For `pid`, just past an exec (its loader not run yet), the library it will load: the
-    /// command's, named in its `LD_PRELOAD` by a descriptor it holds, where the loader
-    /// honours it (a dynamically linked program, not set-user-ID: `found` is not empty
-    /// and the process has no secure-execution auxv flag).
-    fn will_load_front_end(&self, pid: u32, found: &[Allocator]) -> Option<Allocator> {
+    /// For `pid`, just past an exec (its loader not run yet, its maps not showing the
+    /// library), the library it will load: the command's, named in its `LD_PRELOAD` by a
+    /// descriptor it holds, where the loader honours it (a dynamically linked program: the
+    /// kernel mapped a dynamic loader; not set-user-ID: no secure-execution auxv flag).
+    fn will_load_front_end(&self, pid: u32) -> Option<Allocator> {
         let (library, allocator) = self.library.as_ref()?;
-        if found.is_empty() || crate::targets::secure_execution(pid) != Some(false) {
+        if !crate::targets::has_dynamic_loader(pid)
+            || crate::targets::secure_execution(pid) != Some(false)
+        {
             return None;
         }
         let environ = crate::targets::environ_of(pid)?;

@@ -473,9 +473,9 @@ mod tests {
 
     fn frame(function: &str, module: &str, line: u32) -> FrameInfo {
         FrameInfo {
-            function: Some(function.to_owned()),
-            module: Some(format!("/opt/app/{module}")),
-            file: Some("/src/app.c".to_owned()),
+            function: Some(function.into()),
+            module: Some(format!("/opt/app/{module}").into()),
+            file: Some("/src/app.c".into()),
             line: Some(line),
             address: 0x1000 + u64::from(line),
         }

@@ -1,0 +1,572 @@
+#!/usr/bin/env python3
+"""The hostile and clumsy user's campaign (#29), kept as a script: every case is run against
+the built `allocscope`, as root, and a pass/fail table is printed (exit 1 if any failed).
+
+    sudo python3 xtask/torture/run.py [NAME-SUBSTRING ...]    (or: cargo xtask torture)
+
+Each case states what a user does and what must hold. The twelve numbered items of #29 are
+marked [#29.N]; the others are those that held then and must keep holding. Fixtures are
+compiled from tests/fixtures into a temporary directory; nothing outside it is written
+except /tmp/allocscope-torture-*.
+"""
+import json, os, shutil, signal, socket, stat, subprocess, sys, tempfile, threading, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+A = os.environ.get("ALLOCSCOPE", os.path.join(ROOT, "target", "release", "allocscope"))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+CFLAGS = open(os.path.join(FIXTURES, "cflags")).read().split()
+work = tempfile.mkdtemp(prefix="allocscope-torture-")
+cases = []
+
+
+def case(name, category):
+    def register(fn):
+        cases.append((name, category, fn))
+        return fn
+    return register
+
+
+class Fail(Exception):
+    pass
+
+
+def check(condition, why):
+    if not condition:
+        raise Fail(why)
+
+
+def path(name):
+    return os.path.join(work, name)
+
+
+def build(name, extra=(), source=None, out=None):
+    src = source or os.path.join(FIXTURES, name + ".c")
+    out = out or path(name)
+    if not os.path.exists(out):
+        subprocess.run(["cc", *CFLAGS, *extra, src, "-o", out], check=True)
+    return out
+
+
+def run(args, timeout=60, env=None, stdin=subprocess.DEVNULL, **kw):
+    """Runs allocscope (or anything) with a deadline; returns (code, stdout, stderr)."""
+    try:
+        p = subprocess.run(args, stdin=stdin, capture_output=True, timeout=timeout,
+                           env=env, **kw)
+        return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        raise Fail(f"still running after {timeout} s: {' '.join(map(str, args))}")
+
+
+def profile(file):
+    with open(file) as f:
+        return json.load(f)
+
+
+def record(*args, timeout=60, env=None):
+    out = path(f"p{len(os.listdir(work))}.json")
+    code, _, err = run([A, "record", "-o", out, *args], timeout=timeout, env=env)
+    return code, err, out
+
+
+def started_recording(args):
+    """Starts `allocscope record ARGS`, returns it once it says it records."""
+    p = subprocess.Popen([A, "record", *args], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    said = b""
+    deadline = time.monotonic() + 30
+    while b"allocscope: recording" not in said:
+        line = p.stderr.readline()
+        if not line or time.monotonic() > deadline:
+            p.kill()
+            raise Fail(f"never started recording: {said.decode(errors='replace')}")
+        said += line
+    threading.Thread(target=p.stderr.read, daemon=True).start()
+    return p
+
+
+def workload_waiting():
+    w = subprocess.Popen([build("workload"), "200000", "--wait"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    line = w.stdout.readline()
+    check(line.startswith("ready"), f"workload said {line!r}")
+    return w
+
+
+# ---------------------------------------------------------------- files and security
+
+@case("output planted as a symlink to a root file is not followed", "files")
+def _():
+    victim = path("victim")
+    open(victim, "w").write("precious\n")
+    link = path("out-link.json")
+    os.symlink(victim, link)
+    run([A, "record", "-o", link, "--", "true"])
+    check(open(victim).read() == "precious\n", "the symlink's target was written")
+    check(os.path.islink(link) or not os.path.exists(link) or os.path.isfile(link),
+          "the link became something else")
+
+
+@case("output is a FIFO: refused at once", "files")
+def _():
+    fifo = path("out.fifo")
+    os.mkfifo(fifo)
+    code, _, err = run([A, "record", "-o", fifo, "--", "true"], timeout=20)
+    check(code == 2, f"exit {code}: {err[-300:]}")
+
+
+@case("output is a device: refused", "files")
+def _():
+    code, _, err = run([A, "record", "-o", "/dev/null", "--", "true"], timeout=20)
+    check(code == 2, f"exit {code}: {err[-300:]}")
+
+
+@case("--every into a symlinked directory is refused [#29.2]", "files")
+def _():
+    target = path("elsewhere")
+    os.mkdir(target)
+    link = path("snapdir")
+    os.symlink(target, link)
+    code, _, err = run([A, "record", "--every", "1s", "-d", "2s", "-o", link, "--", "sleep", "3"],
+                       timeout=30)
+    check(code == 2 and not os.listdir(target), f"exit {code}, wrote {os.listdir(target)}")
+
+
+@case("--every through a symlinked middle component is refused [#29.2]", "files")
+def _():
+    real = path("real-parent")
+    os.makedirs(os.path.join(real, "snaps"))
+    link = path("link-parent")
+    os.symlink(real, link)
+    code, _, err = run([A, "record", "--every", "1s", "-d", "2s", "-o",
+                        os.path.join(link, "snaps"), "--", "sleep", "3"], timeout=30)
+    check(code == 2 and not os.listdir(os.path.join(real, "snaps")), f"exit {code}")
+
+
+@case("report /dev/zero ends at once [#29.4]", "files")
+def _():
+    code, _, err = run([A, "report", "/dev/zero"], timeout=10)
+    check(code == 2, f"exit {code}")
+
+
+@case("report of a FIFO ends at once [#29.4]", "files")
+def _():
+    fifo = path("in.fifo")
+    os.mkfifo(fifo)
+    code, _, err = run([A, "report", fifo], timeout=10)
+    check(code == 2, f"exit {code}")
+
+
+@case("report of a truncated profile: a clear error", "bad input")
+def _():
+    code, _, out = record("--", build("workload"), "100")
+    check(code == 0, f"record exit {code}")
+    cut = path("cut.json")
+    open(cut, "wb").write(open(out, "rb").read()[:1000])
+    code, _, err = run([A, "report", cut], timeout=10)
+    check(code == 2 and "panicked" not in err, f"exit {code}: {err[-200:]}")
+
+
+@case("an unknown output extension is refused, listing the known ones [#29.10]", "bad input")
+def _():
+    code, _, err = run([A, "record", "-o", path("x.html"), "--", "true"], timeout=20)
+    check(code == 2 and ".json" in err, f"exit {code}: {err[-300:]}")
+
+
+@case("a FIFO planted as the binary's debug link does not hang symbolization [#29.1]",
+      "hangs")
+def _():
+    exe = path("dbglinked")
+    subprocess.run(["cc", *CFLAGS, os.path.join(FIXTURES, "workload.c"), "-o", exe], check=True)
+    subprocess.run(["objcopy", "--only-keep-debug", exe, exe + ".dbg"], check=True)
+    subprocess.run(["strip", "-g", exe], check=True)
+    subprocess.run(["objcopy", "--add-gnu-debuglink=" + exe + ".dbg", exe], check=True)
+    os.remove(exe + ".dbg")
+    os.mkfifo(exe + ".dbg")
+    code, err, out = record("--", exe, "2000", timeout=60)
+    check(code == 0 and os.path.exists(out), f"exit {code}: {err[-300:]}")
+
+
+class Silent(threading.Thread):
+    """A debuginfod server that accepts and never answers."""
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.held = []
+
+    def run(self):
+        while True:
+            conn, _ = self.sock.accept()
+            self.held.append(conn)
+
+
+@case("a debuginfod server that never answers costs seconds, not minutes [#29.3]", "hangs")
+def _():
+    server = Silent()
+    server.start()
+    env = dict(os.environ, DEBUGINFOD_URLS=f"http://127.0.0.1:{server.sock.getsockname()[1]}")
+    exe = path("stripped")
+    subprocess.run(["cc", *CFLAGS, "-Wl,--build-id", os.path.join(FIXTURES, "workload.c"),
+                    "-o", exe], check=True)
+    subprocess.run(["strip", exe], check=True)
+    started = time.monotonic()
+    code, err, out = record("--", exe, "2000", timeout=90, env=env)
+    took = time.monotonic() - started
+    check(code == 0 and os.path.exists(out), f"exit {code}: {err[-300:]}")
+    check(took < 60, f"took {took:.0f} s")
+    leftovers = [d for d in os.listdir(tempfile.gettempdir())
+                 if d.startswith("allocscope-debuginfod-")]
+    check(not leftovers, f"left behind: {leftovers}")
+
+
+@case("TERM=dumb top is refused before drawing", "terminal")
+def _():
+    code, out, err = run(["script", "-qec", f"TERM=dumb {A} top -- sleep 1", "/dev/null"],
+                         timeout=20)
+    check("\x1b[?1049h" not in out and ("TERM" in out or "TERM" in err), f"{out[-300:]!r}")
+
+
+@case("a closed stderr loses messages, not the recording [#29.8]", "kills")
+def _():
+    out = path("closed-stderr.json")
+    p = subprocess.run(f"{A} record -o {out} -- sh -c 'exit 7' 2>&-", shell=True,
+                       timeout=60)
+    check(p.returncode == 7 and os.path.exists(out), f"exit {p.returncode}")
+
+
+@case("a closed stdout changes nothing", "kills")
+def _():
+    out = path("closed-stdout.json")
+    p = subprocess.run(f"{A} record -o {out} -- {build('workload')} 100 >&-", shell=True,
+                       timeout=60, capture_output=True)
+    check(p.returncode == 0 and os.path.exists(out), f"exit {p.returncode}")
+
+
+# ---------------------------------------------------------------- kills and exit statuses
+
+def interrupted(sig):
+    out = path(f"sig{sig}.json")
+    w = workload_waiting()
+    rec = started_recording(["-p", str(w.pid), "-o", out])
+    w.stdin.write("go\n")
+    w.stdin.flush()
+    time.sleep(1)
+    rec.send_signal(sig)
+    code = rec.wait(timeout=60)
+    w.kill()
+    w.wait()
+    check(os.path.exists(out) and profile(out)["processes"], f"exit {code}, no profile")
+    check(w.returncode is not None, "target harmed?")
+
+
+@case("SIGINT while recording: the profile is written", "kills")
+def _():
+    interrupted(signal.SIGINT)
+
+
+@case("SIGTERM while recording: the profile is written", "kills")
+def _():
+    interrupted(signal.SIGTERM)
+
+
+@case("the target is SIGKILLed mid-recording: the profile is written", "kills")
+def _():
+    out = path("killed-target.json")
+    w = workload_waiting()
+    rec = started_recording(["-p", str(w.pid), "-o", out])
+    w.stdin.write("go\n")
+    w.stdin.flush()
+    time.sleep(0.5)
+    w.kill()
+    w.wait()
+    code = rec.wait(timeout=60)
+    check(code == 0 and os.path.exists(out), f"exit {code}")
+
+
+@case("the command's exit status is passed on", "exit statuses")
+def _():
+    code, _, _ = record("--", "sh", "-c", "exit 42")
+    check(code == 42, f"exit {code}")
+
+
+@case("a command killed by a signal: 128+N", "exit statuses")
+def _():
+    code, _, _ = record("--", "sh", "-c", "kill -TERM $$")
+    check(code == 128 + 15, f"exit {code}")
+
+
+@case("a command that does not exist: exit 2, nothing attached", "bad input")
+def _():
+    code, err, _ = record("--", "/nonexistent/program")
+    check(code == 2, f"exit {code}")
+
+
+@case("a command that exits at once: a profile all the same", "exit statuses")
+def _():
+    code, _, out = record("--", "true")
+    check(code == 0 and os.path.exists(out), f"exit {code}")
+
+
+# ---------------------------------------------------------------- bad input
+
+@case("-p of a process that does not exist: exit 2", "bad input")
+def _():
+    code, _, err = run([A, "record", "-p", "4194304", "-o", path("x.json")])
+    check(code == 2, f"exit {code}")
+
+
+@case("-p X --exclude-pid X is refused", "bad input")
+def _():
+    me = str(os.getpid())
+    code, _, err = run([A, "record", "-p", me, "--exclude-pid", me, "-o", path("x.json")])
+    check(code == 2, f"exit {code}")
+
+
+@case("--duration in days is understood", "bad input")
+def _():
+    code, _, err = run([A, "record", "-p", "4194304", "-d", "2d", "-o", path("x.json")])
+    check("unknown unit" not in err and code == 2 and "no such process" in err, err[-200:])
+
+
+@case("--interval 0 is refused", "bad input")
+def _():
+    code, _, err = run([A, "record", "-i", "0", "-o", path("x.json"), "--", "true"])
+    check(code == 2, f"exit {code}")
+
+
+@case("--max-stacks beyond what memory holds is refused [#29.9]", "bad input")
+def _():
+    code, _, err = run([A, "record", "--max-stacks", "1048576", "-o", path("x.json"),
+                        "--", "true"])
+    avail = next(int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemAvailable"))
+    if avail * 1024 // 2 // (16 << 10) < 1048576:
+        check(code == 2 and "at most" in err, f"exit {code}: {err[-200:]}")
+    else:
+        check(code == 0, f"exit {code}")
+
+
+@case("--max-overhead with --follow is refused", "bad input")
+def _():
+    code, _, err = run([A, "record", "--alloc-only", "--max-overhead", "5%", "--follow", "-o",
+                        path("x.json"), "--", "true"])
+    check(code == 2, f"exit {code}")
+
+
+@case("-p of a zombie says it is one", "bad input")
+def _():
+    z = subprocess.Popen(["sh", "-c", "sleep 30 & exec true"])
+    time.sleep(0.3)  # `true` exited; not reaped: a zombie
+    code, _, err = run([A, "record", "-p", str(z.pid), "-o", path("x.json")])
+    z.wait()
+    check(code == 2 and "zombie" in err, f"exit {code}: {err[-200:]}")
+
+
+@case("a truncated ELF as the command: a clear error", "bad input")
+def _():
+    elf = path("truncated")
+    open(elf, "wb").write(open("/bin/true", "rb").read()[:200])
+    os.chmod(elf, 0o755)
+    code, err, _ = record("--", elf)
+    check(code != 0 and "panicked" not in err, f"exit {code}: {err[-200:]}")
+
+
+# ---------------------------------------------------------------- numbers
+
+@case("an interval the user typed is kept, not raised by the throttle [#29.11]", "numbers")
+def _():
+    code, err, out = record("-i", "64KiB", "--", build("workload"), "3000")
+    check(code == 0, f"exit {code}")
+    check(profile(out)["interval"] == 65536 if "interval" in profile(out) else True,
+          "interval changed")
+    check("throttle" not in err.lower() or "raised" not in err.lower(), err[-300:])
+
+
+@case("the throttle never aborts on huge blocks [#29.6]", "numbers")
+def _():
+    src = path("huge.c")
+    open(src, "w").write("#include <stdlib.h>\nstatic void *volatile s;\n"
+                         "int main(void){for(int i=0;i<3000;i++){s=malloc(30<<20);free(s);}return 0;}\n")
+    exe = build("huge", source=src)
+    code, err, out = record("--max-samples-per-sec", "10", "--", exe, timeout=120)
+    check(code == 0 and os.path.exists(out), f"exit {code}: {err[-300:]}")
+
+
+@case("short C function names are not demangled as C++ types [#29.7]", "numbers")
+def _():
+    src = path("shortnames.c")
+    open(src, "w").write("#include <stdlib.h>\nstatic void *volatile s;\n"
+                         "__attribute__((noinline)) void f(void){s=malloc(100000);free((void*)s);}\n"
+                         "__attribute__((noinline)) void i(void){f();}\n"
+                         "int main(void){for(int k=0;k<2000;k++)i();return 0;}\n")
+    exe = build("shortnames", source=src)
+    code, _, out = record("-i", "64KiB", "--", exe)
+    names = {f.get("function") for s in profile(out)["stacks"] for f in s["frames"]}
+    check("f" in names and "float" not in names and "int" not in names, f"{sorted(map(str, names))[:12]}")
+
+
+@case("Debian's python3 is counted whole in-process [#29.5]", "numbers")
+def _():
+    code, _, out = record("--", "/usr/bin/python3", "-c",
+                          "x=[str(i)*3 for i in range(300000)]")
+    p = profile(out)["processes"][0]
+    check(code == 0 and p["front_end"].startswith("in-process") and not p.get("incomplete"),
+          f"front end {p['front_end']}, incomplete {p.get('incomplete')}")
+    check(p["exact"]["calls"] > 300000, f"{p['exact']['calls']} calls")
+
+
+@case("g++ is followed into cc1plus and as [#29.12]", "numbers")
+def _():
+    src = path("x.cpp")
+    open(src, "w").write("#include <map>\n#include <string>\nint main(){std::map<std::string,int> m;"
+                         "m[\"a\"]=1;return m.size();}\n")
+    code, _, out = record("--", "g++", "-c", src, "-o", path("x.o"), timeout=120)
+    names = {p["command"] for p in profile(out)["processes"]}
+    check(code == 0 and "cc1plus" in names and "as" in names, f"{names}")
+
+
+@case("2^20 distinct stacks at the default cap: bounded memory", "numbers")
+def _():
+    out = path("paths.json")
+    p = subprocess.run(["/usr/bin/time", "-f", "%M", A, "record", "-i", "1", "--alloc-only",
+                        "--max-samples-per-sec", "0", "-o", out, "--", build("paths")],
+                       capture_output=True, timeout=300)
+    rss_kib = int(p.stderr.decode().strip().splitlines()[-1])
+    cut = profile(out)["losses"]["stacks_cut_to_leaf"]
+    check(p.returncode == 0 and rss_kib < 600 * 1024 and cut > 0, f"RSS {rss_kib} KiB, cut {cut}")
+
+
+@case("a sample storm loses samples and says so; bounds still hold the exact count", "numbers")
+def _():
+    code, err, out = record("-i", "1", "--max-samples-per-sec", "0", "--", build("workload"),
+                            "3000")
+    p = profile(out)
+    proc = p["processes"][0]
+    exact, est = proc["exact"]["bytes"], proc["alloc_bytes"]
+    ok = est["upper"] is None or est["lower"] <= exact <= est["upper"]
+    check(code == 0 and ok, f"exact {exact} outside [{est['lower']}, {est['upper']}]")
+
+
+@case("a large block's lower bound does not exceed the truth", "numbers")
+def _():
+    src = path("bigblock.c")
+    open(src, "w").write("#include <stdlib.h>\n#include <string.h>\nint main(void){char *p=malloc(300<<20);"
+                         "memset(p,1,4096);free(p);return 0;}\n")
+    exe = build("bigblock", source=src)
+    code, _, out = record("--", exe)
+    s = profile(out)["processes"][0]["alloc_bytes"]
+    check(s["lower"] <= (300 << 20) + 64, f"lower {s['lower']} above {300 << 20}")
+
+
+# ---------------------------------------------------------------- names and escapes
+
+@case("escapes in a process name do not reach the terminal", "escapes")
+def _():
+    exe = path("evil\x1b[31mname")
+    shutil.copy(build("workload"), exe)
+    code, err, _ = record("--", exe, "200")
+    check(code == 0 and "\x1b" not in err, f"{err[-300:]!r}")
+
+
+@case("escapes in a symbol do not reach the terminal", "escapes")
+def _():
+    exe = build("workload", out=path("evilsym"))
+    subprocess.run(["objcopy", "--redefine-sym", "site_small=site\x1b]0;pwned\x07small", exe],
+                   check=True)
+    code, err, out = record("--", exe, "2000")
+    check(code == 0 and "\x1b" not in err, f"{err[-300:]!r}")
+    code, o, e = run([A, "report", out])
+    check("\x1b" not in o + e, "report printed an escape")
+
+
+# ---------------------------------------------------------------- stacks
+
+@case("100k-deep recursion: stacks cut, not crashed", "stacks")
+def _():
+    src = path("recurse.c")
+    open(src, "w").write("#include <stdlib.h>\nstatic void *volatile s;\n"
+                         "__attribute__((noinline)) int r(int n){if(!n){s=malloc(1<<20);free((void*)s);return 0;}"
+                         "return r(n-1)+1;}\nint main(void){for(int k=0;k<20;k++)r(100000);return 0;}\n")
+    exe = build("recurse", source=src)
+    code, _, out = record("--", exe)
+    check(code == 0 and profile(out)["stacks"], f"exit {code}")
+
+
+@case("frames without frame pointers unwind to main (DWARF)", "stacks")
+def _():
+    exe = build("deep", extra=["-fomit-frame-pointer"])
+    code, _, out = record("-i", "16KiB", "--", exe, "5000")
+    names = {f.get("function") for s in profile(out)["stacks"] for f in s["frames"]}
+    check("main" in names and "load_table" in names, f"{sorted(map(str, names))[:10]}")
+
+
+# ---------------------------------------------------------------- many processes
+
+@case("500 short processes under --follow: all counted, none lost", "processes")
+def _():
+    code, err, out = record("--", "sh", "-c", "for i in $(seq 500); do /bin/true; done",
+                            timeout=180)
+    p = profile(out)
+    trues = [x for x in p["processes"] if x["command"] == "true"]
+    check(code == 0 and len(trues) >= 495 and p["losses"]["process_event_lost"] == 0,
+          f"{len(trues)} of 500 seen")
+
+
+@case("two recorders on one target: both profiles whole", "processes")
+def _():
+    w = workload_waiting()
+    outs = [path("twin1.json"), path("twin2.json")]
+    recs = [started_recording(["-p", str(w.pid), "-d", "3s", "-o", o]) for o in outs]
+    w.stdin.write("go\n")
+    w.stdin.flush()
+    codes = [r.wait(timeout=60) for r in recs]
+    w.wait(timeout=60)
+    check(codes == [0, 0] and all(profile(o)["processes"] for o in outs), f"exits {codes}")
+    check(w.returncode == 0, f"target exit {w.returncode}")
+
+
+@case("a command in its own PID and mount namespaces", "processes")
+def _():
+    code, err, out = record("--", "unshare", "--pid", "--fork", "--mount-proc",
+                            build("workload"), "2000", timeout=120)
+    names = {p["command"] for p in profile(out)["processes"]}
+    check(code == 0 and "workload" in names, f"exit {code}, {names}")
+
+
+def main():
+    if os.geteuid() != 0:
+        sys.exit("run as root (sudo)")
+    if not os.path.exists(A):
+        sys.exit(f"{A} missing: cargo build --release first")
+    wanted = sys.argv[1:]
+    rows, failed = [], 0
+    for name, category, fn in cases:
+        if wanted and not any(w in name for w in wanted):
+            continue
+        started = time.monotonic()
+        try:
+            fn()
+            verdict, detail = "pass", ""
+        except Fail as e:
+            verdict, detail = "FAIL", str(e)
+        except Exception as e:  # a broken case is a failure too
+            verdict, detail = "FAIL", f"{type(e).__name__}: {e}"
+        if verdict == "FAIL":
+            failed += 1
+        took = time.monotonic() - started
+        rows.append((category, name, verdict, took, detail))
+        print(f"{verdict:4}  {took:5.1f} s  {category:13}  {name}" +
+              (f"\n      {detail[:300]}" if detail else ""), file=sys.stderr, flush=True)
+    print()
+    print("| category | case | result | seconds |")
+    print("|---|---|---|---|")
+    for category, name, verdict, took, detail in rows:
+        print(f"| {category} | {name} | {verdict}{': ' + detail[:120] if detail else ''} | {took:.1f} |")
+    print(f"\n{len(rows) - failed} of {len(rows)} held")
+    shutil.rmtree(work, ignore_errors=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
