@@ -147,7 +147,15 @@ fn describe_overhead(overhead: &Overhead) -> String {
         )),
         _ => line.push_str(" (their CPU time was too short to compare)"),
     }
-    let others = overhead.added_cpu_seconds - overhead.targets_added_cpu_seconds;
+    if let Some(modelled) = overhead.targets_modelled_cpu_seconds {
+        line.push_str(&format!(
+            " (the model gave {modelled:.2} CPU-s, more than a target used: capped at its CPU time)"
+        ));
+    }
+    let targets = overhead
+        .targets_modelled_cpu_seconds
+        .unwrap_or(overhead.targets_added_cpu_seconds);
+    let others = overhead.added_cpu_seconds - targets;
     if others >= 0.005 {
         line.push_str(&format!(
             "; {others:.2} CPU-s to other processes hitting the file-wide probes"

@@ -78,8 +78,14 @@ pub struct Overhead {
     pub ns_per_call: f64,
     /// CPU seconds the probes cost everyone who hit them.
     pub added_cpu_seconds: f64,
-    /// The targets' part of it.
+    /// The targets' part of it, each target's share at most the CPU time it used (the
+    /// probes' time is part of it).
     pub targets_added_cpu_seconds: f64,
+    /// What the model gave for the targets when it exceeded a target's measured CPU time
+    /// (the trap and the programs cost more when calibrated than on this run, or the
+    /// statistics windows ran slow): `targets_added_cpu_seconds` is capped, this is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets_modelled_cpu_seconds: Option<f64>,
     /// CPU seconds the targets used while recorded (`None`: never read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub targets_cpu_seconds: Option<f64>,
@@ -128,10 +134,20 @@ pub fn measure(
     } else {
         0.0
     };
+    let mut capped = false;
     let processes: Vec<ProcessOverhead> = targets
         .iter()
         .map(|t| {
-            let added = t.calls as f64 * ns_per_call / 1e9;
+            let modelled = t.calls as f64 * ns_per_call / 1e9;
+            // A process cannot have been added more CPU time than it used (read in clock
+            // ticks: a tenth of a second or more).
+            let added = match t.cpu_seconds {
+                Some(cpu) if modelled > cpu && cpu >= 0.1 => {
+                    capped = true;
+                    cpu
+                }
+                _ => modelled,
+            };
             ProcessOverhead {
                 pid: t.pid,
                 calls_per_second: t.calls as f64 / seconds.max(1e-9),
@@ -145,7 +161,12 @@ pub fn measure(
         .iter()
         .any(|t| t.cpu_seconds.is_some())
         .then(|| targets.iter().filter_map(|t| t.cpu_seconds).sum::<f64>());
-    let targets_added = targets_added_ns / 1e9;
+    let modelled_total = targets_added_ns / 1e9;
+    let targets_added = if capped {
+        processes.iter().map(|p| p.added_cpu_seconds).sum()
+    } else {
+        modelled_total
+    };
     // Over the processes whose CPU time is known only.
     let known_added: f64 = processes
         .iter()
@@ -165,6 +186,7 @@ pub fn measure(
         ns_per_call,
         added_cpu_seconds: added_ns / 1e9,
         targets_added_cpu_seconds: targets_added,
+        targets_modelled_cpu_seconds: capped.then_some(modelled_total),
         targets_cpu_seconds,
         share: targets_cpu_seconds.and_then(|cpu| share(known_added, cpu)),
         processes,
@@ -221,6 +243,35 @@ pub fn share(added: f64, cpu: f64) -> Option<f64> {
 mod tests {
     use super::*;
     use crate::probe::runs::Runs;
+
+    #[test]
+    fn a_model_beyond_the_measured_cpu_is_capped_and_says_so() {
+        let trap = Trap {
+            ns: 700.0,
+            source: TrapSource::Calibrated,
+        };
+        // 1M calls at 1000 ns each modelled (1 s), against 0.5 s of CPU measured.
+        let targets = [TargetUse {
+            pid: 1,
+            calls: 1_000_000,
+            cpu_seconds: Some(0.5),
+        }];
+        let o = measure(trap, runs(1_000_000, 0, 300), true, false, 1.0, &targets);
+        assert!((o.targets_added_cpu_seconds - 0.5).abs() < 1e-9, "{o:?}");
+        assert!((o.processes[0].added_cpu_seconds - 0.5).abs() < 1e-9);
+        let modelled = o.targets_modelled_cpu_seconds.unwrap();
+        assert!((modelled - 1.0).abs() < 1e-9, "{modelled}");
+        // Within the measured CPU, or a CPU time too short to hold it to: not capped.
+        for cpu in [2.0, 0.05] {
+            let targets = [TargetUse {
+                cpu_seconds: Some(cpu),
+                ..targets[0]
+            }];
+            let o = measure(trap, runs(1_000_000, 0, 300), true, false, 1.0, &targets);
+            assert_eq!(o.targets_modelled_cpu_seconds, None, "{cpu}");
+            assert!((o.targets_added_cpu_seconds - 1.0).abs() < 1e-9);
+        }
+    }
 
     fn runs(allocations: u64, frees: u64, ns_per_run: u64) -> ProgramRuns {
         ProgramRuns {

@@ -82,6 +82,12 @@ impl Recording {
         let (bytes_then, samples_then) = throttling.last;
         throttling.last = (bytes, samples);
         throttling.last_ns = now;
+        log::debug!(
+            "throttle: {seconds:.2} s, {} bytes, {} samples ({} lost so far)",
+            bytes.saturating_sub(bytes_then),
+            samples.saturating_sub(samples_then),
+            lost
+        );
         let Some(interval) = throttling.controller.update(
             seconds,
             bytes.saturating_sub(bytes_then),
