@@ -368,19 +368,11 @@ impl StackTable {
         self.maps.entry(pid).or_default().gone = true;
     }
 
-    fn lookup(&self, pid: u32, address: u64) -> Option<(&Vma, u64)> {
-        let vmas = &self.maps.get(&pid)?.vmas;
-        vmas.iter().find_map(|vma| {
-            vma.path.as_ref()?;
-            Some((vma, vma.file_offset(address)?))
-        })
-    }
-
     /// Re-reads `pid`'s maps when `address`, seen at `taken_ns`, is in none of them and the
     /// copy is older than that (a library loaded after the last read, most likely).
     fn refresh_for(&mut self, pid: u32, address: u64, taken_ns: u64) {
         let stale = self.maps.get(&pid).is_none_or(|m| m.read_ns < taken_ns);
-        if stale && self.lookup(pid, address).is_none() {
+        if stale && self.lookup_index(pid, address).is_none() {
             self.refresh(pid);
         }
     }
