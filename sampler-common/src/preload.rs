@@ -37,7 +37,7 @@ pub const FAMILY_MAGIC: u64 = u64::from_le_bytes(*b"alsfam01");
 pub const FAMILY_VERSION: u64 = 1;
 
 /// Environment variable naming the descriptor of the family table a command inherits.
-pub const FAMILY_FD_VARIABLE: &str = "ALLOCSCOPE_FAMILY_FD";
+pub const FAMILY_FD_VARIABLE: &core::ffi::CStr = c"ALLOCSCOPE_FAMILY_FD";
 
 /// Name of the exported symbol holding the address of the process's [`Region`].
 pub const REGION_SYMBOL: &str = "allocscope_preload_region";

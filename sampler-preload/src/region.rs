@@ -162,7 +162,7 @@ fn parse_u64(bytes: &[u8]) -> Option<u64> {
 /// number may name another file by now, and reading past the end of a shorter one would
 /// raise SIGBUS.
 fn family() -> Option<(*mut Family, i32)> {
-    let name = c"ALLOCSCOPE_FAMILY_FD";
+    let name = sampler_common::preload::FAMILY_FD_VARIABLE;
     // SAFETY: as in interval_from_env.
     let value = unsafe { libc::getenv(name.as_ptr()) };
     if value.is_null() {

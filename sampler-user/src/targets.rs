@@ -154,6 +154,21 @@ pub fn environ_of(pid: u32) -> Option<Vec<u8>> {
     Some(bytes)
 }
 
+/// The paths an environment block (`/proc/PID/environ`: NUL-separated `NAME=value`) puts
+/// in `LD_PRELOAD`, in order (the loader splits it at spaces and colons).
+pub fn ld_preload_entries(environ: &[u8]) -> Vec<&[u8]> {
+    environ
+        .split(|&b| b == 0)
+        .find_map(|entry| entry.strip_prefix(b"LD_PRELOAD="))
+        .map(|value| {
+            value
+                .split(|&b| b == b' ' || b == b':')
+                .filter(|path| !path.is_empty())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Whether `pid`'s program runs in secure-execution mode (its auxv's `AT_SECURE`: a
 /// set-user/group-ID program or one with file capabilities, for which the dynamic loader
 /// ignores `LD_PRELOAD` paths); `None` when unreadable.
@@ -334,6 +349,22 @@ pub fn interpreter_of(elf: &[u8]) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ld_preload_is_split_as_the_loader_splits_it() {
+        let environ =
+            b"HOME=/root\0LD_PRELOAD=/proc/self/fd/5 /usr/lib/libjemalloc.so.2:/x.so\0PATH=/bin\0";
+        assert_eq!(
+            ld_preload_entries(environ),
+            [
+                &b"/proc/self/fd/5"[..],
+                b"/usr/lib/libjemalloc.so.2",
+                b"/x.so"
+            ]
+        );
+        assert!(ld_preload_entries(b"PATH=/bin\0LD_PRELOADX=/y.so\0").is_empty());
+        assert!(ld_preload_entries(b"LD_PRELOAD=\0").is_empty());
+    }
 
     #[test]
     fn secure_execution_is_read_from_the_auxiliary_vector() {

@@ -48,6 +48,14 @@ def build(name, extra=(), source=None, out=None):
     return out
 
 
+def program(name, text):
+    """Compiles the C program `text` as `name` in the work directory."""
+    src = path(name + ".c")
+    with open(src, "w") as f:
+        f.write(text)
+    return build(name, source=src)
+
+
 def run(args, timeout=60, env=None, stdin=subprocess.DEVNULL, **kw):
     """Runs allocscope (or anything) with a deadline; returns (code, stdout, stderr)."""
     try:
@@ -401,10 +409,8 @@ def _():
 
 @case("the throttle never aborts on huge blocks [#29.6]", "numbers")
 def _():
-    src = path("huge.c")
-    open(src, "w").write("#include <stdlib.h>\nstatic void *volatile s;\n"
+    exe = program("huge", "#include <stdlib.h>\nstatic void *volatile s;\n"
                          "int main(void){for(int i=0;i<3000;i++){s=malloc(30<<20);free(s);}return 0;}\n")
-    exe = build("huge", source=src)
     code, err, out = record("--max-samples-per-sec", "10", "--", exe, timeout=120)
     check(code == 0 and os.path.exists(out), f"exit {code}: {err[-300:]}")
 
@@ -422,12 +428,10 @@ def _():
 
 @case("short C function names are not demangled as C++ types [#29.7]", "numbers")
 def _():
-    src = path("shortnames.c")
-    open(src, "w").write("#include <stdlib.h>\nstatic void *volatile s;\n"
+    exe = program("shortnames", "#include <stdlib.h>\nstatic void *volatile s;\n"
                          "__attribute__((noinline)) void f(void){s=malloc(100000);free((void*)s);}\n"
                          "__attribute__((noinline)) void i(void){f();}\n"
                          "int main(void){for(int k=0;k<2000;k++)i();return 0;}\n")
-    exe = build("shortnames", source=src)
     code, _, out = record("-i", "64KiB", "--", exe)
     names = {f.get("function") for s in profile(out)["stacks"] for f in s["frames"]}
     check("f" in names and "float" not in names and "int" not in names, f"{sorted(map(str, names))[:12]}")
@@ -477,10 +481,8 @@ def _():
 
 @case("a large block's lower bound does not exceed the truth", "numbers")
 def _():
-    src = path("bigblock.c")
-    open(src, "w").write("#include <stdlib.h>\n#include <string.h>\nint main(void){char *p=malloc(300<<20);"
+    exe = program("bigblock", "#include <stdlib.h>\n#include <string.h>\nint main(void){char *p=malloc(300<<20);"
                          "memset(p,1,4096);free(p);return 0;}\n")
-    exe = build("bigblock", source=src)
     code, _, out = record("--", exe)
     p = profile(out)["processes"][0]
     lower, exact = p["alloc_bytes"]["lower"], p["exact"]["bytes"]
@@ -512,11 +514,9 @@ def _():
 
 @case("100k-deep recursion: stacks cut, not crashed", "stacks")
 def _():
-    src = path("recurse.c")
-    open(src, "w").write("#include <stdlib.h>\nstatic void *volatile s;\n"
+    exe = program("recurse", "#include <stdlib.h>\nstatic void *volatile s;\n"
                          "__attribute__((noinline)) int r(int n){if(!n){s=malloc(1<<20);free((void*)s);return 0;}"
                          "return r(n-1)+1;}\nint main(void){for(int k=0;k<20;k++)r(100000);return 0;}\n")
-    exe = build("recurse", source=src)
     code, _, out = record("--", exe)
     check(code == 0 and profile(out)["stacks"], f"exit {code}")
 

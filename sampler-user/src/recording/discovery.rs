@@ -516,17 +516,15 @@ impl Recording {
             return None;
         }
         let environ = crate::targets::environ_of(pid)?;
-        let preload = environ
-            .split(|&b| b == 0)
-            .find_map(|entry| entry.strip_prefix(b"LD_PRELOAD="))?;
         let own = library.preload_path();
-        let path = preload
-            .split(|&b| b == b' ' || b == b':')
-            .find(|p| *p == own.as_bytes())?;
+        if !crate::targets::ld_preload_entries(&environ).contains(&own.as_bytes()) {
+            return None;
+        }
+        // The descriptor it names must be the library's, in that process.
         let through = format!("/proc/{pid}/fd/{}", own.rsplit('/').next()?);
         let held = std::fs::metadata(&through).ok()?;
         let id = crate::probe::maps::FileId::of(&held);
-        (library.file_id().ok()? == id && !path.is_empty()).then(|| allocator.clone())
+        (library.file_id().ok()? == id).then(|| allocator.clone())
     }
 
     /// `--all`: probes each allocator file of each new process once, for every process;
@@ -701,14 +699,8 @@ fn preloaded(pid: u32) -> Vec<std::path::PathBuf> {
     let Some(environ) = crate::targets::environ_of(pid) else {
         return Vec::new();
     };
-    let Some(value) = environ
-        .split(|&b| b == 0)
-        .find_map(|entry| entry.strip_prefix(b"LD_PRELOAD="))
-    else {
-        return Vec::new();
-    };
-    value
-        .split(|&b| b == b' ' || b == b':')
+    crate::targets::ld_preload_entries(&environ)
+        .into_iter()
         .filter(|path| path.starts_with(b"/"))
         .map(|path| {
             let mut through = std::ffi::OsString::from(format!("/proc/{pid}/root"));

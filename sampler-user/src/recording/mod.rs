@@ -117,7 +117,10 @@ pub fn prepare(
                         preload::ld_preload(&library, std::env::var_os("LD_PRELOAD").as_deref()),
                     ),
                     (
-                        sampler_common::preload::FAMILY_FD_VARIABLE.into(),
+                        <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(
+                            sampler_common::preload::FAMILY_FD_VARIABLE.to_bytes(),
+                        )
+                        .into(),
                         family.1.as_raw_fd().to_string().into(),
                     ),
                 ];
