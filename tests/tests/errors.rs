@@ -58,36 +58,25 @@ fn a_stack_cap_that_does_not_fit_in_memory_is_refused() {
         .unwrap();
     let fits = available * 1024 / 2 / (16 << 10);
     let me = std::process::id().to_string();
-    // A quarter more than fits now (what is available moves a little meanwhile).
-    let too_many = fits + fits / 4 + 1;
-    if too_many <= 1 << 20 {
-        assert_bad_input(
-            &run(&[
-                "record",
-                "-p",
-                &me,
-                "--max-stacks",
-                &too_many.to_string(),
-                "-o",
-                "/tmp/x.json",
-            ]),
-            "more than half of",
-        );
-    } else {
-        eprintln!("more than 32 GiB available: every --max-stacks fits");
-    }
-    assert_bad_input(
-        &run(&[
+    let max_stacks = |n: u64| {
+        run(&[
             "record",
             "-p",
             &me,
             "--max-stacks",
-            "2000000",
+            &n.to_string(),
             "-o",
             "/tmp/x.json",
-        ]),
-        "between 1 and 1048576",
-    );
+        ])
+    };
+    // A quarter more than fits now (what is available moves a little meanwhile).
+    let too_many = fits + fits / 4 + 1;
+    if too_many <= 1 << 20 {
+        assert_bad_input(&max_stacks(too_many), "more than half of");
+    } else {
+        eprintln!("more than 32 GiB available: every --max-stacks fits");
+    }
+    assert_bad_input(&max_stacks(2_000_000), "between 1 and 1048576");
 }
 
 #[test]
