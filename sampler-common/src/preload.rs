@@ -183,6 +183,27 @@ pub fn take_slot(claims: &[AtomicU64], sequence: u64, pid: u32) -> Option<usize>
     })
 }
 
+/// Writes the header of a zeroed region for process `pid`, at `interval` (with its scale)
+/// and `generation`: how the library sets up its own regions and allocscope a command's.
+///
+/// # Safety
+/// `region` points to a writable, zeroed [`Region`] that no other thread uses yet.
+#[cfg(any(test, feature = "float"))]
+pub unsafe fn set_up_region(region: *mut Region, pid: u32, interval: u64, generation: u64) {
+    use core::sync::atomic::Ordering::{Relaxed, Release};
+    // SAFETY: the caller's; the atomics are written through their own API.
+    unsafe {
+        (*region).magic = REGION_MAGIC;
+        (*region).version = REGION_VERSION;
+        (*region).pid = u64::from(pid);
+        (*region).interval.store(interval, Relaxed);
+        (*region)
+            .scale_q32
+            .store(crate::geometric::scale_q32(interval).unwrap_or(0), Relaxed);
+        (*region).generation.store(generation, Release);
+    }
+}
+
 /// The shared region, one per process (a fork gets a fresh one).
 #[repr(C)]
 #[derive(Debug)]

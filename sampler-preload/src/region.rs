@@ -21,8 +21,8 @@ use sampler_common::{
     geometric,
     preload::{
         claim, family_bytes, family_header_bytes, family_region_offset, find_claim, region_bytes,
-        take_slot, Family, Region, CLAIM_READY, FAMILY_MAGIC, FAMILY_VERSION, REGION_MAGIC,
-        REGION_VERSION,
+        set_up_region, take_slot, Family, Region, CLAIM_READY, FAMILY_MAGIC, FAMILY_VERSION,
+        REGION_MAGIC,
     },
 };
 
@@ -250,19 +250,8 @@ fn set_up(region: *mut Region, interval: u64, fallback: u64, generation: u64) {
     } else {
         interval
     };
-    // SAFETY: a zeroed region no other thread sees yet; the atomics are written through
-    // their own API.
-    unsafe {
-        (*region).magic = REGION_MAGIC;
-        (*region).version = REGION_VERSION;
-        (*region).pid = u64::from(pid());
-        (*region).interval.store(interval, Ordering::Relaxed);
-        (*region).scale_q32.store(
-            geometric::scale_q32(interval).unwrap_or(0),
-            Ordering::Relaxed,
-        );
-        (*region).generation.store(generation, Ordering::Release);
-    }
+    // SAFETY: a zeroed region no other thread sees yet.
+    unsafe { set_up_region(region, pid(), interval, generation) };
 }
 
 struct StaticRegion(core::cell::UnsafeCell<core::mem::MaybeUninit<Region>>);

@@ -29,8 +29,8 @@ use sampler_common::{
     geometric,
     preload::{
         claim, family_bytes, family_header_bytes, family_region_offset, find_claim, region_bytes,
-        take_slot, Family as Header, Region, FAMILY_MAGIC, FAMILY_SLOTS, FAMILY_VERSION,
-        REGION_MAGIC, REGION_SYMBOL, REGION_VERSION,
+        set_up_region, take_slot, Family as Header, Region, FAMILY_MAGIC, FAMILY_SLOTS,
+        FAMILY_VERSION, REGION_MAGIC, REGION_SYMBOL, REGION_VERSION,
     },
 };
 
@@ -171,12 +171,12 @@ impl Family {
         let sequence = header.sequence.fetch_add(1, Ordering::AcqRel) + 1;
         let slot = take_slot(&header.claims, sequence, pid).context("the family table is full")?;
         let mut map = self.map_slot(slot)?;
-        map[..8].copy_from_slice(&REGION_MAGIC.to_ne_bytes());
-        map[8..16].copy_from_slice(&REGION_VERSION.to_ne_bytes());
-        map[16..24].copy_from_slice(&u64::from(pid).to_ne_bytes());
+        let interval = header.interval.load(Ordering::Acquire);
+        // SAFETY: the slot's region, zero and unused (just claimed, its process not started),
+        // and as long as a Region (the mapping is region_bytes() long).
+        unsafe { set_up_region(map.as_mut_ptr().cast(), pid, interval, 1) };
         let mut mapped = MappedRegion::check(map)?;
         mapped.slot = Some(slot);
-        mapped.set_interval(header.interval.load(Ordering::Acquire))?;
         header.claims[slot].store(claim(sequence, pid, true), Ordering::Release);
         Ok(mapped)
     }
