@@ -11,6 +11,7 @@
 pub mod cookie;
 pub mod event;
 pub mod geometric;
+pub mod kernel;
 pub mod preload;
 pub mod usdt;
 

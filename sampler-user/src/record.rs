@@ -42,6 +42,10 @@ enum Stop {
     Duration,
     Signal(&'static str),
     TargetsExited,
+    /// Something failed after attaching (reading the ring buffer, a snapshot's write, a
+    /// target's finalizing): the profile of what was gathered is still written, then the
+    /// error said.
+    Failed(anyhow::Error),
 }
 
 /// Attaches, records and writes the profile. Returns the exit code to pass on: that of a
@@ -73,17 +77,22 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
     );
     let stop = loop {
         tokio::select! {
-            happened = recording.next() => {
-                if happened? == Happening::AllExited {
-                    break Stop::TargetsExited;
-                }
-            }
+            happened = recording.next() => match happened {
+                Ok(Happening::AllExited) => break Stop::TargetsExited,
+                Ok(Happening::Exited(_)) => {}
+                Err(e) => break Stop::Failed(e),
+            },
             _ = snapshot_timer.tick(), if every.is_some() => {
                 let now = Instant::now();
                 let settings = config.sampling.settings(now - started, config.leaks_older_than);
                 let period = Some((now - period_started).as_secs_f64());
-                let profile = recording.profile(settings, period).await?;
-                writer.write(&profile)?;
+                let written = match recording.profile(settings, period).await {
+                    Ok(profile) => writer.write(&profile),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = written {
+                    break Stop::Failed(e.context("writing a snapshot"));
+                }
                 recording.aggregator.start_period();
                 period_started = Instant::now();
             }
@@ -96,11 +105,24 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
     // The recording ends now; detaching below takes a while (the kernel removes each
     // breakpoint) and is not part of it.
     let stopped = Instant::now();
-    match stop {
-        Stop::Signal(name) => info!("stopping on {name}"),
-        Stop::Duration => info!("stopping: duration reached"),
-        Stop::TargetsExited => info!("stopping: every target exited"),
-    }
+    let failure = match stop {
+        Stop::Signal(name) => {
+            info!("stopping on {name}");
+            None
+        }
+        Stop::Duration => {
+            info!("stopping: duration reached");
+            None
+        }
+        Stop::TargetsExited => {
+            info!("stopping: every target exited");
+            None
+        }
+        Stop::Failed(e) => {
+            log::error!("stopping early: {e:#}; writing what was recorded until now");
+            Some(e)
+        }
+    };
     // Detach before the slow part: the targets stop paying for probes now. A command
     // started for this recording stops with it.
     let _closing = recording.detach().await?;
@@ -112,6 +134,11 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
     let written = writer.write(&profile)?;
     crate::say_raw!("{}", summary::render(&profile, 10));
     crate::say!("wrote {} ({})", written.display(), config.format.name());
+    if let Some(e) = failure {
+        return Err(e.context(
+            "the recording stopped early (the profile written holds what was gathered until then)",
+        ));
+    }
     Ok(match recording.command_exit() {
         Some(CommandExit::OnItsOwn(exit)) => exit.shell_code(),
         _ => 0,

@@ -5,6 +5,7 @@
 
 use anyhow::Context as _;
 use aya::maps::PerCpuArray;
+use sampler_common::kernel;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
@@ -40,7 +41,7 @@ pub fn run(pid: u32) -> anyhow::Result<()> {
     let calls: PerCpuArray<_, u64> = PerCpuArray::try_from(
         probes
             .ebpf
-            .map("BARE_CALLS")
+            .map(kernel::maps::BARE_CALLS)
             .context("BARE_CALLS missing")?,
     )?;
     let total: u64 = calls.get(&0, 0)?.iter().sum();

@@ -6,6 +6,7 @@ mod cycles;
 mod demo;
 mod run;
 mod setup;
+mod sizes;
 mod test;
 
 use clap::{Parser, Subcommand};
@@ -27,6 +28,9 @@ enum Task {
     Demo,
     /// Set up, build, then run formatting and lint checks and every test (what CI runs).
     Test,
+    /// Run the shape checks alone: no import cycle among sampler-user's modules, no file
+    /// or function over its size limit without a reason at the site.
+    Check,
     /// Measure allocscope's cost per malloc against a bare counting uprobe, in one run.
     Bench(bench::BenchArgs),
     /// Run the hostile and clumsy user's campaign (xtask/torture/run.py) against the
@@ -42,6 +46,7 @@ fn main() -> anyhow::Result<()> {
         Task::Setup => setup::run(),
         Task::Demo => demo::run(),
         Task::Test => test::run(),
+        Task::Check => test::shape(),
         Task::Bench(args) => bench::run(args),
         Task::Torture { names } => torture(&names),
     }

@@ -18,7 +18,7 @@ pub fn run() -> anyhow::Result<()> {
     crate::setup::run()?;
     status(cargo().args(["build", "--release"]))?;
     status(cargo().args(["fmt", "--all", "--check"]))?;
-    crate::cycles::check(&workspace().join("sampler-user/src"))?;
+    shape()?;
     status(cargo().args(["test", "--release", "-p", "xtask"]))?;
     // Every host crate, xtask included (it is not a default member), and the calibration
     // example behind its feature.
@@ -76,6 +76,19 @@ pub fn run() -> anyhow::Result<()> {
         bail!("cargo test failed: {outcome}");
     }
     Ok(())
+}
+
+/// The shape checks: one-way imports, sizes.
+pub fn shape() -> anyhow::Result<()> {
+    crate::cycles::check(&workspace().join("sampler-user/src"))?;
+    let sources = [
+        "sampler-common",
+        "sampler-ebpf",
+        "sampler-preload",
+        "sampler-user",
+        "xtask",
+    ];
+    crate::sizes::check(&sources.map(|c| workspace().join(c).join("src")))
 }
 
 /// Passed and failed counts of a `test result: ok. 3 passed; 0 failed; …` line.

@@ -7,6 +7,7 @@
 //! those to what the running ones count now. The loss counters (`LOSSES`) and the samples
 //! the kernel could not deliver (`LOST`) are read here too.
 
+use sampler_common::kernel;
 use std::collections::BTreeMap;
 
 use anyhow::Context as _;
@@ -37,17 +38,22 @@ impl Counters {
         slots: &[(u32, u32)],
         host: Option<&dyn Fn(u32) -> bool>,
     ) -> anyhow::Result<(BTreeMap<u32, ProcessCounters>, Losses)> {
-        let slotted = read_counters(&PerCpuArray::try_from(map(ebpf, "COUNTERS")?)?, slots)?;
+        let slotted = read_counters(
+            &PerCpuArray::try_from(map(ebpf, kernel::maps::COUNTERS)?)?,
+            slots,
+        )?;
         let host = match host {
             Some(target) => {
-                let mut all =
-                    read_host_counters(&PerCpuHashMap::try_from(map(ebpf, "HOST_COUNTERS")?)?)?;
+                let mut all = read_host_counters(&PerCpuHashMap::try_from(map(
+                    ebpf,
+                    kernel::maps::HOST_COUNTERS,
+                )?)?)?;
                 all.retain(|&pid, _| target(pid));
                 all
             }
             None => BTreeMap::new(),
         };
-        let losses = read_losses(&PerCpuArray::try_from(map(ebpf, "LOSSES")?)?)?;
+        let losses = read_losses(&PerCpuArray::try_from(map(ebpf, kernel::maps::LOSSES)?)?)?;
         let in_process = self.in_process();
         Ok((
             combine([&slotted, &host, &self.finished, &in_process]),
@@ -101,7 +107,10 @@ impl Counters {
     /// A process counted per pid (`HOST_COUNTERS`) exited: its last counts are kept and its
     /// entry goes, so that a later process given the same pid starts from zero.
     pub fn keep_host(&mut self, ebpf: &mut Ebpf, pid: u32) -> anyhow::Result<()> {
-        let last = read_host_counter(&PerCpuHashMap::try_from(map(ebpf, "HOST_COUNTERS")?)?, pid)?;
+        let last = read_host_counter(
+            &PerCpuHashMap::try_from(map(ebpf, kernel::maps::HOST_COUNTERS)?)?,
+            pid,
+        )?;
         let mut entries: PerCpuHashMap<_, u32, ProcessCounters> =
             PerCpuHashMap::try_from(map_mut(ebpf, "HOST_COUNTERS")?)?;
         // Absent when the process never called: nothing to remove.
@@ -114,7 +123,7 @@ impl Counters {
     /// zeroed for another process.
     pub fn keep_slot(&mut self, ebpf: &mut Ebpf, pid: u32, slot: u32) -> anyhow::Result<()> {
         let last = read_counters(
-            &PerCpuArray::try_from(map(ebpf, "COUNTERS")?)?,
+            &PerCpuArray::try_from(map(ebpf, kernel::maps::COUNTERS)?)?,
             &[(pid, slot)],
         )?;
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
@@ -136,13 +145,13 @@ impl Counters {
 /// forgotten).
 pub fn thread_states(ebpf: &Ebpf) -> anyhow::Result<u64> {
     let threads: aya::maps::HashMap<_, u32, sampler_common::ThreadState> =
-        aya::maps::HashMap::try_from(map(ebpf, "THREADS")?)?;
+        aya::maps::HashMap::try_from(map(ebpf, kernel::maps::THREADS)?)?;
     Ok(threads.keys().filter(Result::is_ok).count() as u64)
 }
 
 /// Every process's samples the kernel could not deliver (`LOST`).
 pub fn lost(ebpf: &Ebpf) -> anyhow::Result<BTreeMap<u32, Vec<LostBatch>>> {
-    read_lost(&PerCpuHashMap::try_from(map(ebpf, "LOST")?)?)
+    read_lost(&PerCpuHashMap::try_from(map(ebpf, kernel::maps::LOST)?)?)
 }
 
 fn map<'a>(ebpf: &'a Ebpf, name: &str) -> anyhow::Result<&'a aya::maps::Map> {

@@ -15,6 +15,7 @@
 //! Dropping [`Probes`] (or allocscope dying, even by SIGKILL) closes the file descriptors
 //! and the kernel removes every breakpoint: the target is never left patched.
 
+use sampler_common::kernel;
 use std::{
     collections::{HashMap, HashSet},
     os::fd::OwnedFd,
@@ -42,7 +43,8 @@ use super::{
 };
 
 /// The eBPF object built by build.rs.
-static SAMPLER_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sampler"));
+pub(super) static SAMPLER_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sampler"));
 
 /// Load-time settings of the kernel side.
 #[derive(Clone, Copy, Debug)]
@@ -379,11 +381,6 @@ fn load_multi(
         .ok()
 }
 
-const FREE_PROGRAM: &str = "free_enter";
-const USDT_PROGRAM: &str = "usdt";
-const BARE_PROGRAM: &str = "bare_count_enter";
-const RETURN_PROGRAM: &str = "alloc_return";
-
 impl Probes {
     /// Loads the sampler with `config` (every program verified now, nothing attached yet but
     /// the scheduler tracepoints).
@@ -409,19 +406,23 @@ impl Probes {
         let task_pid_offset_value = u64::from(task_pid_offset.unwrap_or(0));
         let mut ebpf = EbpfLoader::new()
             .btf(None)
-            .override_global("INTERVAL", &config.interval, true)
-            .override_global("SCALE_Q32", &scale, true)
-            .override_global("LOG_ENABLED", &log, true)
-            .override_global("TRACK_FREES", &track, true)
-            .override_global("HOST_MODE", &host, true)
-            .override_global("FOLLOWED_ONLY", &followed_only, true)
-            .override_global("WATCH_EXECS", &watch_execs, true)
-            .override_global("STACK_BYTES", &stack_bytes, true)
-            .override_global("DUTY_CYCLED", &duty_cycled, true)
-            .override_global("TASK_PID_OFFSET", &task_pid_offset_value, true)
-            .map_max_entries("SCRATCH", possible_cpus)
-            .map_max_entries("LIVE", config.track_frees.unwrap_or(1).max(1))
-            .map_max_entries("SAMPLES", config.ring_buffer)
+            .override_global(kernel::globals::INTERVAL, &config.interval, true)
+            .override_global(kernel::globals::SCALE_Q32, &scale, true)
+            .override_global(kernel::globals::LOG_ENABLED, &log, true)
+            .override_global(kernel::globals::TRACK_FREES, &track, true)
+            .override_global(kernel::globals::HOST_MODE, &host, true)
+            .override_global(kernel::globals::FOLLOWED_ONLY, &followed_only, true)
+            .override_global(kernel::globals::WATCH_EXECS, &watch_execs, true)
+            .override_global(kernel::globals::STACK_BYTES, &stack_bytes, true)
+            .override_global(kernel::globals::DUTY_CYCLED, &duty_cycled, true)
+            .override_global(
+                kernel::globals::TASK_PID_OFFSET,
+                &task_pid_offset_value,
+                true,
+            )
+            .map_max_entries(kernel::maps::SCRATCH, possible_cpus)
+            .map_max_entries(kernel::maps::LIVE, config.track_frees.unwrap_or(1).max(1))
+            .map_max_entries(kernel::maps::SAMPLES, config.ring_buffer)
             .load(SAMPLER_OBJECT)?;
         log::debug!("eBPF object loaded in {:?}", started.elapsed());
         // The session program serves allocation entries through uprobe_multi links also
@@ -432,9 +433,13 @@ impl Probes {
             .ok();
         // The in-process front end's probes: cheap to load, attached only where a process
         // carries the library.
-        let front_end = load_multi(&relocated, USDT_PROGRAM, session::BPF_TRACE_UPROBE_MULTI);
+        let front_end = load_multi(
+            &relocated,
+            kernel::programs::USDT,
+            session::BPF_TRACE_UPROBE_MULTI,
+        );
         if front_end.is_none() {
-            loaded_uprobe(&mut ebpf, USDT_PROGRAM)?;
+            loaded_uprobe(&mut ebpf, kernel::programs::USDT)?;
         }
         let mut tracepoints = Vec::new();
         let mut raw_tracepoints = Vec::new();
@@ -442,22 +447,22 @@ impl Probes {
             if task_pid_offset.is_some() {
                 raw_tracepoints.push(attach_raw_tracepoint(
                     &mut ebpf,
-                    "task_newtask_raw",
-                    "task_newtask",
+                    kernel::programs::NEW_TASK_RAW,
+                    kernel::programs::NEW_TASK,
                 )?);
             } else {
                 tracepoints.push(attach_tracepoint(
                     &mut ebpf,
-                    "task_newtask",
+                    kernel::programs::NEW_TASK,
                     "task",
-                    "task_newtask",
+                    kernel::programs::NEW_TASK,
                 )?);
             }
         }
         if config.follow || config.followed_only || config.watch_execs {
             raw_tracepoints.push(attach_raw_tracepoint(
                 &mut ebpf,
-                "process_exec",
+                kernel::programs::EXEC,
                 "sched_process_exec",
             )?);
         }
@@ -501,14 +506,14 @@ impl Probes {
                 session::BPF_TRACE_UPROBE_MULTI
             };
             let sessions = if self.config.sessions {
-                load_multi(&self.relocated, session::SESSION_PROGRAM, attach_type)
+                load_multi(&self.relocated, kernel::programs::SESSION, attach_type)
             } else {
                 None
             };
             let frees = if tracking && sessions.is_some() {
                 load_multi(
                     &self.relocated,
-                    FREE_PROGRAM,
+                    kernel::programs::FREE,
                     session::BPF_TRACE_UPROBE_MULTI,
                 )
             } else {
@@ -516,20 +521,23 @@ impl Probes {
             };
             let mut programs: Vec<&'static str> = Vec::new();
             if tracking && frees.is_none() {
-                programs.push(FREE_PROGRAM);
+                programs.push(kernel::programs::FREE);
             }
             if sessions.is_none() {
                 programs.extend(AllocFn::ALL.iter().map(|&f| program_name(f)));
                 if tracking {
-                    programs.push(RETURN_PROGRAM);
+                    programs.push(kernel::programs::RETURN);
                 }
             }
             for name in programs {
                 loaded_uprobe(&mut self.ebpf, name)?;
             }
             // Thread exits drop the countdown state these programs keep per thread.
-            let exits =
-                attach_raw_tracepoint(&mut self.ebpf, "process_exit", "sched_process_exit")?;
+            let exits = attach_raw_tracepoint(
+                &mut self.ebpf,
+                kernel::programs::EXIT,
+                "sched_process_exit",
+            )?;
             let returns = match (tracking, &sessions) {
                 (false, _) => ReturnProbes::None,
                 (true, Some(_)) => ReturnProbes::Sessions,
@@ -572,9 +580,9 @@ impl Probes {
 
     /// Duty cycling: opens (the programs count and sample) or closes the gate.
     pub fn set_gate(&mut self, open: bool) -> Result<(), AttachError> {
-        let mut map: Array<&mut MapData, u32> = self.map_mut("GATE")?;
+        let mut map: Array<&mut MapData, u32> = self.map_mut(kernel::maps::GATE)?;
         map.set(0, u32::from(open), 0)
-            .map_err(|e| AttachError::map("GATE", e))
+            .map_err(|e| AttachError::map(kernel::maps::GATE, e))
     }
 
     /// Duty cycling: takes every allocation probe out (the targets stop paying the trap),
@@ -663,7 +671,7 @@ impl Probes {
             let aya::programs::Program::UProbe(uprobe) = program else {
                 continue;
             };
-            if name == BARE_PROGRAM {
+            if name == kernel::programs::BARE {
                 continue;
             }
             if let Some(counted) = uprobe.fd().ok().and_then(|fd| runs::of_fd(fd).ok()) {
@@ -673,11 +681,14 @@ impl Probes {
         let uprobes = self.uprobes.as_ref();
         let multi = [
             (
-                session::SESSION_PROGRAM,
+                kernel::programs::SESSION,
                 uprobes.and_then(|u| u.sessions.as_ref()),
             ),
-            (FREE_PROGRAM, uprobes.and_then(|u| u.frees.as_ref())),
-            (USDT_PROGRAM, self.front_end.as_ref()),
+            (
+                kernel::programs::FREE,
+                uprobes.and_then(|u| u.frees.as_ref()),
+            ),
+            (kernel::programs::USDT, self.front_end.as_ref()),
         ];
         for (name, program) in multi {
             if let Some(counted) = program.and_then(|p| runs::of_fd(p.fd()).ok()) {
@@ -693,22 +704,25 @@ impl Probes {
         let pid = std::process::id();
         let id = attach_reference_program(&mut self.ebpf, path, path, offset, pid, "trap_target")?;
         let mut detached = Detached::default();
-        detached
-            .uprobes
-            .extend(uprobe(&mut self.ebpf, BARE_PROGRAM)?.take_link(id).ok());
+        detached.uprobes.extend(
+            uprobe(&mut self.ebpf, kernel::programs::BARE)?
+                .take_link(id)
+                .ok(),
+        );
         Ok(detached)
     }
 
     /// Runs of the reference program so far (`None`: not loaded, or no statistics).
     pub fn bare_runs(&self) -> Option<runs::Runs> {
-        let program = self.ebpf.program(BARE_PROGRAM)?;
+        let program = self.ebpf.program(kernel::programs::BARE)?;
         runs::of_fd(program.fd().ok()?).ok()
     }
 
     /// Sets the mean sampling interval of every countdown drawn from now on.
     pub fn set_rate(&mut self, interval: u64) -> Result<(), AttachError> {
         let scale_q32 = geometric::scale_q32(interval).ok_or(AttachError::Interval(interval))?;
-        let mut map: Array<&mut MapData, sampler_common::Rate> = self.map_mut("RATE")?;
+        let mut map: Array<&mut MapData, sampler_common::Rate> =
+            self.map_mut(kernel::maps::RATE)?;
         map.set(
             0,
             sampler_common::Rate {
@@ -717,28 +731,28 @@ impl Probes {
             },
             0,
         )
-        .map_err(|e| AttachError::map("RATE", e))
+        .map_err(|e| AttachError::map(kernel::maps::RATE, e))
     }
 
     /// Host mode: makes the programs ignore `pid`.
     pub fn exclude(&mut self, pid: u32) -> Result<(), AttachError> {
-        let mut map: BpfHashMap<&mut MapData, u32, u8> = self.map_mut("EXCLUDED")?;
+        let mut map: BpfHashMap<&mut MapData, u32, u8> = self.map_mut(kernel::maps::EXCLUDED)?;
         map.insert(pid, 1, 0)
-            .map_err(|e| AttachError::map("EXCLUDED", e))
+            .map_err(|e| AttachError::map(kernel::maps::EXCLUDED, e))
     }
 
     /// Makes `pid` a target of the followed set: file-wide probes count it (with
     /// `followed_only`), and the kernel follows its new processes from their creation on.
     pub fn follow(&mut self, pid: u32) -> Result<(), AttachError> {
-        let mut map: BpfHashMap<&mut MapData, u32, u8> = self.map_mut("FOLLOWED")?;
+        let mut map: BpfHashMap<&mut MapData, u32, u8> = self.map_mut(kernel::maps::FOLLOWED)?;
         map.insert(pid, FOLLOWED_TARGET, 0)
-            .map_err(|e| AttachError::map("FOLLOWED", e))
+            .map_err(|e| AttachError::map(kernel::maps::FOLLOWED, e))
     }
 
     /// `pid`'s standing in the kernel's followed set ([`FOLLOWED_TARGET`],
     /// [`sampler_common::FOLLOWED_PENDING`]), `None` when it is not in it.
     pub fn standing(&self, pid: u32) -> Option<u8> {
-        let map = self.ebpf.map("FOLLOWED")?;
+        let map = self.ebpf.map(kernel::maps::FOLLOWED)?;
         let map: BpfHashMap<&MapData, u32, u8> = BpfHashMap::try_from(map).ok()?;
         map.get(&pid, 0).ok()
     }
@@ -746,7 +760,9 @@ impl Probes {
     /// Takes `pid` out of the followed set (a pending process `--comm` does not want, one
     /// that exited) and drops its per-process counters: file-wide probes ignore it now.
     pub fn unfollow(&mut self, pid: u32) {
-        if let Ok(mut map) = self.map_mut::<BpfHashMap<&mut MapData, u32, u8>>("FOLLOWED") {
+        if let Ok(mut map) =
+            self.map_mut::<BpfHashMap<&mut MapData, u32, u8>>(kernel::maps::FOLLOWED)
+        {
             let _ = map.remove(&pid);
         }
         self.forget_counters(pid);
@@ -755,7 +771,7 @@ impl Probes {
     /// Removes `pid`'s entry from the per-process counters of file-wide probes.
     pub fn forget_counters(&mut self, pid: u32) {
         type Counters<'a> = PerCpuHashMap<&'a mut MapData, u32, sampler_common::ProcessCounters>;
-        if let Ok(mut map) = self.map_mut::<Counters>("HOST_COUNTERS") {
+        if let Ok(mut map) = self.map_mut::<Counters>(kernel::maps::HOST_COUNTERS) {
             let _ = map.remove(&pid);
         }
     }
@@ -784,10 +800,10 @@ impl Probes {
         if changed.is_empty() {
             return Ok(());
         }
-        let mut map: Array<&mut MapData, u64> = self.map_mut("FUNCTION_SIZES")?;
+        let mut map: Array<&mut MapData, u64> = self.map_mut(kernel::maps::FUNCTION_SIZES)?;
         for (index, size) in changed {
             map.set(index, size, 0)
-                .map_err(|e| AttachError::map("FUNCTION_SIZES", e))?;
+                .map_err(|e| AttachError::map(kernel::maps::FUNCTION_SIZES, e))?;
         }
         Ok(())
     }
@@ -849,11 +865,11 @@ impl Probes {
                     )));
                 }
                 let mut table: Array<&mut MapData, sampler_common::usdt::UsdtSpec> =
-                    self.map_mut("USDT_SPECS")?;
+                    self.map_mut(kernel::maps::USDT_SPECS)?;
                 for (index, (_, spec)) in producer.sites.iter().enumerate() {
                     table
                         .set(base + index as u32, spec, 0)
-                        .map_err(|e| AttachError::map("USDT_SPECS", e))?;
+                        .map_err(|e| AttachError::map(kernel::maps::USDT_SPECS, e))?;
                 }
                 self.next_spec += count;
                 self.specs.insert(allocator.file_id.clone(), base);
@@ -962,12 +978,18 @@ impl Probes {
                 .push(Link::Multi(link));
         } else {
             for ((name, &offset), &cookie) in names.iter().zip(&offsets).zip(&cookies) {
-                let id =
-                    self.attach_uprobe(USDT_PROGRAM, scope, allocator, offset, cookie, name)?;
+                let id = self.attach_uprobe(
+                    kernel::programs::USDT,
+                    scope,
+                    allocator,
+                    offset,
+                    cookie,
+                    name,
+                )?;
                 self.links
                     .entry(scope.key())
                     .or_default()
-                    .push(Link::Uprobe(USDT_PROGRAM, id));
+                    .push(Link::Uprobe(kernel::programs::USDT, id));
             }
         }
         let points = sites
@@ -1032,12 +1054,18 @@ impl Probes {
             return Ok(points);
         }
         for (free, offset) in frees.iter().zip(offsets) {
-            let id =
-                self.attach_uprobe(FREE_PROGRAM, scope, allocator, offset, cookie, &free.symbol)?;
+            let id = self.attach_uprobe(
+                kernel::programs::FREE,
+                scope,
+                allocator,
+                offset,
+                cookie,
+                &free.symbol,
+            )?;
             self.links
                 .entry(scope.key())
                 .or_default()
-                .push(Link::Uprobe(FREE_PROGRAM, id));
+                .push(Link::Uprobe(kernel::programs::FREE, id));
         }
         Ok(points)
     }
@@ -1086,7 +1114,10 @@ impl Probes {
             let mut programs = vec![(program_name(f.function), ProbeKind::Entry(f.symbol.clone()))];
             if self.config.track_frees.is_some() {
                 // At the same point as the entry, where `[rsp]` is still the return address.
-                programs.push((RETURN_PROGRAM, ProbeKind::Return(f.symbol.clone())));
+                programs.push((
+                    kernel::programs::RETURN,
+                    ProbeKind::Return(f.symbol.clone()),
+                ));
             }
             for (name, kind) in programs {
                 let cookie = f.cookie(scope.slot(), outer);
@@ -1195,7 +1226,7 @@ fn attach_reference_program(
         cookie: None,
     };
     let scope = Scope::Process { pid, slot: 0 };
-    loaded_uprobe(ebpf, BARE_PROGRAM)?
+    loaded_uprobe(ebpf, kernel::programs::BARE)?
         .attach(point, path, scope.uprobe_scope())
         .map_err(|source| AttachError::Attach {
             symbol: symbol.to_owned(),
@@ -1302,14 +1333,14 @@ fn ensure_tracefs() {
 /// The eBPF program probing `function`'s entry.
 pub fn program_name(function: AllocFn) -> &'static str {
     match function {
-        AllocFn::Malloc => "malloc_enter",
-        AllocFn::Calloc => "calloc_enter",
-        AllocFn::Realloc => "realloc_enter",
-        AllocFn::PosixMemalign => "posix_memalign_enter",
-        AllocFn::AlignedAlloc => "aligned_alloc_enter",
-        AllocFn::Memalign => "memalign_enter",
-        AllocFn::Valloc => "valloc_enter",
-        AllocFn::Pvalloc => "pvalloc_enter",
-        AllocFn::New => "new_enter",
+        AllocFn::Malloc => kernel::programs::MALLOC,
+        AllocFn::Calloc => kernel::programs::CALLOC,
+        AllocFn::Realloc => kernel::programs::REALLOC,
+        AllocFn::PosixMemalign => kernel::programs::POSIX_MEMALIGN,
+        AllocFn::AlignedAlloc => kernel::programs::ALIGNED_ALLOC,
+        AllocFn::Memalign => kernel::programs::MEMALIGN,
+        AllocFn::Valloc => kernel::programs::VALLOC,
+        AllocFn::Pvalloc => kernel::programs::PVALLOC,
+        AllocFn::New => kernel::programs::NEW,
     }
 }

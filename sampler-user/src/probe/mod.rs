@@ -10,6 +10,8 @@
 pub mod allocator;
 pub mod attach;
 pub mod btf;
+#[cfg(test)]
+mod contract;
 pub mod maps;
 pub mod prologue;
 pub mod runs;

@@ -7,6 +7,7 @@
 //! Statistics are global: while on, every BPF program on the host takes two clock reads per
 //! run (~40 ns here, measured by `cargo xtask bench`).
 
+use sampler_common::kernel;
 use std::{
     io,
     os::fd::{AsRawFd as _, OwnedFd},
@@ -93,8 +94,8 @@ impl ProgramRuns {
     /// Adds one program's runs to its group (named as in the eBPF object).
     pub fn add(&mut self, program: &str, runs: Runs) {
         match program {
-            "alloc_return" => self.returns.add(runs),
-            "free_enter" => self.frees.add(runs),
+            kernel::programs::RETURN => self.returns.add(runs),
+            kernel::programs::FREE => self.frees.add(runs),
             _ => self.allocations.add(runs),
         }
     }

@@ -32,9 +32,6 @@ const BPF_PROG_TYPE_KPROBE: u32 = 2;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
 
-/// The session program in the eBPF object.
-pub const SESSION_PROGRAM: &str = "alloc_session";
-
 /// A program loaded for `uprobe_multi` links (a session's, or a plain one's); links to it
 /// are made per allocator file and process.
 pub struct MultiProgram {

@@ -17,6 +17,7 @@
 //! [`counters`]: its probes detach, its exact counters are read and its counter slot is
 //! reused; its frames still resolve (the files stay open, see [`crate::stacks`]).
 
+use sampler_common::kernel;
 mod cost;
 mod counters;
 mod discovery;
@@ -451,7 +452,7 @@ impl Recording {
         let ring = RingBuf::try_from(
             probes
                 .ebpf
-                .take_map("SAMPLES")
+                .take_map(kernel::maps::SAMPLES)
                 .context("SAMPLES map missing")?,
         )?;
         let reader = SampleReader::new(ring, sampling.ring_buffer as usize)?;
