@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use sampler_user::{
     cli::{self, Command},
+    commands::{record, reference, report, top},
     config::BadInput,
-    record, reference, report, top,
 };
 
 fn main() -> ExitCode {

@@ -4,8 +4,8 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use crate::{
     collect::Losses,
+    cost::{Overhead, TrapSource},
     format::{bytes, frame_name, percent},
-    overhead::{Overhead, TrapSource},
     profile::{Coverage, DutyRecord, Profile, StackProfile, LOST_FRAME},
     stacks::StackEnd,
     stats::Estimate,
@@ -475,7 +475,7 @@ mod tests {
 
     #[test]
     fn overhead_says_per_call_cost_and_share() {
-        use crate::overhead::{self, TargetUse, Trap};
+        use crate::cost::{self, TargetUse, Trap};
         use crate::probe::runs::{ProgramRuns, Runs};
         let runs = ProgramRuns {
             allocations: Runs {
@@ -493,26 +493,26 @@ mod tests {
             calls: 1_000_000,
             cpu_seconds: Some(cpu),
         };
-        let heavy = overhead::measure(trap, runs, true, false, 1.0, &[target(1.2)]);
+        let heavy = cost::measure(trap, runs, true, false, 1.0, &[target(1.2)]);
         assert_eq!(
             describe_overhead(&heavy),
             "900 ns per allocation call (1.00 probe hits, each the trap 700 ns calibrated + \
              program 200 ns); 0.90 CPU-s added to the targets of their 1.20 s: 4.0× the CPU \
              time of their own work"
         );
-        let light = overhead::measure(trap, runs, true, true, 1.0, &[target(10.9)]);
+        let light = cost::measure(trap, runs, true, true, 1.0, &[target(10.9)]);
         assert!(
             describe_overhead(&light).ends_with("of their 10.90 s: +9.0% CPU over their own work"),
             "{}",
             describe_overhead(&light)
         );
-        let swamped = overhead::measure(trap, runs, true, false, 1.0, &[target(0.9)]);
+        let swamped = cost::measure(trap, runs, true, false, 1.0, &[target(0.9)]);
         assert!(
             describe_overhead(&swamped).ends_with("of their 0.90 s: nearly all of it (their own work is within the measurement's error)"),
             "{}",
             describe_overhead(&swamped)
         );
-        let unknown = overhead::measure(Trap::MODELLED, runs, false, false, 1.0, &[target(0.0)]);
+        let unknown = cost::measure(Trap::MODELLED, runs, false, false, 1.0, &[target(0.0)]);
         let text = describe_overhead(&unknown);
         assert!(text.contains("modelled + program time unknown"), "{text}");
         assert!(

@@ -2,7 +2,7 @@
 //! (`BPF_ENABLE_STATS`, held for as long as the returned descriptor lives), every program
 //! keeps `run_cnt` (times it ran: one per uprobe hit) and `run_time_ns` (time inside it),
 //! which `/proc/self/fdinfo/FD` of its descriptor shows. The uprobe trap around each run is
-//! not in `run_time_ns`; [`crate::overhead::trap`] calibrates it.
+//! not in `run_time_ns`; [`crate::cost::trap`] calibrates it.
 //!
 //! Statistics are global: while on, every BPF program on the host takes two clock reads per
 //! run (~40 ns here, measured by `cargo xtask bench`).

@@ -8,12 +8,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use sampler_common::ProcessCounters;
 
-use super::{
-    duty::{DutyPair, DutySums, StratumObserved},
-    Profile, Settings,
-};
+use super::{Profile, Settings};
 use crate::{
     collect::{Event, Losses, LostBatch, Sample},
+    duty::sums::{DutyPair, DutySums, StratumObserved},
     probe::{allocator::Allocator, maps::FileId},
     stacks::{
         self, symbolize::FrameInfo, symbolize::Symbolizer, Frame, StackId, StackOrigin, StackTable,
@@ -188,7 +186,7 @@ pub struct Tally {
     /// Samples whose stack was cut to its leaf (beyond `--max-stacks`).
     pub cut_samples: u64,
     /// Duty cycling: the probes' cost per call, which the estimates take out of the
-    /// targets' CPU time (see [`crate::stats::duty`]).
+    /// targets' CPU time (see [`crate::duty::estimate`]).
     pub duty_ns_per_call: f64,
 }
 

@@ -2,7 +2,6 @@
 //! every exporter and the summary read ([`Profile`]).
 
 mod aggregator;
-pub mod duty;
 
 use serde::{Deserialize, Serialize};
 
@@ -129,7 +128,7 @@ pub struct ThrottleRecord {
     pub changes_not_listed: u64,
 }
 
-/// How the probes were duty-cycled (see [`crate::duty_cycle`]).
+/// How the probes were duty-cycled (see [`crate::duty::plan`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DutyRecord {
     /// The budget: most CPU time the probes may add, as a share of the targets' own.
@@ -630,7 +629,7 @@ pub struct Profile {
     pub thread_states: Option<u64>,
     /// What the recording cost its targets, measured (see docs/json-schema.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub overhead: Option<crate::overhead::Overhead>,
+    pub overhead: Option<crate::cost::Overhead>,
 }
 
 /// One probe point, as attached.

@@ -18,10 +18,9 @@
 //! reused; its frames still resolve (the files stay open, see [`crate::stacks`]).
 
 use sampler_common::kernel;
-mod cost;
 mod counters;
 mod discovery;
-mod duty;
+mod duty_cycling;
 mod throttling;
 
 use std::{
@@ -39,9 +38,12 @@ use sampler_common::ProcessCounters;
 use crate::{
     collect::{monotonic_ns, Counters, Event, Losses, SampleReader},
     config::{BadInput, SamplingConfig, Targets},
-    exits,
-    overhead::{self, Overhead, TargetUse, Trap},
-    preflight, preload,
+    cost::{
+        self,
+        windows::{CostStep, CostWindows},
+        Overhead, TargetUse, Trap,
+    },
+    exits, preflight, preload,
     probe::{
         attach::{AttachedPoint, KernelConfig, Probes, Target},
         maps::FileId,
@@ -284,9 +286,9 @@ pub struct Meter {
 }
 
 impl Meter {
-    /// The cost of `runs` to `targets` over `seconds` (see [`overhead::measure`]).
+    /// The cost of `runs` to `targets` over `seconds` (see [`cost::measure`]).
     pub fn measure(&self, runs: ProgramRuns, seconds: f64, targets: &[TargetUse]) -> Overhead {
-        overhead::measure(
+        cost::measure(
             self.trap,
             runs,
             self.stats,
@@ -348,14 +350,14 @@ pub struct Recording {
     /// The uprobe trap's cost, calibrated at start.
     trap: Trap,
     /// The windows the programs' cost is measured in.
-    cost: cost::CostWindows,
+    cost: CostWindows,
     cost_clock: tokio::time::Interval,
     /// When [`Self::every_second`] last ran.
     last_second: std::time::Instant,
     /// The sampling-rate throttle (`None`: `--max-samples-per-sec 0`).
     throttling: Option<throttling::Throttling>,
     /// Duty cycling (`None`: no `--max-overhead`, the probes stay attached).
-    duty: Option<duty::DutyCycling>,
+    duty: Option<duty_cycling::DutyCycling>,
     /// Its slot boundaries (idle without duty cycling).
     duty_clock: tokio::time::Interval,
     /// Samples received so far.
@@ -424,9 +426,9 @@ impl Recording {
         let trap = if in_process_only {
             Trap::MODELLED
         } else {
-            overhead::trap::calibrate(&mut probes)
+            cost::trap::calibrate(&mut probes)
         };
-        let duty = sampling.max_overhead.map(duty::DutyCycling::new);
+        let duty = sampling.max_overhead.map(duty_cycling::DutyCycling::new);
         if duty.is_some() {
             // The first slot is on from the start: open before any target can run.
             probes
@@ -434,7 +436,7 @@ impl Recording {
                 .context("opening the duty cycle's gate")?;
         }
         let slot = if duty.is_some() {
-            duty::SLOT
+            duty_cycling::SLOT
         } else {
             Duration::from_secs(3600)
         };
@@ -494,7 +496,7 @@ impl Recording {
             last_counters: None,
             counted_ns: 0,
             trap,
-            cost: cost::CostWindows::default(),
+            cost: CostWindows::default(),
             cost_clock: tokio::time::interval(Duration::from_secs(1)),
             // The clock's first tick is at once: a second ago, so that it runs then.
             last_second: std::time::Instant::now()
@@ -675,7 +677,7 @@ impl Recording {
         }
         let (runs, calls) = self.cost.totals();
         let meter = self.meter();
-        overhead::ns_per_call(meter.trap, runs, meter.stats, meter.file_wide, calls)
+        cost::ns_per_call(meter.trap, runs, meter.stats, meter.file_wide, calls)
     }
 
     /// How the command started for this recording ended (known once detached).
@@ -768,7 +770,7 @@ impl Recording {
         }
         self.last_second = std::time::Instant::now();
         let step = self.cost.tick();
-        if step == cost::CostStep::Idle && self.throttling.is_none() {
+        if step == CostStep::Idle && self.throttling.is_none() {
             return Ok(());
         }
         let Some((counters, losses)) = self.exact_counts()? else {
@@ -776,12 +778,23 @@ impl Recording {
         };
         let calls = counters.values().map(|c| c.calls).sum();
         match step {
-            cost::CostStep::Open => self.open_cost_window(calls),
-            cost::CostStep::Check if self.cost.done(calls) => self.close_cost_window(calls),
+            CostStep::Open => {
+                if let Some(probes) = &self.probes {
+                    self.cost.open(|| probes.program_runs(), calls);
+                }
+            }
+            CostStep::Check if self.cost.done(calls) => self.close_cost_window(calls),
             _ => {}
         }
         let bytes = counters.values().map(|c| c.bytes).sum();
         self.throttle_tick(bytes, losses.ringbuf_full)
+    }
+
+    /// Closes the open statistics window with the programs' runs now.
+    fn close_cost_window(&mut self, calls: u64) {
+        if let Some(probes) = &self.probes {
+            self.cost.close(probes.program_runs(), calls);
+        }
     }
 
     /// Moves the batch into the aggregator, acting on process events first.

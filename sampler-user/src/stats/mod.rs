@@ -4,7 +4,6 @@
 //! bounds. Model and formulas: DESIGN.md §3–§4, after the .NET "Randomized Allocation
 //! Sampling" note (weighted and negative-binomial estimators) and jemalloc #1751.
 
-pub mod duty;
 pub mod estimate;
 pub mod negbin;
 pub mod rate;

@@ -30,8 +30,9 @@ use self::{
 use crate::{
     collect::monotonic_ns,
     config::{BadInput, TopConfig},
+    cost,
     export::{self, Value},
-    outfile, overhead, preflight,
+    outfile, preflight,
     profile::Tally,
     recording::{self, Happening, Prepared, Recording},
     spawn,
@@ -353,7 +354,7 @@ impl Watch {
         let seconds = (elapsed - then).max(1e-3);
         ProbeCost {
             cores: added / seconds,
-            share: overhead::share(added_where_known, cpu),
+            share: cost::share(added_where_known, cpu),
             ns_per_call,
         }
     }

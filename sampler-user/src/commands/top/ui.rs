@@ -127,7 +127,7 @@ fn draw_header(frame: &mut Frame, area: Rect, app: &App) {
             compact_bytes(rss as f64)
         ),
     };
-    // Measured (see crate::overhead): the targets' CPU share when their CPU time moved
+    // Measured (see crate::cost): the targets' CPU share when their CPU time moved
     // enough to tell, else the cores the probes took.
     let cost = &totals.cost;
     let spent = match cost.share {
@@ -446,13 +446,13 @@ mod tests {
 
     use super::*;
     use crate::{
-        profile::{ProcessTally, StackTally, Tally},
-        stacks::symbolize::FrameInfo,
-        stats::{SampleObs, SampleSet},
-        top::{
+        commands::top::{
             app::Action,
             model::{rows, ProbeCost, RowQuery, TargetState, Totals, ViewSettings},
         },
+        profile::{ProcessTally, StackTally, Tally},
+        stacks::symbolize::FrameInfo,
+        stats::{SampleObs, SampleSet},
     };
 
     const INTERVAL: u64 = 65536;

@@ -2,10 +2,10 @@
 //! current stratum's on slot, and over the strata closed so far a [`DutyTotal`] of bytes
 //! and one of objects; per process the same from the kernel's exact counters, which count
 //! the on slots only. Each stratum's on slot stands for its whole stratum, scaled by the
-//! target's own work in the stratum over that in the slot ([`crate::stats::duty`]).
+//! target's own work in the stratum over that in the slot ([`crate::duty::estimate`]).
 //!
 //! Each stratum's work is the target's (its CPU time, on and off: see
-//! [`crate::stats::duty`]), so a stack is summed against its process's work. Every stack
+//! [`crate::duty::estimate`]), so a stack is summed against its process's work. Every stack
 //! and process is given every stratum, with nothing observed where it had nothing, so
 //! that all of a process share the same strata (and the same groups for the variance): a
 //! stack first seen late starts from a copy of its process's all-zero total.
@@ -15,11 +15,9 @@ use std::collections::BTreeMap;
 use sampler_common::ProcessCounters;
 
 use crate::{
+    duty::estimate::{DutyTotal, SlotTotal, StratumWork},
     stacks::StackId,
-    stats::{
-        duty::{DutyTotal, SlotTotal, StratumWork},
-        SampleObs, SampleSet,
-    },
+    stats::{SampleObs, SampleSet},
 };
 
 /// How each target worked over one stratum (see [`StratumWork`]), and its slots.

@@ -56,7 +56,7 @@
 
 use statrs::distribution::{ContinuousCDF as _, Normal, StudentsT};
 
-use super::estimate::Estimate;
+use crate::stats::estimate::Estimate;
 
 /// The probes' real cost per call to a target, as multiples of the cost measured (the
 /// trap calibrated on allocscope's own probed function, the programs' time from the
@@ -83,7 +83,7 @@ pub struct SlotTotal {
 
 impl SlotTotal {
     /// The bytes and the objects of a set of samples taken in one on slot.
-    pub fn of_samples(set: &super::SampleSet) -> (SlotTotal, SlotTotal) {
+    pub fn of_samples(set: &crate::stats::SampleSet) -> (SlotTotal, SlotTotal) {
         let ht = set.horvitz_thompson();
         let samples = set.samples();
         (

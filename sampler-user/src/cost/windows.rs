@@ -10,7 +10,6 @@
 
 use std::os::fd::OwnedFd;
 
-use super::Recording;
 use crate::probe::runs::{self, ProgramRuns};
 
 /// One statistics window opens every this many seconds (and at the start).
@@ -22,7 +21,7 @@ pub const MIN_CALLS: u64 = 1000;
 
 /// The statistics windows so far.
 #[derive(Default)]
-pub(super) struct CostWindows {
+pub struct CostWindows {
     /// Keeps the statistics on while a window is open.
     stats: Option<OwnedFd>,
     /// The open window's start: program runs and the targets' calls.
@@ -41,7 +40,7 @@ pub(super) struct CostWindows {
 
 /// What a tick of the once-a-second clock asks of the windows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum CostStep {
+pub enum CostStep {
     /// Nothing: no window is open, none opens now.
     Idle,
     /// Open a window.
@@ -94,42 +93,40 @@ impl CostWindows {
     }
 }
 
-impl Recording {
-    /// Opens a statistics window (if none is open and the kernel allows it); `calls` is the
-    /// targets' allocation calls counted so far.
-    pub(super) fn open_cost_window(&mut self, calls: u64) {
-        if self.cost.opened.is_some() || self.cost.refused {
+impl CostWindows {
+    /// Opens a window (unless one is open or the kernel refused statistics): `runs` are the
+    /// programs' runs now, `calls` the targets' allocation calls counted so far.
+    pub fn open(&mut self, runs: impl FnOnce() -> ProgramRuns, calls: u64) {
+        if self.opened.is_some() || self.refused {
             return;
         }
-        let Some(probes) = &self.probes else {
-            return;
-        };
         let Some(fd) = runs::enable() else {
-            self.cost.refused = true;
+            self.refused = true;
             return;
         };
-        self.cost.stats = Some(fd);
-        self.cost.opened = Some((probes.program_runs(), calls));
-        self.cost.opened_at = Some(std::time::Instant::now());
+        self.stats = Some(fd);
+        self.opened = Some((runs(), calls));
+        self.opened_at = Some(std::time::Instant::now());
     }
 
-    /// Closes the open statistics window, adding what it measured; `calls` is the targets'
-    /// allocation calls counted so far.
-    pub(super) fn close_cost_window(&mut self, calls: u64) {
-        let Some(probes) = &self.probes else {
+    /// Closes the open window, adding what it measured: `runs` are the programs' runs now
+    /// (read before the statistics go off: the kernel stops counting then), `calls` the
+    /// targets' allocation calls counted so far.
+    pub fn close(&mut self, runs: ProgramRuns, calls: u64) {
+        let Some((runs_then, calls_then)) = self.opened.take() else {
             return;
         };
-        let Some((runs_then, calls_then)) = self.cost.opened.take() else {
-            return;
-        };
-        // Read before the statistics go off: the kernel stops counting then.
-        let runs = probes.program_runs();
-        self.cost.stats = None;
-        self.cost.runs.add_all(runs.since(runs_then));
-        self.cost.calls += calls.saturating_sub(calls_then);
-        if let Some(at) = self.cost.opened_at.take() {
-            self.cost.seconds += at.elapsed().as_secs_f64();
+        self.stats = None;
+        self.runs.add_all(runs.since(runs_then));
+        self.calls += calls.saturating_sub(calls_then);
+        if let Some(at) = self.opened_at.take() {
+            self.seconds += at.elapsed().as_secs_f64();
         }
+    }
+
+    /// Whether a window is open.
+    pub fn is_open(&self) -> bool {
+        self.opened.is_some()
     }
 }
 
@@ -171,5 +168,30 @@ mod tests {
             }
         );
         assert_eq!(all.returns, Runs::default());
+    }
+
+    #[test]
+    fn a_window_adds_what_it_saw_between_open_and_close() {
+        let mut windows = CostWindows::default();
+        let at = |runs: u64| ProgramRuns {
+            allocations: Runs {
+                runs,
+                run_ns: runs * 200,
+            },
+            ..ProgramRuns::default()
+        };
+        // Closing with none open changes nothing.
+        windows.close(at(10), 10);
+        assert!(!windows.measured());
+        windows.open(|| at(100), 1_000);
+        if !windows.is_open() {
+            // The kernel refused statistics (no root): nothing is measured, nothing opens.
+            assert!(windows.refused);
+            return;
+        }
+        windows.open(|| at(999), 5_000);
+        windows.close(at(400), 1_300);
+        assert_eq!(windows.totals(), (at(300), 300));
+        assert!(!windows.is_open() && windows.stats.is_none());
     }
 }

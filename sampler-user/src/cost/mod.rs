@@ -12,6 +12,7 @@
 //! calls (the exact counters) among all allocation-probe runs.
 
 pub mod trap;
+pub mod windows;
 
 use serde::{Deserialize, Serialize};
 

@@ -51,7 +51,7 @@ pub struct Totals {
     pub cost: ProbeCost,
 }
 
-/// The probes' measured cost over a short span (see [`crate::overhead`]).
+/// The probes' measured cost over a short span (see [`crate::cost`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ProbeCost {
     /// CPU the probes added to the targets, in cores (0.01 = 1% of one core).

@@ -1,4 +1,4 @@
-//! Duty cycling in a running recording (`--max-overhead`, plan in [`crate::duty_cycle`]):
+//! Duty cycling in a running recording (`--max-overhead`, plan in [`crate::duty::plan`]):
 //! at every slot boundary the gate closes and the probes are taken out after an on slot,
 //! and put back in before the next one; when a stratum ends, its samples, exact counts and
 //! each target's work (CPU time over the stratum and over its on slot, read from the
@@ -21,9 +21,9 @@ use sampler_common::ProcessCounters;
 use super::Recording;
 use crate::{
     collect::monotonic_ns,
-    duty_cycle::{self, Plan, Stratum},
-    profile::{duty::StratumObserved, DutyRecord, OnSlot},
-    stats::duty::StratumWork,
+    duty::plan::{self as duty_cycle, Plan, Stratum},
+    duty::{estimate::StratumWork, sums::StratumObserved},
+    profile::{DutyRecord, OnSlot},
 };
 
 /// Length of a slot. Attaching a process's probes takes ~5 ms here (measured: `-v` logs

@@ -5,7 +5,7 @@
 //! while. Time is cut into slots of equal length; slots are grouped into strata of `m`
 //! slots, `m` chosen before the stratum starts, and exactly one slot of each stratum, drawn
 //! uniformly, is on (probes attached, calls counted and sampled). Totals are then estimated
-//! by [`crate::stats::duty`] (each on slot scaled by its stratum's own work over its own).
+//! by [`crate::duty::estimate`] (each on slot scaled by its stratum's own work over its own).
 //!
 //! `m` comes from the budget, by feedback on the measured share: over a window of at
 //! least a couple of seconds (and whole strata), the probes added `c · N_on` CPU time to

@@ -1,0 +1,8 @@
+//! The subcommands, each a thin layer over the engine ([`crate::recording`]) and the
+//! outputs: `record` writes files, `top` draws a live view, `report` reads a saved
+//! profile, `reference` is the benchmarks' hidden reference probe.
+
+pub mod record;
+pub mod reference;
+pub mod report;
+pub mod top;
