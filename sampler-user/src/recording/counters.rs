@@ -19,11 +19,9 @@ impl Recording {
         self.aggregator.mark_exited(pid);
         self.claim_regions(Some(pid));
         if let Some(slot) = self.counters.release_region(pid) {
-            if let Some(family) = &self.family {
-                family.release(slot);
-            }
+            self.in_process.release(slot);
         }
-        let Some(slot) = self.running.remove(&pid) else {
+        let Some(slot) = self.roster.leave(pid) else {
             return Ok(());
         };
         let Some(probes) = self.probes.as_mut() else {
@@ -37,7 +35,6 @@ impl Recording {
             info!("pid {pid} exited: its probes go, its counters are kept");
             probes.remove(pid).close_in_background();
             self.counters.keep_slot(&mut probes.ebpf, pid, slot)?;
-            self.free_slots.push(slot);
         }
         Ok(())
     }
@@ -60,7 +57,7 @@ impl Recording {
             self.last_counters = Some((counters, losses));
         }
         if let Some(mut lost) = lost {
-            lost.retain(|pid, _| !self.excluded.contains(pid));
+            lost.retain(|&pid, _| !self.roster.is_excluded(pid));
             for &pid in lost.keys() {
                 if !self.aggregator.tracks(pid) {
                     self.first_seen(pid);
@@ -82,19 +79,11 @@ impl Recording {
         let Some(probes) = &self.probes else {
             return Ok(None);
         };
-        let slots: Vec<(u32, u32)> = self
-            .running
-            .iter()
-            .filter(|(_, &slot)| slot != HOST_SLOT)
-            .map(|(&p, &s)| (p, s))
-            .collect();
+        let slots = self.roster.counter_slots();
         // File-wide: only targets (the kernel also counts, briefly, processes pending a
         // decision, and one we have not heard of yet).
-        let target = |pid: u32| {
-            !self.excluded.contains(&pid)
-                && (!self.followed_only || self.running.contains_key(&pid))
-        };
-        let file_wide = self.targets.all || self.followed_only;
+        let target = |pid: u32| self.roster.counts(pid);
+        let file_wide = self.targets.all || self.roster.followed_only();
         let host: Option<&dyn Fn(u32) -> bool> = if file_wide { Some(&target) } else { None };
         self.counters.read(&probes.ebpf, &slots, host).map(Some)
     }

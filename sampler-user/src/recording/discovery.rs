@@ -3,10 +3,8 @@
 //! for every process (`--follow`, `--comm`), the /proc scans of `--comm` and `--all`, the
 //! fork and exec events the kernel reports, and what each process's coverage is.
 
-use std::collections::HashSet;
-
 use log::{debug, info, warn};
-use sampler_common::{FOLLOWED_PENDING, FOLLOWED_TARGET, HOST_SLOT, MAX_TARGETS};
+use sampler_common::{FOLLOWED_PENDING, FOLLOWED_TARGET, HOST_SLOT};
 
 use super::{Recording, Since};
 use crate::{
@@ -17,122 +15,29 @@ use crate::{
         attach::{AttachedPoint, Scope},
         maps::FileId,
     },
-    profile::{Coverage, CoverageStart, LateAllocator},
+    profile::{Coverage, CoverageStart},
     targets::{self, FindError},
     text,
 };
 
 impl Recording {
-    /// A process that carries the in-process front end counts its own calls: its region is
-    /// mapped (once) and set to the interval in force; in the command's family table when
-    /// it claimed a slot there, else found through the library among `allocators`. Without
-    /// it the process's counts would be missing, which the summary would show as zero
-    /// calls: said loudly instead.
+    /// Maps `pid`'s in-process region if it carries the front end (see
+    /// [`super::in_process::InProcess::map`]).
     fn map_front_end(&mut self, pid: u32, allocators: &[Allocator]) {
-        if self.counters.has_region(pid) {
-            return;
-        }
-        let carries = allocators.iter().find(|a| a.file.is_in_process());
-        let found = match self.family.as_ref().and_then(|f| f.region_of(pid)) {
-            Some(found) => found,
-            // A process of the command's tree claims its slot when its library starts: one
-            // just forked (through vfork, no fork handler runs) or exec'd has not yet. Looked
-            // for again at each reading and when it exits.
-            None if self.family.is_some() && self.family_full() == 0 => {
-                if carries.is_some() || self.running.contains_key(&pid) {
-                    self.awaiting_region.insert(pid);
-                }
-                return;
-            }
-            None => match carries {
-                Some(library) => crate::preload::MappedRegion::of_process(pid, &library.path),
-                None => return,
-            },
-        };
-        self.awaiting_region.remove(&pid);
-        self.take_region(pid, found);
+        let target = self.roster.is_running(pid);
+        self.in_process.map(
+            pid,
+            allocators,
+            target,
+            &mut self.counters,
+            &mut self.aggregator,
+        );
     }
 
-    /// Counts `pid`'s calls from its region (set to the interval in force), and notes that
-    /// the front end measures it; `found`'s error is said loudly.
-    fn take_region(&mut self, pid: u32, found: anyhow::Result<crate::preload::MappedRegion>) {
-        match found {
-            Ok(region) => {
-                if let Err(e) = region.set_interval(self.interval) {
-                    warn!("pid {pid}: setting its in-process sampler's interval: {e:#}");
-                }
-                self.counters.add_region(pid, region);
-                if let Some((_, library)) = &self.library {
-                    let library = library.clone();
-                    self.aggregator.add_allocators(pid, std::slice::from_ref(&library));
-                }
-            }
-            Err(e) => warn!(
-                "pid {pid}: its in-process sampler's counters cannot be read ({e:#}): its exact counts are missing"
-            ),
-        }
-    }
-
-    fn family_full(&self) -> u64 {
-        self.family.as_ref().map_or(0, crate::preload::Family::full)
-    }
-
-    /// Maps the regions of the processes that had not claimed theirs when last looked for
-    /// (see [`Self::map_front_end`]); `gone`: `pid` has exited, and is looked for one last
-    /// time.
+    /// Maps the regions awaited (see [`super::in_process::InProcess::claim_regions`]).
     pub(super) fn claim_regions(&mut self, gone: Option<u32>) {
-        let pids: Vec<u32> = match gone {
-            Some(pid) if self.awaiting_region.contains(&pid) => vec![pid],
-            Some(_) => return,
-            None => self.awaiting_region.iter().copied().collect(),
-        };
-        for pid in pids {
-            let Some(found) = self.family.as_ref().and_then(|f| f.region_of(pid)) else {
-                continue;
-            };
-            self.awaiting_region.remove(&pid);
-            self.take_region(pid, found);
-        }
-        if let Some(pid) = gone {
-            if self.awaiting_region.remove(&pid) {
-                // It never counted in the table: its program did not load the library after
-                // all (its calls went to its allocator's probes, if any), or it exited
-                // before it ran.
-                debug!("pid {pid}: exited without an in-process region");
-            }
-        }
-    }
-
-    /// Gives back the family table's slots of processes that are gone and that no target
-    /// holds (a target's goes when it is finalized): those found at the previous look,
-    /// whose events have been read since, then notes today's.
-    pub(super) fn sweep_family(&mut self) {
-        let Some(family) = self.family.as_ref() else {
-            return;
-        };
-        let regions = &self.counters;
-        for &(slot, word) in &self.family_gone {
-            let pid = sampler_common::preload::claim_pid(word);
-            if family.holds(slot, word) && !regions.has_region(pid) {
-                family.release(slot);
-            }
-        }
-        let running = &self.running;
-        let gone = |pid: u32| {
-            !regions.has_region(pid)
-                && !running.contains_key(&pid)
-                && !std::path::Path::new(&format!("/proc/{pid}")).exists()
-        };
-        self.family_gone = family.claims_of_gone(gone);
-        let full = family.full();
-        if full > 0 && !self.said_family_full {
-            self.said_family_full = true;
-            warn!(
-                "{full} processes found the in-process sampler's table full ({} at once): \
-                 each counts on its own, read while it lives",
-                sampler_common::preload::FAMILY_SLOTS
-            );
-        }
+        self.in_process
+            .claim_regions(gone, &mut self.counters, &mut self.aggregator);
     }
 
     /// Attaches `allocators` in process `pid` (new ones only, if it is attached already)
@@ -144,7 +49,7 @@ impl Recording {
         allocators: &[Allocator],
         since: Since,
     ) -> anyhow::Result<()> {
-        if self.followed_only {
+        if self.roster.followed_only() {
             return self.admit(pid, Some(allocators), since);
         }
         // A process whose region is mapped carries the front end, even in the moment
@@ -152,20 +57,7 @@ impl Recording {
         let mut allocators = allocators.to_vec();
         crate::probe::allocator::behind_front_end(&mut allocators, self.counters.has_region(pid));
         let allocators = allocators.as_slice();
-        let new = !self.running.contains_key(&pid);
-        let slot = match self.running.get(&pid) {
-            Some(&slot) => slot,
-            None => match self.free_slots.pop() {
-                Some(slot) => slot,
-                None if self.next_slot < MAX_TARGETS => {
-                    self.next_slot += 1;
-                    self.next_slot - 1
-                }
-                None => {
-                    anyhow::bail!("{MAX_TARGETS} processes attached at once: no counter slot left")
-                }
-            },
-        };
+        let (slot, new) = self.roster.slot_for(pid)?;
         // Files it has not been probed in yet (a path may differ, /lib or /usr/lib: the file
         // is the same).
         let fresh: Vec<Allocator> = match self.probes.as_ref() {
@@ -189,7 +81,7 @@ impl Recording {
             Err(e) => {
                 if new {
                     self.probes_mut()?.remove(pid).close_in_background();
-                    self.free_slots.push(slot);
+                    self.roster.give_back(slot);
                 }
                 if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
                     anyhow::bail!("exited while the probes were being attached");
@@ -204,12 +96,8 @@ impl Recording {
         if new {
             if let Err(e) = self.watcher.watch(pid) {
                 self.probes_mut()?.remove(pid).close_in_background();
-                self.free_slots.push(slot);
+                self.roster.give_back(slot);
                 anyhow::bail!("exited while the probes were being attached ({e})");
-            }
-            self.running.insert(pid, slot);
-            if !self.pids.contains(&pid) {
-                self.pids.push(pid);
             }
             self.aggregator.track(pid);
             // What it allocated before this moment was not seen (its counters say how much
@@ -230,9 +118,9 @@ impl Recording {
                 late: Vec::new(),
                 checked: true,
             };
-            self.coverage.insert(pid, (coverage, monotonic_ns()));
+            self.roster.enter(pid, slot, coverage, monotonic_ns());
         } else {
-            self.note_late(pid, &fresh);
+            self.roster.note_late(pid, &fresh, monotonic_ns());
         }
         self.aggregator.add_allocators(pid, allocators);
         Ok(())
@@ -251,19 +139,15 @@ impl Recording {
         allocators: Option<&[Allocator]>,
         since: Since,
     ) -> anyhow::Result<()> {
-        if !self.running.contains_key(&pid) {
+        if !self.roster.is_running(pid) {
             self.probes_mut()?.follow(pid)?;
-            self.excluded.remove(&pid);
-            self.running.insert(pid, HOST_SLOT);
-            if !self.pids.contains(&pid) {
-                self.pids.push(pid);
-            }
             let coverage = Coverage {
                 since: since.start,
                 late: Vec::new(),
                 checked: allocators.is_some(),
             };
-            self.coverage.insert(pid, (coverage, since.timestamp_ns));
+            self.roster
+                .enter(pid, HOST_SLOT, coverage, since.timestamp_ns);
             if !self.aggregator.tracks(pid) {
                 self.aggregator.track(pid);
             }
@@ -280,47 +164,16 @@ impl Recording {
         self.map_front_end(pid, allocators.unwrap_or_default());
         if let Some(allocators) = allocators {
             self.probe_files(allocators)?;
-            self.note_late(pid, allocators);
+            self.roster.note_late(pid, allocators, monotonic_ns());
             self.aggregator.add_allocators(pid, allocators);
         }
         Ok(())
     }
 
-    /// Notes in `pid`'s coverage the allocator files it uses that were probed after it was
-    /// covered from (file-wide), or, per process, `allocators` it gained after being
-    /// attached (a library loaded later, found by the next look, probed just now).
-    fn note_late(&mut self, pid: u32, allocators: &[Allocator]) {
-        let Some((coverage, from_ns)) = self.coverage.get_mut(&pid) else {
-            return;
-        };
-        let now = monotonic_ns();
-        for allocator in allocators {
-            let name = allocator.describe();
-            if coverage.late.iter().any(|late| late.allocator == name) {
-                continue;
-            }
-            let probed_ns = if self.followed_only {
-                // Late if probed after the kernel began counting the process (or not at all).
-                let probed = self.host_files.get(&allocator.file_id).copied();
-                match probed.unwrap_or(now) {
-                    ns if ns > *from_ns => ns,
-                    _ => continue,
-                }
-            } else {
-                // Per process: a file it did not have when attached, probed just now.
-                now
-            };
-            coverage.late.push(LateAllocator {
-                allocator: name,
-                after_ms: probed_ns.saturating_sub(*from_ns) as f64 / 1e6,
-            });
-        }
-    }
-
     /// Probes for every process the allocator files not probed yet, noting when.
     pub(super) fn probe_files(&mut self, allocators: &[Allocator]) -> anyhow::Result<()> {
         for allocator in allocators {
-            if self.host_files.contains_key(&allocator.file_id) {
+            if self.roster.probes_host_file(&allocator.file_id) {
                 continue;
             }
             match self
@@ -331,8 +184,8 @@ impl Recording {
                     info!("probing {} for every process", allocator.describe());
                     points.iter().for_each(log_point);
                     self.points.extend(points);
-                    self.host_files
-                        .insert(allocator.file_id.clone(), monotonic_ns());
+                    self.roster
+                        .host_file_probed(allocator.file_id.clone(), monotonic_ns());
                 }
                 Err(e) => debug!("{}: {e:#}", allocator.describe()),
             }
@@ -360,14 +213,13 @@ impl Recording {
     /// loaded since they were attached.
     pub(super) fn discover(&mut self) -> anyhow::Result<()> {
         self.claim_regions(None);
-        self.sweep_family();
+        self.in_process.sweep(&self.counters, &self.roster);
         if self.targets.all {
             self.scan_host()?;
         } else if self.targets.comm.is_some() {
             self.scan_comm();
         }
-        let running: Vec<u32> = self.running.keys().copied().collect();
-        for pid in running {
+        for pid in self.roster.running() {
             // As the loader leaves it: a program just past its exec is not counted as
             // lacking the in-process front end it is about to load.
             if let Ok(allocators) = self.allocators_of(pid) {
@@ -376,7 +228,7 @@ impl Recording {
                 }
             }
         }
-        if self.followed_only {
+        if self.roster.followed_only() {
             self.forget_rejected()?;
         }
         Ok(())
@@ -386,11 +238,10 @@ impl Recording {
     /// decision and that were not taken (one may have been re-created by a probe that ran
     /// while it was being dropped), and forgets those that exited.
     fn forget_rejected(&mut self) -> anyhow::Result<()> {
-        let rejected: Vec<u32> = self.excluded.iter().copied().collect();
-        for pid in rejected {
+        for pid in self.roster.excluded() {
             self.probes_mut()?.forget_counters(pid);
             if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                self.excluded.remove(&pid);
+                self.roster.forget_excluded(pid);
             }
         }
         Ok(())
@@ -398,18 +249,14 @@ impl Recording {
 
     /// The processes a scan has not looked at since they started or exec'd.
     fn unscanned(&mut self) -> Vec<u32> {
-        let pids = targets::all_pids();
-        let alive: HashSet<u32> = pids.iter().copied().collect();
-        self.scanned.retain(|pid, _| alive.contains(pid));
-        pids.into_iter()
-            .filter(|&pid| {
-                let Ok(exe) = std::fs::metadata(format!("/proc/{pid}/exe")) else {
-                    return false; // a kernel thread, or gone
-                };
-                let id = FileId::of(&exe);
-                self.scanned.insert(pid, id.clone()) != Some(id)
+        let alive = targets::all_pids()
+            .into_iter()
+            .map(|pid| {
+                let exe = std::fs::metadata(format!("/proc/{pid}/exe")).ok();
+                (pid, exe.as_ref().map(FileId::of))
             })
-            .collect()
+            .collect();
+        self.roster.unscanned(alive)
     }
 
     /// `--comm`: attaches to new processes whose name matches, excluded ones and
@@ -418,7 +265,7 @@ impl Recording {
         for pid in self.unscanned() {
             self.consider_comm(pid, None, Since::now(CoverageStart::Attach));
         }
-        if self.running.is_empty() && !self.said_waiting {
+        if self.roster.none_running() && !self.said_waiting {
             self.said_waiting = true;
             if let Some(pattern) = &self.targets.comm {
                 crate::say!(
@@ -426,7 +273,7 @@ impl Recording {
                     pattern.0.as_str()
                 );
             }
-        } else if !self.running.is_empty() {
+        } else if !self.roster.none_running() {
             self.said_waiting = false;
         }
     }
@@ -435,7 +282,7 @@ impl Recording {
     /// and it is not excluded. Returns whether it is a target now.
     fn consider_comm(&mut self, pid: u32, comm: Option<&str>, mut since: Since) -> bool {
         let standing = || self.probes.as_ref()?.standing(pid);
-        if self.followed_only
+        if self.roster.followed_only()
             && since.start == CoverageStart::Attach
             && standing() == Some(FOLLOWED_PENDING)
         {
@@ -454,7 +301,7 @@ impl Recording {
         let taken = match self.allocators_of(pid) {
             Ok(allocators) => self.attach(pid, &allocators, since),
             // Counted by the kernel from its exec: what it did is in, whatever it used.
-            Err(FindError::Gone) if self.followed_only => self.admit(pid, None, since),
+            Err(FindError::Gone) if self.roster.followed_only() => self.admit(pid, None, since),
             Err(FindError::Gone | FindError::KernelThread) => return false,
             Err(e) => {
                 warn!(
@@ -467,7 +314,7 @@ impl Recording {
         if let Err(e) = taken {
             warn!("pid {pid} ({}): {e:#}", text::printable(&comm));
         }
-        let target = self.running.contains_key(&pid);
+        let target = self.roster.is_running(pid);
         if target {
             self.aggregator.name_if_unknown(pid, &comm);
         }
@@ -490,7 +337,7 @@ impl Recording {
         if found.iter().any(|a| a.file.is_in_process()) {
             return Ok(found);
         }
-        if let Some(library) = self.will_load_front_end(pid) {
+        if let Some(library) = self.in_process.will_load(pid) {
             found.push(library);
             crate::probe::allocator::behind_front_end(&mut found, true);
         } else if before_loader && crate::targets::secure_execution(pid) == Some(false) {
@@ -502,29 +349,6 @@ impl Recording {
             }
         }
         Ok(found)
-    }
-
-    /// For `pid`, just past an exec (its loader not run yet, its maps not showing the
-    /// library), the library it will load: the command's, named in its `LD_PRELOAD` by a
-    /// descriptor it holds, where the loader honours it (a dynamically linked program: the
-    /// kernel mapped a dynamic loader; not set-user-ID: no secure-execution auxv flag).
-    fn will_load_front_end(&self, pid: u32) -> Option<Allocator> {
-        let (library, allocator) = self.library.as_ref()?;
-        if !crate::targets::has_dynamic_loader(pid)
-            || crate::targets::secure_execution(pid) != Some(false)
-        {
-            return None;
-        }
-        let environ = crate::targets::environ_of(pid)?;
-        let own = library.preload_path();
-        if !crate::targets::ld_preload_entries(&environ).contains(&own.as_bytes()) {
-            return None;
-        }
-        // The descriptor it names must be the library's, in that process.
-        let through = format!("/proc/{pid}/fd/{}", own.rsplit('/').next()?);
-        let held = std::fs::metadata(&through).ok()?;
-        let id = crate::probe::maps::FileId::of(&held);
-        (library.file_id().ok()? == id).then(|| allocator.clone())
     }
 
     /// `--all`: probes each allocator file of each new process once, for every process;
@@ -544,7 +368,7 @@ impl Recording {
 
     /// Host mode: whether `pid` is to be left alone; if so, the kernel is told.
     fn excludes(&mut self, pid: u32) -> anyhow::Result<bool> {
-        if self.excluded.contains(&pid) {
+        if self.roster.is_excluded(pid) {
             return Ok(true);
         }
         let Some(comm) = targets::comm_of(pid) else {
@@ -560,7 +384,7 @@ impl Recording {
     /// Host-wide: a process sampled for the first time is tracked, unless it is to be left
     /// alone (an excluded name it exec'd into since the last scan is caught here).
     pub(super) fn first_seen(&mut self, pid: u32) {
-        if self.followed_only {
+        if self.roster.followed_only() {
             self.first_seen_followed(pid);
             return;
         }
@@ -568,7 +392,7 @@ impl Recording {
             Ok(true) => {}
             Ok(false) => {
                 self.aggregator.track(pid);
-                self.pids.push(pid);
+                self.roster.seen(pid);
             }
             Err(e) => warn!("pid {pid}: the kernel was not told to skip it ({e:#}); its samples are dropped here"),
         }
@@ -577,7 +401,7 @@ impl Recording {
     /// `followed_only`: samples of a process not heard of (its fork or exec event was
     /// lost, the ring buffer being full): the kernel's followed set says what it is.
     fn first_seen_followed(&mut self, pid: u32) {
-        if self.excluded.contains(&pid) {
+        if self.roster.is_excluded(pid) {
             return;
         }
         let since = Since::now(CoverageStart::Unknown);
@@ -594,7 +418,7 @@ impl Recording {
     }
 
     fn exclude(&mut self, pid: u32) -> anyhow::Result<()> {
-        if self.excluded.insert(pid) {
+        if self.roster.exclude(pid) {
             self.probes_mut()?.exclude(pid)?;
         }
         Ok(())
@@ -622,14 +446,14 @@ impl Recording {
             },
             timestamp_ns,
         };
-        if self.followed_only {
+        if self.roster.followed_only() {
             self.on_followed(pid, parent, comm, since);
             return;
         }
         if self.targets.exclude_pids.contains(&pid) {
             return;
         }
-        if parent == 0 && !self.running.contains_key(&pid) {
+        if parent == 0 && !self.roster.is_running(pid) {
             // Not a target (yet): a new program for `--all` to look at now.
             if let Err(e) = self.consider_host(pid) {
                 warn!("looking at new process {pid}: {e:#}");
@@ -656,9 +480,9 @@ impl Recording {
     /// exec'd; another that exec'd is one if `--comm` matches its new name.
     fn on_followed(&mut self, pid: u32, parent: u32, comm: &str, since: Since) {
         let target = if parent != 0 {
-            self.running.contains_key(&parent)
+            self.roster.is_running(parent)
         } else {
-            self.running.contains_key(&pid)
+            self.roster.is_running(pid)
         };
         if target && !self.targets.excludes(pid, comm) {
             let allocators = self.allocators_of(pid).ok();
@@ -667,9 +491,7 @@ impl Recording {
             } else {
                 // A new name and executable: tracked afresh, its new files noted from now.
                 self.aggregator.track(pid);
-                if let Some((_, from_ns)) = self.coverage.get_mut(&pid) {
-                    *from_ns = since.timestamp_ns;
-                }
+                self.roster.covered_from(pid, since.timestamp_ns);
             }
             if let Err(e) = self.admit(pid, allocators.as_deref(), since) {
                 warn!("followed pid {pid}: {e:#}");
@@ -684,13 +506,13 @@ impl Recording {
     /// of a target that is excluded), is not a target: the kernel forgets it, and what it
     /// sent is dropped.
     fn reject(&mut self, pid: u32) {
-        if self.running.contains_key(&pid) {
+        if self.roster.is_running(pid) {
             return;
         }
         if let Some(probes) = self.probes.as_mut() {
             probes.unfollow(pid);
         }
-        self.excluded.insert(pid);
+        self.roster.exclude(pid);
     }
 }
 

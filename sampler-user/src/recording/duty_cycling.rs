@@ -320,7 +320,7 @@ impl Recording {
         if self.probes.is_none() {
             return Ok(());
         }
-        let pids: Vec<u32> = self.running.keys().copied().collect();
+        let pids = self.roster.running();
         let Some(duty) = self.duty.as_mut() else {
             return Ok(());
         };
@@ -389,7 +389,7 @@ impl Recording {
     /// Duty cycling: tells the aggregator how the current stratum was observed until now
     /// (with the counters read last), and the probes' cost per call.
     pub(super) fn note_open_stratum(&mut self) {
-        let pids: Vec<u32> = self.running.keys().copied().collect();
+        let pids = self.roster.running();
         let ns_per_call = self.ns_per_call();
         let counters = self
             .last_counters
@@ -418,7 +418,7 @@ impl Recording {
 
     /// Duty cycling, detaching: the gate's last open stretch ends now.
     pub(super) fn end_duty(&mut self, counters: &BTreeMap<u32, ProcessCounters>) {
-        let pids: Vec<u32> = self.running.keys().copied().collect();
+        let pids = self.roster.running();
         if let Some(duty) = self.duty.as_mut() {
             let now = monotonic_ns();
             duty.read_clocks(pids);

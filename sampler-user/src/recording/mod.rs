@@ -21,12 +21,11 @@ use sampler_common::kernel;
 mod counters;
 mod discovery;
 mod duty_cycling;
+mod in_process;
+mod roster;
 mod throttling;
 
-use std::{
-    collections::{BTreeMap, HashMap, HashSet},
-    time::Duration,
-};
+use std::{collections::BTreeMap, time::Duration};
 
 use std::os::fd::AsRawFd as _;
 
@@ -46,10 +45,9 @@ use crate::{
     exits, preflight, preload,
     probe::{
         attach::{AttachedPoint, KernelConfig, Probes, Target},
-        maps::FileId,
         runs::ProgramRuns,
     },
-    profile::{Aggregator, Coverage, CoverageStart, ProbePoint, Profile, Settings},
+    profile::{Aggregator, CoverageStart, ProbePoint, Profile, Settings},
     spawn::{self, PausedChild},
     stacks::symbolize::Symbolizer,
     targets::{AllocatorCache, FindError},
@@ -311,29 +309,10 @@ pub struct Recording {
     targets: Targets,
     cache: AllocatorCache,
     watcher: exits::Watcher,
-    /// Attached processes still running → their counter slot.
-    running: BTreeMap<u32, u32>,
-    /// Every process ever attached (or seen host-wide), in order.
-    pids: Vec<u32>,
-    free_slots: Vec<u32>,
-    next_slot: u32,
+    /// The targets, their slots and coverage, the processes left out.
+    roster: roster::Roster,
     /// The kernel's exact counters, with those of targets that exited.
     counters: Counters,
-    /// `--follow`, `--comm`: allocator files are probed for every process, and the kernel
-    /// counts those in its followed set (see [`Self::admit`]).
-    followed_only: bool,
-    /// Host mode and `followed_only`: allocator files probed for every process, and when
-    /// (CLOCK_MONOTONIC ns).
-    host_files: HashMap<FileId, u64>,
-    /// Host mode: processes left alone (allocscope, `--exclude-*`); `followed_only`:
-    /// processes the kernel counted pending a decision and that are not targets. What
-    /// they sent is dropped here.
-    excluded: HashSet<u32>,
-    /// How each target is covered, and from when (CLOCK_MONOTONIC ns).
-    coverage: HashMap<u32, (Coverage, u64)>,
-    /// Processes looked at by a scan, with the executable they had then (an exec makes
-    /// them new again).
-    scanned: HashMap<u32, FileId>,
     /// Every probe point attached.
     points: Vec<AttachedPoint>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
@@ -366,22 +345,8 @@ pub struct Recording {
     /// covers exactly what the final counters cover (removing a breakpoint takes the kernel
     /// milliseconds, and the probes still fire meanwhile).
     cutoff_ns: Option<u64>,
-    /// The in-process front end loaded into the command (kept open while it may start
-    /// programs that load it too), and the library as an allocator.
-    library: Option<(preload::Library, crate::probe::allocator::Allocator)>,
-    /// The family table the command's tree counts in.
-    family: Option<preload::Family>,
-    /// Slots of the family table (and their claims) whose process was found gone at the
-    /// last look and that no target holds: given back at the next (its events are read by
-    /// then).
-    family_gone: Vec<(usize, u64)>,
-    /// Whether the family table was said to be full.
-    said_family_full: bool,
-    /// Targets of the command's tree whose region was not claimed yet when looked for.
-    awaiting_region: HashSet<u32>,
-    /// The mean interval in force (the throttle's, else the user's): a front end found in
-    /// a process is set to it.
-    interval: u64,
+    /// The command's tree counted in-process.
+    in_process: in_process::InProcess,
 }
 
 impl Recording {
@@ -476,16 +441,8 @@ impl Recording {
             targets,
             cache,
             watcher: exits::Watcher::new(),
-            running: BTreeMap::new(),
-            pids: Vec::new(),
-            free_slots: Vec::new(),
-            next_slot: 0,
+            roster: roster::Roster::new(followed_only),
             counters: Counters::default(),
-            followed_only,
-            host_files: HashMap::new(),
-            excluded: HashSet::new(),
-            coverage: HashMap::new(),
-            scanned: HashMap::new(),
             points: Vec::new(),
             logger,
             refresh: tokio::time::interval(Duration::from_millis(250)),
@@ -511,12 +468,7 @@ impl Recording {
             samples_taken: 0,
             thread_states: None,
             cutoff_ns: None,
-            library: None,
-            family: None,
-            family_gone: Vec::new(),
-            said_family_full: false,
-            awaiting_region: HashSet::new(),
-            interval: sampling.interval,
+            in_process: in_process::InProcess::none(sampling.interval),
         };
         // A followed command that carries the front end has its tree carry it too: nothing
         // else is probed unless a process turns out not to (a static or set-user-ID
@@ -539,13 +491,13 @@ impl Recording {
                 allocator,
             } = front_end;
             recording.counters.add_region(child.pid, region);
-            recording.family = Some(family);
             // Its frames lead every sample's stack; a short-lived command is gone before
             // its own view of the library could be opened.
             if let Ok(file_id) = library.file_id() {
                 recording.aggregator.hold_file(file_id, library.own_path());
             }
-            recording.library = Some((library, allocator));
+            recording.in_process =
+                in_process::InProcess::of_command(library, allocator, family, sampling.interval);
         }
         for target in initial {
             let since = Since::now(if Some(target.pid) == recording.spawned {
@@ -569,7 +521,7 @@ impl Recording {
             recording.aggregator.track(pid);
         }
         recording.discover()?;
-        if recording.running.is_empty() && !recording.targets.waits_for_new() {
+        if recording.roster.none_running() && !recording.targets.waits_for_new() {
             anyhow::bail!("every target exited while the probes were being attached");
         }
         Ok(recording)
@@ -581,15 +533,12 @@ impl Recording {
 
     /// Every process attached so far (host-wide: every one seen allocating).
     pub fn pids(&self) -> &[u32] {
-        &self.pids
+        self.roster.pids()
     }
 
     /// What is being recorded, for people: "pid 12, 13 and the processes they start".
     pub fn describe(&self) -> String {
-        let pids = || {
-            let running: Vec<u32> = self.running.keys().copied().collect();
-            crate::text::pid_list(&running)
-        };
+        let pids = || crate::text::pid_list(&self.roster.running());
         let what = if self.targets.all {
             "every process".to_owned()
         } else if let Some(pattern) = &self.targets.comm {
@@ -633,7 +582,7 @@ impl Recording {
         profile.sampling.duty = self.duty.as_ref().map(|d| d.record(now_ns));
         profile.thread_states = self.thread_states();
         for process in &mut profile.processes {
-            process.coverage = self.coverage.get(&process.pid).map(|(c, _)| c.clone());
+            process.coverage = self.roster.coverage(process.pid).cloned();
         }
         let targets: Vec<TargetUse> = profile
             .processes
@@ -665,7 +614,7 @@ impl Recording {
         Meter {
             trap: self.trap,
             stats: self.cost.measured(),
-            file_wide: self.targets.all || self.followed_only,
+            file_wide: self.targets.all || self.roster.followed_only(),
         }
     }
 
@@ -728,7 +677,7 @@ impl Recording {
                 Some(pid) = self.watcher.exited.recv() => {
                     self.finalize(pid).await?;
                     let waits = self.targets.waits_for_new();
-                    return Ok(if self.running.is_empty() && !waits {
+                    return Ok(if self.roster.none_running() && !waits {
                         Happening::AllExited
                     } else {
                         Happening::Exited(pid)
@@ -837,10 +786,10 @@ impl Recording {
                 _ => {}
             }
         }
-        if !self.excluded.is_empty() {
+        if self.roster.excludes_any() {
             batch.retain(|event| match event {
-                Event::Alloc(sample) => !self.excluded.contains(&sample.pid),
-                Event::Free(freed) => !self.excluded.contains(&freed.pid),
+                Event::Alloc(sample) => !self.roster.is_excluded(sample.pid),
+                Event::Free(freed) => !self.roster.is_excluded(freed.pid),
                 Event::Process { .. } | Event::Maps { .. } => true,
             });
         }

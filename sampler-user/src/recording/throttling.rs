@@ -112,17 +112,7 @@ impl Recording {
                 return Ok(());
             }
         }
-        self.interval = interval;
-        if let Some(family) = &self.family {
-            if let Err(e) = family.set_interval(interval) {
-                log::warn!("the in-process sampler's new processes keep their interval: {e:#}");
-            }
-        }
-        for (pid, region) in self.counters.regions() {
-            if let Err(e) = region.set_interval(interval) {
-                log::warn!("pid {pid}: setting its in-process sampler's interval: {e:#}");
-            }
-        }
+        self.in_process.set_interval(interval, &self.counters);
         Ok(())
     }
 }

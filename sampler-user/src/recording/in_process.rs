@@ -1,0 +1,243 @@
+//! The command's tree counted in-process (`record -- CMD` with the front end): the library
+//! its processes load, the family table they claim slots in, and which process's region is
+//! mapped, awaited or given back. A process's exact counts come from its region, so each
+//! one must be mapped before the probes that sample it (a sample before the region's
+//! baseline would count in the estimate and not in the exact count) and read once more
+//! after it exits, before its slot is given back.
+//!
+//! It owns its state and is handed the counters (where regions are read) and the
+//! aggregator (which resolves the library's frames) when it acts.
+
+use std::collections::HashSet;
+
+use log::{debug, warn};
+
+use super::roster::Roster;
+use crate::{
+    collect::Counters,
+    preload::{Family, Library, MappedRegion},
+    probe::allocator::Allocator,
+    profile::Aggregator,
+};
+
+/// The command's in-process front end while recording (empty without one).
+#[derive(Default)]
+pub(super) struct InProcess {
+    /// The library (kept open while the command may start programs that load it), and
+    /// the library as an allocator.
+    library: Option<(Library, Allocator)>,
+    /// The family table the command's tree counts in.
+    family: Option<Family>,
+    /// Slots of the family table (and their claims) whose process was found gone at the
+    /// last look and that no target holds: given back at the next (its events are read by
+    /// then).
+    gone: Vec<(usize, u64)>,
+    /// Whether the table was said to be full.
+    said_full: bool,
+    /// Targets of the command's tree whose region was not claimed yet when looked for.
+    awaiting: HashSet<u32>,
+    /// The mean interval in force: a region found is set to it.
+    interval: u64,
+}
+
+impl InProcess {
+    /// Without a front end; regions found in processes (a library another recording's
+    /// command loaded) are set to `interval`.
+    pub fn none(interval: u64) -> InProcess {
+        InProcess {
+            interval,
+            ..InProcess::default()
+        }
+    }
+
+    /// The command's front end: `library` as `allocator`, its tree counting in `family`.
+    pub fn of_command(
+        library: Library,
+        allocator: Allocator,
+        family: Family,
+        interval: u64,
+    ) -> InProcess {
+        InProcess {
+            library: Some((library, allocator)),
+            family: Some(family),
+            ..InProcess::none(interval)
+        }
+    }
+
+    /// The library as an allocator, if the command carries it.
+    pub fn allocator(&self) -> Option<&Allocator> {
+        self.library.as_ref().map(|(_, allocator)| allocator)
+    }
+
+    /// A process that carries the front end counts its own calls: its region is mapped
+    /// (once) and set to the interval in force; in the family table when it claimed a slot
+    /// there, else found through the library among `allocators`. Without it the process's
+    /// counts would be missing, which the summary would show as zero calls: said loudly
+    /// instead. `target`: `pid` is a running target.
+    pub fn map(
+        &mut self,
+        pid: u32,
+        allocators: &[Allocator],
+        target: bool,
+        counters: &mut Counters,
+        aggregator: &mut Aggregator,
+    ) {
+        if counters.has_region(pid) {
+            return;
+        }
+        let carries = allocators.iter().find(|a| a.file.is_in_process());
+        let found = match self.family.as_ref().and_then(|f| f.region_of(pid)) {
+            Some(found) => found,
+            // A process of the command's tree claims its slot when its library starts: one
+            // just forked (through vfork, no fork handler runs) or exec'd has not yet. Looked
+            // for again at each reading and when it exits.
+            None if self.family.is_some() && self.full() == 0 => {
+                if carries.is_some() || target {
+                    self.awaiting.insert(pid);
+                }
+                return;
+            }
+            None => match carries {
+                Some(library) => MappedRegion::of_process(pid, &library.path),
+                None => return,
+            },
+        };
+        self.awaiting.remove(&pid);
+        self.take(pid, found, counters, aggregator);
+    }
+
+    /// Counts `pid`'s calls from its region (set to the interval in force), and notes that
+    /// the front end measures it; `found`'s error is said loudly.
+    fn take(
+        &mut self,
+        pid: u32,
+        found: anyhow::Result<MappedRegion>,
+        counters: &mut Counters,
+        aggregator: &mut Aggregator,
+    ) {
+        match found {
+            Ok(region) => {
+                if let Err(e) = region.set_interval(self.interval) {
+                    warn!("pid {pid}: setting its in-process sampler's interval: {e:#}");
+                }
+                counters.add_region(pid, region);
+                if let Some(library) = self.allocator() {
+                    aggregator.add_allocators(pid, std::slice::from_ref(library));
+                }
+            }
+            Err(e) => warn!(
+                "pid {pid}: its in-process sampler's counters cannot be read ({e:#}): its exact counts are missing"
+            ),
+        }
+    }
+
+    fn full(&self) -> u64 {
+        self.family.as_ref().map_or(0, Family::full)
+    }
+
+    /// Maps the regions of the processes that had not claimed theirs when last looked for
+    /// (see [`Self::map`]); `gone`: `pid` has exited, and is looked for one last time.
+    pub fn claim_regions(
+        &mut self,
+        gone: Option<u32>,
+        counters: &mut Counters,
+        aggregator: &mut Aggregator,
+    ) {
+        let pids: Vec<u32> = match gone {
+            Some(pid) if self.awaiting.contains(&pid) => vec![pid],
+            Some(_) => return,
+            None => self.awaiting.iter().copied().collect(),
+        };
+        for pid in pids {
+            let Some(found) = self.family.as_ref().and_then(|f| f.region_of(pid)) else {
+                continue;
+            };
+            self.awaiting.remove(&pid);
+            self.take(pid, found, counters, aggregator);
+        }
+        if let Some(pid) = gone {
+            if self.awaiting.remove(&pid) {
+                // It never counted in the table: its program did not load the library after
+                // all (its calls went to its allocator's probes, if any), or it exited
+                // before it ran.
+                debug!("pid {pid}: exited without an in-process region");
+            }
+        }
+    }
+
+    /// Gives back the family table's slots of processes that are gone and that no target
+    /// holds (a target's goes when it is finalized): those found at the previous look,
+    /// whose events have been read since, then notes today's.
+    pub fn sweep(&mut self, counters: &Counters, roster: &Roster) {
+        let Some(family) = self.family.as_ref() else {
+            return;
+        };
+        for &(slot, word) in &self.gone {
+            let pid = sampler_common::preload::claim_pid(word);
+            if family.holds(slot, word) && !counters.has_region(pid) {
+                family.release(slot);
+            }
+        }
+        let gone = |pid: u32| {
+            !counters.has_region(pid)
+                && !roster.is_running(pid)
+                && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        };
+        self.gone = family.claims_of_gone(gone);
+        let full = family.full();
+        if full > 0 && !self.said_full {
+            self.said_full = true;
+            warn!(
+                "{full} processes found the in-process sampler's table full ({} at once): \
+                 each counts on its own, read while it lives",
+                sampler_common::preload::FAMILY_SLOTS
+            );
+        }
+    }
+
+    /// A target exited and its region was read one last time: its family slot is free.
+    pub fn release(&self, slot: usize) {
+        if let Some(family) = &self.family {
+            family.release(slot);
+        }
+    }
+
+    /// Sets the mean interval of every region (those mapped in `counters`, and those new
+    /// processes claim from now on).
+    pub fn set_interval(&mut self, interval: u64, counters: &Counters) {
+        self.interval = interval;
+        if let Some(family) = &self.family {
+            if let Err(e) = family.set_interval(interval) {
+                warn!("the in-process sampler's new processes keep their interval: {e:#}");
+            }
+        }
+        for (pid, region) in counters.regions() {
+            if let Err(e) = region.set_interval(interval) {
+                warn!("pid {pid}: setting its in-process sampler's interval: {e:#}");
+            }
+        }
+    }
+
+    /// For `pid`, just past an exec (its loader not run yet, its maps not showing the
+    /// library), the library it will load: the command's, named in its `LD_PRELOAD` by a
+    /// descriptor it holds, where the loader honours it (a dynamically linked program: the
+    /// kernel mapped a dynamic loader; not set-user-ID: no secure-execution auxv flag).
+    pub fn will_load(&self, pid: u32) -> Option<Allocator> {
+        let (library, allocator) = self.library.as_ref()?;
+        if !crate::targets::has_dynamic_loader(pid)
+            || crate::targets::secure_execution(pid) != Some(false)
+        {
+            return None;
+        }
+        let environ = crate::targets::environ_of(pid)?;
+        let own = library.preload_path();
+        if !crate::targets::ld_preload_entries(&environ).contains(&own.as_bytes()) {
+            return None;
+        }
+        // The descriptor it names must be the library's, in that process.
+        let through = format!("/proc/{pid}/fd/{}", own.rsplit('/').next()?);
+        let held = std::fs::metadata(&through).ok()?;
+        let id = crate::probe::maps::FileId::of(&held);
+        (library.file_id().ok()? == id).then(|| allocator.clone())
+    }
+}

@@ -1,0 +1,357 @@
+//! Who the recording's targets are, as bookkeeping apart from the kernel: the processes
+//! running as targets and their counter slots, every process ever a target, how each is
+//! covered and from when, the processes left out (host mode's exclusions, the followed
+//! set's rejections), the files probed for every process and when, and what the /proc
+//! scans have looked at. Pure state: discovery decides, the kernel is told elsewhere, and
+//! every rule here (slot reuse, the bound on slots, which allocator came late) is unit
+//! tested without BPF.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use sampler_common::{HOST_SLOT, MAX_TARGETS};
+
+use crate::{
+    probe::{allocator::Allocator, maps::FileId},
+    profile::{Coverage, LateAllocator},
+};
+
+/// The targets of a recording.
+#[derive(Debug, Default)]
+pub(super) struct Roster {
+    /// `--follow`, `--comm`: targets are counted by file-wide probes in the kernel's
+    /// followed set (slot [`HOST_SLOT`]), not attached per process.
+    followed_only: bool,
+    /// Targets still running → their counter slot.
+    running: BTreeMap<u32, u32>,
+    /// Every process ever a target (host-wide: every one seen allocating), in order.
+    pids: Vec<u32>,
+    free_slots: Vec<u32>,
+    next_slot: u32,
+    /// How each target is covered, and from when (CLOCK_MONOTONIC ns).
+    coverage: HashMap<u32, (Coverage, u64)>,
+    /// Host mode: processes left alone (allocscope, `--exclude-*`); `followed_only`:
+    /// processes the kernel counted pending a decision and that are not targets. What
+    /// they send is dropped.
+    excluded: HashSet<u32>,
+    /// Allocator files probed for every process, and when (CLOCK_MONOTONIC ns).
+    host_files: HashMap<FileId, u64>,
+    /// Processes looked at by a scan, with the executable they had then (an exec makes
+    /// them new again).
+    scanned: HashMap<u32, FileId>,
+}
+
+impl Roster {
+    pub fn new(followed_only: bool) -> Roster {
+        Roster {
+            followed_only,
+            ..Roster::default()
+        }
+    }
+
+    /// Whether targets are counted in the kernel's followed set.
+    pub fn followed_only(&self) -> bool {
+        self.followed_only
+    }
+
+    /// Whether `pid` is a running target.
+    pub fn is_running(&self, pid: u32) -> bool {
+        self.running.contains_key(&pid)
+    }
+
+    /// Whether no target is running.
+    pub fn none_running(&self) -> bool {
+        self.running.is_empty()
+    }
+
+    /// The running targets, in pid order.
+    pub fn running(&self) -> Vec<u32> {
+        self.running.keys().copied().collect()
+    }
+
+    /// Every process ever a target, in order.
+    pub fn pids(&self) -> &[u32] {
+        &self.pids
+    }
+
+    /// Notes a process seen host-wide (not attached, not counted per slot).
+    pub fn seen(&mut self, pid: u32) {
+        if !self.pids.contains(&pid) {
+            self.pids.push(pid);
+        }
+    }
+
+    /// `pid`'s counter slot, and whether it is new: its own if it runs as a target, else a
+    /// free one. Fails when [`MAX_TARGETS`] are taken; [`Self::enter`] makes it `pid`'s,
+    /// [`Self::give_back`] returns it unused.
+    pub fn slot_for(&mut self, pid: u32) -> anyhow::Result<(u32, bool)> {
+        if let Some(&slot) = self.running.get(&pid) {
+            return Ok((slot, false));
+        }
+        let slot = match self.free_slots.pop() {
+            Some(slot) => slot,
+            None if self.next_slot < MAX_TARGETS => {
+                self.next_slot += 1;
+                self.next_slot - 1
+            }
+            None => anyhow::bail!("{MAX_TARGETS} processes attached at once: no counter slot left"),
+        };
+        Ok((slot, true))
+    }
+
+    /// Returns a slot from [`Self::slot_for`] that was not used.
+    pub fn give_back(&mut self, slot: u32) {
+        if slot != HOST_SLOT {
+            self.free_slots.push(slot);
+        }
+    }
+
+    /// Makes `pid` a running target counted in `slot`, covered as `coverage` from
+    /// `from_ns`.
+    pub fn enter(&mut self, pid: u32, slot: u32, coverage: Coverage, from_ns: u64) {
+        self.running.insert(pid, slot);
+        self.seen(pid);
+        self.excluded.remove(&pid);
+        self.coverage.insert(pid, (coverage, from_ns));
+    }
+
+    /// `pid` exited: no longer running; returns its slot, which is free again (unless it
+    /// was [`HOST_SLOT`]).
+    pub fn leave(&mut self, pid: u32) -> Option<u32> {
+        let slot = self.running.remove(&pid)?;
+        self.give_back(slot);
+        Some(slot)
+    }
+
+    /// The running targets counted in slots of their own, as (pid, slot).
+    pub fn counter_slots(&self) -> Vec<(u32, u32)> {
+        self.running
+            .iter()
+            .filter(|(_, &slot)| slot != HOST_SLOT)
+            .map(|(&pid, &slot)| (pid, slot))
+            .collect()
+    }
+
+    /// Whether a process the kernel counts file-wide is a target: not left out and, in the
+    /// followed set, taken (the kernel also counts, briefly, processes pending a decision).
+    pub fn counts(&self, pid: u32) -> bool {
+        !self.excluded.contains(&pid) && (!self.followed_only || self.running.contains_key(&pid))
+    }
+
+    /// Whether `pid` is left out.
+    pub fn is_excluded(&self, pid: u32) -> bool {
+        self.excluded.contains(&pid)
+    }
+
+    /// Whether any process is left out.
+    pub fn excludes_any(&self) -> bool {
+        !self.excluded.is_empty()
+    }
+
+    /// Leaves `pid` out; whether it was not already.
+    pub fn exclude(&mut self, pid: u32) -> bool {
+        self.excluded.insert(pid)
+    }
+
+    /// The processes left out.
+    pub fn excluded(&self) -> Vec<u32> {
+        self.excluded.iter().copied().collect()
+    }
+
+    /// Forgets that `pid` was left out (it exited: its pid may come back as another).
+    pub fn forget_excluded(&mut self, pid: u32) {
+        self.excluded.remove(&pid);
+    }
+
+    /// How `pid` is covered, if it is a target.
+    pub fn coverage(&self, pid: u32) -> Option<&Coverage> {
+        self.coverage.get(&pid).map(|(c, _)| c)
+    }
+
+    /// `pid` exec'd: the files it uses are late if probed after `ns`.
+    pub fn covered_from(&mut self, pid: u32, ns: u64) {
+        if let Some((_, from_ns)) = self.coverage.get_mut(&pid) {
+            *from_ns = ns;
+        }
+    }
+
+    /// Whether `file` is probed for every process.
+    pub fn probes_host_file(&self, file: &FileId) -> bool {
+        self.host_files.contains_key(file)
+    }
+
+    /// `file` is probed for every process since `ns`.
+    pub fn host_file_probed(&mut self, file: FileId, ns: u64) {
+        self.host_files.insert(file, ns);
+    }
+
+    /// Notes in `pid`'s coverage, at `now_ns`, the allocator files it uses that were probed
+    /// after it was covered from: `followed_only`, files probed for every process later
+    /// (or not at all); per process, `allocators` it gained after being attached (a
+    /// library loaded later, found by the next look, probed just now).
+    pub fn note_late(&mut self, pid: u32, allocators: &[Allocator], now_ns: u64) {
+        let Some((coverage, from_ns)) = self.coverage.get_mut(&pid) else {
+            return;
+        };
+        for allocator in allocators {
+            let name = allocator.describe();
+            if coverage.late.iter().any(|late| late.allocator == name) {
+                continue;
+            }
+            let probed_ns = if self.followed_only {
+                let probed = self.host_files.get(&allocator.file_id).copied();
+                match probed.unwrap_or(now_ns) {
+                    ns if ns > *from_ns => ns,
+                    _ => continue,
+                }
+            } else {
+                now_ns
+            };
+            coverage.late.push(LateAllocator {
+                allocator: name,
+                after_ms: probed_ns.saturating_sub(*from_ns) as f64 / 1e6,
+            });
+        }
+    }
+
+    /// Of the processes `alive` (with their executables, `None`: a kernel thread or gone),
+    /// those a scan has not looked at since they started or exec'd; forgets the others.
+    pub fn unscanned(&mut self, alive: Vec<(u32, Option<FileId>)>) -> Vec<u32> {
+        let pids: HashSet<u32> = alive.iter().map(|(pid, _)| *pid).collect();
+        self.scanned.retain(|pid, _| pids.contains(pid));
+        alive
+            .into_iter()
+            .filter_map(|(pid, exe)| {
+                let exe = exe?;
+                (self.scanned.insert(pid, exe.clone()) != Some(exe)).then_some(pid)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::profile::CoverageStart;
+
+    fn coverage() -> Coverage {
+        Coverage {
+            since: CoverageStart::Attach,
+            late: Vec::new(),
+            checked: true,
+        }
+    }
+
+    fn file(inode: u64) -> FileId {
+        FileId {
+            device: "08:01".into(),
+            inode,
+        }
+    }
+
+    fn allocator(name: &str, inode: u64) -> Allocator {
+        let path = std::path::PathBuf::from(name);
+        Allocator {
+            shown: path.clone(),
+            path,
+            file_id: file(inode),
+            in_executable: false,
+            file: Arc::new(crate::probe::allocator::AllocatorFile {
+                family: crate::probe::allocator::Family::Glibc,
+                functions: Vec::new(),
+                frees: Vec::new(),
+                front_end: None,
+                producer: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn slots_are_reused_and_bounded() {
+        let mut roster = Roster::new(false);
+        let (a, new) = roster.slot_for(10).unwrap();
+        assert!(new);
+        roster.enter(10, a, coverage(), 0);
+        assert_eq!(roster.slot_for(10).unwrap(), (a, false));
+        let (b, _) = roster.slot_for(11).unwrap();
+        assert_ne!(a, b);
+        roster.give_back(b);
+        assert_eq!(
+            roster.slot_for(12).unwrap().0,
+            b,
+            "a slot given back is reused"
+        );
+        assert_eq!(roster.leave(10), Some(a));
+        assert_eq!(roster.leave(10), None);
+        assert!(roster.none_running());
+        assert_eq!(roster.pids(), [10], "an exited target stays in the list");
+        let mut full = Roster::new(false);
+        for pid in 0..MAX_TARGETS {
+            let (slot, _) = full.slot_for(pid).unwrap();
+            full.enter(pid, slot, coverage(), 0);
+        }
+        let error = full.slot_for(MAX_TARGETS).unwrap_err().to_string();
+        assert!(error.contains("no counter slot left"), "{error}");
+        assert_eq!(full.counter_slots().len(), MAX_TARGETS as usize);
+    }
+
+    #[test]
+    fn host_slot_targets_count_file_wide_and_free_no_slot() {
+        let mut roster = Roster::new(true);
+        roster.enter(7, HOST_SLOT, coverage(), 0);
+        assert!(roster.counter_slots().is_empty());
+        assert!(roster.counts(7));
+        assert!(!roster.counts(8), "followed set: only targets count");
+        roster.exclude(9);
+        assert!(!roster.counts(9));
+        assert_eq!(roster.leave(7), Some(HOST_SLOT));
+        assert_eq!(
+            roster.slot_for(1).unwrap().0,
+            0,
+            "HOST_SLOT never enters the free list"
+        );
+        let host = Roster::new(false);
+        assert!(
+            host.counts(8),
+            "host mode: every process not left out counts"
+        );
+    }
+
+    #[test]
+    fn late_allocators_are_noted_once_with_their_delay() {
+        let mut roster = Roster::new(true);
+        roster.enter(5, HOST_SLOT, coverage(), 1_000_000);
+        roster.host_file_probed(file(1), 500_000); // before it was covered: not late
+        roster.host_file_probed(file(2), 3_000_000); // 2 ms after
+        let both = [allocator("early", 1), allocator("late", 2)];
+        roster.note_late(5, &both, 9_000_000);
+        roster.note_late(5, &both, 9_000_000);
+        let late = &roster.coverage(5).unwrap().late;
+        assert_eq!(late.len(), 1, "{late:?}");
+        assert_eq!(late[0].after_ms, 2.0);
+        // An exec moves where lateness counts from.
+        roster.covered_from(5, 4_000_000);
+        roster.note_late(5, &[allocator("unprobed", 3)], 6_000_000);
+        assert_eq!(roster.coverage(5).unwrap().late[1].after_ms, 2.0);
+        // Per process: a file found after attaching is late by now.
+        let mut per_process = Roster::new(false);
+        per_process.enter(6, 0, coverage(), 1_000_000);
+        per_process.note_late(6, &[allocator("loaded later", 4)], 11_000_000);
+        assert_eq!(per_process.coverage(6).unwrap().late[0].after_ms, 10.0);
+    }
+
+    #[test]
+    fn a_scan_looks_at_new_processes_and_execs_once() {
+        let mut roster = Roster::new(false);
+        let first = roster.unscanned(vec![(1, Some(file(1))), (2, None), (3, Some(file(3)))]);
+        assert_eq!(first, [1, 3]);
+        assert!(roster
+            .unscanned(vec![(1, Some(file(1))), (3, Some(file(3)))])
+            .is_empty());
+        // 3 exec'd another program; 1 exited and its pid came back.
+        let again = roster.unscanned(vec![(3, Some(file(4)))]);
+        assert_eq!(again, [3]);
+        assert_eq!(roster.unscanned(vec![(1, Some(file(1)))]), [1]);
+    }
+}
