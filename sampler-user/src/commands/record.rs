@@ -93,7 +93,7 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
                 if let Err(e) = written {
                     break Stop::Failed(e.context("writing a snapshot"));
                 }
-                recording.aggregator.start_period();
+                recording.start_period();
                 period_started = Instant::now();
             }
             _ = sigint.recv() => break Stop::Signal("SIGINT"),

@@ -100,19 +100,7 @@ impl Recording {
                 anyhow::bail!("exited while the probes were being attached ({e})");
             }
             self.aggregator.track(pid);
-            // What it allocated before this moment was not seen (its counters say how much
-            // the probes caught): how late they came is worth knowing.
-            let after = monotonic_ns().saturating_sub(since.timestamp_ns);
-            let late = match since.start {
-                CoverageStart::Attach => String::new(),
-                event => format!(", {:.1} ms after its {event:?}", after as f64 / 1e6),
-            };
-            info!(
-                "attached to pid {pid} ({}) in {:.1} ms{late}: {}",
-                text::printable(&targets::comm_of(pid).unwrap_or_default()),
-                started.elapsed().as_secs_f64() * 1e3,
-                describe(allocators)
-            );
+            log_attached(pid, since, started, allocators);
             let coverage = Coverage {
                 since: since.start,
                 late: Vec::new(),
@@ -530,6 +518,23 @@ fn preloaded(pid: u32) -> Vec<std::path::PathBuf> {
             std::path::PathBuf::from(through)
         })
         .collect()
+}
+
+/// Says that `pid` was attached to, in how long (the ring buffer is not read meanwhile),
+/// and how late after the event that made it a target: what it allocated before was not
+/// seen (its counters say how much the probes caught).
+fn log_attached(pid: u32, since: Since, started: std::time::Instant, allocators: &[Allocator]) {
+    let after = monotonic_ns().saturating_sub(since.timestamp_ns);
+    let late = match since.start {
+        CoverageStart::Attach => String::new(),
+        event => format!(", {:.1} ms after its {event:?}", after as f64 / 1e6),
+    };
+    info!(
+        "attached to pid {pid} ({}) in {:.1} ms{late}: {}",
+        text::printable(&targets::comm_of(pid).unwrap_or_default()),
+        started.elapsed().as_secs_f64() * 1e3,
+        describe(allocators)
+    );
 }
 
 fn describe(allocators: &[Allocator]) -> String {

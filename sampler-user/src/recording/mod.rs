@@ -17,225 +17,41 @@
 //! [`counters`]: its probes detach, its exact counters are read and its counter slot is
 //! reused; its frames still resolve (the files stay open, see [`crate::stacks`]).
 
-use sampler_common::kernel;
 mod counters;
 mod discovery;
 mod duty_cycling;
 mod in_process;
+mod prepare;
 mod roster;
+mod start;
 mod throttling;
+
+use prepare::FrontEnd;
+pub use prepare::{prepare, Prepared};
 
 use std::{collections::BTreeMap, time::Duration};
 
-use std::os::fd::AsRawFd as _;
-
 use anyhow::Context as _;
-use aya::maps::RingBuf;
 use log::{info, warn};
 use sampler_common::ProcessCounters;
 
 use crate::{
     collect::{monotonic_ns, Counters, Event, Losses, SampleReader},
-    config::{BadInput, SamplingConfig, Targets},
+    config::Targets,
     cost::{
         self,
         windows::{CostStep, CostWindows},
         Overhead, TargetUse, Trap,
     },
-    exits, preflight, preload,
+    exits,
     probe::{
-        attach::{AttachedPoint, KernelConfig, Probes, Target},
+        attach::{AttachedPoint, Probes},
         runs::ProgramRuns,
     },
     profile::{Aggregator, CoverageStart, ProbePoint, Profile, Settings},
-    spawn::{self, PausedChild},
     stacks::symbolize::Symbolizer,
-    targets::{AllocatorCache, FindError},
+    targets::AllocatorCache,
 };
-
-/// Everything prepared before the runtime starts: validated targets and, for `-- CMD`, the
-/// paused child.
-pub struct Prepared {
-    targets: Targets,
-    initial: Vec<Target>,
-    child: Option<PausedChild>,
-    command: String,
-    cache: AllocatorCache,
-    /// The in-process front end loaded into the command.
-    front_end: Option<FrontEnd>,
-}
-
-/// The in-process front end of a command: the library, the family table its tree counts
-/// in, the command's own slot there, and the library as an allocator to probe.
-struct FrontEnd {
-    library: preload::Library,
-    family: preload::Family,
-    region: preload::MappedRegion,
-    allocator: crate::probe::allocator::Allocator,
-}
-
-/// Runs every check that can fail on bad input (privileges, targets, then the caller's own
-/// `check`), then for `-- CMD` forks the paused child, its stdin and output redirected when
-/// `redirect` is given. Must run before any thread exists.
-pub fn prepare(
-    targets: &Targets,
-    sampling: &SamplingConfig,
-    check: impl FnOnce() -> Result<(), BadInput>,
-    redirect: impl FnOnce() -> Result<Option<spawn::Redirect>, BadInput>,
-) -> Result<Prepared, BadInput> {
-    preflight::check_privileges()?;
-    let mut cache = AllocatorCache::default();
-    let mut initial = Vec::new();
-    let mut problems = Vec::new();
-    for &pid in &targets.pids {
-        match cache.of_pid(pid) {
-            Ok(allocators) => initial.push(Target { pid, allocators }),
-            Err(FindError::Gone) => problems.push(format!("no such process: pid {pid}")),
-            Err(e) => problems.push(format!("pid {pid}: {e}")),
-        }
-    }
-    let others = !initial.is_empty() || targets.waits_for_new();
-    if !problems.is_empty() && !others {
-        return Err(BadInput(problems.join("; ")));
-    }
-    for problem in problems {
-        warn!("{problem}: left out");
-    }
-    let mut front_end = None;
-    let mut environment = Vec::new();
-    if !targets.command.is_empty() {
-        let program = preflight::resolve_command(&targets.command[0])?;
-        let mut allocators = preflight::allocators_for_command(&program, &mut cache)?;
-        // A followed command's tree carries the library too (through the environment): the
-        // library's probes, file-wide, reach every process that maps it, and no other.
-        // `--comm` and `--all` look at processes that do not.
-        let host_wide = targets.comm.is_some() || targets.all;
-        if sampling.preload && !host_wide {
-            if let Some((library, family, own)) = front_end_for(&program, sampling.interval)? {
-                environment = vec![
-                    (
-                        "LD_PRELOAD".into(),
-                        preload::ld_preload(&library, std::env::var_os("LD_PRELOAD").as_deref()),
-                    ),
-                    (
-                        <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(
-                            sampler_common::preload::FAMILY_FD_VARIABLE.to_bytes(),
-                        )
-                        .into(),
-                        family.1.as_raw_fd().to_string().into(),
-                    ),
-                ];
-                allocators.push(own.clone());
-                crate::probe::allocator::behind_front_end(&mut allocators, false);
-                front_end = Some((library, family, own));
-            }
-        }
-        initial.push(Target { pid: 0, allocators });
-    }
-    check()?;
-    let mut child = None;
-    let mut command = String::new();
-    if let Some(program) = targets.command.first() {
-        command = program.to_string_lossy().into_owned();
-        let paused = spawn::spawn_paused(&targets.command, redirect()?, &environment)
-            .map_err(|e| BadInput(format!("cannot start {command}: {e}")))?;
-        if let Some(target) = initial.last_mut() {
-            target.pid = paused.pid;
-        }
-        child = Some(paused);
-    }
-    let front_end = match (front_end, &child) {
-        (Some((library, (family, fd), allocator)), Some(child)) => {
-            drop(fd);
-            let region = family.claim_for(child.pid).map_err(|e| {
-                BadInput(format!(
-                    "cannot prepare the in-process sampler (family table): {e:#}"
-                ))
-            })?;
-            Some(FrontEnd {
-                library,
-                family,
-                region,
-                allocator,
-            })
-        }
-        _ => None,
-    };
-    let mut targets = targets.clone();
-    if front_end.is_some() && targets.children {
-        targets.follow = true;
-    } else if targets.children && !targets.follow {
-        info!(
-            "the processes {command} starts are not followed: with uprobes that would trap \
-             every process using their allocator (--follow does it anyway)"
-        );
-    }
-    Ok(Prepared {
-        targets,
-        initial,
-        child,
-        command,
-        cache,
-        front_end,
-    })
-}
-
-/// The in-process front end for command `program`: the library in a memfd, a family table
-/// at `interval` with the descriptor the command inherits, and the library as an
-/// allocator to attach to. `None` (uprobes then) where the dynamic loader would not load
-/// it, said once: a statically linked program, or a set-user/group-ID one (the loader
-/// ignores `LD_PRELOAD` from a path outside the system's for those).
-#[allow(clippy::type_complexity)]
-fn front_end_for(
-    program: &std::path::Path,
-    interval: u64,
-) -> Result<
-    Option<(
-        preload::Library,
-        (preload::Family, std::os::fd::OwnedFd),
-        crate::probe::allocator::Allocator,
-    )>,
-    BadInput,
-> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let shown = program.display();
-    let data = std::fs::read(program).map_err(|e| BadInput(format!("cannot read {shown}: {e}")))?;
-    if data.starts_with(b"\x7fELF") && crate::targets::interpreter_of(&data).is_none() {
-        warn!("{shown} is statically linked: the in-process sampler cannot load; probing its allocator with uprobes");
-        return Ok(None);
-    }
-    let mode = std::fs::metadata(program)
-        .map(|m| m.permissions().mode())
-        .unwrap_or(0);
-    if mode & 0o6000 != 0 {
-        warn!("{shown} is set-user/group-ID: the loader ignores LD_PRELOAD for it; probing its allocator with uprobes");
-        return Ok(None);
-    }
-    let failed = |what: &str, e: &dyn std::fmt::Display| {
-        BadInput(format!(
-            "cannot prepare the in-process sampler ({what}): {e} (--no-preload probes its allocator with uprobes instead)"
-        ))
-    };
-    let library = preload::Library::create().map_err(|e| failed("library", &e))?;
-    let family = preload::Family::create(interval).map_err(|e| failed("family table", &e))?;
-    let path = library.own_path();
-    let file_id = library.file_id().map_err(|e| failed("library", &e))?;
-    let file = crate::probe::allocator::analyse_file(
-        &path,
-        false,
-        std::path::Path::new("allocscope-preload"),
-    )
-    .filter(|f| f.is_in_process())
-    .ok_or_else(|| failed("library", &"its probes were not found"))?;
-    let own = crate::probe::allocator::Allocator {
-        path: path.clone(),
-        shown: "/memfd:allocscope-preload".into(),
-        file_id,
-        in_executable: false,
-        file: std::sync::Arc::new(file),
-    };
-    Ok(Some((library, family, own)))
-}
 
 /// How the command started for a recording (`-- CMD`) ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -303,9 +119,9 @@ pub struct Recording {
     reader: SampleReader,
     batch: Vec<Event>,
     /// The samples so far.
-    pub aggregator: Aggregator,
+    aggregator: Aggregator,
     /// Resolves frames for [`Aggregator::profile`].
-    pub symbolizer: Symbolizer,
+    symbolizer: Symbolizer,
     targets: Targets,
     cache: AllocatorCache,
     watcher: exits::Watcher,
@@ -315,9 +131,8 @@ pub struct Recording {
     counters: Counters,
     /// Every probe point attached.
     points: Vec<AttachedPoint>,
-    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
-    refresh: tokio::time::Interval,
-    scan: tokio::time::Interval,
+    logger: Option<Logger>,
+    clocks: Clocks,
     spawned: Option<u32>,
     command_exit: Option<CommandExit>,
     said_waiting: bool,
@@ -330,15 +145,10 @@ pub struct Recording {
     trap: Trap,
     /// The windows the programs' cost is measured in.
     cost: CostWindows,
-    cost_clock: tokio::time::Interval,
-    /// When [`Self::every_second`] last ran.
-    last_second: std::time::Instant,
     /// The sampling-rate throttle (`None`: `--max-samples-per-sec 0`).
     throttling: Option<throttling::Throttling>,
     /// Duty cycling (`None`: no `--max-overhead`, the probes stay attached).
     duty: Option<duty_cycling::DutyCycling>,
-    /// Its slot boundaries (idle without duty cycling).
-    duty_clock: tokio::time::Interval,
     /// Samples received so far.
     samples_taken: u64,
     /// Once detaching: samples and frees after this moment are dropped, so the profile
@@ -350,183 +160,6 @@ pub struct Recording {
 }
 
 impl Recording {
-    /// Attaches the probes, then lets a spawned command run. `recent` keeps per-stack
-    /// samples for rates over that window (`top`). Must run inside the tokio runtime.
-    pub fn start(
-        prepared: Prepared,
-        sampling: &SamplingConfig,
-        recent: Option<Duration>,
-    ) -> anyhow::Result<Recording> {
-        let Prepared {
-            targets,
-            initial,
-            child,
-            command,
-            cache,
-            front_end,
-        } = prepared;
-        let followed_only = !targets.all && (targets.follow || targets.comm.is_some());
-        // A command counted in-process, alone, traps only on its samples (rare), and needs
-        // no uprobe on its allocator unless one is linked into its executable.
-        let in_process_only = front_end.is_some() && initial.len() == 1 && !targets.waits_for_new();
-        let kernel = KernelConfig {
-            interval: sampling.interval,
-            log: sampling.verbose,
-            track_frees: (!sampling.alloc_only).then_some(sampling.max_tracked),
-            ring_buffer: sampling.ring_buffer,
-            stack_bytes: sampling.unwind.stack_bytes(),
-            sessions: sampling.sessions,
-            usdt_nop5: sampling.usdt_nop5,
-            host: targets.all || followed_only,
-            follow: targets.follow,
-            followed_only,
-            watch_execs: targets.waits_for_new(),
-            duty_cycled: sampling.max_overhead.is_some(),
-            lazy_uprobes: in_process_only,
-        };
-        let mut probes = Probes::load(kernel).context("loading the eBPF programs")?;
-        // The trap calibration's ~0.15 s (timing, then a link the kernel takes ~0.1 s to
-        // remove, which holds up the attach behind it) would be the largest part of such a
-        // command's cost.
-        let trap = if in_process_only {
-            Trap::MODELLED
-        } else {
-            cost::trap::calibrate(&mut probes)
-        };
-        let duty = sampling.max_overhead.map(duty_cycling::DutyCycling::new);
-        if duty.is_some() {
-            // The first slot is on from the start: open before any target can run.
-            probes
-                .set_gate(true)
-                .context("opening the duty cycle's gate")?;
-        }
-        let slot = if duty.is_some() {
-            duty_cycling::SLOT
-        } else {
-            Duration::from_secs(3600)
-        };
-        let mut duty_clock = tokio::time::interval_at(tokio::time::Instant::now() + slot, slot);
-        // A boundary missed while the loop was busy is taken late, not as a burst of empty
-        // slots.
-        duty_clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let logger = if sampling.verbose {
-            aya_log::EbpfLogger::init(&mut probes.ebpf)
-                .map_err(|e| warn!("eBPF log unavailable: {e}"))
-                .ok()
-        } else {
-            None
-        };
-        let ring = RingBuf::try_from(
-            probes
-                .ebpf
-                .take_map(kernel::maps::SAMPLES)
-                .context("SAMPLES map missing")?,
-        )?;
-        let reader = SampleReader::new(ring, sampling.ring_buffer as usize)?;
-        let mut aggregator = match recent {
-            Some(window) => Aggregator::with_recent(window),
-            None => Aggregator::default(),
-        };
-        aggregator.limit_stacks(sampling.max_stacks);
-        if duty.is_some() {
-            aggregator.duty_cycle();
-        }
-        let mut recording = Recording {
-            probes: Some(probes),
-            reader,
-            batch: Vec::new(),
-            aggregator,
-            symbolizer: Symbolizer::spawn(&sampling.debug_dirs)
-                .context("starting the symbolizer thread")?,
-            targets,
-            cache,
-            watcher: exits::Watcher::new(),
-            roster: roster::Roster::new(followed_only),
-            counters: Counters::default(),
-            points: Vec::new(),
-            logger,
-            refresh: tokio::time::interval(Duration::from_millis(250)),
-            scan: tokio::time::interval(Duration::from_secs(1)),
-            spawned: child.as_ref().map(|c| c.pid),
-            command_exit: None,
-            said_waiting: false,
-            last_counters: None,
-            counted_ns: 0,
-            trap,
-            cost: CostWindows::default(),
-            cost_clock: tokio::time::interval(Duration::from_secs(1)),
-            // The clock's first tick is at once: a second ago, so that it runs then.
-            last_second: std::time::Instant::now()
-                .checked_sub(Duration::from_secs(1))
-                .unwrap_or_else(std::time::Instant::now),
-            throttling: throttling::Throttling::new(
-                sampling.max_samples_per_sec,
-                sampling.interval,
-            ),
-            duty,
-            duty_clock,
-            samples_taken: 0,
-            thread_states: None,
-            cutoff_ns: None,
-            in_process: in_process::InProcess::none(sampling.interval),
-        };
-        // A followed command that carries the front end has its tree carry it too: nothing
-        // else is probed unless a process turns out not to (a static or set-user-ID
-        // program, a cleared environment), and then only its own files.
-        match &front_end {
-            None if followed_only => recording.probe_system_allocators(),
-            // Before the command is followed: it is covered from its start.
-            Some(front_end) if followed_only => {
-                if let Err(e) = recording.probe_files(std::slice::from_ref(&front_end.allocator)) {
-                    warn!("probing the in-process sampler for every process: {e:#}");
-                }
-            }
-            _ => {}
-        }
-        if let (Some(child), Some(front_end)) = (&child, front_end) {
-            let FrontEnd {
-                library,
-                family,
-                region,
-                allocator,
-            } = front_end;
-            recording.counters.add_region(child.pid, region);
-            // Its frames lead every sample's stack; a short-lived command is gone before
-            // its own view of the library could be opened.
-            if let Ok(file_id) = library.file_id() {
-                recording.aggregator.hold_file(file_id, library.own_path());
-            }
-            recording.in_process =
-                in_process::InProcess::of_command(library, allocator, family, sampling.interval);
-        }
-        for target in initial {
-            let since = Since::now(if Some(target.pid) == recording.spawned {
-                CoverageStart::Start
-            } else {
-                CoverageStart::Attach
-            });
-            if let Err(e) = recording.attach(target.pid, &target.allocators, since) {
-                if Some(target.pid) == recording.spawned {
-                    return Err(e.context(format!("attaching to {command}")));
-                }
-                warn!("pid {}: {e:#}: left out", target.pid);
-            }
-        }
-        if let Some(child) = child {
-            let pid = child.pid;
-            child
-                .release()
-                .map_err(|e| BadInput(format!("cannot run {command}: {e}")))?;
-            // Past exec now: its own name, executable and maps.
-            recording.aggregator.track(pid);
-        }
-        recording.discover()?;
-        if recording.roster.none_running() && !recording.targets.waits_for_new() {
-            anyhow::bail!("every target exited while the probes were being attached");
-        }
-        Ok(recording)
-    }
-
     fn probes_mut(&mut self) -> anyhow::Result<&mut Probes> {
         self.probes.as_mut().context("the probes are detached")
     }
@@ -604,6 +237,19 @@ impl Recording {
         Ok(profile)
     }
 
+    /// Starts a new period for per-period values (`--every` snapshots).
+    pub fn start_period(&mut self) {
+        self.aggregator.start_period();
+    }
+
+    /// The samples so far, per stack and process, frames resolved (`top`'s picture);
+    /// `leak_age`: blocks older than this count as leak suspects.
+    pub async fn tally(&self, leak_age: Option<Duration>) -> crate::profile::Tally {
+        self.aggregator
+            .tally(&self.symbolizer, monotonic_ns(), leak_age)
+            .await
+    }
+
     /// The largest sampling interval in force so far (the throttle may have raised it).
     pub fn largest_interval(&self) -> u64 {
         self.throttling.as_ref().map_or(0, |t| t.largest())
@@ -663,7 +309,7 @@ impl Recording {
                     read?;
                     self.take_batch_in_steps()?;
                 }
-                _ = self.refresh.tick() => {
+                _ = self.clocks.refresh.tick() => {
                     // Keep the maps snapshot current while targets live (libraries loaded
                     // late, a spawned command just past exec), and flush eBPF log records.
                     self.aggregator.refresh();
@@ -671,9 +317,9 @@ impl Recording {
                         logger.flush();
                     }
                 }
-                _ = self.scan.tick() => self.discover()?,
-                _ = self.cost_clock.tick() => self.every_second()?,
-                _ = self.duty_clock.tick(), if self.duty.is_some() => self.duty_slot().await?,
+                _ = self.clocks.scan.tick() => self.discover()?,
+                _ = self.clocks.second.tick() => self.every_second()?,
+                _ = self.clocks.duty.tick(), if self.duty.is_some() => self.duty_slot().await?,
                 Some(pid) = self.watcher.exited.recv() => {
                     self.finalize(pid).await?;
                     let waits = self.targets.waits_for_new();
@@ -704,7 +350,7 @@ impl Recording {
                 return Ok(());
             }
             self.take_batch();
-            if self.last_second.elapsed() >= Duration::from_secs(1) {
+            if self.clocks.last_second.elapsed() >= Duration::from_secs(1) {
                 self.every_second()?;
             }
         }
@@ -714,10 +360,10 @@ impl Recording {
     /// throttle, when either needs it (from the clock, or between steps of a long batch:
     /// whichever comes first).
     fn every_second(&mut self) -> anyhow::Result<()> {
-        if self.last_second.elapsed() < Duration::from_millis(500) {
+        if self.clocks.last_second.elapsed() < Duration::from_millis(500) {
             return Ok(());
         }
-        self.last_second = std::time::Instant::now();
+        self.clocks.last_second = std::time::Instant::now();
         let step = self.cost.tick();
         if step == CostStep::Idle && self.throttling.is_none() {
             return Ok(());
@@ -854,6 +500,47 @@ impl Recording {
             );
         }
         Ok(Closing(closing))
+    }
+}
+
+/// The eBPF programs' log (`-v`).
+type Logger = aya_log::EbpfLogger<&'static dyn log::Log>;
+
+/// The recording loop's clocks.
+struct Clocks {
+    /// Maps snapshots refreshed, eBPF log flushed.
+    refresh: tokio::time::Interval,
+    /// Targets looked for (discovery).
+    scan: tokio::time::Interval,
+    /// Cost windows and the throttle.
+    second: tokio::time::Interval,
+    /// When [`Recording::every_second`] last ran (from the clock or between batch steps).
+    last_second: std::time::Instant,
+    /// Duty cycling's slot boundaries (idle without it).
+    duty: tokio::time::Interval,
+}
+
+impl Clocks {
+    fn new(duty_cycled: bool) -> Clocks {
+        let slot = if duty_cycled {
+            duty_cycling::SLOT
+        } else {
+            Duration::from_secs(3600)
+        };
+        let mut duty = tokio::time::interval_at(tokio::time::Instant::now() + slot, slot);
+        // A boundary missed while the loop was busy is taken late, not as a burst of empty
+        // slots.
+        duty.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Clocks {
+            refresh: tokio::time::interval(Duration::from_millis(250)),
+            scan: tokio::time::interval(Duration::from_secs(1)),
+            second: tokio::time::interval(Duration::from_secs(1)),
+            // The clock's first tick is at once: a second ago, so that it runs then.
+            last_second: std::time::Instant::now()
+                .checked_sub(Duration::from_secs(1))
+                .unwrap_or_else(std::time::Instant::now),
+            duty,
+        }
     }
 }
 

@@ -28,7 +28,6 @@ use self::{
     screen::{FromScreen, ToScreen},
 };
 use crate::{
-    collect::monotonic_ns,
     config::{BadInput, TopConfig},
     cost,
     export::{self, Value},
@@ -253,16 +252,8 @@ impl Watch {
     /// The recording now.
     async fn picture(&mut self, recording: &mut Recording) -> anyhow::Result<Picture> {
         let (counters, losses) = recording.counters().await?;
-        let now_ns = monotonic_ns();
         let elapsed = self.started.elapsed().as_secs_f64();
-        let tally = recording
-            .aggregator
-            .tally(
-                &recording.symbolizer,
-                now_ns,
-                Some(self.config.leaks_older_than),
-            )
-            .await;
+        let tally = recording.tally(Some(self.config.leaks_older_than)).await;
         let calls: u64 = counters.values().map(|c| c.calls).sum();
         let bytes: u64 = counters.values().map(|c| c.bytes).sum();
         let samples: u64 = tally.stacks.iter().map(|s| s.all.samples()).sum();

@@ -1,0 +1,222 @@
+//! Before a recording starts, while allocscope has one thread: every check that can fail
+//! on bad input, the targets' allocators found, and for `-- CMD` the in-process front end
+//! prepared (library, family table, the command's slot) and the child forked, paused
+//! before its exec until the probes are attached.
+
+use std::os::fd::AsRawFd as _;
+
+use log::{info, warn};
+
+use crate::{
+    config::{BadInput, SamplingConfig, Targets},
+    preflight, preload,
+    probe::attach::Target,
+    spawn::{self, PausedChild},
+    targets::{AllocatorCache, FindError},
+};
+
+/// Everything prepared before the runtime starts: validated targets and, for `-- CMD`, the
+/// paused child.
+pub struct Prepared {
+    pub(super) targets: Targets,
+    pub(super) initial: Vec<Target>,
+    pub(super) child: Option<PausedChild>,
+    pub(super) command: String,
+    pub(super) cache: AllocatorCache,
+    /// The in-process front end loaded into the command.
+    pub(super) front_end: Option<FrontEnd>,
+}
+
+/// The in-process front end of a command: the library, the family table its tree counts
+/// in, the command's own slot there, and the library as an allocator to probe.
+pub(super) struct FrontEnd {
+    pub(super) library: preload::Library,
+    pub(super) family: preload::Family,
+    pub(super) region: preload::MappedRegion,
+    pub(super) allocator: crate::probe::allocator::Allocator,
+}
+
+/// Runs every check that can fail on bad input (privileges, targets, then the caller's own
+/// `check`), then for `-- CMD` forks the paused child, its stdin and output redirected when
+/// `redirect` is given. Must run before any thread exists.
+pub fn prepare(
+    targets: &Targets,
+    sampling: &SamplingConfig,
+    check: impl FnOnce() -> Result<(), BadInput>,
+    redirect: impl FnOnce() -> Result<Option<spawn::Redirect>, BadInput>,
+) -> Result<Prepared, BadInput> {
+    preflight::check_privileges()?;
+    let mut cache = AllocatorCache::default();
+    let mut initial = processes(targets, &mut cache)?;
+    let mut front_end = None;
+    let mut environment = Vec::new();
+    if !targets.command.is_empty() {
+        let program = preflight::resolve_command(&targets.command[0])?;
+        let mut allocators = preflight::allocators_for_command(&program, &mut cache)?;
+        // A followed command's tree carries the library too (through the environment): the
+        // library's probes, file-wide, reach every process that maps it, and no other.
+        // `--comm` and `--all` look at processes that do not.
+        let host_wide = targets.comm.is_some() || targets.all;
+        if sampling.preload && !host_wide {
+            if let Some((library, family, own)) = front_end_for(&program, sampling.interval)? {
+                environment = front_end_environment(&library, &family.1);
+                allocators.push(own.clone());
+                crate::probe::allocator::behind_front_end(&mut allocators, false);
+                front_end = Some((library, family, own));
+            }
+        }
+        initial.push(Target { pid: 0, allocators });
+    }
+    check()?;
+    let mut child = None;
+    let mut command = String::new();
+    if let Some(program) = targets.command.first() {
+        command = program.to_string_lossy().into_owned();
+        let paused = spawn::spawn_paused(&targets.command, redirect()?, &environment)
+            .map_err(|e| BadInput(format!("cannot start {command}: {e}")))?;
+        if let Some(target) = initial.last_mut() {
+            target.pid = paused.pid;
+        }
+        child = Some(paused);
+    }
+    let front_end = match (front_end, &child) {
+        (Some((library, (family, fd), allocator)), Some(child)) => {
+            drop(fd);
+            let region = family.claim_for(child.pid).map_err(|e| {
+                BadInput(format!(
+                    "cannot prepare the in-process sampler (family table): {e:#}"
+                ))
+            })?;
+            Some(FrontEnd {
+                library,
+                family,
+                region,
+                allocator,
+            })
+        }
+        _ => None,
+    };
+    Ok(Prepared {
+        targets: followed(targets, front_end.is_some(), &command),
+        initial,
+        child,
+        command,
+        cache,
+        front_end,
+    })
+}
+
+/// The processes `-p` names, with their allocators; those gone or without one are left
+/// out, said, unless nothing else would be recorded (then it is bad input).
+fn processes(targets: &Targets, cache: &mut AllocatorCache) -> Result<Vec<Target>, BadInput> {
+    let mut initial = Vec::new();
+    let mut problems = Vec::new();
+    for &pid in &targets.pids {
+        match cache.of_pid(pid) {
+            Ok(allocators) => initial.push(Target { pid, allocators }),
+            Err(FindError::Gone) => problems.push(format!("no such process: pid {pid}")),
+            Err(e) => problems.push(format!("pid {pid}: {e}")),
+        }
+    }
+    let others = !initial.is_empty() || targets.waits_for_new();
+    if !problems.is_empty() && !others {
+        return Err(BadInput(problems.join("; ")));
+    }
+    for problem in problems {
+        warn!("{problem}: left out");
+    }
+    Ok(initial)
+}
+
+/// What the command's environment gains to load the front end: `LD_PRELOAD` with the
+/// library first, and the family table's descriptor.
+fn front_end_environment(
+    library: &preload::Library,
+    family: &std::os::fd::OwnedFd,
+) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    use std::os::unix::ffi::OsStrExt as _;
+    vec![
+        (
+            "LD_PRELOAD".into(),
+            preload::ld_preload(library, std::env::var_os("LD_PRELOAD").as_deref()),
+        ),
+        (
+            std::ffi::OsStr::from_bytes(sampler_common::preload::FAMILY_FD_VARIABLE.to_bytes())
+                .into(),
+            family.as_raw_fd().to_string().into(),
+        ),
+    ]
+}
+
+/// `targets`, following what the command starts when it carries the front end and its
+/// children are wanted (with uprobes that would trap every process using their
+/// allocator: said, unless `--follow` asks for it anyway).
+fn followed(targets: &Targets, front_end: bool, command: &str) -> Targets {
+    let mut targets = targets.clone();
+    if front_end && targets.children {
+        targets.follow = true;
+    } else if targets.children && !targets.follow {
+        info!(
+            "the processes {command} starts are not followed: with uprobes that would trap \
+             every process using their allocator (--follow does it anyway)"
+        );
+    }
+    targets
+}
+
+/// The in-process front end for command `program`: the library in a memfd, a family table
+/// at `interval` with the descriptor the command inherits, and the library as an
+/// allocator to attach to. `None` (uprobes then) where the dynamic loader would not load
+/// it, said once: a statically linked program, or a set-user/group-ID one (the loader
+/// ignores `LD_PRELOAD` from a path outside the system's for those).
+#[allow(clippy::type_complexity)]
+fn front_end_for(
+    program: &std::path::Path,
+    interval: u64,
+) -> Result<
+    Option<(
+        preload::Library,
+        (preload::Family, std::os::fd::OwnedFd),
+        crate::probe::allocator::Allocator,
+    )>,
+    BadInput,
+> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let shown = program.display();
+    let data = std::fs::read(program).map_err(|e| BadInput(format!("cannot read {shown}: {e}")))?;
+    if data.starts_with(b"\x7fELF") && crate::targets::interpreter_of(&data).is_none() {
+        warn!("{shown} is statically linked: the in-process sampler cannot load; probing its allocator with uprobes");
+        return Ok(None);
+    }
+    let mode = std::fs::metadata(program)
+        .map(|m| m.permissions().mode())
+        .unwrap_or(0);
+    if mode & 0o6000 != 0 {
+        warn!("{shown} is set-user/group-ID: the loader ignores LD_PRELOAD for it; probing its allocator with uprobes");
+        return Ok(None);
+    }
+    let failed = |what: &str, e: &dyn std::fmt::Display| {
+        BadInput(format!(
+            "cannot prepare the in-process sampler ({what}): {e} (--no-preload probes its allocator with uprobes instead)"
+        ))
+    };
+    let library = preload::Library::create().map_err(|e| failed("library", &e))?;
+    let family = preload::Family::create(interval).map_err(|e| failed("family table", &e))?;
+    let path = library.own_path();
+    let file_id = library.file_id().map_err(|e| failed("library", &e))?;
+    let file = crate::probe::allocator::analyse_file(
+        &path,
+        false,
+        std::path::Path::new("allocscope-preload"),
+    )
+    .filter(|f| f.is_in_process())
+    .ok_or_else(|| failed("library", &"its probes were not found"))?;
+    let own = crate::probe::allocator::Allocator {
+        path: path.clone(),
+        shown: "/memfd:allocscope-preload".into(),
+        file_id,
+        in_executable: false,
+        file: std::sync::Arc::new(file),
+    };
+    Ok(Some((library, family, own)))
+}

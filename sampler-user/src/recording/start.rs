@@ -1,0 +1,246 @@
+//! Starting a recording, in the order correctness needs: load the programs (their
+//! configuration fixed at load), calibrate the trap, open the duty cycle's gate before any
+//! target runs, probe files for every process before a followed command starts, attach to
+//! each target, and only then let the paused command run.
+
+use anyhow::Context as _;
+use aya::maps::RingBuf;
+use log::warn;
+use sampler_common::kernel;
+
+use super::{
+    duty_cycling, in_process::InProcess, roster::Roster, throttling, Clocks, FrontEnd, Logger,
+    Prepared, Recording, Since,
+};
+use crate::{
+    collect::{Counters, SampleReader},
+    config::{BadInput, SamplingConfig, Targets},
+    cost::{self, windows::CostWindows, Trap},
+    exits,
+    probe::attach::{KernelConfig, Probes},
+    profile::{Aggregator, CoverageStart},
+    spawn::PausedChild,
+    stacks::symbolize::Symbolizer,
+};
+
+/// The programs' load-time configuration for `targets`.
+fn kernel_config(
+    targets: &Targets,
+    sampling: &SamplingConfig,
+    followed_only: bool,
+    in_process_only: bool,
+) -> KernelConfig {
+    KernelConfig {
+        interval: sampling.interval,
+        log: sampling.verbose,
+        track_frees: (!sampling.alloc_only).then_some(sampling.max_tracked),
+        ring_buffer: sampling.ring_buffer,
+        stack_bytes: sampling.unwind.stack_bytes(),
+        sessions: sampling.sessions,
+        usdt_nop5: sampling.usdt_nop5,
+        host: targets.all || followed_only,
+        follow: targets.follow,
+        followed_only,
+        watch_execs: targets.waits_for_new(),
+        duty_cycled: sampling.max_overhead.is_some(),
+        lazy_uprobes: in_process_only,
+    }
+}
+
+/// The ring buffer's reader, and the eBPF log's (`-v`).
+fn intake(
+    probes: &mut Probes,
+    sampling: &SamplingConfig,
+) -> anyhow::Result<(SampleReader, Option<Logger>)> {
+    let logger = if sampling.verbose {
+        aya_log::EbpfLogger::init(&mut probes.ebpf)
+            .map_err(|e| warn!("eBPF log unavailable: {e}"))
+            .ok()
+    } else {
+        None
+    };
+    let ring = RingBuf::try_from(
+        probes
+            .ebpf
+            .take_map(kernel::maps::SAMPLES)
+            .context("SAMPLES map missing")?,
+    )?;
+    let reader = SampleReader::new(ring, sampling.ring_buffer as usize)?;
+    Ok((reader, logger))
+}
+
+/// The aggregator for `sampling`; `recent`: per-stack samples kept for rates over that
+/// window (`top`).
+fn aggregator(
+    sampling: &SamplingConfig,
+    recent: Option<std::time::Duration>,
+    duty_cycled: bool,
+) -> Aggregator {
+    let mut aggregator = match recent {
+        Some(window) => Aggregator::with_recent(window),
+        None => Aggregator::default(),
+    };
+    aggregator.limit_stacks(sampling.max_stacks);
+    if duty_cycled {
+        aggregator.duty_cycle();
+    }
+    aggregator
+}
+
+impl Recording {
+    /// Attaches the probes, then lets a spawned command run. `recent` keeps per-stack
+    /// samples for rates over that window (`top`). Must run inside the tokio runtime.
+    pub fn start(
+        prepared: Prepared,
+        sampling: &SamplingConfig,
+        recent: Option<std::time::Duration>,
+    ) -> anyhow::Result<Recording> {
+        let Prepared {
+            targets,
+            initial,
+            child,
+            command,
+            cache,
+            front_end,
+        } = prepared;
+        let followed_only = !targets.all && (targets.follow || targets.comm.is_some());
+        // A command counted in-process, alone, traps only on its samples (rare), and needs
+        // no uprobe on its allocator unless one is linked into its executable.
+        let in_process_only = front_end.is_some() && initial.len() == 1 && !targets.waits_for_new();
+        let config = kernel_config(&targets, sampling, followed_only, in_process_only);
+        let mut probes = Probes::load(config).context("loading the eBPF programs")?;
+        // The trap calibration's ~0.15 s (timing, then a link the kernel takes ~0.1 s to
+        // remove, which holds up the attach behind it) would be the largest part of such a
+        // command's cost.
+        let trap = if in_process_only {
+            Trap::MODELLED
+        } else {
+            cost::trap::calibrate(&mut probes)
+        };
+        let duty = sampling.max_overhead.map(duty_cycling::DutyCycling::new);
+        if duty.is_some() {
+            // The first slot is on from the start: open before any target can run.
+            probes
+                .set_gate(true)
+                .context("opening the duty cycle's gate")?;
+        }
+        let (reader, logger) = intake(&mut probes, sampling)?;
+        let aggregator = aggregator(sampling, recent, duty.is_some());
+        let mut recording = Recording {
+            probes: Some(probes),
+            reader,
+            batch: Vec::new(),
+            aggregator,
+            symbolizer: Symbolizer::spawn(&sampling.debug_dirs)
+                .context("starting the symbolizer thread")?,
+            targets,
+            cache,
+            watcher: exits::Watcher::new(),
+            roster: Roster::new(followed_only),
+            counters: Counters::default(),
+            points: Vec::new(),
+            logger,
+            clocks: Clocks::new(duty.is_some()),
+            spawned: child.as_ref().map(|c| c.pid),
+            command_exit: None,
+            said_waiting: false,
+            last_counters: None,
+            counted_ns: 0,
+            trap,
+            cost: CostWindows::default(),
+            throttling: throttling::Throttling::new(
+                sampling.max_samples_per_sec,
+                sampling.interval,
+            ),
+            duty,
+            samples_taken: 0,
+            thread_states: None,
+            cutoff_ns: None,
+            in_process: InProcess::none(sampling.interval),
+        };
+        recording.probe_before_start(front_end.as_ref());
+        if let (Some(child), Some(front_end)) = (&child, front_end) {
+            recording.take_front_end(child.pid, front_end, sampling.interval);
+        }
+        recording.attach_initial(initial, &command)?;
+        if let Some(child) = child {
+            recording.release(child, &command)?;
+        }
+        recording.discover()?;
+        if recording.roster.none_running() && !recording.targets.waits_for_new() {
+            anyhow::bail!("every target exited while the probes were being attached");
+        }
+        Ok(recording)
+    }
+
+    /// Followed targets: the files probed for every process before any target runs. A
+    /// followed command that carries the front end has its tree carry it too: nothing else
+    /// is probed unless a process turns out not to (a static or set-user-ID program, a
+    /// cleared environment), and then only its own files.
+    fn probe_before_start(&mut self, front_end: Option<&FrontEnd>) {
+        if !self.roster.followed_only() {
+            return;
+        }
+        match front_end {
+            None => self.probe_system_allocators(),
+            // Before the command is followed: it is covered from its start.
+            Some(front_end) => {
+                if let Err(e) = self.probe_files(std::slice::from_ref(&front_end.allocator)) {
+                    warn!("probing the in-process sampler for every process: {e:#}");
+                }
+            }
+        }
+    }
+
+    /// The command `pid` counts in-process: its region is read from now on.
+    fn take_front_end(&mut self, pid: u32, front_end: FrontEnd, interval: u64) {
+        let FrontEnd {
+            library,
+            family,
+            region,
+            allocator,
+        } = front_end;
+        self.counters.add_region(pid, region);
+        // Its frames lead every sample's stack; a short-lived command is gone before its
+        // own view of the library could be opened.
+        if let Ok(file_id) = library.file_id() {
+            self.aggregator.hold_file(file_id, library.own_path());
+        }
+        self.in_process = InProcess::of_command(library, allocator, family, interval);
+    }
+
+    /// Attaches to the targets known at start; one that fails is left out, said, unless
+    /// it is the command.
+    fn attach_initial(
+        &mut self,
+        initial: Vec<crate::probe::attach::Target>,
+        command: &str,
+    ) -> anyhow::Result<()> {
+        for target in initial {
+            let command_itself = Some(target.pid) == self.spawned;
+            let since = Since::now(if command_itself {
+                CoverageStart::Start
+            } else {
+                CoverageStart::Attach
+            });
+            if let Err(e) = self.attach(target.pid, &target.allocators, since) {
+                if command_itself {
+                    return Err(e.context(format!("attaching to {command}")));
+                }
+                warn!("pid {}: {e:#}: left out", target.pid);
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets the paused command run, its probes attached.
+    fn release(&mut self, child: PausedChild, command: &str) -> anyhow::Result<()> {
+        let pid = child.pid;
+        child
+            .release()
+            .map_err(|e| BadInput(format!("cannot run {command}: {e}")))?;
+        // Past exec now: its own name, executable and maps.
+        self.aggregator.track(pid);
+        Ok(())
+    }
+}
