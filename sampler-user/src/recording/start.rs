@@ -87,6 +87,21 @@ fn aggregator(
     aggregator
 }
 
+/// Duty cycling for `--max-overhead`: the first slot is on from the start, its gate open
+/// before any target can run.
+fn duty_cycling(
+    probes: &mut Probes,
+    sampling: &SamplingConfig,
+) -> anyhow::Result<Option<duty_cycling::DutyCycling>> {
+    let duty = sampling.max_overhead.map(duty_cycling::DutyCycling::new);
+    if duty.is_some() {
+        probes
+            .set_gate(true)
+            .context("opening the duty cycle's gate")?;
+    }
+    Ok(duty)
+}
+
 impl Recording {
     /// Attaches the probes, then lets a spawned command run. `recent` keeps per-stack
     /// samples for rates over that window (`top`). Must run inside the tokio runtime.
@@ -117,13 +132,7 @@ impl Recording {
         } else {
             cost::trap::calibrate(&mut probes)
         };
-        let duty = sampling.max_overhead.map(duty_cycling::DutyCycling::new);
-        if duty.is_some() {
-            // The first slot is on from the start: open before any target can run.
-            probes
-                .set_gate(true)
-                .context("opening the duty cycle's gate")?;
-        }
+        let duty = duty_cycling(&mut probes, sampling)?;
         let (reader, logger) = intake(&mut probes, sampling)?;
         let aggregator = aggregator(sampling, recent, duty.is_some());
         let mut recording = Recording {
