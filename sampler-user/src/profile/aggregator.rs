@@ -2,15 +2,15 @@
 //! per event, nothing resolved); with frees tracked, a map of sampled live blocks so each
 //! free takes back exactly what its sample added. [`Aggregator::tally`] symbolizes each
 //! distinct frame once (cached across snapshots) and hands out every stack's sample sets;
-//! [`Aggregator::profile`] estimates them ([`Profile::from_tally`], pure), `top` groups them.
+//! [`Aggregator::tally`] hands them on (a recording builds them into a profile, `top` groups
+//! them).
 
 use std::collections::{BTreeMap, HashMap};
 
 use sampler_common::ProcessCounters;
 
-use super::{Profile, Settings};
 use crate::{
-    collect::{Event, Losses, LostBatch, Sample},
+    collect::{Event, LostBatch, Sample},
     duty::sums::{DutyPair, DutySums, StratumObserved},
     probe::{allocator::Allocator, maps::FileId},
     stacks::{
@@ -469,24 +469,6 @@ impl Aggregator {
     /// Takes the kernel's latest (cumulative) count of the samples it could not deliver.
     pub fn set_lost(&mut self, lost: BTreeMap<u32, Vec<LostBatch>>) {
         self.lost = lost;
-    }
-
-    /// Resolves names and computes every estimate, since the start and, when `period_seconds`
-    /// is given, over the current period; live blocks older than `settings.leaks_older_than`
-    /// at `now_ns` (CLOCK_MONOTONIC, the kernel's clock) are leak candidates. Symbolization
-    /// is cached, so repeated snapshots only resolve new frames.
-    pub async fn profile(
-        &self,
-        symbolizer: &Symbolizer,
-        settings: Settings,
-        counters: &BTreeMap<u32, ProcessCounters>,
-        losses: Losses,
-        period_seconds: Option<f64>,
-        now_ns: u64,
-    ) -> Profile {
-        let leak_age = settings.leaks_older_than.filter(|_| !settings.alloc_only);
-        let tally = self.tally(symbolizer, now_ns, leak_age).await;
-        Profile::from_tally(tally, settings, counters, losses, period_seconds)
     }
 
     /// Every stack's sample sets now (`now_ns`, CLOCK_MONOTONIC), frames resolved; live

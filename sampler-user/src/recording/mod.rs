@@ -48,7 +48,7 @@ use crate::{
         attach::{AttachedPoint, Probes},
         runs::ProgramRuns,
     },
-    profile::{Aggregator, CoverageStart, ProbePoint, Profile, Settings},
+    profile::{Aggregator, CoverageStart, ProbePoint, Profile, Settings, Snapshot},
     stacks::symbolize::Symbolizer,
     targets::AllocatorCache,
 };
@@ -199,42 +199,36 @@ impl Recording {
         let (counters, losses) = self.counters().await?;
         let now_ns = self.cutoff_ns.unwrap_or_else(monotonic_ns);
         self.note_open_stratum();
-        let mut profile = self
+        let leak_age = settings.leaks_older_than.filter(|_| !settings.alloc_only);
+        let tally = self
             .aggregator
-            .profile(
-                &self.symbolizer,
-                settings,
-                &counters,
-                losses,
-                period_seconds,
-                now_ns,
-            )
+            .tally(&self.symbolizer, now_ns, leak_age)
             .await;
-        profile.probes = self.probe_points();
-        profile.sampling.throttle = self.throttling.as_ref().and_then(|t| t.record());
-        profile.sampling.duty = self.duty.as_ref().map(|d| d.record(now_ns));
-        profile.thread_states = self.thread_states();
-        for process in &mut profile.processes {
-            process.coverage = self.roster.coverage(process.pid).cloned();
-        }
-        let targets: Vec<TargetUse> = profile
-            .processes
-            .iter()
-            .map(|p| TargetUse {
-                pid: p.pid,
-                calls: p.exact.calls,
-                cpu_seconds: p.cpu_seconds,
-            })
-            .collect();
+        let targets = crate::profile::target_uses(&tally, &counters);
         let calls = targets.iter().map(|t| t.calls).sum();
         let mut overhead = self.meter().measure(
             self.cost.runs_for(calls),
-            profile.duration_seconds,
+            settings.duration_seconds,
             &targets,
         );
         overhead.statistics_seconds = self.cost.seconds;
-        profile.overhead = Some(overhead);
-        Ok(profile)
+        let coverage = targets
+            .iter()
+            .filter_map(|t| Some((t.pid, self.roster.coverage(t.pid)?.clone())))
+            .collect();
+        Ok(Profile::build(Snapshot {
+            tally,
+            settings,
+            counters,
+            losses,
+            period_seconds,
+            probes: self.probe_points(),
+            throttle: self.throttling.as_ref().and_then(|t| t.record()),
+            duty: self.duty.as_ref().map(|d| d.record(now_ns)),
+            thread_states: self.thread_states(),
+            coverage,
+            overhead: Some(overhead),
+        }))
     }
 
     /// Starts a new period for per-period values (`--every` snapshots).

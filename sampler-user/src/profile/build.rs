@@ -1,0 +1,576 @@
+//! Building the profile, one way: the recording gathers a [`Snapshot`] (the aggregator's
+//! tally, the kernel's counters and losses, the probe points, what the throttle and the
+//! duty cycle did, each target's coverage, what it all cost) and [`Profile::build`] turns
+//! it into estimates with bounds, nothing patched afterwards. Pure: tested without BPF.
+
+use std::collections::{BTreeMap, HashMap};
+
+use sampler_common::ProcessCounters;
+
+use super::{
+    schema::{
+        uprobes, Coverage, DutyRecord, ExactCounts, LeakValues, Module, PeriodValues, ProbePoint,
+        ProcessProfile, Profile, Sampling, StackProfile, ThrottleRecord, SCHEMA,
+    },
+    StackTally, Tally,
+};
+use crate::{
+    collect::Losses,
+    cost::{Overhead, TargetUse},
+    stats::{estimate::Window, Estimate, SampleSet},
+};
+
+/// Everything a profile is built from, gathered by the recording at one moment.
+pub struct Snapshot {
+    /// The samples per stack and process, frames resolved.
+    pub tally: Tally,
+    /// What the recording was asked to do.
+    pub settings: Settings,
+    /// The kernel's exact counters per target.
+    pub counters: BTreeMap<u32, ProcessCounters>,
+    /// What the kernel could not deliver or count.
+    pub losses: Losses,
+    /// Values over the current period too (`--every`), this long.
+    pub period_seconds: Option<f64>,
+    /// Every probe point attached.
+    pub probes: Vec<ProbePoint>,
+    /// What the throttle did, if it raised the interval.
+    pub throttle: Option<ThrottleRecord>,
+    /// What duty cycling did.
+    pub duty: Option<DutyRecord>,
+    /// Entries of the kernel's per-thread state map at the last counter read.
+    pub thread_states: Option<u64>,
+    /// How each target is covered.
+    pub coverage: HashMap<u32, Coverage>,
+    /// What the recording cost its targets.
+    pub overhead: Option<Overhead>,
+}
+
+/// The targets of `tally` (every process with samples, every one tracked), with their
+/// exact calls and CPU time: what the cost is measured over.
+pub fn target_uses(tally: &Tally, counters: &BTreeMap<u32, ProcessCounters>) -> Vec<TargetUse> {
+    let mut pids: Vec<u32> = tally.processes.iter().map(|p| p.pid).collect();
+    pids.extend(tally.stacks.iter().map(|s| s.pid));
+    pids.sort_unstable();
+    pids.dedup();
+    pids.into_iter()
+        .map(|pid| TargetUse {
+            pid,
+            calls: counters.get(&pid).map_or(0, |c| c.calls),
+            cpu_seconds: tally
+                .processes
+                .iter()
+                .find(|p| p.pid == pid)
+                .and_then(|p| p.cpu_seconds),
+        })
+        .collect()
+}
+
+/// What every stack's and process's estimate needs from the snapshot.
+struct Context<'a> {
+    settings: &'a Settings,
+    tally: &'a Tally,
+    leak_age: Option<f64>,
+    period_seconds: Option<f64>,
+}
+
+impl Context<'_> {
+    fn estimate(&self, set: &SampleSet) -> crate::stats::estimate::Estimates {
+        set.estimate(
+            self.settings.confidence,
+            Window::RECORDING,
+            self.settings.largest_interval,
+        )
+    }
+
+    fn tracking(&self) -> bool {
+        !self.settings.alloc_only
+    }
+
+    /// One stack's estimates: since the start; over the period when asked; leak values
+    /// when it has leaked samples and leaks are asked for (frees tracked).
+    fn stack(&self, stack: StackTally) -> StackProfile {
+        let settings = self.settings;
+        let mut alloc = self.estimate(&stack.all);
+        if let Some(pair) = &stack.duty {
+            let ns = self.tally.duty_ns_per_call;
+            alloc.bytes = pair.bytes.estimate(settings.confidence, ns);
+            alloc.objects = pair.objects.estimate(settings.confidence, ns);
+        } else if stack.lost {
+            // Duty-cycled, the lost samples' time is unknown: weighted as the process's
+            // calls were on average (approximate, unlike the other estimates).
+            let scale = duty_scale(self.tally, stack.pid);
+            alloc.bytes = alloc.bytes.scaled(scale);
+            alloc.objects = alloc.objects.scaled(scale);
+        }
+        let inuse = (self.tracking() && !stack.lost).then(|| self.estimate(&stack.live));
+        let leak = self
+            .leak_age
+            .zip(stack.oldest_leaked_seconds)
+            .map(|(age, oldest)| {
+                let e = self.estimate(&stack.leaked);
+                LeakValues {
+                    older_than_seconds: age,
+                    inuse_bytes: e.bytes,
+                    inuse_objects: e.objects,
+                    oldest_seconds: oldest,
+                }
+            });
+        let period = self.period_seconds.map(|seconds| {
+            let e = stack.period.estimate(
+                settings.confidence,
+                Window::SLIDING,
+                settings.largest_interval,
+            );
+            PeriodValues {
+                seconds,
+                alloc_bytes: e.bytes,
+                alloc_objects: e.objects,
+            }
+        });
+        StackProfile {
+            pid: stack.pid,
+            frames: stack.frames,
+            samples: stack.all.samples(),
+            alloc_bytes: alloc.bytes,
+            alloc_objects: alloc.objects,
+            alloc_bytes_by_trials: alloc.bytes_by_trials,
+            alloc_posterior: stack.all.posterior(settings.largest_interval),
+            inuse_bytes: inuse.map(|e| e.bytes),
+            inuse_objects: inuse.map(|e| e.objects),
+            leak,
+            period,
+            lost: stack.lost,
+            cut_to_leaf: stack.cut_to_leaf,
+            unwound: stack.origin.map(|origin| origin.unwinding),
+            end: stack.origin.map(|origin| origin.end),
+        }
+    }
+
+    /// One process's estimates from its stacks' samples (`set`, all; `live`), its exact
+    /// counts and what is known of it.
+    fn process(
+        &self,
+        pid: u32,
+        set: &SampleSet,
+        live: &SampleSet,
+        exact: ProcessCounters,
+        coverage: Option<Coverage>,
+    ) -> ProcessProfile {
+        let mut alloc = self.estimate(set);
+        let inuse = self.tracking().then(|| self.estimate(live));
+        let known = self.tally.processes.iter().find(|p| p.pid == pid);
+        let duty = known.and_then(|p| p.duty.as_ref());
+        let ns = self.tally.duty_ns_per_call;
+        if let Some(pair) = duty {
+            // From the exact counters of the on slots: time-sampled only.
+            let confidence = self.settings.confidence;
+            alloc.bytes = Estimate {
+                samples: set.samples(),
+                ..pair.bytes.estimate(confidence, ns)
+            };
+            alloc.objects = Estimate {
+                samples: set.samples(),
+                ..pair.objects.estimate(confidence, ns)
+            };
+        }
+        let allocators: Vec<String> = known.map(|p| p.allocators.clone()).unwrap_or_default();
+        ProcessProfile {
+            pid,
+            command: known.map(|p| p.command.clone()).unwrap_or_default(),
+            executable: known.map(|p| p.executable.clone()).unwrap_or_default(),
+            cgroup: known.and_then(|p| p.cgroup.clone()),
+            front_end: front_end_of(&allocators),
+            incomplete: incomplete_reasons(&allocators),
+            allocators,
+            exact: ExactCounts {
+                calls: exact.calls,
+                bytes: exact.bytes,
+            },
+            samples: set.samples(),
+            alloc_bytes: alloc.bytes,
+            alloc_objects: alloc.objects,
+            inuse_bytes: inuse.map(|e| e.bytes),
+            inuse_objects: inuse.map(|e| e.objects),
+            untracked_samples: known.map_or(0, |p| p.untracked_samples),
+            lost_samples: known.map_or(0, |p| p.lost_samples),
+            rss_bytes: known.and_then(|p| p.rss_bytes),
+            cpu_seconds: known.and_then(|p| p.cpu_seconds),
+            observed_share: duty.map(|pair| pair.bytes.coverage(ns)),
+            coverage,
+        }
+    }
+}
+
+impl Profile {
+    /// Every estimate of the snapshot: per stack since the start and, when
+    /// `period_seconds` is given, over the current period; leak values for the stacks with
+    /// leaked samples when `settings.leaks_older_than` applies (frees tracked); per process
+    /// from its stacks and its exact counters.
+    pub fn build(snapshot: Snapshot) -> Profile {
+        let Snapshot {
+            mut tally,
+            settings,
+            counters,
+            losses,
+            period_seconds,
+            probes,
+            throttle,
+            duty,
+            thread_states,
+            mut coverage,
+            overhead,
+        } = snapshot;
+        let leak_age = settings
+            .leaks_older_than
+            .filter(|_| !settings.alloc_only)
+            .map(|age| age.as_secs_f64());
+        let mut per_pid: BTreeMap<u32, (SampleSet, SampleSet)> = tally
+            .processes
+            .iter()
+            .map(|p| (p.pid, Default::default()))
+            .collect();
+        // Frames move into the profile (one copy of each stack's frames at a time).
+        let tallied = std::mem::take(&mut tally.stacks);
+        let context = Context {
+            settings: &settings,
+            tally: &tally,
+            leak_age,
+            period_seconds,
+        };
+        let mut stacks = Vec::with_capacity(tallied.len());
+        for stack in tallied {
+            let totals = per_pid.entry(stack.pid).or_default();
+            totals.0.merge(&stack.all);
+            totals.1.merge(&stack.live);
+            stacks.push(context.stack(stack));
+        }
+        stacks.sort_by(|a, b| b.alloc_bytes.estimate.total_cmp(&a.alloc_bytes.estimate));
+        let processes = per_pid
+            .iter()
+            .map(|(&pid, (set, live))| {
+                let exact = counters.get(&pid).copied().unwrap_or_default();
+                context.process(pid, set, live, exact, coverage.remove(&pid))
+            })
+            .collect();
+        let executables: Vec<&str> = tally
+            .processes
+            .iter()
+            .map(|p| p.executable.as_str())
+            .filter(|exe| !exe.is_empty())
+            .collect();
+        let modules = modules_of(&stacks, &executables, &tally.build_ids);
+        Profile {
+            schema: SCHEMA.to_owned(),
+            sampling: Sampling {
+                throttle,
+                duty,
+                ..settings.sampling()
+            },
+            duration_seconds: settings.duration_seconds,
+            alloc_only: settings.alloc_only,
+            leaks_older_than_seconds: leak_age,
+            processes,
+            losses: Losses {
+                stacks_cut_to_leaf: tally.cut_samples,
+                ..losses
+            },
+            modules,
+            stacks,
+            probes,
+            thread_states,
+            overhead,
+        }
+    }
+}
+
+/// What the recording was asked to do (carried into every export).
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Mean sampling interval in bytes, as asked for.
+    pub interval: u64,
+    /// The largest interval in force at any time (the throttle may raise it): what a stack
+    /// without samples may have hidden is bounded at this one.
+    pub largest_interval: u64,
+    /// Confidence of every interval.
+    pub confidence: f64,
+    /// Seconds recorded.
+    pub duration_seconds: f64,
+    /// Frees were not tracked.
+    pub alloc_only: bool,
+    /// Live blocks older than this are leak candidates (frees tracked only).
+    pub leaks_older_than: Option<std::time::Duration>,
+}
+
+impl Settings {
+    fn sampling(&self) -> Sampling {
+        Sampling {
+            mean_interval_bytes: self.interval,
+            confidence: self.confidence,
+            throttle: None,
+            duty: None,
+            model: "each allocated byte is sampled with probability 1/mean_interval_bytes \
+                    (per-thread geometric countdown); estimates are Horvitz-Thompson, bounds \
+                    negative-binomial"
+                .to_owned(),
+        }
+    }
+}
+
+/// Duty cycling: the inverse of the share of `pid`'s time observed (1 when always on).
+fn duty_scale(tally: &Tally, pid: u32) -> f64 {
+    tally
+        .processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .and_then(|p| p.duty.as_ref())
+        .map(|pair| pair.bytes.coverage(tally.duty_ns_per_call))
+        .filter(|&share| share > 0.0)
+        .map_or(1.0, |share| 1.0 / share)
+}
+
+/// The distinct modules of `stacks`, with the build ids read from the files the processes
+/// mapped (`build_ids`, by module name; else from the path); the targets' executables first
+/// (pprof takes the first mapping for the main binary).
+fn modules_of(
+    stacks: &[StackProfile],
+    executables: &[&str],
+    build_ids: &HashMap<String, Option<String>>,
+) -> Vec<Module> {
+    // A set, not every frame's path (millions with 100,000 deep stacks).
+    let distinct: std::collections::HashSet<&str> = stacks
+        .iter()
+        .flat_map(|stack| stack.frames.iter().filter_map(|f| f.module.as_deref()))
+        .collect();
+    let mut paths: Vec<&str> = distinct.into_iter().collect();
+    paths.sort_unstable_by_key(|path| (!executables.contains(path), *path));
+    paths
+        .into_iter()
+        .map(|path| Module {
+            path: path.to_owned(),
+            build_id: match build_ids.get(path) {
+                Some(id) => id.clone(),
+                None => crate::stacks::build_id(std::path::Path::new(path)),
+            },
+        })
+        .collect()
+}
+
+/// What the probes are known to miss in a process, from the allocators probed in it: with
+/// uprobes, CPython's pymalloc linked into the executable (a statically linked, LTO-built
+/// interpreter such as Debian's python3) is reached by the interpreter's own calls without
+/// passing its exported entry points (inlined), so most small objects are not seen (Debian's
+/// python3 on a dict/JSON script: 547 MiB seen of 1145 MiB).
+pub fn incomplete_reasons(allocators: &[String]) -> Vec<String> {
+    let in_executable = format!("{} (static, in ", crate::probe::allocator::Family::Pymalloc);
+    allocators
+        .iter()
+        .filter_map(|a| a.strip_prefix(&in_executable))
+        .map(|rest| {
+            format!(
+                "pymalloc is linked into {}: the interpreter's own calls reach it without \
+                 passing the probed entry points (an LTO build inlines them), so small \
+                 objects are undercounted; record it in-process (`-- CMD`, without \
+                 --no-preload) to count them all",
+                rest.trim_end_matches(')')
+            )
+        })
+        .collect()
+}
+
+/// A process's front end, from the allocators probed in it.
+fn front_end_of(allocators: &[String]) -> String {
+    let described = crate::probe::allocator::Family::InProcess.to_string();
+    let producer = crate::probe::usdt::PRODUCER_PROVIDERS.iter().find(|p| {
+        allocators
+            .iter()
+            .any(|a| a.starts_with(&format!("{p} probes")))
+    });
+    if allocators.iter().any(|a| a.starts_with(&described)) {
+        "in-process".into()
+    } else if let Some(provider) = producer {
+        format!("in-process ({provider})")
+    } else {
+        uprobes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        probe::allocator::Family,
+        profile::{CoverageStart, ProcessTally},
+        stats::SampleObs,
+    };
+
+    fn stack(pid: u32, name: &str, samples: &[(u64, u64)]) -> StackTally {
+        let mut all = SampleSet::default();
+        for &(size, offset) in samples {
+            all.add(SampleObs {
+                size,
+                offset,
+                interval: 1024,
+                weight: None,
+            });
+        }
+        StackTally {
+            pid,
+            frames: vec![crate::stacks::symbolize::FrameInfo {
+                function: Some(name.into()),
+                ..Default::default()
+            }],
+            live: all.clone(),
+            leaked: SampleSet::default(),
+            period: all.clone(),
+            recent: SampleSet::default(),
+            all,
+            oldest_leaked_seconds: None,
+            lost: false,
+            cut_to_leaf: false,
+            origin: None,
+            duty: None,
+        }
+    }
+
+    fn process(pid: u32) -> ProcessTally {
+        ProcessTally {
+            pid,
+            command: "app".into(),
+            executable: "/usr/bin/app".into(),
+            rss_bytes: Some(1 << 20),
+            cpu_seconds: Some(0.5),
+            untracked_samples: 0,
+            lost_samples: 0,
+            cgroup: None,
+            allocators: vec![format!("{} (/usr/lib/libc.so.6)", Family::Glibc)],
+            duty: None,
+        }
+    }
+
+    fn snapshot(tally: Tally) -> Snapshot {
+        Snapshot {
+            tally,
+            settings: Settings {
+                interval: 1024,
+                largest_interval: 1024,
+                confidence: 0.95,
+                duration_seconds: 2.0,
+                alloc_only: false,
+                leaks_older_than: None,
+            },
+            counters: BTreeMap::from([(
+                7,
+                ProcessCounters {
+                    calls: 100,
+                    bytes: 64_000,
+                    ..Default::default()
+                },
+            )]),
+            losses: Losses::default(),
+            period_seconds: Some(1.0),
+            probes: Vec::new(),
+            throttle: None,
+            duty: None,
+            thread_states: Some(3),
+            coverage: HashMap::from([(
+                7,
+                Coverage {
+                    since: CoverageStart::Start,
+                    late: Vec::new(),
+                    checked: true,
+                },
+            )]),
+            overhead: None,
+        }
+    }
+
+    #[test]
+    fn a_snapshot_builds_every_part_of_the_profile_once() {
+        let tally = Tally {
+            // A stack of a process never tracked still has its process line.
+            stacks: vec![
+                stack(7, "small", &[(100, 3)]),
+                stack(7, "large", &[(4096, 10), (4096, 900)]),
+                stack(9, "other", &[(64, 0)]),
+            ],
+            processes: vec![process(7)],
+            cut_samples: 4,
+            ..Tally::default()
+        };
+        let profile = Profile::build(snapshot(tally));
+        let names: Vec<_> = profile
+            .stacks
+            .iter()
+            .map(|s| s.frames[0].function.as_deref().unwrap())
+            .collect();
+        assert_eq!(names[0], "large", "largest estimate first: {names:?}");
+        let pids: Vec<u32> = profile.processes.iter().map(|p| p.pid).collect();
+        assert_eq!(pids, [7, 9]);
+        let app = &profile.processes[0];
+        assert_eq!((app.exact.calls, app.exact.bytes), (100, 64_000));
+        assert_eq!(app.samples, 3);
+        assert_eq!(app.front_end, "uprobes");
+        assert_eq!(app.coverage.as_ref().unwrap().since, CoverageStart::Start);
+        // The process's estimate is the sum of its stacks' (Horvitz-Thompson is additive).
+        let summed: f64 = profile.stacks[..2]
+            .iter()
+            .map(|s| s.alloc_bytes.estimate)
+            .sum();
+        assert!((app.alloc_bytes.estimate - summed).abs() < 1e-6 * summed);
+        assert!(profile
+            .stacks
+            .iter()
+            .all(|s| s.period.is_some() && s.inuse_bytes.is_some()));
+        assert_eq!(profile.losses.stacks_cut_to_leaf, 4);
+        assert_eq!(profile.thread_states, Some(3));
+        assert_eq!(profile.processes[1].command, "", "unknown, not guessed");
+    }
+
+    #[test]
+    fn cost_is_measured_over_every_process_with_calls_or_samples() {
+        let tally = Tally {
+            stacks: vec![stack(9, "other", &[(64, 0)])],
+            processes: vec![process(7)],
+            ..Tally::default()
+        };
+        let uses = target_uses(&tally, &snapshot(Tally::default()).counters);
+        let seen: Vec<_> = uses
+            .iter()
+            .map(|u| (u.pid, u.calls, u.cpu_seconds))
+            .collect();
+        assert_eq!(seen, [(7, 100, Some(0.5)), (9, 0, None)]);
+    }
+
+    #[test]
+    fn alloc_only_has_no_in_use_values_and_no_leaks() {
+        let mut snapshot = snapshot(Tally {
+            stacks: vec![stack(7, "a", &[(100, 3)])],
+            processes: vec![process(7)],
+            ..Tally::default()
+        });
+        snapshot.settings.alloc_only = true;
+        snapshot.settings.leaks_older_than = Some(std::time::Duration::from_secs(1));
+        let profile = Profile::build(snapshot);
+        assert!(profile.stacks[0].inuse_bytes.is_none());
+        assert!(profile.processes[0].inuse_bytes.is_none());
+        assert_eq!(profile.leaks_older_than_seconds, None);
+    }
+
+    #[test]
+    fn pymalloc_in_the_executable_makes_a_uprobe_count_incomplete() {
+        let debian = [
+            "pymalloc (static, in /usr/bin/python3.11)".to_owned(),
+            "glibc (/usr/lib/x86_64-linux-gnu/libc.so.6)".to_owned(),
+        ];
+        let reasons = incomplete_reasons(&debian);
+        assert_eq!(reasons.len(), 1);
+        assert!(reasons[0].contains("/usr/bin/python3.11"), "{reasons:?}");
+        // A shared libpython's entry points are what its callers go through; the in-process
+        // front end counts every call.
+        let shared = ["pymalloc (/usr/lib/libpython3.11.so.1.0)".to_owned()];
+        assert!(incomplete_reasons(&shared).is_empty());
+        let in_process = ["in-process (allocscope preload) (/memfd:allocscope-preload)".to_owned()];
+        assert!(incomplete_reasons(&in_process).is_empty());
+    }
+}

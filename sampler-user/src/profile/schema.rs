@@ -1,0 +1,365 @@
+//! The profile as every export and the summary read it, and as the JSON export writes it
+//! (`allocscope/v1`, documented field by field in docs/json-schema.md): types only. How a
+//! profile is built from a recording's snapshot is [`super::build`].
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    collect::Losses,
+    stacks::{symbolize::FrameInfo, StackEnd, Unwinding},
+    stats::{estimate::Posterior, Estimate},
+};
+
+/// Schema tag of the JSON export.
+pub const SCHEMA: &str = "allocscope/v1";
+
+/// Sampling parameters, as exported.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Sampling {
+    /// Mean sampling interval in bytes (1/p).
+    pub mean_interval_bytes: u64,
+    /// Confidence level of every `lower`/`upper` pair.
+    pub confidence: f64,
+    /// When `--max-samples-per-sec` raised the interval: how (absent: it never did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<ThrottleRecord>,
+    /// With `--max-overhead`: how the probes were duty-cycled (absent: always attached).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duty: Option<DutyRecord>,
+    /// One-line statement of the model.
+    pub model: String,
+}
+
+/// What the sampling-rate throttle did (see [`crate::throttle`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ThrottleRecord {
+    /// The target, samples per second.
+    pub max_samples_per_second: u32,
+    /// The largest interval it set.
+    pub largest_interval_bytes: u64,
+    /// The changes, the first [`crate::throttle::LISTED_CHANGES`] of them: seconds since
+    /// the start, and the interval from then on (each thread takes it at its next sample;
+    /// every sample carries its own).
+    pub changes: Vec<IntervalChange>,
+    /// Changes made after the list was full.
+    #[serde(default)]
+    pub changes_not_listed: u64,
+}
+
+/// How the probes were duty-cycled (see [`crate::duty::plan`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DutyRecord {
+    /// The budget: most CPU time the probes may add, as a share of the targets' own.
+    pub max_overhead: f64,
+    /// Length of a slot.
+    pub slot_seconds: f64,
+    /// Strata begun (one on slot each).
+    pub strata: u64,
+    /// Share of the recording's time the probes were attached.
+    pub observed_share: f64,
+    /// The most slots a stratum had (one on slot in this many).
+    pub largest_stratum_slots: u32,
+    /// The on slots, the first [`DutyRecord::LISTED`] of them.
+    pub on_slots: Vec<OnSlot>,
+    /// On slots after the list was full.
+    #[serde(default)]
+    pub on_slots_not_listed: u64,
+}
+
+impl DutyRecord {
+    /// On slots listed at most.
+    pub const LISTED: usize = 1000;
+}
+
+/// One slot the probes were attached in.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OnSlot {
+    /// Seconds since the recording started.
+    pub at_seconds: f64,
+    /// How long the gate was open.
+    pub seconds: f64,
+    /// Slots of its stratum: each of its calls stands for this many (times the planned
+    /// over the actual length of the slot).
+    pub stratum_slots: u32,
+}
+
+/// One interval change by the throttle.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct IntervalChange {
+    /// Seconds since the recording started.
+    pub at_seconds: f64,
+    /// The new mean interval in bytes.
+    pub interval_bytes: u64,
+}
+
+/// Exact counts from the kernel's counters (every call, not sampled).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExactCounts {
+    /// Allocation calls.
+    pub calls: u64,
+    /// Bytes requested.
+    pub bytes: u64,
+}
+
+/// One process's totals.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProcessProfile {
+    /// Process id.
+    pub pid: u32,
+    /// Command name (`/proc/PID/comm`).
+    pub command: String,
+    /// Path of the executable (`/proc/PID/exe`).
+    pub executable: String,
+    /// Its cgroup (v2 path), grouping a container's or a systemd unit's processes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    /// The allocators probed in it ("jemalloc (/usr/lib/…/libjemalloc.so.2)"); host-wide
+    /// (`--all`), those it mapped when first looked at, probed for every process (`probes`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allocators: Vec<String>,
+    /// What measured it: `in-process` (allocscope's preload library counted every call and
+    /// fired `allocscope:alloc` for sampled blocks), `in-process (otel_memory)` or
+    /// `in-process (ddheap)` (the program's own allocator sampled itself and fired that
+    /// contract's probes, weighing each sample: no exact counts) or `uprobes` (a probe on
+    /// every call).
+    #[serde(default = "uprobes")]
+    pub front_end: String,
+    /// Exact counters.
+    pub exact: ExactCounts,
+    /// Samples received.
+    pub samples: u64,
+    /// Estimated allocated bytes (check against `exact.bytes`).
+    pub alloc_bytes: Estimate,
+    /// Estimated allocated objects (check against `exact.calls`).
+    pub alloc_objects: Estimate,
+    /// Estimated bytes live at the end, of those allocated since attach (`None`: frees not
+    /// tracked).
+    pub inuse_bytes: Option<Estimate>,
+    /// Estimated blocks live at the end, of those allocated since attach.
+    pub inuse_objects: Option<Estimate>,
+    /// Sampled blocks whose frees could not be tracked (the kernel's live map was full):
+    /// the live numbers leave them out.
+    #[serde(default)]
+    pub untracked_samples: u64,
+    /// Samples lost without a stack (the ring buffer was full): the process's totals include
+    /// them (its `lost` stack), its other stacks and its live numbers do not, so those may
+    /// be low.
+    #[serde(default)]
+    pub lost_samples: u64,
+    /// Resident set size last seen (`/proc/PID/status`), to set the live heap against.
+    pub rss_bytes: Option<u64>,
+    /// CPU seconds it used while recorded, the probes' cost included (`/proc/PID/stat`,
+    /// read every 250 ms: up to that much short for a process that exited).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<f64>,
+    /// Duty cycling (`--max-overhead`): the share of its time the probes were attached
+    /// (its `exact` counts cover that time only; its estimates the whole).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_share: Option<f64>,
+    /// From when its allocations were observed, and what may have been missed since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<Coverage>,
+    /// Why its estimates are known to miss part of what it allocated (empty: nothing known
+    /// is missing), e.g. a small-object allocator linked into the executable, whose calls
+    /// inside it bypass the probed entry points.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub incomplete: Vec<String>,
+}
+
+/// How completely a process's allocations were observed (see docs/json-schema.md).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Coverage {
+    /// From when: `fork` or `exec` (the kernel counted it from that event on, before it
+    /// ran: `--follow`, `--comm`), `start` (the command allocscope started, from its
+    /// exec), `attach` (running before the recording: from when it was attached), or
+    /// `unknown` (its fork event was lost, so its start was not seen).
+    pub since: CoverageStart,
+    /// Allocator files it used that were probed only this long after `since`: calls
+    /// through them before then were not seen. Empty: nothing was missed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub late: Vec<LateAllocator>,
+    /// False when it was gone before its mappings could be read: what went through files
+    /// already probed was seen, whether it used another allocator is unknown.
+    pub checked: bool,
+}
+
+impl Coverage {
+    /// Whether every allocation since `since` was seen (as far as could be checked).
+    pub fn complete(&self) -> bool {
+        self.late.is_empty() && self.checked
+    }
+}
+
+/// See [`Coverage::since`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CoverageStart {
+    /// Followed from its fork, before it ran.
+    Fork,
+    /// Followed (or taken in by `--comm`) from its exec, before its program ran.
+    Exec,
+    /// The command allocscope started, from its exec.
+    Start,
+    /// Running before: from when it was attached.
+    #[default]
+    Attach,
+    /// Its fork event was lost.
+    Unknown,
+}
+
+/// An allocator file probed after a process began (see [`Coverage::late`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LateAllocator {
+    /// The allocator ("jemalloc (/usr/lib/…/libjemalloc.so.2)").
+    pub allocator: String,
+    /// How long after the process's `since` its probes were in, in milliseconds.
+    pub after_ms: f64,
+}
+
+/// One call stack's estimates.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StackProfile {
+    /// Process id.
+    pub pid: u32,
+    /// Frames, leaf (the allocator's caller) first.
+    pub frames: Vec<FrameInfo>,
+    /// Samples behind the estimates.
+    pub samples: u64,
+    /// Bytes allocated from this stack.
+    pub alloc_bytes: Estimate,
+    /// Objects allocated from this stack.
+    pub alloc_objects: Estimate,
+    /// The alternative (trials) estimate of `alloc_bytes`: `Σ q_i/p_i + Σ u_i`.
+    pub alloc_bytes_by_trials: f64,
+    /// jemalloc #1751 posterior parameters of `alloc_bytes`, for your own inference.
+    pub alloc_posterior: Posterior,
+    /// Bytes allocated here and still live at the end (`None`: frees not tracked).
+    pub inuse_bytes: Option<Estimate>,
+    /// Objects allocated here and still live at the end (`None`: frees not tracked).
+    pub inuse_objects: Option<Estimate>,
+    /// Live blocks older than the leak threshold (`--leaks-older-than` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leak: Option<LeakValues>,
+    /// Values over the snapshot's period (`--every` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<PeriodValues>,
+    /// This is not a call stack but the process's samples lost without one (the ring
+    /// buffer was full): counted here so the process's totals and bounds stay whole.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lost: bool,
+    /// This leaf frame also stands for longer stacks cut to it: the recording had more
+    /// distinct stacks than `--max-stacks`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cut_to_leaf: bool,
+    /// How the stack was unwound: `dwarf` (CFI, from a copy of the stack) or
+    /// `frame_pointers` (`None` for the lost-samples pseudo-stack).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unwound: Option<Unwinding>,
+    /// Where the walk ended: `root` (the stack is whole), `unknown` (the kernel's
+    /// frame-pointer walk cannot tell), or why it was cut: `window`,
+    /// `not_a_return_address`, `unmapped`, `unwind_failed`, `depth`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<StackEnd>,
+}
+
+/// A stack's leak candidates: sampled blocks still live and older than the threshold.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LeakValues {
+    /// The threshold.
+    pub older_than_seconds: f64,
+    /// Bytes in such blocks.
+    pub inuse_bytes: Estimate,
+    /// Such blocks.
+    pub inuse_objects: Estimate,
+    /// Age of the oldest sampled one.
+    pub oldest_seconds: f64,
+}
+
+/// A stack's values over one snapshot period.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeriodValues {
+    /// Length of the period.
+    pub seconds: f64,
+    /// Bytes allocated in the period.
+    pub alloc_bytes: Estimate,
+    /// Objects allocated in the period.
+    pub alloc_objects: Estimate,
+}
+
+/// A mapped file that frames point into.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Module {
+    /// Path as the process mapped it (the `module` of frames).
+    pub path: String,
+    /// GNU build id in hex, when the file has one.
+    pub build_id: Option<String>,
+}
+
+/// A finished recording: the model all exporters and the summary read.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    /// [`SCHEMA`].
+    pub schema: String,
+    /// Sampling parameters.
+    pub sampling: Sampling,
+    /// Seconds recorded.
+    pub duration_seconds: f64,
+    /// Whether frees were left untracked (then `inuse_*` are null).
+    pub alloc_only: bool,
+    /// The leak threshold, when leak candidates were asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leaks_older_than_seconds: Option<f64>,
+    /// Per process totals.
+    pub processes: Vec<ProcessProfile>,
+    /// Events the kernel side could not deliver or count.
+    pub losses: Losses,
+    /// Every module (executable or library) a frame points into, with its build id.
+    pub modules: Vec<Module>,
+    /// Per stack estimates, largest estimated bytes first.
+    pub stacks: Vec<StackProfile>,
+    /// Every probe point attached: which function of which file, in which process (pid 0:
+    /// every process, `--all`), and on which instruction.
+    #[serde(default)]
+    pub probes: Vec<ProbePoint>,
+    /// Per-thread sampling states the kernel held when the counters were last read: about
+    /// the number of live threads of the targets (exited threads' states are dropped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_states: Option<u64>,
+    /// What the recording cost its targets, measured (see docs/json-schema.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead: Option<crate::cost::Overhead>,
+}
+
+/// One probe point, as attached.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProbePoint {
+    /// Process (0: every process mapping the file).
+    pub pid: u32,
+    /// The file, as the process maps it.
+    pub file: String,
+    /// The function and how it is probed (`malloc (session)`, `free`).
+    pub function: String,
+    /// File offset of the probed instruction.
+    pub offset: u64,
+    /// That instruction, and whether the kernel emulates it (else it is single-stepped).
+    pub instruction: String,
+    /// Whether the kernel emulates the instruction (the cheap case).
+    pub emulated: bool,
+}
+
+impl Profile {
+    /// Each process's command and cgroup by pid: what exports label a stack with.
+    pub fn process_labels(&self) -> HashMap<u32, (&str, Option<&str>)> {
+        self.processes
+            .iter()
+            .map(|p| (p.pid, (p.command.as_str(), p.cgroup.as_deref())))
+            .collect()
+    }
+}
+
+/// The front end without the in-process library (what older profiles had).
+pub(super) fn uprobes() -> String {
+    "uprobes".into()
+}
