@@ -205,7 +205,7 @@ pub struct AllocEvent {
     /// Mean sampling interval (1/p) in force when this sample was drawn.
     pub interval: u64,
     /// The return address at `[rsp]` on entry: the direct caller, which frame-pointer walking
-    /// from an entry probe misses (DESIGN.md §3).
+    /// from an entry probe misses (docs/design.md §3).
     pub return_address: u64,
     /// Process id (tgid).
     pub pid: u32,
@@ -337,43 +337,69 @@ pub struct ThreadState {
     /// throttle may have changed the interval since; geometric countdowns are memoryless,
     /// so each sample's own interval keeps every estimate unbiased).
     pub interval: u64,
-    /// The pending sample's interval (frees tracked).
-    pub pending_interval: u64,
-    /// Stack pointer at the entry of a function that may call malloc (0: no marker).
-    pub marker_sp: u64,
+    /// The allocator function this thread is inside, if one that may call another probed
+    /// one was entered: the nested call is then not counted again.
+    pub marker: NestingMarker,
+    /// A sampled call waiting for its return (frees tracked).
+    pub pending: PendingSample,
+    /// Return addresses the kernel's trampolines replaced (frees tracked).
+    pub returns: ReturnSlots,
+}
+
+/// The entry of an allocator function that may call another probed one (glibc's
+/// `realloc(NULL, n)` tail-calls `malloc`), by which a nested call is recognised.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NestingMarker {
+    /// Stack pointer at its entry (0: no marker).
+    pub sp: u64,
     /// Return address at that entry.
-    pub marker_ret: u64,
+    pub ret: u64,
     /// Address of that function's probed entry instruction.
-    pub marker_ip: u64,
+    pub ip: u64,
     /// [`AllocFn`] of that function.
-    pub marker_fn: u64,
+    pub function: u64,
     /// Non-zero when that function's return is probed (its return address on the stack is
     /// then the kernel's trampoline, and its return clears the marker).
-    pub marker_armed: u64,
-    /// A sampled call waiting for its return (frees tracked): its size (0: none pending).
-    pub pending_size: u64,
+    pub armed: u64,
+}
+
+/// A sampled call waiting for its return (frees tracked): the result is the block's
+/// address, known only then.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PendingSample {
+    /// Its interval.
+    pub interval: u64,
+    /// Its size (0: none pending).
+    pub size: u64,
     /// Its sampled offset.
-    pub pending_offset: u64,
+    pub offset: u64,
     /// Its function ([`AllocFn`]).
-    pub pending_function: u64,
+    pub function: u64,
     /// posix_memalign's `memptr` argument: where the result will be stored.
-    pub pending_memptr: u64,
+    pub memptr: u64,
     /// realloc's old pointer, when it is tracked: freed if the realloc succeeds.
-    pub pending_free: u64,
+    pub free: u64,
     /// realloc's requested size (0 frees the old pointer even though NULL is returned).
-    pub pending_realloc_size: u64,
-    /// Stack pointer at the entry of the pending call: its return has `rsp` 8 above.
-    pub pending_sp: u64,
-    /// Stack addresses of the return addresses of the latest probed entries (frees tracked
-    /// only), a ring: where a return probe replaced a return address by the kernel's
-    /// trampoline (every call with classic return probes, a session another allocscope
-    /// asked for), the original is in `return_values`, and the unwinder of a stack copy
-    /// puts it back.
-    pub return_slots: [u64; RETURN_SLOTS],
+    pub realloc_size: u64,
+    /// Stack pointer at the entry of the call: its return has `rsp` 8 above.
+    pub sp: u64,
+}
+
+/// Stack addresses of the return addresses of the latest probed entries (frees tracked
+/// only), a ring: where a return probe replaced a return address by the kernel's
+/// trampoline (every call with classic return probes, a session another allocscope asked
+/// for), the original is in `values`, and the unwinder of a stack copy puts it back.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReturnSlots {
+    /// Where the return addresses were.
+    pub slots: [u64; RETURN_SLOTS],
     /// The return addresses those slots held at entry.
-    pub return_values: [u64; RETURN_SLOTS],
+    pub values: [u64; RETURN_SLOTS],
     /// Entries recorded so far (the ring's write position).
-    pub return_next: u64,
+    pub next: u64,
 }
 
 /// The sampling rate in force, set by user space (`--max-samples-per-sec`): the interval

@@ -1,6 +1,6 @@
 //! Integer inverse-transform sampling of the geometric distribution, for the BPF countdown.
 //!
-//! Model (DESIGN.md §3, .NET "Randomized Allocation Sampling"): every allocated byte is a
+//! Model (docs/design.md §3, .NET "Randomized Allocation Sampling"): every allocated byte is a
 //! Bernoulli trial with success probability `p = 1/interval`; the number of failed trials
 //! before the next success is `G ~ Geometric(p)` with `P(G = k) = q^k p`, `q = 1 - p`. By
 //! inverse transform, `G = floor(ln(U) / ln(q)) = floor(E · c)` with `U ~ Uniform(0, 1]`,

@@ -648,8 +648,8 @@ mod tests {
         }
     }
 
-    /// An interval the user typed is kept: the throttle is off unless asked for too (issue
-    /// #29, item 11: `-i 64KiB` was raised to 483 KiB by the default throttle).
+    /// An interval the user typed is kept: the throttle is off unless asked for too (a
+    /// default throttle once raised `-i 64KiB` to 483 KiB).
     #[test]
     fn a_typed_interval_is_not_throttled_unless_asked() {
         let max = |args: &[&str]| record(args).unwrap().sampling.max_samples_per_sec;

@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod cli;
+pub mod clock;
 pub mod collect;
 pub mod commands;
 pub mod config;
@@ -19,6 +20,7 @@ pub mod outfile;
 pub mod preflight;
 pub mod preload;
 pub mod probe;
+pub mod procfs;
 pub mod profile;
 pub mod recording;
 pub mod say;

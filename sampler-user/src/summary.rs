@@ -442,8 +442,8 @@ mod tests {
     use super::*;
     use crate::profile::{CoverageStart, LateAllocator};
 
-    /// Two rows whose first four frames read alike show where they part (issue #29's
-    /// smaller list: the top list seemed to repeat a row).
+    /// Two rows whose first four frames read alike show where they part (without it
+    /// the top list seemed to repeat a row).
     #[test]
     fn rows_alike_in_their_first_frames_show_where_they_part() {
         use crate::stacks::symbolize::FrameInfo;

@@ -1,4 +1,4 @@
-//! The sampling-rate throttle (`--max-samples-per-sec`, after JFR's throttler, issue #15):
+//! The sampling-rate throttle (`--max-samples-per-sec`, after JFR's throttler):
 //! a malloc storm at a small interval must not flood the ring buffer, the unwinder or the
 //! symbolizer. Once a second the controller sets the mean interval for the next second:
 //!
@@ -174,8 +174,8 @@ mod tests {
         // The ceiling holds.
         on.update(1.0, u64::MAX, u64::MAX / 512);
         assert!(on.interval() <= MAX_INTERVAL);
-        // 30 MiB blocks at a storm's rate with a target of one sample a second (issue #29,
-        // item 6: the throttle chose 326 GB, which the kernel refused and the recording
+        // 30 MiB blocks at a storm's rate with a target of one sample a second (the
+        // throttle once chose 326 GB, which the kernel refused and the recording
         // ended): whatever it chooses, the kernel takes.
         let mut storm = Throttle::new(1.0, 512 * 1024);
         for _ in 0..50 {

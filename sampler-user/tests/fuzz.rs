@@ -9,6 +9,7 @@ use proptest::prelude::*;
 use sampler_user::{
     export::{self, Format, Value},
     probe::{allocator, maps, prologue},
+    procfs,
     profile::Profile,
     summary, targets,
 };
@@ -94,9 +95,9 @@ proptest! {
     fn proc_text_parsers_never_panic(text in ".{0,400}") {
         let _ = maps::parse(&text);
         let _ = maps::uprobe_area(&text);
-        let _ = targets::cgroup_path(&text);
+        let _ = procfs::cgroup_path(&text);
         let _ = targets::loader_list(&text);
-        let _ = targets::stat_flags(&text);
+        let _ = procfs::stat_flags(&text);
     }
 
     #[test]
@@ -106,8 +107,8 @@ proptest! {
             let text = String::from_utf8_lossy(&mutate(&real, &flips)).into_owned();
             let _ = maps::parse(&text);
             let _ = maps::uprobe_area(&text);
-            let _ = targets::cgroup_path(&text);
-            let _ = targets::stat_flags(&text);
+            let _ = procfs::cgroup_path(&text);
+            let _ = procfs::stat_flags(&text);
         }
     }
 

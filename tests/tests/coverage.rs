@@ -1,4 +1,4 @@
-//! Coverage of processes that come and go (#14): every process `--follow` takes in and
+//! Coverage of processes that come and go: every process `--follow` takes in and
 //! every one `--comm` matches at its exec is counted from its first allocation, however
 //! briefly it lives, because the kernel adds it to the followed set before it runs.
 //!

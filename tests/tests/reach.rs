@@ -1,8 +1,7 @@
 //! Reach: several processes and allocators in one session, processes that exit while
 //! others are recorded, statically linked allocators, a containerized target, and the bad
 //! input around them. (`--comm` and `--follow`, whose file-wide probes make every process on
-//! the host pay the trap, and so would slow the tests running beside them: coverage.rs.) (Several allocators in one session, `--all` and threads by the thousand:
-//! not landed yet, see issue #7.)
+//! the host pay the trap, and so would slow the tests running beside them: coverage.rs.)
 
 use std::{
     path::{Path, PathBuf},

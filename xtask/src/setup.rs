@@ -1,6 +1,6 @@
 //! Installs what the build and the tests need, skipping whatever is already there.
 //!
-//! * nightly's rust-src: the eBPF crate is built with `-Z build-std=core` (DESIGN.md §2);
+//! * nightly's rust-src: the eBPF crate is built with `-Z build-std=core` (docs/design.md §2);
 //! * bpf-linker 0.10.0: links the eBPF object with nightly's own LLVM (0.11+ needs an LLVM
 //!   21 that Debian 12 lacks);
 //! * Debian packages: gcc and g++ build the C and C++ fixtures; Debian's own python3 (with

@@ -26,17 +26,7 @@ mod counters;
 
 pub use counters::{lost, thread_states, Counters, Losses, LostBatch};
 
-/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`, so ages of sampled
-/// blocks can be computed from their kernel timestamps.
-pub fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the valid timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
-}
+pub use crate::clock::monotonic_ns;
 
 /// A decoded sample, owned.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,37 +132,51 @@ pub enum Event {
 pub fn decode(bytes: &[u8]) -> Option<Event> {
     let kind = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
     if kind == EventKind::Free as u32 {
-        if bytes.len() < std::mem::size_of::<FreeEvent>() {
-            return None;
-        }
-        // SAFETY: the length was checked; FreeEvent is plain integers.
-        let event: FreeEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-        return Some(Event::Free(Freed {
-            pid: event.pid,
-            timestamp_ns: event.timestamp_ns,
-            address: event.address,
-        }));
+        decode_free(bytes)
+    } else if kind == EventKind::Process as u32 {
+        decode_process(bytes)
+    } else if kind == EventKind::Alloc as u32 {
+        decode_alloc(bytes)
+    } else {
+        None
     }
-    if kind == EventKind::Process as u32 {
-        if bytes.len() < std::mem::size_of::<ProcessEvent>() {
-            return None;
-        }
-        // SAFETY: the length was checked; ProcessEvent is plain integers.
-        let event: ProcessEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-        let parent = match event.what {
-            PROCESS_FORK => event.parent,
-            PROCESS_EXEC => 0,
-            _ => return None,
-        };
-        let name = event.comm.split(|&b| b == 0).next().unwrap_or_default();
-        return Some(Event::Process {
-            pid: event.pid,
-            parent,
-            timestamp_ns: event.timestamp_ns,
-            comm: String::from_utf8_lossy(name).into_owned(),
-        });
+}
+
+fn decode_free(bytes: &[u8]) -> Option<Event> {
+    if bytes.len() < std::mem::size_of::<FreeEvent>() {
+        return None;
     }
-    if kind != EventKind::Alloc as u32 || bytes.len() < SampleRecord::HEAD {
+    // SAFETY: the length was checked; FreeEvent is plain integers.
+    let event: FreeEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    Some(Event::Free(Freed {
+        pid: event.pid,
+        timestamp_ns: event.timestamp_ns,
+        address: event.address,
+    }))
+}
+
+fn decode_process(bytes: &[u8]) -> Option<Event> {
+    if bytes.len() < std::mem::size_of::<ProcessEvent>() {
+        return None;
+    }
+    // SAFETY: the length was checked; ProcessEvent is plain integers.
+    let event: ProcessEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    let parent = match event.what {
+        PROCESS_FORK => event.parent,
+        PROCESS_EXEC => 0,
+        _ => return None,
+    };
+    let name = event.comm.split(|&b| b == 0).next().unwrap_or_default();
+    Some(Event::Process {
+        pid: event.pid,
+        parent,
+        timestamp_ns: event.timestamp_ns,
+        comm: String::from_utf8_lossy(name).into_owned(),
+    })
+}
+
+fn decode_alloc(bytes: &[u8]) -> Option<Event> {
+    if bytes.len() < SampleRecord::HEAD {
         return None;
     }
     // SAFETY: the length was checked; AllocEvent and StackCopy are plain integers (any bit
@@ -189,21 +193,7 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
     }
     let payload = &bytes[SampleRecord::HEAD..];
     let (stack, copied) = if event.flags & FLAG_STACK_COPY != 0 {
-        let length = (event.stack_len as usize).min(payload.len());
-        let copied = CopiedStack {
-            ip: copy.ip,
-            sp: copy.sp,
-            bp: copy.bp,
-            start: copy.start,
-            bytes: payload[..length].to_vec(),
-            returns: (1..=copy.return_next.min(RETURN_SLOTS as u64))
-                .map(|back| {
-                    let at = (copy.return_next - back) as usize % RETURN_SLOTS;
-                    (copy.return_slots[at], copy.return_values[at])
-                })
-                .collect(),
-        };
-        (Vec::new(), Some(copied))
+        (Vec::new(), Some(copied_stack(&event, &copy, payload)))
     } else {
         let depth = (event.stack_len as usize)
             .min(MAX_STACK_DEPTH)
@@ -230,6 +220,25 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
         tracked: event.flags & FLAG_TRACKED != 0,
         weight: (event.flags & FLAG_WEIGHTED != 0).then_some(event.interval),
     }))
+}
+
+/// The stack copy of a sample (`--unwind dwarf`): its registers, bytes and the return
+/// slots the kernel's trampolines replaced, latest first.
+fn copied_stack(event: &AllocEvent, copy: &StackCopy, payload: &[u8]) -> CopiedStack {
+    let length = (event.stack_len as usize).min(payload.len());
+    CopiedStack {
+        ip: copy.ip,
+        sp: copy.sp,
+        bp: copy.bp,
+        start: copy.start,
+        bytes: payload[..length].to_vec(),
+        returns: (1..=copy.return_next.min(RETURN_SLOTS as u64))
+            .map(|back| {
+                let at = (copy.return_next - back) as usize % RETURN_SLOTS;
+                (copy.return_slots[at], copy.return_values[at])
+            })
+            .collect(),
+    }
 }
 
 /// What the intake thread hands over, in order.

@@ -48,6 +48,22 @@ enum Stop {
     Failed(anyhow::Error),
 }
 
+impl Stop {
+    /// Says why the recording stopped; returns the error if something failed.
+    fn said(self) -> Option<anyhow::Error> {
+        match self {
+            Stop::Signal(name) => info!("stopping on {name}"),
+            Stop::Duration => info!("stopping: duration reached"),
+            Stop::TargetsExited => info!("stopping: every target exited"),
+            Stop::Failed(e) => {
+                log::error!("stopping early: {e:#}; writing what was recorded until now");
+                return Some(e);
+            }
+        }
+        None
+    }
+}
+
 /// Attaches, records and writes the profile. Returns the exit code to pass on: that of a
 /// command (`-- CMD`) that ended on its own, as `time` and `perf record` do; else 0.
 pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8> {
@@ -83,17 +99,9 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
                 Err(e) => break Stop::Failed(e),
             },
             _ = snapshot_timer.tick(), if every.is_some() => {
-                let now = Instant::now();
-                let settings = config.sampling.settings(now - started, config.leaks_older_than);
-                let period = Some((now - period_started).as_secs_f64());
-                let written = match recording.profile(settings, period).await {
-                    Ok(profile) => writer.write(&profile),
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = written {
+                if let Err(e) = writer.snapshot(&mut recording, started, period_started).await {
                     break Stop::Failed(e.context("writing a snapshot"));
                 }
-                recording.start_period();
                 period_started = Instant::now();
             }
             _ = sigint.recv() => break Stop::Signal("SIGINT"),
@@ -105,24 +113,7 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
     // The recording ends now; detaching below takes a while (the kernel removes each
     // breakpoint) and is not part of it.
     let stopped = Instant::now();
-    let failure = match stop {
-        Stop::Signal(name) => {
-            info!("stopping on {name}");
-            None
-        }
-        Stop::Duration => {
-            info!("stopping: duration reached");
-            None
-        }
-        Stop::TargetsExited => {
-            info!("stopping: every target exited");
-            None
-        }
-        Stop::Failed(e) => {
-            log::error!("stopping early: {e:#}; writing what was recorded until now");
-            Some(e)
-        }
-    };
+    let failure = stop.said();
     // Detach before the slow part: the targets stop paying for probes now. A command
     // started for this recording stops with it.
     let _closing = recording.detach().await?;
@@ -154,6 +145,26 @@ struct Writer<'a> {
 }
 
 impl Writer<'_> {
+    /// Writes a snapshot of the recording (values since `started`, and over the period
+    /// since `period_started`), then starts a new period.
+    async fn snapshot(
+        &mut self,
+        recording: &mut Recording,
+        started: Instant,
+        period_started: Instant,
+    ) -> anyhow::Result<()> {
+        let now = Instant::now();
+        let config = self.config;
+        let settings = config
+            .sampling
+            .settings(now - started, config.leaks_older_than);
+        let period = Some((now - period_started).as_secs_f64());
+        let profile = recording.profile(settings, period).await?;
+        self.write(&profile)?;
+        recording.start_period();
+        Ok(())
+    }
+
     /// Writes the profile where the configuration says; returns the file written.
     fn write(&mut self, profile: &Profile) -> anyhow::Result<PathBuf> {
         let config = self.config;

@@ -38,7 +38,7 @@ pub struct Trap {
 }
 
 impl Trap {
-    /// The trap measured by DESIGN.md §5 on the development VM.
+    /// The trap measured by docs/design.md §5 on the development VM.
     pub const MODELLED: Trap = Trap {
         ns: 700.0,
         source: TrapSource::Modelled,

@@ -1,5 +1,5 @@
-//! Totals from time-sampled slots: the estimator for duty cycling (`--max-overhead`,
-//! issue #15), where probes are attached in some time slots only and a target pays nothing
+//! Totals from time-sampled slots: the estimator for duty cycling (`--max-overhead`),
+//! where probes are attached in some time slots only and a target pays nothing
 //! in the others.
 //!
 //! **Design: one slot on per stratum.** Time is cut into strata of `m_h` slots (`m_h`

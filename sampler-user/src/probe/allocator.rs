@@ -7,7 +7,7 @@
 //! interposed library takes the calls, but the C library's own malloc can still be reached
 //! (by code that calls it directly), and each probed call is real memory. A function
 //! reached from another probed one (`new[]` tail-calling `new`, glibc's `realloc(NULL, n)`
-//! calling `malloc`) is recognized in the kernel and counted once (DESIGN.md §3).
+//! calling `malloc`) is recognized in the kernel and counted once (docs/design.md §3).
 //!
 //! C++ `operator new`/`delete` are probed where an allocator defines them (tcmalloc,
 //! jemalloc, mimalloc replace them); libstdc++'s own versions call `malloc`/`free` and

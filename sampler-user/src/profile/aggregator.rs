@@ -9,10 +9,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use sampler_common::ProcessCounters;
 
+use super::processes::{ProcessBook, ProcessSamples};
 use crate::{
     collect::{Event, LostBatch, Sample},
     duty::sums::{DutyPair, DutySums, StratumObserved},
-    probe::{allocator::Allocator, maps::FileId},
     stacks::{
         self, symbolize::FrameInfo, symbolize::Symbolizer, Frame, StackId, StackOrigin, StackTable,
     },
@@ -41,15 +41,6 @@ pub struct Aggregator {
     live: HashMap<(u32, u64), LiveBlock>,
     /// Per pid: sampled blocks whose frees could not be tracked.
     untracked: BTreeMap<u32, u64>,
-    commands: BTreeMap<u32, String>,
-    executables: BTreeMap<u32, String>,
-    cgroups: BTreeMap<u32, String>,
-    /// Per pid: its allocator files, each as first described to users.
-    allocators: BTreeMap<u32, Vec<(FileId, String)>>,
-    /// Per pid: the last resident set size read (kept after the process exits).
-    rss: BTreeMap<u32, u64>,
-    /// Per pid: its CPU time (clock ticks) when first and last read.
-    cpu: BTreeMap<u32, (u64, u64)>,
     /// Whether the unusual uprobe-area address was reported already.
     warned_area: bool,
     /// Per stack, samples in one-second buckets over the recent window (`top` only).
@@ -203,53 +194,17 @@ impl Aggregator {
         }
     }
 
-    /// Starts tracking `pid`: remembers its command name, executable, maps and RSS while it
-    /// surely lives.
+    /// Starts tracking `pid`: its maps, read while it surely lives (again after an exec).
     pub fn track(&mut self, pid: u32) {
-        let command = crate::targets::comm_of(pid).unwrap_or_default();
-        self.commands.insert(pid, command);
-        if let Some(cgroup) = crate::targets::cgroup_of(pid) {
-            self.cgroups.insert(pid, cgroup);
-        }
-        if let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) {
-            self.executables.insert(pid, exe.display().to_string());
-        }
         self.stacks.snapshot(pid);
-        if let Some(bytes) = read_rss(pid) {
-            self.rss.insert(pid, bytes);
-        }
-        self.note_cpu(pid);
     }
 
-    /// Reads `pid`'s CPU time: the first reading is where its recorded time starts (a new
-    /// process's is ~0), the latest where it ends.
-    fn note_cpu(&mut self, pid: u32) {
-        if let Some(ticks) = read_cpu_ticks(pid) {
-            self.cpu
-                .entry(pid)
-                .and_modify(|(_, last)| *last = ticks)
-                .or_insert((ticks, ticks));
-        }
-    }
-
-    /// Starts tracking `pid`, a new process of `parent` (forked, not exec'd yet): what it
-    /// cannot tell about itself any more (it may already be gone, a few milliseconds of
-    /// work being all it did) is its parent's, whose memory it started as a copy of.
+    /// Starts tracking `pid`, a new process of `parent` (forked, not exec'd yet): it may
+    /// already be gone, a few milliseconds of work being all it did, and its memory
+    /// started as a copy of its parent's, whose maps stand in for its own.
     pub fn track_fork(&mut self, pid: u32, parent: u32) {
         self.track(pid);
         self.stacks.inherit(pid, parent);
-        for names in [&mut self.commands, &mut self.executables] {
-            if names.get(&pid).is_none_or(String::is_empty) {
-                if let Some(name) = names.get(&parent).cloned() {
-                    names.insert(pid, name);
-                }
-            }
-        }
-        if !self.cgroups.contains_key(&pid) {
-            if let Some(cgroup) = self.cgroups.get(&parent).cloned() {
-                self.cgroups.insert(pid, cgroup);
-            }
-        }
     }
 
     /// Takes `pid`'s maps as the intake thread read them at its first sample (see
@@ -258,32 +213,11 @@ impl Aggregator {
         self.stacks.offer_maps(pid, read_ns, text);
     }
 
-    /// Names `pid` `command` (as the kernel reported it at an exec or fork) if it could not
-    /// be read from /proc: it was gone already.
-    pub fn name_if_unknown(&mut self, pid: u32, command: &str) {
-        let name = self.commands.entry(pid).or_default();
-        if name.is_empty() {
-            command.clone_into(name);
-        }
-    }
-
-    /// Re-reads the maps of targets still alive (late-loaded libraries) and their RSS, and
-    /// checks where the kernel put each one's uprobe area.
-    pub fn refresh(&mut self) {
+    /// Re-reads the maps of targets still alive (late-loaded libraries), and checks where
+    /// the kernel put the uprobe area of each of `pids`.
+    pub fn refresh(&mut self, pids: &[u32]) {
         self.stacks.refresh_live();
-        for (&pid, command) in &mut self.commands {
-            if let Some(ticks) = read_cpu_ticks(pid) {
-                if let Some((_, last)) = self.cpu.get_mut(&pid) {
-                    *last = ticks;
-                }
-            }
-            if let Some(bytes) = read_rss(pid) {
-                self.rss.insert(pid, bytes);
-                // Alive: an exec since it was tracked gave it a new name.
-                if let Some(now) = crate::targets::comm_of(pid) {
-                    *command = now;
-                }
-            }
+        for &pid in pids {
             match self.stacks.uprobe_area(pid) {
                 Some(area) if area != sampler_common::UPROBE_TRAMPOLINE && !self.warned_area => {
                     self.warned_area = true;
@@ -316,24 +250,6 @@ impl Aggregator {
         self.stacks.limit(max);
     }
 
-    /// Whether `pid` is tracked already.
-    pub fn tracks(&self, pid: u32) -> bool {
-        self.commands.contains_key(&pid)
-    }
-
-    /// Adds the allocators probed in `pid` (each file described once, as JSON reports
-    /// them, by the first path it was seen at: /lib and /usr/lib are one file) to those
-    /// probed in it before: a process attached at exec, before its libraries are mapped,
-    /// gains its C library a moment later.
-    pub fn add_allocators(&mut self, pid: u32, allocators: &[Allocator]) {
-        let described = self.allocators.entry(pid).or_default();
-        for allocator in allocators {
-            if !described.iter().any(|(file, _)| *file == allocator.file_id) {
-                described.push((allocator.file_id.clone(), allocator.describe()));
-            }
-        }
-    }
-
     /// Notes that `pid` exited: its frames resolve with the maps it last had.
     pub fn mark_exited(&mut self, pid: u32) {
         self.stacks.mark_gone(pid);
@@ -351,7 +267,7 @@ impl Aggregator {
         match event {
             Event::Alloc(sample) => self.add_sample(sample),
             Event::Free(freed) => self.free(freed.pid, freed.address),
-            // Taken in order with the process events, by the recording: see `offer_maps`.
+            // Control events are the recording's (discovery, `offer_maps`): none come here.
             Event::Process { .. } | Event::Maps { .. } => {}
         }
     }
@@ -476,6 +392,7 @@ impl Aggregator {
     pub async fn tally(
         &self,
         symbolizer: &Symbolizer,
+        book: &ProcessBook,
         now_ns: u64,
         leak_age: Option<std::time::Duration>,
     ) -> Tally {
@@ -551,31 +468,14 @@ impl Aggregator {
         let recent_seconds = self.recent.as_ref().map_or(0.0, |recent| {
             recent.tracker().coverage(now_ns, recent.window_ns).1
         });
-        let processes =
-            self.commands
-                .iter()
-                .map(|(&pid, command)| ProcessTally {
-                    pid,
-                    command: command.clone(),
-                    executable: self.executables.get(&pid).cloned().unwrap_or_default(),
-                    rss_bytes: self.rss.get(&pid).copied(),
-                    cpu_seconds: self.cpu.get(&pid).map(|&(first, last)| {
-                        last.saturating_sub(first) as f64 / ticks_per_second()
-                    }),
-                    untracked_samples: self.untracked.get(&pid).copied().unwrap_or(0),
-                    lost_samples: self
-                        .lost
-                        .get(&pid)
-                        .map_or(0, |batches| batches.iter().map(|b| b.samples).sum()),
-                    cgroup: self.cgroups.get(&pid).cloned(),
-                    allocators: self
-                        .allocators
-                        .get(&pid)
-                        .map(|files| files.iter().map(|(_, name)| name.clone()).collect())
-                        .unwrap_or_default(),
-                    duty: self.duty_of_process(pid),
-                })
-                .collect();
+        let processes = book.tally(|pid| ProcessSamples {
+            untracked: self.untracked.get(&pid).copied().unwrap_or(0),
+            lost: self
+                .lost
+                .get(&pid)
+                .map_or(0, |batches| batches.iter().map(|b| b.samples).sum()),
+            duty: self.duty_of_process(pid),
+        });
         let modules = self.stacks.modules();
         let module_ids: std::collections::HashSet<stacks::ModuleId> = resolved
             .keys()
@@ -664,62 +564,5 @@ impl Aggregator {
                 (frame, infos)
             })
             .collect()
-    }
-}
-
-/// CPU time of `pid` (user and system, every thread's, in clock ticks) from
-/// /proc/PID/stat, if it is alive.
-fn read_cpu_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    cpu_ticks_of_stat(&stat)
-}
-
-/// utime + stime of a /proc/PID/stat line (fields 14 and 15; the command name, field 2,
-/// may hold spaces and parentheses, so fields count from its last `)`).
-fn cpu_ticks_of_stat(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some(utime + stime)
-}
-
-/// Clock ticks per second of /proc's CPU times.
-fn ticks_per_second() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if ticks > 0 {
-        ticks as f64
-    } else {
-        100.0
-    }
-}
-
-/// Resident set size of `pid` from /proc/PID/status (`VmRSS`), if it is alive.
-fn read_rss(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpu_time_of_a_stat_line() {
-        // A command name with a space and parentheses; utime 1234, stime 56.
-        let stat = "4242 (we(ird) name) S 1 4242 4242 0 -1 4194560 300 0 0 0 1234 56 0 0 \
-                    20 0 1 0 100 1000000 200 18446744073709551615";
-        assert_eq!(cpu_ticks_of_stat(stat), Some(1290));
-        assert_eq!(cpu_ticks_of_stat("4242 (x) S 1"), None);
-        assert!(read_cpu_ticks(std::process::id()).is_some());
     }
 }

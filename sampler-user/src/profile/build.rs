@@ -420,9 +420,9 @@ mod tests {
                 function: Some(name.into()),
                 ..Default::default()
             }],
-            live: all.clone(),
+            live: all,
             leaked: SampleSet::default(),
-            period: all.clone(),
+            period: all,
             recent: SampleSet::default(),
             all,
             oldest_leaked_seconds: None,
@@ -464,7 +464,6 @@ mod tests {
                 ProcessCounters {
                     calls: 100,
                     bytes: 64_000,
-                    ..Default::default()
                 },
             )]),
             losses: Losses::default(),

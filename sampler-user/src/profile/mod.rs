@@ -4,8 +4,10 @@
 
 mod aggregator;
 mod build;
+mod processes;
 pub mod schema;
 
 pub use aggregator::{Aggregator, ProcessTally, StackTally, Tally, LOST_FRAME};
 pub use build::{incomplete_reasons, target_uses, Settings, Snapshot};
+pub use processes::ProcessBook;
 pub use schema::*;

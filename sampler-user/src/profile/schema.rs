@@ -154,8 +154,9 @@ pub struct ProcessProfile {
     /// read every 250 ms: up to that much short for a process that exited).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_seconds: Option<f64>,
-    /// Duty cycling (`--max-overhead`): the share of its time the probes were attached
-    /// (its `exact` counts cover that time only; its estimates the whole).
+    /// Duty cycling (`--max-overhead`): the share of its own work (its CPU time less the
+    /// probes' cost) done while the probes were attached (its `exact` counts cover that
+    /// work only; its estimates the whole).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_share: Option<f64>,
     /// From when its allocations were observed, and what may have been missed since.

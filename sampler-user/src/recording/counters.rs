@@ -59,7 +59,7 @@ impl Recording {
         if let Some(mut lost) = lost {
             lost.retain(|&pid, _| !self.roster.is_excluded(pid));
             for &pid in lost.keys() {
-                if !self.aggregator.tracks(pid) {
+                if !self.processes.tracks(pid) {
                     self.first_seen(pid);
                 }
             }

@@ -30,14 +30,14 @@ impl Recording {
             allocators,
             target,
             &mut self.counters,
-            &mut self.aggregator,
+            &mut self.processes,
         );
     }
 
     /// Maps the regions awaited (see [`super::in_process::InProcess::claim_regions`]).
     pub(super) fn claim_regions(&mut self, gone: Option<u32>) {
         self.in_process
-            .claim_regions(gone, &mut self.counters, &mut self.aggregator);
+            .claim_regions(gone, &mut self.counters, &mut self.processes);
     }
 
     /// Attaches `allocators` in process `pid` (new ones only, if it is attached already)
@@ -99,7 +99,7 @@ impl Recording {
                 self.roster.give_back(slot);
                 anyhow::bail!("exited while the probes were being attached ({e})");
             }
-            self.aggregator.track(pid);
+            self.track(pid);
             log_attached(pid, since, started, allocators);
             let coverage = Coverage {
                 since: since.start,
@@ -110,7 +110,7 @@ impl Recording {
         } else {
             self.roster.note_late(pid, &fresh, monotonic_ns());
         }
-        self.aggregator.add_allocators(pid, allocators);
+        self.processes.add_allocators(pid, allocators);
         Ok(())
     }
 
@@ -136,8 +136,8 @@ impl Recording {
             };
             self.roster
                 .enter(pid, HOST_SLOT, coverage, since.timestamp_ns);
-            if !self.aggregator.tracks(pid) {
-                self.aggregator.track(pid);
+            if !self.processes.tracks(pid) {
+                self.track(pid);
             }
             if self.watcher.watch(pid).is_err() {
                 // Gone already (its counters and samples are in): finalized at once.
@@ -145,7 +145,7 @@ impl Recording {
             }
             info!(
                 "following pid {pid} ({}) from its {:?}",
-                text::printable(&targets::comm_of(pid).unwrap_or_default()),
+                text::printable(&crate::procfs::comm_of(pid).unwrap_or_default()),
                 since.start
             );
         }
@@ -153,7 +153,7 @@ impl Recording {
         if let Some(allocators) = allocators {
             self.probe_files(allocators)?;
             self.roster.note_late(pid, allocators, monotonic_ns());
-            self.aggregator.add_allocators(pid, allocators);
+            self.processes.add_allocators(pid, allocators);
         }
         Ok(())
     }
@@ -237,7 +237,7 @@ impl Recording {
 
     /// The processes a scan has not looked at since they started or exec'd.
     fn unscanned(&mut self) -> Vec<u32> {
-        let alive = targets::all_pids()
+        let alive = crate::procfs::all_pids()
             .into_iter()
             .map(|pid| {
                 let exe = std::fs::metadata(format!("/proc/{pid}/exe")).ok();
@@ -277,7 +277,10 @@ impl Recording {
             // Found by a scan before its exec event was read: counted since its exec.
             since.start = CoverageStart::Exec;
         }
-        let Some(comm) = comm.map(str::to_owned).or_else(|| targets::comm_of(pid)) else {
+        let Some(comm) = comm
+            .map(str::to_owned)
+            .or_else(|| crate::procfs::comm_of(pid))
+        else {
             return false;
         };
         let Some(pattern) = &self.targets.comm else {
@@ -304,7 +307,7 @@ impl Recording {
         }
         let target = self.roster.is_running(pid);
         if target {
-            self.aggregator.name_if_unknown(pid, &comm);
+            self.processes.name_if_unknown(pid, &comm);
         }
         target
     }
@@ -328,7 +331,7 @@ impl Recording {
         if let Some(library) = self.in_process.will_load(pid) {
             found.push(library);
             crate::probe::allocator::behind_front_end(&mut found, true);
-        } else if before_loader && crate::targets::secure_execution(pid) == Some(false) {
+        } else if before_loader && crate::procfs::secure_execution(pid) == Some(false) {
             // What its LD_PRELOAD names comes first (a jemalloc put there).
             for path in preloaded(pid) {
                 if let Some(allocator) = self.cache.of_file(&path, false) {
@@ -359,7 +362,7 @@ impl Recording {
         if self.roster.is_excluded(pid) {
             return Ok(true);
         }
-        let Some(comm) = targets::comm_of(pid) else {
+        let Some(comm) = crate::procfs::comm_of(pid) else {
             return Ok(false);
         };
         if !self.targets.excludes(pid, &comm) {
@@ -379,7 +382,7 @@ impl Recording {
         match self.excludes(pid) {
             Ok(true) => {}
             Ok(false) => {
-                self.aggregator.track(pid);
+                self.track(pid);
                 self.roster.seen(pid);
             }
             Err(e) => warn!("pid {pid}: the kernel was not told to skip it ({e:#}); its samples are dropped here"),
@@ -419,7 +422,7 @@ impl Recording {
         let Ok(allocators) = self.cache.of_pid(pid) else {
             return Ok(());
         };
-        self.aggregator.add_allocators(pid, &allocators);
+        self.processes.add_allocators(pid, &allocators);
         self.probe_files(&allocators)
     }
 
@@ -454,7 +457,7 @@ impl Recording {
                     debug!("followed pid {pid}: {e:#}");
                 } else if parent == 0 {
                     // An exec: a new name and executable, maybe new allocators.
-                    self.aggregator.track(pid);
+                    self.track(pid);
                 }
             }
             Err(FindError::Gone | FindError::KernelThread) => {}
@@ -475,16 +478,16 @@ impl Recording {
         if target && !self.targets.excludes(pid, comm) {
             let allocators = self.allocators_of(pid).ok();
             if parent != 0 {
-                self.aggregator.track_fork(pid, parent);
+                self.track_fork(pid, parent);
             } else {
                 // A new name and executable: tracked afresh, its new files noted from now.
-                self.aggregator.track(pid);
+                self.track(pid);
                 self.roster.covered_from(pid, since.timestamp_ns);
             }
             if let Err(e) = self.admit(pid, allocators.as_deref(), since) {
                 warn!("followed pid {pid}: {e:#}");
             }
-            self.aggregator.name_if_unknown(pid, comm);
+            self.processes.name_if_unknown(pid, comm);
         } else if !self.consider_comm(pid, Some(comm), since) {
             self.reject(pid);
         }
@@ -506,10 +509,10 @@ impl Recording {
 
 /// The files `pid`'s `LD_PRELOAD` names, through its own root (absolute paths only).
 fn preloaded(pid: u32) -> Vec<std::path::PathBuf> {
-    let Some(environ) = crate::targets::environ_of(pid) else {
+    let Some(environ) = crate::procfs::environ_of(pid) else {
         return Vec::new();
     };
-    crate::targets::ld_preload_entries(&environ)
+    crate::procfs::ld_preload_entries(&environ)
         .into_iter()
         .filter(|path| path.starts_with(b"/"))
         .map(|path| {
@@ -531,7 +534,7 @@ fn log_attached(pid: u32, since: Since, started: std::time::Instant, allocators:
     };
     info!(
         "attached to pid {pid} ({}) in {:.1} ms{late}: {}",
-        text::printable(&targets::comm_of(pid).unwrap_or_default()),
+        text::printable(&crate::procfs::comm_of(pid).unwrap_or_default()),
         started.elapsed().as_secs_f64() * 1e3,
         describe(allocators)
     );

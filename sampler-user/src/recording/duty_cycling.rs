@@ -148,7 +148,7 @@ impl DutyCycling {
     fn read_clocks(&mut self, pids: impl IntoIterator<Item = u32>) {
         for pid in pids {
             let clock = self.clocks.entry(pid).or_default();
-            match process_cpu_ns(pid) {
+            match crate::clock::process_cpu_ns(pid) {
                 Some(ns) if !clock.gone => {
                     if clock.last == 0 {
                         // New: its work counts from now.
@@ -427,25 +427,6 @@ impl Recording {
             }
         }
     }
-}
-
-/// The CPU time of process `pid` (all its threads, those gone included) in nanoseconds,
-/// from its CPU clock; `None` once it is gone.
-fn process_cpu_ns(pid: u32) -> Option<u64> {
-    let mut clock: libc::clockid_t = 0;
-    // SAFETY: clock_getcpuclockid writes the clock id into the variable it is given.
-    if unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) } != 0 {
-        return None;
-    }
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the valid timespec it is given.
-    if unsafe { libc::clock_gettime(clock, &mut now) } != 0 {
-        return None;
-    }
-    Some(now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64)
 }
 
 /// Fills `bytes` from the kernel's random pool (the on slot's draw must not follow the

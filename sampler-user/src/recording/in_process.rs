@@ -5,8 +5,8 @@
 //! baseline would count in the estimate and not in the exact count) and read once more
 //! after it exits, before its slot is given back.
 //!
-//! It owns its state and is handed the counters (where regions are read) and the
-//! aggregator (which resolves the library's frames) when it acts.
+//! It owns its state and is handed the counters (where regions are read) and the process
+//! book (which lists the library among a process's allocators) when it acts.
 
 use std::collections::HashSet;
 
@@ -17,7 +17,7 @@ use crate::{
     collect::Counters,
     preload::{Family, Library, MappedRegion},
     probe::allocator::Allocator,
-    profile::Aggregator,
+    profile::ProcessBook,
 };
 
 /// The command's in-process front end while recording (empty without one).
@@ -80,7 +80,7 @@ impl InProcess {
         allocators: &[Allocator],
         target: bool,
         counters: &mut Counters,
-        aggregator: &mut Aggregator,
+        processes: &mut ProcessBook,
     ) {
         if counters.has_region(pid) {
             return;
@@ -103,7 +103,7 @@ impl InProcess {
             },
         };
         self.awaiting.remove(&pid);
-        self.take(pid, found, counters, aggregator);
+        self.take(pid, found, counters, processes);
     }
 
     /// Counts `pid`'s calls from its region (set to the interval in force), and notes that
@@ -113,7 +113,7 @@ impl InProcess {
         pid: u32,
         found: anyhow::Result<MappedRegion>,
         counters: &mut Counters,
-        aggregator: &mut Aggregator,
+        processes: &mut ProcessBook,
     ) {
         match found {
             Ok(region) => {
@@ -122,7 +122,7 @@ impl InProcess {
                 }
                 counters.add_region(pid, region);
                 if let Some(library) = self.allocator() {
-                    aggregator.add_allocators(pid, std::slice::from_ref(library));
+                    processes.add_allocators(pid, std::slice::from_ref(library));
                 }
             }
             Err(e) => warn!(
@@ -141,7 +141,7 @@ impl InProcess {
         &mut self,
         gone: Option<u32>,
         counters: &mut Counters,
-        aggregator: &mut Aggregator,
+        processes: &mut ProcessBook,
     ) {
         let pids: Vec<u32> = match gone {
             Some(pid) if self.awaiting.contains(&pid) => vec![pid],
@@ -153,7 +153,7 @@ impl InProcess {
                 continue;
             };
             self.awaiting.remove(&pid);
-            self.take(pid, found, counters, aggregator);
+            self.take(pid, found, counters, processes);
         }
         if let Some(pid) = gone {
             if self.awaiting.remove(&pid) {
@@ -224,14 +224,14 @@ impl InProcess {
     /// kernel mapped a dynamic loader; not set-user-ID: no secure-execution auxv flag).
     pub fn will_load(&self, pid: u32) -> Option<Allocator> {
         let (library, allocator) = self.library.as_ref()?;
-        if !crate::targets::has_dynamic_loader(pid)
-            || crate::targets::secure_execution(pid) != Some(false)
+        if !crate::procfs::has_dynamic_loader(pid)
+            || crate::procfs::secure_execution(pid) != Some(false)
         {
             return None;
         }
-        let environ = crate::targets::environ_of(pid)?;
+        let environ = crate::procfs::environ_of(pid)?;
         let own = library.preload_path();
-        if !crate::targets::ld_preload_entries(&environ).contains(&own.as_bytes()) {
+        if !crate::procfs::ld_preload_entries(&environ).contains(&own.as_bytes()) {
             return None;
         }
         // The descriptor it names must be the library's, in that process.

@@ -48,7 +48,7 @@ use crate::{
         attach::{AttachedPoint, Probes},
         runs::ProgramRuns,
     },
-    profile::{Aggregator, CoverageStart, ProbePoint, Profile, Settings, Snapshot},
+    profile::{Aggregator, CoverageStart, ProbePoint, ProcessBook, Profile, Settings, Snapshot},
     stacks::symbolize::Symbolizer,
     targets::AllocatorCache,
 };
@@ -120,6 +120,8 @@ pub struct Recording {
     batch: Vec<Event>,
     /// The samples so far.
     aggregator: Aggregator,
+    /// What is known of each target apart from its samples.
+    processes: ProcessBook,
     /// Resolves frames for [`Aggregator::profile`].
     symbolizer: Symbolizer,
     targets: Targets,
@@ -202,7 +204,7 @@ impl Recording {
         let leak_age = settings.leaks_older_than.filter(|_| !settings.alloc_only);
         let tally = self
             .aggregator
-            .tally(&self.symbolizer, now_ns, leak_age)
+            .tally(&self.symbolizer, &self.processes, now_ns, leak_age)
             .await;
         let targets = crate::profile::target_uses(&tally, &counters);
         let calls = targets.iter().map(|t| t.calls).sum();
@@ -231,6 +233,18 @@ impl Recording {
         }))
     }
 
+    /// Starts tracking `pid`: its maps, and its description (again after an exec).
+    fn track(&mut self, pid: u32) {
+        self.aggregator.track(pid);
+        self.processes.track(pid);
+    }
+
+    /// Starts tracking `pid`, a new process of `parent` (see [`Aggregator::track_fork`]).
+    fn track_fork(&mut self, pid: u32, parent: u32) {
+        self.aggregator.track_fork(pid, parent);
+        self.processes.track_fork(pid, parent);
+    }
+
     /// Starts a new period for per-period values (`--every` snapshots).
     pub fn start_period(&mut self) {
         self.aggregator.start_period();
@@ -240,7 +254,7 @@ impl Recording {
     /// `leak_age`: blocks older than this count as leak suspects.
     pub async fn tally(&self, leak_age: Option<Duration>) -> crate::profile::Tally {
         self.aggregator
-            .tally(&self.symbolizer, monotonic_ns(), leak_age)
+            .tally(&self.symbolizer, &self.processes, monotonic_ns(), leak_age)
             .await
     }
 
@@ -306,7 +320,8 @@ impl Recording {
                 _ = self.clocks.refresh.tick() => {
                     // Keep the maps snapshot current while targets live (libraries loaded
                     // late, a spawned command just past exec), and flush eBPF log records.
-                    self.aggregator.refresh();
+                    self.aggregator.refresh(&self.processes.pids());
+                    self.processes.refresh();
                     if let Some(logger) = self.logger.as_mut() {
                         logger.flush();
                     }
@@ -386,7 +401,9 @@ impl Recording {
         }
     }
 
-    /// Moves the batch into the aggregator, acting on process events first.
+    /// Routes the batch: control events (a process forked or exec'd, a process's maps) to
+    /// discovery and the stack table, first; then data events (samples, frees) to the
+    /// aggregator.
     fn take_batch(&mut self) {
         let mut batch = std::mem::take(&mut self.batch);
         if let Some(cutoff) = self.cutoff_ns {
@@ -419,20 +436,21 @@ impl Recording {
                     if let Some((text, read_ns)) = self.counters.new_maps(sample.pid) {
                         self.aggregator.offer_maps(sample.pid, read_ns, &text);
                     }
-                    if !self.aggregator.tracks(sample.pid) {
+                    if !self.processes.tracks(sample.pid) {
                         self.first_seen(sample.pid);
                     }
                 }
                 _ => {}
             }
         }
-        if self.roster.excludes_any() {
-            batch.retain(|event| match event {
-                Event::Alloc(sample) => !self.roster.is_excluded(sample.pid),
-                Event::Free(freed) => !self.roster.is_excluded(freed.pid),
-                Event::Process { .. } | Event::Maps { .. } => true,
-            });
-        }
+        // Data events go on to the aggregator (those of processes left out dropped); the
+        // control events were discovery's and the stack table's, above.
+        let roster = &self.roster;
+        batch.retain(|event| match event {
+            Event::Alloc(sample) => !roster.is_excluded(sample.pid),
+            Event::Free(freed) => !roster.is_excluded(freed.pid),
+            Event::Process { .. } | Event::Maps { .. } => false,
+        });
         self.aggregator.add_all(batch);
     }
 

@@ -18,7 +18,7 @@ use crate::{
     cost::{self, windows::CostWindows, Trap},
     exits,
     probe::attach::{KernelConfig, Probes},
-    profile::{Aggregator, CoverageStart},
+    profile::{Aggregator, CoverageStart, ProcessBook},
     spawn::PausedChild,
     stacks::symbolize::Symbolizer,
 };
@@ -140,6 +140,7 @@ impl Recording {
             reader,
             batch: Vec::new(),
             aggregator,
+            processes: ProcessBook::default(),
             symbolizer: Symbolizer::spawn(&sampling.debug_dirs)
                 .context("starting the symbolizer thread")?,
             targets,
@@ -249,7 +250,7 @@ impl Recording {
             .release()
             .map_err(|e| BadInput(format!("cannot run {command}: {e}")))?;
         // Past exec now: its own name, executable and maps.
-        self.aggregator.track(pid);
+        self.track(pid);
         Ok(())
     }
 }

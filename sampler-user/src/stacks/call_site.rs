@@ -2,7 +2,7 @@
 //! CFI, the kernel's walk), is believed only if the bytes just before it in the module's code
 //! decode to a call instruction that ends exactly there. A frame-pointer walk through code
 //! that keeps data in `rbp` otherwise yields text, heap pointers and key bytes as "callers"
-//! (DESIGN.md §8); a walk stops at the first frame that fails this test. Pure.
+//! (docs/design.md §3); a walk stops at the first frame that fails this test. Pure.
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl};
 

@@ -1,7 +1,7 @@
 //! Pure statistics: what every number allocscope prints or exports is computed here.
 //!
 //! No I/O, no clocks, no aya: estimators take sample observations and return estimates with
-//! bounds. Model and formulas: DESIGN.md §3–§4, after the .NET "Randomized Allocation
+//! bounds. Model and formulas: docs/design.md §3–§4, after the .NET "Randomized Allocation
 //! Sampling" note (weighted and negative-binomial estimators) and jemalloc #1751.
 
 pub mod estimate;

@@ -5,7 +5,7 @@
 //! recording: processes found later (`--comm`, `--follow`, a late `dlopen`) are added the
 //! same way. Per process, attachment is scoped in the kernel (`UProbeScope::OneProcess`,
 //! the session link's pid): the breakpoint is installed only in that address space, so no
-//! other process pays the trap (DESIGN.md §5). Host-wide (`--all`, and `--follow`/`--comm`
+//! other process pays the trap (docs/design.md §5). Host-wide (`--all`, and `--follow`/`--comm`
 //! with `followed_only`) each allocator file is probed once for every process that maps it,
 //! now or later; the processes left out (excluded, or not in the kernel's followed set) pay
 //! the trap and are dropped by the program's first lookup.

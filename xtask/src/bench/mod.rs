@@ -1,4 +1,4 @@
-//! The overhead benchmark (DESIGN.md §5): what allocscope adds per malloc+free, as a ratio of
+//! The overhead benchmark (docs/design.md §5): what allocscope adds per malloc+free, as a ratio of
 //! what a bare counting uprobe on malloc adds, measured in one run, for `record --alloc-only`
 //! (target ≤ 1.15) and for `record` with frees tracked (target ≤ 2.3), with uprobe sessions
 //! and with classic return probes on every call; `--unwind fp` beside the default stack
@@ -22,6 +22,12 @@ use std::{
 use anyhow::{bail, Context as _};
 
 use crate::run::{cargo, fixture, is_root, status, workspace};
+
+mod duty;
+mod front_end;
+
+use duty::duty;
+use front_end::front_end;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -67,7 +73,18 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.front_end {
         return front_end(&args, &looper, &allocscope, &out_dir);
     }
-    // (name, extra record arguments, target ratio): DESIGN.md §5 and the issues' targets.
+    let modes = probe_modes();
+    let rounds = measure_modes(&args, &modes, &looper, &allocscope, &out_dir)?;
+    report_modes(&modes, &rounds);
+    Ok(())
+}
+
+/// A probe mode: its name, its extra `record` arguments, and its target ratio.
+type ProbeMode = (&'static str, &'static [&'static str], Option<f64>);
+
+/// The modes compared with the reference probe.
+fn probe_modes() -> [ProbeMode; 8] {
+    // (name, extra record arguments, target ratio): docs/design.md §5 and the issues' targets.
     // The last mode probes the whole host (`--all`) and leaves the reference copy out
     // (`--exclude-pid`): that copy then also pays our program's exclusion check, which the
     // summary sets against its cost in the first mode.
@@ -75,7 +92,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     // costs (the stack copy against the kernel's frame-pointer walk) shows per call.
     // `--follow` probes allocator files for every process too: the reference copy, not
     // followed, pays what any process on the host pays during such a recording.
-    let modes: [(&str, &[&str], Option<f64>); 8] = [
+    [
         ("record --alloc-only", &["--alloc-only"], Some(1.15)),
         ("record (sessions)", &[], Some(2.3)),
         ("record (classic returns)", &["--no-sessions"], Some(2.3)),
@@ -105,50 +122,40 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         ),
         (HOST_MODE, &["--alloc-only"], Some(1.15)),
         (FOLLOW_MODE, &["--alloc-only", "--follow"], Some(1.15)),
-    ];
+    ]
+}
+
+/// Every round of every mode (the warm-up round left out).
+fn measure_modes(
+    args: &BenchArgs,
+    modes: &[ProbeMode],
+    looper: &Path,
+    allocscope: &Path,
+    out_dir: &Path,
+) -> anyhow::Result<Vec<Vec<Round>>> {
     let mut rounds: Vec<Vec<Round>> = vec![Vec::new(); modes.len()];
     eprintln!("round  mode                     cpu(ref/ours)  native ns  reference +ns  allocscope +ns  ratio");
     for round in 0..=args.rounds {
-        let (reference_cpu, ours_cpu) = if round % 2 == 0 { (0, 1) } else { (1, 0) };
+        let cpus = if round % 2 == 0 { (0, 1) } else { (1, 0) };
         let native = {
-            let mut a = Loop::start(&looper, reference_cpu, &args)?;
-            let mut b = Loop::start(&looper, ours_cpu, &args)?;
+            let mut a = Loop::start(looper, cpus.0, args)?;
+            let mut b = Loop::start(looper, cpus.1, args)?;
             a.go()?;
             b.go()?;
             (a.finish()?, b.finish()?)
         };
         for (mode, (name, extra, _)) in modes.iter().enumerate() {
-            let mut a = Loop::start(&looper, reference_cpu, &args)?;
-            let mut b = Loop::start(&looper, ours_cpu, &args)?;
-            let reference_probe =
-                Probe::start(Command::new(&allocscope).args(["reference-probe", "-p", &a.pid()]))?;
-            let targets = if *name == HOST_MODE {
-                vec!["--all".to_owned(), "--exclude-pid".to_owned(), a.pid()]
-            } else {
-                vec!["-p".to_owned(), b.pid()]
-            };
-            let ours_probe = Probe::start(
-                Command::new(&allocscope)
-                    .arg("record")
-                    .args(&targets)
-                    .arg("-o")
-                    .arg(out_dir.join("bench.json"))
-                    .args(*extra)
-                    .args(&args.record_args),
-            )?;
-            a.go()?;
-            b.go()?;
-            let (reference, ours) = (a.finish()?, b.finish()?);
-            reference_probe.stop()?;
-            ours_probe.stop()?;
-            let result = Round {
-                native: native.0.min(native.1),
-                reference: reference - native.0,
-                ours: ours - native.1,
-            };
+            let result =
+                measure_mode(args, name, extra, cpus, native, looper, allocscope, out_dir)?;
             eprintln!(
-                "{:>5}  {name:<24} {reference_cpu}/{ours_cpu}            {:>9.1}  {:>13.1}  {:>14.1}  {:.3}",
-                if round == 0 { "warm".to_owned() } else { round.to_string() },
+                "{:>5}  {name:<24} {}/{}            {:>9.1}  {:>13.1}  {:>14.1}  {:.3}",
+                if round == 0 {
+                    "warm".to_owned()
+                } else {
+                    round.to_string()
+                },
+                cpus.0,
+                cpus.1,
                 (native.0 + native.1) / 2.0,
                 result.reference,
                 result.ours,
@@ -160,7 +167,56 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
         }
     }
-    for ((name, _, target), results) in modes.iter().zip(&rounds) {
+    Ok(rounds)
+}
+
+/// One round of mode `name`: the reference copy on CPU `cpus.0` under the bare probe, ours
+/// on `cpus.1` under allocscope; `native`: both copies' times without probes.
+#[allow(clippy::too_many_arguments)]
+fn measure_mode(
+    args: &BenchArgs,
+    name: &str,
+    extra: &[&str],
+    (reference_cpu, ours_cpu): (u32, u32),
+    native: (f64, f64),
+    looper: &Path,
+    allocscope: &Path,
+    out_dir: &Path,
+) -> anyhow::Result<Round> {
+    let mut a = Loop::start(looper, reference_cpu, args)?;
+    let mut b = Loop::start(looper, ours_cpu, args)?;
+    let reference_probe =
+        Probe::start(Command::new(allocscope).args(["reference-probe", "-p", &a.pid()]))?;
+    let targets = if name == HOST_MODE {
+        vec!["--all".to_owned(), "--exclude-pid".to_owned(), a.pid()]
+    } else {
+        vec!["-p".to_owned(), b.pid()]
+    };
+    let ours_probe = Probe::start(
+        Command::new(allocscope)
+            .arg("record")
+            .args(&targets)
+            .arg("-o")
+            .arg(out_dir.join("bench.json"))
+            .args(extra)
+            .args(&args.record_args),
+    )?;
+    a.go()?;
+    b.go()?;
+    let (reference, ours) = (a.finish()?, b.finish()?);
+    reference_probe.stop()?;
+    ours_probe.stop()?;
+    Ok(Round {
+        native: native.0.min(native.1),
+        reference: reference - native.0,
+        ours: ours - native.1,
+    })
+}
+
+/// Prints each mode's medians, what one sample costs, and what a process left out of
+/// file-wide probes pays.
+fn report_modes(modes: &[ProbeMode], rounds: &[Vec<Round>]) {
+    for ((name, _, target), results) in modes.iter().zip(rounds) {
         let median = |value: fn(&Round) -> f64| median(results.iter().map(value).collect());
         let target = target.map_or_else(String::new, |t| format!(" (target ≤ {t})"));
         println!(
@@ -218,218 +274,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             median(extra),
         );
     }
-    Ok(())
-}
-
-/// A benchmark mode: its name, the command prefix the loop runs under, and environment.
-type Mode<'a> = (&'a str, Vec<String>, Vec<(String, String)>);
-
-/// The in-process front end's benchmark. Per round, two pinned copies of the loop run at
-/// once natively (each CPU's native cost), then per mode copy A natively (the drift
-/// reference) and copy B under the mode; B's added cost is corrected by A's drift. CPUs
-/// swap every round; medians over rounds. Modes: the library preloaded with nothing
-/// attached (its countdown and counters; the USDT sites are nops); `record -- CMD` at the
-/// default interval (library and allocscope attached: what a user pays); and at `-i 4KiB`
-/// (one call in 64 sampled, unthrottled) with the sites probed at the trapping 1-byte nop
-/// (the default) and, `--usdt-nop5`, at the optimised 5-byte nop (unsafe for programs that
-/// fork on Linux 6.18; `bench_loop` does not): their difference from the default mode,
-/// times 64, is what one sample costs each way.
-fn front_end(
-    args: &BenchArgs,
-    looper: &Path,
-    allocscope: &Path,
-    out_dir: &Path,
-) -> anyhow::Result<()> {
-    let library = workspace().join("target/release/libsampler_preload.so");
-    if !library.exists() {
-        bail!(
-            "{} missing (cargo build --release builds it)",
-            library.display()
-        );
-    }
-    let out = out_dir.join("front-end.json");
-    let record = |extra: &[&str]| -> Vec<String> {
-        let mut command = vec![
-            allocscope.display().to_string(),
-            "record".to_owned(),
-            "-o".to_owned(),
-            out.display().to_string(),
-        ];
-        command.extend(extra.iter().map(|s| (*s).to_owned()));
-        command.push("--".to_owned());
-        command
-    };
-    let sampled = ["-i", "4KiB", "--max-samples-per-sec", "0"];
-    let nop5 = ["-i", "4KiB", "--max-samples-per-sec", "0", "--usdt-nop5"];
-    let modes: Vec<Mode> = vec![
-        (
-            "library, nothing attached",
-            Vec::new(),
-            vec![("LD_PRELOAD".into(), library.display().to_string())],
-        ),
-        ("record -- (default interval)", record(&[]), Vec::new()),
-        ("record -i 4KiB (nop5)", record(&nop5), Vec::new()),
-        ("record -i 4KiB (int3)", record(&sampled), Vec::new()),
-    ];
-    let mut added: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
-    let mut natives = Vec::new();
-    eprintln!("round  mode                           cpu  native ns  added ns");
-    for round in 0..=args.rounds {
-        let (a_cpu, b_cpu) = if round % 2 == 0 { (0, 1) } else { (1, 0) };
-        let native = {
-            let mut a = Loop::start(looper, a_cpu, args)?;
-            let mut b = Loop::start(looper, b_cpu, args)?;
-            a.go()?;
-            b.go()?;
-            (a.finish()?, b.finish()?)
-        };
-        for (index, (name, prefix, env)) in modes.iter().enumerate() {
-            let mut a = Loop::start(looper, a_cpu, args)?;
-            let mut b = Loop::start_under(prefix, env, looper, b_cpu, args)?;
-            a.go()?;
-            b.go()?;
-            let (reference, ours) = (a.finish()?, b.finish()?);
-            let cost = (ours - native.1) - (reference - native.0);
-            eprintln!(
-                "{:>5}  {name:<30} {b_cpu}    {:>9.1}  {cost:>8.2}",
-                if round == 0 {
-                    "warm".to_owned()
-                } else {
-                    round.to_string()
-                },
-                native.1,
-            );
-            if round > 0 {
-                added[index].push(cost);
-            }
-        }
-        if round > 0 {
-            natives.push((native.0 + native.1) / 2.0);
-        }
-    }
-    let native = median(natives);
-    println!("native malloc(64)+free: {native:.1} ns (median over rounds)");
-    for ((name, ..), costs) in modes.iter().zip(&added) {
-        println!(
-            "{name}: +{:.2} ns per malloc+free (median over {} rounds)",
-            median(costs.clone()),
-            costs.len()
-        );
-    }
-    let per_sample = |mode: usize| -> f64 {
-        median(
-            added[mode]
-                .iter()
-                .zip(&added[1])
-                .map(|(sampled, default)| (sampled - default) * CALLS_PER_SAMPLE_4K)
-                .collect(),
-        )
-    };
-    // The trap's share, round by round (both modes ran in the same round).
-    let trap_over_nop5 = median(
-        added[3]
-            .iter()
-            .zip(&added[2])
-            .map(|(int3, nop5)| (int3 - nop5) * CALLS_PER_SAMPLE_4K)
-            .collect(),
-    );
-    println!(
-        "per sample (-i 4KiB, 1 call in {CALLS_PER_SAMPLE_4K}): {:+.0} ns through the optimised \
-         5-byte-nop probe, {:+.0} ns through the int3 trap (medians over rounds); the int3 \
-         trap costs {trap_over_nop5:+.0} ns more per sample (median of the rounds' differences)",
-        per_sample(2),
-        per_sample(3)
-    );
-    Ok(())
-}
-
-/// The duty-cycling benchmark: per round, workload and budget, two pinned copies of the
-/// loop doing the same work, one native and one under `record --alloc-only
-/// --max-overhead`; the ratio of their whole run times, the share the profile says the
-/// probes added, and whether the profile's bounds on the bytes allocated hold the truth
-/// (64 bytes per iteration; the loop's own few other allocations are within the slack).
-/// Two workloads: a malloc loop doing nothing else (~9 ns per iteration natively, ~100
-/// times that while probed), and one doing ~1 µs of arithmetic per allocation.
-fn duty(args: &BenchArgs, looper: &Path, allocscope: &Path, out_dir: &Path) -> anyhow::Result<()> {
-    const PER_CHUNK: u32 = 2_000;
-    const SLACK: f64 = 1024.0 * 1024.0;
-    // (name, arithmetic steps per allocation, iterations as a share of --duty-iterations)
-    let workloads: [(&str, u32, u64); 2] = [
-        ("malloc loop", 0, 1),
-        ("1 µs of work per allocation", 1000, 110),
-    ];
-    let budgets = ["1%", "2%", "5%", "10%"];
-    let mut results: Vec<Vec<(f64, bool, f64, f64)>> =
-        vec![Vec::new(); budgets.len() * workloads.len()];
-    eprintln!(
-        "round  workload                      budget  native s  ours s  ratio  added  estimate/truth  bounds"
-    );
-    for round in 1..=args.rounds {
-        let (native_cpu, ours_cpu) = if round % 2 == 0 { (0, 1) } else { (1, 0) };
-        for (w, &(workload, work, divisor)) in workloads.iter().enumerate() {
-            let chunks = u32::try_from(args.duty_iterations / divisor / u64::from(PER_CHUNK))
-                .context("--duty-iterations too large")?
-                .max(1);
-            let truth = f64::from(chunks) * f64::from(PER_CHUNK) * 64.0;
-            for (b, budget) in budgets.iter().enumerate() {
-                let start = |cpu| Loop::start_working(looper, cpu, PER_CHUNK, chunks, work);
-                let (mut native, mut ours) = (start(native_cpu)?, start(ours_cpu)?);
-                let profile =
-                    out_dir.join(format!("duty-{w}-{}.json", budget.trim_end_matches('%')));
-                let probe = Probe::start(
-                    Command::new(allocscope)
-                        .args(["record", "--alloc-only", "--max-overhead", budget, "-p"])
-                        .arg(ours.pid())
-                        .arg("-o")
-                        .arg(&profile)
-                        .args(&args.record_args),
-                )?;
-                native.go()?;
-                ours.go()?;
-                let (native_ns, ours_ns) = (native.finish_both()?.1, ours.finish_both()?.1);
-                probe.stop()?;
-                let text = std::fs::read_to_string(&profile)
-                    .with_context(|| format!("reading {}", profile.display()))?;
-                let json: serde_json::Value = serde_json::from_str(&text)?;
-                let bytes = &json["processes"][0]["alloc_bytes"];
-                let estimate = bytes["estimate"].as_f64().unwrap_or(0.0);
-                let lower = bytes["lower"].as_f64().unwrap_or(0.0);
-                // `null`: no upper bound.
-                let upper = bytes["upper"].as_f64().unwrap_or(f64::INFINITY);
-                let held = lower <= truth + SLACK && truth <= upper;
-                let added = json["overhead"]["share"].as_f64().unwrap_or(f64::NAN);
-                let ratio = ours_ns / native_ns;
-                eprintln!(
-                    "{round:>5}  {workload:<28}  {budget:>6}  {:>8.2}  {:>6.2}  {ratio:.3}  {:>5.1}%  {:>14.3}  [{:.3}, {:.3}] {}",
-                    native_ns / 1e9,
-                    ours_ns / 1e9,
-                    added * 100.0,
-                    estimate / truth,
-                    lower / truth,
-                    upper / truth,
-                    if held { "held" } else { "MISSED" },
-                );
-                results[w * budgets.len() + b].push((ratio, held, added, (upper - lower) / truth));
-            }
-        }
-    }
-    for (w, (workload, ..)) in workloads.iter().enumerate() {
-        for (b, budget) in budgets.iter().enumerate() {
-            let runs = &results[w * budgets.len() + b];
-            let held = runs.iter().filter(|r| r.1).count();
-            println!(
-                "{workload}, record --alloc-only --max-overhead {budget}: median over {} rounds: \
-                 {:.3}× the native run time, probes added {:.1}% of its own CPU time, 95% \
-                 bounds held the truth in {held} of {} runs (median width {:.0}% of it)",
-                runs.len(),
-                median(runs.iter().map(|r| r.0).collect()),
-                median(runs.iter().map(|r| r.2).collect()) * 100.0,
-                runs.len(),
-                median(runs.iter().map(|r| r.3).collect()) * 100.0,
-            );
-        }
-    }
-    Ok(())
 }
 
 const HOST_MODE: &str = "record --all --alloc-only";

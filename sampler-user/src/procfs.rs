@@ -1,0 +1,223 @@
+//! What /proc says about a process, read in one place: its name, cgroup, environment, auxiliary
+//! vector, `stat` fields, resident set size and executable, and the list of processes.
+//! Every reader returns `None` (or empty) for a process that is gone: a target may exit at
+//! any moment, and that is not an error here.
+
+use std::path::PathBuf;
+
+/// Whether `pid` is a kernel thread (`PF_KTHREAD` in the flags of /proc/PID/stat).
+pub fn is_kernel_thread(pid: u32) -> bool {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat_flags(&stat))
+        .is_some_and(|flags| flags & PF_KTHREAD != 0)
+}
+
+/// The `flags` field of a /proc/PID/stat line (the name in parentheses may hold anything,
+/// `)` and spaces included: the fields start after its last `) `).
+/// The state letter of a `/proc/PID/stat` line (`R`, `S`, `Z`…).
+pub fn stat_state(stat: &str) -> Option<char> {
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// The flags field of a `/proc/PID/stat` line.
+pub fn stat_flags(stat: &str) -> Option<u64> {
+    // After the name: state, ppid, pgrp, session, tty, tpgid, flags.
+    let fields = stat.rsplit_once(") ")?.1;
+    fields.split(' ').nth(6)?.parse().ok()
+}
+
+/// The name (`comm`) of `pid`, if it lives.
+pub fn comm_of(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|c| c.trim_end().to_owned())
+}
+
+/// The environment `pid` started its program with (`/proc/PID/environ`, at most 1 MiB).
+pub fn environ_of(pid: u32) -> Option<Vec<u8>> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(format!("/proc/{pid}/environ"))
+        .ok()?
+        .take(1 << 20)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    Some(bytes)
+}
+
+/// The paths an environment block (`/proc/PID/environ`: NUL-separated `NAME=value`) puts
+/// in `LD_PRELOAD`, in order (the loader splits it at spaces and colons).
+pub fn ld_preload_entries(environ: &[u8]) -> Vec<&[u8]> {
+    environ
+        .split(|&b| b == 0)
+        .find_map(|entry| entry.strip_prefix(b"LD_PRELOAD="))
+        .map(|value| {
+            value
+                .split(|&b| b == b' ' || b == b':')
+                .filter(|path| !path.is_empty())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `pid`'s program runs in secure-execution mode (its auxv's `AT_SECURE`: a
+/// set-user/group-ID program or one with file capabilities, for which the dynamic loader
+/// ignores `LD_PRELOAD` paths); `None` when unreadable.
+pub fn secure_execution(pid: u32) -> Option<bool> {
+    let auxv = std::fs::read(format!("/proc/{pid}/auxv")).ok()?;
+    Some(at_secure(&auxv))
+}
+
+/// Whether `pid`'s maps hold a dynamic loader (`ld-linux…`, `ld-musl…`): its program is
+/// dynamically linked, and `LD_PRELOAD` applies to it.
+pub fn has_dynamic_loader(pid: u32) -> bool {
+    crate::probe::maps::read(pid).is_ok_and(|vmas| {
+        vmas.iter().any(|vma| {
+            vma.path
+                .as_deref()
+                .and_then(std::path::Path::file_name)
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with("ld-linux") || name.starts_with("ld-musl"))
+        })
+    })
+}
+
+/// `AT_SECURE` in an auxiliary vector (native-endian 64-bit key/value pairs).
+fn at_secure(auxv: &[u8]) -> bool {
+    const AT_SECURE: u64 = 23;
+    auxv.chunks_exact(16)
+        .map(|pair| {
+            let word =
+                |at: usize| u64::from_ne_bytes(pair[at..at + 8].try_into().unwrap_or_default());
+            (word(0), word(8))
+        })
+        .take_while(|&(key, _)| key != 0)
+        .any(|(key, value)| key == AT_SECURE && value != 0)
+}
+
+/// The cgroup (v2 path) of `pid`: groups a container's or a systemd unit's processes.
+pub fn cgroup_of(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    cgroup_path(&text)
+}
+
+/// The unified-hierarchy path from the text of /proc/PID/cgroup (`0::/system.slice/x`), else
+/// the first controller's. Pure.
+pub fn cgroup_path(text: &str) -> Option<String> {
+    let paths: Vec<(&str, &str)> = text
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.splitn(3, ':');
+            let id = fields.next()?;
+            let _controllers = fields.next()?;
+            Some((id, fields.next()?))
+        })
+        .collect();
+    paths
+        .iter()
+        .find(|(id, _)| *id == "0")
+        .or_else(|| paths.first())
+        .map(|(_, path)| (*path).to_owned())
+}
+
+/// Every process now (pids of /proc), kernel threads included (they map nothing and are
+/// skipped when their allocators are asked for).
+pub fn all_pids() -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// Resident set size of `pid` from /proc/PID/status (`VmRSS`), if it is alive.
+pub fn rss_of(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    vm_rss(&status)
+}
+
+/// `VmRSS` of a /proc/PID/status text, in bytes.
+fn vm_rss(status: &str) -> Option<u64> {
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+/// The path of `pid`'s executable, if it is alive and has one.
+pub fn executable_of(pid: u32) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ld_preload_is_split_as_the_loader_splits_it() {
+        let environ =
+            b"HOME=/root\0LD_PRELOAD=/proc/self/fd/5 /usr/lib/libjemalloc.so.2:/x.so\0PATH=/bin\0";
+        assert_eq!(
+            ld_preload_entries(environ),
+            [
+                &b"/proc/self/fd/5"[..],
+                b"/usr/lib/libjemalloc.so.2",
+                b"/x.so"
+            ]
+        );
+        assert!(ld_preload_entries(b"PATH=/bin\0LD_PRELOADX=/y.so\0").is_empty());
+        assert!(ld_preload_entries(b"LD_PRELOAD=\0").is_empty());
+    }
+
+    #[test]
+    fn secure_execution_is_read_from_the_auxiliary_vector() {
+        let vector = |pairs: &[(u64, u64)]| -> Vec<u8> {
+            pairs
+                .iter()
+                .flat_map(|&(k, v)| k.to_ne_bytes().into_iter().chain(v.to_ne_bytes()))
+                .collect()
+        };
+        assert!(!at_secure(&vector(&[(6, 4096), (23, 0), (0, 0)])));
+        assert!(at_secure(&vector(&[(6, 4096), (23, 1), (0, 0)])));
+        // Past the terminating pair, nothing counts; a cut vector is read as far as whole.
+        assert!(!at_secure(&vector(&[(0, 0), (23, 1)])));
+        assert!(!at_secure(&[1, 2, 3]));
+        // This process is not set-user-ID.
+        assert_eq!(secure_execution(std::process::id()), Some(false));
+    }
+
+    #[test]
+    fn reads_cgroup_paths() {
+        assert_eq!(
+            cgroup_path("0::/system.slice/nginx.service\n").as_deref(),
+            Some("/system.slice/nginx.service")
+        );
+        assert_eq!(
+            cgroup_path("12:pids:/docker/abc\n0::/docker/abc\n").as_deref(),
+            Some("/docker/abc")
+        );
+        assert_eq!(cgroup_path("3:cpu:/a\n").as_deref(), Some("/a"));
+        assert_eq!(cgroup_path(""), None);
+    }
+
+    #[test]
+    fn reads_resident_set_size() {
+        assert_eq!(
+            vm_rss("Name:\tx\nVmRSS:\t   1234 kB\nVmSwap: 0 kB\n"),
+            Some(1234 * 1024)
+        );
+        assert_eq!(vm_rss("Name:\tkthread\n"), None);
+        assert!(rss_of(std::process::id()).is_some_and(|bytes| bytes > 0));
+        assert!(executable_of(std::process::id()).is_some());
+    }
+}

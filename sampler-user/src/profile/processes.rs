@@ -1,0 +1,202 @@
+//! What is known of each target apart from its samples: its name, executable, cgroup and
+//! allocators as probed, and its resident set size and CPU time while it lived. Read from
+//! /proc ([`crate::procfs`]) and the process's CPU clock ([`crate::clock`]) when the
+//! recording starts tracking it and every refresh, and kept after it exits: a short-lived
+//! process is described by what was read while it surely lived.
+
+use std::collections::BTreeMap;
+
+use super::aggregator::ProcessTally;
+use crate::duty::sums::DutyPair;
+use crate::probe::{allocator::Allocator, maps::FileId};
+
+/// The targets' descriptions, by pid.
+#[derive(Debug, Default)]
+pub struct ProcessBook {
+    commands: BTreeMap<u32, String>,
+    executables: BTreeMap<u32, String>,
+    cgroups: BTreeMap<u32, String>,
+    /// Its allocator files, each as first described to users.
+    allocators: BTreeMap<u32, Vec<(FileId, String)>>,
+    /// The last resident set size read (kept after the process exits).
+    rss: BTreeMap<u32, u64>,
+    /// Its CPU time (ns) when first and last read.
+    cpu: BTreeMap<u32, (u64, u64)>,
+}
+
+/// What a tally adds to a process's description: sampled blocks whose frees could not be
+/// tracked, samples lost without a stack, and the duty cycle's sums.
+#[derive(Debug, Default)]
+pub struct ProcessSamples {
+    /// Sampled blocks whose frees could not be tracked.
+    pub untracked: u64,
+    /// Samples lost without a stack.
+    pub lost: u64,
+    /// Duty cycling: its bytes and calls over time-sampled strata.
+    pub duty: Option<DutyPair>,
+}
+
+impl ProcessBook {
+    /// Starts tracking `pid` (or again, after an exec): its command name, executable,
+    /// cgroup, RSS and CPU time while it surely lives.
+    pub fn track(&mut self, pid: u32) {
+        let command = crate::procfs::comm_of(pid).unwrap_or_default();
+        self.commands.insert(pid, command);
+        if let Some(cgroup) = crate::procfs::cgroup_of(pid) {
+            self.cgroups.insert(pid, cgroup);
+        }
+        if let Some(exe) = crate::procfs::executable_of(pid) {
+            self.executables.insert(pid, exe.display().to_string());
+        }
+        if let Some(bytes) = crate::procfs::rss_of(pid) {
+            self.rss.insert(pid, bytes);
+        }
+        self.note_cpu(pid);
+    }
+
+    /// Reads `pid`'s CPU time: the first reading is where its recorded time starts (a new
+    /// process's is ~0), the latest where it ends.
+    fn note_cpu(&mut self, pid: u32) {
+        if let Some(ns) = crate::clock::process_cpu_ns(pid) {
+            self.cpu
+                .entry(pid)
+                .and_modify(|(_, last)| *last = ns)
+                .or_insert((ns, ns));
+        }
+    }
+
+    /// Starts tracking `pid`, a new process of `parent` (forked, not exec'd yet): what it
+    /// cannot tell about itself any more (it may already be gone) is its parent's.
+    pub fn track_fork(&mut self, pid: u32, parent: u32) {
+        self.track(pid);
+        for names in [&mut self.commands, &mut self.executables] {
+            if names.get(&pid).is_none_or(String::is_empty) {
+                if let Some(name) = names.get(&parent).cloned() {
+                    names.insert(pid, name);
+                }
+            }
+        }
+        if !self.cgroups.contains_key(&pid) {
+            if let Some(cgroup) = self.cgroups.get(&parent).cloned() {
+                self.cgroups.insert(pid, cgroup);
+            }
+        }
+    }
+
+    /// Names `pid` `command` (as the kernel reported it at an exec or fork) if it could not
+    /// be read from /proc: it was gone already.
+    pub fn name_if_unknown(&mut self, pid: u32, command: &str) {
+        let name = self.commands.entry(pid).or_default();
+        if name.is_empty() {
+            command.clone_into(name);
+        }
+    }
+
+    /// Whether `pid` is tracked already.
+    pub fn tracks(&self, pid: u32) -> bool {
+        self.commands.contains_key(&pid)
+    }
+
+    /// Every process tracked.
+    pub fn pids(&self) -> Vec<u32> {
+        self.commands.keys().copied().collect()
+    }
+
+    /// Re-reads the CPU time and RSS of the processes still alive, and the name of those
+    /// that exec'd since.
+    pub fn refresh(&mut self) {
+        for (&pid, command) in &mut self.commands {
+            if let Some(ns) = crate::clock::process_cpu_ns(pid) {
+                if let Some((_, last)) = self.cpu.get_mut(&pid) {
+                    *last = ns;
+                }
+            }
+            if let Some(bytes) = crate::procfs::rss_of(pid) {
+                self.rss.insert(pid, bytes);
+                if let Some(now) = crate::procfs::comm_of(pid) {
+                    *command = now;
+                }
+            }
+        }
+    }
+
+    /// Adds the allocators probed in `pid` (each file described once, as JSON reports
+    /// them, by the first path it was seen at: /lib and /usr/lib are one file) to those
+    /// probed in it before: a process attached at exec, before its libraries are mapped,
+    /// gains its C library a moment later.
+    pub fn add_allocators(&mut self, pid: u32, allocators: &[Allocator]) {
+        let described = self.allocators.entry(pid).or_default();
+        for allocator in allocators {
+            if !described.iter().any(|(file, _)| *file == allocator.file_id) {
+                described.push((allocator.file_id.clone(), allocator.describe()));
+            }
+        }
+    }
+
+    /// Every process tracked, described, with what `samples` says of its samples.
+    pub fn tally(&self, samples: impl Fn(u32) -> ProcessSamples) -> Vec<ProcessTally> {
+        self.commands
+            .iter()
+            .map(|(&pid, command)| {
+                let ProcessSamples {
+                    untracked,
+                    lost,
+                    duty,
+                } = samples(pid);
+                ProcessTally {
+                    pid,
+                    command: command.clone(),
+                    executable: self.executables.get(&pid).cloned().unwrap_or_default(),
+                    rss_bytes: self.rss.get(&pid).copied(),
+                    cpu_seconds: self
+                        .cpu
+                        .get(&pid)
+                        .map(|&(first, last)| last.saturating_sub(first) as f64 / 1e9),
+                    untracked_samples: untracked,
+                    lost_samples: lost,
+                    cgroup: self.cgroups.get(&pid).cloned(),
+                    allocators: self
+                        .allocators
+                        .get(&pid)
+                        .map(|files| files.iter().map(|(_, name)| name.clone()).collect())
+                        .unwrap_or_default(),
+                    duty,
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_is_described_while_alive_and_after() {
+        let mut book = ProcessBook::default();
+        let me = std::process::id();
+        assert!(!book.tracks(me));
+        book.track(me);
+        assert!(book.tracks(me));
+        // A fork that is gone before it is read takes its parent's names.
+        book.track_fork(u32::MAX - 1, me);
+        book.name_if_unknown(u32::MAX - 2, "gone");
+        book.refresh();
+        let tally = book.tally(|pid| ProcessSamples {
+            untracked: u64::from(pid == me),
+            ..ProcessSamples::default()
+        });
+        let mine = tally.iter().find(|p| p.pid == me).unwrap();
+        assert!(!mine.command.is_empty() && !mine.executable.is_empty());
+        assert!(mine.rss_bytes.is_some_and(|b| b > 0) && mine.cpu_seconds.is_some());
+        assert_eq!(mine.untracked_samples, 1);
+        let fork = tally.iter().find(|p| p.pid == u32::MAX - 1).unwrap();
+        assert_eq!(
+            (&fork.command, &fork.executable),
+            (&mine.command, &mine.executable)
+        );
+        assert_eq!(fork.cpu_seconds, None, "never read: not guessed");
+        let named = tally.iter().find(|p| p.pid == u32::MAX - 2).unwrap();
+        assert_eq!(named.command, "gone");
+    }
+}
