@@ -317,48 +317,9 @@ impl SamplingArgs {
                 dir.display()
             )));
         }
-        let unwind = match self.unwind {
-            UnwindArg::Fp => Unwind::FramePointers,
-            UnwindArg::Dwarf => Unwind::Cfi {
-                stack_bytes: parse_size(&self.stack_bytes)
-                    .ok()
-                    .filter(|bytes| STACK_BYTES_RANGE.contains(bytes))
-                    .ok_or_else(|| {
-                        BadInput(format!(
-                            "invalid --stack-bytes {:?}: from 4KiB to 64KiB",
-                            self.stack_bytes
-                        ))
-                    })? as u32,
-            },
-        };
-        // A stack copy makes a sample's record up to ~30 times larger: room for more in flight.
-        let ring_buffer = match (&self.ring_buffer, unwind) {
-            (Some(text), _) => parse_size(text)
-                .ok()
-                .filter(|&bytes| RING_BUFFER_RANGE.contains(&bytes) && bytes.is_power_of_two())
-                .ok_or_else(|| {
-                    BadInput(format!(
-                        "invalid --ring-buffer {text:?}: a power of two from 64KiB to 256MiB"
-                    ))
-                })? as u32,
-            (None, Unwind::FramePointers) => 4 << 20,
-            (None, Unwind::Cfi { .. }) => 32 << 20,
-        };
-        let max_overhead = match &self.max_overhead {
-            None => None,
-            Some(text) => Some(parse_percent(text).ok_or_else(|| {
-                BadInput(format!(
-                    "invalid --max-overhead {text:?}: a percentage from 0.1% to 100% (e.g. 2%)"
-                ))
-            })?),
-        };
-        if max_overhead.is_some() && !self.alloc_only {
-            return Err(BadInput(
-                "--max-overhead needs --alloc-only: with the probes detached between slots, \
-                 frees would be missed and live numbers would be wrong"
-                    .into(),
-            ));
-        }
+        let unwind = self.unwind()?;
+        let ring_buffer = self.ring_buffer(unwind)?;
+        let max_overhead = self.max_overhead()?;
         Ok(SamplingConfig {
             interval,
             alloc_only: self.alloc_only,
@@ -375,6 +336,61 @@ impl SamplingArgs {
             max_samples_per_sec,
             max_overhead,
         })
+    }
+
+    /// `--unwind`, with `--stack-bytes` checked for `dwarf`.
+    fn unwind(&self) -> Result<Unwind, BadInput> {
+        Ok(match self.unwind {
+            UnwindArg::Fp => Unwind::FramePointers,
+            UnwindArg::Dwarf => Unwind::Cfi {
+                stack_bytes: parse_size(&self.stack_bytes)
+                    .ok()
+                    .filter(|bytes| STACK_BYTES_RANGE.contains(bytes))
+                    .ok_or_else(|| {
+                        BadInput(format!(
+                            "invalid --stack-bytes {:?}: from 4KiB to 64KiB",
+                            self.stack_bytes
+                        ))
+                    })? as u32,
+            },
+        })
+    }
+
+    /// `--ring-buffer`, or its default for `unwind`: a stack copy makes a sample's record up
+    /// to ~30 times larger, so room for more in flight.
+    fn ring_buffer(&self, unwind: Unwind) -> Result<u32, BadInput> {
+        Ok(match (&self.ring_buffer, unwind) {
+            (Some(text), _) => parse_size(text)
+                .ok()
+                .filter(|&bytes| RING_BUFFER_RANGE.contains(&bytes) && bytes.is_power_of_two())
+                .ok_or_else(|| {
+                    BadInput(format!(
+                        "invalid --ring-buffer {text:?}: a power of two from 64KiB to 256MiB"
+                    ))
+                })? as u32,
+            (None, Unwind::FramePointers) => 4 << 20,
+            (None, Unwind::Cfi { .. }) => 32 << 20,
+        })
+    }
+
+    /// `--max-overhead`, which needs `--alloc-only`.
+    fn max_overhead(&self) -> Result<Option<f64>, BadInput> {
+        let Some(text) = &self.max_overhead else {
+            return Ok(None);
+        };
+        let budget = parse_percent(text).ok_or_else(|| {
+            BadInput(format!(
+                "invalid --max-overhead {text:?}: a percentage from 0.1% to 100% (e.g. 2%)"
+            ))
+        })?;
+        if !self.alloc_only {
+            return Err(BadInput(
+                "--max-overhead needs --alloc-only: with the probes detached between slots, \
+                 frees would be missed and live numbers would be wrong"
+                    .into(),
+            ));
+        }
+        Ok(Some(budget))
     }
 }
 

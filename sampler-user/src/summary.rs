@@ -6,7 +6,7 @@ use crate::{
     collect::Losses,
     cost::{Overhead, TrapSource},
     format::{bytes, frame_name, percent},
-    profile::{Coverage, DutyRecord, Profile, StackProfile, LOST_FRAME},
+    profile::{Coverage, DutyRecord, ProcessProfile, Profile, StackProfile, LOST_FRAME},
     stacks::StackEnd,
     stats::Estimate,
     text,
@@ -195,6 +195,46 @@ fn describe_stack_ends(stacks: &[StackProfile]) -> Option<String> {
 /// Renders the summary: totals per process, losses, and the top `top` stacks.
 pub fn render(profile: &Profile, top: usize) -> String {
     let mut out = String::new();
+    header(&mut out, profile);
+    for process in &profile.processes {
+        process_lines(&mut out, process);
+    }
+    let losses = profile.losses;
+    if losses.total() == 0 {
+        let _ = writeln!(out, "  lost events: none");
+    } else {
+        let _ = writeln!(out, "  lost events: {}", describe_losses(&losses));
+    }
+    if let Some(overhead) = &profile.overhead {
+        let _ = writeln!(out, "  overhead: {}", describe_overhead(overhead));
+    }
+    if profile.stacks.is_empty() {
+        let _ = writeln!(
+            out,
+            "  no samples: too little was allocated for this interval"
+        );
+        return out;
+    }
+    if let Some(line) = describe_stack_ends(&profile.stacks) {
+        let _ = writeln!(out, "  stacks: {line}");
+    }
+    if let Some(age) = profile.leaks_older_than_seconds {
+        leak_rows(&mut out, profile, age, top);
+    }
+    if !profile.alloc_only {
+        live_rows(&mut out, profile, top);
+    }
+    let _ = writeln!(out, "top stacks by estimated allocated bytes:");
+    let shown: Vec<&StackProfile> = profile.stacks.iter().take(top).collect();
+    for (stack, chain) in shown.iter().zip(row_chains(&shown)) {
+        let detail = format!("{:>6} samples", stack.samples);
+        stack_row(&mut out, &stack.alloc_bytes, &detail, stack, &chain);
+    }
+    out
+}
+
+/// What was recorded, how long, at which interval and confidence, and the duty cycle.
+fn header(out: &mut String, profile: &Profile) {
     let confidence = percent(profile.sampling.confidence);
     let throttled = profile
         .sampling
@@ -219,153 +259,134 @@ pub fn render(profile: &Profile, top: usize) -> String {
     if let Some(duty) = &profile.sampling.duty {
         let _ = writeln!(out, "  {}", describe_duty(duty));
     }
-    for process in &profile.processes {
-        // Another program's allocator reports samples with their weights, no totals.
-        let exact = match process.front_end.strip_prefix("in-process (") {
-            Some(provider) => format!(
-                "no exact counts (sampled by its own allocator, reported through its {} probes)",
-                provider.trim_end_matches(')')
-            ),
-            None => format!(
-                "exact {} in {} calls{}",
-                bytes(process.exact.bytes as f64),
-                process.exact.calls,
-                if process.front_end == "in-process" {
-                    " (counted in-process)"
-                } else {
-                    ""
-                }
-            ),
-        };
-        let _ = writeln!(
-            out,
-            "  pid {} ({}): {} samples; estimated {} allocated; {exact}",
-            process.pid,
-            text::printable(&process.command),
-            process.samples,
-            estimate_bytes(&process.alloc_bytes),
-        );
-        if let Some(share) = process.observed_share {
-            let _ = writeln!(
-                out,
-                "    observed {:.1}% of its own work (CPU time less the probes'); the estimate \
-                 weighs each on slot by its stratum's work{}",
-                share * 100.0,
-                if process.alloc_bytes.upper.is_finite() {
-                    ""
-                } else {
-                    ": no upper bound, because the probes cost it far more than its own \
-                     work, or too few strata were sampled (record longer, or without \
-                     --max-overhead)"
-                }
-            );
-        }
-        if let Some(line) = process.coverage.as_ref().and_then(describe_coverage) {
-            let _ = writeln!(out, "    {line}");
-        }
-        for reason in &process.incomplete {
-            let _ = writeln!(out, "    incomplete: {}", text::printable(reason));
-        }
-        if process.lost_samples > 0 {
-            let _ = writeln!(
-                out,
-                "    incomplete: {} samples lost without a stack (ring buffer full): the \
-                 total above includes them (under {LOST_FRAME}); the stacks below and the live \
-                 numbers leave them out, so they may be low",
-                process.lost_samples
-            );
-        }
-        if let Some(live) = &process.inuse_bytes {
-            let rss = process
-                .rss_bytes
-                .map_or_else(|| "unknown".to_owned(), |rss| bytes(rss as f64));
-            let _ = writeln!(
-                out,
-                "    live heap (allocated since attach, not freed): {}; RSS {rss}",
-                estimate_bytes(live)
-            );
-            if process.untracked_samples > 0 {
-                let _ = writeln!(
-                    out,
-                    "    incomplete: {} sampled blocks could not be tracked (raise --max-tracked); \
-                     live numbers leave them out",
-                    process.untracked_samples
-                );
+}
+
+/// A process's lines: its estimate beside its exact counts, what it was observed over,
+/// its coverage, what is incomplete, and its live heap.
+fn process_lines(out: &mut String, process: &ProcessProfile) {
+    // Another program's allocator reports samples with their weights, no totals.
+    let exact = match process.front_end.strip_prefix("in-process (") {
+        Some(provider) => format!(
+            "no exact counts (sampled by its own allocator, reported through its {} probes)",
+            provider.trim_end_matches(')')
+        ),
+        None => format!(
+            "exact {} in {} calls{}",
+            bytes(process.exact.bytes as f64),
+            process.exact.calls,
+            if process.front_end == "in-process" {
+                " (counted in-process)"
+            } else {
+                ""
             }
-        }
-    }
-    let losses = profile.losses;
-    if losses.total() == 0 {
-        let _ = writeln!(out, "  lost events: none");
-    } else {
-        let _ = writeln!(out, "  lost events: {}", describe_losses(&losses));
-    }
-    if let Some(overhead) = &profile.overhead {
-        let _ = writeln!(out, "  overhead: {}", describe_overhead(overhead));
-    }
-    if profile.stacks.is_empty() {
+        ),
+    };
+    let _ = writeln!(
+        out,
+        "  pid {} ({}): {} samples; estimated {} allocated; {exact}",
+        process.pid,
+        text::printable(&process.command),
+        process.samples,
+        estimate_bytes(&process.alloc_bytes),
+    );
+    if let Some(share) = process.observed_share {
         let _ = writeln!(
             out,
-            "  no samples: too little was allocated for this interval"
+            "    observed {:.1}% of its own work (CPU time less the probes'); the estimate \
+             weighs each on slot by its stratum's work{}",
+            share * 100.0,
+            if process.alloc_bytes.upper.is_finite() {
+                ""
+            } else {
+                ": no upper bound, because the probes cost it far more than its own \
+                 work, or too few strata were sampled (record longer, or without \
+                 --max-overhead)"
+            }
         );
-        return out;
     }
-    if let Some(line) = describe_stack_ends(&profile.stacks) {
-        let _ = writeln!(out, "  stacks: {line}");
+    if let Some(line) = process.coverage.as_ref().and_then(describe_coverage) {
+        let _ = writeln!(out, "    {line}");
     }
-    if let Some(age) = profile.leaks_older_than_seconds {
-        let mut leaks: Vec<_> = profile
-            .stacks
-            .iter()
-            .filter_map(|stack| Some((stack, stack.leak?)))
-            .collect();
-        leaks.sort_by(|a, b| {
-            b.1.inuse_bytes
-                .estimate
-                .total_cmp(&a.1.inuse_bytes.estimate)
-        });
-        let _ = writeln!(out, "leak candidates (live for more than {age:.0} s):");
-        if leaks.is_empty() {
-            let _ = writeln!(out, "  none");
-        }
-        let shown: Vec<&StackProfile> = leaks.iter().take(top).map(|(s, _)| *s).collect();
-        for ((stack, leak), chain) in leaks.iter().take(top).zip(row_chains(&shown)) {
-            let detail = format!(
-                "{:>6.0} blocks  oldest {:.0} s",
-                leak.inuse_objects.estimate, leak.oldest_seconds
-            );
-            stack_row(&mut out, &leak.inuse_bytes, &detail, stack, &chain);
-        }
+    for reason in &process.incomplete {
+        let _ = writeln!(out, "    incomplete: {}", text::printable(reason));
     }
-    if !profile.alloc_only {
-        let mut live: Vec<_> = profile
-            .stacks
-            .iter()
-            .filter_map(|stack| Some((stack, stack.inuse_bytes?)))
-            .filter(|(_, live)| live.samples > 0)
-            .collect();
-        live.sort_by(|a, b| b.1.estimate.total_cmp(&a.1.estimate));
-        if !live.is_empty() {
-            let _ = writeln!(out, "top stacks by estimated live bytes:");
-        }
-        let shown: Vec<&StackProfile> = live.iter().take(top).map(|(s, _)| *s).collect();
-        for ((stack, inuse), chain) in live.iter().take(top).zip(row_chains(&shown)) {
-            stack_row(
-                &mut out,
-                inuse,
-                &format!("{:>6} samples", inuse.samples),
-                stack,
-                &chain,
+    if process.lost_samples > 0 {
+        let _ = writeln!(
+            out,
+            "    incomplete: {} samples lost without a stack (ring buffer full): the \
+             total above includes them (under {LOST_FRAME}); the stacks below and the live \
+             numbers leave them out, so they may be low",
+            process.lost_samples
+        );
+    }
+    if let Some(live) = &process.inuse_bytes {
+        let rss = process
+            .rss_bytes
+            .map_or_else(|| "unknown".to_owned(), |rss| bytes(rss as f64));
+        let _ = writeln!(
+            out,
+            "    live heap (allocated since attach, not freed): {}; RSS {rss}",
+            estimate_bytes(live)
+        );
+        if process.untracked_samples > 0 {
+            let _ = writeln!(
+                out,
+                "    incomplete: {} sampled blocks could not be tracked (raise --max-tracked); \
+                 live numbers leave them out",
+                process.untracked_samples
             );
         }
     }
-    let _ = writeln!(out, "top stacks by estimated allocated bytes:");
-    let shown: Vec<&StackProfile> = profile.stacks.iter().take(top).collect();
-    for (stack, chain) in shown.iter().zip(row_chains(&shown)) {
-        let detail = format!("{:>6} samples", stack.samples);
-        stack_row(&mut out, &stack.alloc_bytes, &detail, stack, &chain);
+}
+
+/// The top `top` leak candidates: stacks with blocks live for more than `age` seconds.
+fn leak_rows(out: &mut String, profile: &Profile, age: f64, top: usize) {
+    let mut leaks: Vec<_> = profile
+        .stacks
+        .iter()
+        .filter_map(|stack| Some((stack, stack.leak?)))
+        .collect();
+    leaks.sort_by(|a, b| {
+        b.1.inuse_bytes
+            .estimate
+            .total_cmp(&a.1.inuse_bytes.estimate)
+    });
+    let _ = writeln!(out, "leak candidates (live for more than {age:.0} s):");
+    if leaks.is_empty() {
+        let _ = writeln!(out, "  none");
     }
-    out
+    let shown: Vec<&StackProfile> = leaks.iter().take(top).map(|(s, _)| *s).collect();
+    for ((stack, leak), chain) in leaks.iter().take(top).zip(row_chains(&shown)) {
+        let detail = format!(
+            "{:>6.0} blocks  oldest {:.0} s",
+            leak.inuse_objects.estimate, leak.oldest_seconds
+        );
+        stack_row(out, &leak.inuse_bytes, &detail, stack, &chain);
+    }
+}
+
+/// The top `top` stacks by estimated live bytes.
+fn live_rows(out: &mut String, profile: &Profile, top: usize) {
+    let mut live: Vec<_> = profile
+        .stacks
+        .iter()
+        .filter_map(|stack| Some((stack, stack.inuse_bytes?)))
+        .filter(|(_, live)| live.samples > 0)
+        .collect();
+    live.sort_by(|a, b| b.1.estimate.total_cmp(&a.1.estimate));
+    if !live.is_empty() {
+        let _ = writeln!(out, "top stacks by estimated live bytes:");
+    }
+    let shown: Vec<&StackProfile> = live.iter().take(top).map(|(s, _)| *s).collect();
+    for ((stack, inuse), chain) in live.iter().take(top).zip(row_chains(&shown)) {
+        stack_row(
+            out,
+            inuse,
+            &format!("{:>6} samples", inuse.samples),
+            stack,
+            &chain,
+        );
+    }
 }
 
 /// Frames a row shows.

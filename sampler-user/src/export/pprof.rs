@@ -316,6 +316,30 @@ fn labels(
     labels
 }
 
+/// What the profile's values are, said in its comments (pprof shows them).
+fn comments(profile: &Profile) -> Vec<String> {
+    let mut comments = vec![
+        format!(
+            "allocscope: sampled every {} bytes on average; values are estimates (bounds in the JSON export)",
+            profile.sampling.mean_interval_bytes
+        ),
+        if profile.alloc_only {
+            "frees not tracked: inuse_* are 0".to_owned()
+        } else {
+            "inuse_* cover allocations made since attach".to_owned()
+        },
+    ];
+    if let Some(duty) = &profile.sampling.duty {
+        comments.push(format!(
+            "duty-cycled (--max-overhead {:.1}%): probes attached {:.1}% of the time; values \
+             are estimated over the whole time",
+            duty.max_overhead * 100.0,
+            duty.observed_share * 100.0
+        ));
+    }
+    comments
+}
+
 /// Builds the profile message (exposed for tests and readers).
 pub fn build(profile: &Profile) -> proto::Profile {
     let mut tables = Tables::new(profile);
@@ -354,25 +378,7 @@ pub fn build(profile: &Profile) -> proto::Profile {
         locations,
         ..
     } = tables;
-    let mut comments = vec![
-        format!(
-            "allocscope: sampled every {} bytes on average; values are estimates (bounds in the JSON export)",
-            profile.sampling.mean_interval_bytes
-        ),
-        if profile.alloc_only {
-            "frees not tracked: inuse_* are 0".to_owned()
-        } else {
-            "inuse_* cover allocations made since attach".to_owned()
-        },
-    ];
-    if let Some(duty) = &profile.sampling.duty {
-        comments.push(format!(
-            "duty-cycled (--max-overhead {:.1}%): probes attached {:.1}% of the time; values \
-             are estimated over the whole time",
-            duty.max_overhead * 100.0,
-            duty.observed_share * 100.0
-        ));
-    }
+    let comments = comments(profile);
     let comment = comments.iter().map(|c| strings.id(c)).collect();
     let default_sample_type = strings.id(if profile.alloc_only {
         "alloc_space"

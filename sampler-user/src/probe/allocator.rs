@@ -281,6 +281,29 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
         });
     }
     let file = object::File::parse(elf).ok()?;
+    let (mut entries, names) = entry_symbols(&file, full_symbols);
+    let defines_malloc = entries.iter().any(|e| match e.role {
+        Role::Alloc(function) => function == AllocFn::Malloc || e.name.ends_with("mallocx"),
+        Role::Free => false,
+    });
+    let defines_pymalloc = entries.iter().any(|e| e.name == "PyObject_Malloc");
+    if !defines_malloc && !defines_pymalloc {
+        return None;
+    }
+    drop_forwarders(&file, &mut entries);
+    let (functions, frees) = probed_functions(&file, entries);
+    Some(AllocatorFile {
+        family: Family::of(&names, file_name),
+        functions,
+        frees,
+        front_end: None,
+        producer: None,
+    })
+}
+
+/// The allocation and free entry points `file` defines (its dynamic symbols, and with
+/// `full_symbols` its static ones), and every defined text symbol's name.
+fn entry_symbols(file: &object::File, full_symbols: bool) -> (Vec<EntrySymbol>, Vec<String>) {
     let mut entries: Vec<EntrySymbol> = Vec::new();
     let statics = full_symbols.then(|| file.symbols()).into_iter().flatten();
     let mut names: Vec<String> = Vec::new();
@@ -300,25 +323,21 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
         }
         names.push(name);
     }
-    let defines_malloc = entries.iter().any(|e| match e.role {
-        Role::Alloc(function) => function == AllocFn::Malloc || e.name.ends_with("mallocx"),
-        Role::Free => false,
-    });
-    let defines_pymalloc = entries.iter().any(|e| e.name == "PyObject_Malloc");
-    if !defines_malloc && !defines_pymalloc {
-        return None;
-    }
-    // A function that only jumps to another probed one (jemalloc's `new[]` to `new`,
-    // mimalloc's `valloc` to `mi_valloc` through the PLT) is left to that one: probing
-    // both would count each call twice.
+    (entries, names)
+}
+
+/// A function that only jumps to another probed one (jemalloc's `new[]` to `new`,
+/// mimalloc's `valloc` to `mi_valloc` through the PLT) is left to that one: probing both
+/// would count each call twice.
+fn drop_forwarders(file: &object::File, entries: &mut Vec<EntrySymbol>) {
     let candidates: HashSet<u64> = entries.iter().map(|e| e.address).collect();
     let candidate_names: HashSet<&str> = entries.iter().map(|e| e.name.as_str()).collect();
-    let got = got_symbols(&file);
+    let got = got_symbols(file);
     let forwards = |address: u64, size: u64| {
-        let code = code_at(&file, address, size).unwrap_or_default();
+        let code = code_at(file, address, size).unwrap_or_default();
         match jump_target(code, address) {
             Some(target) if candidates.contains(&target) && target != address => true,
-            Some(target) => plt_import(&file, target, &got)
+            Some(target) => plt_import(file, target, &got)
                 .is_some_and(|name| candidate_names.contains(name.as_str())),
             None => false,
         }
@@ -329,9 +348,15 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
         .map(|e| e.address)
         .collect();
     entries.retain(|e| !forwarders.contains(&e.address));
-    // One probe per address: of aliases (tcmalloc's malloc and tc_malloc, glibc's memalign
-    // and aligned_alloc) keep the first in AllocFn order, then the shortest name, whose
-    // arguments are laid out alike; of free's aliases, the shortest name.
+}
+
+/// One probe per address, its placement chosen: of aliases (tcmalloc's malloc and
+/// tc_malloc, glibc's memalign and aligned_alloc) the first in AllocFn order, then the
+/// shortest name, whose arguments are laid out alike; of free's aliases, the shortest name.
+fn probed_functions(
+    file: &object::File,
+    mut entries: Vec<EntrySymbol>,
+) -> (Vec<Function>, Vec<FreeFunction>) {
     entries.sort_by(|a, b| a.order().cmp(&b.order()));
     let mut probed: HashSet<(bool, u64)> = HashSet::new();
     let mut functions: Vec<Function> = Vec::new();
@@ -340,8 +365,8 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
         if !probed.insert((entry.role == Role::Free, entry.address)) {
             continue;
         }
-        let code = code_at(&file, entry.address, entry.size).unwrap_or_default();
-        let file_offset = file_offset_of(&file, entry.address).unwrap_or(0);
+        let code = code_at(file, entry.address, entry.size).unwrap_or_default();
+        let file_offset = file_offset_of(file, entry.address).unwrap_or(0);
         match entry.role {
             Role::Alloc(function) => functions.push(Function {
                 function,
@@ -360,13 +385,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
             }),
         }
     }
-    Some(AllocatorFile {
-        family: Family::of(&names, file_name),
-        functions,
-        frees,
-        front_end: None,
-        producer: None,
-    })
+    (functions, frees)
 }
 
 /// A defined text symbol that is an allocation or free entry point.

@@ -400,8 +400,38 @@ impl Aggregator {
         let leaks = leak_age
             .map(|age| self.leak_candidates(age, now_ns))
             .unwrap_or_default();
-        let stacks = self
-            .per_stack
+        let stacks = self.stack_tallies(&resolved, &leaks, now_ns);
+        let recent_seconds = self.recent.as_ref().map_or(0.0, |recent| {
+            recent.tracker().coverage(now_ns, recent.window_ns).1
+        });
+        let processes = book.tally(|pid| ProcessSamples {
+            untracked: self.untracked.get(&pid).copied().unwrap_or(0),
+            lost: self
+                .lost
+                .get(&pid)
+                .map_or(0, |batches| batches.iter().map(|b| b.samples).sum()),
+            duty: self.duty_of_process(pid),
+        });
+        let build_ids = self.build_ids(&resolved);
+        Tally {
+            stacks,
+            processes,
+            recent_seconds,
+            build_ids,
+            cut_samples: self.stacks.cut_samples(),
+            duty_ns_per_call: self.duty_now.as_ref().map_or(0.0, |(_, _, ns)| *ns),
+        }
+    }
+
+    /// Every stack's sample sets now, frames resolved, and per process the pseudo-stack of
+    /// its samples lost without a stack.
+    fn stack_tallies(
+        &self,
+        resolved: &HashMap<Frame, Vec<FrameInfo>>,
+        leaks: &HashMap<StackId, (SampleSet, u64)>,
+        now_ns: u64,
+    ) -> Vec<StackTally> {
+        self.per_stack
             .iter()
             .enumerate()
             .map(|(id, all)| {
@@ -464,18 +494,14 @@ impl Aggregator {
                     duty: None,
                 }
             }))
-            .collect();
-        let recent_seconds = self.recent.as_ref().map_or(0.0, |recent| {
-            recent.tracker().coverage(now_ns, recent.window_ns).1
-        });
-        let processes = book.tally(|pid| ProcessSamples {
-            untracked: self.untracked.get(&pid).copied().unwrap_or(0),
-            lost: self
-                .lost
-                .get(&pid)
-                .map_or(0, |batches| batches.iter().map(|b| b.samples).sum()),
-            duty: self.duty_of_process(pid),
-        });
+            .collect()
+    }
+
+    /// The build id of every module the resolved frames name.
+    fn build_ids(
+        &self,
+        resolved: &HashMap<Frame, Vec<FrameInfo>>,
+    ) -> HashMap<String, Option<String>> {
         let modules = self.stacks.modules();
         let module_ids: std::collections::HashSet<stacks::ModuleId> = resolved
             .keys()
@@ -484,21 +510,13 @@ impl Aggregator {
                 Frame::Unknown { .. } => None,
             })
             .collect();
-        let build_ids = module_ids
+        module_ids
             .into_iter()
             .map(|module| {
                 let id = modules.build_id(module).map(str::to_owned);
                 (modules.name(module).to_owned(), id)
             })
-            .collect();
-        Tally {
-            stacks,
-            processes,
-            recent_seconds,
-            build_ids,
-            cut_samples: self.stacks.cut_samples(),
-            duty_ns_per_call: self.duty_now.as_ref().map_or(0.0, |(_, _, ns)| *ns),
-        }
+            .collect()
     }
 
     /// Per stack: the live samples allocated more than `age` before `now_ns`, and the oldest

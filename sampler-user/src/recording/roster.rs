@@ -142,11 +142,6 @@ impl Roster {
         self.excluded.contains(&pid)
     }
 
-    /// Whether any process is left out.
-    pub fn excludes_any(&self) -> bool {
-        !self.excluded.is_empty()
-    }
-
     /// Leaves `pid` out; whether it was not already.
     pub fn exclude(&mut self, pid: u32) -> bool {
         self.excluded.insert(pid)

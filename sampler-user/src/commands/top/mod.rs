@@ -154,15 +154,7 @@ type CostReading = (f64, BTreeMap<u32, (u64, Option<f64>)>);
 /// Attaches, shows the view until the user quits (or SIGTERM/SIGINT), detaches.
 pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyhow::Result<()> {
     let mut recording = Recording::start(prepared, &config.sampling, Some(config.window))?;
-    let mut watch = Watch {
-        last_cost: None,
-        config,
-        started: Instant::now(),
-        counters: CounterHistory::default(),
-        history: VecDeque::new(),
-        exited: BTreeSet::new(),
-        finished: false,
-    };
+    let mut watch = Watch::new(config);
     let (to_screen, incoming) = std::sync::mpsc::sync_channel::<ToScreen>(4);
     let (outgoing, mut from_screen) = tokio::sync::mpsc::unbounded_channel();
     let screen = screen::spawn(incoming, outgoing, log).context("starting the screen thread")?;
@@ -175,12 +167,8 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
         // A busy screen skips a picture; the next one carries everything.
         Ok(()) | Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {}
     };
-    if let Some(program) = watch.config.targets.command.first() {
-        send(ToScreen::Status(format!(
-            "{}'s output goes to {}",
-            program.to_string_lossy(),
-            watch.config.snapshot_dir.join(COMMAND_LOG).display()
-        )));
+    if let Some(status) = watch.command_output() {
+        send(ToScreen::Status(status));
     }
     let outcome: anyhow::Result<()> = loop {
         tokio::select! {
@@ -189,20 +177,16 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
                     Ok(Happening::Exited(pid)) => {
                         watch.exited.insert(pid);
                     }
-                    Ok(Happening::AllExited) => {
-                        watch.exited.extend(recording.pids().iter().copied());
-                        if let Err(e) = recording.detach().await {
-                            break Err(e);
+                    Ok(Happening::AllExited) => match watch.all_exited(&mut recording).await {
+                        Ok(picture) => {
+                            send(ToScreen::Picture(Box::new(picture)));
+                            send(ToScreen::Status(
+                                "every target exited: the last numbers stay on screen; q quits"
+                                    .into(),
+                            ));
                         }
-                        watch.finished = true;
-                        match watch.picture(&mut recording).await {
-                            Ok(picture) => send(ToScreen::Picture(Box::new(picture))),
-                            Err(e) => break Err(e),
-                        }
-                        send(ToScreen::Status(
-                            "every target exited: the last numbers stay on screen; q quits".into(),
-                        ));
-                    }
+                        Err(e) => break Err(e),
+                    },
                     Err(e) => break Err(e),
                 }
             }
@@ -232,11 +216,10 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
     drop(to_screen);
     let screen = tokio::task::spawn_blocking(move || screen.join()).await;
     let detached = recording.detach().await;
-    let elapsed = watch.started.elapsed();
     crate::say!(
         "allocscope top: detached from {} after {}",
         crate::text::pid_list(recording.pids()),
-        humantime::format_duration(Duration::from_secs(elapsed.as_secs()))
+        humantime::format_duration(Duration::from_secs(watch.started.elapsed().as_secs()))
     );
     match screen {
         Ok(Ok(Ok(()))) => {}
@@ -249,6 +232,36 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
 }
 
 impl Watch {
+    fn new(config: TopConfig) -> Watch {
+        Watch {
+            last_cost: None,
+            config,
+            started: Instant::now(),
+            counters: CounterHistory::default(),
+            history: VecDeque::new(),
+            exited: BTreeSet::new(),
+            finished: false,
+        }
+    }
+
+    /// Where a command's output goes (`top -- CMD`), said on the status line.
+    fn command_output(&self) -> Option<String> {
+        let program = self.config.targets.command.first()?;
+        Some(format!(
+            "{}'s output goes to {}",
+            program.to_string_lossy(),
+            self.config.snapshot_dir.join(COMMAND_LOG).display()
+        ))
+    }
+
+    /// Every target exited: the probes go, and the last picture is taken.
+    async fn all_exited(&mut self, recording: &mut Recording) -> anyhow::Result<Picture> {
+        self.exited.extend(recording.pids().iter().copied());
+        drop(recording.detach().await?);
+        self.finished = true;
+        self.picture(recording).await
+    }
+
     /// The recording now.
     async fn picture(&mut self, recording: &mut Recording) -> anyhow::Result<Picture> {
         let (counters, losses) = recording.counters().await?;

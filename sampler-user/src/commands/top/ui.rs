@@ -58,6 +58,16 @@ fn targets_label(targets: &[model::TargetState]) -> String {
 }
 
 fn draw_header(frame: &mut Frame, area: Rect, app: &App) {
+    let lines = vec![
+        Line::from(header_title(app)),
+        header_rates(app.picture()),
+        Line::from(header_heap_and_cost(app.picture())),
+    ];
+    frame.render_widget(Paragraph::new(lines), area);
+}
+
+/// The header's first line: what is recorded, for how long, how, and the view's state.
+fn header_title(app: &App) -> Vec<Span<'static>> {
     let picture = app.picture();
     let settings = &picture.settings;
     let mut first = vec![
@@ -79,15 +89,20 @@ fn draw_header(frame: &mut Frame, area: Rect, app: &App) {
     if app.leak_view() {
         first.push(Span::from("  LEAKS").bold().magenta());
     }
+    first
+}
+
+/// The header's second line: exact and sampled rates, and the samples lost.
+fn header_rates(picture: &Picture) -> Line<'static> {
     let totals = &picture.totals;
     let sampled = model::sampled_rate(picture);
-    let window = model::seconds_label(settings.window_seconds);
+    let window = model::seconds_label(picture.settings.window_seconds);
     let lost = if totals.lost > 0 {
         Span::from(format!("lost {}", totals.lost)).red().bold()
     } else {
         Span::from("lost 0")
     };
-    let second = Line::from(vec![
+    Line::from(vec![
         Span::from(format!(
             "rate {window}  exact {}/s {} calls/s │ sampled {}/s {} │ {} smp/s │ ",
             compact_bytes(totals.bytes_per_second),
@@ -97,19 +112,14 @@ fn draw_header(frame: &mut Frame, area: Rect, app: &App) {
             format_rate(totals.samples_per_second),
         )),
         lost,
-    ]);
-    let rss: u64 = picture
-        .tally
-        .processes
-        .iter()
-        .filter_map(|p| p.rss_bytes)
-        .sum();
-    let untracked: u64 = picture
-        .tally
-        .processes
-        .iter()
-        .map(|p| p.untracked_samples)
-        .sum();
+    ])
+}
+
+/// The header's third line: the live heap and RSS, and what the probes cost.
+fn header_heap_and_cost(picture: &Picture) -> String {
+    let processes = &picture.tally.processes;
+    let rss: u64 = processes.iter().filter_map(|p| p.rss_bytes).sum();
+    let untracked: u64 = processes.iter().map(|p| p.untracked_samples).sum();
     let live = match model::live_heap(picture) {
         Some(live) => {
             let mut text = format!(
@@ -129,7 +139,7 @@ fn draw_header(frame: &mut Frame, area: Rect, app: &App) {
     };
     // Measured (see crate::cost): the targets' CPU share when their CPU time moved
     // enough to tell, else the cores the probes took.
-    let cost = &totals.cost;
+    let cost = &picture.totals.cost;
     let spent = match cost.share {
         Some(share) if share >= 1.0 => format!("+{:.0}% CPU", share * 100.0),
         Some(share) => format!("+{:.1}% CPU", share * 100.0),
@@ -140,11 +150,7 @@ fn draw_header(frame: &mut Frame, area: Rect, app: &App) {
     } else {
         format!("{:.0}ns", cost.ns_per_call)
     };
-    let third = format!("{live} │ probes {spent}, {per_call}/call");
-    frame.render_widget(
-        Paragraph::new(vec![Line::from(first), second, Line::from(third)]),
-        area,
-    );
+    format!("{live} │ probes {spent}, {per_call}/call")
 }
 
 fn clock(seconds: f64) -> String {
@@ -246,8 +252,7 @@ fn fitting_columns(all: &[Column], width: u16) -> Vec<Column> {
 }
 
 fn draw_table(frame: &mut Frame, area: Rect, app: &mut App) {
-    let picture = app.picture();
-    let settings = picture.settings;
+    let settings = app.picture().settings;
     let columns = fitting_columns(app.columns(), area.width);
     let sort = app.sort_column();
     let header = TableRow::new(
@@ -266,7 +271,35 @@ fn draw_table(frame: &mut Frame, area: Rect, app: &mut App) {
     .style(Style::new().add_modifier(Modifier::REVERSED));
     let height = area.height.saturating_sub(1) as usize;
     app.page = height;
-    // Every display line: group rows, and under expanded ones their stacks.
+    let (mut lines, selected_start, selected_end) = table_lines(app, &columns);
+    if lines.is_empty() {
+        let message = if app.filter().is_some() {
+            "no stack matches the filter (Esc clears it)"
+        } else if app.leak_view() {
+            "no sampled allocation has been live longer than the leak age yet"
+        } else {
+            "no samples yet: waiting for allocations"
+        };
+        lines.push(name_only(&columns, Cell::from(message).italic()));
+    }
+    // Scroll so the selected row and as much of its expansion as fits are visible.
+    let mut offset = (selected_end + 1).saturating_sub(height);
+    offset = offset.min(selected_start);
+    let visible: Vec<TableRow> = lines.into_iter().skip(offset).take(height).collect();
+    let widths: Vec<Constraint> = columns
+        .iter()
+        .map(|c| Constraint::Length(c.width()))
+        .chain([Constraint::Min(10)])
+        .collect();
+    frame.render_widget(
+        Table::new(visible, widths).header(header).column_spacing(1),
+        area,
+    );
+}
+
+/// Every display line: group rows, and under expanded ones their stacks; with the first
+/// and last line of the selected row.
+fn table_lines(app: &App, columns: &[Column]) -> (Vec<TableRow<'static>>, usize, usize) {
     let mut lines: Vec<TableRow> = Vec::new();
     let (mut selected_start, mut selected_end) = (0, 0);
     for (index, row) in app.rows().iter().enumerate() {
@@ -301,61 +334,41 @@ fn draw_table(frame: &mut Frame, area: Rect, app: &mut App) {
             .style(style),
         );
         if app.is_expanded(row) {
-            let several = row.members.len() > 1;
-            for (m, member) in row.members.iter().enumerate() {
-                if several {
-                    lines.push(TableRow::new(
-                        columns
-                            .iter()
-                            .map(|c| Cell::from(c.cell(&member.values)).dim())
-                            .chain([Cell::from(format!(
-                                "  stack {} of {}",
-                                m + 1,
-                                row.members.len()
-                            ))
-                            .italic()]),
-                    ));
-                }
-                for (depth, text) in member.frames.iter().enumerate() {
-                    let branch = if depth + 1 == member.frames.len() {
-                        "└"
-                    } else {
-                        "│"
-                    };
-                    lines.push(name_only(
-                        &columns,
-                        Cell::from(format!("  {branch} {text}")).dim(),
-                    ));
-                }
-            }
+            expansion(&mut lines, columns, row);
         }
         if selected {
             selected_end = lines.len().saturating_sub(1);
         }
     }
-    if lines.is_empty() {
-        let message = if app.filter().is_some() {
-            "no stack matches the filter (Esc clears it)"
-        } else if app.leak_view() {
-            "no sampled allocation has been live longer than the leak age yet"
-        } else {
-            "no samples yet: waiting for allocations"
-        };
-        lines.push(name_only(&columns, Cell::from(message).italic()));
+    (lines, selected_start, selected_end)
+}
+
+/// The stacks of an expanded row: each one's values (when there are several) and frames.
+fn expansion(lines: &mut Vec<TableRow<'static>>, columns: &[Column], row: &model::Row) {
+    let several = row.members.len() > 1;
+    for (m, member) in row.members.iter().enumerate() {
+        if several {
+            lines.push(TableRow::new(
+                columns
+                    .iter()
+                    .map(|c| Cell::from(c.cell(&member.values)).dim())
+                    .chain([
+                        Cell::from(format!("  stack {} of {}", m + 1, row.members.len())).italic(),
+                    ]),
+            ));
+        }
+        for (depth, text) in member.frames.iter().enumerate() {
+            let branch = if depth + 1 == member.frames.len() {
+                "└"
+            } else {
+                "│"
+            };
+            lines.push(name_only(
+                columns,
+                Cell::from(format!("  {branch} {text}")).dim(),
+            ));
+        }
     }
-    // Scroll so the selected row and as much of its expansion as fits are visible.
-    let mut offset = (selected_end + 1).saturating_sub(height);
-    offset = offset.min(selected_start);
-    let visible: Vec<TableRow> = lines.into_iter().skip(offset).take(height).collect();
-    let widths: Vec<Constraint> = columns
-        .iter()
-        .map(|c| Constraint::Length(c.width()))
-        .chain([Constraint::Min(10)])
-        .collect();
-    frame.render_widget(
-        Table::new(visible, widths).header(header).column_spacing(1),
-        area,
-    );
 }
 
 /// A table line with only the name column filled.
