@@ -16,6 +16,11 @@ use std::{
 
 use serde_json::Value;
 
+pub mod record;
+
+use record::{frame_is, process_of, site_of, Profile};
+pub use record::{typed, Record, Recorded};
+
 /// Workspace root.
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -60,6 +65,27 @@ pub fn bpf_available(test: &str) -> bool {
             false
         }
     }
+}
+
+/// The BPF-availability rule of every integration test that needs BPF, in one line at the
+/// top of the test: returns from it (saying why, loudly) where BPF cannot run, and fails it
+/// under `CI=true` (see [`bpf_available`]). The test's name comes from its thread, which
+/// the test harness names after it.
+#[macro_export]
+macro_rules! require_bpf {
+    () => {
+        if !$crate::bpf_available(&$crate::current_test()) {
+            return;
+        }
+    };
+}
+
+/// The name of the running test (the harness names each test's thread after it).
+pub fn current_test() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or("an integration test")
+        .to_owned()
 }
 
 static BUILD_LOCK: Mutex<()> = Mutex::new(());
@@ -458,71 +484,54 @@ pub fn workload_round() -> (u64, u64) {
 /// the allocator's direct caller as leaf, its true bytes and objects within the reported
 /// bounds, exact counters equal to the known calls (nested mallocs counted once), and the
 /// process total estimate bounding the exact bytes.
-pub fn check_workload_profile(profile: &Value, pid: u32, rounds: u64) {
-    assert_eq!(profile["schema"], "allocscope/v1");
+pub fn check_workload_profile(profile: &Profile, pid: u32, rounds: u64) {
+    assert_eq!(profile.schema, "allocscope/v1");
     // Shown with any failure below: what was lost, and every stack's leaf and size.
+    let stacks: Vec<String> = profile
+        .stacks
+        .iter()
+        .map(|s| {
+            let frames: Vec<&str> = s
+                .frames
+                .iter()
+                .map(|f| f.function.as_deref().unwrap_or("?"))
+                .collect();
+            format!("{} ({} samples)", frames.join("<"), s.samples)
+        })
+        .collect();
     let context = format!(
-        "losses {}; stacks: {}",
-        profile["losses"],
-        profile["stacks"]
-            .as_array()
-            .map(|stacks| {
-                stacks
-                    .iter()
-                    .map(|s| {
-                        let frames: Vec<String> = s["frames"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .map(|f| f["function"].as_str().unwrap_or("?").to_owned())
-                            .collect();
-                        format!("{} ({} samples)", frames.join("<"), s["samples"])
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" | ")
-            })
-            .unwrap_or_default()
+        "losses {:?}; stacks: {}",
+        profile.losses,
+        stacks.join(" | ")
     );
     for (function, calls, size) in WORKLOAD_SITES {
-        let stacks = site(profile, pid, function);
+        let stacks = site_of(profile, pid, function);
         assert_eq!(
             stacks.len(),
             1,
             "{function}: expected one stack, got {stacks:#?}\n{context}"
         );
-        let stack = &stacks[0];
-        assert_eq!(
-            stack["frames"][1]["function"], "one_round",
-            "{function}: {stack:#}"
-        );
+        let stack = stacks[0];
+        assert!(frame_is(stack, 1, "one_round"), "{function}: {stack:#?}");
         let truth = (rounds * calls * size) as f64;
-        let bytes = &stack["alloc_bytes"];
-        let (lower, upper) = (
-            bytes["lower"].as_f64().unwrap(),
-            bytes["upper"].as_f64().unwrap(),
-        );
+        let bytes = &stack.alloc_bytes;
         assert!(
-            lower <= truth && truth <= upper,
-            "{function}: true {truth} bytes outside [{lower}, {upper}] (estimate {})\n{context}",
-            bytes["estimate"]
+            bytes.lower <= truth && truth <= bytes.upper,
+            "{function}: true {truth} bytes outside [{}, {}] (estimate {})\n{context}",
+            bytes.lower,
+            bytes.upper,
+            bytes.estimate
         );
-        let objects = &stack["alloc_objects"];
+        let objects = &stack.alloc_objects;
         let true_objects = (rounds * calls) as f64;
         assert!(
-            objects["lower"].as_f64().unwrap() <= true_objects
-                && true_objects <= objects["upper"].as_f64().unwrap(),
-            "{function}: true {true_objects} objects outside {objects}"
+            objects.lower <= true_objects && true_objects <= objects.upper,
+            "{function}: true {true_objects} objects outside {objects:?}"
         );
     }
-    let process = profile["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == pid)
-        .expect("target process in the profile");
+    let process = process_of(profile, pid);
     let (calls, bytes) = workload_round();
-    let exact_calls = process["exact"]["calls"].as_u64().unwrap();
-    let exact_bytes = process["exact"]["bytes"].as_u64().unwrap();
+    let (exact_calls, exact_bytes) = (process.exact.calls, process.exact.bytes);
     // Besides the rounds, the workload allocates only its stdio buffers and, statically
     // linked, what its libc's start-up allocates (a handful of calls, 15 seen).
     assert!(
@@ -535,14 +544,13 @@ pub fn check_workload_profile(profile: &Value, pid: u32, rounds: u64) {
         "exact bytes {exact_bytes}, expected {}",
         rounds * bytes
     );
-    let total = &process["alloc_bytes"];
+    let total = &process.alloc_bytes;
     assert!(
-        total["lower"].as_f64().unwrap() <= exact_bytes as f64
-            && exact_bytes as f64 <= total["upper"].as_f64().unwrap(),
-        "sum of estimates {total} does not bound the exact {exact_bytes} bytes"
+        total.lower <= exact_bytes as f64 && exact_bytes as f64 <= total.upper,
+        "sum of estimates {total:?} does not bound the exact {exact_bytes} bytes"
     );
-    assert_eq!(profile["losses"]["ringbuf_full"], 0);
-    assert_eq!(profile["losses"]["stack_missing"], 0);
+    assert_eq!(profile.losses.ringbuf_full, 0);
+    assert_eq!(profile.losses.stack_missing, 0);
 }
 
 /// Checks that a process's estimated allocated bytes bound its exact (counted) bytes.

@@ -18,9 +18,8 @@ use std::{
 
 use serde_json::Value;
 use tests::{
-    allocscope, assert_estimate_bounds_exact, bpf_available, check_workload_profile, drain,
-    fixture, interrupt, process, read_profile, site, start_recording, wait_until, TempDir,
-    Workload,
+    allocscope, assert_estimate_bounds_exact, check_workload_profile, drain, fixture, interrupt,
+    process, read_profile, site, start_recording, typed, wait_until, TempDir, Workload,
 };
 
 /// Confidence of every bound checked: about 200 intervals are checked per test, so each
@@ -114,9 +113,7 @@ fn assert_complete(process: &Value, since: &[&str]) {
 
 #[test]
 fn follow_counts_a_hundred_short_lived_processes_from_their_first_allocation() {
-    if !bpf_available("follow_counts_a_hundred_short_lived_processes_from_their_first_allocation") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("coverage-follow");
     let out = dir.path("follow.json");
     let brief = fixture("brief", &[]);
@@ -198,9 +195,7 @@ fn follow_counts_a_hundred_short_lived_processes_from_their_first_allocation() {
 
 #[test]
 fn comm_counts_processes_started_after_it_from_their_exec() {
-    if !bpf_available("comm_counts_processes_started_after_it_from_their_exec") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("coverage-comm");
     let out = dir.path("comm.json");
     let brief = fixture("brief", &[]);
@@ -281,9 +276,7 @@ fn comm_counts_processes_started_after_it_from_their_exec() {
 
 #[test]
 fn follow_takes_in_forked_and_execed_processes() {
-    if !bpf_available("follow_takes_in_forked_and_execed_processes") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("follow");
     let out = dir.path("follow.json");
     let forker = fixture("forker", &[]);
@@ -353,9 +346,7 @@ fn follow_takes_in_forked_and_execed_processes() {
 
 #[test]
 fn comm_waits_for_a_matching_process_and_takes_it_in() {
-    if !bpf_available("comm_waits_for_a_matching_process_and_takes_it_in") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("comm");
     let out = dir.path("comm.json");
     let renamed = dir.path("reachcomm-wl");
@@ -397,6 +388,6 @@ fn comm_waits_for_a_matching_process_and_takes_it_in() {
     drop(workload);
     interrupt(recorder);
     let profile = read_profile(&out);
-    check_workload_profile(&profile, pid, ROUNDS);
+    check_workload_profile(&typed(&profile), pid, ROUNDS);
     assert_eq!(process(&profile, pid)["command"], "reachcomm-wl");
 }

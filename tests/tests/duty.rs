@@ -5,7 +5,7 @@
 
 use std::{io::Write as _, process::Stdio};
 
-use tests::{allocscope, bpf_available, fixture, read_profile, TempDir};
+use tests::{allocscope, fixture, read_profile, TempDir};
 
 /// Allocations per chunk and chunks: 6 million calls, ~7 s.
 const PER_CHUNK: u64 = 2000;
@@ -13,9 +13,7 @@ const CHUNKS: u64 = 3000;
 
 #[test]
 fn a_duty_cycled_recording_bounds_what_it_did_not_see() {
-    if !bpf_available("a_duty_cycled_recording_bounds_what_it_did_not_see") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("duty");
     let out = dir.path("duty.json");
     let mut child = std::process::Command::new(allocscope())

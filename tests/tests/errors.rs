@@ -2,7 +2,7 @@
 
 use std::process::{Command, Output};
 
-use tests::{allocscope, bpf_available, fixture, run, TempDir};
+use tests::{allocscope, fixture, run, TempDir};
 
 fn assert_bad_input(output: &Output, message: &str) {
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -115,9 +115,7 @@ fn top_without_a_terminal_exits_2() {
 
 #[test]
 fn missing_pid_exits_2() {
-    if !bpf_available("missing_pid_exits_2") {
-        return;
-    }
+    tests::require_bpf!();
     // pid_max is at most 2^22: this pid cannot exist.
     assert_bad_input(
         &run(&["record", "-p", "4194304", "-o", "/tmp/x.json"]),
@@ -127,9 +125,7 @@ fn missing_pid_exits_2() {
 
 #[test]
 fn unwritable_output_exits_2() {
-    if !bpf_available("unwritable_output_exits_2") {
-        return;
-    }
+    tests::require_bpf!();
     let me = std::process::id().to_string();
     assert_bad_input(
         &run(&["record", "-p", &me, "-o", "/nonexistent-dir/heap.json"]),
@@ -139,9 +135,7 @@ fn unwritable_output_exits_2() {
 
 #[test]
 fn target_without_allocator_exits_2() {
-    if !bpf_available("target_without_allocator_exits_2") {
-        return;
-    }
+    tests::require_bpf!();
     let no_libc = fixture("no_libc", &["-static", "-nostdlib"]);
     assert_bad_input(
         &Command::new(allocscope())
@@ -171,9 +165,7 @@ fn target_without_allocator_exits_2() {
 
 #[test]
 fn unprivileged_user_exits_2() {
-    if !bpf_available("unprivileged_user_exits_2") {
-        return;
-    }
+    tests::require_bpf!();
     // Run as nobody with no capabilities, on a copy of the binary nobody can execute.
     let dir = TempDir::new("unprivileged");
     let binary = dir.path("allocscope");
@@ -211,9 +203,7 @@ fn run_with_capabilities(capabilities: &str, args: &[&str]) -> Output {
 
 #[test]
 fn the_documented_capabilities_suffice_and_fewer_are_refused_up_front() {
-    if !bpf_available("the_documented_capabilities_suffice_and_fewer_are_refused_up_front") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("capabilities");
     let out = dir.path("caps.json");
     let workload = fixture("workload", &[]);
@@ -293,9 +283,7 @@ fn unknown_output_extensions_are_refused() {
 /// (Issue #29, item 8.)
 #[test]
 fn a_closed_stderr_loses_messages_not_the_recording() {
-    if !bpf_available("a_closed_stderr_loses_messages_not_the_recording") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("closed-stderr");
     let out = dir.path("profile.json");
     let mut child = Command::new(allocscope())

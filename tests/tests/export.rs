@@ -4,9 +4,7 @@
 
 use std::{path::Path, process::Command, time::Duration};
 
-use tests::{
-    allocscope, bpf_available, fixture, read_profile, run, start_recording, TempDir, Workload,
-};
+use tests::{allocscope, fixture, read_profile, run, start_recording, TempDir, Workload};
 
 /// Records 1000 workload rounds at 64 KiB into `out` (format from the extension). The
 /// workload frees everything, so folded and SVG show allocated bytes.
@@ -63,9 +61,7 @@ fn top_sites(top: &str) -> Vec<String> {
 
 #[test]
 fn pprof_export_opens_in_go_tool_pprof() {
-    if !bpf_available("pprof_export_opens_in_go_tool_pprof") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("pprof");
     let file = dir.path("heap.pb.gz");
     record(&file, &[]);
@@ -131,9 +127,7 @@ fn pprof_export_opens_in_go_tool_pprof() {
 
 #[test]
 fn folded_renders_with_inferno_and_svg_names_the_sites() {
-    if !bpf_available("folded_renders_with_inferno_and_svg_names_the_sites") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("flame");
     let folded = dir.path("heap.folded");
     record(&folded, &[]);
@@ -176,9 +170,7 @@ fn folded_renders_with_inferno_and_svg_names_the_sites() {
 
 #[test]
 fn report_prints_and_converts_a_saved_recording() {
-    if !bpf_available("report_prints_and_converts_a_saved_recording") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("report");
     let json = dir.path("heap.json");
     record(&json, &[]);
@@ -221,9 +213,7 @@ fn report_prints_and_converts_a_saved_recording() {
 
 #[test]
 fn every_writes_rotating_snapshots_and_the_last_partial_period() {
-    if !bpf_available("every_writes_rotating_snapshots_and_the_last_partial_period") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("snapshots");
     let snapshots = dir.path("snaps");
     let mut target = Workload::start(20, &["--forever"]);

@@ -9,17 +9,14 @@ use std::{
 };
 
 use tests::{
-    bpf_available, check_workload_profile, fixture, read_profile, start_recording, TempDir,
-    Workload,
+    check_workload_profile, fixture, read_profile, start_recording, typed, TempDir, Workload,
 };
 
 const ROUNDS: u64 = 2000;
 
 #[test]
 fn all_finds_known_workloads_and_leaves_the_excluded_and_itself_alone() {
-    if !bpf_available("all_finds_known_workloads_and_leaves_the_excluded_and_itself_alone") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("host");
     let out = dir.path("host.json");
     // An unrelated busy process, left alone by name: it must keep going.
@@ -85,7 +82,7 @@ fn all_finds_known_workloads_and_leaves_the_excluded_and_itself_alone() {
     for workload in &workloads {
         // Every site found, attributed to its process, bounds calibrated; exact counters
         // from the host-wide per-process counters.
-        check_workload_profile(&profile, workload.pid(), ROUNDS);
+        check_workload_profile(&typed(&profile), workload.pid(), ROUNDS);
     }
     let pids: Vec<u64> = profile["processes"]
         .as_array()

@@ -9,7 +9,7 @@ use std::{
 };
 
 use serde_json::Value;
-use tests::{bpf_available, read_profile, start_recording, wait_until, Fixture, TempDir};
+use tests::{read_profile, start_recording, wait_until, Fixture, TempDir};
 
 /// Keeps the chance that any of the ~25 bound checks misses by bad luck near 0.25%.
 const CONFIDENCE: &str = "0.9999";
@@ -65,9 +65,7 @@ fn check_live(profile: &Value, pid: u32, sites: &[(&str, u64)], phase: &str) {
 
 #[test]
 fn live_heap_per_site_over_time_and_the_leak_view() {
-    if !bpf_available("live_heap_per_site_over_time_and_the_leak_view") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("live");
     let snapshots = dir.path("snapshots");
     let mut target = Fixture::start("live", &["--age", "3"], &[]);
@@ -148,9 +146,7 @@ fn numbers(value: &Value, out: &mut Vec<f64>) {
 
 #[test]
 fn unknown_frees_double_frees_and_a_full_live_map_are_harmless_and_counted() {
-    if !bpf_available("unknown_frees_double_frees_and_a_full_live_map_are_harmless_and_counted") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("frees");
     let out = dir.path("frees.json");
     // The double free passes glibc's checks only without the tcache.

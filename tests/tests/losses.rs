@@ -3,9 +3,7 @@
 //! profile says how many were lost and where they went.
 
 use serde_json::Value;
-use tests::{
-    allocscope, assert_estimate_bounds_exact, bpf_available, fixture, read_profile, TempDir,
-};
+use tests::{allocscope, assert_estimate_bounds_exact, fixture, read_profile, TempDir};
 
 /// Records a storm (the workload fixture, `rounds` rounds) with the smallest ring buffer,
 /// so that samples are lost, and returns the profile.
@@ -69,9 +67,7 @@ fn check_losses_counted(profile: &Value) {
 
 #[test]
 fn every_call_sampled_and_some_lost_still_sums_to_the_exact_total() {
-    if !bpf_available("every_call_sampled_and_some_lost_still_sums_to_the_exact_total") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("losses-storm");
     // At an interval of one byte every call is sampled: the estimate is a plain sum.
     let profile = storm(&dir, "1", &["--alloc-only"], "3000");
@@ -90,9 +86,7 @@ fn every_call_sampled_and_some_lost_still_sums_to_the_exact_total() {
 
 #[test]
 fn bounds_hold_the_exact_total_when_samples_are_lost() {
-    if !bpf_available("bounds_hold_the_exact_total_when_samples_are_lost") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("losses-bounds");
     // Frees tracked too: a lost sample's block is forgotten by the kernel as well.
     let profile = storm(&dir, "256", &[], "5000");
@@ -106,9 +100,7 @@ fn bounds_hold_the_exact_total_when_samples_are_lost() {
 
 #[test]
 fn a_million_distinct_stacks_stay_bounded_and_counted() {
-    if !bpf_available("a_million_distinct_stacks_stay_bounded_and_counted") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("losses-paths");
     let out = dir.path("paths.json");
     // 2^20 calls, each reaching `site` through a call path of its own.
@@ -178,9 +170,7 @@ fn a_million_distinct_stacks_stay_bounded_and_counted() {
 /// total.
 #[test]
 fn the_throttle_raises_the_interval_and_the_estimate_still_holds() {
-    if !bpf_available("the_throttle_raises_the_interval_and_the_estimate_still_holds") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("losses-throttle");
     let out = dir.path("throttle.json");
     let output = std::process::Command::new(allocscope())

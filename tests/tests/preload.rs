@@ -9,8 +9,8 @@ use std::{path::PathBuf, process::Command};
 
 use serde_json::Value;
 use tests::{
-    allocscope, bpf_available, check_workload_profile, drain, fixture, fixture_as, read_profile,
-    site, start_recording, workspace, TempDir, Workload,
+    allocscope, check_workload_profile, drain, fixture, fixture_as, read_profile, site,
+    start_recording, typed, workspace, TempDir, Workload,
 };
 
 const CONFIDENCE: &str = "0.9999";
@@ -64,8 +64,8 @@ fn both_front_ends_agree(workload: PathBuf, label: &str) {
     assert_eq!(ours["front_end"], "in-process", "{label}: {ours}");
     assert_eq!(theirs["front_end"], "uprobes", "{label}: {theirs}");
     assert!(stderr.contains("counted in-process"), "{stderr}");
-    check_workload_profile(&in_process, our_pid, ROUNDS);
-    check_workload_profile(&uprobes, their_pid, ROUNDS);
+    check_workload_profile(&typed(&in_process), our_pid, ROUNDS);
+    check_workload_profile(&typed(&uprobes), their_pid, ROUNDS);
     assert_eq!(
         ours["exact"], theirs["exact"],
         "{label}: the in-process counters and the kernel's disagree"
@@ -88,18 +88,14 @@ fn both_front_ends_agree(workload: PathBuf, label: &str) {
 
 #[test]
 fn in_process_and_uprobes_agree_on_glibc() {
-    if !bpf_available("in_process_and_uprobes_agree_on_glibc") {
-        return;
-    }
+    tests::require_bpf!();
     let _serial = one_at_a_time();
     both_front_ends_agree(fixture("workload", &[]), "glibc");
 }
 
 #[test]
 fn fork_dlopen_and_threads_are_counted_as_by_uprobes() {
-    if !bpf_available("fork_dlopen_and_threads_are_counted_as_by_uprobes") {
-        return;
-    }
+    tests::require_bpf!();
     let _serial = one_at_a_time();
     // Each round forks a child that allocates 5 MB and exits (a process of its own, not
     // counted with the parent on either path), dlopens and dlcloses a library, and runs
@@ -181,9 +177,7 @@ fn children_of(profile: &Value) -> Vec<(u64, u64, u64, String)> {
 
 #[test]
 fn a_commands_children_are_followed_in_process_by_default() {
-    if !bpf_available("a_commands_children_are_followed_in_process_by_default") {
-        return;
-    }
+    tests::require_bpf!();
     let _serial = one_at_a_time();
     // `record -- CMD` follows the processes CMD starts (as perf and heaptrack do), through
     // the library they inherit: each forked child is counted exactly from its fork, in the
@@ -278,9 +272,7 @@ fn record_threads(extra: &[&str], dir: &TempDir, name: &str) -> (u64, u64, Strin
 
 #[test]
 fn threads_by_the_thousand_are_counted_exactly_in_process() {
-    if !bpf_available("threads_by_the_thousand_are_counted_exactly_in_process") {
-        return;
-    }
+    tests::require_bpf!();
     let _serial = one_at_a_time();
     // 1000 threads come and go (50 at a time): each slot of the region is handed back at
     // the thread's exit and its counts moved to the retired totals. The threads' own
@@ -325,9 +317,7 @@ fn built_library() -> PathBuf {
 
 #[test]
 fn a_process_carrying_the_library_is_attached_by_pid_twice() {
-    if !bpf_available("a_process_carrying_the_library_is_attached_by_pid_twice") {
-        return;
-    }
+    tests::require_bpf!();
     let _serial = one_at_a_time();
     let dir = TempDir::new("preload-pid");
     let mut command = Command::new(fixture("workload", &[]));
@@ -370,9 +360,7 @@ fn a_process_carrying_the_library_is_attached_by_pid_twice() {
 
 #[test]
 fn a_static_command_falls_back_to_uprobes_and_says_so() {
-    if !bpf_available("a_static_command_falls_back_to_uprobes_and_says_so") {
-        return;
-    }
+    tests::require_bpf!();
     let _serial = one_at_a_time();
     let dir = TempDir::new("preload-static");
     let workload = fixture_as("workload", "workload_static", &["-static"]);
@@ -380,5 +368,5 @@ fn a_static_command_falls_back_to_uprobes_and_says_so() {
     assert!(stderr.contains("statically linked"), "{stderr}");
     let (process, pid) = first_process(&profile);
     assert_eq!(process["front_end"], "uprobes");
-    check_workload_profile(&profile, pid, ROUNDS);
+    check_workload_profile(&typed(&profile), pid, ROUNDS);
 }

@@ -8,8 +8,7 @@
 
 use serde_json::Value;
 use tests::{
-    bpf_available, drain, fixture_as, interrupt, process, read_profile, start_recording, Fixture,
-    TempDir,
+    drain, fixture_as, interrupt, process, read_profile, start_recording, Fixture, TempDir,
 };
 
 const ROUNDS: u64 = 20;
@@ -51,9 +50,7 @@ fn summed(stacks: &[&Value], field: &str) -> (f64, f64, f64) {
 }
 
 fn recorded_through_its_probes(binary_name: &str, flags: &[&str], provider: &str) {
-    if !bpf_available(&format!("producers::{binary_name}")) {
-        return;
-    }
+    tests::require_bpf!();
     let binary = fixture_as("otel_producer", binary_name, flags);
     let dir = TempDir::new(&format!("producer-{binary_name}"));
     let out = dir.path("profile.json");

@@ -11,9 +11,9 @@ use std::{
 
 use serde_json::Value;
 use tests::{
-    allocscope, assert_estimate_bounds_exact, bpf_available, check_workload_profile, drain,
-    fixture, fixture_as, interrupt, process, read_profile, run, site, start_recording, wait_until,
-    Fixture, TempDir, Workload,
+    allocscope, assert_estimate_bounds_exact, check_workload_profile, drain, fixture, fixture_as,
+    interrupt, process, read_profile, run, site, start_recording, typed, wait_until, Fixture,
+    TempDir, Workload,
 };
 
 const CONFIDENCE: &str = "0.9999";
@@ -36,9 +36,7 @@ fn finish(mut recorder: std::process::Child) {
 
 #[test]
 fn statically_linked_allocator_is_found_in_the_executable() {
-    if !bpf_available("statically_linked_allocator_is_found_in_the_executable") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("static");
     let out = dir.path("static.json");
     let workload = fixture_as("workload", "workload-static", &["-static"]);
@@ -61,7 +59,7 @@ fn statically_linked_allocator_is_found_in_the_executable() {
     assert!(output.status.success(), "allocscope failed:\n{stderr}");
     let profile = read_profile(&out);
     let pid = pids(&profile)[0];
-    check_workload_profile(&profile, pid, ROUNDS);
+    check_workload_profile(&typed(&profile), pid, ROUNDS);
     let allocators = process(&profile, pid)["allocators"].to_string();
     assert!(
         allocators.contains("static, in") && allocators.contains("workload-static"),
@@ -71,9 +69,7 @@ fn statically_linked_allocator_is_found_in_the_executable() {
 
 #[test]
 fn a_programs_own_malloc_wrapping_glibcs_is_counted_once() {
-    if !bpf_available("a_programs_own_malloc_wrapping_glibcs_is_counted_once") {
-        return;
-    }
+    tests::require_bpf!();
     const WRAPPED_ROUNDS: u64 = 50_000;
     let dir = TempDir::new("wrapper");
     let wrapper = fixture("wrapper", &[]);
@@ -125,9 +121,7 @@ fn a_programs_own_malloc_wrapping_glibcs_is_counted_once() {
 
 #[test]
 fn glibc_jemalloc_tcmalloc_and_mimalloc_processes_in_one_session() {
-    if !bpf_available("glibc_jemalloc_tcmalloc_and_mimalloc_processes_in_one_session") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("allocators");
     let out = dir.path("allocators.json");
     // Debian's libjemalloc2, libgoogle-perftools4 and libmimalloc2.0 (cargo xtask setup
@@ -190,7 +184,7 @@ fn glibc_jemalloc_tcmalloc_and_mimalloc_processes_in_one_session() {
     for (family, workload) in &workloads {
         let pid = workload.pid();
         // Every site of each process within bounds and attributed to that process.
-        check_workload_profile(&profile, pid, ROUNDS);
+        check_workload_profile(&typed(&profile), pid, ROUNDS);
         let allocators = process(&profile, pid)["allocators"].as_array().unwrap();
         assert!(
             allocators[0].as_str().unwrap().starts_with(family),
@@ -237,9 +231,7 @@ fn glibc_jemalloc_tcmalloc_and_mimalloc_processes_in_one_session() {
 
 #[test]
 fn threads_by_the_thousand_keep_their_attribution_and_leave_no_state() {
-    if !bpf_available("threads_by_the_thousand_keep_their_attribution_and_leave_no_state") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("threads");
     let out = dir.path("threads.json");
     let (threads, per_thread) = (4000u64, 500u64);
@@ -299,9 +291,7 @@ fn threads_by_the_thousand_keep_their_attribution_and_leave_no_state() {
 
 #[test]
 fn attaching_mid_run_the_estimates_cover_what_the_counters_cover() {
-    if !bpf_available("attaching_mid_run_the_estimates_cover_what_the_counters_cover") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("midrun");
     let out = dir.path("midrun.json");
     let mut workload = Workload::start(100, &["--forever"]);
@@ -328,9 +318,7 @@ fn attaching_mid_run_the_estimates_cover_what_the_counters_cover() {
 
 #[test]
 fn a_process_in_its_own_mount_namespace_and_root_is_profiled_and_symbolized() {
-    if !bpf_available("a_process_in_its_own_mount_namespace_and_root_is_profiled_and_symbolized") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("container");
     let root = dir.path("root");
     let workload = fixture("workload", &[]);
@@ -382,8 +370,8 @@ fn a_process_in_its_own_mount_namespace_and_root_is_profiled_and_symbolized() {
     finish(recorder);
     let profile = read_profile(&out);
     // Probed in its own libc, and symbolized from its own files.
-    check_workload_profile(&profile, pid, ROUNDS);
-    check_workload_profile(&profile, neighbour.pid(), ROUNDS);
+    check_workload_profile(&typed(&profile), pid, ROUNDS);
+    check_workload_profile(&typed(&profile), neighbour.pid(), ROUNDS);
     // Two files by one path: two modules, told apart, each with its file's build id.
     let shown = host_libc_path.to_str().unwrap();
     let libcs: Vec<&Value> = profile["modules"]
@@ -422,9 +410,7 @@ fn a_process_in_its_own_mount_namespace_and_root_is_profiled_and_symbolized() {
 
 #[test]
 fn bad_targets_are_refused_or_left_out() {
-    if !bpf_available("bad_targets_are_refused_or_left_out") {
-        return;
-    }
+    tests::require_bpf!();
     // A process that exited (a zombie, not reaped yet): said to be one, exit 2.
     let mut zombie = Command::new("true").spawn().unwrap();
     let zombie_pid = zombie.id();

@@ -4,9 +4,10 @@
 
 use std::{process::Command, time::Duration};
 
+use sampler_user::{cost::TrapSource, profile::CoverageStart};
 use tests::{
-    allocscope, bpf_available, check_workload_profile, fixture, read_profile, start_recording,
-    wait_until, TempDir, Workload, INT3,
+    allocscope, check_workload_profile, fixture, read_profile, start_recording, typed, wait_until,
+    Record, TempDir, Workload, INT3,
 };
 
 /// 0.9999 keeps the chance that any of the 7 sites × 2 recordings misses by bad luck near
@@ -16,92 +17,76 @@ const ROUNDS: u64 = 2000;
 
 #[test]
 fn spawned_command_is_profiled_from_its_first_allocation() {
-    if !bpf_available("spawned_command_is_profiled_from_its_first_allocation") {
-        return;
-    }
-    let dir = TempDir::new("spawn");
-    let out = dir.path("spawn.json");
+    tests::require_bpf!();
     let workload = fixture("workload", &[]);
     // Uprobes on every call (the in-process front end's run of this workload is checked
     // against this one in preload.rs): what the trap cost is measured below.
-    let output = Command::new(allocscope())
-        .args([
-            "record",
+    let recorded = Record::command(&workload, &[&ROUNDS.to_string()])
+        .flags(&[
             "--no-preload",
             "--interval",
             "64KiB",
             "--confidence",
             CONFIDENCE,
-            "-o",
         ])
-        .arg(&out)
-        .arg("--")
-        .arg(&workload)
-        .arg(ROUNDS.to_string())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "allocscope failed:\n{stderr}");
+        .run();
+    let stderr = &recorded.stderr;
     assert!(
         stderr.contains("top stacks by estimated allocated bytes"),
         "{stderr}"
     );
     assert!(stderr.contains("lost events: none"), "{stderr}");
-    let profile = read_profile(&out);
-    let pid = profile["processes"][0]["pid"].as_u64().unwrap() as u32;
-    assert_eq!(profile["processes"][0]["command"], "workload");
-    check_workload_profile(&profile, pid, ROUNDS);
+    let process = recorded.only_process();
+    let pid = process.pid;
+    assert_eq!(process.command, "workload");
+    check_workload_profile(&recorded.profile, pid, ROUNDS);
     // Covered from its start: the C library, at /lib in the command's resolution and at
     // /usr/lib in its maps, is one file probed before it ran.
-    let process = &profile["processes"][0];
-    assert_eq!(process["coverage"]["since"], "start", "{process}");
-    assert!(process["coverage"].get("late").is_none(), "{process}");
-    assert_eq!(
-        process["allocators"].as_array().unwrap().len(),
-        1,
-        "{process}"
-    );
+    let coverage = process.coverage.as_ref().expect("coverage");
+    assert_eq!(coverage.since, CoverageStart::Start, "{process:#?}");
+    assert!(coverage.late.is_empty(), "{process:#?}");
+    assert_eq!(process.allocators.len(), 1, "{process:#?}");
     // What it cost, measured: the trap calibrated here, every allocation call a probe hit
     // (frees too), the CPU time added inside what the process used.
-    let overhead = &profile["overhead"];
-    assert_eq!(overhead["trap"]["source"], "calibrated", "{overhead}");
-    let trap = overhead["trap"]["ns"].as_f64().unwrap();
-    assert!((50.0..50_000.0).contains(&trap), "{overhead}");
-    let calls = process["exact"]["calls"].as_u64().unwrap();
-    assert!(overhead["runs"].as_u64().unwrap() >= calls, "{overhead}");
-    assert!(
-        overhead["runs_per_call"].as_f64().unwrap() >= 1.0,
-        "{overhead}"
+    let overhead = recorded.profile.overhead.as_ref().expect("overhead");
+    assert_eq!(
+        overhead.trap.source,
+        TrapSource::Calibrated,
+        "{overhead:#?}"
     );
     assert!(
-        overhead["program_ns_per_run"].as_f64().unwrap() > 0.0,
-        "{overhead}"
+        (50.0..50_000.0).contains(&overhead.trap.ns),
+        "{overhead:#?}"
     );
-    let cost = &overhead["processes"][0];
-    assert_eq!(cost["pid"].as_u64(), Some(u64::from(pid)), "{overhead}");
-    let added = cost["added_cpu_seconds"].as_f64().unwrap();
-    let cpu = cost["cpu_seconds"].as_f64().unwrap();
+    assert!(overhead.runs >= process.exact.calls, "{overhead:#?}");
+    assert!(overhead.runs_per_call >= 1.0, "{overhead:#?}");
+    assert!(
+        overhead.program_ns_per_run.is_some_and(|ns| ns > 0.0),
+        "{overhead:#?}"
+    );
+    let cost = &overhead.processes[0];
+    assert_eq!(cost.pid, pid, "{overhead:#?}");
+    let cpu = cost.cpu_seconds.expect("the target's CPU time");
     // A model (hits × calibrated trap and program time), not a measurement: with this
     // binary's other tests attaching and detaching uprobes beside it on 2 CPUs, the trap
     // calibrated in allocscope's process came out ~1.1 µs (~0.8 alone) and the model
-    // exceeded the target's whole CPU time by up to 18% (issue #29 lists the model's
-    // excess as open). It must stay of that order, not be a multiple.
-    assert!(added > 0.0 && added < cpu * 1.3 + 0.3, "{overhead}");
+    // exceeded the target's whole CPU time by up to 18%. It must stay of that order, not
+    // be a multiple.
+    let added = cost.added_cpu_seconds;
+    assert!(added > 0.0 && added < cpu * 1.3 + 0.3, "{overhead:#?}");
     assert!(stderr.contains("  overhead: "), "{stderr}");
     // The leaf frame carries file and line from the fixture's debug info.
-    let stack = &tests::site(&profile, pid, "site_small")[0];
-    assert!(stack["frames"][0]["file"]
-        .as_str()
-        .unwrap()
-        .ends_with("workload.c"));
-    assert!(stack["frames"][0]["line"].as_u64().unwrap() > 0);
+    let leaf = &recorded.site(pid, "site_small")[0].frames[0];
+    assert!(leaf
+        .file
+        .as_deref()
+        .is_some_and(|f| f.ends_with("workload.c")));
+    assert!(leaf.line.is_some_and(|line| line > 0));
 }
 
 #[test]
 fn attached_pid_is_profiled_and_a_bystander_is_not_probed() {
-    if !bpf_available("attached_pid_is_profiled_and_a_bystander_is_not_probed") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("attach");
     let out = dir.path("attach.json");
     let mut target = Workload::start(ROUNDS, &[]);
@@ -144,7 +129,7 @@ fn attached_pid_is_profiled_and_a_bystander_is_not_probed() {
     assert!(status.success(), "allocscope exited with {status}");
     assert_eq!(bystander.malloc_first_byte(), original);
     let profile = read_profile(&out);
-    check_workload_profile(&profile, target.pid(), ROUNDS);
+    check_workload_profile(&typed(&profile), target.pid(), ROUNDS);
     let pids: Vec<u64> = profile["processes"]
         .as_array()
         .unwrap()
@@ -165,9 +150,7 @@ fn attached_pid_is_profiled_and_a_bystander_is_not_probed() {
 
 #[test]
 fn sigterm_and_sigint_still_write_the_complete_file() {
-    if !bpf_available("sigterm_and_sigint_still_write_the_complete_file") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("signals");
     for signal in [libc::SIGTERM, libc::SIGINT] {
         let out = dir.path(&format!("signal-{signal}.json"));
@@ -208,9 +191,7 @@ fn sigterm_and_sigint_still_write_the_complete_file() {
 
 #[test]
 fn kill_9_leaves_the_target_running_unprobed() {
-    if !bpf_available("kill_9_leaves_the_target_running_unprobed") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("kill9");
     let out = dir.path("kill9.json");
     let mut target = Workload::start(50, &["--forever"]);
@@ -236,9 +217,7 @@ fn kill_9_leaves_the_target_running_unprobed() {
 
 #[test]
 fn duration_limits_the_recording() {
-    if !bpf_available("duration_limits_the_recording") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("duration");
     let out = dir.path("d.folded");
     let mut target = Workload::start(20, &["--forever"]);
@@ -287,9 +266,7 @@ fn duration_limits_the_recording() {
 /// the same, correct profile.
 #[test]
 fn sessions_and_classic_return_probes_agree() {
-    if !bpf_available("sessions_and_classic_return_probes_agree") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("returns");
     for (mode, extra) in [("Sessions", &[][..]), ("Classic", &["--no-sessions"][..])] {
         let out = dir.path(&format!("{mode}.json"));
@@ -319,7 +296,7 @@ fn sessions_and_classic_return_probes_agree() {
         );
         let profile = read_profile(&out);
         let pid = profile["processes"][0]["pid"].as_u64().unwrap() as u32;
-        check_workload_profile(&profile, pid, ROUNDS);
+        check_workload_profile(&typed(&profile), pid, ROUNDS);
         // The workload frees every block: nothing allocated since attach is live at exit
         // but the stdio buffer.
         let live = profile["processes"][0]["inuse_bytes"]["estimate"]
@@ -333,9 +310,7 @@ fn sessions_and_classic_return_probes_agree() {
 /// from the same frame (same stack pointer) must still be counted, in every return mode.
 #[test]
 fn calls_from_the_same_frame_are_not_taken_for_nested_ones() {
-    if !bpf_available("calls_from_the_same_frame_are_not_taken_for_nested_ones") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("nesting");
     let rounds = 20_000u64;
     for extra in [&["--alloc-only"][..], &[][..], &["--no-sessions"][..]] {

@@ -11,8 +11,8 @@ use std::{
 };
 
 use tests::{
-    allocscope, bpf_available, drain, files_under, fixture, read_profile, run, start_recording,
-    wait_until, TempDir,
+    allocscope, drain, files_under, fixture, read_profile, run, start_recording, wait_until,
+    TempDir,
 };
 
 fn stderr_of(output: &std::process::Output) -> String {
@@ -21,9 +21,7 @@ fn stderr_of(output: &std::process::Output) -> String {
 
 #[test]
 fn devices_and_fifos_are_refused_before_attaching() {
-    if !bpf_available("devices_and_fifos_are_refused_before_attaching") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("safety-devices");
     // Devices of our own (the same as /dev/null and /dev/full): a binary with this bug
     // replaces these, not the machine's.
@@ -71,9 +69,7 @@ fn devices_and_fifos_are_refused_before_attaching() {
 
 #[test]
 fn profiles_are_private_and_replace_links_not_their_targets() {
-    if !bpf_available("profiles_are_private_and_replace_links_not_their_targets") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("safety-links");
     // A shared directory, as /tmp is: anyone may plant names in it.
     std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o1777)).unwrap();
@@ -128,9 +124,7 @@ fn closes_within(mut stdout: std::process::ChildStdout, timeout: Duration) -> bo
 
 #[test]
 fn a_command_never_outlives_a_killed_start() {
-    if !bpf_available("a_command_never_outlives_a_killed_start") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("safety-orphans");
     // Killed while the child waits to be released, while the probes attach, and after.
     for delay_ms in [0u64, 5, 20, 50, 120, 400] {
@@ -155,9 +149,7 @@ fn a_command_never_outlives_a_killed_start() {
 
 #[test]
 fn the_command_exit_status_is_passed_on() {
-    if !bpf_available("the_command_exit_status_is_passed_on") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("safety-status");
     let out = dir.path("x.json");
     let out = out.to_str().unwrap();
@@ -177,9 +169,7 @@ fn the_command_exit_status_is_passed_on() {
 
 #[test]
 fn sighup_stops_and_saves_the_recording() {
-    if !bpf_available("sighup_stops_and_saves_the_recording") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("safety-sighup");
     let out = dir.path("x.json");
     let workload = fixture("workload", &[]);
@@ -202,9 +192,7 @@ fn sighup_stops_and_saves_the_recording() {
 
 #[test]
 fn keep_deletes_only_our_own_snapshots() {
-    if !bpf_available("keep_deletes_only_our_own_snapshots") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("safety-keep");
     let foreign = [
         "allocscope-2000-01-01T00-00-00.000Z.json",
@@ -246,9 +234,7 @@ fn keep_deletes_only_our_own_snapshots() {
 /// link points. (Issue #29, item 2.)
 #[test]
 fn snapshots_never_follow_a_symlink_another_user_planted() {
-    if !bpf_available("snapshots_never_follow_a_symlink_another_user_planted") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("safety-planted");
     let shared = dir.path("tmp");
     std::fs::create_dir(&shared).unwrap();
@@ -293,9 +279,7 @@ fn snapshots_never_follow_a_symlink_another_user_planted() {
 
 #[test]
 fn escape_sequences_in_names_never_reach_the_terminal() {
-    if !bpf_available("escape_sequences_in_names_never_reach_the_terminal") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("safety-escapes");
     // The process name (comm) is the name it was exec'd under: an escape sequence that
     // would clear the screen and set the terminal's title.
@@ -339,9 +323,7 @@ fn escape_sequences_in_names_never_reach_the_terminal() {
 /// from the binary's own symbol table. (Issue #29, item 1.)
 #[test]
 fn a_fifo_at_a_debug_link_does_not_hang_symbolization() {
-    if !bpf_available("a_fifo_at_a_debug_link_does_not_hang_symbolization") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("debuglink-fifo");
     let program = dir.path("p");
     std::fs::copy(fixture("workload", &[]), &program).unwrap();

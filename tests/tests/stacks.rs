@@ -7,9 +7,7 @@
 use std::process::Command;
 
 use serde_json::Value;
-use tests::{
-    allocscope, bpf_available, files_under, fixture, read_profile, spawn_with_first_line, TempDir,
-};
+use tests::{allocscope, files_under, fixture, read_profile, spawn_with_first_line, TempDir};
 
 const CONFIDENCE: &str = "0.9999";
 
@@ -117,9 +115,7 @@ const DEEP_SITES: [(&str, [&str; 4], u64); 3] = [
 
 #[test]
 fn c_without_frame_pointers_every_site_reaches_main() {
-    if !bpf_available("c_without_frame_pointers_every_site_reaches_main") {
-        return;
-    }
+    tests::require_bpf!();
     let deep = fixture("deep", &["-fomit-frame-pointer"]);
     let calls: u64 = 20_000;
     let command = [deep.to_str().unwrap(), &calls.to_string()];
@@ -161,9 +157,7 @@ fn c_without_frame_pointers_every_site_reaches_main() {
 
 #[test]
 fn frame_pointer_walks_through_data_show_no_false_frames() {
-    if !bpf_available("frame_pointer_walks_through_data_show_no_false_frames") {
-        return;
-    }
+    tests::require_bpf!();
     // site_table points rbp at a fake frame whose return address is the text "ion Sele"
     // while it calls malloc: the kernel's frame-pointer walk reads it as a caller. Every
     // frame shown must still be a real one.
@@ -221,9 +215,7 @@ const CPP_SITES: [(&str, [&str; 3], u64); 4] = [
 
 #[test]
 fn cpp_callers_of_operator_new_are_found_through_libstdcxx() {
-    if !bpf_available("cpp_callers_of_operator_new_are_found_through_libstdcxx") {
-        return;
-    }
+    tests::require_bpf!();
     let deep = fixture("deep_cpp", &["-fomit-frame-pointer"]);
     let calls: u64 = 20_000;
     let (profile, pid) = record(
@@ -257,9 +249,7 @@ fn cpp_callers_of_operator_new_are_found_through_libstdcxx() {
 
 #[test]
 fn python_stacks_reach_the_interpreter_entry() {
-    if !bpf_available("python_stacks_reach_the_interpreter_entry") {
-        return;
-    }
+    tests::require_bpf!();
     // Debian's own python3 (built -O2 without frame pointers), not a fixture of ours.
     let python = "/usr/bin/python3";
     assert!(
@@ -352,9 +342,7 @@ fn stripped_deep(dir: &TempDir) -> (std::path::PathBuf, std::path::PathBuf, Stri
 
 #[test]
 fn a_stripped_program_is_named_from_its_debug_file_by_build_id() {
-    if !bpf_available("a_stripped_program_is_named_from_its_debug_file_by_build_id") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("debug-dir");
     let (stripped, debug_dir, id) = stripped_deep(&dir);
     let command = [stripped.to_str().unwrap(), "5000"];
@@ -418,9 +406,7 @@ const PYMALLOC_CALLS: u64 = 100_000;
 
 #[test]
 fn pythons_object_allocator_is_counted_once() {
-    if !bpf_available("pythons_object_allocator_is_counted_once") {
-        return;
-    }
+    tests::require_bpf!();
     // PyObject_Malloc serves requests up to 512 bytes from pymalloc's arenas (malloc never
     // sees them) and passes larger ones to malloc: with uprobes, the first must be counted
     // at PyObject_Malloc, the second once, at malloc.
@@ -459,9 +445,7 @@ fn pythons_object_allocator_is_counted_once() {
 
 #[test]
 fn pythons_object_allocator_is_counted_once_in_process() {
-    if !bpf_available("pythons_object_allocator_is_counted_once_in_process") {
-        return;
-    }
+    tests::require_bpf!();
     // The in-process front end wraps CPython's object domain (PyMem_SetAllocator): each
     // call is counted there at its own size, small or large, and the malloc pymalloc makes
     // for a large one is not counted again (twice would put the estimate at 2x).
@@ -485,9 +469,7 @@ fn pythons_object_allocator_is_counted_once_in_process() {
 
 #[test]
 fn debug_files_come_from_debuginfod_when_asked() {
-    if !bpf_available("debug_files_come_from_debuginfod_when_asked") {
-        return;
-    }
+    tests::require_bpf!();
     // A real HTTP server speaking the debuginfod protocol's one request we make
     // (GET /buildid/ID/debuginfo), on loopback.
     let dir = TempDir::new("debuginfod");
@@ -553,9 +535,7 @@ fn debug_files_come_from_debuginfod_when_asked() {
 /// log says what each did, and no temporary directory is left behind.
 #[test]
 fn misbehaving_debuginfod_servers_are_bounded() {
-    if !bpf_available("misbehaving_debuginfod_servers_are_bounded") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("debuginfod-hostile");
     let (stripped, _, id) = stripped_deep(&dir);
     let server = dir.path("server.py");

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tests::{allocscope, bpf_available, first_byte, wait_until, Fixture, TempDir, INT3};
+use tests::{allocscope, first_byte, wait_until, Fixture, TempDir, INT3};
 
 /// A private tmux server (its own socket), killed on drop.
 struct Tmux {
@@ -135,9 +135,7 @@ fn exit_status(dir: &TempDir) -> Option<String> {
 
 #[test]
 fn top_shows_known_sites_and_obeys_keys_in_a_real_terminal() {
-    if !bpf_available("top_shows_known_sites_and_obeys_keys_in_a_real_terminal") {
-        return;
-    }
+    tests::require_bpf!();
     let (mut fixture, malloc) = start_fixture();
     let pid = fixture.pid();
     let dir = TempDir::new("top-keys");
@@ -253,9 +251,7 @@ fn top_shows_known_sites_and_obeys_keys_in_a_real_terminal() {
 
 #[test]
 fn top_survives_sigterm_and_target_exit() {
-    if !bpf_available("top_survives_sigterm_and_target_exit") {
-        return;
-    }
+    tests::require_bpf!();
     // A target that exits: its last picture stays, marked exited; q still leaves cleanly.
     let (mut fixture, _) = start_fixture();
     let pid = fixture.pid();
@@ -308,9 +304,7 @@ fn top_survives_sigterm_and_target_exit() {
 
 #[test]
 fn top_runs_a_command_without_letting_it_touch_the_screen() {
-    if !bpf_available("top_runs_a_command_without_letting_it_touch_the_screen") {
-        return;
-    }
+    tests::require_bpf!();
     let program = tests::fixture("top", &[]);
     let dir = TempDir::new("top-command");
     let command = top_command(&format!("-- {}", program.display()), &dir);
