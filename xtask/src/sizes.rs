@@ -170,6 +170,16 @@ impl Functions<'_> {
     }
 }
 
+impl Functions<'_> {
+    /// A function with its attributes (doc comments among them), signature and body.
+    fn function_item(&mut self, attrs: &[syn::Attribute], sig: &syn::Signature, body: &syn::Block) {
+        let first = first_line(attrs, sig);
+        let start = sig.fn_token.span.start().line;
+        let end = body.brace_token.span.close().end().line;
+        self.function(sig.ident.to_string(), first, start, end);
+    }
+}
+
 fn first_line(attrs: &[syn::Attribute], sig: &syn::Signature) -> usize {
     attrs
         .iter()
@@ -192,33 +202,22 @@ impl<'ast> Visit<'ast> for Functions<'_> {
     }
 
     fn visit_item_fn(&mut self, item: &'ast syn::ItemFn) {
-        if is_test(&item.attrs) {
-            return;
+        if !is_test(&item.attrs) {
+            self.function_item(&item.attrs, &item.sig, &item.block);
+            syn::visit::visit_item_fn(self, item);
         }
-        let first = first_line(&item.attrs, &item.sig);
-        let sig = item.sig.fn_token.span.start().line;
-        let end = item.block.brace_token.span.close().end().line;
-        self.function(item.sig.ident.to_string(), first, sig, end);
-        syn::visit::visit_item_fn(self, item);
     }
 
     fn visit_impl_item_fn(&mut self, item: &'ast syn::ImplItemFn) {
-        if is_test(&item.attrs) {
-            return;
+        if !is_test(&item.attrs) {
+            self.function_item(&item.attrs, &item.sig, &item.block);
+            syn::visit::visit_impl_item_fn(self, item);
         }
-        let first = first_line(&item.attrs, &item.sig);
-        let sig = item.sig.fn_token.span.start().line;
-        let end = item.block.brace_token.span.close().end().line;
-        self.function(item.sig.ident.to_string(), first, sig, end);
-        syn::visit::visit_impl_item_fn(self, item);
     }
 
     fn visit_trait_item_fn(&mut self, item: &'ast syn::TraitItemFn) {
         if let Some(block) = &item.default {
-            let first = first_line(&item.attrs, &item.sig);
-            let sig = item.sig.fn_token.span.start().line;
-            let end = block.brace_token.span.close().end().line;
-            self.function(item.sig.ident.to_string(), first, sig, end);
+            self.function_item(&item.attrs, &item.sig, block);
         }
         syn::visit::visit_trait_item_fn(self, item);
     }

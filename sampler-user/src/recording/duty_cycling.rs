@@ -21,7 +21,7 @@ use sampler_common::ProcessCounters;
 use super::Recording;
 use crate::{
     collect::monotonic_ns,
-    duty::plan::{self as duty_cycle, Plan, Stratum},
+    duty::plan::{self, Plan, Stratum},
     duty::{estimate::StratumWork, sums::StratumObserved},
     profile::{DutyRecord, OnSlot},
 };
@@ -287,7 +287,7 @@ impl DutyCycling {
         } else {
             0.0
         };
-        self.slots = duty_cycle::next_slots(self.budget, current, share);
+        self.slots = plan::next_slots(self.budget, current, share);
         if self.slots != current {
             debug!(
                 "duty cycle: the probes added {:.1}% to the targets' own CPU time over \
