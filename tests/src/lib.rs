@@ -385,6 +385,7 @@ pub fn run(args: &[&str]) -> Output {
 }
 
 /// A temporary directory under target/, removed on drop.
+#[derive(Debug)]
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
@@ -554,6 +555,17 @@ pub fn check_workload_profile(profile: &Profile, pid: u32, rounds: u64) {
 }
 
 /// Checks that a process's estimated allocated bytes bound its exact (counted) bytes.
+pub fn assert_bounds_exact(process: &record::ProcessProfile) {
+    let exact = process.exact.bytes as f64;
+    let total = &process.alloc_bytes;
+    assert!(
+        total.lower <= exact && exact <= total.upper,
+        "pid {}: estimate {total:?} does not bound the exact {exact} bytes",
+        process.pid
+    );
+}
+
+/// [`assert_bounds_exact`] on a process read as JSON.
 pub fn assert_estimate_bounds_exact(process: &Value) {
     let exact = process["exact"]["bytes"].as_f64().unwrap();
     let total = &process["alloc_bytes"];

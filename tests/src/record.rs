@@ -4,7 +4,9 @@
 
 use std::{
     ffi::{OsStr, OsString},
-    process::Command,
+    io::Write as _,
+    path::PathBuf,
+    process::{Command, Stdio},
     sync::atomic::{AtomicUsize, Ordering},
 };
 
@@ -17,6 +19,7 @@ use crate::{allocscope, TempDir};
 pub struct Record {
     flags: Vec<OsString>,
     target: Vec<OsString>,
+    input: Vec<u8>,
 }
 
 /// What a recording left: its profile, its stderr (the summary and the log) and its exit
@@ -26,6 +29,9 @@ pub struct Recorded {
     pub profile: Profile,
     pub stderr: String,
     pub code: Option<i32>,
+    /// The file allocscope wrote (kept until this is dropped).
+    pub file: PathBuf,
+    _dir: TempDir,
 }
 
 impl Record {
@@ -36,6 +42,7 @@ impl Record {
         Record {
             flags: Vec::new(),
             target,
+            input: Vec::new(),
         }
     }
 
@@ -44,12 +51,19 @@ impl Record {
         Record {
             flags: Vec::new(),
             target: vec!["-p".into(), pid.to_string().into()],
+            input: Vec::new(),
         }
     }
 
     /// Adds `record` flags (`--interval`, `--alloc-only`, …).
     pub fn flags(mut self, flags: &[&str]) -> Record {
         self.flags.extend(flags.iter().map(OsString::from));
+        self
+    }
+
+    /// What the command reads on its stdin (allocscope passes its stdin on).
+    pub fn input(mut self, bytes: &[u8]) -> Record {
+        self.input = bytes.to_vec();
         self
     }
 
@@ -72,14 +86,22 @@ impl Record {
         static RUNS: AtomicUsize = AtomicUsize::new(0);
         let dir = TempDir::new(&format!("record-{}", RUNS.fetch_add(1, Ordering::Relaxed)));
         let out = dir.path("profile.json");
-        let output = Command::new(allocscope())
+        let mut child = Command::new(allocscope())
             .arg("record")
             .args(&self.flags)
             .arg("-o")
             .arg(&out)
             .args(&self.target)
-            .output()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
             .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        // A command that never reads it is not an error here.
+        let _ = stdin.write_all(&self.input);
+        drop(stdin);
+        let output = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
         let text = std::fs::read_to_string(&out)
             .unwrap_or_else(|e| panic!("no profile written ({e}):\n{stderr}"));
@@ -89,6 +111,8 @@ impl Record {
             profile,
             stderr,
             code: output.status.code(),
+            file: out,
+            _dir: dir,
         }
     }
 }

@@ -3,9 +3,7 @@
 //! are attached in some slots only, so the exact counters see part of the calls, and the
 //! estimate, weighted by each target's work per stratum, must bound the whole.
 
-use std::{io::Write as _, process::Stdio};
-
-use tests::{allocscope, fixture, read_profile, TempDir};
+use tests::{allocscope, fixture, Record};
 
 /// Allocations per chunk and chunks: 6 million calls, ~7 s.
 const PER_CHUNK: u64 = 2000;
@@ -14,69 +12,62 @@ const CHUNKS: u64 = 3000;
 #[test]
 fn a_duty_cycled_recording_bounds_what_it_did_not_see() {
     tests::require_bpf!();
-    let dir = TempDir::new("duty");
-    let out = dir.path("duty.json");
-    let mut child = std::process::Command::new(allocscope())
+    let loop_args = [PER_CHUNK.to_string(), CHUNKS.to_string(), "1000".to_owned()];
+    let loop_args: Vec<&str> = loop_args.iter().map(String::as_str).collect();
+    let recorded = Record::command(fixture("bench_loop", &[]), &loop_args)
         // Bounds at 99.99%: at 95% they would miss the truth in one run of 20 by design
-        // (their calibration is the simulation's to prove, stats::duty).
-        .args(["record", "-v", "--alloc-only", "--max-overhead", "10%"])
-        .args(["--confidence", "0.9999"])
-        .arg("-o")
-        .arg(&out)
-        .arg("--")
-        .arg(fixture("bench_loop", &[]))
-        .args([PER_CHUNK.to_string(), CHUNKS.to_string(), "1000".to_owned()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    let output = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    let profile = read_profile(&out);
-    let duty = &profile["sampling"]["duty"];
-    assert_eq!(duty["max_overhead"], 0.1, "{stderr}");
+        // (their calibration is the simulation's to prove, duty::estimate).
+        .flags(&["-v", "--alloc-only", "--max-overhead", "10%"])
+        .flags(&["--confidence", "0.9999"])
+        .input(b"go\n")
+        .run();
+    let (profile, stderr) = (&recorded.profile, &recorded.stderr);
+    let duty = profile.sampling.duty.as_ref().expect("sampling.duty");
+    assert_eq!(duty.max_overhead, 0.1, "{stderr}");
+    assert!(duty.largest_stratum_slots > 1, "never cycled: {duty:?}");
+    assert!(duty.strata >= 10, "{duty:?}");
+    assert!(!duty.on_slots.is_empty(), "{duty:?}");
     assert!(
-        duty["largest_stratum_slots"].as_u64().unwrap() > 1,
-        "never cycled: {duty}"
+        duty.observed_share > 0.0 && duty.observed_share < 0.9,
+        "{duty:?}"
     );
-    assert!(duty["strata"].as_u64().unwrap() >= 10, "{duty}");
-    assert!(!duty["on_slots"].as_array().unwrap().is_empty(), "{duty}");
-    let share = duty["observed_share"].as_f64().unwrap();
-    assert!(share > 0.0 && share < 0.9, "{duty}");
     assert!(stderr.contains("duty cycle: attaching takes"), "{stderr}");
 
-    let process = &profile["processes"][0];
+    let process = recorded.only_process();
     let truth_calls = (PER_CHUNK * CHUNKS) as f64;
     let truth = truth_calls * 64.0;
-    let own = process["observed_share"].as_f64().unwrap();
-    assert!(own > 0.0 && own < 1.0, "{process}");
+    let own = process.observed_share.expect("observed_share");
+    assert!(own > 0.0 && own < 1.0, "{process:?}");
     // The counters saw the on slots only.
-    let exact_calls = process["exact"]["calls"].as_f64().unwrap();
+    let exact_calls = process.exact.calls as f64;
     assert!(
         exact_calls > 0.0 && exact_calls < truth_calls * 0.9,
-        "{process}"
+        "{process:?}"
     );
     // The loop's other allocations (its chunk timings, stdio) are a few KiB.
     let slack = 1024.0 * 1024.0;
-    for (field, truth) in [("alloc_bytes", truth), ("alloc_objects", truth_calls)] {
-        let estimate = &process[field];
-        let lower = estimate["lower"].as_f64().unwrap();
-        let upper = estimate["upper"].as_f64();
+    for (field, estimate, truth) in [
+        ("alloc_bytes", &process.alloc_bytes, truth),
+        ("alloc_objects", &process.alloc_objects, truth_calls),
+    ] {
         assert!(
-            lower <= truth + slack,
-            "{field}: {estimate} vs {truth}\n{stderr}"
+            estimate.lower <= truth + slack,
+            "{field}: {estimate:?} vs {truth}\n{stderr}"
         );
-        let upper = upper.unwrap_or_else(|| panic!("{field}: no upper bound: {estimate}"));
-        assert!(truth <= upper, "{field}: {estimate} vs {truth}\n{stderr}");
+        assert!(
+            estimate.upper.is_finite(),
+            "{field}: no upper bound: {estimate:?}"
+        );
+        assert!(
+            truth <= estimate.upper,
+            "{field}: {estimate:?} vs {truth}\n{stderr}"
+        );
     }
     // `report` reads the profile back (an unbounded `upper` is `null` in JSON) and says
     // how it was recorded.
     let report = std::process::Command::new(allocscope())
         .arg("report")
-        .arg(&out)
+        .arg(&recorded.file)
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&report.stdout).into_owned()
@@ -84,16 +75,7 @@ fn a_duty_cycled_recording_bounds_what_it_did_not_see() {
     assert!(report.status.success(), "{said}");
     assert!(said.contains("duty-cycled (--max-overhead 10%)"), "{said}");
     // Stacks are estimated the same way: the loop's one site holds nearly all.
-    let stacks = profile["stacks"].as_array().unwrap();
-    let top = &stacks[0]["alloc_bytes"];
-    assert!(
-        top["lower"].as_f64().unwrap() <= truth + slack,
-        "{top} vs {truth}"
-    );
-    assert!(
-        top["upper"]
-            .as_f64()
-            .is_none_or(|upper| upper >= truth * 0.99),
-        "{top} vs {truth}"
-    );
+    let top = &profile.stacks[0].alloc_bytes;
+    assert!(top.lower <= truth + slack, "{top:?} vs {truth}");
+    assert!(top.upper >= truth * 0.99, "{top:?} vs {truth}");
 }

@@ -320,10 +320,18 @@ impl Recording {
         if self.probes.is_none() {
             return Ok(());
         }
-        let pids = self.roster.running();
-        let Some(duty) = self.duty.as_mut() else {
+        // Taken out for the step (and put back whatever happens): the step reads the
+        // kernel through the recording while it moves the duty cycle on.
+        let Some(mut duty) = self.duty.take() else {
             return Ok(());
         };
+        let stepped = self.duty_step(&mut duty).await;
+        self.duty = Some(duty);
+        stepped
+    }
+
+    async fn duty_step(&mut self, duty: &mut DutyCycling) -> anyhow::Result<()> {
+        let pids = self.roster.running();
         let slots = duty.slots;
         let mut random = [0u8; 8];
         getrandom(&mut random);
@@ -339,16 +347,12 @@ impl Recording {
                 .context("closing the duty cycle's gate")?;
         }
         let now = monotonic_ns();
-        if let Some(duty) = self.duty.as_mut() {
-            duty.read_clocks(pids.iter().copied());
-        }
+        duty.read_clocks(pids.iter().copied());
         let Some((counters, _)) = self.exact_counts()? else {
             return Ok(());
         };
         if start.was_on {
-            if let Some(duty) = self.duty.as_mut() {
-                duty.gate_closed(now, &counters);
-            }
+            duty.gate_closed(now, &counters);
             if !keep_on {
                 self.probes_mut()?.suspend().close_in_background();
             }
@@ -357,16 +361,12 @@ impl Recording {
         if start.ended.is_some() {
             let ns_per_call = self.ns_per_call();
             let calls: u64 = counters.values().map(|c| c.calls).sum();
-            if let Some(duty) = self.duty.as_mut() {
-                let observed = duty.end_stratum(&counters, ns_per_call);
-                self.aggregator.close_stratum(&observed, &counters);
-                duty.choose(now, calls, ns_per_call);
-            }
+            let observed = duty.end_stratum(&counters, ns_per_call);
+            self.aggregator.close_stratum(&observed, &counters);
+            duty.choose(now, calls, ns_per_call);
         }
         if keep_on {
-            if let Some(duty) = self.duty.as_mut() {
-                duty.gate_opened(now, &counters);
-            }
+            duty.gate_opened(now, &counters);
         } else if start.on {
             let probes = self.probes_mut()?;
             probes
@@ -376,12 +376,10 @@ impl Recording {
                 .set_gate(true)
                 .context("opening the duty cycle's gate")?;
             let opened = monotonic_ns();
-            if let Some(duty) = self.duty.as_mut() {
-                duty.attached(opened - now);
-                duty.read_clocks(pids.iter().copied());
-                // The gate was closed since the counters were read: they are the same now.
-                duty.gate_opened(opened, &counters);
-            }
+            duty.attached(opened - now);
+            duty.read_clocks(pids.iter().copied());
+            // The gate was closed since the counters were read: they are the same now.
+            duty.gate_opened(opened, &counters);
         }
         Ok(())
     }
