@@ -67,10 +67,14 @@ fn bounds_hold_the_exact_total_when_samples_are_lost() {
     // Frees tracked too: a lost sample's block is forgotten by the kernel as well.
     let recorded = storm("256", &[], "5000");
     check_losses_counted(&recorded);
-    assert!(
-        recorded.only_process().inuse_bytes.is_some(),
-        "live numbers still reported"
-    );
+    // Live numbers are still reported, and bound the truth from below: the workload frees
+    // every block it allocates (what stays is stdio's few KiB); lost samples can only make
+    // them low, never high.
+    let live = recorded
+        .only_process()
+        .inuse_bytes
+        .expect("live numbers still reported");
+    assert!(live.lower <= 65536.0, "{live:?}");
 }
 
 #[test]
