@@ -9,7 +9,8 @@ use std::{
 };
 
 use tests::{
-    check_workload_profile, fixture, read_profile, start_recording, typed, TempDir, Workload,
+    check_workload_profile, fixture, read_profile, record::process_of, start_recording, typed,
+    TempDir, Workload,
 };
 
 const ROUNDS: u64 = 2000;
@@ -78,42 +79,33 @@ fn all_finds_known_workloads_and_leaves_the_excluded_and_itself_alone() {
     eprintln!("stopped and wrote the profile in {:?}", stopped.elapsed());
     // Shown only if an assertion below fails.
     eprintln!("allocscope said:\n{said}");
-    let profile = read_profile(&out);
+    let profile = typed(&read_profile(&out));
     for workload in &workloads {
         // Every site found, attributed to its process, bounds calibrated; exact counters
         // from the host-wide per-process counters.
-        check_workload_profile(&typed(&profile), workload.pid(), ROUNDS);
+        check_workload_profile(&profile, workload.pid(), ROUNDS);
     }
-    let pids: Vec<u64> = profile["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["pid"].as_u64().unwrap())
-        .collect();
+    let pids: Vec<u32> = profile.processes.iter().map(|p| p.pid).collect();
     assert!(
-        !pids.contains(&u64::from(bystander.id())),
+        !pids.contains(&bystander.id()),
         "the excluded bystander was recorded"
     );
+    assert!(!pids.contains(&recorder_pid), "allocscope recorded itself");
+    let workload = process_of(&profile, workloads[0].pid());
     assert!(
-        !pids.contains(&u64::from(recorder_pid)),
-        "allocscope recorded itself"
-    );
-    let workload = &profile["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == workloads[0].pid())
-        .unwrap();
-    assert!(
-        workload["allocators"][0]
-            .as_str()
+        workload
+            .allocators
+            .first()
             .is_some_and(|a| a.starts_with("glibc")),
-        "{workload:#}"
+        "{workload:#?}"
     );
     // Probed once for every process (pid 0), not per process.
-    let probes = profile["probes"].as_array().unwrap();
-    assert!(!probes.is_empty());
-    assert!(probes.iter().all(|p| p["pid"] == 0), "{probes:#?}");
+    assert!(!profile.probes.is_empty());
+    assert!(
+        profile.probes.iter().all(|p| p.pid == 0),
+        "{:#?}",
+        profile.probes
+    );
     let _ = bystander.kill();
     let _ = bystander.wait();
 }

@@ -9,7 +9,11 @@ use std::{
 };
 
 use serde_json::Value;
-use tests::{read_profile, start_recording, wait_until, Fixture, TempDir};
+use tests::{
+    read_profile,
+    record::{leaf_is, process_of, site_of, Profile},
+    start_recording, typed, wait_until, Fixture, TempDir,
+};
 
 /// Keeps the chance that any of the ~25 bound checks misses by bad luck near 0.25%.
 const CONFIDENCE: &str = "0.9999";
@@ -45,20 +49,18 @@ fn snapshot_after(dir: &Path, after: SystemTime) -> PathBuf {
 }
 
 /// Checks every site's live bytes against its truth (`true_live(site)`).
-fn check_live(profile: &Value, pid: u32, sites: &[(&str, u64)], phase: &str) {
+fn check_live(profile: &Profile, pid: u32, sites: &[(&str, u64)], phase: &str) {
     for &(site, truth) in sites {
-        let stacks = tests::site(profile, pid, site);
+        let stacks = site_of(profile, pid, site);
         assert_eq!(stacks.len(), 1, "{phase} {site}: {stacks:#?}");
-        let live = &stacks[0]["inuse_bytes"];
-        let (lower, upper) = (
-            live["lower"].as_f64().unwrap(),
-            live["upper"].as_f64().unwrap(),
-        );
+        let live = stacks[0].inuse_bytes.expect("frees tracked");
         let truth = truth as f64;
         assert!(
-            lower <= truth && truth <= upper,
-            "{phase} {site}: {truth} live bytes outside [{lower}, {upper}] (estimate {})",
-            live["estimate"]
+            live.lower <= truth && truth <= live.upper,
+            "{phase} {site}: {truth} live bytes outside [{}, {}] (estimate {})",
+            live.lower,
+            live.upper,
+            live.estimate
         );
     }
 }
@@ -91,15 +93,15 @@ fn live_heap_per_site_over_time_and_the_leak_view() {
     // A snapshot taken a whole period after the phase ended has all of its events.
     let after = SystemTime::now() + Duration::from_millis(300);
     std::thread::sleep(Duration::from_millis(300));
-    let phase1 = read_profile(&snapshot_after(&snapshots, after));
+    let phase1 = typed(&read_profile(&snapshot_after(&snapshots, after)));
     check_live(&phase1, target.pid(), &PHASE1, "phase 1");
-    assert_eq!(phase1["losses"]["live_map_full"], 0);
+    assert_eq!(phase1.losses.live_map_full, 0);
 
     target.go();
     target.expect("phase2");
     let after = SystemTime::now() + Duration::from_millis(300);
     std::thread::sleep(Duration::from_millis(300));
-    let phase2 = read_profile(&snapshot_after(&snapshots, after));
+    let phase2 = typed(&read_profile(&snapshot_after(&snapshots, after)));
     let only_leak: Vec<(&str, u64)> = PHASE1
         .iter()
         .map(|&(site, truth)| (site, if site == "leak" { truth } else { 0 }))
@@ -109,29 +111,25 @@ fn live_heap_per_site_over_time_and_the_leak_view() {
     target.go();
     target.expect("done");
     assert!(recorder.wait().unwrap().success());
-    let last = read_profile(&snapshot_after(
+    let last = typed(&read_profile(&snapshot_after(
         &snapshots,
         SystemTime::now() - Duration::from_secs(1),
-    ));
+    )));
     let mut at_exit = only_leak.clone();
     at_exit.push(("keep_young", 1000 * 4096));
     check_live(&last, target.pid(), &at_exit, "exit");
     // Leak view: the 3 s old leak, not the young blocks (nor anything freed).
-    assert_eq!(last["leaks_older_than_seconds"], 2.0);
-    let leaks: Vec<&Value> = last["stacks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| !s["leak"].is_null())
-        .collect();
+    assert_eq!(last.leaks_older_than_seconds, Some(2.0));
+    let leaks: Vec<_> = last.stacks.iter().filter(|s| s.leak.is_some()).collect();
     assert_eq!(leaks.len(), 1, "{leaks:#?}");
-    assert_eq!(leaks[0]["frames"][0]["function"], "leak");
-    let leaked = &leaks[0]["leak"]["inuse_bytes"];
-    assert!(leaked["lower"].as_f64().unwrap() <= 3e6 && 3e6 <= leaked["upper"].as_f64().unwrap());
-    assert!(leaks[0]["leak"]["oldest_seconds"].as_f64().unwrap() >= 2.0);
-    let process = &last["processes"][0];
-    assert!(process["rss_bytes"].as_u64().unwrap() > 0);
-    assert_eq!(process["untracked_samples"], 0);
+    assert!(leaf_is(leaks[0], "leak"), "{:?}", leaks[0].frames);
+    let leak = leaks[0].leak.expect("leak values");
+    let leaked = &leak.inuse_bytes;
+    assert!(leaked.lower <= 3e6 && 3e6 <= leaked.upper, "{leaked:?}");
+    assert!(leak.oldest_seconds >= 2.0, "{leak:?}");
+    let process = process_of(&last, target.pid());
+    assert!(process.rss_bytes.is_some_and(|rss| rss > 0));
+    assert_eq!(process.untracked_samples, 0);
 }
 
 /// Every number in a JSON document, for the no-negative check.
