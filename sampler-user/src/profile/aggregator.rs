@@ -45,16 +45,18 @@ pub struct Aggregator {
     warned_area: bool,
     /// Per stack, samples in one-second buckets over the recent window (`top` only).
     recent: Option<Recent>,
-    /// Per pid: samples the kernel could not deliver, as last read (cumulative).
-    lost: BTreeMap<u32, Vec<LostBatch>>,
-    /// The same at the start of the current period.
-    lost_at_period_start: BTreeMap<u32, Vec<LostBatch>>,
+    /// Per pid: the kernel's count of the samples it could not deliver (cumulative) at the
+    /// start of the current period.
+    lost_at_period_start: LostCounts,
     /// Duty cycling (`--max-overhead`): the sums per stratum.
     duty: Option<DutySums>,
     /// The current stratum as observed so far, the exact counters then and the probes'
     /// cost per call: what a tally adds to the closed strata, and estimates with.
     duty_now: Option<(StratumObserved, BTreeMap<u32, ProcessCounters>, f64)>,
 }
+
+/// Per process, the samples the kernel could not deliver (cumulative, by size and interval).
+pub type LostCounts = BTreeMap<u32, Vec<LostBatch>>;
 
 /// The frame that names the pseudo-stack of samples lost without a stack.
 pub const LOST_FRAME: &str = "[samples lost: ring buffer full]";
@@ -376,23 +378,22 @@ impl Aggregator {
             .map_or(&NOTHING, |(observed, _, _)| observed)
     }
 
-    /// Starts a new period: the next snapshot's period values count from here.
-    pub fn start_period(&mut self) {
+    /// Starts a new period: the next snapshot's period values count from here; `lost`: the
+    /// kernel's count of samples it could not deliver, now.
+    pub fn start_period(&mut self, lost: &LostCounts) {
         self.per_stack_period.fill(SampleSet::default());
-        self.lost_at_period_start = self.lost.clone();
+        self.lost_at_period_start = lost.clone();
     }
 
-    /// Takes the kernel's latest (cumulative) count of the samples it could not deliver.
-    pub fn set_lost(&mut self, lost: BTreeMap<u32, Vec<LostBatch>>) {
-        self.lost = lost;
-    }
-
-    /// Every stack's sample sets now (`now_ns`, CLOCK_MONOTONIC), frames resolved; live
-    /// blocks allocated more than `leak_age` ago are `leaked` (none without a leak age).
+    /// Every stack's sample sets now (`now_ns`, CLOCK_MONOTONIC), frames resolved, and per
+    /// process the samples the kernel could not deliver (`lost`, its latest cumulative
+    /// count); live blocks allocated more than `leak_age` ago are `leaked` (none without a
+    /// leak age).
     pub async fn tally(
         &self,
         symbolizer: &Symbolizer,
         book: &ProcessBook,
+        lost: &LostCounts,
         now_ns: u64,
         leak_age: Option<std::time::Duration>,
     ) -> Tally {
@@ -400,14 +401,13 @@ impl Aggregator {
         let leaks = leak_age
             .map(|age| self.leak_candidates(age, now_ns))
             .unwrap_or_default();
-        let stacks = self.stack_tallies(&resolved, &leaks, now_ns);
+        let stacks = self.stack_tallies(&resolved, &leaks, lost, now_ns);
         let recent_seconds = self.recent.as_ref().map_or(0.0, |recent| {
             recent.tracker().coverage(now_ns, recent.window_ns).1
         });
         let processes = book.tally(|pid| ProcessSamples {
             untracked: self.untracked.get(&pid).copied().unwrap_or(0),
-            lost: self
-                .lost
+            lost: lost
                 .get(&pid)
                 .map_or(0, |batches| batches.iter().map(|b| b.samples).sum()),
             duty: self.duty_of_process(pid),
@@ -429,6 +429,7 @@ impl Aggregator {
         &self,
         resolved: &HashMap<Frame, Vec<FrameInfo>>,
         leaks: &HashMap<StackId, (SampleSet, u64)>,
+        lost: &LostCounts,
         now_ns: u64,
     ) -> Vec<StackTally> {
         self.per_stack
@@ -474,7 +475,7 @@ impl Aggregator {
                     duty: self.duty_of_stack(id as StackId),
                 }
             })
-            .chain(self.lost.iter().map(|(&pid, batches)| {
+            .chain(lost.iter().map(|(&pid, batches)| {
                 let before = self.lost_at_period_start.get(&pid);
                 StackTally {
                     pid,

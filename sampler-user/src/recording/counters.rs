@@ -1,6 +1,6 @@
 //! The recording's side of the kernel's exact counters ([`crate::collect::Counters`]):
 //! which targets are counted where, a target's last counts kept when it exits, and the
-//! samples the kernel could not deliver handed to the aggregator.
+//! samples the kernel could not deliver, kept for the next tally.
 
 use std::collections::BTreeMap;
 
@@ -40,8 +40,8 @@ impl Recording {
     }
 
     /// Catches up, then reads the kernel's exact counters per process and the loss counters
-    /// (after detaching: the values read last), and hands the samples the kernel could not
-    /// deliver to the aggregator.
+    /// (after detaching: the values read last), and keeps the kernel's count of the samples
+    /// it could not deliver for the next tally.
     pub async fn counters(&mut self) -> anyhow::Result<(BTreeMap<u32, ProcessCounters>, Losses)> {
         self.catch_up().await?;
         self.claim_regions(None);
@@ -63,7 +63,7 @@ impl Recording {
                     self.first_seen(pid);
                 }
             }
-            self.aggregator.set_lost(lost);
+            self.lost = lost;
         }
         self.last_counters
             .clone()

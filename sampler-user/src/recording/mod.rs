@@ -139,6 +139,8 @@ pub struct Recording {
     command_exit: Option<CommandExit>,
     said_waiting: bool,
     last_counters: Option<(BTreeMap<u32, ProcessCounters>, Losses)>,
+    /// The kernel's count of the samples it could not deliver, as last read (cumulative).
+    lost: crate::profile::LostCounts,
     /// Entries of the kernel's thread-state map when the counters were last read.
     thread_states: Option<u64>,
     /// When the exact counters were last read (CLOCK_MONOTONIC ns).
@@ -204,7 +206,13 @@ impl Recording {
         let leak_age = settings.leaks_older_than.filter(|_| !settings.alloc_only);
         let tally = self
             .aggregator
-            .tally(&self.symbolizer, &self.processes, now_ns, leak_age)
+            .tally(
+                &self.symbolizer,
+                &self.processes,
+                &self.lost,
+                now_ns,
+                leak_age,
+            )
             .await;
         let targets = crate::profile::target_uses(&tally, &counters);
         let calls = targets.iter().map(|t| t.calls).sum();
@@ -247,14 +255,20 @@ impl Recording {
 
     /// Starts a new period for per-period values (`--every` snapshots).
     pub fn start_period(&mut self) {
-        self.aggregator.start_period();
+        self.aggregator.start_period(&self.lost);
     }
 
     /// The samples so far, per stack and process, frames resolved (`top`'s picture);
     /// `leak_age`: blocks older than this count as leak suspects.
     pub async fn tally(&self, leak_age: Option<Duration>) -> crate::profile::Tally {
         self.aggregator
-            .tally(&self.symbolizer, &self.processes, monotonic_ns(), leak_age)
+            .tally(
+                &self.symbolizer,
+                &self.processes,
+                &self.lost,
+                monotonic_ns(),
+                leak_age,
+            )
             .await
     }
 

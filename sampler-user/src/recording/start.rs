@@ -165,6 +165,7 @@ impl Recording {
             duty,
             samples_taken: 0,
             thread_states: None,
+            lost: Default::default(),
             cutoff_ns: None,
             in_process: InProcess::none(sampling.interval),
         };
