@@ -50,9 +50,40 @@ pub struct Aggregator {
     lost_at_period_start: LostCounts,
     /// Duty cycling (`--max-overhead`): the sums per stratum.
     duty: Option<DutySums>,
-    /// The current stratum as observed so far, the exact counters then and the probes'
-    /// cost per call: what a tally adds to the closed strata, and estimates with.
-    duty_now: Option<(StratumObserved, BTreeMap<u32, ProcessCounters>, f64)>,
+}
+
+/// What a tally reads besides the samples, as the recording last read it: the targets'
+/// descriptions, the samples the kernel could not deliver, and duty cycling's open stratum.
+#[derive(Clone, Copy)]
+pub struct Readings<'a> {
+    /// The targets' descriptions.
+    pub processes: &'a ProcessBook,
+    /// The kernel's count of the samples it could not deliver (cumulative).
+    pub lost: &'a LostCounts,
+    /// Duty cycling: the current stratum as observed so far.
+    pub open_stratum: Option<&'a OpenStratum>,
+}
+
+/// Duty cycling: the current stratum as observed so far, with the exact counters and the
+/// probes' cost per call then: what a tally adds to the closed strata, and estimates with.
+#[derive(Clone, Debug, Default)]
+pub struct OpenStratum {
+    /// The stratum's slots and work so far.
+    pub observed: StratumObserved,
+    /// The exact counters when it was observed.
+    pub counters: BTreeMap<u32, ProcessCounters>,
+    /// The probes' cost per call.
+    pub ns_per_call: f64,
+}
+
+/// `open`'s observation, or an empty one (no stratum open).
+fn observed_so_far(open: Option<&OpenStratum>) -> &StratumObserved {
+    static NOTHING: StratumObserved = StratumObserved {
+        slots: 0.0,
+        work: BTreeMap::new(),
+        ns_per_call: 0.0,
+    };
+    open.map_or(&NOTHING, |open| &open.observed)
 }
 
 /// Per process, the samples the kernel could not deliver (cumulative, by size and interval).
@@ -341,41 +372,17 @@ impl Aggregator {
         }
     }
 
-    /// Duty cycling: the current stratum as observed so far, with the exact counters and
-    /// the probes' cost per call now, for the next tally.
-    pub fn set_open_stratum(
-        &mut self,
-        observed: StratumObserved,
-        counters: BTreeMap<u32, ProcessCounters>,
-        ns_per_call: f64,
-    ) {
-        self.duty_now = Some((observed, counters, ns_per_call));
+    fn duty_of_stack(&self, stack: StackId, open: Option<&OpenStratum>) -> Option<DutyPair> {
+        let duty = self.duty.as_ref()?;
+        duty.stack(stack, observed_so_far(open))
     }
 
-    fn duty_of_stack(&self, stack: StackId) -> Option<DutyPair> {
+    fn duty_of_process(&self, pid: u32, open: Option<&OpenStratum>) -> Option<DutyPair> {
         let duty = self.duty.as_ref()?;
-        duty.stack(stack, self.open_stratum())
-    }
-
-    fn duty_of_process(&self, pid: u32) -> Option<DutyPair> {
-        let duty = self.duty.as_ref()?;
-        let counters = self
-            .duty_now
-            .as_ref()
-            .and_then(|(_, counters, _)| counters.get(&pid).copied())
+        let counters = open
+            .and_then(|open| open.counters.get(&pid).copied())
             .unwrap_or_default();
-        Some(duty.process(pid, counters, self.open_stratum()))
-    }
-
-    fn open_stratum(&self) -> &StratumObserved {
-        static NOTHING: StratumObserved = StratumObserved {
-            slots: 0.0,
-            work: BTreeMap::new(),
-            ns_per_call: 0.0,
-        };
-        self.duty_now
-            .as_ref()
-            .map_or(&NOTHING, |(observed, _, _)| observed)
+        Some(duty.process(pid, counters, observed_so_far(open)))
     }
 
     /// Starts a new period: the next snapshot's period values count from here; `lost`: the
@@ -392,16 +399,20 @@ impl Aggregator {
     pub async fn tally(
         &self,
         symbolizer: &Symbolizer,
-        book: &ProcessBook,
-        lost: &LostCounts,
+        readings: Readings<'_>,
         now_ns: u64,
         leak_age: Option<std::time::Duration>,
     ) -> Tally {
+        let Readings {
+            processes: book,
+            lost,
+            open_stratum,
+        } = readings;
         let resolved = self.resolve_frames(symbolizer).await;
         let leaks = leak_age
             .map(|age| self.leak_candidates(age, now_ns))
             .unwrap_or_default();
-        let stacks = self.stack_tallies(&resolved, &leaks, lost, now_ns);
+        let stacks = self.stack_tallies(&resolved, &leaks, lost, open_stratum, now_ns);
         let recent_seconds = self.recent.as_ref().map_or(0.0, |recent| {
             recent.tracker().coverage(now_ns, recent.window_ns).1
         });
@@ -410,7 +421,7 @@ impl Aggregator {
             lost: lost
                 .get(&pid)
                 .map_or(0, |batches| batches.iter().map(|b| b.samples).sum()),
-            duty: self.duty_of_process(pid),
+            duty: self.duty_of_process(pid, open_stratum),
         });
         let build_ids = self.build_ids(&resolved);
         Tally {
@@ -419,7 +430,7 @@ impl Aggregator {
             recent_seconds,
             build_ids,
             cut_samples: self.stacks.cut_samples(),
-            duty_ns_per_call: self.duty_now.as_ref().map_or(0.0, |(_, _, ns)| *ns),
+            duty_ns_per_call: open_stratum.map_or(0.0, |open| open.ns_per_call),
         }
     }
 
@@ -430,6 +441,7 @@ impl Aggregator {
         resolved: &HashMap<Frame, Vec<FrameInfo>>,
         leaks: &HashMap<StackId, (SampleSet, u64)>,
         lost: &LostCounts,
+        open_stratum: Option<&OpenStratum>,
         now_ns: u64,
     ) -> Vec<StackTally> {
         self.per_stack
@@ -472,7 +484,7 @@ impl Aggregator {
                     lost: false,
                     cut_to_leaf: self.stacks.is_cut(id as StackId),
                     origin: Some(self.stacks.origin(id as StackId)),
-                    duty: self.duty_of_stack(id as StackId),
+                    duty: self.duty_of_stack(id as StackId, open_stratum),
                 }
             })
             .chain(lost.iter().map(|(&pid, batches)| {

@@ -7,7 +7,9 @@ mod build;
 mod processes;
 pub mod schema;
 
-pub use aggregator::{Aggregator, LostCounts, ProcessTally, StackTally, Tally, LOST_FRAME};
+pub use aggregator::{
+    Aggregator, LostCounts, OpenStratum, ProcessTally, Readings, StackTally, Tally, LOST_FRAME,
+};
 pub use build::{incomplete_reasons, target_uses, Settings, Snapshot};
 pub use processes::ProcessBook;
 pub use schema::*;

@@ -23,7 +23,7 @@ use crate::{
     collect::monotonic_ns,
     duty::plan::{self, Plan, Stratum},
     duty::{estimate::StratumWork, sums::StratumObserved},
-    profile::{DutyRecord, OnSlot},
+    profile::{DutyRecord, OnSlot, OpenStratum},
 };
 
 /// Length of a slot. Attaching a process's probes takes ~5 ms here (measured: `-v` logs
@@ -384,9 +384,9 @@ impl Recording {
         Ok(())
     }
 
-    /// Duty cycling: tells the aggregator how the current stratum was observed until now
-    /// (with the counters read last), and the probes' cost per call.
-    pub(super) fn note_open_stratum(&mut self) {
+    /// Duty cycling: how the current stratum was observed until now (with the counters read
+    /// last), and the probes' cost per call, for the next tally.
+    pub(super) fn open_stratum(&mut self) -> Option<OpenStratum> {
         let pids = self.roster.running();
         let ns_per_call = self.ns_per_call();
         let counters = self
@@ -394,16 +394,17 @@ impl Recording {
             .as_ref()
             .map(|(counters, _)| counters.clone())
             .unwrap_or_default();
-        let Some(duty) = self.duty.as_mut() else {
-            return;
-        };
-        if self.probes.is_some() {
+        let detached = self.probes.is_none();
+        let duty = self.duty.as_mut()?;
+        if !detached {
             // Detached: the clocks read at detaching stand (see `Recording::detach`).
             duty.read_clocks(pids);
         }
-        let observed = duty.observed(&counters, ns_per_call);
-        self.aggregator
-            .set_open_stratum(observed, counters, ns_per_call);
+        Some(OpenStratum {
+            observed: duty.observed(&counters, ns_per_call),
+            counters,
+            ns_per_call,
+        })
     }
 
     /// Duty cycling: target `pid` exited; its CPU clock is read while it can be (a child of

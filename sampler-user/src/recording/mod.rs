@@ -48,7 +48,10 @@ use crate::{
         attach::{AttachedPoint, Probes},
         runs::ProgramRuns,
     },
-    profile::{Aggregator, CoverageStart, ProbePoint, ProcessBook, Profile, Settings, Snapshot},
+    profile::{
+        Aggregator, CoverageStart, OpenStratum, ProbePoint, ProcessBook, Profile, Readings,
+        Settings, Snapshot,
+    },
     stacks::symbolize::Symbolizer,
     targets::AllocatorCache,
 };
@@ -202,14 +205,13 @@ impl Recording {
         settings.largest_interval = settings.largest_interval.max(self.largest_interval());
         let (counters, losses) = self.counters().await?;
         let now_ns = self.cutoff_ns.unwrap_or_else(monotonic_ns);
-        self.note_open_stratum();
+        let open_stratum = self.open_stratum();
         let leak_age = settings.leaks_older_than.filter(|_| !settings.alloc_only);
         let tally = self
             .aggregator
             .tally(
                 &self.symbolizer,
-                &self.processes,
-                &self.lost,
+                self.readings(open_stratum.as_ref()),
                 now_ns,
                 leak_age,
             )
@@ -260,16 +262,25 @@ impl Recording {
 
     /// The samples so far, per stack and process, frames resolved (`top`'s picture);
     /// `leak_age`: blocks older than this count as leak suspects.
-    pub async fn tally(&self, leak_age: Option<Duration>) -> crate::profile::Tally {
+    pub async fn tally(&mut self, leak_age: Option<Duration>) -> crate::profile::Tally {
+        let open_stratum = self.open_stratum();
         self.aggregator
             .tally(
                 &self.symbolizer,
-                &self.processes,
-                &self.lost,
+                self.readings(open_stratum.as_ref()),
                 monotonic_ns(),
                 leak_age,
             )
             .await
+    }
+
+    /// What a tally reads besides the samples, as last read.
+    fn readings<'a>(&'a self, open_stratum: Option<&'a OpenStratum>) -> Readings<'a> {
+        Readings {
+            processes: &self.processes,
+            lost: &self.lost,
+            open_stratum,
+        }
     }
 
     /// The largest sampling interval in force so far (the throttle may have raised it).
