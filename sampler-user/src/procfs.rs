@@ -135,6 +135,12 @@ pub fn all_pids() -> Vec<u32> {
     pids
 }
 
+/// `pid`'s state letter (`R`, `S`, `Z`…), if it exists.
+pub fn state_of(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_state(&stat)
+}
+
 /// Resident set size of `pid` from /proc/PID/status (`VmRSS`), if it is alive.
 pub fn rss_of(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -167,11 +167,7 @@ impl Drop for PausedChild {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn state_of(pid: u32) -> Option<char> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        stat.rsplit_once(") ")?.1.chars().next()
-    }
+    use crate::procfs::state_of;
 
     #[test]
     fn an_unreleased_child_is_killed_and_reaped() {

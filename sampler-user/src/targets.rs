@@ -12,7 +12,7 @@ use crate::probe::{
     allocator::{self, Allocator, AllocatorError, AllocatorFile},
     maps::{self, FileId, Vma},
 };
-use crate::procfs::{is_kernel_thread, stat_state};
+use crate::procfs::{is_kernel_thread, state_of};
 
 /// Why a process's allocators could not be found.
 #[derive(Debug, thiserror::Error)]
@@ -49,10 +49,7 @@ impl AllocatorCache {
         })?;
         if vmas.is_empty() {
             // Nothing mapped: a kernel thread, or a zombie (gone in all but name).
-            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| stat_state(&stat))
-                == Some('Z');
+            let zombie = state_of(pid) == Some('Z');
             return Err(if is_kernel_thread(pid) {
                 FindError::KernelThread
             } else if zombie {
@@ -224,16 +221,16 @@ mod tests {
     /// zombie, our own unreaped child.
     #[test]
     fn a_zombie_is_named_as_one() {
-        assert_eq!(stat_state("42 (a) b) Z 1 42 42 0 -1 4194564"), Some('Z'));
-        assert_eq!(stat_state("7 (sh) S 1"), Some('S'));
+        assert_eq!(
+            crate::procfs::stat_state("42 (a) b) Z 1 42 42 0 -1 4194564"),
+            Some('Z')
+        );
+        assert_eq!(crate::procfs::stat_state("7 (sh) S 1"), Some('S'));
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
         let exited = (0..200).any(|_| {
             std::thread::sleep(std::time::Duration::from_millis(10));
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| stat_state(&s))
-                == Some('Z')
+            state_of(pid) == Some('Z')
         });
         assert!(exited, "the child never became a zombie");
         let found = AllocatorCache::default().of_pid(pid);
