@@ -218,6 +218,9 @@ pub struct AllocEvent {
     pub function: u32,
     /// The address returned (0 while frees are not tracked, or when the allocation failed).
     pub address: u64,
+    /// The allocating thread's name then (`comm`, NUL-padded): known even when the thread
+    /// is gone before user space could look.
+    pub comm: [u8; 16],
 }
 
 /// The registers an unwinder starts from and where the copied stack begins

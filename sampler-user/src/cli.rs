@@ -204,6 +204,17 @@ pub struct SamplingArgs {
     #[arg(long = "debug-dir", value_name = "DIR", help_heading = "Sampling")]
     pub debug_dirs: Vec<PathBuf>,
 
+    /// Time between the points of the in-use bytes' series, and the ticks growth is
+    /// measured on (`1s`, `250ms`, …; at least 10ms). A series keeps at most 64 points:
+    /// past them neighbours merge, so a long recording's points stand for longer.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "1s",
+        help_heading = "Sampling"
+    )]
+    pub tick: String,
+
     /// Confidence level of every lower/upper bound, in (0, 1).
     #[arg(
         long,

@@ -152,6 +152,8 @@ pub struct SamplingConfig {
     pub preload: bool,
     /// Confidence of the bounds.
     pub confidence: f64,
+    /// Time between the timeline's ticks (`--tick`).
+    pub tick: Duration,
     /// Verbose diagnostics.
     pub verbose: bool,
     /// Samples per second the throttle aims at (0: no throttle).
@@ -320,6 +322,7 @@ impl SamplingArgs {
         let unwind = self.unwind()?;
         let ring_buffer = self.ring_buffer(unwind)?;
         let max_overhead = self.max_overhead()?;
+        let tick = duration_flag("--tick", &self.tick, Duration::from_millis(10))?;
         Ok(SamplingConfig {
             interval,
             alloc_only: self.alloc_only,
@@ -332,6 +335,7 @@ impl SamplingArgs {
             usdt_nop5: self.usdt_nop5,
             preload: !self.no_preload && max_overhead.is_none(),
             confidence: self.confidence,
+            tick,
             verbose: self.verbose,
             max_samples_per_sec,
             max_overhead,

@@ -53,6 +53,8 @@ pub(super) fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
     event.pid = sample.pid;
     event.tid = sample.tid;
     event.function = sample.function as u32;
+    // The thread's name (16 bytes, the helper NUL-terminates it); on failure zeros.
+    event.comm = bpf_get_current_comm().unwrap_or_default();
     let payload = add_stack(ctx, record, sample);
     let mut size = SampleRecord::HEAD + payload;
     if size > core::mem::size_of::<SampleRecord>() {

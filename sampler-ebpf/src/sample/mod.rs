@@ -10,8 +10,9 @@
 use aya_ebpf::{
     bindings::{pt_regs, BPF_F_USER_STACK},
     helpers::{
-        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_func_ip, bpf_get_prandom_u32,
-        bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_user, generated,
+        bpf_get_attach_cookie, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_func_ip,
+        bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns,
+        bpf_probe_read_user, generated,
     },
     programs::ProbeContext,
     EbpfContext,

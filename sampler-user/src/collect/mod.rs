@@ -35,6 +35,8 @@ pub struct Sample {
     pub pid: u32,
     /// Thread id.
     pub tid: u32,
+    /// The thread's name then (`comm`, NUL-padded; see [`comm_name`]).
+    pub thread_comm: [u8; 16],
     /// CLOCK_MONOTONIC nanoseconds.
     pub timestamp_ns: u64,
     /// Allocator function.
@@ -166,13 +168,19 @@ fn decode_process(bytes: &[u8]) -> Option<Event> {
         PROCESS_EXEC => 0,
         _ => return None,
     };
-    let name = event.comm.split(|&b| b == 0).next().unwrap_or_default();
     Some(Event::Process {
         pid: event.pid,
         parent,
         timestamp_ns: event.timestamp_ns,
-        comm: String::from_utf8_lossy(name).into_owned(),
+        comm: comm_name(&event.comm),
     })
+}
+
+/// A kernel `comm` (NUL-padded, any bytes) as text: up to its first NUL, invalid UTF-8
+/// replaced (still the target's: sanitize before a terminal sees it).
+pub fn comm_name(comm: &[u8; 16]) -> String {
+    let name = comm.split(|&b| b == 0).next().unwrap_or_default();
+    String::from_utf8_lossy(name).into_owned()
 }
 
 fn decode_alloc(bytes: &[u8]) -> Option<Event> {
@@ -207,6 +215,7 @@ fn decode_alloc(bytes: &[u8]) -> Option<Event> {
     Some(Event::Alloc(Sample {
         pid: event.pid,
         tid: event.tid,
+        thread_comm: event.comm,
         timestamp_ns: event.timestamp_ns,
         function,
         size: event.size,
@@ -524,6 +533,7 @@ mod tests {
             tid: 11,
             stack_len: 3,
             function: AllocFn::Calloc as u32,
+            comm: *b"worker-7\0\0\0\0\0\0\0\0",
         }
     }
 
@@ -548,6 +558,7 @@ mod tests {
             (sample.pid, sample.tid, sample.size, sample.offset),
             (10, 11, 100, 7)
         );
+        assert_eq!(comm_name(&sample.thread_comm), "worker-7");
         assert!(sample.stack_at_return && sample.tracked);
         assert_eq!(sample.address, 0x5000);
         let free = FreeEvent {
@@ -628,6 +639,7 @@ mod tests {
         let ours = Sample {
             pid,
             tid: pid,
+            thread_comm: [0; 16],
             timestamp_ns: 1,
             function: AllocFn::Malloc,
             size: 64,

@@ -241,6 +241,11 @@ pub(crate) mod tests {
             cut_to_leaf: false,
             unwound: Some(Unwinding::Dwarf),
             end: Some(StackEnd::Root),
+            growth: None,
+            lifetimes: None,
+            sizes: Vec::new(),
+            threads: Vec::new(),
+            timeline: None,
         };
         Profile {
             schema: SCHEMA.to_owned(),
@@ -277,6 +282,9 @@ pub(crate) mod tests {
                 cpu_seconds: Some(1.5),
                 coverage: None,
                 incomplete: Vec::new(),
+                growth: None,
+                lifetimes: None,
+                timeline: None,
             }],
             losses: Losses::default(),
             modules: vec![Module {

@@ -9,15 +9,25 @@ use std::collections::{BTreeMap, HashMap};
 
 use sampler_common::ProcessCounters;
 
-use super::processes::{ProcessBook, ProcessSamples};
+use super::{
+    breakdown::Breakdown,
+    processes::{ProcessBook, ProcessSamples},
+    tally::{StackTally, Tally},
+    timeline::Timeline,
+};
 use crate::{
     collect::{Event, LostBatch, Sample},
     duty::sums::{DutyPair, DutySums, StratumObserved},
-    stacks::{
-        self, symbolize::FrameInfo, symbolize::Symbolizer, Frame, StackId, StackOrigin, StackTable,
+    stacks::{self, symbolize::FrameInfo, symbolize::Symbolizer, Frame, StackId, StackTable},
+    stats::{
+        growth::{GrowthSums, TickGrid},
+        rate::RateTracker,
+        SampleObs, SampleSet,
     },
-    stats::{rate::RateTracker, SampleObs, SampleSet},
 };
+
+/// Thread names kept at most ((pid, tid) pairs); later threads are shown by tid only.
+const MAX_THREAD_NAMES: usize = 65_536;
 
 /// A sampled block still live.
 #[derive(Clone, Copy, Debug)]
@@ -50,6 +60,13 @@ pub struct Aggregator {
     lost_at_period_start: LostCounts,
     /// Duty cycling (`--max-overhead`): the sums per stratum.
     duty: Option<DutySums>,
+    /// Per stack: sizes, threads, lifetimes and growth (not kept while duty-cycled: the
+    /// on slots alone would not stand for the whole).
+    breakdowns: Vec<Breakdown>,
+    /// In-use bytes and allocation rates over time, on the grid growth is measured on.
+    timeline: Option<Timeline>,
+    /// (pid, tid) → the thread's name at its latest sample.
+    thread_names: HashMap<(u32, u32), [u8; 16]>,
 }
 
 /// What a tally reads besides the samples, as the recording last read it: the targets'
@@ -137,83 +154,6 @@ impl Recent {
     }
 }
 
-/// One stack's raw sample sets with its frames resolved: for views that group stacks and
-/// estimate the groups themselves (`top`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct StackTally {
-    /// Process id.
-    pub pid: u32,
-    /// Frames, leaf (the allocator's caller) first.
-    pub frames: Vec<FrameInfo>,
-    /// Samples since the start.
-    pub all: SampleSet,
-    /// Samples whose blocks are still live.
-    pub live: SampleSet,
-    /// Live samples older than the leak age.
-    pub leaked: SampleSet,
-    /// Age in seconds of the oldest of them (`None`: none).
-    pub oldest_leaked_seconds: Option<f64>,
-    /// Samples since the last [`Aggregator::start_period`].
-    pub period: SampleSet,
-    /// Samples in the recent window (estimate with `Window::SLIDING`, divide by
-    /// [`Tally::recent_seconds`]).
-    pub recent: SampleSet,
-    /// The pseudo-stack of the process's samples lost without a stack (one [`LOST_FRAME`]).
-    pub lost: bool,
-    /// Holds stacks cut to this leaf frame (beyond `--max-stacks`).
-    pub cut_to_leaf: bool,
-    /// How the stack was unwound and where it ended (`None`: not a stack).
-    pub origin: Option<StackOrigin>,
-    /// Duty cycling: its totals over time-sampled strata (`None`: always on, or the lost
-    /// samples' pseudo-stack).
-    pub duty: Option<DutyPair>,
-}
-
-/// One process's side of a [`Tally`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct ProcessTally {
-    /// Process id.
-    pub pid: u32,
-    /// Command name.
-    pub command: String,
-    /// Path of the executable (empty when it could not be read).
-    pub executable: String,
-    /// Resident set size last read.
-    pub rss_bytes: Option<u64>,
-    /// CPU seconds it used from when it was first to when it was last seen (every 250 ms
-    /// while it runs), probes included.
-    pub cpu_seconds: Option<f64>,
-    /// Sampled blocks whose frees could not be tracked.
-    pub untracked_samples: u64,
-    /// Samples lost without a stack (the ring buffer was full).
-    pub lost_samples: u64,
-    /// Its cgroup (v2 path): a container, a systemd unit.
-    pub cgroup: Option<String>,
-    /// Its allocators as probed ("jemalloc (/usr/lib/…)"); host-wide (`--all`), those it
-    /// mapped when it was first looked at.
-    pub allocators: Vec<String>,
-    /// Duty cycling: its bytes and calls over time-sampled strata, from the exact counters.
-    pub duty: Option<DutyPair>,
-}
-
-/// Every stack's raw sample sets at one moment.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Tally {
-    /// Stacks, in no particular order.
-    pub stacks: Vec<StackTally>,
-    /// Targets.
-    pub processes: Vec<ProcessTally>,
-    /// Seconds the `recent` sets cover.
-    pub recent_seconds: f64,
-    /// Build id of every module the frames name, read from the file the process mapped.
-    pub build_ids: HashMap<String, Option<String>>,
-    /// Samples whose stack was cut to its leaf (beyond `--max-stacks`).
-    pub cut_samples: u64,
-    /// Duty cycling: the probes' cost per call, which the estimates take out of the
-    /// targets' CPU time (see [`crate::duty::estimate`]).
-    pub duty_ns_per_call: f64,
-}
-
 impl Aggregator {
     /// An aggregator that also keeps each stack's samples over the last `window`, for rates.
     pub fn with_recent(window: std::time::Duration) -> Aggregator {
@@ -224,6 +164,20 @@ impl Aggregator {
                 per_stack: Vec::new(),
             }),
             ..Aggregator::default()
+        }
+    }
+
+    /// Keeps in-use bytes and allocation rates over time on `grid`, whose ticks growth is
+    /// measured on too.
+    pub fn keep_timeline(&mut self, grid: TickGrid) {
+        self.timeline = Some(Timeline::new(grid));
+    }
+
+    /// Closes the timeline's points due by `now_ns` (CLOCK_MONOTONIC): called as samples
+    /// arrive and once a second, so quiet stretches get their points too.
+    pub fn advance(&mut self, now_ns: u64) {
+        if let Some(timeline) = &mut self.timeline {
+            timeline.advance(now_ns, &self.per_stack, &self.per_stack_live);
         }
     }
 
@@ -298,8 +252,14 @@ impl Aggregator {
     /// Takes one event from the kernel.
     pub fn add(&mut self, event: &Event) {
         match event {
-            Event::Alloc(sample) => self.add_sample(sample),
-            Event::Free(freed) => self.free(freed.pid, freed.address),
+            Event::Alloc(sample) => {
+                self.advance(sample.timestamp_ns);
+                self.add_sample(sample);
+            }
+            Event::Free(freed) => {
+                self.advance(freed.timestamp_ns);
+                self.free(freed.pid, freed.address, Some(freed.timestamp_ns));
+            }
             // Control events are the recording's (discovery, `offer_maps`): none come here.
             Event::Process { .. } | Event::Maps { .. } => {}
         }
@@ -313,6 +273,9 @@ impl Aggregator {
             self.per_stack_period.resize(id + 1, SampleSet::default());
             self.per_stack_live.resize(id + 1, SampleSet::default());
         }
+        if self.breakdowns.len() <= id && self.duty.is_none() {
+            self.breakdowns.resize(id + 1, Breakdown::default());
+        }
         let obs = SampleObs {
             size: sample.size,
             offset: sample.offset,
@@ -321,6 +284,13 @@ impl Aggregator {
         };
         self.per_stack[id].add(obs);
         self.per_stack_period[id].add(obs);
+        if let Some(breakdown) = self.breakdowns.get_mut(id) {
+            breakdown.add(obs, sample.tid);
+            let key = (sample.pid, sample.tid);
+            if self.thread_names.len() < MAX_THREAD_NAMES || self.thread_names.contains_key(&key) {
+                self.thread_names.insert(key, sample.thread_comm);
+            }
+        }
         if let Some(duty) = &mut self.duty {
             duty.add(stack, sample.pid, obs);
         }
@@ -333,7 +303,7 @@ impl Aggregator {
         }
         if sample.tracked {
             // A free of the previous block here was lost (ring buffer full): forget it.
-            self.free(sample.pid, sample.address);
+            self.free(sample.pid, sample.address, None);
             self.per_stack_live[id].add(obs);
             self.live.insert(
                 (sample.pid, sample.address),
@@ -348,10 +318,18 @@ impl Aggregator {
         }
     }
 
-    /// A tracked block was freed: its sample leaves the live sets (unknown blocks: nothing).
-    fn free(&mut self, pid: u32, address: u64) {
-        if let Some(block) = self.live.remove(&(pid, address)) {
-            self.per_stack_live[block.stack as usize].remove(block.obs);
+    /// A tracked block was freed (at `freed_ns`; `None`: its free was lost, when is not
+    /// known): its sample leaves the live sets (unknown blocks: nothing), and its lifetime
+    /// goes into its stack's breakdown.
+    fn free(&mut self, pid: u32, address: u64, freed_ns: Option<u64>) {
+        let Some(block) = self.live.remove(&(pid, address)) else {
+            return;
+        };
+        self.per_stack_live[block.stack as usize].remove(block.obs);
+        let grid = self.timeline.as_ref().map(Timeline::grid);
+        let breakdown = self.breakdowns.get_mut(block.stack as usize);
+        if let (Some(freed_ns), Some(grid), Some(breakdown)) = (freed_ns, grid, breakdown) {
+            breakdown.freed(block.obs, block.allocated_ns, freed_ns, grid);
         }
     }
 
@@ -412,7 +390,8 @@ impl Aggregator {
         let leaks = leak_age
             .map(|age| self.leak_candidates(age, now_ns))
             .unwrap_or_default();
-        let stacks = self.stack_tallies(&resolved, &leaks, lost, open_stratum, now_ns);
+        let growth = self.live_growth(now_ns);
+        let stacks = self.stack_tallies(&resolved, &leaks, &growth, lost, open_stratum, now_ns);
         let recent_seconds = self.recent.as_ref().map_or(0.0, |recent| {
             recent.tracker().coverage(now_ns, recent.window_ns).1
         });
@@ -431,7 +410,29 @@ impl Aggregator {
             build_ids,
             cut_samples: self.stacks.cut_samples(),
             duty_ns_per_call: open_stratum.map_or(0.0, |open| open.ns_per_call),
+            timeline: self.timeline.clone(),
+            ticks: self.timeline.as_ref().map_or(0, |t| t.grid().ticks(now_ns)),
+            thread_names: self
+                .thread_names
+                .iter()
+                .map(|(&key, comm)| (key, crate::collect::comm_name(comm)))
+                .collect(),
         }
+    }
+
+    /// Per stack, the growth sums of its blocks: those freed, and those still live up to
+    /// the tick of `now_ns` (see [`crate::stats::growth`]).
+    fn live_growth(&self, now_ns: u64) -> HashMap<StackId, GrowthSums> {
+        let Some(grid) = self.timeline.as_ref().map(Timeline::grid) else {
+            return HashMap::new();
+        };
+        let ticks = grid.ticks(now_ns);
+        let mut growth: HashMap<StackId, GrowthSums> = HashMap::new();
+        for block in self.live.values() {
+            let span = grid.span(block.allocated_ns, u64::MAX, ticks);
+            growth.entry(block.stack).or_default().add(block.obs, span);
+        }
+        growth
     }
 
     /// Every stack's sample sets now, frames resolved, and per process the pseudo-stack of
@@ -440,6 +441,7 @@ impl Aggregator {
         &self,
         resolved: &HashMap<Frame, Vec<FrameInfo>>,
         leaks: &HashMap<StackId, (SampleSet, u64)>,
+        growth: &HashMap<StackId, GrowthSums>,
         lost: &LostCounts,
         open_stratum: Option<&OpenStratum>,
         now_ns: u64,
@@ -485,29 +487,55 @@ impl Aggregator {
                     cut_to_leaf: self.stacks.is_cut(id as StackId),
                     origin: Some(self.stacks.origin(id as StackId)),
                     duty: self.duty_of_stack(id as StackId, open_stratum),
+                    id: Some(id),
+                    breakdown: self.breakdowns.get(id).cloned().unwrap_or_default(),
+                    growth: self.growth_of(id, growth),
                 }
             })
-            .chain(lost.iter().map(|(&pid, batches)| {
-                let before = self.lost_at_period_start.get(&pid);
-                StackTally {
-                    pid,
-                    frames: vec![FrameInfo {
-                        function: Some(LOST_FRAME.into()),
-                        ..FrameInfo::default()
-                    }],
-                    all: lost_set(batches, &[]),
-                    live: SampleSet::default(),
-                    leaked: SampleSet::default(),
-                    oldest_leaked_seconds: None,
-                    period: lost_set(batches, before.map_or(&[], Vec::as_slice)),
-                    recent: SampleSet::default(),
-                    lost: true,
-                    cut_to_leaf: false,
-                    origin: None,
-                    duty: None,
-                }
-            }))
+            .chain(
+                lost.iter()
+                    .map(|(&pid, batches)| self.lost_tally(pid, batches)),
+            )
             .collect()
+    }
+
+    /// The pseudo-stack of `pid`'s samples lost without a stack (`batches`: the kernel's
+    /// cumulative counts).
+    fn lost_tally(&self, pid: u32, batches: &[LostBatch]) -> StackTally {
+        let before = self.lost_at_period_start.get(&pid);
+        StackTally {
+            pid,
+            frames: vec![FrameInfo {
+                function: Some(LOST_FRAME.into()),
+                ..FrameInfo::default()
+            }],
+            all: lost_set(batches, &[]),
+            live: SampleSet::default(),
+            leaked: SampleSet::default(),
+            oldest_leaked_seconds: None,
+            period: lost_set(batches, before.map_or(&[], Vec::as_slice)),
+            recent: SampleSet::default(),
+            lost: true,
+            cut_to_leaf: false,
+            origin: None,
+            duty: None,
+            id: None,
+            breakdown: Breakdown::default(),
+            growth: GrowthSums::default(),
+        }
+    }
+
+    /// Stack `id`'s growth sums: its blocks freed so far, and `live`'s (those still live).
+    fn growth_of(&self, id: usize, live: &HashMap<StackId, GrowthSums>) -> GrowthSums {
+        let mut sums = self
+            .breakdowns
+            .get(id)
+            .map(|b| b.freed_growth)
+            .unwrap_or_default();
+        if let Some(live) = live.get(&(id as StackId)) {
+            sums.merge(live);
+        }
+        sums
     }
 
     /// The build id of every module the resolved frames name.

@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 use sampler_common::ProcessCounters;
 
 use super::{
+    breakdown::Breakdown,
+    insight::{Estimating, TIMELINE_STACKS},
     schema::{
         uprobes, Coverage, DutyRecord, ExactCounts, LeakValues, Module, PeriodValues, ProbePoint,
         ProcessProfile, Profile, Sampling, StackProfile, ThrottleRecord, SCHEMA,
@@ -17,7 +19,7 @@ use super::{
 use crate::{
     collect::Losses,
     cost::{Overhead, TargetUse},
-    stats::{estimate::Window, Estimate, SampleSet},
+    stats::{estimate::Window, growth::GrowthSums, lifetime::Lifetimes, Estimate, SampleSet},
 };
 
 /// Everything a profile is built from, gathered by the recording at one moment.
@@ -75,6 +77,13 @@ struct Context<'a> {
 }
 
 impl Context<'_> {
+    fn estimating(&self) -> Estimating {
+        Estimating {
+            confidence: self.settings.confidence,
+            largest_interval: self.settings.largest_interval,
+        }
+    }
+
     fn estimate(&self, set: &SampleSet) -> crate::stats::estimate::Estimates {
         set.estimate(
             self.settings.confidence,
@@ -128,7 +137,22 @@ impl Context<'_> {
                 alloc_objects: e.objects,
             }
         });
+        let estimating = self.estimating();
+        let growth = self
+            .tracking()
+            .then(|| estimating.growth(&stack.growth, self.tally))
+            .flatten();
+        let lifetimes = stack
+            .breakdown
+            .lifetimes
+            .as_ref()
+            .and_then(|lifetimes| estimating.lifetimes(lifetimes, &stack.live));
         StackProfile {
+            growth,
+            lifetimes,
+            sizes: estimating.sizes(&stack.breakdown),
+            threads: estimating.threads(&stack.breakdown, stack.pid, &self.tally.thread_names),
+            timeline: None,
             pid: stack.pid,
             frames: stack.frames,
             samples: stack.all.samples(),
@@ -147,16 +171,17 @@ impl Context<'_> {
         }
     }
 
-    /// One process's estimates from its stacks' samples (`set`, all; `live`), its exact
-    /// counts and what is known of it.
+    /// One process's estimates from its stacks' samples (`totals`), its exact counts and
+    /// what is known of it.
     fn process(
         &self,
         pid: u32,
-        set: &SampleSet,
-        live: &SampleSet,
+        totals: &ProcessTotals,
         exact: ProcessCounters,
         coverage: Option<Coverage>,
     ) -> ProcessProfile {
+        let (set, live) = (&totals.all, &totals.live);
+        let estimating = self.estimating();
         let mut alloc = self.estimate(set);
         let inuse = self.tracking().then(|| self.estimate(live));
         let known = self.tally.processes.iter().find(|p| p.pid == pid);
@@ -198,6 +223,16 @@ impl Context<'_> {
             cpu_seconds: known.and_then(|p| p.cpu_seconds),
             observed_share: duty.map(|pair| pair.bytes.coverage(ns)),
             coverage,
+            growth: self
+                .tracking()
+                .then(|| estimating.growth(&totals.growth, self.tally))
+                .flatten(),
+            lifetimes: estimating.lifetimes(&totals.lifetimes, live),
+            timeline: self
+                .tally
+                .timeline
+                .as_ref()
+                .and_then(|t| t.values(&totals.ids, self.settings.confidence)),
         }
     }
 }
@@ -225,7 +260,7 @@ impl Profile {
             .leaks_older_than
             .filter(|_| !settings.alloc_only)
             .map(|age| age.as_secs_f64());
-        let mut per_pid: BTreeMap<u32, (SampleSet, SampleSet)> = tally
+        let mut per_pid: BTreeMap<u32, ProcessTotals> = tally
             .processes
             .iter()
             .map(|p| (p.pid, Default::default()))
@@ -240,17 +275,22 @@ impl Profile {
         };
         let mut stacks = Vec::with_capacity(tallied.len());
         for stack in tallied {
-            let totals = per_pid.entry(stack.pid).or_default();
-            totals.0.merge(&stack.all);
-            totals.1.merge(&stack.live);
-            stacks.push(context.stack(stack));
+            per_pid.entry(stack.pid).or_default().add(&stack);
+            let id = stack.id;
+            stacks.push((id, context.stack(stack)));
         }
-        stacks.sort_by(|a, b| b.alloc_bytes.estimate.total_cmp(&a.alloc_bytes.estimate));
+        stacks.sort_by(|a, b| {
+            b.1.alloc_bytes
+                .estimate
+                .total_cmp(&a.1.alloc_bytes.estimate)
+        });
+        context.add_timelines(&mut stacks);
+        let stacks: Vec<StackProfile> = stacks.into_iter().map(|(_, stack)| stack).collect();
         let processes = per_pid
             .iter()
-            .map(|(&pid, (set, live))| {
+            .map(|(&pid, totals)| {
                 let exact = counters.get(&pid).copied().unwrap_or_default();
-                context.process(pid, set, live, exact, coverage.remove(&pid))
+                context.process(pid, totals, exact, coverage.remove(&pid))
             })
             .collect();
         let executables: Vec<&str> = tally
@@ -280,6 +320,61 @@ impl Profile {
             probes,
             thread_states,
             overhead,
+        }
+    }
+}
+
+/// A process's sums over its stacks.
+#[derive(Default)]
+struct ProcessTotals {
+    all: SampleSet,
+    live: SampleSet,
+    growth: GrowthSums,
+    lifetimes: Lifetimes,
+    /// Its stacks' timeline ids.
+    ids: Vec<usize>,
+}
+
+impl ProcessTotals {
+    fn add(&mut self, stack: &StackTally) {
+        self.all.merge(&stack.all);
+        self.live.merge(&stack.live);
+        self.growth.merge(&stack.growth);
+        let Breakdown { lifetimes, .. } = &stack.breakdown;
+        if let Some(lifetimes) = lifetimes {
+            self.lifetimes.merge(lifetimes);
+        }
+        self.ids.extend(stack.id);
+    }
+}
+
+impl Context<'_> {
+    /// Gives a timeline to the stacks (sorted by bytes allocated, with their timeline
+    /// ids) that allocated or hold the most, and to every growing one.
+    fn add_timelines(&self, stacks: &mut [(Option<usize>, StackProfile)]) {
+        let Some(timeline) = &self.tally.timeline else {
+            return;
+        };
+        let mut by_inuse: Vec<(usize, f64)> = stacks
+            .iter()
+            .enumerate()
+            .map(|(at, (_, s))| (at, s.inuse_bytes.map_or(0.0, |e| e.estimate)))
+            .collect();
+        by_inuse.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let mut chosen: Vec<usize> = (0..stacks.len().min(TIMELINE_STACKS)).collect();
+        chosen.extend(by_inuse.iter().take(TIMELINE_STACKS).map(|(at, _)| *at));
+        chosen.extend(
+            stacks
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, s))| s.growth.is_some_and(|g| g.growing))
+                .map(|(at, _)| at),
+        );
+        for at in chosen {
+            let (id, stack) = &mut stacks[at];
+            if let (Some(id), None) = (*id, &stack.timeline) {
+                stack.timeline = timeline.values(&[id], self.settings.confidence);
+            }
         }
     }
 }
@@ -430,6 +525,9 @@ mod tests {
             cut_to_leaf: false,
             origin: None,
             duty: None,
+            id: None,
+            breakdown: Default::default(),
+            growth: Default::default(),
         }
     }
 

@@ -3,13 +3,16 @@
 //! its types in [`schema`]).
 
 mod aggregator;
+pub mod breakdown;
 mod build;
+mod insight;
 mod processes;
 pub mod schema;
+mod tally;
+pub mod timeline;
 
-pub use aggregator::{
-    Aggregator, LostCounts, OpenStratum, ProcessTally, Readings, StackTally, Tally, LOST_FRAME,
-};
+pub use aggregator::{Aggregator, LostCounts, OpenStratum, Readings, LOST_FRAME};
 pub use build::{incomplete_reasons, target_uses, Settings, Snapshot};
 pub use processes::ProcessBook;
 pub use schema::*;
+pub use tally::{ProcessTally, StackTally, Tally};

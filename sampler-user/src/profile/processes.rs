@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use super::aggregator::ProcessTally;
+use super::tally::ProcessTally;
 use crate::duty::sums::DutyPair;
 use crate::probe::{allocator::Allocator, maps::FileId};
 

@@ -12,6 +12,8 @@ use crate::{
     stats::{estimate::Posterior, Estimate},
 };
 
+pub use super::timeline::SeriesValues;
+
 /// Schema tag of the JSON export.
 pub const SCHEMA: &str = "allocscope/v1";
 
@@ -167,6 +169,15 @@ pub struct ProcessProfile {
     /// inside it bypass the probed entry points.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub incomplete: Vec<String>,
+    /// Growth of its in-use bytes (frees tracked, not duty-cycled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth: Option<GrowthValues>,
+    /// How long its sampled blocks lived (frees tracked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifetimes: Option<LifetimeValues>,
+    /// Its in-use bytes and allocation rate over time (not duty-cycled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<SeriesValues>,
 }
 
 /// How completely a process's allocations were observed (see docs/json-schema.md).
@@ -263,6 +274,84 @@ pub struct StackProfile {
     /// `not_a_return_address`, `unmapped`, `unwind_failed`, `depth`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end: Option<StackEnd>,
+    /// Growth of its in-use bytes (frees tracked, not duty-cycled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth: Option<GrowthValues>,
+    /// How long its sampled blocks lived (frees tracked, once one was freed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifetimes: Option<LifetimeValues>,
+    /// What it allocated per power-of-two size class, smallest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sizes: Vec<SizeClassValues>,
+    /// What it allocated per thread, largest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub threads: Vec<ThreadValues>,
+    /// Its in-use bytes and allocation rate over time (the stacks with the most bytes
+    /// allocated or in use, and every growing one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<SeriesValues>,
+}
+
+/// Growth of in-use bytes: the least-squares slope of the in-use bytes over the
+/// recording's ticks, estimated from the sampled blocks' lifetimes (docs/design.md §10).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GrowthValues {
+    /// Bytes per second (negative: shrinking), with bounds.
+    pub bytes_per_second: Estimate,
+    /// The lower bound is above zero.
+    pub growing: bool,
+    /// Seconds between the ticks it was measured on.
+    pub tick_seconds: f64,
+}
+
+/// How long sampled blocks lived (docs/design.md §10).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LifetimeValues {
+    /// Sampled blocks whose frees were seen.
+    pub freed_samples: u64,
+    /// Bytes freed within 1 ms of their allocation ("temporary"), with bounds.
+    pub temporary_bytes: Estimate,
+    /// Shares (0–1) of the bytes allocated: freed within 1 ms, within 1 s (not 1 ms),
+    /// later, and still in use at the end; bounds conservative (Bonferroni).
+    pub freed_within_1ms: Estimate,
+    /// See `freed_within_1ms`.
+    pub freed_within_1s: Estimate,
+    /// See `freed_within_1ms`.
+    pub freed_later: Estimate,
+    /// See `freed_within_1ms`.
+    pub still_in_use: Estimate,
+    /// Quantiles of the freed bytes' lifetimes in seconds (to within a factor of two).
+    pub p50_seconds: Option<f64>,
+    /// See `p50_seconds`.
+    pub p90_seconds: Option<f64>,
+    /// See `p50_seconds`.
+    pub p99_seconds: Option<f64>,
+}
+
+/// What a stack allocated in one power-of-two size class.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SizeClassValues {
+    /// Smallest size in the class, bytes.
+    pub from_bytes: u64,
+    /// Largest size in the class, bytes (a power of two).
+    pub to_bytes: u64,
+    /// Bytes allocated in it.
+    pub alloc_bytes: Estimate,
+    /// Objects allocated in it.
+    pub alloc_objects: Estimate,
+}
+
+/// What one thread allocated from a stack.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ThreadValues {
+    /// Thread id (`None`: the threads beyond the 16 kept apart, together).
+    pub tid: Option<u32>,
+    /// Its name (`comm`) at its latest sample (empty: unknown, or several threads).
+    pub name: String,
+    /// Bytes it allocated here.
+    pub alloc_bytes: Estimate,
+    /// Objects it allocated here.
+    pub alloc_objects: Estimate,
 }
 
 /// A stack's leak candidates: sampled blocks still live and older than the threshold.

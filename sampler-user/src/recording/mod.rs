@@ -398,6 +398,7 @@ impl Recording {
             return Ok(());
         }
         self.clocks.last_second = std::time::Instant::now();
+        self.aggregator.advance(crate::collect::monotonic_ns());
         let step = self.cost.tick();
         if step == CostStep::Idle && self.throttling.is_none() {
             return Ok(());

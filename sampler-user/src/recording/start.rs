@@ -82,7 +82,13 @@ fn aggregator(
     };
     aggregator.limit_stacks(sampling.max_stacks);
     if duty_cycled {
+        // Time-sampled: no series over time (its gaps are the off slots).
         aggregator.duty_cycle();
+    } else {
+        aggregator.keep_timeline(crate::stats::growth::TickGrid {
+            start_ns: crate::collect::monotonic_ns(),
+            tick_ns: sampling.tick.as_nanos().max(1) as u64,
+        });
     }
     aggregator
 }

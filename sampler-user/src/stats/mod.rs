@@ -5,6 +5,8 @@
 //! Sampling" note (weighted and negative-binomial estimators) and jemalloc #1751.
 
 pub mod estimate;
+pub mod growth;
+pub mod lifetime;
 pub mod negbin;
 pub mod rate;
 #[cfg(any(test, feature = "simulation"))]

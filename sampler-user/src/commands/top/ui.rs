@@ -520,6 +520,9 @@ mod tests {
             cut_to_leaf: false,
             origin: None,
             duty: None,
+            id: None,
+            breakdown: Default::default(),
+            growth: Default::default(),
         }
     }
 
