@@ -47,6 +47,9 @@ pub enum Command {
     /// Print the top stacks of a saved JSON profile, or convert it to another format.
     #[command(after_help = EXAMPLES)]
     Report(ReportArgs),
+    /// Compare two saved JSON profiles: what changed beyond the sampling noise.
+    #[command(after_help = DIFF_EXAMPLES)]
+    Diff(DiffArgs),
     /// Benchmark reference: a uprobe on malloc that only counts calls, until SIGINT/SIGTERM.
     #[command(hide = true)]
     ReferenceProbe {
@@ -335,6 +338,40 @@ pub struct TopArgs {
     )]
     pub format: Format,
 }
+
+/// `allocscope diff`.
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The earlier recording (`allocscope/v1` JSON).
+    #[arg(value_name = "BASE.json")]
+    pub base: PathBuf,
+
+    /// The later recording.
+    #[arg(value_name = "NEW.json")]
+    pub new: PathBuf,
+
+    /// Also write the diff to FILE, by extension: .json (every comparison), .folded
+    /// (`stack base new`, bytes allocated per second, for inferno-flamegraph or
+    /// flamegraph.pl), .pb.gz (a pprof whose values are the changes). Repeat for several.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Vec<PathBuf>,
+
+    /// Simultaneous confidence of the bounds over all comparisons, in (0, 1) [default: the
+    /// recordings' confidence].
+    #[arg(long, value_name = "LEVEL")]
+    pub confidence: Option<f64>,
+
+    /// Exit with status 1 when a stack or function grew significantly (bytes allocated per
+    /// second, or in use at the end) by more than PCT percent: a memory gate for CI.
+    #[arg(long, value_name = "PCT")]
+    pub fail_on_growth: Option<f64>,
+}
+
+/// Examples after `allocscope diff --help`.
+const DIFF_EXAMPLES: &str = "Examples:
+  allocscope diff before.json after.json
+  allocscope diff before.json after.json -o changes.json -o changes.folded -o changes.pb.gz
+  allocscope diff main.json branch.json --fail-on-growth 10      # exit 1 on a significant 10% growth";
 
 /// `allocscope report`.
 #[derive(Debug, Args)]

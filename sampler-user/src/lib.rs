@@ -11,6 +11,7 @@ pub mod collect;
 pub mod commands;
 pub mod config;
 pub mod cost;
+pub mod diff;
 pub mod duty;
 pub mod exits;
 pub mod export;

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use sampler_user::{
     cli::{self, Command},
-    commands::{record, reference, report, top},
+    commands::{diff, record, reference, report, top},
     config::BadInput,
 };
 
@@ -29,6 +29,13 @@ fn main() -> ExitCode {
         Command::Report(args) => {
             init_logging(false);
             exit_code(report::run(args))
+        }
+        Command::Diff(args) => {
+            init_logging(false);
+            match diff::run(args) {
+                Ok(code) => ExitCode::from(code),
+                Err(err) => exit_code(Err(err)),
+            }
         }
     }
 }

@@ -409,7 +409,29 @@ pub fn build(profile: &Profile) -> proto::Profile {
 
 /// Writes `profile` as gzipped profile.proto.
 pub fn write(profile: &Profile, out: &mut dyn Write) -> std::io::Result<()> {
-    let bytes = build(profile).encode_to_vec();
+    write_message(&build(profile), out)
+}
+
+/// Writes `profile` with `notes` as its comments instead of a recording's (a profile of
+/// differences, whose values mean something else).
+pub fn write_noted(
+    profile: &Profile,
+    notes: &[String],
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let mut message = build(profile);
+    message.comment = notes
+        .iter()
+        .map(|note| {
+            message.string_table.push(note.clone());
+            message.string_table.len() as i64 - 1
+        })
+        .collect();
+    write_message(&message, out)
+}
+
+fn write_message(message: &proto::Profile, out: &mut dyn Write) -> std::io::Result<()> {
+    let bytes = message.encode_to_vec();
     let mut gzip = GzEncoder::new(out, Compression::default());
     gzip.write_all(&bytes)?;
     gzip.finish()?;

@@ -100,7 +100,9 @@ pub struct Estimate {
 }
 
 /// A number, or `null` for infinity (serde_json writes non-finite numbers as `null`).
-fn infinite_if_null<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+pub(crate) fn infinite_if_null<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<f64, D::Error> {
     let value: Option<f64> = serde::Deserialize::deserialize(deserializer)?;
     Ok(value.unwrap_or(f64::INFINITY))
 }

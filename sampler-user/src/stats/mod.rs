@@ -4,6 +4,7 @@
 //! bounds. Model and formulas: docs/design.md §3–§4, after the .NET "Randomized Allocation
 //! Sampling" note (weighted and negative-binomial estimators) and jemalloc #1751.
 
+pub mod difference;
 pub mod estimate;
 pub mod growth;
 pub mod lifetime;

@@ -1,0 +1,365 @@
+//! `allocscope diff BASE NEW`: what changed between two saved recordings, and only what is
+//! larger than the sampling noise. Pure: profiles in, comparisons out ([`render`] writes
+//! them); the statistics are [`crate::stats::difference`].
+//!
+//! Stacks are matched by what they mean, not where they were: the process's command and
+//! each frame's function (or, unsymbolized, its module's file name) from leaf to root;
+//! addresses, pids and build paths' directories differ between runs and are left out.
+//! Stacks of one recording that coincide under this key are summed. Functions are
+//! compared too: the sum of the stacks whose leaf (allocating) frame is that function.
+//!
+//! Allocations are compared per second (recordings differ in length); in-use bytes as they
+//! were at each recording's end, when both tracked frees.
+
+pub mod render;
+
+use std::collections::BTreeMap;
+
+use crate::{
+    profile::{Profile, StackProfile},
+    stacks::symbolize::FrameInfo,
+    stats::{
+        difference::{change, Change, Spread},
+        estimate::Window,
+        Estimate, SampleSet,
+    },
+};
+
+/// A stack's identity across recordings: the command, then frames leaf first.
+pub type Key = Vec<String>;
+
+/// One stack's (or function's) values in both recordings, and their changes.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Compared {
+    /// The command, then the frames, leaf first (a function: the command and the leaf).
+    pub key: Key,
+    /// The frames as the new recording resolved them (the base's, for a stack only it
+    /// has).
+    pub frames: Vec<FrameInfo>,
+    /// Bytes allocated per second in the base recording and in the new one.
+    pub base_alloc_per_second: f64,
+    /// See `base_alloc_per_second`.
+    pub new_alloc_per_second: f64,
+    /// The change in bytes allocated per second.
+    pub alloc_change: Change,
+    /// In-use bytes at each recording's end (both tracked frees).
+    pub base_inuse: Option<f64>,
+    /// See `base_inuse`.
+    pub new_inuse: Option<f64>,
+    /// The change in in-use bytes.
+    pub inuse_change: Option<Change>,
+}
+
+impl Compared {
+    /// The change in allocations relative to the base, in percent (infinite: new).
+    pub fn alloc_percent(&self) -> f64 {
+        percent(self.alloc_change.estimate, self.base_alloc_per_second)
+    }
+
+    /// The change in in-use bytes relative to the base, in percent.
+    pub fn inuse_percent(&self) -> Option<f64> {
+        Some(percent(self.inuse_change?.estimate, self.base_inuse?))
+    }
+
+    /// Whether either change is significant.
+    pub fn significant(&self) -> bool {
+        self.alloc_change.significant || self.inuse_change.is_some_and(|c| c.significant)
+    }
+
+    /// The largest significant growth in percent (`None`: none grew significantly).
+    pub fn significant_growth_percent(&self) -> Option<f64> {
+        let alloc = (self.alloc_change.significant && self.alloc_change.estimate > 0.0)
+            .then(|| self.alloc_percent());
+        let inuse = self
+            .inuse_change
+            .filter(|c| c.significant && c.estimate > 0.0)
+            .and_then(|_| self.inuse_percent());
+        alloc.into_iter().chain(inuse).reduce(f64::max)
+    }
+}
+
+fn percent(change: f64, base: f64) -> f64 {
+    if base > 0.0 {
+        100.0 * change / base
+    } else if change > 0.0 {
+        f64::INFINITY
+    } else {
+        0.0
+    }
+}
+
+/// What `diff` found.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Diff {
+    /// Schema tag, [`SCHEMA`].
+    pub schema: String,
+    /// The simultaneous confidence of every bound.
+    pub confidence: f64,
+    /// Comparisons the bounds are simultaneous over (Bonferroni).
+    pub comparisons: usize,
+    /// Seconds each recording lasted.
+    pub base_seconds: f64,
+    /// See `base_seconds`.
+    pub new_seconds: f64,
+    /// Per stack, largest significant growth first.
+    pub stacks: Vec<Compared>,
+    /// Per allocating function, likewise.
+    pub functions: Vec<Compared>,
+}
+
+/// Schema tag of `diff`'s JSON.
+pub const SCHEMA: &str = "allocscope/diff-v1";
+
+/// Values of one side, summed per key.
+#[derive(Clone, Debug, Default)]
+struct Side {
+    alloc: Spread,
+    inuse: Option<Spread>,
+    frames: Vec<FrameInfo>,
+}
+
+/// A frame as matched across recordings.
+fn frame_key(frame: &crate::stacks::symbolize::FrameInfo) -> String {
+    match (&frame.function, &frame.module) {
+        (Some(function), _) => function.to_string(),
+        (None, Some(module)) => format!("[{}]", module.rsplit('/').next().unwrap_or(module)),
+        (None, None) => "[unknown]".to_owned(),
+    }
+}
+
+/// Every stack of `profile` by key, and every leaf function's sum.
+fn sides(profile: &Profile) -> (BTreeMap<Key, Side>, BTreeMap<Key, Side>) {
+    let confidence = profile.sampling.confidence;
+    let commands = profile.process_labels();
+    let (mut stacks, mut functions): (BTreeMap<Key, Side>, BTreeMap<Key, Side>) =
+        Default::default();
+    for stack in &profile.stacks {
+        let command = commands.get(&stack.pid).map_or("?", |(c, _)| *c).to_owned();
+        let mut key = vec![command.clone()];
+        key.extend(stack.frames.iter().map(frame_key));
+        let leaf = vec![command, key.get(1).cloned().unwrap_or_default()];
+        let side = side_of(stack, confidence);
+        for (map, key, frames) in [
+            (&mut stacks, key, &stack.frames[..]),
+            (
+                &mut functions,
+                leaf,
+                &stack.frames[..stack.frames.len().min(1)],
+            ),
+        ] {
+            let entry = map.entry(key).or_default();
+            if entry.frames.is_empty() {
+                entry.frames = frames.to_vec();
+            }
+            entry.alloc.add(&side.alloc);
+            entry.inuse = match (entry.inuse, side.inuse) {
+                (Some(mut sum), Some(more)) => {
+                    sum.add(&more);
+                    Some(sum)
+                }
+                (None, more) => more,
+                (sum, None) => sum,
+            };
+        }
+    }
+    (stacks, functions)
+}
+
+fn side_of(stack: &StackProfile, confidence: f64) -> Side {
+    Side {
+        alloc: Spread::of(&stack.alloc_bytes, confidence),
+        inuse: stack.inuse_bytes.map(|e| Spread::of(&e, confidence)),
+        frames: Vec::new(),
+    }
+}
+
+/// What a recording says of a stack it has no sample of: zero, and at most what an empty
+/// sample set's bound allows at its largest interval.
+fn absent(profile: &Profile) -> Spread {
+    let interval = profile
+        .sampling
+        .throttle
+        .as_ref()
+        .map_or(profile.sampling.mean_interval_bytes, |t| {
+            t.largest_interval_bytes
+        });
+    let bound: Estimate = SampleSet::default()
+        .estimate(profile.sampling.confidence, Window::RECORDING, interval)
+        .bytes;
+    Spread::of(&bound, profile.sampling.confidence)
+}
+
+/// Compares `new` with `base` at `confidence` (simultaneous over every comparison made).
+pub fn diff(base: &Profile, new: &Profile, confidence: f64) -> Diff {
+    let (base_stacks, base_functions) = sides(base);
+    let (new_stacks, new_functions) = sides(new);
+    let tracked = !base.alloc_only && !new.alloc_only;
+    let keys = |a: &BTreeMap<Key, Side>, b: &BTreeMap<Key, Side>| {
+        let mut keys: Vec<Key> = a.keys().chain(b.keys()).cloned().collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    };
+    let stack_keys = keys(&base_stacks, &new_stacks);
+    let function_keys = keys(&base_functions, &new_functions);
+    let per_key = if tracked { 2 } else { 1 };
+    let comparisons = (stack_keys.len() + function_keys.len()) * per_key;
+    let sides = Sides {
+        base: (base, absent(base)),
+        new: (new, absent(new)),
+        tracked,
+        confidence,
+        comparisons,
+    };
+    let mut stacks = sides.compare(&stack_keys, &base_stacks, &new_stacks);
+    let mut functions = sides.compare(&function_keys, &base_functions, &new_functions);
+    for list in [&mut stacks, &mut functions] {
+        list.sort_by(|a, b| order(b).total_cmp(&order(a)));
+    }
+    Diff {
+        schema: SCHEMA.to_owned(),
+        confidence,
+        comparisons,
+        base_seconds: base.duration_seconds,
+        new_seconds: new.duration_seconds,
+        stacks,
+        functions,
+    }
+}
+
+/// Significant growth first (largest change first), then significant shrinkage, then the
+/// rest by apparent change.
+fn order(c: &Compared) -> f64 {
+    let change = c.alloc_change.estimate.abs() + c.inuse_change.map_or(0.0, |c| c.estimate.abs());
+    let rank = if c.significant_growth_percent().is_some() {
+        2.0
+    } else if c.significant() {
+        1.0
+    } else {
+        0.0
+    };
+    rank * 1e300 + change.min(1e299)
+}
+
+/// The two recordings, what each says of an absent stack, and how to bound.
+struct Sides<'a> {
+    base: (&'a Profile, Spread),
+    new: (&'a Profile, Spread),
+    tracked: bool,
+    confidence: f64,
+    comparisons: usize,
+}
+
+impl Sides<'_> {
+    fn compare(
+        &self,
+        keys: &[Key],
+        base: &BTreeMap<Key, Side>,
+        new: &BTreeMap<Key, Side>,
+    ) -> Vec<Compared> {
+        let per_second = |profile: &Profile| 1.0 / profile.duration_seconds.max(1e-9);
+        keys.iter()
+            .map(|key| {
+                let (b, n) = (base.get(key), new.get(key));
+                let base_alloc = b
+                    .map_or(self.base.1, |s| s.alloc)
+                    .scaled(per_second(self.base.0));
+                let new_alloc = n
+                    .map_or(self.new.1, |s| s.alloc)
+                    .scaled(per_second(self.new.0));
+                let inuse = self.tracked.then(|| {
+                    (
+                        b.and_then(|s| s.inuse).unwrap_or(self.base.1),
+                        n.and_then(|s| s.inuse).unwrap_or(self.new.1),
+                    )
+                });
+                Compared {
+                    key: key.clone(),
+                    frames: n.or(b).map(|s| s.frames.clone()).unwrap_or_default(),
+                    base_alloc_per_second: base_alloc.estimate,
+                    new_alloc_per_second: new_alloc.estimate,
+                    alloc_change: change(
+                        &base_alloc,
+                        &new_alloc,
+                        self.confidence,
+                        self.comparisons,
+                    ),
+                    base_inuse: inuse.map(|(b, _)| b.estimate),
+                    new_inuse: inuse.map(|(_, n)| n.estimate),
+                    inuse_change: inuse
+                        .map(|(b, n)| change(&b, &n, self.confidence, self.comparisons)),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The stacks (or functions) whose significant growth exceeds `percent`.
+pub fn grown_beyond(diff: &Diff, percent: f64) -> Vec<&Compared> {
+    diff.stacks
+        .iter()
+        .chain(&diff.functions)
+        .filter(|c| c.significant_growth_percent().is_some_and(|p| p > percent))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{export::tests::synthetic, stats::Estimate};
+
+    fn exact(value: f64) -> Estimate {
+        Estimate {
+            samples: 1000,
+            estimate: value,
+            lower: value * 0.95,
+            upper: value * 1.05,
+        }
+    }
+
+    #[test]
+    fn stacks_match_by_names_and_changes_beyond_the_noise_are_flagged() {
+        let base = synthetic();
+        let mut new = synthetic();
+        // Another run: another pid and other addresses, the same names.
+        new.processes[0].pid = 77;
+        for stack in &mut new.stacks {
+            stack.pid = 77;
+            for frame in &mut stack.frames {
+                frame.address += 0x1000;
+            }
+        }
+        // The first stack allocates three times as much, the second as before.
+        let first = new.stacks[0].alloc_bytes.estimate * 3.0;
+        new.stacks[0].alloc_bytes = exact(first);
+        let base_second = base.stacks[1].alloc_bytes.estimate;
+        new.stacks[1].alloc_bytes = exact(base_second);
+        let diff = diff(&base, &new, 0.95);
+        assert_eq!(diff.stacks.len(), 2, "matched: {diff:#?}");
+        assert!(diff.stacks[0].alloc_change.significant, "{diff:#?}");
+        assert!(diff.stacks[0].alloc_change.estimate > 0.0);
+        assert!(!diff.stacks[1].alloc_change.significant, "{diff:#?}");
+        assert!(
+            diff.stacks[0].inuse_change.is_none(),
+            "alloc-only recordings"
+        );
+        assert_eq!(
+            grown_beyond(&diff, 50.0).len(),
+            2,
+            "the stack and its function"
+        );
+        assert!(grown_beyond(&diff, 1000.0).is_empty());
+        // A stack only in the new recording is new: infinitely many percent.
+        let mut only_new = synthetic();
+        only_new.stacks[0].frames[0].function = Some("brand_new".into());
+        let diff = super::diff(&base, &only_new, 0.95);
+        assert_eq!(diff.stacks.len(), 3);
+        let brand_new = diff
+            .stacks
+            .iter()
+            .find(|c| c.key[1] == "brand_new")
+            .unwrap();
+        assert_eq!(brand_new.base_alloc_per_second, 0.0);
+        assert_eq!(brand_new.alloc_percent(), f64::INFINITY);
+    }
+}
