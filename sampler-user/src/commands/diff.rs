@@ -79,7 +79,11 @@ pub fn run(args: DiffArgs) -> anyhow::Result<u8> {
             Output::Folded => render::folded(&found, out),
             Output::Pprof => {
                 let profile = render::difference_profile(&found, &new);
-                export::pprof::write_noted(&profile, std::slice::from_ref(&profile.sampling.model), out)
+                export::pprof::write_noted(
+                    &profile,
+                    std::slice::from_ref(&profile.sampling.model),
+                    out,
+                )
             }
         })
         .with_context(|| format!("writing {}", path.display()))?;

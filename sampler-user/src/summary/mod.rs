@@ -1,5 +1,7 @@
 //! The short human summary `record` prints on stderr.
 
+mod insight;
+
 use std::{collections::BTreeMap, fmt::Write as _};
 
 use crate::{
@@ -223,6 +225,8 @@ pub fn render(profile: &Profile, top: usize) -> String {
     }
     if !profile.alloc_only {
         live_rows(&mut out, profile, top);
+        insight::growing_rows(&mut out, profile, top);
+        insight::temporary_rows(&mut out, profile, top);
     }
     let _ = writeln!(out, "top stacks by estimated allocated bytes:");
     let shown: Vec<&StackProfile> = profile.stacks.iter().take(top).collect();
@@ -328,6 +332,7 @@ fn process_lines(out: &mut String, process: &ProcessProfile) {
             "    live heap (allocated since attach, not freed): {}; RSS {rss}",
             estimate_bytes(live)
         );
+        insight::process_growth(out, process);
         if process.untracked_samples > 0 {
             let _ = writeln!(
                 out,
@@ -396,7 +401,7 @@ const ROW_FRAMES: usize = 4;
 /// another row of the same process starts with the same ones (rows that would read alike),
 /// ` … ← ` and the first frame that tells them apart (or, when no frame's name does, the
 /// return address where they part).
-fn row_chains(stacks: &[&StackProfile]) -> Vec<String> {
+pub(super) fn row_chains(stacks: &[&StackProfile]) -> Vec<String> {
     let names: Vec<Vec<String>> = stacks
         .iter()
         .map(|s| s.frames.iter().map(frame_name).collect())
@@ -443,7 +448,7 @@ fn row_chains(stacks: &[&StackProfile]) -> Vec<String> {
 
 /// One table row: the estimate with its bounds, `detail`, the pid and `chain` (the frames
 /// shown, see [`row_chains`]).
-fn stack_row(
+pub(super) fn stack_row(
     out: &mut String,
     estimate: &Estimate,
     detail: &str,
