@@ -325,6 +325,52 @@ pub(crate) mod tests {
         assert_eq!(back, profile);
     }
 
+    /// A stack's per-thread split becomes one sample per thread, labelled, with what it
+    /// allocated; in-use values (not known per thread) stay on one unlabelled sample.
+    #[test]
+    fn pprof_splits_a_stack_by_thread() {
+        let mut profile = synthetic();
+        profile.stacks.truncate(1);
+        let stack = &mut profile.stacks[0];
+        stack.inuse_bytes = Some(estimate(500.0, 3));
+        stack.inuse_objects = Some(estimate(5.0, 3));
+        stack.threads = vec![
+            crate::profile::ThreadValues {
+                tid: Some(7),
+                name: "alpha\x1b[2J".into(),
+                alloc_bytes: estimate(15000.0, 7),
+                alloc_objects: estimate(70.0, 7),
+            },
+            crate::profile::ThreadValues {
+                tid: None,
+                name: String::new(),
+                alloc_bytes: estimate(5000.0, 3),
+                alloc_objects: estimate(30.0, 3),
+            },
+        ];
+        let decoded = pprof::build(&profile);
+        let string = |id: i64| decoded.string_table[id as usize].as_str();
+        let values: Vec<&[i64]> = decoded.sample.iter().map(|s| s.value.as_slice()).collect();
+        assert_eq!(
+            values,
+            [&[70, 15000, 0, 0][..], &[30, 5000, 0, 0], &[0, 0, 5, 500]]
+        );
+        let thread = |i: usize| {
+            decoded.sample[i]
+                .label
+                .iter()
+                .find(|l| string(l.key) == "thread")
+                .map(|l| string(l.str).to_owned())
+        };
+        let name = thread(0).unwrap();
+        assert!(
+            name.starts_with("alpha") && !name.contains('\x1b'),
+            "{name:?}"
+        );
+        assert_eq!(thread(1).as_deref(), Some("other threads"));
+        assert_eq!(thread(2), None);
+    }
+
     #[test]
     fn pprof_round_trips() {
         let profile = synthetic();

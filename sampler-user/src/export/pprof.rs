@@ -15,7 +15,10 @@ use std::{collections::HashMap, io::Write};
 use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
-use crate::{profile::Profile, stacks::symbolize::FrameInfo};
+use crate::{
+    profile::{Profile, ThreadValues},
+    stacks::symbolize::FrameInfo,
+};
 
 /// `profile.proto` messages, field numbers as in the upstream schema.
 pub mod proto {
@@ -316,6 +319,29 @@ fn labels(
     labels
 }
 
+/// A thread's labels: its name (`thread`, sanitized; `other threads` for those beyond the
+/// ones kept apart) and id (`thread_id`).
+fn thread_labels(strings: &mut Strings, thread: &ThreadValues) -> Vec<proto::Label> {
+    let name = match (thread.tid, thread.name.is_empty()) {
+        (None, _) => "other threads".to_owned(),
+        (Some(tid), true) => format!("tid {tid}"),
+        (Some(_), false) => crate::text::printable(&thread.name).into_owned(),
+    };
+    let mut labels = vec![proto::Label {
+        key: strings.id("thread"),
+        str: strings.id(&name),
+        ..Default::default()
+    }];
+    if let Some(tid) = thread.tid {
+        labels.push(proto::Label {
+            key: strings.id("thread_id"),
+            num: i64::from(tid),
+            ..Default::default()
+        });
+    }
+    labels
+}
+
 /// What the profile's values are, said in its comments (pprof shows them).
 fn comments(profile: &Profile) -> Vec<String> {
     let mut comments = vec![
@@ -360,16 +386,47 @@ pub fn build(profile: &Profile) -> proto::Profile {
             .collect();
         let value = |estimate: Option<f64>| estimate.map_or(0, |v| v.round() as i64);
         let (command, cgroup) = processes.get(&stack.pid).copied().unwrap_or(("", None));
-        samples.push(proto::Sample {
-            location_id,
-            value: vec![
-                value(Some(stack.alloc_objects.estimate)),
-                value(Some(stack.alloc_bytes.estimate)),
-                value(stack.inuse_objects.map(|e| e.estimate)),
-                value(stack.inuse_bytes.map(|e| e.estimate)),
-            ],
-            label: labels(&mut tables.strings, stack.pid, command, cgroup),
-        });
+        let label = labels(&mut tables.strings, stack.pid, command, cgroup);
+        let inuse = [
+            value(stack.inuse_objects.map(|e| e.estimate)),
+            value(stack.inuse_bytes.map(|e| e.estimate)),
+        ];
+        if stack.threads.is_empty() {
+            samples.push(proto::Sample {
+                location_id,
+                value: vec![
+                    value(Some(stack.alloc_objects.estimate)),
+                    value(Some(stack.alloc_bytes.estimate)),
+                    inuse[0],
+                    inuse[1],
+                ],
+                label,
+            });
+            continue;
+        }
+        // One sample per thread (labelled `thread`, `thread_id`) holding what it
+        // allocated; what is in use is not known per thread: one unlabelled sample holds it.
+        for thread in &stack.threads {
+            let mut label = label.clone();
+            label.extend(thread_labels(&mut tables.strings, thread));
+            samples.push(proto::Sample {
+                location_id: location_id.clone(),
+                value: vec![
+                    value(Some(thread.alloc_objects.estimate)),
+                    value(Some(thread.alloc_bytes.estimate)),
+                    0,
+                    0,
+                ],
+                label,
+            });
+        }
+        if inuse != [0, 0] {
+            samples.push(proto::Sample {
+                location_id,
+                value: vec![0, 0, inuse[0], inuse[1]],
+                label,
+            });
+        }
     }
     let Tables {
         mut strings,
