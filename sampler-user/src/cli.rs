@@ -19,7 +19,8 @@ const TOP_KEYS: &str = "\
 Keys:
   q quit · ↑↓/j k move · Enter expand/collapse the stack · s cycle the sort column
   p pause · / filter by function or module (regex) · l leak view (live longer than
-  --leaks-older-than) · w write a snapshot · ? help
+  --leaks-older-than) · r growth view (in-use bytes' slope) · t temporary view (freed
+  within 1 ms) · T thread view · w write a snapshot · ? help
 
 Examples:
   sudo allocscope top -p 4242

@@ -198,6 +198,27 @@ fn top_shows_known_sites_and_obeys_keys_in_a_real_terminal() {
     assert!(!screen.contains("churn_strings ←"), "{screen}");
     tmux.send(&["l"]);
 
+    // r: the growth view puts grow_cache, which keeps every block, first, marked growing.
+    tmux.send(&["r"]);
+    let screen = tmux.wait_for("the growth view", Duration::from_secs(10), |s| {
+        s.contains("GROWTH▼") && s.contains("▲")
+    });
+    let first_row = screen
+        .lines()
+        .find(|l| l.contains("▸ ") || l.contains("▾ "))
+        .unwrap_or_default();
+    assert!(
+        first_row.contains("grow_cache ←") && first_row.contains("▲"),
+        "{screen}"
+    );
+    // t: the churn frees its blocks at once: temporary; grow_cache's never are.
+    tmux.send(&["t"]);
+    let screen = tmux.wait_for("the temporary view", Duration::from_secs(10), |s| {
+        s.contains("TEMPORARY") && s.contains("churn_buffers ←")
+    });
+    assert!(!screen.contains("grow_cache ←"), "{screen}");
+    tmux.send(&["t"]);
+
     // w: a snapshot file, named in the status line, that `report` reads.
     tmux.send(&["w"]);
     let screen = tmux.wait_for("the snapshot", Duration::from_secs(10), |s| {

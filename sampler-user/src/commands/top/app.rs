@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use regex::Regex;
 
-use super::model::{self, Column, GroupKey, Picture, Row, RowQuery};
+use super::model::{self, Column, GroupKey, Picture, Row, RowQuery, View};
 
 /// The status line until the first picture arrives.
 pub const STARTING: &str = "starting: the first numbers come within a second (? for help)";
@@ -31,7 +31,7 @@ pub struct App {
     selected_key: Option<GroupKey>,
     expanded: HashSet<GroupKey>,
     sort: Option<Column>,
-    leak_view: bool,
+    view: View,
     paused: bool,
     filter: Option<Regex>,
     /// The filter being typed after `/`.
@@ -126,20 +126,33 @@ impl App {
                 });
             }
             KeyCode::Char('/') => self.input = Some(String::new()),
-            KeyCode::Char('l') => {
-                if self.picture.settings.alloc_only {
-                    self.set_status("no leak view with --alloc-only: frees are not tracked");
-                } else {
-                    self.leak_view = !self.leak_view;
-                    self.sort = None;
-                    self.rebuild();
-                }
-            }
+            KeyCode::Char('l') => self.toggle_view(View::Leaks),
+            KeyCode::Char('r') => self.toggle_view(View::Growth),
+            KeyCode::Char('t') => self.toggle_view(View::Temporary),
+            KeyCode::Char('T') => self.toggle_view(View::Threads),
             KeyCode::Char('w') => return Action::WriteSnapshot,
             KeyCode::Char('?') | KeyCode::F(1) | KeyCode::Char('h') => self.help = true,
             _ => {}
         }
         Action::None
+    }
+
+    /// Switches to `view`, or back to the stacks when it is on.
+    fn toggle_view(&mut self, view: View) {
+        if view.needs_frees() && self.picture.settings.alloc_only {
+            self.set_status(format!(
+                "no {} view with --alloc-only: frees are not tracked",
+                view.tag().unwrap_or_default().to_lowercase()
+            ));
+            return;
+        }
+        self.view = if self.view == view {
+            View::Stacks
+        } else {
+            view
+        };
+        self.sort = None;
+        self.rebuild();
     }
 
     fn apply_filter(&mut self, text: &str) {
@@ -169,7 +182,7 @@ impl App {
         let query = RowQuery {
             sort: self.sort,
             filter: self.filter.as_ref(),
-            leak_view: self.leak_view,
+            view: self.view,
         };
         self.rows = model::rows(&self.picture, &query);
         let found = self
@@ -190,7 +203,7 @@ impl App {
 
     /// The visible columns.
     pub fn columns(&self) -> &'static [Column] {
-        Column::visible(self.picture.settings.alloc_only, self.leak_view)
+        Column::visible(self.picture.settings.alloc_only, self.view)
     }
 
     /// The column rows are sorted by.
@@ -223,9 +236,9 @@ impl App {
         self.paused
     }
 
-    /// Leak view on.
-    pub fn leak_view(&self) -> bool {
-        self.leak_view
+    /// The table shown.
+    pub fn view(&self) -> View {
+        self.view
     }
 
     /// The filter in force.

@@ -8,6 +8,7 @@
 //! a target that exits leaves its last picture on screen.
 
 pub mod app;
+pub mod columns;
 pub mod model;
 pub mod screen;
 pub mod ui;

@@ -10,11 +10,15 @@ use std::collections::VecDeque;
 
 use regex::Regex;
 
+pub use super::columns::{
+    bytes_cell, compact_bytes, compact_count, count_cell, growth_cell, rate_cell, relative_bound,
+    seconds_label, Column, View,
+};
 use crate::{
     format::frame_name,
     profile::{StackTally, Tally},
     stacks::symbolize::FrameInfo,
-    stats::{estimate::Window, Estimate, SampleSet},
+    stats::{estimate::Window, growth::GrowthSums, Estimate, SampleSet},
     text,
 };
 
@@ -128,6 +132,12 @@ pub struct Values {
     pub leaked: Option<Estimate>,
     /// Objects live for longer than the leak age.
     pub leaked_objects: Option<Estimate>,
+    /// Growth of the in-use bytes, bytes per second (frees tracked, three ticks on).
+    pub growth: Option<Estimate>,
+    /// Bytes freed within 1 ms of their allocation, per second since the start.
+    pub temporary: Option<Estimate>,
+    /// Objects allocated since the start.
+    pub allocated: Estimate,
     /// Samples since the start.
     pub samples: u64,
 }
@@ -138,9 +148,34 @@ impl Values {
         let estimate = |set: &SampleSet, window| set.estimate(s.confidence, window, s.interval);
         let all = estimate(&sets.all, Window::RECORDING);
         let recent = estimate(&sets.recent, Window::SLIDING);
-        let live = (!s.alloc_only).then(|| estimate(&sets.live, Window::RECORDING));
-        let leaked = (!s.alloc_only).then(|| estimate(&sets.leaked, Window::RECORDING));
+        let tracked = !s.alloc_only && !sets.threads_only;
+        let live = tracked.then(|| estimate(&sets.live, Window::RECORDING));
+        let leaked = tracked.then(|| estimate(&sets.leaked, Window::RECORDING));
+        let elapsed = picture.elapsed_seconds.max(1e-9);
+        let tally = &picture.tally;
+        let growth = tally
+            .timeline
+            .as_ref()
+            .filter(|_| tracked)
+            .and_then(|t| {
+                sets.growth
+                    .slope(tally.ticks, t.grid().tick_seconds(), s.confidence)
+            })
+            .map(|g| Estimate {
+                samples: g.samples,
+                estimate: g.bytes_per_second,
+                lower: g.lower,
+                upper: g.upper,
+            });
+        let temporary = tracked.then(|| {
+            estimate(&sets.temporary, Window::RECORDING)
+                .bytes
+                .per_second(elapsed)
+        });
         Values {
+            growth,
+            temporary,
+            allocated: all.objects,
             rate: recent
                 .bytes
                 .per_second(picture.tally.recent_seconds.max(1e-9)),
@@ -162,6 +197,9 @@ impl Values {
             Column::Objects => self.objects.estimate,
             Column::Leaked => self.leaked.map_or(0.0, |e| e.estimate),
             Column::LeakedObjects => self.leaked_objects.map_or(0.0, |e| e.estimate),
+            Column::Growth => self.growth.map_or(f64::MIN, |e| e.estimate),
+            Column::Temporary => self.temporary.map_or(0.0, |e| e.estimate),
+            Column::Allocated => self.allocated.estimate,
             Column::Samples => self.samples as f64,
         }
     }
@@ -179,6 +217,11 @@ struct Sets {
     live: SampleSet,
     leaked: SampleSet,
     recent: SampleSet,
+    growth: GrowthSums,
+    /// Samples of blocks freed within 1 ms.
+    temporary: SampleSet,
+    /// Only `all` is known (one thread's part of a stack).
+    threads_only: bool,
 }
 
 impl Sets {
@@ -188,6 +231,23 @@ impl Sets {
             live: stack.live,
             leaked: stack.leaked,
             recent: stack.recent,
+            growth: stack.growth,
+            temporary: stack
+                .breakdown
+                .lifetimes
+                .as_ref()
+                .map(|l| l.classes[0])
+                .unwrap_or_default(),
+            threads_only: false,
+        }
+    }
+
+    /// One thread's part of a stack: what it allocated, nothing else known.
+    fn of_thread(set: &SampleSet) -> Sets {
+        Sets {
+            all: *set,
+            threads_only: true,
+            ..Sets::default()
         }
     }
 
@@ -196,172 +256,9 @@ impl Sets {
         self.live.merge(&other.live);
         self.leaked.merge(&other.leaked);
         self.recent.merge(&other.recent);
-    }
-}
-
-/// A table column.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Column {
-    /// Allocation rate over the recent window.
-    Rate,
-    /// Allocation rate since the start.
-    Average,
-    /// Live bytes.
-    Live,
-    /// Live objects (allocated objects without free tracking).
-    Objects,
-    /// Bytes live longer than the leak age.
-    Leaked,
-    /// Objects live longer than the leak age.
-    LeakedObjects,
-    /// Samples.
-    Samples,
-}
-
-impl Column {
-    /// The columns of a view, in display order.
-    pub fn visible(alloc_only: bool, leak_view: bool) -> &'static [Column] {
-        match (alloc_only, leak_view) {
-            (true, _) => &[
-                Column::Rate,
-                Column::Average,
-                Column::Objects,
-                Column::Samples,
-            ],
-            (false, false) => &[
-                Column::Rate,
-                Column::Average,
-                Column::Live,
-                Column::Objects,
-                Column::Samples,
-            ],
-            (false, true) => &[
-                Column::Leaked,
-                Column::LeakedObjects,
-                Column::Live,
-                Column::Rate,
-                Column::Samples,
-            ],
-        }
-    }
-
-    /// Width of its cells.
-    pub fn width(self) -> u16 {
-        match self {
-            Column::Rate | Column::Average => 12,
-            Column::Live | Column::Leaked => 11,
-            Column::Objects | Column::LeakedObjects => 10,
-            Column::Samples => 5,
-        }
-    }
-
-    /// Header text.
-    pub fn title(self, settings: &ViewSettings) -> String {
-        match self {
-            Column::Rate => format!("RATE {}", seconds_label(settings.window_seconds)),
-            Column::Average => "RATE all".to_owned(),
-            Column::Live => "LIVE".to_owned(),
-            Column::Objects if settings.alloc_only => "OBJECTS".to_owned(),
-            Column::Objects => "LIVE OBJ".to_owned(),
-            Column::Leaked => format!(">{} LIVE", seconds_label(settings.leak_age_seconds)),
-            Column::LeakedObjects => "OBJ".to_owned(),
-            Column::Samples => "SAMP".to_owned(),
-        }
-    }
-
-    /// The cell text of `values`.
-    pub fn cell(self, values: &Values) -> String {
-        match self {
-            Column::Rate => rate_cell(&values.rate),
-            Column::Average => rate_cell(&values.average),
-            Column::Live => values.live.map_or_else(String::new, |e| bytes_cell(&e)),
-            Column::Objects => count_cell(&values.objects),
-            Column::Leaked => values.leaked.map_or_else(String::new, |e| bytes_cell(&e)),
-            Column::LeakedObjects => values
-                .leaked_objects
-                .map_or_else(String::new, |e| count_cell(&e)),
-            Column::Samples => values.samples.to_string(),
-        }
-    }
-}
-
-/// `10s`, `1m`, `1m30s`, `2h`.
-pub fn seconds_label(seconds: f64) -> String {
-    let s = seconds.round() as u64;
-    match (s / 3600, (s % 3600) / 60, s % 60) {
-        (0, 0, s) => format!("{s}s"),
-        (0, m, 0) => format!("{m}m"),
-        (0, m, s) => format!("{m}m{s}s"),
-        (h, 0, 0) => format!("{h}h"),
-        (h, m, _) => format!("{h}h{m}m"),
-    }
-}
-
-/// `12.3M`: binary units, three significant digits, one letter.
-pub fn compact_bytes(value: f64) -> String {
-    compact(value, 1024.0, &["B", "K", "M", "G", "T"])
-}
-
-/// `45.6k`: decimal units for counts.
-pub fn compact_count(value: f64) -> String {
-    compact(value, 1000.0, &["", "k", "M", "G", "T"])
-}
-
-fn compact(value: f64, base: f64, units: &[&str]) -> String {
-    let mut value = value.max(0.0);
-    let mut unit = 0;
-    while value >= base * 0.9995 && unit < units.len() - 1 {
-        value /= base;
-        unit += 1;
-    }
-    let digits = if unit == 0 || value >= 99.95 {
-        0
-    } else if value >= 9.995 {
-        1
-    } else {
-        2
-    };
-    format!("{value:.digits$}{}", units[unit])
-}
-
-/// Half the interval's width relative to the estimate: `±8%` (the larger side).
-pub fn relative_bound(estimate: &Estimate) -> String {
-    if estimate.estimate <= 0.0 {
-        return String::new();
-    }
-    let half = (estimate.upper - estimate.estimate).max(estimate.estimate - estimate.lower);
-    let percent = (half / estimate.estimate * 100.0).round();
-    if percent >= 1000.0 {
-        "±>999%".to_owned()
-    } else {
-        format!("±{percent:.0}%")
-    }
-}
-
-/// `12.3M ±8%`, or `<12.3M` (the upper bound) with no samples.
-pub fn bytes_cell(estimate: &Estimate) -> String {
-    cell(estimate, compact_bytes, "")
-}
-
-/// `12.3M/s ±8%`, or `<12.3M/s` with no samples.
-pub fn rate_cell(estimate: &Estimate) -> String {
-    cell(estimate, compact_bytes, "/s")
-}
-
-/// `4.5k ±8%`, or `<30` with no samples.
-pub fn count_cell(estimate: &Estimate) -> String {
-    cell(estimate, compact_count, "")
-}
-
-fn cell(estimate: &Estimate, number: fn(f64) -> String, unit: &str) -> String {
-    if estimate.samples == 0 {
-        format!("<{}{unit}", number(estimate.upper))
-    } else {
-        format!(
-            "{}{unit} {}",
-            number(estimate.estimate),
-            relative_bound(estimate)
-        )
+        self.growth.merge(&other.growth);
+        self.temporary.merge(&other.temporary);
+        self.threads_only |= other.threads_only;
     }
 }
 
@@ -383,6 +280,9 @@ pub struct Member {
     pub frames: Vec<String>,
     /// Its estimates.
     pub values: Values,
+    /// What sizes it asked for: the largest classes' shares of its bytes (`≤32B 45% ·
+    /// ≤1K 55%`).
+    pub sizes: String,
 }
 
 /// A table row: the stacks that share an allocating function and caller.
@@ -416,17 +316,17 @@ pub struct RowQuery<'a> {
     pub sort: Option<Column>,
     /// Keep groups with a frame whose function or module matches.
     pub filter: Option<&'a Regex>,
-    /// Leak view: only groups with live blocks older than the leak age.
-    pub leak_view: bool,
+    /// Which table.
+    pub view: View,
 }
 
 /// The rows of `picture`.
 pub fn rows(picture: &Picture, query: &RowQuery<'_>) -> Vec<Row> {
     let sort = query
         .sort
-        .unwrap_or_else(|| Column::visible(picture.settings.alloc_only, query.leak_view)[0]);
-    let mut groups: std::collections::BTreeMap<GroupKey, (String, Sets, Vec<&StackTally>)> =
-        Default::default();
+        .unwrap_or_else(|| Column::visible(picture.settings.alloc_only, query.view)[0]);
+    type Group<'a> = (String, Sets, Vec<(&'a StackTally, Sets)>);
+    let mut groups: std::collections::BTreeMap<GroupKey, Group<'_>> = Default::default();
     for stack in &picture.tally.stacks {
         if let Some(filter) = query.filter {
             if !stack
@@ -437,38 +337,23 @@ pub fn rows(picture: &Picture, query: &RowQuery<'_>) -> Vec<Row> {
                 continue;
             }
         }
-        let name = |i: usize| stack.frames.get(i).map(frame_name).unwrap_or_default();
-        let key = GroupKey {
-            pid: stack.pid,
-            function: if stack.frames.is_empty() {
-                "[no frames]".to_owned()
-            } else {
-                name(0)
-            },
-            caller: name(1),
-        };
-        let module = stack
-            .frames
-            .first()
-            .and_then(|f| f.module.as_deref())
-            .map(base_name)
-            .map(text::printable)
-            .unwrap_or_default()
-            .into_owned();
-        let entry = groups
-            .entry(key)
-            .or_insert_with(|| (module, Sets::default(), Vec::new()));
-        entry.1.merge(&Sets::of(stack));
-        entry.2.push(stack);
+        for (key, module, sets) in groups_of(stack, picture, query.view) {
+            let entry = groups
+                .entry(key)
+                .or_insert_with(|| (module, Sets::default(), Vec::new()));
+            entry.1.merge(&sets);
+            entry.2.push((stack, sets));
+        }
     }
     let mut rows: Vec<Row> = groups
         .into_iter()
         .map(|(key, (module, sets, stacks))| {
             let mut members: Vec<Member> = stacks
                 .iter()
-                .map(|stack| Member {
+                .map(|(stack, sets)| Member {
                     frames: stack.frames.iter().map(frame_line).collect(),
-                    values: Values::of(&Sets::of(stack), picture),
+                    values: Values::of(sets, picture),
+                    sizes: sizes_line(stack),
                 })
                 .collect();
             members.sort_by(|a, b| {
@@ -483,7 +368,11 @@ pub fn rows(picture: &Picture, query: &RowQuery<'_>) -> Vec<Row> {
                 members,
             }
         })
-        .filter(|row| !query.leak_view || row.values.leaked.is_some_and(|e| e.samples > 0))
+        .filter(|row| match query.view {
+            View::Leaks => row.values.leaked.is_some_and(|e| e.samples > 0),
+            View::Temporary => row.values.temporary.is_some_and(|e| e.samples > 0),
+            _ => true,
+        })
         .collect();
     rows.sort_by(|a, b| {
         b.values
@@ -492,6 +381,92 @@ pub fn rows(picture: &Picture, query: &RowQuery<'_>) -> Vec<Row> {
             .then_with(|| a.key.cmp(&b.key))
     });
     rows
+}
+
+/// The groups `stack` belongs to in `view`, with its sets in each: its (pid, function,
+/// caller); in the thread view, each thread that allocated from it.
+fn groups_of(stack: &StackTally, picture: &Picture, view: View) -> Vec<(GroupKey, String, Sets)> {
+    if view == View::Threads {
+        let breakdown = &stack.breakdown;
+        let others =
+            (breakdown.other_threads.samples() > 0).then_some((None, &breakdown.other_threads));
+        return breakdown
+            .threads
+            .iter()
+            .map(|(tid, set)| (Some(*tid), set))
+            .chain(others)
+            .map(|(tid, set)| {
+                let label = match tid {
+                    None => "[other threads]".to_owned(),
+                    Some(tid) => {
+                        let name = picture
+                            .tally
+                            .thread_names
+                            .get(&(stack.pid, tid))
+                            .map(|n| text::printable(n).into_owned())
+                            .unwrap_or_default();
+                        format!("{name} ({tid})")
+                    }
+                };
+                let key = GroupKey {
+                    pid: stack.pid,
+                    function: label,
+                    caller: String::new(),
+                };
+                (key, String::new(), Sets::of_thread(set))
+            })
+            .collect();
+    }
+    let name = |i: usize| stack.frames.get(i).map(frame_name).unwrap_or_default();
+    let key = GroupKey {
+        pid: stack.pid,
+        function: if stack.frames.is_empty() {
+            "[no frames]".to_owned()
+        } else {
+            name(0)
+        },
+        caller: name(1),
+    };
+    let module = stack
+        .frames
+        .first()
+        .and_then(|f| f.module.as_deref())
+        .map(base_name)
+        .map(text::printable)
+        .unwrap_or_default()
+        .into_owned();
+    vec![(key, module, Sets::of(stack))]
+}
+
+/// The largest size classes of `stack` and their shares of its bytes: `≤32B 45% · ≤1K
+/// 55%` (empty: no breakdown).
+fn sizes_line(stack: &StackTally) -> String {
+    let classes: Vec<(u8, f64)> = stack
+        .breakdown
+        .sizes
+        .iter()
+        .map(|(class, set)| (*class, set.horvitz_thompson().bytes))
+        .collect();
+    let total: f64 = classes.iter().map(|(_, b)| b).sum();
+    if total <= 0.0 {
+        return String::new();
+    }
+    let mut largest = classes;
+    largest.sort_by(|a, b| b.1.total_cmp(&a.1));
+    largest.truncate(4);
+    largest.sort_by_key(|(class, _)| *class);
+    largest
+        .iter()
+        .map(|(class, bytes)| {
+            let top = 1u64.checked_shl(u32::from(*class)).unwrap_or(u64::MAX);
+            format!(
+                "≤{} {:.0}%",
+                compact_bytes(top as f64),
+                bytes / total * 100.0
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" · ")
 }
 
 fn frame_matches(frame: &FrameInfo, filter: &Regex) -> bool {

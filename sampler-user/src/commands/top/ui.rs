@@ -11,7 +11,7 @@ use ratatui::{
 
 use super::{
     app::App,
-    model::{self, compact_bytes, compact_count, relative_bound, Column, Picture},
+    model::{self, compact_bytes, compact_count, relative_bound, Column, Picture, View},
 };
 use crate::format;
 
@@ -86,8 +86,8 @@ fn header_title(app: &App) -> Vec<Span<'static>> {
     if app.paused() {
         first.push(Span::from("  PAUSED").bold().yellow());
     }
-    if app.leak_view() {
-        first.push(Span::from("  LEAKS").bold().magenta());
+    if let Some(tag) = app.view().tag() {
+        first.push(Span::from(format!("  {tag}")).bold().magenta());
     }
     first
 }
@@ -275,8 +275,10 @@ fn draw_table(frame: &mut Frame, area: Rect, app: &mut App) {
     if lines.is_empty() {
         let message = if app.filter().is_some() {
             "no stack matches the filter (Esc clears it)"
-        } else if app.leak_view() {
+        } else if app.view() == View::Leaks {
             "no sampled allocation has been live longer than the leak age yet"
+        } else if app.view() == View::Temporary {
+            "no sampled block has been freed within 1 ms yet"
         } else {
             "no samples yet: waiting for allocations"
         };
@@ -357,6 +359,12 @@ fn expansion(lines: &mut Vec<TableRow<'static>>, columns: &[Column], row: &model
                     ]),
             ));
         }
+        if !member.sizes.is_empty() {
+            lines.push(name_only(
+                columns,
+                Cell::from(format!("  sizes: {}", member.sizes)).dim(),
+            ));
+        }
         for (depth, text) in member.frames.iter().enumerate() {
             let branch = if depth + 1 == member.frames.len() {
                 "└"
@@ -429,6 +437,9 @@ fn draw_help(frame: &mut Frame, app: &App) {
             "  l           leak view: live for longer than {}",
             model::seconds_label(settings.leak_age_seconds)
         )),
+        Line::from("  r           growth view: stacks by how fast their in-use bytes grow"),
+        Line::from("  t           temporary view: bytes freed within 1 ms of allocation"),
+        Line::from("  T           thread view: what each thread allocated"),
         Line::from("  w           write a snapshot file now (--format, into --output)"),
         Line::from(""),
         Line::from("Numbers").bold(),
@@ -815,5 +826,97 @@ mod tests {
         let mut empty = App::default();
         empty.update(Picture::default());
         assert!(text(&render(&mut empty, 80, 24)).contains("no samples yet"));
+    }
+
+    /// `r`, `t` and `T` switch to the growth, temporary and thread views (and back).
+    #[test]
+    fn growth_temporary_and_thread_views() {
+        use crate::{
+            profile::{breakdown::Breakdown, timeline::Timeline},
+            stats::growth::{GrowthSums, TickGrid},
+        };
+        const SECOND: u64 = 1_000_000_000;
+        let mut picture = picture();
+        let grid = TickGrid {
+            start_ns: 0,
+            tick_ns: SECOND,
+        };
+        picture.tally.timeline = Some(Timeline::new(grid));
+        picture.tally.ticks = 30;
+        let obs = SampleObs {
+            size: 4096,
+            offset: 0,
+            interval: 1,
+            weight: None,
+        };
+        // grow_cache (its first stack) leaks a block every second (every block sampled).
+        let mut growing = GrowthSums::default();
+        for i in 0..30 {
+            growing.add(obs, grid.span(i * SECOND, u64::MAX, 30));
+        }
+        picture.tally.stacks[1].growth = growing;
+        // churn's blocks are freed within a microsecond; threads alpha and beta allocate.
+        let mut breakdown = Breakdown::default();
+        for (tid, count) in [(7, 40), (8, 20)] {
+            for _ in 0..count {
+                breakdown.add(obs, tid);
+            }
+        }
+        for _ in 0..10 {
+            breakdown.freed(obs, 5 * SECOND, 5 * SECOND + 900, &grid);
+        }
+        picture.tally.stacks[4].breakdown = breakdown;
+        picture.tally.thread_names = [((42, 7), "alpha".to_owned()), ((42, 8), "beta".to_owned())]
+            .into_iter()
+            .collect();
+        let mut app = App::default();
+        app.update(picture.clone());
+
+        app.on_key(key(KeyCode::Char('r')));
+        assert_eq!(app.view(), View::Growth);
+        assert_eq!(app.rows()[0].key.function, "grow_cache");
+        let screen = text(&render(&mut app, 140, 30));
+        assert!(screen.contains("GROWTH"), "{screen}");
+        // About 4 KiB a second (the last block lives at one tick only), exactly: every
+        // block was sampled; and growing.
+        assert!(screen.contains("+3.97K/s ±0% ▲"), "{screen}");
+
+        app.on_key(key(KeyCode::Char('t')));
+        assert_eq!(app.view(), View::Temporary);
+        let functions: Vec<&str> = app.rows().iter().map(|r| r.key.function.as_str()).collect();
+        assert_eq!(functions, ["churn"]);
+
+        app.on_key(key(KeyCode::Char('T')));
+        let threads: Vec<&str> = app.rows().iter().map(|r| r.key.function.as_str()).collect();
+        assert_eq!(threads, ["alpha (7)", "beta (8)"]);
+        let screen = text(&render(&mut app, 140, 30));
+        assert!(
+            screen.contains("THREADS") && screen.contains("OBJECTS"),
+            "{screen}"
+        );
+        app.on_key(key(KeyCode::Char('T')));
+        assert_eq!(app.view(), View::Stacks);
+
+        // The expanded row says what sizes its stack asked for.
+        app.on_key(key(KeyCode::Home));
+        let churn = app
+            .rows()
+            .iter()
+            .position(|r| r.key.function == "churn")
+            .unwrap();
+        for _ in 0..churn {
+            app.on_key(key(KeyCode::Down));
+        }
+        app.on_key(key(KeyCode::Enter));
+        let screen = text(&render(&mut app, 140, 40));
+        assert!(screen.contains("sizes: ≤4.00K 100%"), "{screen}");
+
+        // Without frees tracked there is no growth view.
+        picture.settings.alloc_only = true;
+        let mut app = App::default();
+        app.update(picture);
+        app.on_key(key(KeyCode::Char('r')));
+        assert_eq!(app.view(), View::Stacks);
+        assert!(app.status().contains("no growth view"), "{}", app.status());
     }
 }
