@@ -16,7 +16,7 @@ use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
 use crate::{
-    profile::{Profile, ThreadValues},
+    profile::{Profile, StackProfile, ThreadValues},
     stacks::symbolize::FrameInfo,
 };
 
@@ -319,6 +319,57 @@ fn labels(
     labels
 }
 
+/// The samples of one stack at `location_id`, labelled `label`: one, or (split by thread)
+/// one per thread, labelled `thread`, `thread_id`, holding what it allocated, and one
+/// unlabelled holding what is in use (not known per thread).
+fn stack_samples(
+    samples: &mut Vec<proto::Sample>,
+    strings: &mut Strings,
+    stack: &StackProfile,
+    location_id: Vec<u64>,
+    label: Vec<proto::Label>,
+) {
+    let value = |estimate: Option<f64>| estimate.map_or(0, |v| v.round() as i64);
+    let inuse = [
+        value(stack.inuse_objects.map(|e| e.estimate)),
+        value(stack.inuse_bytes.map(|e| e.estimate)),
+    ];
+    if stack.threads.is_empty() {
+        samples.push(proto::Sample {
+            location_id,
+            value: vec![
+                value(Some(stack.alloc_objects.estimate)),
+                value(Some(stack.alloc_bytes.estimate)),
+                inuse[0],
+                inuse[1],
+            ],
+            label,
+        });
+        return;
+    }
+    for thread in &stack.threads {
+        let mut label = label.clone();
+        label.extend(thread_labels(strings, thread));
+        samples.push(proto::Sample {
+            location_id: location_id.clone(),
+            value: vec![
+                value(Some(thread.alloc_objects.estimate)),
+                value(Some(thread.alloc_bytes.estimate)),
+                0,
+                0,
+            ],
+            label,
+        });
+    }
+    if inuse != [0, 0] {
+        samples.push(proto::Sample {
+            location_id,
+            value: vec![0, 0, inuse[0], inuse[1]],
+            label,
+        });
+    }
+}
+
 /// A thread's labels: its name (`thread`, sanitized; `other threads` for those beyond the
 /// ones kept apart) and id (`thread_id`).
 fn thread_labels(strings: &mut Strings, thread: &ThreadValues) -> Vec<proto::Label> {
@@ -384,49 +435,9 @@ pub fn build(profile: &Profile) -> proto::Profile {
             .chunk_by(|a, b| a.module == b.module && a.address == b.address)
             .map(|group| tables.location(group))
             .collect();
-        let value = |estimate: Option<f64>| estimate.map_or(0, |v| v.round() as i64);
         let (command, cgroup) = processes.get(&stack.pid).copied().unwrap_or(("", None));
         let label = labels(&mut tables.strings, stack.pid, command, cgroup);
-        let inuse = [
-            value(stack.inuse_objects.map(|e| e.estimate)),
-            value(stack.inuse_bytes.map(|e| e.estimate)),
-        ];
-        if stack.threads.is_empty() {
-            samples.push(proto::Sample {
-                location_id,
-                value: vec![
-                    value(Some(stack.alloc_objects.estimate)),
-                    value(Some(stack.alloc_bytes.estimate)),
-                    inuse[0],
-                    inuse[1],
-                ],
-                label,
-            });
-            continue;
-        }
-        // One sample per thread (labelled `thread`, `thread_id`) holding what it
-        // allocated; what is in use is not known per thread: one unlabelled sample holds it.
-        for thread in &stack.threads {
-            let mut label = label.clone();
-            label.extend(thread_labels(&mut tables.strings, thread));
-            samples.push(proto::Sample {
-                location_id: location_id.clone(),
-                value: vec![
-                    value(Some(thread.alloc_objects.estimate)),
-                    value(Some(thread.alloc_bytes.estimate)),
-                    0,
-                    0,
-                ],
-                label,
-            });
-        }
-        if inuse != [0, 0] {
-            samples.push(proto::Sample {
-                location_id,
-                value: vec![0, 0, inuse[0], inuse[1]],
-                label,
-            });
-        }
+        stack_samples(&mut samples, &mut tables.strings, stack, location_id, label);
     }
     let Tables {
         mut strings,
