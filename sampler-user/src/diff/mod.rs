@@ -3,8 +3,11 @@
 //! them); the statistics are [`crate::stats::difference`].
 //!
 //! Stacks are matched by what they mean, not where they were: the process's command and
-//! each frame's function (or, unsymbolized, its module's file name) from leaf to root;
-//! addresses, pids and build paths' directories differ between runs and are left out.
+//! each frame's function from leaf to root; pids, load addresses and the directories of
+//! paths differ between runs and are left out. A frame without a name is matched by its
+//! module's file name and its offset in that file: stable across runs of one build (ASLR
+//! moves addresses, not file offsets); a rebuilt unsymbolized library's stacks show as
+//! gone and new.
 //! Stacks of one recording that coincide under this key are summed. Functions are
 //! compared too: the sum of the stacks whose leaf (allocating) frame is that function.
 //!
@@ -122,7 +125,11 @@ struct Side {
 fn frame_key(frame: &crate::stacks::symbolize::FrameInfo) -> String {
     match (&frame.function, &frame.module) {
         (Some(function), _) => function.to_string(),
-        (None, Some(module)) => format!("[{}]", module.rsplit('/').next().unwrap_or(module)),
+        (None, Some(module)) => format!(
+            "{}+{:#x}",
+            module.rsplit('/').next().unwrap_or(module),
+            frame.address
+        ),
         (None, None) => "[unknown]".to_owned(),
     }
 }
