@@ -316,6 +316,88 @@ pub(crate) mod tests {
         }
     }
 
+    /// Every field a profile with the new breakdowns writes is named in
+    /// docs/json-schema.md (growth, lifetimes, sizes, threads, timeline included).
+    #[test]
+    fn every_breakdown_field_is_documented() {
+        use crate::profile::{
+            GrowthValues, LifetimeValues, SeriesValues, SizeClassValues, ThreadValues,
+        };
+        let mut profile = synthetic();
+        let e = estimate(1.0, 1);
+        let growth = GrowthValues {
+            bytes_per_second: e,
+            growing: true,
+            tick_seconds: 1.0,
+        };
+        let lifetimes = LifetimeValues {
+            freed_samples: 1,
+            temporary_bytes: e,
+            freed_within_1ms: e,
+            freed_within_1s: e,
+            freed_later: e,
+            still_in_use: e,
+            p50_seconds: Some(1.0),
+            p90_seconds: Some(1.0),
+            p99_seconds: Some(1.0),
+        };
+        let timeline = SeriesValues {
+            seconds_per_point: 1.0,
+            at_seconds: vec![1.0],
+            inuse_bytes: vec![1.0],
+            inuse_lower: vec![1.0],
+            inuse_upper: vec![1.0],
+            alloc_bytes_per_second: vec![1.0],
+            alloc_lower: vec![1.0],
+            alloc_upper: vec![1.0],
+        };
+        let stack = &mut profile.stacks[0];
+        stack.growth = Some(growth);
+        stack.lifetimes = Some(lifetimes);
+        stack.sizes = vec![SizeClassValues {
+            from_bytes: 1,
+            to_bytes: 2,
+            alloc_bytes: e,
+            alloc_objects: e,
+        }];
+        stack.threads = vec![ThreadValues {
+            tid: Some(1),
+            name: "t".into(),
+            alloc_bytes: e,
+            alloc_objects: e,
+        }];
+        stack.timeline = Some(timeline.clone());
+        let process = &mut profile.processes[0];
+        process.growth = Some(growth);
+        process.lifetimes = Some(lifetimes);
+        process.timeline = Some(timeline);
+        let value = serde_json::to_value(&profile).unwrap();
+        let docs = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/json-schema.md"),
+        )
+        .unwrap();
+        let mut missing = Vec::new();
+        for part in ["growth", "lifetimes", "sizes", "threads", "timeline"] {
+            for section in [&value["stacks"][0], &value["processes"][0]] {
+                let Some(inner) = section.get(part) else {
+                    continue;
+                };
+                let inner = inner.as_array().map_or(inner, |a| &a[0]);
+                let keys = inner.as_object().unwrap().keys();
+                for key in std::iter::once(part).chain(keys.map(String::as_str)) {
+                    if !docs.contains(&format!("`{key}`")) && !docs.contains(&format!("`{key}[]`"))
+                    {
+                        missing.push(format!("{part}.{key}"));
+                    }
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "not in docs/json-schema.md: {missing:?}"
+        );
+    }
+
     #[test]
     fn json_round_trips() {
         let profile = synthetic();
