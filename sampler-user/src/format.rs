@@ -19,6 +19,17 @@ pub fn bytes(value: f64) -> String {
     }
 }
 
+/// A signed byte count (`+1.5 MiB`, `-512 B`, `+∞`): changes and slopes.
+pub fn signed_bytes(value: f64) -> String {
+    if value.is_infinite() {
+        if value < 0.0 { "-∞" } else { "+∞" }.to_owned()
+    } else if value < 0.0 {
+        format!("-{}", bytes(-value))
+    } else {
+        format!("+{}", bytes(value))
+    }
+}
+
 /// A confidence level as a percentage without trailing zeros (`95%`, `99.99%`).
 pub fn percent(level: f64) -> String {
     let text = format!("{:.4}", level * 100.0);

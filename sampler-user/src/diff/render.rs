@@ -6,7 +6,7 @@ use std::{fmt::Write as _, io::Write};
 
 use super::{Compared, Diff};
 use crate::{
-    format::{bytes as human_bytes, frame_name, sanitize},
+    format::{bytes as human_bytes, frame_name, sanitize, signed_bytes},
     profile::{Profile, StackProfile},
     stats::{estimate::Posterior, Estimate},
 };
@@ -54,15 +54,7 @@ pub fn table(diff: &Diff, base: &str, new: &str) -> String {
 /// One comparison: the allocation rate's change (and the in-use bytes') and the stack.
 fn row(c: &Compared) -> String {
     let rate = |v: f64| format!("{}/s", human_bytes(v));
-    let signed = |v: f64| {
-        if v.is_infinite() {
-            if v < 0.0 { "-∞" } else { "+∞" }.to_owned()
-        } else if v < 0.0 {
-            format!("-{}", human_bytes(-v))
-        } else {
-            format!("+{}", human_bytes(v))
-        }
-    };
+    let signed = signed_bytes;
     let percent = |p: f64| {
         if p.is_infinite() {
             "new".to_owned()

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use super::{row_chains, stack_row};
 use crate::{
-    format::bytes,
+    format::signed_bytes,
     profile::{GrowthValues, ProcessProfile, Profile, StackProfile},
     stats::Estimate,
 };
@@ -13,15 +13,7 @@ use crate::{
 /// A signed rate with its bounds: `+4.0 MiB/s [+3.4 MiB/s, +4.5 MiB/s]`.
 pub fn growth_rate(growth: &GrowthValues) -> String {
     let e = &growth.bytes_per_second;
-    let signed = |v: f64| {
-        if v.is_infinite() {
-            if v < 0.0 { "-∞" } else { "+∞" }.to_owned()
-        } else if v < 0.0 {
-            format!("-{}/s", bytes(-v))
-        } else {
-            format!("+{}/s", bytes(v))
-        }
-    };
+    let signed = |v: f64| format!("{}/s", signed_bytes(v));
     format!(
         "{} [{}, {}]",
         signed(e.estimate),
