@@ -131,6 +131,8 @@ pub enum EventKind {
     Free = 2,
     /// A [`ProcessEvent`].
     Process = 3,
+    /// A [`crate::python::PyStackRecord`] (the Python frames of the sample after it).
+    PythonStack = 4,
 }
 
 /// [`ProcessEvent::what`]: a followed process forked a new process (`pid`, from `parent`).

@@ -37,6 +37,12 @@ pub mod maps {
     pub const USDT_SPECS: &str = "USDT_SPECS";
     /// The reference program's call count (benchmarks).
     pub const BARE_CALLS: &str = "BARE_CALLS";
+    /// How to walk each Python process's frames, by pid.
+    pub const PY_PROCESSES: &str = "PY_PROCESSES";
+    /// One Python-frames record's scratch space per CPU.
+    pub const PY_SCRATCH: &str = "PY_SCRATCH";
+    /// One interpreter frame's words per CPU.
+    pub const PY_FRAME_SCRATCH: &str = "PY_FRAME_SCRATCH";
     /// Every map above.
     pub const ALL: &[&str] = &[
         SAMPLES,
@@ -54,6 +60,9 @@ pub mod maps {
         GATE,
         USDT_SPECS,
         BARE_CALLS,
+        PY_PROCESSES,
+        PY_SCRATCH,
+        PY_FRAME_SCRATCH,
     ];
 }
 

@@ -13,6 +13,7 @@ pub mod event;
 pub mod geometric;
 pub mod kernel;
 pub mod preload;
+pub mod python;
 pub mod usdt;
 
 pub use event::{

@@ -91,6 +91,22 @@ pub static GATE: Array<u32> = Array::with_max_entries(1, 0);
 pub static USDT_SPECS: Array<sampler_common::usdt::UsdtSpec> =
     Array::with_max_entries(sampler_common::usdt::MAX_SPECS, 0);
 
+/// pid → how to walk its interpreter's frames (set by user space when it finds CPython in
+/// the process). LRU: bounded, and a process that exited needs no removal.
+#[map]
+pub static PY_PROCESSES: LruHashMap<u32, sampler_common::python::PyLayout> =
+    LruHashMap::with_max_entries(4096, 0);
+
+/// One Python-frames record under assembly per CPU.
+#[map]
+pub static PY_SCRATCH: PerCpuArray<sampler_common::python::PyStackRecord> =
+    PerCpuArray::with_max_entries(1, 0);
+
+/// One frame's first words, per CPU (read at once, then picked apart).
+#[map]
+pub static PY_FRAME_SCRATCH: PerCpuArray<[u64; sampler_common::python::PY_FRAME_WORDS]> =
+    PerCpuArray::with_max_entries(1, 0);
+
 /// Calls seen by the bare reference probe of the benchmark (index 0).
 #[map]
 pub static BARE_CALLS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);

@@ -202,6 +202,18 @@ pub struct SamplingArgs {
     )]
     pub stack_bytes: String,
 
+    /// Python frames in the stacks of CPython 3.11–3.13 processes: `on` replaces each
+    /// evaluator frame with the Python functions it ran (file and line) and leaves out the
+    /// interpreter's call machinery below them; `all` keeps every native frame too; `off`
+    /// keeps native frames only.
+    #[arg(
+        long,
+        value_name = "MODE",
+        default_value = "on",
+        help_heading = "Sampling"
+    )]
+    pub python_frames: PythonFramesArg,
+
     /// Also look for separate debug files here (by build id under DIR/.build-id/, or by
     /// the name in a file's .gnu_debuglink), before /usr/lib/debug and /lib/debug: names
     /// for stripped programs and libraries (repeat for several).
@@ -241,6 +253,17 @@ pub enum UnwindArg {
     Dwarf,
     /// The kernel's frame-pointer walk.
     Fp,
+}
+
+/// `--python-frames`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PythonFramesArg {
+    /// Python frames merged, the interpreter's call machinery left out.
+    On,
+    /// Python frames merged, every native frame kept.
+    All,
+    /// Native frames only.
+    Off,
 }
 
 /// `allocscope record`.

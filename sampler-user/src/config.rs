@@ -141,6 +141,8 @@ pub struct SamplingConfig {
     pub unwind: Unwind,
     /// Directories of separate debug files searched first.
     pub debug_dirs: Vec<PathBuf>,
+    /// Python frames (`--python-frames`).
+    pub python_frames: crate::cli::PythonFramesArg,
     /// Use uprobe sessions where the kernel has them.
     pub sessions: bool,
     /// Probe USDT sites at the 5-byte nop the kernel optimises (benchmark only: a forked
@@ -331,6 +333,7 @@ impl SamplingArgs {
             max_stacks: self.max_stacks as usize,
             unwind,
             debug_dirs: self.debug_dirs.clone(),
+            python_frames: self.python_frames,
             sessions: !self.no_sessions,
             usdt_nop5: self.usdt_nop5,
             preload: !self.no_preload && max_overhead.is_none(),

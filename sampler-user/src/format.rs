@@ -36,8 +36,26 @@ pub fn percent(level: f64) -> String {
     format!("{}%", text.trim_end_matches('0').trim_end_matches('.'))
 }
 
-/// A frame's display name: the function, else `module+0xoffset`, else the address.
+/// A frame's display name: the function, else `module+0xoffset`, else the address; a
+/// Python frame's with its file's name and line (`main (app.py:9)`).
 pub fn frame_name(frame: &FrameInfo) -> String {
+    if frame.kind == Some(crate::stacks::symbolize::FrameKind::Python) {
+        let function = frame.function.as_deref().unwrap_or("?");
+        let file = frame.file.as_deref().unwrap_or("");
+        let file = file.rsplit('/').next().unwrap_or(file);
+        let name = match frame.line {
+            Some(line) => format!("{function} ({file}:{line})"),
+            None if !file.is_empty() => format!("{function} ({file})"),
+            None => function.to_owned(),
+        };
+        return sanitize(&name);
+    }
+    function_name(frame)
+}
+
+/// A frame's function name alone (for formats that carry the file and line apart, such as
+/// pprof): the function, else `module+0xoffset`, else the address.
+pub fn function_name(frame: &FrameInfo) -> String {
     let name = match (&frame.function, &frame.module) {
         (Some(function), _) => function.to_string(),
         (None, Some(module)) => {

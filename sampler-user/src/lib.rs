@@ -23,6 +23,7 @@ pub mod preload;
 pub mod probe;
 pub mod procfs;
 pub mod profile;
+pub mod python;
 pub mod recording;
 pub mod say;
 pub mod spawn;

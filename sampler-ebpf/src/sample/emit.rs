@@ -40,11 +40,14 @@ pub(super) fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
     // reuse the slot before it is sent. The bytes are plain integers either way; such a
     // record's stack fails the user side's checks and ends early, under its end reason.
     let record = unsafe { &mut *record };
+    // SAFETY: helper without preconditions.
+    let timestamp_ns = unsafe { bpf_ktime_get_ns() };
+    // Sent first, so it is read first; the sample carries FLAG_PYTHON when it was.
+    let python = super::python::send_python_frames(sample.pid, sample.tid, timestamp_ns);
     let event = &mut record.event;
     event.kind = EventKind::Alloc as u32;
-    event.flags = sample.flags;
-    // SAFETY: helper without preconditions.
-    event.timestamp_ns = unsafe { bpf_ktime_get_ns() };
+    event.flags = sample.flags | python;
+    event.timestamp_ns = timestamp_ns;
     event.size = sample.size;
     event.offset = sample.offset;
     event.interval = sample.interval;

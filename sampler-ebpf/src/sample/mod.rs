@@ -37,6 +37,7 @@ mod arguments;
 mod emit;
 mod in_process;
 mod live;
+mod python;
 
 use arguments::usdt_argument;
 pub use arguments::{arguments, cookie};

@@ -66,6 +66,11 @@ pub struct Sample {
     /// (`otel_memory:alloc`'s weight; `interval` and `offset` then mean nothing); `None`:
     /// drawn by allocscope's own countdown.
     pub weight: Option<u64>,
+    /// The kernel sent the thread's Python frames just before (resolved into `python` on
+    /// the intake thread).
+    pub python_sent: bool,
+    /// The Python frames running at the call.
+    pub python: Option<crate::python::PythonStack>,
 }
 
 /// A copy of the top of a sampled thread's user stack, with the registers it was taken with.
@@ -128,6 +133,9 @@ pub enum Event {
         /// The file's text.
         text: String,
     },
+    /// A sample's Python frames, as read (paired with the sample on the intake thread,
+    /// never handed on).
+    PythonFrames(crate::python::RawStack),
 }
 
 /// Decodes one ring-buffer record; `None` for a record of the wrong size or content.
@@ -139,6 +147,8 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
         decode_process(bytes)
     } else if kind == EventKind::Alloc as u32 {
         decode_alloc(bytes)
+    } else if kind == EventKind::PythonStack as u32 {
+        crate::python::decode(bytes).map(Event::PythonFrames)
     } else {
         None
     }
@@ -228,6 +238,8 @@ fn decode_alloc(bytes: &[u8]) -> Option<Event> {
         address: event.address,
         tracked: event.flags & FLAG_TRACKED != 0,
         weight: (event.flags & FLAG_WEIGHTED != 0).then_some(event.interval),
+        python_sent: event.flags & sampler_common::python::FLAG_PYTHON != 0,
+        python: None,
     }))
 }
 
@@ -301,7 +313,11 @@ impl Shared {
 
 impl SampleReader {
     /// Starts the intake thread on the `SAMPLES` ring buffer taken from the loaded object.
-    pub fn new(ring: RingBuf<MapData>, ring_bytes: usize) -> anyhow::Result<SampleReader> {
+    pub fn new(
+        ring: RingBuf<MapData>,
+        ring_bytes: usize,
+        python: Option<crate::python::Frames>,
+    ) -> anyhow::Result<SampleReader> {
         // SAFETY: eventfd with constant flags; the result is checked.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
@@ -319,7 +335,7 @@ impl SampleReader {
             .name("allocscope-intake".into())
             .spawn({
                 let shared = Arc::clone(&shared);
-                move || intake(ring, ring_bytes, &shared, &sender)
+                move || intake(ring, ring_bytes, &shared, &sender, python)
             })
             .context("starting the intake thread")?;
         Ok(SampleReader {
@@ -378,9 +394,13 @@ fn intake(
     batch_bytes: usize,
     shared: &Shared,
     sender: &mpsc::Sender<Delivery>,
+    python: Option<crate::python::Frames>,
 ) {
     let mut served = 0;
-    let mut mapped = MapsReader::default();
+    let mut mapped = MapsReader {
+        python,
+        ..MapsReader::default()
+    };
     while !shared.stop.load(Ordering::SeqCst) {
         let mut fds = [
             libc::pollfd {
@@ -443,8 +463,19 @@ fn drain_ring(
     while let Some(record) = ring.next() {
         bytes += record.len();
         match decode(&record) {
-            Some(event) => {
+            Some(Event::PythonFrames(raw)) => {
+                if let Some(python) = &mut mapped.python {
+                    python.arrived(raw);
+                }
+            }
+            Some(mut event) => {
                 mapped.before(&event, out);
+                if let (Event::Alloc(sample), Some(python)) = (&mut event, &mut mapped.python) {
+                    if sample.python_sent {
+                        sample.python =
+                            python.of_sample(sample.pid, sample.tid, sample.timestamp_ns);
+                    }
+                }
                 out.push(event);
             }
             None => malformed += 1,
@@ -463,6 +494,8 @@ fn drain_ring(
 struct MapsReader {
     /// Processes whose maps were sent since their last exec.
     sent: std::collections::HashSet<u32>,
+    /// Python frames (unless `--python-frames off`): told of every maps read.
+    python: Option<crate::python::Frames>,
 }
 
 impl MapsReader {
@@ -479,6 +512,9 @@ impl MapsReader {
                     let read_ns = monotonic_ns();
                     if let Ok(text) = std::fs::read_to_string(format!("/proc/{}/maps", sample.pid))
                     {
+                        if let Some(python) = &mut self.python {
+                            python.found_maps(sample.pid, &crate::probe::maps::parse(&text));
+                        }
                         out.push(Event::Maps {
                             pid: sample.pid,
                             read_ns,

@@ -191,7 +191,7 @@ struct Tables<'a> {
     functions: Vec<proto::Function>,
     function_ids: HashMap<(String, String), u64>,
     locations: Vec<proto::Location>,
-    location_ids: HashMap<(Option<&'a str>, u64, Vec<u64>), u64>,
+    location_ids: HashMap<(Option<&'a str>, u64, Vec<(u64, i64)>), u64>,
 }
 
 impl<'a> Tables<'a> {
@@ -254,7 +254,7 @@ impl<'a> Tables<'a> {
             .iter()
             .map(|frame| proto::Line {
                 function_id: self.function(
-                    crate::format::frame_name(frame),
+                    crate::format::function_name(frame),
                     frame.file.as_deref().unwrap_or_default().to_owned(),
                 ),
                 line: frame.line.map_or(0, i64::from),
@@ -265,7 +265,10 @@ impl<'a> Tables<'a> {
         let key = (
             first.module.as_deref(),
             first.address,
-            lines.iter().map(|l| l.function_id).collect::<Vec<_>>(),
+            lines
+                .iter()
+                .map(|l| (l.function_id, l.line))
+                .collect::<Vec<_>>(),
         );
         let next = self.locations.len() as u64 + 1;
         let Tables {

@@ -5,7 +5,10 @@
 //! [`Aggregator::tally`] hands them on (a recording builds them into a profile, `top` groups
 //! them).
 
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
 
 use sampler_common::ProcessCounters;
 
@@ -261,7 +264,7 @@ impl Aggregator {
                 self.free(freed.pid, freed.address, Some(freed.timestamp_ns));
             }
             // Control events are the recording's (discovery, `offer_maps`): none come here.
-            Event::Process { .. } | Event::Maps { .. } => {}
+            Event::Process { .. } | Event::Maps { .. } | Event::PythonFrames(_) => {}
         }
     }
 
@@ -548,7 +551,7 @@ impl Aggregator {
             .keys()
             .filter_map(|frame| match *frame {
                 Frame::File { module, .. } => Some(module),
-                Frame::Unknown { .. } => None,
+                Frame::Unknown { .. } | Frame::Python { .. } => None,
             })
             .collect();
         module_ids
@@ -593,12 +596,12 @@ impl Aggregator {
                 Frame::File { module, offset } => {
                     Some((self.stacks.modules().source(module), offset))
                 }
-                Frame::Unknown { .. } => None,
+                Frame::Unknown { .. } | Frame::Python { .. } => None,
             })
             .collect();
         let mut names = symbolizer.resolve(files).await.into_iter();
         // One copy of each module's name for all its frames.
-        let mut shown_names: HashMap<_, std::sync::Arc<str>> = HashMap::new();
+        let mut shown_names: HashMap<_, Arc<str>> = HashMap::new();
         distinct
             .into_iter()
             .map(|frame| {
@@ -619,6 +622,18 @@ impl Aggregator {
                         address,
                         ..FrameInfo::default()
                     }],
+                    Frame::Python { function, line } => {
+                        let function = self.stacks.python_functions().get(function);
+                        vec![FrameInfo {
+                            function: function.map(|f| Arc::clone(&f.qualname)),
+                            file: function
+                                .filter(|f| !f.filename.is_empty())
+                                .map(|f| Arc::clone(&f.filename)),
+                            line: (line > 0).then_some(line),
+                            kind: Some(stacks::symbolize::FrameKind::Python),
+                            ..FrameInfo::default()
+                        }]
+                    }
                 };
                 (frame, infos)
             })

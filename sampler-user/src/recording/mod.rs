@@ -436,7 +436,7 @@ impl Recording {
             batch.retain(|event| match event {
                 Event::Alloc(sample) => sample.timestamp_ns <= cutoff,
                 Event::Free(freed) => freed.timestamp_ns <= cutoff,
-                Event::Process { .. } | Event::Maps { .. } => true,
+                Event::Process { .. } | Event::Maps { .. } | Event::PythonFrames(_) => true,
             });
         }
         self.samples_taken += batch
@@ -475,7 +475,7 @@ impl Recording {
         batch.retain(|event| match event {
             Event::Alloc(sample) => !roster.is_excluded(sample.pid),
             Event::Free(freed) => !roster.is_excluded(freed.pid),
-            Event::Process { .. } | Event::Maps { .. } => false,
+            Event::Process { .. } | Event::Maps { .. } | Event::PythonFrames(_) => false,
         });
         self.aggregator.add_all(batch);
     }

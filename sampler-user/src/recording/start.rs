@@ -65,7 +65,16 @@ fn intake(
             .take_map(kernel::maps::SAMPLES)
             .context("SAMPLES map missing")?,
     )?;
-    let reader = SampleReader::new(ring, sampling.ring_buffer as usize)?;
+    let python = match sampling.python_frames {
+        crate::cli::PythonFramesArg::Off => None,
+        _ => Some(crate::python::Frames::new(aya::maps::HashMap::try_from(
+            probes
+                .ebpf
+                .take_map(kernel::maps::PY_PROCESSES)
+                .context("PY_PROCESSES map missing")?,
+        )?)),
+    };
+    let reader = SampleReader::new(ring, sampling.ring_buffer as usize, python)?;
     Ok((reader, logger))
 }
 

@@ -79,6 +79,37 @@ pub enum Frame {
         /// The raw address.
         address: u64,
     },
+    /// A Python function at a line ([`crate::python`]).
+    Python {
+        /// The function, interned in the table's [`PythonFunctions`].
+        function: u32,
+        /// The line (0: unknown).
+        line: u32,
+    },
+}
+
+/// Interned Python functions (qualified name, file).
+#[derive(Debug, Default)]
+pub struct PythonFunctions {
+    functions: Vec<crate::python::PyFunction>,
+    index: HashMap<crate::python::PyFunction, u32>,
+}
+
+impl PythonFunctions {
+    fn intern(&mut self, function: &crate::python::PyFunction) -> u32 {
+        if let Some(&id) = self.index.get(function) {
+            return id;
+        }
+        let id = self.functions.len() as u32;
+        self.functions.push(function.clone());
+        self.index.insert(function.clone(), id);
+        id
+    }
+
+    /// Function `id`.
+    pub fn get(&self, id: u32) -> Option<&crate::python::PyFunction> {
+        self.functions.get(id as usize)
+    }
 }
 
 /// Builds the list of return addresses, leaf first and without the allocator's own frame,
@@ -109,6 +140,7 @@ pub fn caller_chain(return_address: u64, raw: &[u64], at_return: bool) -> Vec<u6
 pub struct ModuleTable {
     paths: Vec<PathBuf>,
     names: Vec<String>,
+    file_ids: Vec<FileId>,
     files: Vec<Option<std::fs::File>>,
     build_ids: Vec<OnceLock<Option<String>>>,
     images: Vec<OnceLock<Option<Arc<Image>>>>,
@@ -133,6 +165,7 @@ impl ModuleTable {
         self.names.push(name(path, file_id, *seen));
         *seen += 1;
         self.paths.push(path.to_owned());
+        self.file_ids.push(file_id.clone());
         let file = open_module(open, path, file_id).or_else(|| {
             let held = self.held.get(file_id)?;
             std::fs::File::open(held).ok()
@@ -274,6 +307,10 @@ pub struct StackTable {
     interned: u64,
     intern_ns: u64,
     copied_bytes: u64,
+    /// Python functions the stacks' Python frames name.
+    python: PythonFunctions,
+    /// How Python frames are merged (`None`: `Merge::Python`, the default).
+    python_merge: Option<crate::python::Merge>,
 }
 
 /// What identifies an interned stack.
@@ -468,7 +505,55 @@ impl StackTable {
                 (addresses, origin)
             }
         };
-        self.intern(sample.pid, &addresses, origin, sample.timestamp_ns)
+        let (mut frames, origin) =
+            self.normalized(sample.pid, &addresses, origin, sample.timestamp_ns);
+        if let Some(python) = &sample.python {
+            frames = self.with_python(&frames, python);
+        }
+        self.intern_frames(sample.pid, frames, origin)
+    }
+
+    /// `native` with `python`'s frames in place of its evaluator frames.
+    fn with_python(&mut self, native: &[Frame], python: &crate::python::PythonStack) -> Vec<Frame> {
+        let groups = python
+            .groups
+            .iter()
+            .map(|group| {
+                group
+                    .iter()
+                    .map(|frame| Frame::Python {
+                        function: self.python.intern(&frame.function),
+                        line: frame.line,
+                    })
+                    .collect()
+            })
+            .collect();
+        let interpreter = |frame: &Frame| match *frame {
+            Frame::File { module, offset } => self
+                .modules
+                .file_ids
+                .get(module as usize)
+                .filter(|id| **id == python.interpreter)
+                .map(|_| offset),
+            _ => None,
+        };
+        let keep_all = self.python_merge == Some(crate::python::Merge::All);
+        crate::python::merge::merge(
+            native,
+            groups,
+            |frame| interpreter(frame).is_some_and(|offset| python.eval.contains(&offset)),
+            |frame| !keep_all && interpreter(frame).is_some(),
+        )
+    }
+
+    /// How Python frames are merged from now on.
+    pub fn merge_python(&mut self, merge: crate::python::Merge) {
+        self.python_merge = Some(merge);
+    }
+
+    /// The Python functions frames name.
+    pub fn python_functions(&self) -> &PythonFunctions {
+        &self.python
     }
 
     /// Makes `pid`'s unwinder know the modules it maps now: its maps are re-read if `ip`
@@ -509,9 +594,21 @@ impl StackTable {
         &mut self,
         pid: u32,
         addresses: &[u64],
-        mut origin: StackOrigin,
+        origin: StackOrigin,
         taken_ns: u64,
     ) -> StackId {
+        let (frames, origin) = self.normalized(pid, addresses, origin, taken_ns);
+        self.intern_frames(pid, frames, origin)
+    }
+
+    /// [`StackTable::intern`]'s frames, before they are interned.
+    fn normalized(
+        &mut self,
+        pid: u32,
+        addresses: &[u64],
+        mut origin: StackOrigin,
+        taken_ns: u64,
+    ) -> (Vec<Frame>, StackOrigin) {
         let mut frames: Vec<Frame> = Vec::with_capacity(addresses.len());
         let mut leading = true;
         for &address in addresses {
@@ -528,6 +625,7 @@ impl StackTable {
             }
             let believed = match frame {
                 Frame::File { module, offset } => self.is_return_address(module, offset),
+                Frame::Python { .. } => true,
                 Frame::Unknown { .. } => {
                     if frames.is_empty() {
                         frames.push(frame);
@@ -542,7 +640,7 @@ impl StackTable {
             }
             frames.push(frame);
         }
-        self.intern_frames(pid, frames, origin)
+        (frames, origin)
     }
 
     /// Interns normalized, checked `frames` of `pid`.

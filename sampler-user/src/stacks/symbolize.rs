@@ -33,8 +33,21 @@ pub struct FrameInfo {
     pub file: Option<Arc<str>>,
     /// Source line, when debug info has it.
     pub line: Option<u32>,
-    /// File offset of the return address in the module (or the raw address when unmapped).
+    /// File offset of the return address in the module (or the raw address when unmapped;
+    /// 0 for a Python frame).
     pub address: u64,
+    /// What kind of frame: absent for native code, `python` for a Python function (its
+    /// `function` is the qualified name, `file` and `line` the source's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<FrameKind>,
+}
+
+/// [`FrameInfo::kind`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FrameKind {
+    /// A Python function.
+    Python,
 }
 
 /// A batch: (module path, file offset of a return address) per frame.
@@ -315,6 +328,7 @@ fn resolve_module(
                         file,
                         line,
                         address: offset,
+                        kind: None,
                     });
                 }
                 let (file, line) = location(sym.code_info.as_deref());
@@ -324,6 +338,7 @@ fn resolve_module(
                     file,
                     line,
                     address: offset,
+                    kind: None,
                 });
                 frames
             }

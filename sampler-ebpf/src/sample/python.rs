@@ -1,0 +1,163 @@
+//! Python frames at a sampled call: the sampling thread's interpreter frame chain, read
+//! with the layout user space set for its process, sent as a record of its own just
+//! before the sample (so user space has it when the sample arrives: the ring buffer is
+//! read in reservation order).
+//!
+//! Only a sampled call of a process in `PY_PROCESSES` pays: one hash lookup, a walk of the
+//! interpreter's thread list to the thread whose `native_thread_id` is the caller's tid,
+//! then one read of each frame's first words.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+use crate::maps::{PY_FRAME_SCRATCH, PY_PROCESSES, PY_SCRATCH};
+use sampler_common::python::{
+    PyFrameEntry, PyLayout, FLAG_PYTHON, MAX_PY_FRAMES, MAX_PY_THREADS, PY_FRAME_READ_WORDS, PY_FRAME_WORDS,
+    PY_READ_FAILED, PY_THREAD_NOT_FOUND, PY_TRUNCATED,
+};
+
+/// A pointer-sized word of the target's memory; `None` when it cannot be read.
+#[inline(always)]
+fn read_word(address: u64) -> Option<u64> {
+    // SAFETY: bpf_probe_read_user checks the user address and fails on a fault.
+    unsafe { bpf_probe_read_user(address as *const u64) }.ok()
+}
+
+/// Sends the Python frames of `pid`'s thread `tid` (sampled at `timestamp_ns`) when the
+/// process runs an interpreter allocscope knows; returns the flag the sample then carries
+/// ([`FLAG_PYTHON`]), or 0 when there was nothing to send.
+#[inline(always)]
+pub(super) fn send_python_frames(pid: u32, tid: u32, timestamp_ns: u64) -> u32 {
+    // SAFETY: a hash lookup; the value stays valid for the program's run.
+    let Some(layout) = (unsafe { PY_PROCESSES.get(&pid) }) else {
+        return 0;
+    };
+    let Some(record) = PY_SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's slot of a per-CPU array, valid for the program's run.
+    let record = unsafe { &mut *record };
+    record.kind = EventKind::PythonStack as u32;
+    record.pid = pid;
+    record.tid = tid;
+    record.timestamp_ns = timestamp_ns;
+    record.flags = 0;
+    record.pad = 0;
+    record.count = 0;
+    let Some(frame) = current_frame(layout, tid, &mut record.flags) else {
+        if record.flags == 0 {
+            return 0;
+        }
+        // The thread was not found: say so, with no frames.
+        return send(record);
+    };
+    walk(layout, frame, record);
+    if record.count == 0 && record.flags == 0 {
+        return 0;
+    }
+    send(record)
+}
+
+/// Sends `record` with its used length; the flag for the sample (also when the ring
+/// buffer refused it: user space then counts the frames missing).
+#[inline(always)]
+fn send(record: &mut sampler_common::python::PyStackRecord) -> u32 {
+    let mut count = record.count as usize;
+    if count > MAX_PY_FRAMES {
+        count = MAX_PY_FRAMES;
+    }
+    let size = sampler_common::python::PyStackRecord::HEAD
+        + count * core::mem::size_of::<PyFrameEntry>();
+    // SAFETY: `size` is within the record (count bounded above), which lives in the map.
+    let bytes = unsafe {
+        core::slice::from_raw_parts(
+            (record as *const sampler_common::python::PyStackRecord).cast::<u8>(),
+            size,
+        )
+    };
+    let _ = SAMPLES.output::<[u8]>(bytes, 0);
+    FLAG_PYTHON
+}
+
+/// The thread's innermost interpreter frame (0: none running), or `None` when the
+/// interpreter is not running yet, the thread is not one of its threads, or a read failed
+/// (`flags` says which of the last two).
+#[inline(always)]
+fn current_frame(layout: &PyLayout, tid: u32, flags: &mut u32) -> Option<u64> {
+    let interpreter = read_word(layout.interpreters_head)?;
+    if interpreter == 0 {
+        return None;
+    }
+    let mut thread = read_word(interpreter + layout.threads_head as u64)?;
+    let mut found = 0u64;
+    for _ in 0..MAX_PY_THREADS {
+        if thread == 0 {
+            break;
+        }
+        let Some(native) = read_word(thread + layout.thread_native_id as u64) else {
+            *flags |= PY_READ_FAILED;
+            return None;
+        };
+        if native == tid as u64 {
+            found = thread;
+            break;
+        }
+        thread = read_word(thread + layout.thread_next as u64).unwrap_or(0);
+    }
+    if found == 0 {
+        if thread != 0 {
+            *flags |= PY_THREAD_NOT_FOUND;
+        }
+        return None;
+    }
+    let mut frame = read_word(found + layout.thread_frame as u64)?;
+    if layout.via_cframe != 0 && frame != 0 {
+        frame = read_word(frame + layout.cframe_current_frame as u64)?;
+    }
+    Some(frame)
+}
+
+/// Reads the chain from `frame` into `record`, leaf first.
+#[inline(always)]
+fn walk(layout: &PyLayout, mut frame: u64, record: &mut sampler_common::python::PyStackRecord) {
+    let Some(words) = PY_FRAME_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot of a per-CPU array, valid for the program's run.
+    let words = unsafe { &mut *words };
+    let mask = PY_FRAME_WORDS as u32 - 1;
+    let entry_word = (layout.frame_entry_byte / 8) & mask;
+    let entry_shift = (layout.frame_entry_byte % 8) * 8;
+    let mut count = 0usize;
+    for _ in 0..MAX_PY_FRAMES {
+        if frame == 0 {
+            break;
+        }
+        // SAFETY: reads PY_FRAME_READ_WORDS words into the scratch slot, which holds
+        // PY_FRAME_WORDS; the helper checks the user address.
+        let failed = unsafe {
+            generated::bpf_probe_read_user(
+                words.as_mut_ptr().cast(),
+                (PY_FRAME_READ_WORDS * 8) as u32,
+                frame as *const _,
+            )
+        } != 0;
+        if failed {
+            record.flags |= PY_READ_FAILED;
+            break;
+        }
+        let word = |index: u32| words[(index & mask) as usize];
+        let marker = (word(entry_word) >> (entry_shift & 63)) & 0xff;
+        if count < MAX_PY_FRAMES {
+            record.frames[count] = PyFrameEntry {
+                code: word(layout.frame_code_word),
+                instr: (word(layout.frame_instr_word) & PyFrameEntry::INSTR_MASK) | (marker << 56),
+            };
+        }
+        count += 1;
+        frame = word(layout.frame_previous_word);
+    }
+    if frame != 0 && record.flags & PY_READ_FAILED == 0 {
+        record.flags |= PY_TRUNCATED;
+    }
+    record.count = count as u32;
+}

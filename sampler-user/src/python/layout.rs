@@ -1,0 +1,266 @@
+//! Where CPython keeps what the frame walk and the code-object reader need, per minor
+//! version: from the interpreter's own headers for 3.11 and 3.12 (x86-64 release builds;
+//! `tests/fixtures/py_offsets.c` prints them from any installed headers, and a test
+//! compares), and from the `_Py_DebugOffsets` that 3.13+ publishes at the start of
+//! `_PyRuntime` (read from the interpreter's file, where `_PyRuntime`'s initial value is).
+
+use sampler_common::python::{PyLayout, PY_FRAME_READ_WORDS};
+
+/// Everything version-specific: the kernel's part (offsets; addresses added per process)
+/// and the code, string and bytes objects' fields user space reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// (major, minor).
+    pub version: (u8, u8),
+    /// `_PyRuntimeState.interpreters.head`.
+    pub interpreters_head: u64,
+    /// The kernel walk's offsets (its `interpreters_head` still 0: per process).
+    pub walk: PyLayout,
+    /// Entry marker semantics: `true` for 3.11's `is_entry` (the frame is its C call's
+    /// first), `false` for `owner` (3.12+: a frame owned by the C stack is a shim that
+    /// separates C calls).
+    pub is_entry_flag: bool,
+    /// `PyCodeObject` fields.
+    pub code: CodeFields,
+    /// `PyASCIIObject`/`PyCompactUnicodeObject`: `state`'s offset and the two header sizes.
+    pub unicode_state: u64,
+    /// `sizeof(PyASCIIObject)`: where an ASCII string's characters start.
+    pub unicode_ascii_size: u64,
+    /// `sizeof(PyCompactUnicodeObject)`: where other compact strings' characters start.
+    pub unicode_compact_size: u64,
+}
+
+/// `PyCodeObject` fields (byte offsets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CodeFields {
+    /// `co_filename` (str).
+    pub filename: u64,
+    /// `co_qualname` (str).
+    pub qualname: u64,
+    /// `co_linetable` (bytes).
+    pub linetable: u64,
+    /// `co_firstlineno` (int).
+    pub firstlineno: u64,
+    /// `co_code_adaptive`: the bytecode, inside the object.
+    pub code_adaptive: u64,
+}
+
+/// `ob_type`'s offset in every object; `ob_size`'s in variable-size ones (a code object's
+/// is its bytecode's length in code units); a bytes object's characters.
+pub const OB_TYPE: u64 = 8;
+/// See [`OB_TYPE`].
+pub const OB_SIZE: u64 = 16;
+/// See [`OB_TYPE`].
+pub const BYTES_SVAL: u64 = 32;
+
+/// `FRAME_OWNED_BY_CSTACK` (3.12+).
+pub const OWNED_BY_CSTACK: u8 = 3;
+
+fn walk(
+    threads_head: u32,
+    thread_native_id: u32,
+    thread_frame: u32,
+    cframe: Option<u32>,
+    frame: [u32; 4],
+) -> PyLayout {
+    let [previous, code, instr, entry] = frame;
+    PyLayout {
+        interpreters_head: 0,
+        threads_head,
+        thread_next: 8,
+        thread_native_id,
+        thread_frame,
+        via_cframe: u32::from(cframe.is_some()),
+        cframe_current_frame: cframe.unwrap_or(0),
+        frame_previous_word: previous / 8,
+        frame_code_word: code / 8,
+        frame_instr_word: instr / 8,
+        frame_entry_byte: entry,
+        pad: 0,
+    }
+}
+
+/// The layout of a version whose offsets are known from its headers (3.11, 3.12); 3.13+
+/// come from [`from_debug_offsets`].
+pub fn for_version(major: u8, minor: u8) -> Option<Layout> {
+    match (major, minor) {
+        (3, 11) => Some(Layout {
+            version: (3, 11),
+            interpreters_head: 40,
+            walk: walk(16, 160, 56, Some(8), [48, 32, 56, 68]),
+            is_entry_flag: true,
+            code: CodeFields {
+                filename: 112,
+                qualname: 128,
+                linetable: 136,
+                firstlineno: 72,
+                code_adaptive: 184,
+            },
+            unicode_state: 32,
+            unicode_ascii_size: 48,
+            unicode_compact_size: 72,
+        }),
+        (3, 12) => Some(Layout {
+            version: (3, 12),
+            interpreters_head: 40,
+            walk: walk(72, 144, 56, Some(0), [8, 0, 56, 70]),
+            is_entry_flag: false,
+            code: CodeFields {
+                filename: 112,
+                qualname: 128,
+                linetable: 136,
+                firstlineno: 68,
+                code_adaptive: 192,
+            },
+            unicode_state: 32,
+            unicode_ascii_size: 40,
+            unicode_compact_size: 56,
+        }),
+        _ => None,
+    }
+}
+
+/// `_Py_DebugOffsets.cookie`.
+pub const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
+
+/// The layout from the `_Py_DebugOffsets` at the start of a 3.13 `_PyRuntime` (`bytes`
+/// from its start). The struct's own layout is stable within a minor version only: 3.13's
+/// is read here; later versions are refused (`None`), not guessed.
+pub fn from_debug_offsets(bytes: &[u8]) -> Option<Layout> {
+    if bytes.get(..8)? != DEBUG_COOKIE {
+        return None;
+    }
+    let word = |index: usize| -> Option<u64> {
+        let at = index * 8;
+        Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+    };
+    let version = word(1)?;
+    let (major, minor) = ((version >> 24) as u8, (version >> 16) as u8);
+    if (major, minor) != (3, 13) || word(2)? != 0 {
+        // Another minor version's struct, or a free-threaded build (no GIL: the layout of
+        // its frames and objects differs).
+        return None;
+    }
+    // 3.13's struct as u64 words: cookie, version, free_threaded, runtime_state{size,
+    // finalizing, interpreters_head}, interpreter_state{size, id, next, threads_head, …13},
+    // thread_state{size, prev, next, interp, current_frame, thread_id, native_thread_id,
+    // …9}, interpreter_frame{size, previous, executable, instr_ptr, localsplus, owner},
+    // code_object{size, filename, name, qualname, linetable, firstlineno, argcount,
+    // localsplusnames, localspluskinds, co_code_adaptive}, pyobject{2}, type_object{4},
+    // tuple{3}, list{3}, dict{3}, float{2}, long{3}, bytes{3}, unicode{size, state, length,
+    // asciiobject_size}.
+    let small = |value: u64| u32::try_from(value).ok();
+    let (thread, frame, code) = (19, 28, 34);
+    let unicode = code + 10 + 2 + 4 + 3 + 3 + 3 + 2 + 3 + 3;
+    let walk = walk(
+        small(word(6 + 3)?)?,
+        small(word(thread + 6)?)?,
+        small(word(thread + 4)?)?,
+        None,
+        [
+            small(word(frame + 1)?)?,
+            small(word(frame + 2)?)?,
+            small(word(frame + 3)?)?,
+            small(word(frame + 5)?)?,
+        ],
+    );
+    if small(word(thread + 2)?)? != walk.thread_next {
+        return None;
+    }
+    let ascii = word(unicode + 3)?;
+    let layout = Layout {
+        version: (major, minor),
+        interpreters_head: word(5)?,
+        walk,
+        is_entry_flag: false,
+        code: CodeFields {
+            filename: word(code + 1)?,
+            qualname: word(code + 3)?,
+            linetable: word(code + 4)?,
+            firstlineno: word(code + 5)?,
+            code_adaptive: word(code + 9)?,
+        },
+        unicode_state: word(unicode + 1)?,
+        unicode_ascii_size: ascii,
+        // PyCompactUnicodeObject adds utf8_length and utf8 to PyASCIIObject.
+        unicode_compact_size: ascii + 16,
+    };
+    layout.is_usable().then_some(layout)
+}
+
+impl Layout {
+    /// Whether the kernel can read every frame field from a frame's first words.
+    pub fn is_usable(&self) -> bool {
+        let words = PY_FRAME_READ_WORDS as u32;
+        self.walk.frame_previous_word < words
+            && self.walk.frame_code_word < words
+            && self.walk.frame_instr_word < words
+            && self.walk.frame_entry_byte < words * 8
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 3.13.0's `_Py_DebugOffsets` as its `_PyRuntime` starts (x86-64 release build),
+    /// its words up to the unicode fields.
+    fn debug_offsets_3_13() -> Vec<u8> {
+        let mut words: Vec<u64> = vec![0; 72];
+        for (index, value) in [
+            (1, 0x030d00f0),
+            (5, 632),
+            (9, 7344),
+            (21, 8),
+            (23, 72),
+            (25, 160),
+            (29, 8),
+            (30, 0),
+            (31, 56),
+            (33, 70),
+            (35, 112),
+            (37, 128),
+            (38, 136),
+            (39, 68),
+            (43, 200),
+            (68, 32),
+            (70, 40),
+        ] {
+            words[index] = value;
+        }
+        let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        bytes[..8].copy_from_slice(DEBUG_COOKIE);
+        bytes
+    }
+
+    #[test]
+    fn debug_offsets_give_what_the_headers_say() {
+        let layout = from_debug_offsets(&debug_offsets_3_13()).unwrap();
+        assert_eq!(layout.version, (3, 13));
+        assert_eq!(layout.interpreters_head, 632);
+        assert_eq!(layout.walk.threads_head, 7344);
+        assert_eq!(layout.walk.thread_frame, 72);
+        assert_eq!(layout.walk.via_cframe, 0);
+        assert_eq!(layout.walk.thread_native_id, 160);
+        assert_eq!(layout.walk.frame_previous_word, 1);
+        assert_eq!(layout.walk.frame_instr_word, 7);
+        assert_eq!(layout.walk.frame_entry_byte, 70);
+        assert_eq!(layout.code.code_adaptive, 200);
+        assert_eq!(layout.code.firstlineno, 68);
+        assert_eq!(layout.unicode_compact_size, 56);
+    }
+
+    #[test]
+    fn other_structs_are_refused_not_guessed() {
+        let mut bytes = debug_offsets_3_13();
+        bytes[8..16].copy_from_slice(&0x030e00f0u64.to_le_bytes());
+        assert_eq!(from_debug_offsets(&bytes), None, "3.14's struct differs");
+        let mut bytes = debug_offsets_3_13();
+        bytes[16..24].copy_from_slice(&1u64.to_le_bytes());
+        assert_eq!(from_debug_offsets(&bytes), None, "free-threaded");
+        assert_eq!(from_debug_offsets(b"notdebug"), None);
+        assert_eq!(for_version(3, 10), None);
+        assert!(for_version(3, 11).unwrap().is_usable());
+        assert!(for_version(3, 12).unwrap().is_usable());
+    }
+}

@@ -1,0 +1,121 @@
+//! Python frames into a native stack: each `_PyEval_EvalFrameDefault` frame is replaced by
+//! the Python frames that C call was running (CPython 3.11+ runs several in one C frame;
+//! the entry markers say where one C call's frames end). Below the first Python frame the
+//! interpreter's own call machinery (`_PyFunction_Vectorcall`, `_PyEval_Vector`, …) says
+//! nothing a Python reader needs and is left out unless every native frame is asked for;
+//! frames of other modules (C extensions) stay where they are.
+
+use super::layout::OWNED_BY_CSTACK;
+
+/// Splits a sample's Python frames (leaf first, each with its entry-marker byte) into the
+/// groups that one C call of the evaluator ran, leaf first. `is_entry_flag`: 3.11's
+/// `is_entry` (a marked frame is its group's last), else 3.12+'s `owner` (a frame owned by
+/// the C stack is a shim between groups, not a Python frame).
+pub fn groups<F: Clone>(frames: &[(F, u8)], is_entry_flag: bool) -> Vec<Vec<F>> {
+    let mut groups = Vec::new();
+    let mut current = Vec::new();
+    for (frame, marker) in frames {
+        if is_entry_flag {
+            current.push(frame.clone());
+            if *marker != 0 {
+                groups.push(std::mem::take(&mut current));
+            }
+        } else if *marker == OWNED_BY_CSTACK {
+            if !current.is_empty() {
+                groups.push(std::mem::take(&mut current));
+            }
+        } else {
+            current.push(frame.clone());
+        }
+    }
+    if !current.is_empty() {
+        groups.push(current);
+    }
+    groups
+}
+
+/// Merges `groups` (leaf first) into `native` (leaf first): the n-th evaluator frame
+/// (`is_eval`) becomes the n-th group. Once a Python frame is placed, native frames that
+/// `is_machinery` are dropped. Groups left over (the native stack was cut short, or an
+/// evaluator frame was not recognised) go at the root end, so no Python frame is lost.
+pub fn merge<F: Clone>(
+    native: &[F],
+    groups: Vec<Vec<F>>,
+    is_eval: impl Fn(&F) -> bool,
+    is_machinery: impl Fn(&F) -> bool,
+) -> Vec<F> {
+    let mut groups = groups.into_iter();
+    let mut merged = Vec::with_capacity(native.len());
+    let mut placed = false;
+    for frame in native {
+        if is_eval(frame) {
+            if let Some(group) = groups.next() {
+                merged.extend(group);
+                placed = true;
+                continue;
+            }
+        }
+        if placed && is_machinery(frame) {
+            continue;
+        }
+        merged.push(frame.clone());
+    }
+    for group in groups {
+        merged.extend(group);
+    }
+    merged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_flags_end_groups_in_3_11() {
+        let frames = [("f", 0), ("g", 1), ("h", 0), ("<module>", 1)];
+        assert_eq!(groups(&frames, true), vec![vec!["f", "g"], vec!["h", "<module>"]]);
+    }
+
+    #[test]
+    fn shims_separate_groups_from_3_12() {
+        let frames = [("f", 0), ("g", 0), ("shim", 3), ("<module>", 0), ("shim", 3)];
+        assert_eq!(groups(&frames, false), vec![vec!["f", "g"], vec!["<module>"]]);
+    }
+
+    #[test]
+    fn evaluator_frames_become_python_frames() {
+        // A C extension (json) between two evaluator calls, machinery around them.
+        let native = [
+            "PyByteArray_Resize",
+            "_PyEval_EvalFrameDefault",
+            "_PyFunction_Vectorcall",
+            "encoder_call",
+            "_PyEval_EvalFrameDefault",
+            "PyEval_EvalCode",
+            "Py_BytesMain",
+        ];
+        let groups = vec![vec!["py:f", "py:g"], vec!["py:<module>"]];
+        let machinery = |f: &&str| !matches!(*f, "encoder_call" | "__libc_start_main");
+        let merged = merge(&native, groups.clone(), |f| *f == "_PyEval_EvalFrameDefault", machinery);
+        assert_eq!(
+            merged,
+            ["PyByteArray_Resize", "py:f", "py:g", "encoder_call", "py:<module>"]
+        );
+        let all = merge(&native, groups, |f| *f == "_PyEval_EvalFrameDefault", |_| false);
+        assert_eq!(all.len(), native.len() - 2 + 3);
+    }
+
+    #[test]
+    fn no_python_frame_is_lost() {
+        let native = ["malloc_site", "_PyEval_EvalFrameDefault"];
+        let merged = merge(
+            &native,
+            vec![vec!["py:a"], vec!["py:b"]],
+            |f| *f == "_PyEval_EvalFrameDefault",
+            |_| true,
+        );
+        assert_eq!(merged, ["malloc_site", "py:a", "py:b"]);
+        // No groups: native stays.
+        assert_eq!(merge(&native, vec![], |_| true, |_| true), native);
+    }
+}

@@ -1,0 +1,268 @@
+//! Python frames in allocation stacks (CPython 3.11+).
+//!
+//! The kernel program reads the sampling thread's interpreter frame chain at each sampled
+//! call ([`sampler_common::python`]) in a process whose interpreter this module found and
+//! described to it. Everything else happens here, on the intake thread, while the target
+//! still runs: find the interpreter in a process's maps at its first sample ([`detect`]:
+//! the executable or `libpython`, its version and [`layout`]), hand the kernel the walk's
+//! layout, pair each frames record with its sample, and read the code objects it names
+//! from the target's memory ([`objects`], cached per process and address, validated on
+//! every use) into names and lines ([`linetable`]). The stacks then put the Python frames
+//! where the evaluator's native frames were ([`merge`]).
+
+pub mod detect;
+pub mod layout;
+pub mod linetable;
+pub mod merge;
+pub mod objects;
+
+use std::{collections::HashMap, ops::Range, sync::Arc};
+
+use aya::maps::{HashMap as KernelMap, MapData};
+use sampler_common::python::{PyFrameEntry, PyLayout, PyStackRecord, MAX_PY_FRAMES};
+
+use crate::probe::maps::{FileId, Vma};
+use detect::Interpreter;
+use objects::{Code, ProcessMemory};
+
+/// A Python function as a frame shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PyFunction {
+    /// `co_qualname` (`Class.method`, `<listcomp>`, `<module>`), or a marker for a code
+    /// object that could not be read.
+    pub qualname: Arc<str>,
+    /// `co_filename`.
+    pub filename: Arc<str>,
+}
+
+/// One Python frame of a sample.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PyFrame {
+    /// Its function.
+    pub function: PyFunction,
+    /// The line running (unknown: 0).
+    pub line: u32,
+}
+
+/// A sample's Python frames, grouped by the evaluator call that ran them (leaf first), and
+/// how to find those calls among its native frames.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PythonStack {
+    /// Leaf first; each group replaces one `_PyEval_EvalFrameDefault` frame.
+    pub groups: Vec<Vec<PyFrame>>,
+    /// The interpreter's file (its native frames are the call machinery).
+    pub interpreter: FileId,
+    /// File offsets of `_PyEval_EvalFrameDefault` in it.
+    pub eval: Range<u64>,
+    /// Whether the chain was cut (deeper than the kernel reads, or a read failed).
+    pub cut: bool,
+}
+
+/// How frames are merged (`--python-frames`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Merge {
+    /// The interpreter's call machinery below Python frames left out.
+    Python,
+    /// Every native frame kept.
+    All,
+}
+
+/// A Python frames record, decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawStack {
+    /// Process and thread.
+    pub pid: u32,
+    /// Thread (the sample's).
+    pub tid: u32,
+    /// The sample's timestamp.
+    pub timestamp_ns: u64,
+    /// Kernel flags (`PY_TRUNCATED`, …).
+    pub flags: u32,
+    /// Leaf first.
+    pub frames: Vec<PyFrameEntry>,
+}
+
+/// Decodes a `PythonStack` ring-buffer record.
+pub fn decode(bytes: &[u8]) -> Option<RawStack> {
+    if bytes.len() < PyStackRecord::HEAD {
+        return None;
+    }
+    let word = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap_or_default());
+    let count = (word(4) as usize).min(MAX_PY_FRAMES);
+    let body = bytes.get(PyStackRecord::HEAD..PyStackRecord::HEAD + count * 16)?;
+    let frames = body
+        .chunks_exact(16)
+        .map(|c| PyFrameEntry {
+            code: u64::from_ne_bytes(c[..8].try_into().unwrap_or_default()),
+            instr: u64::from_ne_bytes(c[8..].try_into().unwrap_or_default()),
+        })
+        .collect();
+    Some(RawStack {
+        pid: word(8),
+        tid: word(12),
+        timestamp_ns: u64::from_ne_bytes(bytes[16..24].try_into().ok()?),
+        flags: word(24),
+        frames,
+    })
+}
+
+/// What the intake thread knows of one process's interpreter.
+struct Process {
+    interpreter: Arc<Interpreter>,
+    file: FileId,
+    code_type: u64,
+}
+
+/// Most code objects remembered (all processes); past it the cache starts over.
+const MAX_CODES: usize = 1 << 16;
+/// Most frames records waiting for their sample (one per thread normally).
+const MAX_PENDING: usize = 4096;
+
+/// Python frames on the intake thread: finds interpreters, tells the kernel, pairs and
+/// resolves frames records. Counts what it could not do.
+pub struct Frames {
+    kernel: KernelMap<MapData, u32, PyLayout>,
+    /// Interpreter files analysed, by identity (`Err`: why its frames cannot be read).
+    files: HashMap<FileId, Result<Option<Arc<Interpreter>>, String>>,
+    processes: HashMap<u32, Process>,
+    pending: HashMap<u32, RawStack>,
+    codes: HashMap<(u32, u64), Arc<Code>>,
+    /// Samples whose frames record did not arrive (the ring buffer was full).
+    pub missing: u64,
+}
+
+impl Frames {
+    /// Over the kernel's `PY_PROCESSES` map.
+    pub fn new(kernel: KernelMap<MapData, u32, PyLayout>) -> Frames {
+        Frames {
+            kernel,
+            files: HashMap::new(),
+            processes: HashMap::new(),
+            pending: HashMap::new(),
+            codes: HashMap::new(),
+            missing: 0,
+        }
+    }
+
+    /// A process's maps were read (its first sample since it started or exec'd): if it runs
+    /// an interpreter, the kernel reads its Python frames from now on.
+    pub fn found_maps(&mut self, pid: u32, vmas: &[Vma]) {
+        self.processes.remove(&pid);
+        self.codes.retain(|(p, _), _| *p != pid);
+        let candidate = vmas.iter().find(|v| {
+            v.path.as_deref().is_some_and(detect::may_be_interpreter) && v.file_id.inode != 0
+        });
+        let Some(candidate) = candidate else {
+            return;
+        };
+        let file = candidate.file_id.clone();
+        let analysed = self.files.entry(file.clone()).or_insert_with(|| {
+            let bytes = crate::infile::map_regular(&candidate.file_in(pid)).map_err(|e| e.to_string())?;
+            Ok(detect::analyse(&bytes)?.map(Arc::new))
+        });
+        let interpreter = match analysed {
+            Ok(Some(interpreter)) => Arc::clone(interpreter),
+            Ok(None) => return,
+            Err(reason) => {
+                let path = candidate.path.as_deref().unwrap_or(std::path::Path::new("?"));
+                log::warn!(
+                    "{}: {reason}",
+                    crate::format::sanitize(&path.display().to_string())
+                );
+                // Said once per file.
+                *analysed = Ok(None);
+                return;
+            }
+        };
+        let own: Vec<&Vma> = vmas.iter().filter(|v| v.file_id == file).collect();
+        let Some(placed) = interpreter.place(&own) else {
+            return;
+        };
+        let mut walk = interpreter.layout.walk;
+        walk.interpreters_head = placed.interpreters_head;
+        if self.kernel.insert(pid, walk, 0).is_err() {
+            return;
+        }
+        self.processes.insert(
+            pid,
+            Process {
+                interpreter,
+                file,
+                code_type: placed.code_type,
+            },
+        );
+    }
+
+    /// A frames record arrived: kept for its sample, which follows.
+    pub fn arrived(&mut self, raw: RawStack) {
+        if self.pending.len() >= MAX_PENDING {
+            self.pending.clear();
+        }
+        self.pending.insert(raw.tid, raw);
+    }
+
+    /// The Python frames of a sample the kernel flagged, resolved.
+    pub fn of_sample(&mut self, pid: u32, tid: u32, timestamp_ns: u64) -> Option<PythonStack> {
+        let raw = match self.pending.remove(&tid) {
+            Some(raw) if raw.timestamp_ns == timestamp_ns && raw.pid == pid => raw,
+            _ => {
+                self.missing += 1;
+                return None;
+            }
+        };
+        let process = self.processes.get(&pid)?;
+        let layout = process.interpreter.layout;
+        let memory = ProcessMemory(pid);
+        if self.codes.len() >= MAX_CODES {
+            self.codes.clear();
+        }
+        let mut resolved = Vec::with_capacity(raw.frames.len());
+        for entry in &raw.frames {
+            if !layout.is_entry_flag && entry.marker() == layout::OWNED_BY_CSTACK {
+                // A shim between evaluator calls: no code object to read.
+                resolved.push((unknown_frame(), entry.marker()));
+                continue;
+            }
+            let instruction = entry.instruction();
+            let key = (pid, entry.code);
+            let cached = self.codes.get(&key).filter(|c| c.holds(instruction)).cloned();
+            let code = cached.or_else(|| {
+                let code = objects::read_code(&memory, &layout, process.code_type, entry.code)
+                    .filter(|c| c.holds(instruction))?;
+                let code = Arc::new(code);
+                self.codes.insert(key, Arc::clone(&code));
+                Some(code)
+            });
+            let frame = match code {
+                Some(code) => PyFrame {
+                    line: code.line_at(instruction).unwrap_or(0),
+                    function: PyFunction {
+                        qualname: Arc::clone(&code.qualname),
+                        filename: Arc::clone(&code.filename),
+                    },
+                },
+                None => unknown_frame(),
+            };
+            resolved.push((frame, entry.marker()));
+        }
+        // 3.12+'s shim frames hold no code object: they only separate groups.
+        Some(PythonStack {
+            groups: merge::groups(&resolved, layout.is_entry_flag),
+            interpreter: process.file.clone(),
+            eval: process.interpreter.eval.clone(),
+            cut: raw.flags != 0,
+        })
+    }
+}
+
+/// A frame whose code object could not be read (freed since the sample, or the process
+/// gone): marked, not guessed.
+fn unknown_frame() -> PyFrame {
+    PyFrame {
+        function: PyFunction {
+            qualname: "[python code object gone]".into(),
+            filename: "".into(),
+        },
+        line: 0,
+    }
+}
