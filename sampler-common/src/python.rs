@@ -144,7 +144,10 @@ mod tests {
 
     #[test]
     fn the_record_head_is_what_its_constant_says() {
-        assert_eq!(core::mem::offset_of!(PyStackRecord, frames), PyStackRecord::HEAD);
+        assert_eq!(
+            core::mem::offset_of!(PyStackRecord, frames),
+            PyStackRecord::HEAD
+        );
         assert_eq!(core::mem::size_of::<PyLayout>() % 8, 0);
     }
 

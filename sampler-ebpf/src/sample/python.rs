@@ -11,8 +11,8 @@
 use super::*;
 use crate::maps::{PY_FRAME_SCRATCH, PY_PROCESSES, PY_SCRATCH};
 use sampler_common::python::{
-    PyFrameEntry, PyLayout, FLAG_PYTHON, MAX_PY_FRAMES, MAX_PY_THREADS, PY_FRAME_READ_WORDS, PY_FRAME_WORDS,
-    PY_READ_FAILED, PY_THREAD_NOT_FOUND, PY_TRUNCATED,
+    PyFrameEntry, PyLayout, FLAG_PYTHON, MAX_PY_FRAMES, MAX_PY_THREADS, PY_FRAME_READ_WORDS,
+    PY_FRAME_WORDS, PY_READ_FAILED, PY_THREAD_NOT_FOUND, PY_TRUNCATED,
 };
 
 /// A pointer-sized word of the target's memory; `None` when it cannot be read.
@@ -65,8 +65,8 @@ fn send(record: &mut sampler_common::python::PyStackRecord) -> u32 {
     if count > MAX_PY_FRAMES {
         count = MAX_PY_FRAMES;
     }
-    let size = sampler_common::python::PyStackRecord::HEAD
-        + count * core::mem::size_of::<PyFrameEntry>();
+    let size =
+        sampler_common::python::PyStackRecord::HEAD + count * core::mem::size_of::<PyFrameEntry>();
     // SAFETY: `size` is within the record (count bounded above), which lives in the map.
     let bytes = unsafe {
         core::slice::from_raw_parts(

@@ -688,6 +688,8 @@ mod tests {
             address: 0,
             tracked: false,
             weight: None,
+            python_sent: false,
+            python: None,
         };
         let sample = Event::Alloc(ours.clone());
         let maps_sent = |reader: &mut MapsReader, event: &Event| {

@@ -214,6 +214,7 @@ pub(crate) mod tests {
             file: Some("/src/app.c".into()),
             line: Some(line),
             address,
+            kind: None,
         }
     }
 

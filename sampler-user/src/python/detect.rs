@@ -62,7 +62,9 @@ pub fn analyse(bytes: &[u8]) -> Result<Option<Interpreter>, String> {
         Some(layout) => layout,
         None => read(runtime, 72 * 8)
             .and_then(layout::from_debug_offsets)
-            .ok_or_else(|| format!("CPython {major}.{minor}: frame layout unknown, native frames only"))?,
+            .ok_or_else(|| {
+                format!("CPython {major}.{minor}: frame layout unknown, native frames only")
+            })?,
     };
     let (code_type, _) = symbol("PyCode_Type").ok_or("no PyCode_Type symbol")?;
     let (eval_at, eval_size) =
@@ -120,18 +122,30 @@ mod tests {
         let mut found = 0;
         for (file, version) in [
             ("/usr/bin/python3.11", (3, 11)),
-            ("/root/.pyenv/versions/3.12.1/lib/libpython3.12.so.1.0", (3, 12)),
-            ("/root/.pyenv/versions/3.13.0/lib/libpython3.13.so.1.0", (3, 13)),
+            (
+                "/root/.pyenv/versions/3.12.1/lib/libpython3.12.so.1.0",
+                (3, 12),
+            ),
+            (
+                "/root/.pyenv/versions/3.13.0/lib/libpython3.13.so.1.0",
+                (3, 13),
+            ),
         ] {
             let Ok(bytes) = std::fs::read(file) else {
                 continue;
             };
             let interpreter = analyse(&bytes).unwrap().unwrap();
             assert_eq!(interpreter.layout.version, version, "{file}");
-            assert!(interpreter.eval.end - interpreter.eval.start > 1000, "{file}");
+            assert!(
+                interpreter.eval.end - interpreter.eval.start > 1000,
+                "{file}"
+            );
             found += 1;
         }
-        assert!(found >= 1, "Debian's python3.11 is installed by cargo xtask setup");
+        assert!(
+            found >= 1,
+            "Debian's python3.11 is installed by cargo xtask setup"
+        );
         let libc = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
         assert_eq!(analyse(&libc), Ok(None));
     }

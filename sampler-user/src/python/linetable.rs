@@ -65,7 +65,11 @@ fn varint(bytes: &mut impl Iterator<Item = u8>) -> Option<u64> {
 fn signed_varint(bytes: &mut impl Iterator<Item = u8>) -> Option<i64> {
     let value = varint(bytes)?;
     let magnitude = (value >> 1) as i64;
-    Some(if value & 1 != 0 { -magnitude } else { magnitude })
+    Some(if value & 1 != 0 {
+        -magnitude
+    } else {
+        magnitude
+    })
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Python frames into a native stack: each `_PyEval_EvalFrameDefault` frame is replaced by
 //! the Python frames that C call was running (CPython 3.11+ runs several in one C frame;
-//! the entry markers say where one C call's frames end). Below the first Python frame the
+//! the entry markers say where one C call's frames end). Between Python frames the
 //! interpreter's own call machinery (`_PyFunction_Vectorcall`, `_PyEval_Vector`, …) says
 //! nothing a Python reader needs and is left out unless every native frame is asked for;
 //! frames of other modules (C extensions) stay where they are.
@@ -35,35 +35,39 @@ pub fn groups<F: Clone>(frames: &[(F, u8)], is_entry_flag: bool) -> Vec<Vec<F>> 
 }
 
 /// Merges `groups` (leaf first) into `native` (leaf first): the n-th evaluator frame
-/// (`is_eval`) becomes the n-th group. Once a Python frame is placed, native frames that
-/// `is_machinery` are dropped. Groups left over (the native stack was cut short, or an
-/// evaluator frame was not recognised) go at the root end, so no Python frame is lost.
+/// (`is_eval`) becomes the n-th group. Between the first and the last Python frame, native
+/// frames that `is_machinery` are dropped (how the interpreter calls a Python function);
+/// those leafward of them (what the interpreter did: `bytearray___init___impl`) and
+/// rootward (how it was entered: `Py_BytesMain`) stay. Groups left over (the native stack
+/// was cut short, or an evaluator frame was not recognised) go at the root end, so no
+/// Python frame is lost.
 pub fn merge<F: Clone>(
     native: &[F],
     groups: Vec<Vec<F>>,
     is_eval: impl Fn(&F) -> bool,
     is_machinery: impl Fn(&F) -> bool,
 ) -> Vec<F> {
-    let mut groups = groups.into_iter();
-    let mut merged = Vec::with_capacity(native.len());
-    let mut placed = false;
+    let mut groups = groups.into_iter().peekable();
+    // (frame, whether it is a Python frame)
+    let mut merged: Vec<(F, bool)> = Vec::with_capacity(native.len());
     for frame in native {
-        if is_eval(frame) {
-            if let Some(group) = groups.next() {
-                merged.extend(group);
-                placed = true;
-                continue;
-            }
+        match groups.next_if(|_| is_eval(frame)) {
+            Some(group) => merged.extend(group.into_iter().map(|f| (f, true))),
+            None => merged.push((frame.clone(), false)),
         }
-        if placed && is_machinery(frame) {
-            continue;
-        }
-        merged.push(frame.clone());
     }
-    for group in groups {
-        merged.extend(group);
-    }
+    merged.extend(groups.flatten().map(|f| (f, true)));
+    let first = merged.iter().position(|(_, python)| *python);
+    let last = merged.iter().rposition(|(_, python)| *python);
     merged
+        .into_iter()
+        .enumerate()
+        .filter(|(at, (frame, python))| {
+            let between = first.is_some_and(|f| *at > f) && last.is_some_and(|l| *at < l);
+            *python || !between || !is_machinery(frame)
+        })
+        .map(|(_, (frame, _))| frame)
+        .collect()
 }
 
 #[cfg(test)]
@@ -73,13 +77,25 @@ mod tests {
     #[test]
     fn entry_flags_end_groups_in_3_11() {
         let frames = [("f", 0), ("g", 1), ("h", 0), ("<module>", 1)];
-        assert_eq!(groups(&frames, true), vec![vec!["f", "g"], vec!["h", "<module>"]]);
+        assert_eq!(
+            groups(&frames, true),
+            vec![vec!["f", "g"], vec!["h", "<module>"]]
+        );
     }
 
     #[test]
     fn shims_separate_groups_from_3_12() {
-        let frames = [("f", 0), ("g", 0), ("shim", 3), ("<module>", 0), ("shim", 3)];
-        assert_eq!(groups(&frames, false), vec![vec!["f", "g"], vec!["<module>"]]);
+        let frames = [
+            ("f", 0),
+            ("g", 0),
+            ("shim", 3),
+            ("<module>", 0),
+            ("shim", 3),
+        ];
+        assert_eq!(
+            groups(&frames, false),
+            vec![vec!["f", "g"], vec!["<module>"]]
+        );
     }
 
     #[test]
@@ -96,12 +112,30 @@ mod tests {
         ];
         let groups = vec![vec!["py:f", "py:g"], vec!["py:<module>"]];
         let machinery = |f: &&str| !matches!(*f, "encoder_call" | "__libc_start_main");
-        let merged = merge(&native, groups.clone(), |f| *f == "_PyEval_EvalFrameDefault", machinery);
+        let merged = merge(
+            &native,
+            groups.clone(),
+            |f| *f == "_PyEval_EvalFrameDefault",
+            machinery,
+        );
         assert_eq!(
             merged,
-            ["PyByteArray_Resize", "py:f", "py:g", "encoder_call", "py:<module>"]
+            [
+                "PyByteArray_Resize",
+                "py:f",
+                "py:g",
+                "encoder_call",
+                "py:<module>",
+                "PyEval_EvalCode",
+                "Py_BytesMain"
+            ]
         );
-        let all = merge(&native, groups, |f| *f == "_PyEval_EvalFrameDefault", |_| false);
+        let all = merge(
+            &native,
+            groups,
+            |f| *f == "_PyEval_EvalFrameDefault",
+            |_| false,
+        );
         assert_eq!(all.len(), native.len() - 2 + 3);
     }
 

@@ -149,30 +149,19 @@ impl Frames {
     pub fn found_maps(&mut self, pid: u32, vmas: &[Vma]) {
         self.processes.remove(&pid);
         self.codes.retain(|(p, _), _| *p != pid);
-        let candidate = vmas.iter().find(|v| {
-            v.path.as_deref().is_some_and(detect::may_be_interpreter) && v.file_id.inode != 0
-        });
-        let Some(candidate) = candidate else {
+        // The executable and `libpython`: whichever holds the runtime (pyenv's python3.12
+        // is a small program over libpython3.12.so).
+        let mut candidates: Vec<&Vma> = vmas
+            .iter()
+            .filter(|v| {
+                v.path.as_deref().is_some_and(detect::may_be_interpreter) && v.file_id.inode != 0
+            })
+            .collect();
+        candidates.dedup_by(|a, b| a.file_id == b.file_id);
+        let Some((interpreter, file)) = candidates.into_iter().find_map(|candidate| {
+            Some((self.analysed(pid, candidate)?, candidate.file_id.clone()))
+        }) else {
             return;
-        };
-        let file = candidate.file_id.clone();
-        let analysed = self.files.entry(file.clone()).or_insert_with(|| {
-            let bytes = crate::infile::map_regular(&candidate.file_in(pid)).map_err(|e| e.to_string())?;
-            Ok(detect::analyse(&bytes)?.map(Arc::new))
-        });
-        let interpreter = match analysed {
-            Ok(Some(interpreter)) => Arc::clone(interpreter),
-            Ok(None) => return,
-            Err(reason) => {
-                let path = candidate.path.as_deref().unwrap_or(std::path::Path::new("?"));
-                log::warn!(
-                    "{}: {reason}",
-                    crate::format::sanitize(&path.display().to_string())
-                );
-                // Said once per file.
-                *analysed = Ok(None);
-                return;
-            }
         };
         let own: Vec<&Vma> = vmas.iter().filter(|v| v.file_id == file).collect();
         let Some(placed) = interpreter.place(&own) else {
@@ -191,6 +180,27 @@ impl Frames {
                 code_type: placed.code_type,
             },
         );
+    }
+
+    /// The interpreter in `vma`'s file, analysed once per file (a file allocscope cannot
+    /// read frames of is said once).
+    fn analysed(&mut self, pid: u32, vma: &Vma) -> Option<Arc<Interpreter>> {
+        let analysed = self.files.entry(vma.file_id.clone()).or_insert_with(|| {
+            let bytes = crate::infile::map_regular(&vma.file_in(pid)).map_err(|e| e.to_string())?;
+            Ok(detect::analyse(&bytes)?.map(Arc::new))
+        });
+        match analysed {
+            Ok(interpreter) => interpreter.clone(),
+            Err(reason) => {
+                let path = vma.path.as_deref().unwrap_or(std::path::Path::new("?"));
+                log::warn!(
+                    "{}: {reason}",
+                    crate::format::sanitize(&path.display().to_string())
+                );
+                *analysed = Ok(None);
+                None
+            }
+        }
     }
 
     /// A frames record arrived: kept for its sample, which follows.
@@ -225,7 +235,11 @@ impl Frames {
             }
             let instruction = entry.instruction();
             let key = (pid, entry.code);
-            let cached = self.codes.get(&key).filter(|c| c.holds(instruction)).cloned();
+            let cached = self
+                .codes
+                .get(&key)
+                .filter(|c| c.holds(instruction))
+                .cloned();
             let code = cached.or_else(|| {
                 let code = objects::read_code(&memory, &layout, process.code_type, entry.code)
                     .filter(|c| c.holds(instruction))?;

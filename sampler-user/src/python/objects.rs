@@ -39,7 +39,8 @@ impl Memory for ProcessMemory {
         };
         // SAFETY: one local iovec over `buffer` (live, writable, its length); the remote
         // one is only read by the kernel, which checks it.
-        let read = unsafe { libc::process_vm_readv(self.0 as libc::pid_t, &local, 1, &remote, 1, 0) };
+        let read =
+            unsafe { libc::process_vm_readv(self.0 as libc::pid_t, &local, 1, &remote, 1, 0) };
         read == buffer.len() as isize
     }
 }
@@ -77,7 +78,12 @@ impl Code {
 }
 
 /// Reads the code object at `address`; `code_type` is the process's `&PyCode_Type`.
-pub fn read_code(memory: &impl Memory, layout: &Layout, code_type: u64, address: u64) -> Option<Code> {
+pub fn read_code(
+    memory: &impl Memory,
+    layout: &Layout,
+    code_type: u64,
+    address: u64,
+) -> Option<Code> {
     if address == 0 || memory.word(address + OB_TYPE)? != code_type {
         return None;
     }
@@ -102,7 +108,9 @@ fn read_bytes(memory: &impl Memory, address: u64) -> Option<Vec<u8>> {
         return None;
     }
     let mut bytes = vec![0; length as usize];
-    memory.read(address + BYTES_SVAL, &mut bytes).then_some(bytes)
+    memory
+        .read(address + BYTES_SVAL, &mut bytes)
+        .then_some(bytes)
 }
 
 /// A compact `str` object's text (how code objects' names are stored).
@@ -129,11 +137,15 @@ fn read_str(memory: &impl Memory, layout: &Layout, address: u64) -> Option<Strin
         1 => bytes.iter().map(|&b| char::from(b)).collect(),
         2 => bytes
             .chunks_exact(2)
-            .map(|c| char::from_u32(u32::from(u16::from_le_bytes([c[0], c[1]]))).unwrap_or('\u{fffd}'))
+            .map(|c| {
+                char::from_u32(u32::from(u16::from_le_bytes([c[0], c[1]]))).unwrap_or('\u{fffd}')
+            })
             .collect(),
         _ => bytes
             .chunks_exact(4)
-            .map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('\u{fffd}'))
+            .map(|c| {
+                char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('\u{fffd}')
+            })
             .collect(),
     };
     Some(text)
@@ -162,13 +174,20 @@ mod tests {
             let layout = for_version(3, 11).unwrap();
             self.put_word(address + 16, text.chars().count() as u64);
             let (kind, ascii) = if wide { (2u64, 0u64) } else { (1, 1) };
-            self.put_word(address + layout.unicode_state, (kind << 2) | (1 << 5) | (ascii << 6));
+            self.put_word(
+                address + layout.unicode_state,
+                (kind << 2) | (1 << 5) | (ascii << 6),
+            );
             let bytes: Vec<u8> = if wide {
                 text.encode_utf16().flat_map(u16::to_le_bytes).collect()
             } else {
                 text.as_bytes().to_vec()
             };
-            let start = if wide { layout.unicode_compact_size } else { layout.unicode_ascii_size };
+            let start = if wide {
+                layout.unicode_compact_size
+            } else {
+                layout.unicode_ascii_size
+            };
             self.put(address + start, &bytes);
         }
     }
@@ -203,7 +222,10 @@ mod tests {
         memory.put_str(0x20_000, "/srv/äpp.py", true);
         // Two entries of two units: line 7 + 1, then + 2 (one-line forms).
         memory.put_word(0x30_000 + OB_SIZE, 6);
-        memory.put(0x30_000 + BYTES_SVAL, &[0x80 | (11 << 3) | 1, 0, 0, 0x80 | (12 << 3) | 1, 0, 0]);
+        memory.put(
+            0x30_000 + BYTES_SVAL,
+            &[0x80 | (11 << 3) | 1, 0, 0, 0x80 | (12 << 3) | 1, 0, 0],
+        );
     }
 
     #[test]
@@ -226,7 +248,11 @@ mod tests {
         code_object(&mut memory, 0x1000);
         let layout = for_version(3, 11).unwrap();
         assert_eq!(read_code(&memory, &layout, CODE_TYPE + 8, 0x1000), None);
-        assert_eq!(read_code(&memory, &layout, CODE_TYPE, 0x2000), None, "unreadable");
+        assert_eq!(
+            read_code(&memory, &layout, CODE_TYPE, 0x2000),
+            None,
+            "unreadable"
+        );
         assert_eq!(read_code(&memory, &layout, CODE_TYPE, 0), None);
     }
 }

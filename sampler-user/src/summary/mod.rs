@@ -479,6 +479,7 @@ mod tests {
             file: None,
             line: None,
             address,
+            kind: None,
         };
         let mut profile = crate::export::tests::synthetic();
         let common = ["leaf", "a", "b", "c"];

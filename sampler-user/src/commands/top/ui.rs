@@ -502,6 +502,7 @@ mod tests {
             file: Some("/src/app.c".into()),
             line: Some(line),
             address: 0x1000 + u64::from(line),
+            kind: None,
         }
     }
 
