@@ -1,0 +1,261 @@
+//! Python frames: real interpreters (Debian's python3 3.11, built with LTO and without
+//! frame pointers, the interpreter linked into the executable; pyenv's 3.12 and 3.13, the
+//! interpreter in libpython) run a script with known allocation sites. Each site must be
+//! found under its whole Python chain (file, function, line) down to `<module>` (or the
+//! thread's bootstrap), and where the script knows what a site allocated, the estimate's
+//! bounds must hold it. `--python-frames off` must give native stacks only.
+
+use sampler_user::stacks::symbolize::{FrameInfo, FrameKind};
+use tests::{record::StackProfile, Record, TempDir};
+
+/// The script. `# site:NAME` marks a site's line; `N` is replaced with the count.
+const SCRIPT: &str = r#"import json, sys, threading
+N = @N
+
+def comprehension():
+    return [bytearray(1000) for _ in range(N)]  # site:comprehension
+
+class Node:
+    def __init__(self, i):
+        self.buf = bytearray(700)  # site:instance
+        self.i = i
+
+def instances():
+    return [Node(i) for i in range(N)]  # site:instances
+
+def generate():
+    for _ in range(N):
+        yield bytearray(1500)  # site:generator
+
+def consume():
+    return sum(len(b) for b in generate())  # site:consume
+
+def recurse(depth):
+    if depth == 0:
+        return [bytearray(2000) for _ in range(N)]  # site:deepest
+    return recurse(depth - 1)  # site:recurse
+
+def dict_growth():
+    d = {}
+    for i in range(N * 4):
+        d[i] = i  # site:dict
+    return d
+
+def json_call():
+    return json.dumps(list(range(N * 2)))  # site:json
+
+def worker(size, out):
+    out.append([bytearray(size) for _ in range(N)])  # site:worker
+
+def main():
+    keep = [comprehension(), instances(), consume(), recurse(200), dict_growth(), json_call()]  # site:main
+    out = []
+    threads = [threading.Thread(target=worker, args=(size, out)) for size in (3000, 5000)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return keep, out
+
+main()  # site:module
+"#;
+
+/// Allocations per site.
+const N: u64 = 20_000;
+
+/// The line of `# site:name`.
+fn line_of(name: &str) -> u32 {
+    let marker = format!("# site:{name}");
+    SCRIPT
+        .lines()
+        .position(|l| l.ends_with(&marker))
+        .unwrap_or_else(|| panic!("no {marker}")) as u32
+        + 1
+}
+
+fn is_python(frame: &FrameInfo, function: &str, line: u32) -> bool {
+    frame.kind == Some(FrameKind::Python)
+        && frame.function.as_deref() == Some(function)
+        && frame.line == Some(line)
+        && frame.file.as_deref().is_some_and(|f| f.ends_with("app.py"))
+}
+
+/// The Python frames of `stack`, leaf first, as `function:line`.
+fn python_chain(stack: &StackProfile) -> Vec<String> {
+    stack
+        .frames
+        .iter()
+        .filter(|f| f.kind == Some(FrameKind::Python))
+        .map(|f| format!("{}:{}", f.function.as_deref().unwrap_or("?"), f.line.unwrap_or(0)))
+        .collect()
+}
+
+fn describe(stacks: &[StackProfile]) -> String {
+    stacks
+        .iter()
+        .take(40)
+        .map(|s| {
+            let names: Vec<String> = s
+                .frames
+                .iter()
+                .map(sampler_user::format::frame_name)
+                .collect();
+            format!("{:>5} {}", s.samples, names.join(" <- "))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Records the script under `python` with `flags`; returns the stacks.
+fn record(python: &str, flags: &[&str]) -> (Vec<StackProfile>, String) {
+    let dir = TempDir::new("python-frames");
+    let script = dir.path("app.py");
+    std::fs::write(&script, SCRIPT.replace("@N", &N.to_string())).unwrap();
+    let recorded = Record::command(python, &[script.to_str().unwrap()])
+        .flags(&["-i", "16KiB", "--confidence", "0.999"])
+        .flags(flags)
+        .run();
+    (recorded.profile.stacks.clone(), recorded.stderr)
+}
+
+/// The stacks through the Python frame (`function`, `line`) whose Python chain ends at
+/// `root` and that allocated a bytearray's buffer (`PyByteArray_Resize` among them).
+fn site<'a>(
+    stacks: &'a [StackProfile],
+    function: &str,
+    line: u32,
+    root: &str,
+) -> Vec<&'a StackProfile> {
+    stacks
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| is_python(f, function, line)))
+        .filter(|s| python_chain(s).last().is_some_and(|r| r.starts_with(root)))
+        .filter(|s| {
+            s.frames
+                .iter()
+                .any(|f| f.function.as_deref() == Some("PyByteArray_Resize"))
+        })
+        .collect()
+}
+
+/// The bytes of `stacks` hold `truth` within their bounds (summed: each stack's bounds
+/// hold its own share).
+fn assert_holds(stacks: &[&StackProfile], truth: f64, what: &str, all: &[StackProfile]) {
+    let (estimate, lower, upper) = stacks.iter().fold((0.0, 0.0, 0.0), |(e, l, u), s| {
+        (
+            e + s.alloc_bytes.estimate,
+            l + s.alloc_bytes.lower,
+            u + s.alloc_bytes.upper,
+        )
+    });
+    assert!(
+        lower <= truth && truth <= upper,
+        "{what}: {estimate} [{lower}, {upper}] vs {truth}\n{}",
+        describe(all)
+    );
+}
+
+fn check_interpreter(python: &str, comprehension_frame: &str) {
+    let (stacks, stderr) = record(python, &[]);
+    let module = format!("<module>:{}", line_of("module"));
+    let main = format!("main:{}", line_of("main"));
+    // A list comprehension (3.11 runs it as a function of its own; 3.12+ inline).
+    let found = site(&stacks, comprehension_frame, line_of("comprehension"), "<module>");
+    assert!(!found.is_empty(), "{python}: comprehension\n{}", describe(&stacks));
+    let chain = python_chain(found[0]);
+    assert!(
+        chain.ends_with(&[main.clone(), module.clone()]),
+        "{python}: {chain:?}\n{stderr}"
+    );
+    assert_holds(&found, (N * 1001) as f64, "comprehension", &stacks);
+    // Class instances: `Node.__init__` under `instances`.
+    let found = site(&stacks, "Node.__init__", line_of("instance"), "<module>");
+    assert!(!found.is_empty(), "{python}: instances\n{}", describe(&stacks));
+    assert!(python_chain(found[0]).contains(&format!("instances:{}", line_of("instances"))));
+    assert_holds(&found, (N * 701) as f64, "instances", &stacks);
+    // A generator, resumed by a generator expression.
+    let found = site(&stacks, "generate", line_of("generator"), "<module>");
+    assert!(!found.is_empty(), "{python}: generator\n{}", describe(&stacks));
+    assert!(python_chain(found[0]).contains(&format!("consume:{}", line_of("consume"))));
+    assert_holds(&found, (N * 1501) as f64, "generator", &stacks);
+    // Recursion 200 deep: every level, to <module>.
+    let found = site(&stacks, "recurse", line_of("deepest"), "<module>");
+    assert!(!found.is_empty(), "{python}: recursion\n{}", describe(&stacks));
+    let levels = python_chain(found[0])
+        .iter()
+        .filter(|f| *f == &format!("recurse:{}", line_of("recurse")))
+        .count();
+    assert_eq!(levels, 200, "{python}: {:?}", python_chain(found[0]));
+    assert_holds(&found, (N * 2001) as f64, "recursion", &stacks);
+    // Dict growth and a C extension (json): found under their lines.
+    for (function, name) in [("dict_growth", "dict"), ("json_call", "json")] {
+        let line = line_of(name);
+        assert!(
+            stacks.iter().any(|s| {
+                s.frames.iter().any(|f| is_python(f, function, line))
+                    && python_chain(s).last() == Some(&module)
+            }),
+            "{python}: {function}\n{}",
+            describe(&stacks)
+        );
+    }
+    // Two threads: each worker's site, under the thread's bootstrap, not <module>.
+    let found = site(&stacks, "worker", line_of("worker"), "Thread._bootstrap");
+    assert!(!found.is_empty(), "{python}: threads\n{}", describe(&stacks));
+    assert_holds(&found, (N * (3001 + 5001)) as f64, "two threads", &stacks);
+}
+
+/// Debian's python3: its comprehension is a frame of its own.
+#[test]
+fn debian_python_sites_are_found_under_their_python_callers() {
+    tests::require_bpf!();
+    check_interpreter("/usr/bin/python3", "comprehension.<locals>.<listcomp>");
+}
+
+/// Another version, whose interpreter is in libpython (pyenv's, on this machine's image;
+/// `cargo xtask setup` checks it is there): 3.12's frame layout from its headers, 3.13's
+/// from its `_Py_DebugOffsets`.
+#[test]
+fn pyenv_pythons_sites_are_found_under_their_python_callers() {
+    tests::require_bpf!();
+    let mut checked = 0;
+    for python in [
+        "/root/.pyenv/versions/3.12.1/bin/python3.12",
+        "/root/.pyenv/versions/3.13.0/bin/python3.13",
+    ] {
+        if std::path::Path::new(python).exists() {
+            // PEP 709 (3.12): comprehensions run inline in their function.
+            check_interpreter(python, "comprehension");
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no pyenv 3.12 or 3.13 (cargo xtask setup checks for them)");
+}
+
+/// `--python-frames off`: native frames only, the evaluator's among them.
+#[test]
+fn python_frames_can_be_left_out() {
+    tests::require_bpf!();
+    let (stacks, _) = record("/usr/bin/python3", &["--python-frames", "off"]);
+    assert!(stacks
+        .iter()
+        .all(|s| s.frames.iter().all(|f| f.kind.is_none())));
+    assert!(stacks.iter().any(|s| s
+        .frames
+        .iter()
+        .any(|f| f.function.as_deref() == Some("_PyEval_EvalFrameDefault"))));
+}
+
+/// `--no-preload`: the same frames through the uprobes on pymalloc.
+#[test]
+fn python_frames_come_through_uprobes_too() {
+    tests::require_bpf!();
+    let (stacks, _) = record("/usr/bin/python3", &["--no-preload"]);
+    let found = site(
+        &stacks,
+        "comprehension.<locals>.<listcomp>",
+        line_of("comprehension"),
+        "<module>",
+    );
+    assert!(!found.is_empty(), "{}", describe(&stacks));
+}
