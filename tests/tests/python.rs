@@ -86,7 +86,13 @@ fn python_chain(stack: &StackProfile) -> Vec<String> {
         .frames
         .iter()
         .filter(|f| f.kind == Some(FrameKind::Python))
-        .map(|f| format!("{}:{}", f.function.as_deref().unwrap_or("?"), f.line.unwrap_or(0)))
+        .map(|f| {
+            format!(
+                "{}:{}",
+                f.function.as_deref().unwrap_or("?"),
+                f.line.unwrap_or(0)
+            )
+        })
         .collect()
 }
 
@@ -160,8 +166,17 @@ fn check_interpreter(python: &str, comprehension_frame: &str) {
     let module = format!("<module>:{}", line_of("module"));
     let main = format!("main:{}", line_of("main"));
     // A list comprehension (3.11 runs it as a function of its own; 3.12+ inline).
-    let found = site(&stacks, comprehension_frame, line_of("comprehension"), "<module>");
-    assert!(!found.is_empty(), "{python}: comprehension\n{}", describe(&stacks));
+    let found = site(
+        &stacks,
+        comprehension_frame,
+        line_of("comprehension"),
+        "<module>",
+    );
+    assert!(
+        !found.is_empty(),
+        "{python}: comprehension\n{}",
+        describe(&stacks)
+    );
     let chain = python_chain(found[0]);
     assert!(
         chain.ends_with(&[main.clone(), module.clone()]),
@@ -170,17 +185,29 @@ fn check_interpreter(python: &str, comprehension_frame: &str) {
     assert_holds(&found, (N * 1001) as f64, "comprehension", &stacks);
     // Class instances: `Node.__init__` under `instances`.
     let found = site(&stacks, "Node.__init__", line_of("instance"), "<module>");
-    assert!(!found.is_empty(), "{python}: instances\n{}", describe(&stacks));
+    assert!(
+        !found.is_empty(),
+        "{python}: instances\n{}",
+        describe(&stacks)
+    );
     assert!(python_chain(found[0]).contains(&format!("instances:{}", line_of("instances"))));
     assert_holds(&found, (N * 701) as f64, "instances", &stacks);
     // A generator, resumed by a generator expression.
     let found = site(&stacks, "generate", line_of("generator"), "<module>");
-    assert!(!found.is_empty(), "{python}: generator\n{}", describe(&stacks));
+    assert!(
+        !found.is_empty(),
+        "{python}: generator\n{}",
+        describe(&stacks)
+    );
     assert!(python_chain(found[0]).contains(&format!("consume:{}", line_of("consume"))));
     assert_holds(&found, (N * 1501) as f64, "generator", &stacks);
     // Recursion 200 deep: every level, to <module>.
     let found = site(&stacks, "recurse", line_of("deepest"), "<module>");
-    assert!(!found.is_empty(), "{python}: recursion\n{}", describe(&stacks));
+    assert!(
+        !found.is_empty(),
+        "{python}: recursion\n{}",
+        describe(&stacks)
+    );
     let levels = python_chain(found[0])
         .iter()
         .filter(|f| *f == &format!("recurse:{}", line_of("recurse")))
@@ -201,7 +228,11 @@ fn check_interpreter(python: &str, comprehension_frame: &str) {
     }
     // Two threads: each worker's site, under the thread's bootstrap, not <module>.
     let found = site(&stacks, "worker", line_of("worker"), "Thread._bootstrap");
-    assert!(!found.is_empty(), "{python}: threads\n{}", describe(&stacks));
+    assert!(
+        !found.is_empty(),
+        "{python}: threads\n{}",
+        describe(&stacks)
+    );
     assert_holds(&found, (N * (3001 + 5001)) as f64, "two threads", &stacks);
 }
 
@@ -229,7 +260,10 @@ fn pyenv_pythons_sites_are_found_under_their_python_callers() {
             checked += 1;
         }
     }
-    assert!(checked > 0, "no pyenv 3.12 or 3.13 (cargo xtask setup checks for them)");
+    assert!(
+        checked > 0,
+        "no pyenv 3.12 or 3.13 (cargo xtask setup checks for them)"
+    );
 }
 
 /// `--python-frames off`: native frames only, the evaluator's among them.

@@ -28,7 +28,7 @@ fn read_word(address: u64) -> Option<u64> {
 #[inline(always)]
 pub(super) fn send_python_frames(pid: u32, tid: u32, timestamp_ns: u64) -> u32 {
     // SAFETY: a hash lookup; the value stays valid for the program's run.
-    let Some(layout) = (unsafe { PY_PROCESSES.get(&pid) }) else {
+    let Some(layout) = (unsafe { PY_PROCESSES.get(pid) }) else {
         return 0;
     };
     let Some(record) = PY_SCRATCH.get_ptr_mut(0) else {

@@ -70,7 +70,7 @@ pub struct Sample {
     /// the intake thread).
     pub python_sent: bool,
     /// The Python frames running at the call.
-    pub python: Option<crate::python::PythonStack>,
+    pub python: Option<Box<crate::python::PythonStack>>,
 }
 
 /// A copy of the top of a sampled thread's user stack, with the registers it was taken with.
@@ -289,6 +289,8 @@ fn batches_in_flight(ring_bytes: usize) -> usize {
 pub struct SampleReader {
     deliveries: mpsc::Receiver<Delivery>,
     shared: Arc<Shared>,
+    /// Samples whose Python frames were lost (`None`: Python frames off).
+    python_missing: Option<Arc<AtomicU64>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -330,6 +332,7 @@ impl SampleReader {
             stop: AtomicBool::new(false),
             malformed: AtomicU64::new(0),
         });
+        let python_missing = python.as_ref().map(crate::python::Frames::missing);
         let (sender, deliveries) = mpsc::channel(batches_in_flight(ring_bytes));
         let thread = std::thread::Builder::new()
             .name("allocscope-intake".into())
@@ -341,6 +344,7 @@ impl SampleReader {
         Ok(SampleReader {
             deliveries,
             shared,
+            python_missing,
             thread: Some(thread),
         })
     }
@@ -372,6 +376,14 @@ impl SampleReader {
     /// Records that did not decode so far.
     pub fn malformed(&self) -> u64 {
         self.shared.malformed.load(Ordering::Relaxed)
+    }
+
+    /// Samples that arrived without the Python frames the kernel read for them (the ring
+    /// buffer had no room for those): their stacks show the evaluator's native frames.
+    pub fn python_frames_missing(&self) -> u64 {
+        self.python_missing
+            .as_ref()
+            .map_or(0, |missing| missing.load(Ordering::Relaxed))
     }
 }
 
@@ -472,8 +484,9 @@ fn drain_ring(
                 mapped.before(&event, out);
                 if let (Event::Alloc(sample), Some(python)) = (&mut event, &mut mapped.python) {
                     if sample.python_sent {
-                        sample.python =
-                            python.of_sample(sample.pid, sample.tid, sample.timestamp_ns);
+                        sample.python = python
+                            .of_sample(sample.pid, sample.tid, sample.timestamp_ns)
+                            .map(Box::new);
                     }
                 }
                 out.push(event);

@@ -182,6 +182,9 @@ impl Strings {
     }
 }
 
+/// What makes a location one: its module, address and (function, line) per inlined frame.
+type LocationKey<'a> = (Option<&'a str>, u64, Vec<(u64, i64)>);
+
 /// The profile's tables under construction: strings, mappings, functions and locations,
 /// each entry made once and referred to by id.
 struct Tables<'a> {
@@ -191,7 +194,7 @@ struct Tables<'a> {
     functions: Vec<proto::Function>,
     function_ids: HashMap<(String, String), u64>,
     locations: Vec<proto::Location>,
-    location_ids: HashMap<(Option<&'a str>, u64, Vec<(u64, i64)>), u64>,
+    location_ids: HashMap<LocationKey<'a>, u64>,
 }
 
 impl<'a> Tables<'a> {

@@ -125,8 +125,8 @@ json.dump(out, sys.stdout)
             .output()
             .expect("Debian's python3 (cargo xtask setup installs it)");
         assert!(output.status.success(), "{output:?}");
-        let codes: Vec<(Vec<u8>, i64, Vec<(u64, u64, Option<i64>)>)> =
-            serde_json::from_slice(&output.stdout).unwrap();
+        type Lines = Vec<(u64, u64, Option<i64>)>;
+        let codes: Vec<(Vec<u8>, i64, Lines)> = serde_json::from_slice(&output.stdout).unwrap();
         assert!(codes.len() >= 4);
         let mut checked = 0;
         for (table, first, lines) in codes {

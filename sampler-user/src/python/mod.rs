@@ -127,8 +127,9 @@ pub struct Frames {
     processes: HashMap<u32, Process>,
     pending: HashMap<u32, RawStack>,
     codes: HashMap<(u32, u64), Arc<Code>>,
-    /// Samples whose frames record did not arrive (the ring buffer was full).
-    pub missing: u64,
+    /// Samples whose frames record did not arrive (the ring buffer was full): read by the
+    /// recording at its end.
+    missing: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Frames {
@@ -140,8 +141,13 @@ impl Frames {
             processes: HashMap::new(),
             pending: HashMap::new(),
             codes: HashMap::new(),
-            missing: 0,
+            missing: Arc::default(),
         }
+    }
+
+    /// The count of samples that missed their Python frames, shared.
+    pub fn missing(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        Arc::clone(&self.missing)
     }
 
     /// A process's maps were read (its first sample since it started or exec'd): if it runs
@@ -195,7 +201,7 @@ impl Frames {
                 let path = vma.path.as_deref().unwrap_or(std::path::Path::new("?"));
                 log::warn!(
                     "{}: {reason}",
-                    crate::format::sanitize(&path.display().to_string())
+                    crate::text::printable(&path.display().to_string())
                 );
                 *analysed = Ok(None);
                 None
@@ -216,7 +222,8 @@ impl Frames {
         let raw = match self.pending.remove(&tid) {
             Some(raw) if raw.timestamp_ns == timestamp_ns && raw.pid == pid => raw,
             _ => {
-                self.missing += 1;
+                self.missing
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 return None;
             }
         };

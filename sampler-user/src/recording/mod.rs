@@ -537,6 +537,13 @@ impl Recording {
                 self.reader.malformed()
             );
         }
+        if self.reader.python_frames_missing() > 0 {
+            warn!(
+                "{} samples lost their Python frames (ring buffer full): their stacks show \
+                 the interpreter's native frames",
+                self.reader.python_frames_missing()
+            );
+        }
         Ok(Closing(closing))
     }
 }

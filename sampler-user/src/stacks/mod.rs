@@ -20,6 +20,7 @@ pub mod call_site;
 pub mod debuginfod;
 pub mod demangle;
 pub mod image;
+pub mod python;
 pub mod symbolize;
 pub mod unwind;
 
@@ -86,30 +87,6 @@ pub enum Frame {
         /// The line (0: unknown).
         line: u32,
     },
-}
-
-/// Interned Python functions (qualified name, file).
-#[derive(Debug, Default)]
-pub struct PythonFunctions {
-    functions: Vec<crate::python::PyFunction>,
-    index: HashMap<crate::python::PyFunction, u32>,
-}
-
-impl PythonFunctions {
-    fn intern(&mut self, function: &crate::python::PyFunction) -> u32 {
-        if let Some(&id) = self.index.get(function) {
-            return id;
-        }
-        let id = self.functions.len() as u32;
-        self.functions.push(function.clone());
-        self.index.insert(function.clone(), id);
-        id
-    }
-
-    /// Function `id`.
-    pub fn get(&self, id: u32) -> Option<&crate::python::PyFunction> {
-        self.functions.get(id as usize)
-    }
 }
 
 /// Builds the list of return addresses, leaf first and without the allocator's own frame,
@@ -308,7 +285,7 @@ pub struct StackTable {
     intern_ns: u64,
     copied_bytes: u64,
     /// Python functions the stacks' Python frames name.
-    python: PythonFunctions,
+    python: python::PythonFunctions,
     /// How Python frames are merged (`None`: `Merge::Python`, the default).
     python_merge: Option<crate::python::Merge>,
 }
@@ -511,49 +488,6 @@ impl StackTable {
             frames = self.with_python(&frames, python);
         }
         self.intern_frames(sample.pid, frames, origin)
-    }
-
-    /// `native` with `python`'s frames in place of its evaluator frames.
-    fn with_python(&mut self, native: &[Frame], python: &crate::python::PythonStack) -> Vec<Frame> {
-        let groups = python
-            .groups
-            .iter()
-            .map(|group| {
-                group
-                    .iter()
-                    .map(|frame| Frame::Python {
-                        function: self.python.intern(&frame.function),
-                        line: frame.line,
-                    })
-                    .collect()
-            })
-            .collect();
-        let interpreter = |frame: &Frame| match *frame {
-            Frame::File { module, offset } => self
-                .modules
-                .file_ids
-                .get(module as usize)
-                .filter(|id| **id == python.interpreter)
-                .map(|_| offset),
-            _ => None,
-        };
-        let keep_all = self.python_merge == Some(crate::python::Merge::All);
-        crate::python::merge::merge(
-            native,
-            groups,
-            |frame| interpreter(frame).is_some_and(|offset| python.eval.contains(&offset)),
-            |frame| !keep_all && interpreter(frame).is_some(),
-        )
-    }
-
-    /// How Python frames are merged from now on.
-    pub fn merge_python(&mut self, merge: crate::python::Merge) {
-        self.python_merge = Some(merge);
-    }
-
-    /// The Python functions frames name.
-    pub fn python_functions(&self) -> &PythonFunctions {
-        &self.python
     }
 
     /// Makes `pid`'s unwinder know the modules it maps now: its maps are re-read if `ip`
