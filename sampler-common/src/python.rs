@@ -70,18 +70,35 @@ pub struct PyLayout {
     pub frame_instr_word: u32,
     /// Byte offset of the entry marker (`is_entry` in 3.11, `owner` later).
     pub frame_entry_byte: u32,
-    /// Explicit padding.
-    pub pad: u32,
+    /// `PyCodeObject.co_filename`, followed by `co_name`, `co_qualname` and
+    /// `co_linetable` (in every supported version): the four pointers read with each frame
+    /// make its code object's [`code_signature`].
+    pub code_identity: u32,
 }
 
-/// One Python frame as read: the code object and the instruction pointer, whose top byte
-/// (above any user address) carries the frame's entry-marker byte.
+/// Words of a code object read for its [`code_signature`].
+pub const CODE_IDENTITY_WORDS: usize = 4;
+
+/// A code object's identity at the sample: its file name, name, qualified name and
+/// location table pointers, mixed. A code object freed and another allocated at its
+/// address (pymalloc's free lists are last-in first-out, so that is common) rarely gets
+/// all four: its name alone was seen reused, with the qualified name's string at the
+/// freed one's address too. The same function on both sides, so the kernel's and user
+/// space's signatures agree.
+pub const fn code_signature(words: [u64; CODE_IDENTITY_WORDS]) -> u64 {
+    words[0] ^ words[1].rotate_left(16) ^ words[2].rotate_left(32) ^ words[3].rotate_left(48)
+}
+
+/// One Python frame as read: the code object, its signature, and the instruction pointer, whose top byte (above any user address) carries the frame's
+/// entry-marker byte.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PyFrameEntry {
     /// Address of the code object (`PyCodeObject *`; 3.13's `f_executable` may be another
     /// object, such as `None` in a C-stack shim frame).
     pub code: u64,
+    /// Its [`code_signature`] at the sample (0: unreadable).
+    pub signature: u64,
     /// Instruction pointer in the code object's bytecode, bits 0..56; the entry-marker byte
     /// in bits 56..64 ([`PyFrameEntry::marker`]).
     pub instr: u64,
@@ -152,9 +169,28 @@ mod tests {
     }
 
     #[test]
+    fn a_signature_tells_apart_objects_sharing_some_pointers() {
+        let words = [
+            0x7f00_0000_1000,
+            0x7f00_0000_2000,
+            0x7f00_0000_3000,
+            0x7f00_0000_4000,
+        ];
+        let mut other = words;
+        other[1] = 0x7f00_0000_2100;
+        assert_ne!(code_signature(words), code_signature(other));
+        // Swapped pointers are another object too.
+        assert_ne!(
+            code_signature(words),
+            code_signature([words[1], words[0], words[2], words[3]])
+        );
+    }
+
+    #[test]
     fn the_marker_rides_above_the_instruction_pointer() {
         let entry = PyFrameEntry {
             code: 0x7f00_0000_1000,
+            signature: 0,
             instr: 0x7f00_0000_2002 | (3 << 56),
         };
         assert_eq!(entry.instruction(), 0x7f00_0000_2002);

@@ -8,7 +8,8 @@
 use sampler_user::stacks::symbolize::{FrameInfo, FrameKind};
 use tests::{record::StackProfile, Record, TempDir};
 
-/// The script. `# site:NAME` marks a site's line; `N` is replaced with the count.
+/// The script. `# site:NAME` marks a site's line; `@N` is replaced with the count, `@WAIT`
+/// with a line that waits for one on stdin (`-p` attaches meanwhile) or does nothing.
 const SCRIPT: &str = r#"import json, sys, threading
 N = @N
 
@@ -57,6 +58,7 @@ def main():
         t.join()
     return keep, out
 
+@WAIT
 main()  # site:module
 "#;
 
@@ -112,13 +114,24 @@ fn describe(stacks: &[StackProfile]) -> String {
         .join("\n")
 }
 
+/// Writes the script into `dir` with `n` allocations a site; `wait`: it waits for a line
+/// on stdin before it starts.
+fn script(dir: &TempDir, n: u64, wait: bool) -> std::path::PathBuf {
+    let path = dir.path("app.py");
+    let wait = if wait { "sys.stdin.readline()" } else { "pass" };
+    let text = SCRIPT.replace("@N", &n.to_string()).replace("@WAIT", wait);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
 /// Records the script under `python` with `flags`; returns the stacks.
 fn record(python: &str, flags: &[&str]) -> (Vec<StackProfile>, String) {
-    let dir = TempDir::new("python-frames");
-    let script = dir.path("app.py");
-    std::fs::write(&script, SCRIPT.replace("@N", &N.to_string())).unwrap();
+    // One directory per test (they run in parallel).
+    let dir = TempDir::new(&tests::current_test());
+    let script = script(&dir, N, false);
     let recorded = Record::command(python, &[script.to_str().unwrap()])
-        .flags(&["-i", "16KiB", "--confidence", "0.999"])
+        // 99.99%: some thirty sites are checked per run of these tests.
+        .flags(&["-i", "16KiB", "--confidence", "0.9999"])
         .flags(flags)
         .run();
     (recorded.profile.stacks.clone(), recorded.stderr)
@@ -163,11 +176,22 @@ fn assert_holds(stacks: &[&StackProfile], truth: f64, what: &str, all: &[StackPr
 
 fn check_interpreter(python: &str, comprehension_frame: &str) {
     let (stacks, stderr) = record(python, &[]);
+    check_sites(python, &stacks, &stderr, comprehension_frame, N);
+}
+
+/// Every site of the script run with `n` allocations a site, in `stacks`.
+fn check_sites(
+    python: &str,
+    stacks: &[StackProfile],
+    stderr: &str,
+    comprehension_frame: &str,
+    n: u64,
+) {
     let module = format!("<module>:{}", line_of("module"));
     let main = format!("main:{}", line_of("main"));
     // A list comprehension (3.11 runs it as a function of its own; 3.12+ inline).
     let found = site(
-        &stacks,
+        stacks,
         comprehension_frame,
         line_of("comprehension"),
         "<module>",
@@ -175,45 +199,45 @@ fn check_interpreter(python: &str, comprehension_frame: &str) {
     assert!(
         !found.is_empty(),
         "{python}: comprehension\n{}",
-        describe(&stacks)
+        describe(stacks)
     );
     let chain = python_chain(found[0]);
     assert!(
         chain.ends_with(&[main.clone(), module.clone()]),
         "{python}: {chain:?}\n{stderr}"
     );
-    assert_holds(&found, (N * 1001) as f64, "comprehension", &stacks);
+    assert_holds(&found, (n * 1001) as f64, "comprehension", stacks);
     // Class instances: `Node.__init__` under `instances`.
-    let found = site(&stacks, "Node.__init__", line_of("instance"), "<module>");
+    let found = site(stacks, "Node.__init__", line_of("instance"), "<module>");
     assert!(
         !found.is_empty(),
         "{python}: instances\n{}",
-        describe(&stacks)
+        describe(stacks)
     );
     assert!(python_chain(found[0]).contains(&format!("instances:{}", line_of("instances"))));
-    assert_holds(&found, (N * 701) as f64, "instances", &stacks);
+    assert_holds(&found, (n * 701) as f64, "instances", stacks);
     // A generator, resumed by a generator expression.
-    let found = site(&stacks, "generate", line_of("generator"), "<module>");
+    let found = site(stacks, "generate", line_of("generator"), "<module>");
     assert!(
         !found.is_empty(),
         "{python}: generator\n{}",
-        describe(&stacks)
+        describe(stacks)
     );
     assert!(python_chain(found[0]).contains(&format!("consume:{}", line_of("consume"))));
-    assert_holds(&found, (N * 1501) as f64, "generator", &stacks);
+    assert_holds(&found, (n * 1501) as f64, "generator", stacks);
     // Recursion 200 deep: every level, to <module>.
-    let found = site(&stacks, "recurse", line_of("deepest"), "<module>");
+    let found = site(stacks, "recurse", line_of("deepest"), "<module>");
     assert!(
         !found.is_empty(),
         "{python}: recursion\n{}",
-        describe(&stacks)
+        describe(stacks)
     );
     let levels = python_chain(found[0])
         .iter()
         .filter(|f| *f == &format!("recurse:{}", line_of("recurse")))
         .count();
     assert_eq!(levels, 200, "{python}: {:?}", python_chain(found[0]));
-    assert_holds(&found, (N * 2001) as f64, "recursion", &stacks);
+    assert_holds(&found, (n * 2001) as f64, "recursion", stacks);
     // Dict growth and a C extension (json): found under their lines.
     for (function, name) in [("dict_growth", "dict"), ("json_call", "json")] {
         let line = line_of(name);
@@ -223,17 +247,13 @@ fn check_interpreter(python: &str, comprehension_frame: &str) {
                     && python_chain(s).last() == Some(&module)
             }),
             "{python}: {function}\n{}",
-            describe(&stacks)
+            describe(stacks)
         );
     }
     // Two threads: each worker's site, under the thread's bootstrap, not <module>.
-    let found = site(&stacks, "worker", line_of("worker"), "Thread._bootstrap");
-    assert!(
-        !found.is_empty(),
-        "{python}: threads\n{}",
-        describe(&stacks)
-    );
-    assert_holds(&found, (N * (3001 + 5001)) as f64, "two threads", &stacks);
+    let found = site(stacks, "worker", line_of("worker"), "Thread._bootstrap");
+    assert!(!found.is_empty(), "{python}: threads\n{}", describe(stacks));
+    assert_holds(&found, (n * (3001 + 5001)) as f64, "two threads", stacks);
 }
 
 /// Debian's python3: its comprehension is a frame of its own.
@@ -266,6 +286,94 @@ fn pyenv_pythons_sites_are_found_under_their_python_callers() {
     );
 }
 
+/// `--alloc-only`: the same sites, the same frames.
+#[test]
+fn python_frames_without_frees_tracked() {
+    tests::require_bpf!();
+    let (stacks, stderr) = record("/usr/bin/python3", &["--alloc-only"]);
+    check_sites(
+        "/usr/bin/python3",
+        &stacks,
+        &stderr,
+        "comprehension.<locals>.<listcomp>",
+        N,
+    );
+}
+
+/// `-p` on a python3 that already runs (started, then attached to, then it allocates):
+/// its interpreter is found as the probes attach, so its first sites have their frames.
+#[test]
+fn python_frames_of_a_running_process() {
+    tests::require_bpf!();
+    let dir = TempDir::new("python-frames-attach");
+    let script = script(&dir, N, true);
+    let mut python = std::process::Command::new("/usr/bin/python3")
+        .arg(&script)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = python.id().to_string();
+    let out = dir.path("attached.json");
+    let (recorder, stderr) = tests::start_recording(&[
+        "record",
+        "-p",
+        &pid,
+        "-i",
+        "16KiB",
+        "--confidence",
+        "0.9999",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let rest = tests::drain(stderr);
+    std::io::Write::write_all(python.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    assert!(python.wait().unwrap().success());
+    let status = recorder.wait_with_output().unwrap().status;
+    let stderr = rest.join().unwrap();
+    assert!(status.success(), "{stderr}");
+    let profile = tests::record::typed(&tests::read_profile(&out));
+    check_sites(
+        "/usr/bin/python3 (-p)",
+        &profile.stacks,
+        &stderr,
+        "comprehension.<locals>.<listcomp>",
+        N,
+    );
+}
+
+/// A short-lived python child of a recorded shell (followed): its sites and frames too.
+#[test]
+fn python_frames_of_a_short_lived_child() {
+    tests::require_bpf!();
+    let dir = TempDir::new("python-frames-child");
+    let n = 5000;
+    let script = script(&dir, n, false);
+    let command = format!("/usr/bin/python3 {}; true", script.display());
+    let recorded = Record::command("/bin/sh", &["-c", &command])
+        .flags(&["-i", "16KiB", "--confidence", "0.9999"])
+        .run();
+    let python = recorded
+        .profile
+        .processes
+        .iter()
+        .find(|p| p.command.contains("python3"))
+        .unwrap_or_else(|| panic!("no python3 child:\n{}", recorded.stderr));
+    let stacks: Vec<StackProfile> = recorded
+        .profile
+        .stacks
+        .iter()
+        .filter(|s| s.pid == python.pid)
+        .cloned()
+        .collect();
+    check_sites(
+        "python3 child",
+        &stacks,
+        &recorded.stderr,
+        "comprehension.<locals>.<listcomp>",
+        n,
+    );
+}
+
 /// `--python-frames off`: native frames only, the evaluator's among them.
 #[test]
 fn python_frames_can_be_left_out() {
@@ -292,4 +400,97 @@ fn python_frames_come_through_uprobes_too() {
         "<module>",
     );
     assert!(!found.is_empty(), "{}", describe(&stacks));
+}
+
+/// The offsets in `layout.rs` are the interpreters' own: the fixture, built against each
+/// installed interpreter's headers, prints them (3.11: Debian's and pyenv's; 3.12: pyenv's),
+/// and 3.13's `_Py_DebugOffsets` read from its library must say what its headers say.
+#[test]
+fn frame_layouts_are_the_interpreters_own() {
+    use sampler_user::python::{detect, layout::Layout};
+    let expected = |layout: &Layout| -> Vec<(String, u64)> {
+        let w = &layout.walk;
+        let mut fields = vec![
+            ("runtime.interpreters_head", layout.interpreters_head),
+            ("interp.threads_head", u64::from(w.threads_head)),
+            ("tstate.next", u64::from(w.thread_next)),
+            ("tstate.native_thread_id", u64::from(w.thread_native_id)),
+            ("tstate.frame", u64::from(w.thread_frame)),
+            ("frame.code", u64::from(w.frame_code_word) * 8),
+            ("frame.instr", u64::from(w.frame_instr_word) * 8),
+            ("frame.previous", u64::from(w.frame_previous_word) * 8),
+            ("frame.entry", u64::from(w.frame_entry_byte)),
+            ("code.filename", layout.code.filename),
+            ("code.qualname", layout.code.qualname),
+            ("code.linetable", layout.code.linetable),
+            ("code.firstlineno", layout.code.firstlineno),
+            ("code.code_adaptive", layout.code.code_adaptive),
+            ("unicode.state", layout.unicode_state),
+            ("unicode.ascii_size", layout.unicode_ascii_size),
+            ("unicode.compact_size", layout.unicode_compact_size),
+            // objects.rs reads a str's length where a bytes object's size is.
+            ("unicode.length", sampler_user::python::layout::OB_SIZE),
+            ("tstate.interp", sampler_user::python::layout::THREAD_INTERP),
+            ("bytes.size", sampler_user::python::layout::OB_SIZE),
+            ("bytes.sval", sampler_user::python::layout::BYTES_SVAL),
+        ];
+        if w.via_cframe != 0 {
+            fields.push(("cframe.current_frame", u64::from(w.cframe_current_frame)));
+        }
+        fields.into_iter().map(|(n, v)| (n.to_owned(), v)).collect()
+    };
+    let mut checked = Vec::new();
+    for (include, version, library) in [
+        ("/usr/include/python3.11", (3, 11), None),
+        (
+            "/root/.pyenv/versions/3.11.7/include/python3.11",
+            (3, 11),
+            None,
+        ),
+        (
+            "/root/.pyenv/versions/3.12.1/include/python3.12",
+            (3, 12),
+            None,
+        ),
+        (
+            "/root/.pyenv/versions/3.13.0/include/python3.13",
+            (3, 13),
+            Some("/root/.pyenv/versions/3.13.0/lib/libpython3.13.so.1.0"),
+        ),
+    ] {
+        if !std::path::Path::new(include).exists() {
+            continue;
+        }
+        let binary = tests::fixture_as(
+            "py_offsets",
+            &format!("py_offsets-{}", include.replace('/', "_")),
+            &[&format!("-I{include}"), &format!("-I{include}/internal")],
+        );
+        let output = std::process::Command::new(&binary).output().unwrap();
+        let printed: std::collections::HashMap<String, u64> =
+            String::from_utf8_lossy(&output.stdout)
+                .lines()
+                .filter_map(|l| {
+                    let (name, value) = l.split_once(' ')?;
+                    Some((name.to_owned(), value.parse().ok()?))
+                })
+                .collect();
+        let layout = match library {
+            None => sampler_user::python::layout::for_version(version.0, version.1).unwrap(),
+            Some(library) => {
+                detect::analyse(&std::fs::read(library).unwrap())
+                    .unwrap()
+                    .unwrap()
+                    .layout
+            }
+        };
+        for (name, value) in expected(&layout) {
+            assert_eq!(printed.get(&name), Some(&value), "{include}: {name}");
+        }
+        checked.push(include);
+    }
+    assert!(
+        checked.contains(&"/usr/include/python3.11"),
+        "Debian's headers (libpython3.11-dev, installed by cargo xtask setup): {checked:?}"
+    );
 }

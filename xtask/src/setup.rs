@@ -12,7 +12,12 @@
 //!   in the tests
 //!   (with glibc), libc6-dev's libc.a links the statically linked fixture, unshare
 //!   starts the container-like target, and systemtap-sdt-dev's `sys/sdt.h` builds the
-//!   fixture that fires another producer's USDT allocation probes.
+//!   fixture that fires another producer's USDT allocation probes; libpython3.11-dev's
+//!   internal headers build the fixture that prints the interpreter's frame offsets;
+//! * a second CPython (3.12 or 3.13, interpreter in libpython) for the Python-frames
+//!   tests: pyenv's, which this machine kind's image carries under /root/.pyenv (Debian 12
+//!   has 3.11 only, and the Python builds on npm and PyPI download from hosts this network
+//!   does not reach): checked, and installed with `pyenv install` where pyenv is present.
 
 use std::process::Command;
 
@@ -34,6 +39,10 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
         "/usr/lib/python3.11/lib-dynload/_ctypes.cpython-311-x86_64-linux-gnu.so",
         "libpython3.11-stdlib",
     ),
+    (
+        "/usr/include/python3.11/internal/pycore_frame.h",
+        "libpython3.11-dev",
+    ),
     ("/usr/lib/x86_64-linux-gnu/libc.a", "libc6-dev"),
     ("setpriv", "util-linux"),
     ("unshare", "util-linux"),
@@ -54,6 +63,7 @@ pub fn run() -> anyhow::Result<()> {
     nightly_rust_src()?;
     bpf_linker()?;
     debian_packages()?;
+    second_python()?;
     eprintln!("xtask: setup complete");
     Ok(())
 }
@@ -135,4 +145,32 @@ fn debian_packages() -> anyhow::Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
+}
+
+/// The second interpreter the Python-frames tests run (see the module doc).
+const SECOND_PYTHONS: &[(&str, &str)] = &[
+    ("3.12.1", "/root/.pyenv/versions/3.12.1/bin/python3.12"),
+    ("3.13.0", "/root/.pyenv/versions/3.13.0/bin/python3.13"),
+];
+
+fn second_python() -> anyhow::Result<()> {
+    if SECOND_PYTHONS
+        .iter()
+        .any(|(_, binary)| std::path::Path::new(binary).exists())
+    {
+        return Ok(());
+    }
+    let (version, _) = SECOND_PYTHONS[0];
+    let installed = Command::new("pyenv")
+        .args(["install", "--skip-existing", version])
+        .env("PYTHON_CONFIGURE_OPTS", "--enable-shared")
+        .status()
+        .is_ok_and(|s| s.success());
+    if !installed {
+        bail!(
+            "no CPython 3.12 or 3.13 under /root/.pyenv for the Python-frames tests: \
+             `PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install {version}`"
+        );
+    }
+    Ok(())
 }

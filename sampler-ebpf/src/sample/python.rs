@@ -5,14 +5,16 @@
 //!
 //! Only a sampled call of a process in `PY_PROCESSES` pays: one hash lookup, a walk of the
 //! interpreter's thread list to the thread whose `native_thread_id` is the caller's tid,
-//! then one read of each frame's first words.
+//! then per frame one read of its first words and one of its code object's identity
+//! (`code_signature`).
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
 use crate::maps::{PY_FRAME_SCRATCH, PY_PROCESSES, PY_SCRATCH};
 use sampler_common::python::{
-    PyFrameEntry, PyLayout, FLAG_PYTHON, MAX_PY_FRAMES, MAX_PY_THREADS, PY_FRAME_READ_WORDS,
-    PY_FRAME_WORDS, PY_READ_FAILED, PY_THREAD_NOT_FOUND, PY_TRUNCATED,
+    code_signature, PyFrameEntry, PyLayout, CODE_IDENTITY_WORDS, FLAG_PYTHON, MAX_PY_FRAMES,
+    MAX_PY_THREADS, PY_FRAME_READ_WORDS, PY_FRAME_WORDS, PY_READ_FAILED, PY_THREAD_NOT_FOUND,
+    PY_TRUNCATED,
 };
 
 /// A pointer-sized word of the target's memory; `None` when it cannot be read.
@@ -147,14 +149,32 @@ fn walk(layout: &PyLayout, mut frame: u64, record: &mut sampler_common::python::
         }
         let word = |index: u32| words[(index & mask) as usize];
         let marker = (word(entry_word) >> (entry_shift & 63)) & 0xff;
+        let code = word(layout.frame_code_word);
+        let instr = (word(layout.frame_instr_word) & PyFrameEntry::INSTR_MASK) | (marker << 56);
+        frame = word(layout.frame_previous_word);
+        // The code object's identity words, read over the frame's (no longer needed).
+        // SAFETY: CODE_IDENTITY_WORDS words into the scratch slot, which holds more; the
+        // helper checks the user address.
+        let identity = unsafe {
+            generated::bpf_probe_read_user(
+                words.as_mut_ptr().cast(),
+                (CODE_IDENTITY_WORDS * 8) as u32,
+                (code + layout.code_identity as u64) as *const _,
+            )
+        } == 0;
+        let signature = if identity {
+            code_signature([words[0], words[1], words[2], words[3]])
+        } else {
+            0
+        };
         if count < MAX_PY_FRAMES {
             record.frames[count] = PyFrameEntry {
-                code: word(layout.frame_code_word),
-                instr: (word(layout.frame_instr_word) & PyFrameEntry::INSTR_MASK) | (marker << 56),
+                code,
+                signature,
+                instr,
             };
         }
         count += 1;
-        frame = word(layout.frame_previous_word);
     }
     if frame != 0 && record.flags & PY_READ_FAILED == 0 {
         record.flags |= PY_TRUNCATED;

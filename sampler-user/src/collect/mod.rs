@@ -303,6 +303,9 @@ struct Shared {
     stop: AtomicBool,
     /// Records that did not decode (a build mismatch; should stay 0).
     malformed: AtomicU64,
+    /// Running processes about to be probed, whose interpreter (if any) the intake thread
+    /// should find now rather than at their first sample.
+    examine: std::sync::Mutex<Vec<u32>>,
 }
 
 impl Shared {
@@ -331,6 +334,7 @@ impl SampleReader {
             requested: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             malformed: AtomicU64::new(0),
+            examine: std::sync::Mutex::new(Vec::new()),
         });
         let python_missing = python.as_ref().map(crate::python::Frames::missing);
         let (sender, deliveries) = mpsc::channel(batches_in_flight(ring_bytes));
@@ -371,6 +375,18 @@ impl SampleReader {
                 None => anyhow::bail!("the intake thread stopped"),
             }
         }
+    }
+
+    /// Has the intake thread look for an interpreter in running process `pid` now (before
+    /// its probes are attached): its Python frames are then read from its first sample.
+    pub fn examine(&self, pid: u32) {
+        if self.python_missing.is_none() {
+            return;
+        }
+        if let Ok(mut pids) = self.shared.examine.lock() {
+            pids.push(pid);
+        }
+        self.shared.wake();
     }
 
     /// Records that did not decode so far.
@@ -432,6 +448,18 @@ fn intake(
             let mut count = 0u64;
             // SAFETY: reading the eventfd's 8-byte counter into a live local.
             unsafe { libc::read(shared.wake.as_raw_fd(), (&raw mut count).cast(), 8) };
+        }
+        let examine = shared
+            .examine
+            .lock()
+            .map(|mut pids| std::mem::take(&mut *pids))
+            .unwrap_or_default();
+        if let Some(python) = &mut mapped.python {
+            for pid in examine {
+                if let Ok(vmas) = crate::probe::maps::read(pid) {
+                    python.found_maps(pid, &vmas);
+                }
+            }
         }
         // A busy ring buffer is drained in batches of a ring buffer's worth, each sent as
         // soon as it is full. A catch-up request read before a batch is acknowledged after

@@ -181,13 +181,15 @@ impl Timeline {
         };
         for (i, point) in sums.iter().enumerate() {
             values.at_seconds.push((i + 1) as f64 * seconds);
-            let inuse_half = z * f64::from(point.inuse_variance).sqrt();
+            // A point's variance is a running sum, added to at allocation and taken from at
+            // free: rounding can leave it a hair below zero (NaN bounds, `null` in JSON).
+            let inuse_half = z * f64::from(point.inuse_variance).max(0.0).sqrt();
             let inuse = f64::from(point.inuse);
             values.inuse_bytes.push(inuse);
             values.inuse_lower.push((inuse - inuse_half).max(0.0));
             values.inuse_upper.push(inuse + inuse_half);
             let rate = f64::from(point.allocated) / seconds;
-            let rate_half = z * f64::from(point.allocated_variance).sqrt() / seconds;
+            let rate_half = z * f64::from(point.allocated_variance).max(0.0).sqrt() / seconds;
             values.alloc_bytes_per_second.push(rate);
             values.alloc_lower.push((rate - rate_half).max(0.0));
             values.alloc_upper.push(rate + rate_half);
@@ -250,5 +252,29 @@ mod tests {
         assert_eq!(total, 10.0 * 64.0 + 60.0);
         // The next point closes 2 s later.
         assert_eq!(timeline.next_due_ns(), (CAPACITY as u64 + 2) * SECOND);
+    }
+
+    /// A variance left a hair below zero by the running sums' rounding (seen under load:
+    /// `null` bounds in the JSON, which its readers refused) gives bounds at the estimate.
+    #[test]
+    fn a_variance_rounded_below_zero_gives_finite_bounds() {
+        let mut timeline = Timeline::new(TickGrid {
+            start_ns: 0,
+            tick_ns: SECOND,
+        });
+        timeline.points = 1;
+        timeline.per_stack = vec![Series {
+            first: 0,
+            points: vec![Point {
+                inuse: 100.0,
+                inuse_variance: -1e-3,
+                allocated: 50.0,
+                allocated_variance: -2e-3,
+            }],
+            allocated_then: (50.0, 0.0),
+        }];
+        let values = timeline.values(&[0], 0.95).unwrap();
+        assert_eq!(values.inuse_upper, [100.0]);
+        assert_eq!(values.alloc_upper, [50.0]);
     }
 }

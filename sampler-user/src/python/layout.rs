@@ -35,6 +35,8 @@ pub struct Layout {
 pub struct CodeFields {
     /// `co_filename` (str).
     pub filename: u64,
+    /// `co_name` (str).
+    pub name: u64,
     /// `co_qualname` (str).
     pub qualname: u64,
     /// `co_linetable` (bytes).
@@ -53,6 +55,9 @@ pub const OB_SIZE: u64 = 16;
 /// See [`OB_TYPE`].
 pub const BYTES_SVAL: u64 = 32;
 
+/// `PyThreadState.interp`, in every supported version.
+pub const THREAD_INTERP: u64 = 16;
+
 /// `FRAME_OWNED_BY_CSTACK` (3.12+).
 pub const OWNED_BY_CSTACK: u8 = 3;
 
@@ -62,6 +67,7 @@ fn walk(
     thread_frame: u32,
     cframe: Option<u32>,
     frame: [u32; 4],
+    code_identity: u32,
 ) -> PyLayout {
     let [previous, code, instr, entry] = frame;
     PyLayout {
@@ -76,7 +82,7 @@ fn walk(
         frame_code_word: code / 8,
         frame_instr_word: instr / 8,
         frame_entry_byte: entry,
-        pad: 0,
+        code_identity,
     }
 }
 
@@ -87,10 +93,11 @@ pub fn for_version(major: u8, minor: u8) -> Option<Layout> {
         (3, 11) => Some(Layout {
             version: (3, 11),
             interpreters_head: 40,
-            walk: walk(16, 160, 56, Some(8), [48, 32, 56, 68]),
+            walk: walk(16, 160, 56, Some(8), [48, 32, 56, 68], 112),
             is_entry_flag: true,
             code: CodeFields {
                 filename: 112,
+                name: 120,
                 qualname: 128,
                 linetable: 136,
                 firstlineno: 72,
@@ -103,10 +110,11 @@ pub fn for_version(major: u8, minor: u8) -> Option<Layout> {
         (3, 12) => Some(Layout {
             version: (3, 12),
             interpreters_head: 40,
-            walk: walk(72, 144, 56, Some(0), [8, 0, 56, 70]),
+            walk: walk(72, 144, 56, Some(0), [8, 0, 56, 70], 112),
             is_entry_flag: false,
             code: CodeFields {
                 filename: 112,
+                name: 120,
                 qualname: 128,
                 linetable: 136,
                 firstlineno: 68,
@@ -163,6 +171,7 @@ pub fn from_debug_offsets(bytes: &[u8]) -> Option<Layout> {
             small(word(frame + 3)?)?,
             small(word(frame + 5)?)?,
         ],
+        small(word(code + 1)?)?,
     );
     if small(word(thread + 2)?)? != walk.thread_next {
         return None;
@@ -175,6 +184,7 @@ pub fn from_debug_offsets(bytes: &[u8]) -> Option<Layout> {
         is_entry_flag: false,
         code: CodeFields {
             filename: word(code + 1)?,
+            name: word(code + 2)?,
             qualname: word(code + 3)?,
             linetable: word(code + 4)?,
             firstlineno: word(code + 5)?,
@@ -189,10 +199,17 @@ pub fn from_debug_offsets(bytes: &[u8]) -> Option<Layout> {
 }
 
 impl Layout {
-    /// Whether the kernel can read every frame field from a frame's first words.
+    /// Whether the kernel can read every frame field from a frame's first words, and a
+    /// code object's identity words are its file name, name, qualified name and location
+    /// table, one after another.
     pub fn is_usable(&self) -> bool {
         let words = PY_FRAME_READ_WORDS as u32;
-        self.walk.frame_previous_word < words
+        let identity = u64::from(self.walk.code_identity);
+        identity == self.code.filename
+            && self.code.name == identity + 8
+            && self.code.qualname == identity + 16
+            && self.code.linetable == identity + 24
+            && self.walk.frame_previous_word < words
             && self.walk.frame_code_word < words
             && self.walk.frame_instr_word < words
             && self.walk.frame_entry_byte < words * 8
@@ -219,6 +236,7 @@ mod tests {
             (31, 56),
             (33, 70),
             (35, 112),
+            (36, 120),
             (37, 128),
             (38, 136),
             (39, 68),
@@ -248,6 +266,8 @@ mod tests {
         assert_eq!(layout.code.code_adaptive, 200);
         assert_eq!(layout.code.firstlineno, 68);
         assert_eq!(layout.unicode_compact_size, 56);
+        assert_eq!(layout.walk.code_identity, 112);
+        assert!(layout.is_usable());
     }
 
     #[test]
@@ -260,7 +280,8 @@ mod tests {
         assert_eq!(from_debug_offsets(&bytes), None, "free-threaded");
         assert_eq!(from_debug_offsets(b"notdebug"), None);
         assert_eq!(for_version(3, 10), None);
-        assert!(for_version(3, 11).unwrap().is_usable());
-        assert!(for_version(3, 12).unwrap().is_usable());
+        for layout in [for_version(3, 11).unwrap(), for_version(3, 12).unwrap()] {
+            assert!(layout.is_usable());
+        }
     }
 }

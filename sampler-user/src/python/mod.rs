@@ -89,12 +89,16 @@ pub fn decode(bytes: &[u8]) -> Option<RawStack> {
     }
     let word = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap_or_default());
     let count = (word(4) as usize).min(MAX_PY_FRAMES);
-    let body = bytes.get(PyStackRecord::HEAD..PyStackRecord::HEAD + count * 16)?;
+    let size = std::mem::size_of::<PyFrameEntry>();
+    let body = bytes.get(PyStackRecord::HEAD..PyStackRecord::HEAD + count * size)?;
+    let at =
+        |c: &[u8], i: usize| u64::from_ne_bytes(c[i * 8..i * 8 + 8].try_into().unwrap_or_default());
     let frames = body
-        .chunks_exact(16)
+        .chunks_exact(size)
         .map(|c| PyFrameEntry {
-            code: u64::from_ne_bytes(c[..8].try_into().unwrap_or_default()),
-            instr: u64::from_ne_bytes(c[8..].try_into().unwrap_or_default()),
+            code: at(c, 0),
+            signature: at(c, 1),
+            instr: at(c, 2),
         })
         .collect();
     Some(RawStack {
@@ -175,6 +179,15 @@ impl Frames {
         };
         let mut walk = interpreter.layout.walk;
         walk.interpreters_head = placed.interpreters_head;
+        if let Err(why) = check_running(&ProcessMemory(pid), &walk) {
+            log::warn!(
+                "pid {pid}: CPython {}.{}'s thread states do not read as expected ({why}): \
+                 native frames only",
+                interpreter.layout.version.0,
+                interpreter.layout.version.1
+            );
+            return;
+        }
         if self.kernel.insert(pid, walk, 0).is_err() {
             return;
         }
@@ -242,14 +255,15 @@ impl Frames {
             }
             let instruction = entry.instruction();
             let key = (pid, entry.code);
-            let cached = self
-                .codes
-                .get(&key)
-                .filter(|c| c.holds(instruction))
-                .cloned();
+            // The code object of the sample: its identity as the kernel read it with the
+            // frame, its bytecode around the instruction. pymalloc reuses a freed code
+            // object's block for the next one (seen: a startup module's code, cached, then
+            // a method compiled later at its address); the identity tells them apart.
+            let same = |c: &Code| c.holds(instruction) && c.signature == entry.signature;
+            let cached = self.codes.get(&key).filter(|c| same(c)).cloned();
             let code = cached.or_else(|| {
                 let code = objects::read_code(&memory, &layout, process.code_type, entry.code)
-                    .filter(|c| c.holds(instruction))?;
+                    .filter(same)?;
                 let code = Arc::new(code);
                 self.codes.insert(key, Arc::clone(&code));
                 Some(code)
@@ -274,6 +288,36 @@ impl Frames {
             cut: raw.flags != 0,
         })
     }
+}
+
+/// Checks the layout against the running interpreter, where it has started: the first
+/// thread state in the main interpreter's list must point back at that interpreter, and
+/// the next ones too (at most a few). Not started yet (a command allocscope just spawned):
+/// nothing to check, the walk's reads then simply find no interpreter.
+fn check_running(memory: &impl objects::Memory, walk: &PyLayout) -> Result<(), String> {
+    let Some(interpreter) = memory.word(walk.interpreters_head) else {
+        return Err("_PyRuntime unreadable".into());
+    };
+    if interpreter == 0 {
+        return Ok(());
+    }
+    let mut thread = memory
+        .word(interpreter + u64::from(walk.threads_head))
+        .ok_or("interpreter unreadable")?;
+    for _ in 0..4 {
+        if thread == 0 {
+            break;
+        }
+        if memory.word(thread + layout::THREAD_INTERP) != Some(interpreter) {
+            return Err(format!(
+                "thread state {thread:#x} names another interpreter"
+            ));
+        }
+        thread = memory
+            .word(thread + u64::from(walk.thread_next))
+            .unwrap_or(0);
+    }
+    Ok(())
 }
 
 /// A frame whose code object could not be read (freed since the sample, or the process

@@ -57,6 +57,9 @@ pub struct Code {
     pub qualname: Arc<str>,
     /// `co_filename`.
     pub filename: Arc<str>,
+    /// Its identity ([`sampler_common::python::code_signature`]), as the kernel reads it
+    /// with each frame.
+    pub signature: u64,
     first_line: i64,
     linetable: Vec<u8>,
     /// Address of its first code unit, and how many there are.
@@ -91,8 +94,15 @@ pub fn read_code(
     let field = |offset: u64| memory.word(address + offset);
     let first_line = field(layout.code.firstlineno)? as u32 as i32;
     let linetable = read_bytes(memory, field(layout.code.linetable)?)?;
+    let identity = [
+        field(layout.code.filename)?,
+        field(layout.code.name)?,
+        field(layout.code.qualname)?,
+        field(layout.code.linetable)?,
+    ];
     Some(Code {
-        qualname: read_str(memory, layout, field(layout.code.qualname)?)?.into(),
+        qualname: read_str(memory, layout, identity[2])?.into(),
+        signature: sampler_common::python::code_signature(identity),
         filename: read_str(memory, layout, field(layout.code.filename)?)?.into(),
         first_line: i64::from(first_line),
         linetable,
@@ -115,7 +125,7 @@ fn read_bytes(memory: &impl Memory, address: u64) -> Option<Vec<u8>> {
 
 /// A compact `str` object's text (how code objects' names are stored).
 fn read_str(memory: &impl Memory, layout: &Layout, address: u64) -> Option<String> {
-    let length = memory.word(address + 16)?;
+    let length = memory.word(address + OB_SIZE)?;
     let state = memory.word(address + layout.unicode_state)? as u32;
     let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
     if compact == 0 || length > MAX_STRING {
@@ -216,6 +226,7 @@ mod tests {
         memory.put_word(at + OB_SIZE, 4);
         memory.put_word(at + layout.code.firstlineno, 7);
         memory.put_word(at + layout.code.qualname, 0x10_000);
+        memory.put_word(at + layout.code.name, 0x18_000);
         memory.put_word(at + layout.code.filename, 0x20_000);
         memory.put_word(at + layout.code.linetable, 0x30_000);
         memory.put_str(0x10_000, "Outer.<listcomp>", false);
@@ -236,6 +247,10 @@ mod tests {
         let code = read_code(&memory, &layout, CODE_TYPE, 0x1000).unwrap();
         assert_eq!(&*code.qualname, "Outer.<listcomp>");
         assert_eq!(&*code.filename, "/srv/äpp.py");
+        assert_eq!(
+            code.signature,
+            sampler_common::python::code_signature([0x20_000, 0x18_000, 0x10_000, 0x30_000])
+        );
         let bytecode = 0x1000 + layout.code.code_adaptive;
         assert!(code.holds(bytecode + 6) && !code.holds(bytecode + 8));
         assert_eq!(code.line_at(bytecode + 2), Some(8));

@@ -244,6 +244,10 @@ impl Recording {
     ) -> anyhow::Result<()> {
         for target in initial {
             let command_itself = Some(target.pid) == self.spawned;
+            if !command_itself {
+                // A running process: its interpreter found before its first sample.
+                self.reader.examine(target.pid);
+            }
             let since = Since::now(if command_itself {
                 CoverageStart::Start
             } else {
