@@ -494,3 +494,54 @@ fn frame_layouts_are_the_interpreters_own() {
         "Debian's headers (libpython3.11-dev, installed by cargo xtask setup): {checked:?}"
     );
 }
+
+/// pprof: Python functions with their files and lines, each frame a location of its own,
+/// as `go tool pprof` shows them (a `<module>` qualified with its module: pprof strips a
+/// bare `<…>` as C++ template arguments). Folded stacks name them `function (file:line)`.
+#[test]
+fn python_frames_in_pprof_and_folded() {
+    tests::require_bpf!();
+    let dir = TempDir::new(&tests::current_test());
+    let script = script(&dir, 5000, false);
+    for file in ["py.pb.gz", "py.folded"] {
+        let out = dir.path(file);
+        let status = std::process::Command::new(tests::allocscope())
+            .args(["record", "-i", "16KiB", "--value", "alloc-bytes", "-o"])
+            .arg(&out)
+            .args(["--", "/usr/bin/python3"])
+            .arg(&script)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    let output = std::process::Command::new("go")
+        .args([
+            "tool",
+            "pprof",
+            "-top",
+            "-lines",
+            "-sample_index=alloc_space",
+            "-nodecount=500",
+        ])
+        .arg(dir.path("py.pb.gz"))
+        .output()
+        .expect("go tool pprof (cargo xtask setup installs golang-go)");
+    let top = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{top}");
+    for (function, site) in [
+        ("comprehension.<locals>.<listcomp>", "comprehension"),
+        ("Node.__init__", "instance"),
+        ("app.<module>", "module"),
+    ] {
+        let expected = format!("{function} {}:{}", script.display(), line_of(site));
+        assert!(top.contains(&expected), "{expected} missing:\n{top}");
+    }
+    let folded = std::fs::read_to_string(dir.path("py.folded")).unwrap();
+    let expected = format!(
+        "<module> (app.py:{});main (app.py:{});",
+        line_of("module"),
+        line_of("main")
+    );
+    assert!(folded.contains(&expected), "{expected} missing:\n{folded}");
+}

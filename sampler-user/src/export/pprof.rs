@@ -257,7 +257,7 @@ impl<'a> Tables<'a> {
             .iter()
             .map(|frame| proto::Line {
                 function_id: self.function(
-                    crate::format::function_name(frame),
+                    pprof_function_name(frame),
                     frame.file.as_deref().unwrap_or_default().to_owned(),
                 ),
                 line: frame.line.map_or(0, i64::from),
@@ -293,6 +293,23 @@ impl<'a> Tables<'a> {
             });
             next
         })
+    }
+}
+
+/// A frame's function name for pprof: its function alone (the file and line go apart). A
+/// Python name in angle brackets (`<module>`, `<lambda>` at a module's top) is qualified
+/// with its module's name (`app.<module>`): `go tool pprof` takes a name with `<…>` and no
+/// `.<` for a demangled C++ one, strips the brackets as template arguments and shows
+/// nothing (`<unknown>` in `-traces`).
+fn pprof_function_name(frame: &FrameInfo) -> String {
+    let name = crate::format::function_name(frame);
+    let python = frame.kind == Some(crate::stacks::symbolize::FrameKind::Python);
+    match (python, frame.file.as_deref()) {
+        (true, Some(file)) if name.starts_with('<') => {
+            let base = file.rsplit('/').next().unwrap_or(file);
+            format!("{}.{name}", base.strip_suffix(".py").unwrap_or(base))
+        }
+        _ => name,
     }
 }
 
@@ -438,7 +455,14 @@ pub fn build(profile: &Profile) -> proto::Profile {
     for stack in &profile.stacks {
         let location_id = stack
             .frames
-            .chunk_by(|a, b| a.module == b.module && a.address == b.address)
+            // Inlined native calls share their return address: one location. Python frames
+            // have none (address 0): each is a location of its own.
+            .chunk_by(|a, b| {
+                a.kind.is_none()
+                    && b.kind.is_none()
+                    && a.module == b.module
+                    && a.address == b.address
+            })
             .map(|group| tables.location(group))
             .collect();
         let (command, cgroup) = processes.get(&stack.pid).copied().unwrap_or(("", None));

@@ -117,6 +117,10 @@ struct Process {
     code_type: u64,
 }
 
+/// Most processes remembered, as the kernel's `PY_PROCESSES` holds (an LRU map of that
+/// size): a host-wide recording over days sees processes come and go, and is told of
+/// none leaving. Past it the longest known is forgotten.
+const MAX_PROCESSES: usize = 4096;
 /// Most code objects remembered (all processes); past it the cache starts over.
 const MAX_CODES: usize = 1 << 16;
 /// Most frames records waiting for their sample (one per thread normally).
@@ -129,6 +133,8 @@ pub struct Frames {
     /// Interpreter files analysed, by identity (`Err`: why its frames cannot be read).
     files: HashMap<FileId, Result<Option<Arc<Interpreter>>, String>>,
     processes: HashMap<u32, Process>,
+    /// The processes in the order they were found (for [`MAX_PROCESSES`]).
+    found: std::collections::VecDeque<u32>,
     pending: HashMap<u32, RawStack>,
     codes: HashMap<(u32, u64), Arc<Code>>,
     /// Samples whose frames record did not arrive (the ring buffer was full): read by the
@@ -143,6 +149,7 @@ impl Frames {
             kernel,
             files: HashMap::new(),
             processes: HashMap::new(),
+            found: std::collections::VecDeque::new(),
             pending: HashMap::new(),
             codes: HashMap::new(),
             missing: Arc::default(),
@@ -199,6 +206,14 @@ impl Frames {
                 code_type: placed.code_type,
             },
         );
+        self.found.push_back(pid);
+        while self.found.len() > MAX_PROCESSES {
+            if let Some(oldest) = self.found.pop_front() {
+                if !self.found.contains(&oldest) {
+                    self.processes.remove(&oldest);
+                }
+            }
+        }
     }
 
     /// The interpreter in `vma`'s file, analysed once per file (a file allocscope cannot

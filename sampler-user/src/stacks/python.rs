@@ -6,7 +6,12 @@ use std::collections::HashMap;
 use super::{Frame, StackTable};
 use crate::python::{Merge, PyFunction, PythonStack};
 
-/// Interned Python functions (qualified name, file).
+/// Most distinct Python functions kept: a program that makes functions without end
+/// (`exec` of generated code, templates compiled per request) would otherwise grow the
+/// table for as long as it is recorded. Past it, new functions share one marked frame.
+const MAX_FUNCTIONS: usize = 1 << 16;
+
+/// Interned Python functions (qualified name, file), at most [`MAX_FUNCTIONS`].
 #[derive(Debug, Default)]
 pub struct PythonFunctions {
     functions: Vec<PyFunction>,
@@ -18,9 +23,23 @@ impl PythonFunctions {
         if let Some(&id) = self.index.get(function) {
             return id;
         }
+        if self.functions.len() >= MAX_FUNCTIONS {
+            let beyond = PyFunction {
+                qualname: "[python functions beyond the first 65536]".into(),
+                filename: "".into(),
+            };
+            return match self.index.get(&beyond) {
+                Some(&id) => id,
+                None => self.insert(beyond),
+            };
+        }
+        self.insert(function.clone())
+    }
+
+    fn insert(&mut self, function: PyFunction) -> u32 {
         let id = self.functions.len() as u32;
         self.functions.push(function.clone());
-        self.index.insert(function.clone(), id);
+        self.index.insert(function, id);
         id
     }
 
@@ -72,5 +91,28 @@ impl StackTable {
     /// The Python functions frames name.
     pub fn python_functions(&self) -> &PythonFunctions {
         &self.python
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_function_table_is_bounded() {
+        let mut table = PythonFunctions::default();
+        let function = |i: usize| PyFunction {
+            qualname: format!("f{i}").into(),
+            filename: "gen.py".into(),
+        };
+        let first = table.intern(&function(0));
+        assert_eq!(table.intern(&function(0)), first);
+        for i in 1..MAX_FUNCTIONS + 10 {
+            table.intern(&function(i));
+        }
+        assert_eq!(table.functions.len(), MAX_FUNCTIONS + 1);
+        let beyond = table.intern(&function(MAX_FUNCTIONS + 20));
+        assert!(table.get(beyond).unwrap().qualname.contains("beyond"));
+        assert_eq!(table.intern(&function(5)), 5, "known ones keep their ids");
     }
 }
