@@ -149,6 +149,8 @@ pub mod globals {
     pub const STACK_BYTES: &str = "STACK_BYTES";
     /// Offset of `pid` in `task_struct` (from the kernel's BTF).
     pub const TASK_PID_OFFSET: &str = "TASK_PID_OFFSET";
+    /// Whether sampled calls read CPython frames.
+    pub const PYTHON_FRAMES: &str = "PYTHON_FRAMES";
     /// Every global above.
     pub const ALL: &[&str] = &[
         INTERVAL,
@@ -161,5 +163,6 @@ pub mod globals {
         DUTY_CYCLED,
         STACK_BYTES,
         TASK_PID_OFFSET,
+        PYTHON_FRAMES,
     ];
 }

@@ -62,6 +62,17 @@ pub fn stack_bytes() -> u64 {
     unsafe { core::ptr::read_volatile(&STACK_BYTES) }
 }
 
+/// Non-zero when a target may run CPython (`--python-frames`): sampled calls read the
+/// interpreter's frames. Zero prunes that code, and its verification (~25 ms a program).
+#[no_mangle]
+static PYTHON_FRAMES: u8 = 0;
+
+#[inline(always)]
+pub fn python_frames() -> bool {
+    // SAFETY: as below.
+    unsafe { core::ptr::read_volatile(&PYTHON_FRAMES) != 0 }
+}
+
 #[inline(always)]
 pub fn interval() -> u64 {
     // SAFETY: reading a global; volatile so the compiler keeps the load the loader patches.

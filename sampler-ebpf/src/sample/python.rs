@@ -29,6 +29,9 @@ fn read_word(address: u64) -> Option<u64> {
 /// ([`FLAG_PYTHON`]), or 0 when there was nothing to send.
 #[inline(always)]
 pub(super) fn send_python_frames(pid: u32, tid: u32, timestamp_ns: u64) -> u32 {
+    if !config::python_frames() {
+        return 0;
+    }
     // SAFETY: a hash lookup; the value stays valid for the program's run.
     let Some(layout) = (unsafe { PY_PROCESSES.get(pid) }) else {
         return 0;
@@ -118,7 +121,10 @@ fn current_frame(layout: &PyLayout, tid: u32, flags: &mut u32) -> Option<u64> {
     Some(frame)
 }
 
-/// Reads the chain from `frame` into `record`, leaf first.
+/// Reads the chain from `frame` into `record`, leaf first. Nothing in a register after
+/// the loop depends on the iteration it ended in (the count lives in the record): the
+/// verifier can then check what follows once, not once for every possible length (which
+/// made each sampling program ~100 ms to verify).
 #[inline(always)]
 fn walk(layout: &PyLayout, mut frame: u64, record: &mut sampler_common::python::PyStackRecord) {
     let Some(words) = PY_FRAME_SCRATCH.get_ptr_mut(0) else {
@@ -129,7 +135,7 @@ fn walk(layout: &PyLayout, mut frame: u64, record: &mut sampler_common::python::
     let mask = PY_FRAME_WORDS as u32 - 1;
     let entry_word = (layout.frame_entry_byte / 8) & mask;
     let entry_shift = (layout.frame_entry_byte % 8) * 8;
-    let mut count = 0usize;
+    record.count = 0;
     for _ in 0..MAX_PY_FRAMES {
         if frame == 0 {
             break;
@@ -167,17 +173,15 @@ fn walk(layout: &PyLayout, mut frame: u64, record: &mut sampler_common::python::
         } else {
             0
         };
-        if count < MAX_PY_FRAMES {
-            record.frames[count] = PyFrameEntry {
-                code,
-                signature,
-                instr,
-            };
+        let at = (record.count as usize) & (MAX_PY_FRAMES - 1);
+        record.frames[at] = PyFrameEntry {
+            code,
+            signature,
+            instr,
+        };
+        record.count += 1;
+        if frame != 0 && record.count as usize >= MAX_PY_FRAMES {
+            record.flags |= PY_TRUNCATED;
         }
-        count += 1;
     }
-    if frame != 0 && record.flags & PY_READ_FAILED == 0 {
-        record.flags |= PY_TRUNCATED;
-    }
-    record.count = count as u32;
 }

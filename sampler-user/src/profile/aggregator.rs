@@ -240,6 +240,12 @@ impl Aggregator {
         self.stacks.limit(max);
     }
 
+    /// How Python frames are merged into native stacks (`--python-frames all` keeps the
+    /// interpreter's own frames).
+    pub fn merge_python(&mut self, merge: crate::python::Merge) {
+        self.stacks.merge_python(merge);
+    }
+
     /// Notes that `pid` exited: its frames resolve with the maps it last had.
     pub fn mark_exited(&mut self, pid: u32) {
         self.stacks.mark_gone(pid);

@@ -111,6 +111,68 @@ impl Interpreter {
     }
 }
 
+/// Whether process `pid` maps a file that may be an interpreter (by its name).
+pub fn maps_interpreter(pid: u32) -> bool {
+    maps::read(pid).is_ok_and(|vmas| {
+        vmas.iter()
+            .any(|v| v.path.as_deref().is_some_and(may_be_interpreter))
+    })
+}
+
+/// [`command_may_be_python`] with the words' `#!` lines read from the files they name (as
+/// paths, or programs on `PATH`).
+pub fn command_starts_python(command: &[std::ffi::OsString]) -> bool {
+    command_may_be_python(command, |word| shebang_of(&resolve(word)?))
+}
+
+/// Whether a command starts CPython: a word among its first four (split at blanks, for
+/// `sh -c "python3 app.py"`) names `python…`, or names a script whose `#!` line does
+/// (`shebang`: a word's `#!` line, if it is such a file).
+pub fn command_may_be_python(
+    command: &[std::ffi::OsString],
+    shebang: impl Fn(&str) -> Option<String>,
+) -> bool {
+    let names_python = |text: &str| {
+        text.split(|c: char| c.is_whitespace() || c == '/')
+            .any(|part| part.starts_with("python"))
+    };
+    command
+        .iter()
+        .take(4)
+        .flat_map(|word| {
+            word.to_string_lossy()
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .any(|word| names_python(&word) || shebang(&word).is_some_and(|line| names_python(&line)))
+}
+
+/// `word` as a file: a path, or a program found on `PATH`.
+fn resolve(word: &str) -> Option<std::path::PathBuf> {
+    if word.contains('/') {
+        return Some(word.into());
+    }
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(word))
+            .find(|candidate| candidate.is_file())
+    })
+}
+
+/// The `#!` line of a regular file, if it starts with one.
+fn shebang_of(path: &std::path::Path) -> Option<String> {
+    use std::io::Read as _;
+    let mut head = [0u8; 256];
+    let read = crate::infile::open_regular(path)
+        .ok()?
+        .read(&mut head)
+        .ok()?;
+    let head = &head[..read];
+    let line = head.strip_prefix(b"#!")?.split(|&b| b == b'\n').next()?;
+    Some(String::from_utf8_lossy(line).into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,6 +210,34 @@ mod tests {
         );
         let libc = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
         assert_eq!(analyse(&libc), Ok(None));
+    }
+
+    #[test]
+    fn commands_that_start_python() {
+        let command =
+            |words: &[&str]| -> Vec<std::ffi::OsString> { words.iter().map(Into::into).collect() };
+        let scripts = |word: &str| match word {
+            "./serve" => Some("/usr/bin/env python3".to_owned()),
+            "./build.sh" => Some("/bin/sh".to_owned()),
+            _ => None,
+        };
+        for yes in [
+            &["python3", "app.py"][..],
+            &["/root/.pyenv/versions/3.12.1/bin/python3.12", "-c", "1"],
+            &["env", "PYTHONPATH=x", "python3"],
+            &["sh", "-c", "/usr/bin/python3 app.py; true"],
+            &["./serve", "--port", "80"],
+        ] {
+            assert!(command_may_be_python(&command(yes), scripts), "{yes:?}");
+        }
+        for no in [
+            &["sqlite3", "db"][..],
+            &["perl", "x.pl"],
+            &["./build.sh"],
+            &[],
+        ] {
+            assert!(!command_may_be_python(&command(no), scripts), "{no:?}");
+        }
     }
 
     #[test]

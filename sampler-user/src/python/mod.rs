@@ -166,6 +166,9 @@ impl Frames {
     pub fn found_maps(&mut self, pid: u32, vmas: &[Vma]) {
         self.processes.remove(&pid);
         self.codes.retain(|(p, _), _| *p != pid);
+        // A program exec'd since: whatever its predecessor ran, the kernel walks nothing
+        // until this one is found to run an interpreter too.
+        let _ = self.kernel.remove(&pid);
         // The executable and `libpython`: whichever holds the runtime (pyenv's python3.12
         // is a small program over libpython3.12.so).
         let mut candidates: Vec<&Vma> = vmas

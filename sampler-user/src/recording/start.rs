@@ -13,6 +13,7 @@ use super::{
     Prepared, Recording, Since,
 };
 use crate::{
+    cli::PythonFramesArg,
     collect::{Counters, SampleReader},
     config::{BadInput, SamplingConfig, Targets},
     cost::{self, windows::CostWindows, Trap},
@@ -44,13 +45,36 @@ fn kernel_config(
         watch_execs: targets.waits_for_new(),
         duty_cycled: sampling.max_overhead.is_some(),
         lazy_uprobes: in_process_only,
+        python_frames: match sampling.python_frames {
+            PythonFramesArg::Off => false,
+            PythonFramesArg::On | PythonFramesArg::All => true,
+            PythonFramesArg::Auto => may_run_python(targets),
+        },
     }
 }
 
-/// The ring buffer's reader, and the eBPF log's (`-v`).
+/// Whether `--python-frames auto` reads Python frames for `targets`: new processes may be
+/// anything (`--all`, `--comm`, `-p … --follow`), a `-p` process maps an interpreter, or
+/// the command is or starts one (a command's tree is followed by default, so that is what
+/// decides for it).
+fn may_run_python(targets: &Targets) -> bool {
+    use crate::python::detect;
+    targets.all
+        || targets.comm.is_some()
+        || (targets.follow && targets.command.is_empty())
+        || targets
+            .pids
+            .iter()
+            .any(|&pid| detect::maps_interpreter(pid))
+        || detect::command_starts_python(&targets.command)
+}
+
+/// The ring buffer's reader (with Python frames' part when the programs read them), and
+/// the eBPF log's (`-v`).
 fn intake(
     probes: &mut Probes,
     sampling: &SamplingConfig,
+    python_frames: bool,
 ) -> anyhow::Result<(SampleReader, Option<Logger>)> {
     let logger = if sampling.verbose {
         aya_log::EbpfLogger::init(&mut probes.ebpf)
@@ -65,9 +89,9 @@ fn intake(
             .take_map(kernel::maps::SAMPLES)
             .context("SAMPLES map missing")?,
     )?;
-    let python = match sampling.python_frames {
-        crate::cli::PythonFramesArg::Off => None,
-        _ => Some(crate::python::Frames::new(aya::maps::HashMap::try_from(
+    let python = match python_frames {
+        false => None,
+        true => Some(crate::python::Frames::new(aya::maps::HashMap::try_from(
             probes
                 .ebpf
                 .take_map(kernel::maps::PY_PROCESSES)
@@ -90,6 +114,9 @@ fn aggregator(
         None => Aggregator::default(),
     };
     aggregator.limit_stacks(sampling.max_stacks);
+    if sampling.python_frames == PythonFramesArg::All {
+        aggregator.merge_python(crate::python::Merge::All);
+    }
     if duty_cycled {
         // Time-sampled: no series over time (its gaps are the off slots).
         aggregator.duty_cycle();
@@ -138,6 +165,7 @@ impl Recording {
         // no uprobe on its allocator unless one is linked into its executable.
         let in_process_only = front_end.is_some() && initial.len() == 1 && !targets.waits_for_new();
         let config = kernel_config(&targets, sampling, followed_only, in_process_only);
+        let python_frames = config.python_frames;
         let mut probes = Probes::load(config).context("loading the eBPF programs")?;
         // The trap calibration's ~0.15 s (timing, then a link the kernel takes ~0.1 s to
         // remove, which holds up the attach behind it) would be the largest part of such a
@@ -148,7 +176,7 @@ impl Recording {
             cost::trap::calibrate(&mut probes)
         };
         let duty = duty_cycling(&mut probes, sampling)?;
-        let (reader, logger) = intake(&mut probes, sampling)?;
+        let (reader, logger) = intake(&mut probes, sampling, python_frames)?;
         let aggregator = aggregator(sampling, recent, duty.is_some());
         let mut recording = Recording {
             probes: Some(probes),

@@ -29,6 +29,7 @@ fn load_object(config: &KernelConfig, task_pid_offset: Option<u32>) -> Result<Eb
     let watch_execs = u8::from(config.watch_execs);
     let stack_bytes = u64::from(config.stack_bytes);
     let duty_cycled = u8::from(config.duty_cycled);
+    let python_frames = u8::from(config.python_frames);
     let possible_cpus =
         aya::util::nr_cpus().map_err(|(path, source)| AttachError::Cpus { path, source })? as u32;
     let task_pid_offset = u64::from(task_pid_offset.unwrap_or(0));
@@ -43,6 +44,7 @@ fn load_object(config: &KernelConfig, task_pid_offset: Option<u32>) -> Result<Eb
         .override_global(kernel::globals::WATCH_EXECS, &watch_execs, true)
         .override_global(kernel::globals::STACK_BYTES, &stack_bytes, true)
         .override_global(kernel::globals::DUTY_CYCLED, &duty_cycled, true)
+        .override_global(kernel::globals::PYTHON_FRAMES, &python_frames, true)
         .override_global(kernel::globals::TASK_PID_OFFSET, &task_pid_offset, true)
         .map_max_entries(kernel::maps::SCRATCH, possible_cpus)
         .map_max_entries(kernel::maps::LIVE, config.track_frees.unwrap_or(1).max(1))

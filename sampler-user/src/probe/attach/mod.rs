@@ -84,6 +84,8 @@ pub struct KernelConfig {
     /// that cleans their state) only when a file is first probed with them: a command
     /// counted in-process alone usually never is, and their verification is ~20 ms.
     pub lazy_uprobes: bool,
+    /// Sampled calls read CPython frames (a target may run an interpreter).
+    pub python_frames: bool,
 }
 
 /// One process to probe and the allocators found in it.

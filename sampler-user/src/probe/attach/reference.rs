@@ -42,6 +42,7 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         watch_execs: false,
         duty_cycled: false,
         lazy_uprobes: true,
+        python_frames: false,
     };
     let mut ebpf = EbpfLoader::new().load(SAMPLER_OBJECT)?;
     let allocator = target
