@@ -545,3 +545,33 @@ fn python_frames_in_pprof_and_folded() {
     );
     assert!(folded.contains(&expected), "{expected} missing:\n{folded}");
 }
+
+/// A chain deeper than the kernel reads (256 frames) is cut at its root end, and says so.
+#[test]
+fn a_chain_deeper_than_256_frames_says_it_was_cut() {
+    tests::require_bpf!();
+    let dir = TempDir::new(&tests::current_test());
+    let script = dir.path("deep.py");
+    std::fs::write(
+        &script,
+        "def down(d):\n    if d == 0:\n        return [bytearray(4000) for _ in range(20000)]\n    \
+         return down(d - 1)\ndown(300)\n",
+    )
+    .unwrap();
+    let recorded = Record::command("/usr/bin/python3", &[script.to_str().unwrap()])
+        .flags(&["-i", "64KiB"])
+        .run();
+    let deepest = recorded
+        .profile
+        .stacks
+        .iter()
+        .max_by_key(|s| s.samples)
+        .unwrap();
+    let chain = python_chain(deepest);
+    assert_eq!(chain.len(), 257, "{chain:?}");
+    assert!(chain[256].starts_with("[python frames cut"), "{chain:?}");
+    assert!(
+        chain[..256].iter().all(|f| f.starts_with("down")),
+        "{chain:?}"
+    );
+}

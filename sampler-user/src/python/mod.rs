@@ -19,7 +19,9 @@ pub mod objects;
 use std::{collections::HashMap, ops::Range, sync::Arc};
 
 use aya::maps::{HashMap as KernelMap, MapData};
-use sampler_common::python::{PyFrameEntry, PyLayout, PyStackRecord, MAX_PY_FRAMES};
+use sampler_common::python::{
+    PyFrameEntry, PyLayout, PyStackRecord, MAX_PY_FRAMES, PY_READ_FAILED, PY_TRUNCATED,
+};
 
 use crate::probe::maps::{FileId, Vma};
 use detect::Interpreter;
@@ -54,8 +56,6 @@ pub struct PythonStack {
     pub interpreter: FileId,
     /// File offsets of `_PyEval_EvalFrameDefault` in it.
     pub eval: Range<u64>,
-    /// Whether the chain was cut (deeper than the kernel reads, or a read failed).
-    pub cut: bool,
 }
 
 /// How frames are merged (`--python-frames`).
@@ -299,11 +299,25 @@ impl Frames {
             resolved.push((frame, entry.marker()));
         }
         // 3.12+'s shim frames hold no code object: they only separate groups.
+        let mut groups = merge::groups(&resolved, layout.is_entry_flag);
+        if raw.flags & (PY_TRUNCATED | PY_READ_FAILED) != 0 {
+            // The chain goes on below what was read: said at its root end, not hidden.
+            let cut = PyFrame {
+                function: PyFunction {
+                    qualname: "[python frames cut: deeper than 256 or unreadable]".into(),
+                    filename: "".into(),
+                },
+                line: 0,
+            };
+            match groups.last_mut() {
+                Some(last) => last.push(cut),
+                None => groups.push(vec![cut]),
+            }
+        }
         Some(PythonStack {
-            groups: merge::groups(&resolved, layout.is_entry_flag),
+            groups,
             interpreter: process.file.clone(),
             eval: process.interpreter.eval.clone(),
-            cut: raw.flags != 0,
         })
     }
 }
