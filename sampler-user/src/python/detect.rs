@@ -119,12 +119,6 @@ pub fn maps_interpreter(pid: u32) -> bool {
     })
 }
 
-/// [`command_may_be_python`] with the words' `#!` lines read from the files they name (as
-/// paths, or programs on `PATH`).
-pub fn command_starts_python(command: &[std::ffi::OsString]) -> bool {
-    command_may_be_python(command, |word| shebang_of(&resolve(word)?))
-}
-
 /// Whether a command starts CPython: a word among its first four (split at blanks, for
 /// `sh -c "python3 app.py"`) names `python…`, or names a script whose `#!` line does
 /// (`shebang`: a word's `#!` line, if it is such a file).
@@ -148,20 +142,8 @@ pub fn command_may_be_python(
         .any(|word| names_python(&word) || shebang(&word).is_some_and(|line| names_python(&line)))
 }
 
-/// `word` as a file: a path, or a program found on `PATH`.
-fn resolve(word: &str) -> Option<std::path::PathBuf> {
-    if word.contains('/') {
-        return Some(word.into());
-    }
-    std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|dir| dir.join(word))
-            .find(|candidate| candidate.is_file())
-    })
-}
-
 /// The `#!` line of a regular file, if it starts with one.
-fn shebang_of(path: &std::path::Path) -> Option<String> {
+pub fn shebang_of(path: &std::path::Path) -> Option<String> {
     use std::io::Read as _;
     let mut head = [0u8; 256];
     let read = crate::infile::open_regular(path)

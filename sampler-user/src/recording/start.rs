@@ -66,7 +66,10 @@ fn may_run_python(targets: &Targets) -> bool {
             .pids
             .iter()
             .any(|&pid| detect::maps_interpreter(pid))
-        || detect::command_starts_python(&targets.command)
+        || detect::command_may_be_python(&targets.command, |word| {
+            let program = crate::preflight::resolve_command(std::ffi::OsStr::new(word)).ok()?;
+            detect::shebang_of(&program)
+        })
 }
 
 /// The ring buffer's reader (with Python frames' part when the programs read them), and
