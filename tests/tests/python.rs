@@ -138,14 +138,15 @@ fn record(python: &str, flags: &[&str]) -> (Vec<StackProfile>, String) {
 }
 
 /// The stacks through the Python frame (`function`, `line`) whose Python chain ends at
-/// `root` and that allocated a bytearray's buffer (`PyByteArray_Resize` among them).
+/// `root` and that allocated a bytearray's buffer (`PyByteArray_Resize` among them); panics,
+/// listing the stacks, when there is none.
 fn site<'a>(
     stacks: &'a [StackProfile],
     function: &str,
     line: u32,
     root: &str,
 ) -> Vec<&'a StackProfile> {
-    stacks
+    let found: Vec<&StackProfile> = stacks
         .iter()
         .filter(|s| s.frames.iter().any(|f| is_python(f, function, line)))
         .filter(|s| python_chain(s).last().is_some_and(|r| r.starts_with(root)))
@@ -154,7 +155,13 @@ fn site<'a>(
                 .iter()
                 .any(|f| f.function.as_deref() == Some("PyByteArray_Resize"))
         })
-        .collect()
+        .collect();
+    assert!(
+        !found.is_empty(),
+        "no {function}:{line} site under {root}\n{}",
+        describe(stacks)
+    );
+    found
 }
 
 /// The bytes of `stacks` hold `truth` within their bounds (summed: each stack's bounds
@@ -196,11 +203,6 @@ fn check_sites(
         line_of("comprehension"),
         "<module>",
     );
-    assert!(
-        !found.is_empty(),
-        "{python}: comprehension\n{}",
-        describe(stacks)
-    );
     let chain = python_chain(found[0]);
     assert!(
         chain.ends_with(&[main.clone(), module.clone()]),
@@ -209,29 +211,14 @@ fn check_sites(
     assert_holds(&found, (n * 1001) as f64, "comprehension", stacks);
     // Class instances: `Node.__init__` under `instances`.
     let found = site(stacks, "Node.__init__", line_of("instance"), "<module>");
-    assert!(
-        !found.is_empty(),
-        "{python}: instances\n{}",
-        describe(stacks)
-    );
     assert!(python_chain(found[0]).contains(&format!("instances:{}", line_of("instances"))));
     assert_holds(&found, (n * 701) as f64, "instances", stacks);
     // A generator, resumed by a generator expression.
     let found = site(stacks, "generate", line_of("generator"), "<module>");
-    assert!(
-        !found.is_empty(),
-        "{python}: generator\n{}",
-        describe(stacks)
-    );
     assert!(python_chain(found[0]).contains(&format!("consume:{}", line_of("consume"))));
     assert_holds(&found, (n * 1501) as f64, "generator", stacks);
     // Recursion 200 deep: every level, to <module>.
     let found = site(stacks, "recurse", line_of("deepest"), "<module>");
-    assert!(
-        !found.is_empty(),
-        "{python}: recursion\n{}",
-        describe(stacks)
-    );
     let levels = python_chain(found[0])
         .iter()
         .filter(|f| *f == &format!("recurse:{}", line_of("recurse")))
@@ -252,7 +239,6 @@ fn check_sites(
     }
     // Two threads: each worker's site, under the thread's bootstrap, not <module>.
     let found = site(stacks, "worker", line_of("worker"), "Thread._bootstrap");
-    assert!(!found.is_empty(), "{python}: threads\n{}", describe(stacks));
     assert_holds(&found, (n * (3001 + 5001)) as f64, "two threads", stacks);
 }
 
@@ -393,13 +379,12 @@ fn python_frames_can_be_left_out() {
 fn python_frames_come_through_uprobes_too() {
     tests::require_bpf!();
     let (stacks, _) = record("/usr/bin/python3", &["--no-preload"]);
-    let found = site(
+    site(
         &stacks,
         "comprehension.<locals>.<listcomp>",
         line_of("comprehension"),
         "<module>",
     );
-    assert!(!found.is_empty(), "{}", describe(&stacks));
 }
 
 /// The offsets in `layout.rs` are the interpreters' own: the fixture, built against each
