@@ -8,7 +8,11 @@
 //! each argument went; the program reads it there. Layout, low to high bits:
 //!
 //! * 0–31: the target's counter slot ([`crate::HOST_SLOT`] for host-wide probes);
-//! * 32–47: the [`crate::AllocFn`] (session program only);
+//! * 32–46: the [`crate::AllocFn`] (session program), a producer's spec index, or which
+//!   site of the in-process front end ([`FRONT_END_READY`]);
+//! * 47: the probed function is one an in-process front end counts itself (the malloc
+//!   family in a library, CPython's pymalloc): a file-wide probe ignores the call in a
+//!   process that carries one, see [`is_served_by_front_end`];
 //! * 48–59: four bits per argument `n` (at `48 + 4n`): 0 for its own register, else the
 //!   [`Register`] code it moved to;
 //! * 60: the site is another program's USDT probe (`otel_memory`, `ddheap`): bits 32–47
@@ -100,7 +104,36 @@ pub const fn slot(cookie: u64) -> u32 {
 
 /// The function's discriminant (session program).
 pub const fn function(cookie: u64) -> u32 {
-    ((cookie >> 32) & 0xffff) as u32
+    ((cookie >> 32) & 0x7fff) as u32
+}
+
+const SERVED_BIT: u64 = 1 << 47;
+
+/// Whether the probed function's calls all reach an in-process front end in a process that
+/// carries one (allocscope's library interposes the malloc family and wraps pymalloc): a
+/// file-wide probe (`--follow`, `--comm`, `--all`) then leaves the call to the front end,
+/// which counts it, instead of counting it twice.
+pub const fn is_served_by_front_end(cookie: u64) -> bool {
+    cookie & SERVED_BIT != 0
+}
+
+/// `cookie` marked as a function served by a front end ([`is_served_by_front_end`]).
+pub const fn with_served_by_front_end(cookie: u64) -> u64 {
+    cookie | SERVED_BIT
+}
+
+/// The [`function`] field of a front end's `ready` site (its `alloc` and `free` sites
+/// have 0): the library has started in this process, before it forwards any call.
+pub const FRONT_END_READY: u32 = 1;
+
+/// The cookie of a front end's `ready` site for target `slot`.
+pub const fn front_end_ready(slot: u32) -> u64 {
+    new(FRONT_END_READY, slot)
+}
+
+/// Whether the probed site is a front end's `ready` site ([`front_end_ready`]).
+pub const fn is_front_end_ready(cookie: u64) -> bool {
+    !is_producer(cookie) && function(cookie) == FRONT_END_READY
 }
 
 /// The code of the register argument `n` moved to; 0: it is in its own.
@@ -180,12 +213,29 @@ pub const fn with_small_objects(cookie: u64) -> u64 {
 
 /// A cookie of `function` and `slot`, arguments in place.
 pub const fn new(function: u32, slot: u32) -> u64 {
-    ((function as u64 & 0xffff) << 32) | slot as u64
+    ((function as u64 & 0x7fff) << 32) | slot as u64
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_served_bit_and_the_ready_site_leave_the_other_fields_alone() {
+        let plain = new(0x7fff, 0xffff_ffff);
+        let served = with_served_by_front_end(with_moved(plain, 2, Register::R15));
+        assert!(is_served_by_front_end(served));
+        assert!(!is_served_by_front_end(plain));
+        assert_eq!((function(served), slot(served)), (0x7fff, 0xffff_ffff));
+        assert_eq!(moved(served, 2), Register::R15 as u8);
+        let ready = front_end_ready(3);
+        assert!(is_front_end_ready(ready));
+        assert!(!is_front_end_free(ready) && !is_producer(ready));
+        assert_eq!(slot(ready), 3);
+        assert!(!is_front_end_ready(3), "an alloc site");
+        assert!(!is_front_end_ready(with_front_end_free(3)), "a free site");
+        assert!(!is_front_end_ready(producer(FRONT_END_READY, 3)));
+    }
 
     #[test]
     fn fields_round_trip_without_touching_each_other() {

@@ -449,11 +449,14 @@ pub enum LossCounter {
     /// The followed set was full: a new process of a followed one (or one `--comm` was to
     /// decide on) is not counted by file-wide probes.
     FollowedFull = 8,
+    /// The table of processes carrying an in-process front end was full: file-wide probes
+    /// may count such a process's calls that its front end counts too.
+    FrontEndFull = 9,
 }
 
 impl LossCounter {
     /// Number of loss counters (the size of the per-CPU array).
-    pub const COUNT: u32 = 9;
+    pub const COUNT: u32 = 10;
 }
 
 #[cfg(feature = "user")]

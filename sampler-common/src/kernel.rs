@@ -19,6 +19,8 @@ pub mod maps {
     pub const EXCLUDED: &str = "EXCLUDED";
     /// The followed set (`--follow`, `--comm`).
     pub const FOLLOWED: &str = "FOLLOWED";
+    /// pids carrying an in-process front end (file-wide probes leave their calls to it).
+    pub const FRONT_END: &str = "FRONT_END";
     /// Sizes of the probed functions (return-site checks).
     pub const FUNCTION_SIZES: &str = "FUNCTION_SIZES";
     /// Sampled blocks not freed yet.

@@ -55,6 +55,11 @@ pub const PROBE_ALLOC: &str = "alloc";
 /// `allocscope:free(ptr)`: a sampled block is being freed.
 pub const PROBE_FREE: &str = "free";
 
+/// `allocscope:ready()`: the library starts in this process (fired once per program, before
+/// it forwards any call to the next allocator), so that file-wide probes of the allocators
+/// it serves leave this process's calls to it from the first.
+pub const PROBE_READY: &str = "ready";
+
 /// Flag in the last argument of [`PROBE_ALLOC`]: the block's free will not be reported.
 pub const ALLOC_UNTRACKED: u64 = 1 << 8;
 

@@ -16,7 +16,7 @@ use sampler_common::{
     EventKind, ProcessEvent, FOLLOWED_PENDING, FOLLOWED_TARGET, PROCESS_EXEC, PROCESS_FORK,
 };
 
-use crate::maps::{count_loss, FOLLOWED, SAMPLES, THREADS};
+use crate::maps::{count_loss, FOLLOWED, FRONT_END, SAMPLES, THREADS};
 
 /// `clone(2)` flag: the new task is a thread of the caller's process.
 const CLONE_THREAD: u64 = 0x0001_0000;
@@ -29,6 +29,10 @@ pub fn on_new_task(pid: u32, flags: u64) {
         return;
     }
     let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: a lookup whose value is not read.
+    if unsafe { FRONT_END.get(parent) }.is_some() {
+        carries_front_end(pid);
+    }
     // SAFETY: the value is copied out at once.
     let Some(standing) = (unsafe { FOLLOWED.get(parent) }).copied() else {
         return;
@@ -46,6 +50,8 @@ pub fn on_new_task(pid: u32, flags: u64) {
 #[inline(always)]
 pub fn on_exec() {
     let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // The new program loads the front end afresh, or not at all: its `ready` says.
+    forget_front_end(pid);
     // SAFETY: the value is copied out at once.
     let standing = unsafe { FOLLOWED.get(pid) }.copied();
     let watch = crate::config::watch_execs();
@@ -72,6 +78,25 @@ pub fn on_exit(group_dead: bool) {
     // SAFETY: a lookup whose value is not read.
     if group_dead && unsafe { FOLLOWED.get(pid) }.is_some() {
         let _ = FOLLOWED.remove(pid);
+    }
+    if group_dead {
+        forget_front_end(pid);
+    }
+}
+
+/// `allocscope:ready` fired in the current process, or its parent carried the front end.
+#[inline(always)]
+pub fn carries_front_end(pid: u32) {
+    if FRONT_END.insert(pid, 1, 0).is_err() {
+        count_loss(sampler_common::LossCounter::FrontEndFull);
+    }
+}
+
+#[inline(always)]
+fn forget_front_end(pid: u32) {
+    // SAFETY: a lookup whose value is not read.
+    if unsafe { FRONT_END.get(pid) }.is_some() {
+        let _ = FRONT_END.remove(pid);
     }
 }
 

@@ -125,7 +125,9 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
 #[uprobe]
 pub fn usdt(ctx: ProbeContext) -> u32 {
     let cookie = sample::cookie(&ctx);
-    if sampler_common::cookie::is_producer(cookie) {
+    if sampler_common::cookie::is_front_end_ready(cookie) {
+        follow::carries_front_end((aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32);
+    } else if sampler_common::cookie::is_producer(cookie) {
         sample::on_producer(&ctx, sampler_common::cookie::function(cookie));
     } else if sampler_common::cookie::is_front_end_free(cookie) {
         sample::on_free(arg(&ctx, 0));

@@ -45,6 +45,12 @@ pub static EXCLUDED: HashMap<u32, u8> = HashMap::with_max_entries(4096, NO_PREAL
 #[map]
 pub static FOLLOWED: HashMap<u32, u8> = HashMap::with_max_entries(65536, NO_PREALLOC);
 
+/// pids carrying an in-process front end (allocscope's library, from its `ready` probe or
+/// user space; another producer, from user space): file-wide probes of the functions it
+/// serves leave their calls to it. Inherited at fork, dropped at exec and exit.
+#[map]
+pub static FRONT_END: HashMap<u32, u8> = HashMap::with_max_entries(65536, NO_PREALLOC);
+
 /// Code size of each probed function (by AllocFn): the largest over the probed allocators,
 /// updated by user space as allocators are found, for recognizing a call nested in it.
 #[map]

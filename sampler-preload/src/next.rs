@@ -79,6 +79,9 @@ pub fn resolve(after: impl FnOnce()) -> Bootstrap {
         match STATE.compare_exchange(UNRESOLVED, RESOLVING, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
                 RESOLVER.store(thread_id(), Ordering::Release);
+                // Before any call reaches the next allocator: from here on allocscope's
+                // file-wide probes on it leave this process's calls to us.
+                crate::usdt::ready();
                 lookup_all();
                 after();
                 STATE.store(READY, Ordering::Release);

@@ -73,6 +73,14 @@ pub fn alloc(pointer: u64, size: u64, offset: u64, interval: u64, how: u64, weig
     );
 }
 
+/// `allocscope:ready` (see [`sampler_common::preload::PROBE_READY`]): the library starts in
+/// this program. An int3 when attached (once per program): allocscope attaches it only for
+/// its file-wide probes.
+#[inline(never)]
+pub fn ready() {
+    probe!("allocscope", "ready", "");
+}
+
 /// `allocscope:free` and `otel_memory:free` for a sampled block being freed.
 #[inline(always)]
 pub fn free(pointer: u64) {

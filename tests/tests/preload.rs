@@ -238,6 +238,51 @@ fn a_commands_children_are_followed_in_process_by_default() {
     );
 }
 
+#[test]
+fn a_family_member_without_the_library_does_not_make_the_others_count_twice() {
+    tests::require_bpf!();
+    let _serial = one_at_a_time();
+    // `env -u LD_PRELOAD sleep 0.5` runs without the library, so glibc is probed file-wide for
+    // it (and for every process of the family from then on). The workload after it
+    // carries the library, which forwards each call to that glibc: its `allocscope:ready`
+    // told the kernel to leave its calls to it. Once, through pyenv's shims (a bash script
+    // whose child ran without the library), python3 counted every block pymalloc passed on
+    // to malloc twice.
+    let dir = TempDir::new("preload-mixed-family");
+    let workload = fixture("workload", &[]);
+    let script = format!(
+        "env -u LD_PRELOAD sleep 0.5 && {} {ROUNDS}",
+        workload.display()
+    );
+    let out = dir.path("mixed.json");
+    let output = Command::new(allocscope())
+        .args(["record", "--interval", "64KiB", "--confidence", CONFIDENCE])
+        .arg("-o")
+        .arg(&out)
+        .args(["--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "allocscope failed:\n{stderr}");
+    let profile = read_profile(&out);
+    let processes = profile["processes"].as_array().unwrap();
+    let named = |command: &str| {
+        processes
+            .iter()
+            .find(|p| p["command"] == command)
+            .unwrap_or_else(|| panic!("no {command} process in {processes:#?}"))
+    };
+    let probed = named("sleep")["allocators"].to_string();
+    assert!(
+        probed.contains("glibc"),
+        "glibc not probed for sleep: {probed}"
+    );
+    let process = named("workload");
+    assert_eq!(process["front_end"], "in-process", "{process}");
+    let pid = process["pid"].as_u64().unwrap() as u32;
+    check_workload_profile(&typed(&profile), pid, ROUNDS);
+}
+
 /// Records `threads 1000 300` (1000 threads, 300 malloc(512) each) with `extra` flags and
 /// returns the threads process's exact counts and front end.
 fn record_threads(extra: &[&str], dir: &TempDir, name: &str) -> (u64, u64, String) {

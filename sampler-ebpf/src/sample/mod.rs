@@ -28,8 +28,8 @@ use sampler_common::{
 use crate::{
     config,
     maps::{
-        count_loss, COUNTERS, EXCLUDED, FOLLOWED, GATE, HOST_COUNTERS, LIVE, LOST, RATE, SAMPLES,
-        SCRATCH, THREADS, USDT_SPECS,
+        count_loss, COUNTERS, EXCLUDED, FOLLOWED, FRONT_END, GATE, HOST_COUNTERS, LIVE, LOST, RATE,
+        SAMPLES, SCRATCH, THREADS, USDT_SPECS,
     },
 };
 
@@ -83,7 +83,7 @@ fn enter<'a, C: EbpfContext>(ctx: &C, cookie: u64, size: u64) -> Option<Call<'a>
     }
     let pid_tgid = bpf_get_current_pid_tgid();
     let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
-    if excluded(pid) {
+    if excluded(pid) || left_to_front_end(pid, cookie) {
         return None;
     }
     let Some(state) = thread_state(tid) else {
@@ -366,6 +366,17 @@ fn excluded(pid: u32) -> bool {
         // SAFETY: as above.
         unsafe { EXCLUDED.get(pid) }.is_some()
     }
+}
+
+/// Whether a file-wide probe of a function an in-process front end serves fired in a
+/// process that carries one, which counts (and samples) the call itself. Pruned by the
+/// verifier for scoped probes, which are never attached behind a front end.
+#[inline(always)]
+fn left_to_front_end(pid: u32, cookie: u64) -> bool {
+    // SAFETY: a lockless lookup; the value is not read.
+    config::host_mode()
+        && cookie::is_served_by_front_end(cookie)
+        && unsafe { FRONT_END.get(pid) }.is_some()
 }
 
 /// A malloc entered from inside a hooked function that already counted this allocation:

@@ -217,6 +217,10 @@ pub struct Losses {
     /// kernel could not add to its followed set (full): they were not counted.
     #[serde(default)]
     pub followed_full: u64,
+    /// Processes carrying an in-process front end the kernel could not note as such
+    /// (its table full): file-wide probes may have counted their calls twice.
+    #[serde(default)]
+    pub front_end_full: u64,
     /// Samples whose stack was cut to its leaf frame (more distinct stacks than
     /// `--max-stacks`): counted in full, under a shorter stack. Counted in user space.
     #[serde(default)]
@@ -235,6 +239,7 @@ impl Losses {
             + self.process_event_lost
             + self.lost_unrecorded
             + self.followed_full
+            + self.front_end_full
             + self.stacks_cut_to_leaf
     }
 }
@@ -254,6 +259,7 @@ fn read_losses(map: &PerCpuArray<&MapData, u64>) -> anyhow::Result<Losses> {
         process_event_lost: sum(LossCounter::ProcessEventLost)?,
         lost_unrecorded: sum(LossCounter::LostUnrecorded)?,
         followed_full: sum(LossCounter::FollowedFull)?,
+        front_end_full: sum(LossCounter::FrontEndFull)?,
         stacks_cut_to_leaf: 0,
     })
 }

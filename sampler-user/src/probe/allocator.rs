@@ -65,8 +65,13 @@ impl Function {
     /// the probed instruction finds each argument the prologue moved, and for the `malloc`
     /// of an allocator other than glibc's (`outer`) that it may call another probed
     /// `malloc` (a program's own `malloc` calling `__libc_malloc`).
-    pub fn cookie(&self, slot: u32, outer: bool) -> u64 {
+    /// `served`: the allocator is one an in-process front end serves
+    /// ([`Allocator::served_by_front_end`]).
+    pub fn cookie(&self, slot: u32, outer: bool, served: bool) -> u64 {
         let mut value = sampler_common::cookie::new(self.function as u32, slot);
+        if served {
+            value = sampler_common::cookie::with_served_by_front_end(value);
+        }
         if outer && self.function == AllocFn::Malloc {
             value = sampler_common::cookie::with_outer(value);
         }
@@ -639,6 +644,7 @@ mod tests {
                 front_end: (family == Family::InProcess).then(|| usdt::FrontEnd {
                     allocs: Vec::new(),
                     frees: Vec::new(),
+                    ready: Vec::new(),
                 }),
             }),
         }
@@ -769,7 +775,7 @@ mod tests {
             ]
         );
         assert!(file.frees.iter().any(|f| f.symbol == "PyObject_Free"));
-        let cookie = file.functions[0].cookie(7, false);
+        let cookie = file.functions[0].cookie(7, false, false);
         assert!(sampler_common::cookie::is_small_objects(cookie));
         assert_eq!(sampler_common::cookie::slot(cookie), 7);
     }

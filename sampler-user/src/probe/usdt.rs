@@ -162,7 +162,7 @@ fn parse_desc(desc: &[u8]) -> Option<Note> {
 /// probes (with the argument layout this build's eBPF programs read), or `None` when the
 /// file is not (or not this version of) the library.
 pub fn front_end(sites: &[Site]) -> Option<FrontEnd> {
-    use sampler_common::preload::{PROBE_ALLOC, PROBE_FREE, PROVIDER};
+    use sampler_common::preload::{PROBE_ALLOC, PROBE_FREE, PROBE_READY, PROVIDER};
     let own = |name: &str, arguments: &str| -> Vec<Site> {
         sites
             .iter()
@@ -172,7 +172,12 @@ pub fn front_end(sites: &[Site]) -> Option<FrontEnd> {
     };
     let allocs = own(PROBE_ALLOC, ALLOC_ARGUMENTS);
     let frees = own(PROBE_FREE, FREE_ARGUMENTS);
-    (!allocs.is_empty() && !frees.is_empty()).then_some(FrontEnd { allocs, frees })
+    let ready = own(PROBE_READY, "");
+    (!allocs.is_empty() && !frees.is_empty()).then_some(FrontEnd {
+        allocs,
+        frees,
+        ready,
+    })
 }
 
 /// The argument layout the `usdt` program reads at an `alloc` site.
@@ -320,6 +325,8 @@ pub struct FrontEnd {
     pub allocs: Vec<Site>,
     /// `allocscope:free` sites.
     pub frees: Vec<Site>,
+    /// `allocscope:ready` sites (attached for file-wide probes only).
+    pub ready: Vec<Site>,
 }
 
 #[cfg(test)]

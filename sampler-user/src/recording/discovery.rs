@@ -24,6 +24,19 @@ impl Recording {
     /// Maps `pid`'s in-process region if it carries the front end (see
     /// [`super::in_process::InProcess::map`]).
     fn map_front_end(&mut self, pid: u32, allocators: &[Allocator]) {
+        // File-wide probes must leave its calls to its front end. Allocscope's library says
+        // so itself when it starts (`allocscope:ready`); this covers one that started
+        // before the probes were attached, and another producer's.
+        let carries = allocators
+            .iter()
+            .any(|a| a.file.is_in_process() || a.file.is_producer());
+        if carries {
+            if let Some(probes) = self.probes.as_mut() {
+                if let Err(e) = probes.carries_front_end(pid) {
+                    warn!("pid {pid}: its front end may be counted twice: {e}");
+                }
+            }
+        }
         let target = self.roster.is_running(pid);
         self.in_process.map(
             pid,

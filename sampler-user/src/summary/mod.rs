@@ -96,6 +96,10 @@ fn describe_losses(losses: &Losses) -> String {
             "new processes not followed (followed set full: not counted)",
         ),
         (
+            losses.front_end_full,
+            "processes with an in-process front end not noted (table full: calls may count twice)",
+        ),
+        (
             losses.stacks_cut_to_leaf,
             "stacks cut to their leaf frame (more distinct stacks than --max-stacks)",
         ),

@@ -178,6 +178,11 @@ impl Probes {
             sites.extend(front_end.frees.iter().map(|site| (site, free)));
         }
         sites.extend(front_end.allocs.iter().map(|site| (site, slot)));
+        if scope == Scope::Host {
+            // File-wide probes behind it learn from its start that a process carries it.
+            let ready = sampler_common::cookie::front_end_ready(scope.slot());
+            sites.extend(front_end.ready.iter().map(|site| (site, ready)));
+        }
         // At the 1-byte nop (an int3 trap) unless asked: an optimised site's code calls a
         // trampoline mapping that a fork does not copy (Linux 6.18), so a child forked
         // without exec would crash at the site.
@@ -303,6 +308,7 @@ impl Probes {
         let functions = &allocator.file.functions;
         // glibc's malloc is the innermost; another's may wrap it (or reach another).
         let outer = allocator.file.family != crate::probe::allocator::Family::Glibc;
+        let served = allocator.served_by_front_end();
         let point = |probe: ProbeKind, f: &crate::probe::allocator::Function| AttachedPoint {
             pid: scope.key(),
             probe,
@@ -318,7 +324,7 @@ impl Probes {
                 .collect();
             let cookies: Vec<u64> = functions
                 .iter()
-                .map(|f| f.cookie(scope.slot(), outer))
+                .map(|f| f.cookie(scope.slot(), outer, served))
                 .collect();
             let what = "allocation functions (session)";
             let link = multi_link(sessions, scope, allocator, &offsets, &cookies, what)?;
@@ -345,7 +351,7 @@ impl Probes {
                 ));
             }
             for (name, kind) in programs {
-                let cookie = f.cookie(scope.slot(), outer);
+                let cookie = f.cookie(scope.slot(), outer, served);
                 let id = self.attach_uprobe(name, scope, allocator, offset, cookie, &f.symbol)?;
                 self.links
                     .entry(scope.key())

@@ -552,6 +552,15 @@ impl Probes {
             .map_err(|e| AttachError::map(kernel::maps::FOLLOWED, e))
     }
 
+    /// Tells the kernel that `pid` carries an in-process front end (found by its region or
+    /// its producer's probes, where its library's `ready` probe fired before ours were
+    /// attached): file-wide probes of the functions it serves leave its calls to it.
+    pub fn carries_front_end(&mut self, pid: u32) -> Result<(), AttachError> {
+        let mut map: BpfHashMap<&mut MapData, u32, u8> = self.map_mut(kernel::maps::FRONT_END)?;
+        map.insert(pid, 1, 0)
+            .map_err(|e| AttachError::map(kernel::maps::FRONT_END, e))
+    }
+
     /// `pid`'s standing in the kernel's followed set ([`FOLLOWED_TARGET`],
     /// [`sampler_common::FOLLOWED_PENDING`]), `None` when it is not in it.
     pub fn standing(&self, pid: u32) -> Option<u8> {
