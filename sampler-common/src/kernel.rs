@@ -53,6 +53,7 @@ pub mod maps {
         HOST_COUNTERS,
         EXCLUDED,
         FOLLOWED,
+        FRONT_END,
         FUNCTION_SIZES,
         LIVE,
         LOST,

@@ -297,12 +297,13 @@ pub struct RecordArgs {
     pub output: PathBuf,
 
     /// Output format (default: from the file extension: .pb.gz pprof, .folded folded, .svg
-    /// svg, else json; json for snapshots).
+    /// svg, .html the HTML report, .speedscope.json speedscope, else json; json for
+    /// snapshots).
     #[arg(short, long, value_enum, help_heading = "Output")]
     pub format: Option<Format>,
 
-    /// What folded and SVG output show (default: alloc-bytes; inuse-bytes once frees are
-    /// tracked).
+    /// What folded and SVG output show, and what the HTML report and speedscope open on
+    /// (default: alloc-bytes; inuse-bytes once frees are tracked).
     #[arg(long, value_enum, help_heading = "Output")]
     pub value: Option<Value>,
 
@@ -417,7 +418,7 @@ pub struct ReportArgs {
     #[arg(short, long, value_enum)]
     pub format: Option<Format>,
 
-    /// What folded and SVG output show.
+    /// What folded and SVG output show, and what the HTML report and speedscope open on.
     #[arg(long, value_enum)]
     pub value: Option<Value>,
 

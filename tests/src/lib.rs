@@ -16,6 +16,7 @@ use std::{
 
 use serde_json::Value;
 
+pub mod browser;
 pub mod record;
 
 use record::{frame_is, process_of, site_of, Profile};

@@ -17,7 +17,11 @@
 //! * a second CPython (3.12 or 3.13, interpreter in libpython) for the Python-frames
 //!   tests: pyenv's, which this machine kind's image carries under /root/.pyenv (Debian 12
 //!   has 3.11 only, and the Python builds on npm and PyPI download from hosts this network
-//!   does not reach): checked, and installed with `pyenv install` where pyenv is present.
+//!   does not reach): checked, and installed with `pyenv install` where pyenv is present;
+//! * for the HTML report's tests: Debian's chromium (headless) and nodejs/npm, and from the
+//!   npm registry speedscope (its file-format schema and its own page, which must open our
+//!   speedscope export) and ajv (the schema validator), pinned, into
+//!   `~/.cache/allocscope-js-tools` (kept across clean clones: installed once).
 
 use std::process::Command;
 
@@ -48,6 +52,9 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("unshare", "util-linux"),
     ("go", "golang-go"),
     ("tmux", "tmux"),
+    ("chromium", "chromium"),
+    ("node", "nodejs"),
+    ("npm", "npm"),
     ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "libjemalloc2"),
     (
         "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
@@ -64,6 +71,7 @@ pub fn run() -> anyhow::Result<()> {
     bpf_linker()?;
     debian_packages()?;
     second_python()?;
+    js_tools()?;
     eprintln!("xtask: setup complete");
     Ok(())
 }
@@ -173,4 +181,24 @@ fn second_python() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The npm packages the report's tests use, pinned (see the module doc).
+const JS_TOOLS: &[&str] = &["speedscope@1.25.0", "ajv@8.17.1"];
+
+fn js_tools() -> anyhow::Result<()> {
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    let dir = std::path::PathBuf::from(home).join(".cache/allocscope-js-tools");
+    let marker = dir.join(format!("installed-{}", JS_TOOLS.join("-")));
+    if marker.exists() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    status(
+        Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--prefix"])
+            .arg(&dir)
+            .args(JS_TOOLS),
+    )?;
+    std::fs::write(&marker, b"").with_context(|| format!("writing {}", marker.display()))
 }

@@ -21,6 +21,7 @@ enum Output {
     Json,
     Folded,
     Pprof,
+    Html,
 }
 
 fn output_of(path: &std::path::Path) -> Result<Output, BadInput> {
@@ -28,9 +29,10 @@ fn output_of(path: &std::path::Path) -> Result<Output, BadInput> {
         Format::Json => Ok(Output::Json),
         Format::Folded => Ok(Output::Folded),
         Format::Pprof => Ok(Output::Pprof),
-        Format::Svg => Err(BadInput(format!(
-            "{}: a diff is written as .json, .folded or .pb.gz (make a differential flame \
-             graph from the .folded with inferno-flamegraph)",
+        Format::Html => Ok(Output::Html),
+        Format::Svg | Format::Speedscope => Err(BadInput(format!(
+            "{}: a diff is written as .json, .folded, .pb.gz or .html (a differential flame \
+             graph; or make one from the .folded with inferno-flamegraph)",
             path.display()
         ))),
     }
@@ -77,6 +79,14 @@ pub fn run(args: DiffArgs) -> anyhow::Result<u8> {
         outfile::write_replacing(path, |out| match output {
             Output::Json => render::json(&found, out),
             Output::Folded => render::folded(&found, out),
+            Output::Html => export::html::page(
+                &export::html::diff_data(
+                    &found,
+                    &crate::text::printable(&args.base.to_string_lossy()),
+                    &crate::text::printable(&args.new.to_string_lossy()),
+                ),
+                out,
+            ),
             Output::Pprof => {
                 let profile = render::difference_profile(&found, &new);
                 export::pprof::write_noted(

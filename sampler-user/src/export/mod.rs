@@ -1,8 +1,10 @@
 //! ⑥ One exporter per format, each over `&Profile`.
 
 pub mod folded;
+pub mod html;
 pub mod json;
 pub mod pprof;
+pub mod speedscope;
 pub mod svg;
 
 use std::{
@@ -27,6 +29,10 @@ pub enum Format {
     Folded,
     /// Interactive SVG flame graph.
     Svg,
+    /// Self-contained HTML report: flame graph with bounds, tables, charts (offline).
+    Html,
+    /// speedscope's file format (one profile per value).
+    Speedscope,
 }
 
 impl Format {
@@ -37,6 +43,8 @@ impl Format {
             Format::Pprof => "pprof",
             Format::Folded => "folded",
             Format::Svg => "svg",
+            Format::Html => "html",
+            Format::Speedscope => "speedscope",
         }
     }
 
@@ -47,12 +55,15 @@ impl Format {
             Format::Pprof => "pb.gz",
             Format::Folded => "folded",
             Format::Svg => "svg",
+            Format::Html => "html",
+            Format::Speedscope => "speedscope.json",
         }
     }
 
     /// The format a file name implies: `.pb.gz`/`.pb`/`.pprof` → pprof, `.folded`/`.txt` →
-    /// folded, `.svg` → svg, `.json` or no extension → json. Any other extension is an
-    /// error that lists these (`-o x.html` must not silently get JSON).
+    /// folded, `.svg` → svg, `.html`/`.htm` → html, `.speedscope.json` → speedscope, `.json` or
+    /// no extension → json. Any other extension is an error that lists these (`-o x.htm5`
+    /// must not silently get JSON).
     pub fn for_path(path: &Path) -> Result<Format, String> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         if name.ends_with(".pb.gz") || name.ends_with(".pb") || name.ends_with(".pprof") {
@@ -61,6 +72,10 @@ impl Format {
             Ok(Format::Folded)
         } else if name.ends_with(".svg") {
             Ok(Format::Svg)
+        } else if name.ends_with(".html") || name.ends_with(".htm") {
+            Ok(Format::Html)
+        } else if name.ends_with(".speedscope.json") {
+            Ok(Format::Speedscope)
         } else if name.ends_with(".json") {
             Ok(Format::Json)
         } else {
@@ -68,7 +83,7 @@ impl Format {
                 None => Ok(Format::Json),
                 Some(extension) => Err(format!(
                     "{}: unknown extension .{} (known: .json, .pb.gz, .pb, .pprof, .folded, \
-                     .txt, .svg; or name the format with --format)",
+                     .txt, .svg, .html, .speedscope.json; or name the format with --format)",
                     path.display(),
                     extension.to_string_lossy()
                 )),
@@ -127,7 +142,8 @@ impl Value {
     }
 }
 
-/// Writes `profile` in `format`; `value` picks the number of folded and SVG output.
+/// Writes `profile` in `format`; `value` picks the number of folded and SVG output (and
+/// the one the HTML report and speedscope open on).
 pub fn write(
     profile: &Profile,
     format: Format,
@@ -139,6 +155,8 @@ pub fn write(
         Format::Pprof => pprof::write(profile, out),
         Format::Folded => folded::write(profile, value, out),
         Format::Svg => svg::write(profile, value, out),
+        Format::Html => html::write(profile, value, out),
+        Format::Speedscope => speedscope::write(profile, value, out),
     }
 }
 
@@ -560,9 +578,11 @@ pub(crate) mod tests {
         assert_eq!(of("heap.svg"), Ok(Format::Svg));
         assert_eq!(of("heap.json"), Ok(Format::Json));
         assert_eq!(of("heap"), Ok(Format::Json));
-        let err = of("report.html").unwrap_err();
+        assert_eq!(of("report.html"), Ok(Format::Html));
+        assert_eq!(of("x.speedscope.json"), Ok(Format::Speedscope));
+        let err = of("report.xhtml5").unwrap_err();
         assert!(
-            err.contains("unknown extension .html") && err.contains(".svg"),
+            err.contains("unknown extension .xhtml5") && err.contains(".html"),
             "{err}"
         );
     }

@@ -34,7 +34,7 @@ pub struct Spread {
 }
 
 /// `z` for a two-sided interval at `confidence`.
-fn z(confidence: f64) -> f64 {
+pub fn z(confidence: f64) -> f64 {
     let tail = ((1.0 - confidence) / 2.0).clamp(1e-300, 0.5);
     Normal::standard().inverse_cdf(1.0 - tail)
 }
@@ -55,6 +55,16 @@ impl Spread {
         self.estimate += other.estimate;
         self.below = self.below.hypot(other.below);
         self.above = self.above.hypot(other.above);
+    }
+
+    /// Bounds at `confidence` again (`z` standard errors each side, the lower one not
+    /// below zero): a single stack's own bounds, a sum's in quadrature.
+    pub fn bounds(&self, confidence: f64) -> (f64, f64) {
+        let z = z(confidence);
+        (
+            (self.estimate - z * self.below).max(0.0),
+            self.estimate + z * self.above,
+        )
     }
 
     /// Every field times `scale` (> 0): a rate from a total.

@@ -200,29 +200,13 @@ fn describe_stack_ends(stacks: &[StackProfile]) -> Option<String> {
 
 /// Renders the summary: totals per process, losses, and the top `top` stacks.
 pub fn render(profile: &Profile, top: usize) -> String {
-    let mut out = String::new();
-    header(&mut out, profile);
-    for process in &profile.processes {
-        process_lines(&mut out, process);
-    }
-    let losses = profile.losses;
-    if losses.total() == 0 {
-        let _ = writeln!(out, "  lost events: none");
-    } else {
-        let _ = writeln!(out, "  lost events: {}", describe_losses(&losses));
-    }
-    if let Some(overhead) = &profile.overhead {
-        let _ = writeln!(out, "  overhead: {}", describe_overhead(overhead));
-    }
+    let mut out = preamble(profile);
     if profile.stacks.is_empty() {
         let _ = writeln!(
             out,
             "  no samples: too little was allocated for this interval"
         );
         return out;
-    }
-    if let Some(line) = describe_stack_ends(&profile.stacks) {
-        let _ = writeln!(out, "  stacks: {line}");
     }
     if let Some(age) = profile.leaks_older_than_seconds {
         leak_rows(&mut out, profile, age, top);
@@ -237,6 +221,30 @@ pub fn render(profile: &Profile, top: usize) -> String {
     for (stack, chain) in shown.iter().zip(row_chains(&shown)) {
         let detail = format!("{:>6} samples", stack.samples);
         stack_row(&mut out, &stack.alloc_bytes, &detail, stack, &chain);
+    }
+    out
+}
+
+/// What was recorded and how: the interval, duration and confidence, each process's
+/// totals, coverage and front end, the losses, the measured overhead and how the stacks
+/// ended (the summary's head, and the HTML report's header).
+pub fn preamble(profile: &Profile) -> String {
+    let mut out = String::new();
+    header(&mut out, profile);
+    for process in &profile.processes {
+        process_lines(&mut out, process);
+    }
+    let losses = profile.losses;
+    if losses.total() == 0 {
+        let _ = writeln!(out, "  lost events: none");
+    } else {
+        let _ = writeln!(out, "  lost events: {}", describe_losses(&losses));
+    }
+    if let Some(overhead) = &profile.overhead {
+        let _ = writeln!(out, "  overhead: {}", describe_overhead(overhead));
+    }
+    if let Some(line) = describe_stack_ends(&profile.stacks) {
+        let _ = writeln!(out, "  stacks: {line}");
     }
     out
 }
