@@ -5,7 +5,8 @@
 //! copy, and both at `-i 4KiB` to show what one sample costs; and `record --all
 //! --alloc-only` and `record --follow --alloc-only`, file-wide probes, with what a process
 //! left out of them (excluded, or not followed) pays. `--front-end`: the in-process front
-//! end instead (see [`front_end`]); `--duty`: duty cycling (see [`duty`]).
+//! end instead (see [`front_end`]); `--duty`: duty cycling (see [`duty`]); `--report`: the
+//! HTML report with more than 10,000 stacks in a browser (see [`report`]).
 //!
 //! Absolute timings on a 2-vCPU VM swing ±30% between runs, so each round runs two copies of
 //! a malloc+free loop at the same time, one pinned to each CPU: first both unprobed (the
@@ -25,6 +26,7 @@ use crate::run::{cargo, fixture, is_root, status, workspace};
 
 mod duty;
 mod front_end;
+mod report;
 
 use duty::duty;
 use front_end::front_end;
@@ -49,6 +51,10 @@ pub struct BenchArgs {
     /// the optimised 5-byte-nop probe and through the int3 fallback.
     #[arg(long)]
     front_end: bool,
+    /// Only the HTML report's benchmark: a recording of more than 10,000 stacks, opened
+    /// in headless chromium: time to interactive, a search and a change of value.
+    #[arg(long)]
+    report: bool,
     /// malloc+free iterations of each duty-cycling run (~9 ns each natively here).
     #[arg(long, default_value_t = 2_000_000_000)]
     duty_iterations: u64,
@@ -72,6 +78,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.front_end {
         return front_end(&args, &looper, &allocscope, &out_dir);
+    }
+    if args.report {
+        return report::report(&args, &allocscope, &out_dir);
     }
     let modes = probe_modes();
     let rounds = measure_modes(&args, &modes, &looper, &allocscope, &out_dir)?;
