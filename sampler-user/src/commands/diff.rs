@@ -75,29 +75,12 @@ pub fn run(args: DiffArgs) -> anyhow::Result<u8> {
             &args.new.to_string_lossy()
         )
     );
+    let names = (
+        crate::text::printable(&args.base.to_string_lossy()).into_owned(),
+        crate::text::printable(&args.new.to_string_lossy()).into_owned(),
+    );
     for (path, output) in &outputs {
-        outfile::write_replacing(path, |out| match output {
-            Output::Json => render::json(&found, out),
-            Output::Folded => render::folded(&found, out),
-            Output::Html => export::html::page(
-                &export::html::diff_data(
-                    &found,
-                    &crate::text::printable(&args.base.to_string_lossy()),
-                    &crate::text::printable(&args.new.to_string_lossy()),
-                ),
-                out,
-            ),
-            Output::Pprof => {
-                let profile = render::difference_profile(&found, &new);
-                export::pprof::write_noted(
-                    &profile,
-                    std::slice::from_ref(&profile.sampling.model),
-                    out,
-                )
-            }
-        })
-        .with_context(|| format!("writing {}", path.display()))?;
-        crate::say!("wrote {}", path.display());
+        write_output(path, *output, &found, &new, &names)?;
     }
     let Some(threshold) = args.fail_on_growth else {
         return Ok(0);
@@ -120,4 +103,29 @@ pub fn run(args: DiffArgs) -> anyhow::Result<u8> {
         );
     }
     Ok(1)
+}
+
+/// Writes `found` to `path` as `output` (`new`: the new recording, for pprof; `names`: the
+/// two files, for the HTML report's title).
+fn write_output(
+    path: &std::path::Path,
+    output: Output,
+    found: &diff::Diff,
+    new: &crate::profile::Profile,
+    names: &(String, String),
+) -> anyhow::Result<()> {
+    outfile::write_replacing(path, |out| match output {
+        Output::Json => render::json(found, out),
+        Output::Folded => render::folded(found, out),
+        Output::Html => {
+            export::html::page(&export::html::diff_data(found, &names.0, &names.1), out)
+        }
+        Output::Pprof => {
+            let profile = render::difference_profile(found, new);
+            export::pprof::write_noted(&profile, std::slice::from_ref(&profile.sampling.model), out)
+        }
+    })
+    .with_context(|| format!("writing {}", path.display()))?;
+    crate::say!("wrote {}", path.display());
+    Ok(())
 }
