@@ -260,10 +260,10 @@ fn report_refuses_devices_and_fifos_at_once() {
 #[test]
 fn unknown_output_extensions_are_refused() {
     let dir = TempDir::new("unknown-extension");
-    let out = dir.path("report.html");
+    let out = dir.path("report.htm5");
     assert_bad_input(
         &run(&["record", "-o", out.to_str().unwrap(), "--", "true"]),
-        "unknown extension .html",
+        "unknown extension .htm5",
     );
     assert!(!out.exists());
     let input = dir.path("missing.json");
@@ -274,7 +274,7 @@ fn unknown_output_extensions_are_refused() {
             "-o",
             out.to_str().unwrap(),
         ]),
-        "unknown extension .html",
+        "unknown extension .htm5",
     );
 }
 

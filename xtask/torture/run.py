@@ -192,7 +192,7 @@ def _():
 
 @case("an unknown output extension is refused, listing the known ones [#29.10]", "bad input")
 def _():
-    code, _, err = run([A, "record", "-o", path("x.html"), "--", "true"], timeout=20)
+    code, _, err = run([A, "record", "-o", path("x.htm5"), "--", "true"], timeout=20)
     check(code == 2 and ".json" in err, f"exit {code}: {err[-300:]}")
 
 
