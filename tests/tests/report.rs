@@ -13,33 +13,33 @@ use tests::{allocscope, browser, fixture, read_profile, workspace, TempDir};
 /// Records the workload fixture for `seconds` (its rounds forever) with a 100 ms tick, so
 /// the report has charts over time.
 fn record(out: &Path, seconds: &str, program: &[&str]) {
-    let output = Command::new(allocscope())
-        .args(["record", "--interval", "64KiB", "--tick", "100ms"])
-        .args(["--duration", seconds, "-o"])
-        .arg(out)
-        .arg("--")
-        .args(program)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    succeed(
+        Command::new(allocscope())
+            .args(["record", "--interval", "64KiB", "--tick", "100ms"])
+            .args(["--duration", seconds, "-o"])
+            .arg(out)
+            .arg("--")
+            .args(program),
     );
 }
 
 fn report(input: &Path, output: &Path, extra: &[&str]) {
-    let out = Command::new(allocscope())
-        .arg("report")
-        .arg(input)
-        .args(extra)
-        .arg("-o")
-        .arg(output)
-        .output()
-        .unwrap();
+    succeed(
+        Command::new(allocscope())
+            .arg("report")
+            .arg(input)
+            .args(extra)
+            .arg("-o")
+            .arg(output),
+    );
+}
+
+/// Runs `command`, which must succeed (its stderr shown if not).
+fn succeed(command: &mut Command) {
+    let out = command.output().unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "{command:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
@@ -254,19 +254,14 @@ fn a_differential_report_colours_only_significant_changes() {
             dir.path(&format!("{name}.html")),
             dir.path(&format!("{name}.json")),
         );
-        let out = Command::new(allocscope())
-            .arg("diff")
-            .args([base, new])
-            .arg("-o")
-            .arg(&html)
-            .arg("-o")
-            .arg(&json)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        succeed(
+            Command::new(allocscope())
+                .arg("diff")
+                .args([base, new])
+                .arg("-o")
+                .arg(&html)
+                .arg("-o")
+                .arg(&json),
         );
         (html, read_profile(&json))
     };
