@@ -14,6 +14,7 @@
 //!
 //! Requires kernel ≥ 5.15 (ring buffer, attach cookies).
 #![no_std]
+#![feature(asm_experimental_arch)]
 #![no_main]
 
 mod config;

@@ -130,8 +130,18 @@ fn record(python: &str, flags: &[&str]) -> (Vec<StackProfile>, String) {
     let dir = TempDir::new(&tests::current_test());
     let script = script(&dir, N, false);
     let recorded = Record::command(python, &[script.to_str().unwrap()])
-        // 99.99%: some thirty sites are checked per run of these tests.
-        .flags(&["-i", "16KiB", "--confidence", "0.9999"])
+        // 99.99%: some thirty sites are checked per run of these tests. A sample here carries
+        // up to ~21 KB (its stack copy, and 200 recursion frames); with these tests running
+        // side by side on two CPUs, 32 MiB filled once in a dozen runs (371 samples lost to
+        // the process total, not to their sites): 128 MiB holds every sample.
+        .flags(&[
+            "-i",
+            "16KiB",
+            "--confidence",
+            "0.9999",
+            "--ring-buffer",
+            "128MiB",
+        ])
         .flags(flags)
         .run();
     (recorded.profile.stacks.clone(), recorded.stderr)

@@ -48,7 +48,10 @@ pub(super) fn send_python_frames(pid: u32, tid: u32, timestamp_ns: u64) -> u32 {
     record.flags = 0;
     record.pad = 0;
     record.count = 0;
-    let Some(frame) = current_frame(layout, tid, &mut record.flags) else {
+    let found = current_frame(layout, tid, record);
+    // `current_frame` counted thread states in `count`; the frames are counted from 0.
+    record.count = 0;
+    let Some(frame) = found else {
         if record.flags == 0 {
             return 0;
         }
@@ -87,19 +90,34 @@ fn send(record: &mut sampler_common::python::PyStackRecord) -> u32 {
 /// interpreter is not running yet, the thread is not one of its threads, or a read failed
 /// (`flags` says which of the last two).
 #[inline(always)]
-fn current_frame(layout: &PyLayout, tid: u32, flags: &mut u32) -> Option<u64> {
+fn current_frame(
+    layout: &PyLayout,
+    tid: u32,
+    record: &mut sampler_common::python::PyStackRecord,
+) -> Option<u64> {
     let interpreter = read_word(layout.interpreters_head)?;
     if interpreter == 0 {
         return None;
     }
     let mut thread = read_word(interpreter + layout.threads_head as u64)?;
     let mut found = 0u64;
-    for _ in 0..MAX_PY_THREADS {
-        if thread == 0 {
+    // The thread states looked at so far, counted in the record (reset by `walk`), as the
+    // walk counts its frames: see there.
+    // SAFETY: a field of the record this program owns for its run.
+    unsafe { core::ptr::write_volatile(&mut record.count, 0) };
+    loop {
+        if thread == 0 || may_goto_stops() {
             break;
         }
+        // SAFETY: as above.
+        let seen = unsafe { core::ptr::read_volatile(&record.count) };
+        if seen as usize >= MAX_PY_THREADS {
+            break;
+        }
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile(&mut record.count, seen + 1) };
         let Some(native) = read_word(thread + layout.thread_native_id as u64) else {
-            *flags |= PY_READ_FAILED;
+            record.flags |= PY_READ_FAILED;
             return None;
         };
         if native == tid as u64 {
@@ -110,7 +128,7 @@ fn current_frame(layout: &PyLayout, tid: u32, flags: &mut u32) -> Option<u64> {
     }
     if found == 0 {
         if thread != 0 {
-            *flags |= PY_THREAD_NOT_FOUND;
+            record.flags |= PY_THREAD_NOT_FOUND;
         }
         return None;
     }
@@ -136,8 +154,16 @@ fn walk(layout: &PyLayout, mut frame: u64, record: &mut sampler_common::python::
     let entry_word = (layout.frame_entry_byte / 8) & mask;
     let entry_shift = (layout.frame_entry_byte % 8) * 8;
     record.count = 0;
-    for _ in 0..MAX_PY_FRAMES {
-        if frame == 0 {
+    loop {
+        if frame == 0 || may_goto_stops() {
+            break;
+        }
+        // Read from the record each time, never kept in a register: a count the verifier
+        // knows would differ between iterations and keep their states apart.
+        // SAFETY: a field of the record this program owns for its run.
+        let count = unsafe { core::ptr::read_volatile(&record.count) };
+        if count as usize >= MAX_PY_FRAMES {
+            record.flags |= PY_TRUNCATED;
             break;
         }
         // SAFETY: reads PY_FRAME_READ_WORDS words into the scratch slot, which holds
@@ -173,15 +199,26 @@ fn walk(layout: &PyLayout, mut frame: u64, record: &mut sampler_common::python::
         } else {
             0
         };
-        let at = (record.count as usize) & (MAX_PY_FRAMES - 1);
+        let at = (count as usize) & (MAX_PY_FRAMES - 1);
         record.frames[at] = PyFrameEntry {
             code,
             signature,
             instr,
         };
-        record.count += 1;
-        if frame != 0 && record.count as usize >= MAX_PY_FRAMES {
-            record.flags |= PY_TRUNCATED;
-        }
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile(&mut record.count, count + 1) };
     }
+}
+
+/// `may_goto`: the verifier checks a loop through it without proving a bound (its states
+/// converge in an iteration or two, where a counted loop is checked once per iteration:
+/// ~0.2 s for this walk); the kernel ends the loop after 8M iterations (true here).
+#[inline(always)]
+fn may_goto_stops() -> bool {
+    let mut stop = false;
+    // SAFETY: a conditional jump the kernel decides; no register or memory is touched.
+    unsafe {
+        core::arch::asm!("may_goto {0}", label { stop = true; }, options(nostack));
+    }
+    stop
 }

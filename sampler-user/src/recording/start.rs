@@ -132,6 +132,28 @@ fn aggregator(
     aggregator
 }
 
+/// Loads the probes; where the kernel refuses the Python-frames walk (its loop is a
+/// `may_goto` one, Linux 6.9+), loads them without it and says so. Returns whether Python
+/// frames are walked.
+fn load_probes(config: KernelConfig) -> anyhow::Result<(Probes, bool)> {
+    match Probes::load(config) {
+        Ok(probes) => Ok((probes, config.python_frames)),
+        Err(e) if config.python_frames => {
+            warn!(
+                "Python frames left out: the kernel refused the program that walks them \
+                 (its loop needs Linux 6.9+): {e}"
+            );
+            let config = KernelConfig {
+                python_frames: false,
+                ..config
+            };
+            let probes = Probes::load(config).context("loading the eBPF programs")?;
+            Ok((probes, false))
+        }
+        Err(e) => Err(anyhow::Error::new(e).context("loading the eBPF programs")),
+    }
+}
+
 /// Duty cycling for `--max-overhead`: the first slot is on from the start, its gate open
 /// before any target can run.
 fn duty_cycling(
@@ -168,8 +190,7 @@ impl Recording {
         // no uprobe on its allocator unless one is linked into its executable.
         let in_process_only = front_end.is_some() && initial.len() == 1 && !targets.waits_for_new();
         let config = kernel_config(&targets, sampling, followed_only, in_process_only);
-        let python_frames = config.python_frames;
-        let mut probes = Probes::load(config).context("loading the eBPF programs")?;
+        let (mut probes, python_frames) = load_probes(config)?;
         // The trap calibration's ~0.15 s (timing, then a link the kernel takes ~0.1 s to
         // remove, which holds up the attach behind it) would be the largest part of such a
         // command's cost.
