@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end slowdown on real programs (README, Cost): native, `record` (the in-process
 front end, frees tracked, children followed), `record --alloc-only`, `record --no-preload` (uprobes on every
-call) and heaptrack, interleaved rounds, medians with the rounds' range; then, from
+call) and heaptrack, interleaved rounds; each run's time against the native run of its
+round, the median of those ratios with their range; then, from
 the last round, each front end's exact count and estimate of the bytes allocated.
 
     sudo python3 xtask/e2e/run.py [ROUNDS]      (after cargo build --release)
@@ -85,17 +86,20 @@ for r in range(rounds):
 print("| program | " + " | ".join(modes) + " |")
 print("|---|" + "---|" * len(modes))
 for p in programs:
-    base = statistics.median(times[(p, "native")])
+    natives = times[(p, "native")]
     cells = []
     for m in modes:
         ts = times[(p, m)]
         med = statistics.median(ts)
+        # Each run against the native run of its own round (the VM's speed drifts between
+        # rounds): the median of those ratios, and their range.
+        ratios = [t / n for t, n in zip(ts, natives)]
         if m == "native":
             cell = f"{med:.2f} s ({min(ts):.2f}–{max(ts):.2f})"
         elif len(ts) == 1:
-            cell = f"{med / base:.2f}× (1 run)"
+            cell = f"{ratios[0]:.2f}× (1 run)"
         else:
-            cell = f"{med / base:.2f}× ({min(ts) / base:.2f}–{max(ts) / base:.2f})"
+            cell = f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f})"
         if (p, m) in failed:
             cell += f", exit {failed[(p, m)]}"
         cells.append(cell)
