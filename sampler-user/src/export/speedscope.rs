@@ -43,8 +43,6 @@ struct Frame {
     name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     file: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    line: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -95,14 +93,15 @@ fn file(profile: &Profile, first: Value) -> File {
             let mut path = vec![intern(Frame {
                 name: sanitize(&format!("{command} ({})", stack.pid)),
                 file: None,
-                line: None,
             })];
+            // One frame per function (its file beside it), as the folded stacks and the SVG
+            // name them: a function called from two lines is one box, not two; a Python
+            // frame's name carries its file and line already.
             path.extend(stack.frames.iter().rev().map(|f| {
                 let python = f.kind == Some(FrameKind::Python);
                 intern(Frame {
                     name: frame_name(f),
                     file: f.file.as_deref().filter(|_| !python).map(sanitize),
-                    line: f.line.filter(|_| !python),
                 })
             }));
             path
@@ -178,8 +177,8 @@ mod tests {
         assert_eq!(bytes["endValue"], 30000.0);
         assert_eq!(profiles[1]["unit"], "none");
         assert_eq!(profiles[1]["weights"], serde_json::json!([100.0, 200.0]));
-        // `main` at two addresses (lines 20 and 21) is two frames; the process one.
-        assert_eq!(frames.len(), 6, "{frames:?}");
+        // `main` at two lines is one frame (as in the folded stacks); the process one.
+        assert_eq!(frames.len(), 5, "{frames:?}");
         assert_eq!(frames[1]["file"], "/src/app.c");
     }
 }
