@@ -58,6 +58,8 @@ pub struct Metric {
     pub label: &'static str,
     /// "bytes", "count" or "bytes/s".
     pub unit: &'static str,
+    /// It can be negative (a growth rate, a change): its lower bound is not held at 0.
+    pub signed: bool,
 }
 
 /// One stack: frames root first (the process first), samples, and per metric `[estimate,
@@ -102,14 +104,16 @@ pub struct SizeBar {
 
 /// The bounds the page shows for a node (a stack, a flame-graph frame, a function): the
 /// sum of its stacks' estimates, their errors added in quadrature, `z` of them each side,
-/// the lower not below zero. The script's rule, written here to be tested.
-pub fn node_bounds(stacks: &[[f64; 3]], z: f64) -> (f64, f64, f64) {
+/// the lower not below zero unless the value is `signed`. The script's rule, written here
+/// to be tested.
+pub fn node_bounds(stacks: &[[f64; 3]], z: f64, signed: bool) -> (f64, f64, f64) {
     let estimate: f64 = stacks.iter().map(|s| s[0]).sum();
     let below = stacks.iter().map(|s| s[1] * s[1]).sum::<f64>().sqrt();
     let above = stacks.iter().map(|s| s[2] * s[2]).sum::<f64>().sqrt();
+    let lower = estimate - z * below;
     (
         estimate,
-        (estimate - z * below).max(0.0),
+        if signed { lower } else { lower.max(0.0) },
         estimate + z * above,
     )
 }
@@ -125,6 +129,7 @@ fn metrics(profile: &Profile) -> Vec<(Metric, Of)> {
                 key: "alloc_bytes",
                 label: "allocated bytes",
                 unit: "bytes",
+                signed: false,
             },
             |s| Some(s.alloc_bytes),
         ),
@@ -133,6 +138,7 @@ fn metrics(profile: &Profile) -> Vec<(Metric, Of)> {
                 key: "alloc_objects",
                 label: "allocations",
                 unit: "count",
+                signed: false,
             },
             |s| Some(s.alloc_objects),
         ),
@@ -143,6 +149,7 @@ fn metrics(profile: &Profile) -> Vec<(Metric, Of)> {
                 key: "inuse_bytes",
                 label: "live bytes",
                 unit: "bytes",
+                signed: false,
             },
             |s| s.inuse_bytes,
         ));
@@ -151,6 +158,7 @@ fn metrics(profile: &Profile) -> Vec<(Metric, Of)> {
                 key: "inuse_objects",
                 label: "live allocations",
                 unit: "count",
+                signed: false,
             },
             |s| s.inuse_objects,
         ));
@@ -161,6 +169,7 @@ fn metrics(profile: &Profile) -> Vec<(Metric, Of)> {
                 key: "growth",
                 label: "growth of live bytes",
                 unit: "bytes/s",
+                signed: true,
             },
             |s| s.growth.map(|g| g.bytes_per_second),
         ));
@@ -400,7 +409,7 @@ mod tests {
             upper: 1700.0,
         };
         let t = triple(&one, confidence);
-        let (e, l, u) = node_bounds(&[[t[0], t[1], t[2]]], z);
+        let (e, l, u) = node_bounds(&[[t[0], t[1], t[2]]], z, false);
         assert!((e - 1000.0).abs() < 1e-9);
         assert!(
             (l - 600.0).abs() < 1e-6 && (u - 1700.0).abs() < 1e-6,
@@ -414,7 +423,7 @@ mod tests {
             upper: 1500.0,
         };
         let s = triple(&two, confidence);
-        let (e, l, u) = node_bounds(&[[t[0], t[1], t[2]], [s[0], s[1], s[2]]], z);
+        let (e, l, u) = node_bounds(&[[t[0], t[1], t[2]], [s[0], s[1], s[2]]], z, false);
         let mut spread = Spread::of(&one, confidence);
         spread.add(&Spread::of(&two, confidence));
         let (sl, su) = spread.bounds(confidence);
@@ -422,6 +431,10 @@ mod tests {
         assert!((l - sl).abs() < 1e-6 && (u - su).abs() < 1e-6);
         // Narrower, relative to the estimate, than the less certain of the two alone.
         assert!((u - l) / e < (1500.0 - 100.0) / 500.0);
+        // A growth rate's lower bound may be negative.
+        let shrinking = [-50.0, 30.0, 30.0];
+        assert!(node_bounds(&[shrinking], z, true).1 < -50.0);
+        assert_eq!(node_bounds(&[shrinking], z, false).1, 0.0);
     }
 
     #[test]

@@ -34,12 +34,14 @@ pub fn diff_data(diff: &Diff, base: &str, new: &str) -> Data {
         key: "alloc_rate",
         label: "allocated bytes per second",
         unit: "bytes/s",
+        signed: true,
     }];
     if inuse {
         metrics.push(Metric {
             key: "inuse_bytes",
             label: "live bytes at the end",
             unit: "bytes",
+            signed: true,
         });
     }
     let mut names = Names::default();

@@ -80,7 +80,7 @@
   }
   function bounds(n) {
     const lo = n.e - D.z * Math.sqrt(n.b2);
-    return [DIFF ? lo : Math.max(0, lo), n.e + D.z * Math.sqrt(n.a2)];
+    return [D.metrics[metric].signed ? lo : Math.max(0, lo), n.e + D.z * Math.sqrt(n.a2)];
   }
   function significance(n) {
     const [lo, hi] = bounds(n);
