@@ -344,6 +344,9 @@ impl Recording {
         if let Some(library) = self.in_process.will_load(pid) {
             found.push(library);
             crate::probe::allocator::behind_front_end(&mut found, true);
+        } else if let Some(settled) = before_loader.then(|| self.once_loaded(pid)).flatten() {
+            // Its libraries as mapped, or gone meanwhile (nothing to probe then).
+            return settled;
         } else if before_loader && crate::procfs::secure_execution(pid) == Some(false) {
             // What its LD_PRELOAD names comes first (a jemalloc put there).
             for path in preloaded(pid) {
@@ -353,6 +356,26 @@ impl Recording {
             }
         }
         Ok(found)
+    }
+
+    /// The allocators `pid` maps once its dynamic loader has mapped its libraries (preloaded
+    /// ones first, so the front end is there by then if it is to be), waiting up to ~0.1 s,
+    /// or why they cannot be (it exited meanwhile); `None` if it has not by then. For a program just past its exec that
+    /// [`super::in_process::InProcess::will_load`] could not judge: its environment or
+    /// auxiliary vector read in the middle of the exec (seen ~1 run in 2 through pyenv's
+    /// shims), which made glibc probed file-wide for the whole family, every process of it
+    /// then paying the trap on each call the front end already counted.
+    fn once_loaded(&mut self, pid: u32) -> Option<Result<Vec<Allocator>, FindError>> {
+        // Its libraries are mapped within a millisecond or two; under load (or stopped)
+        // later: the ring buffer is drained on its own thread meanwhile.
+        for _ in 0..100 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            match self.cache.of_pid(pid) {
+                Err(FindError::NoAllocator(_)) => continue,
+                settled => return Some(settled),
+            }
+        }
+        None
     }
 
     /// `--all`: probes each allocator file of each new process once, for every process;
