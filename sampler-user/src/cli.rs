@@ -382,7 +382,8 @@ pub struct DiffArgs {
 
     /// Also write the diff to FILE, by extension: .json (every comparison), .folded
     /// (`stack base new`, bytes allocated per second, for inferno-flamegraph or
-    /// flamegraph.pl), .pb.gz (a pprof whose values are the changes). Repeat for several.
+    /// flamegraph.pl), .pb.gz (a pprof whose values are the changes), .html (a differential
+    /// flame graph, coloured where a change is significant). Repeat for several.
     #[arg(short, long, value_name = "FILE")]
     pub output: Vec<PathBuf>,
 
