@@ -360,11 +360,12 @@ impl Recording {
 
     /// The allocators `pid` maps once its dynamic loader has mapped its libraries (preloaded
     /// ones first, so the front end is there by then if it is to be), waiting up to ~0.1 s,
-    /// or why they cannot be (it exited meanwhile); `None` if it has not by then. For a program just past its exec that
-    /// [`super::in_process::InProcess::will_load`] could not judge: its environment or
-    /// auxiliary vector read in the middle of the exec (seen ~1 run in 2 through pyenv's
-    /// shims), which made glibc probed file-wide for the whole family, every process of it
-    /// then paying the trap on each call the front end already counted.
+    /// or why they cannot be (it exited meanwhile); `None` if it has not by then. For a
+    /// program just past its exec that [`super::in_process::InProcess::will_load`] did not
+    /// see loading the front end: the answer is in its maps a moment later. Before, such a
+    /// program (a short-lived `readlink` of pyenv's shims, gone by the time it was looked
+    /// at) got the glibc its executable names probed file-wide for the whole family, every
+    /// process of which then paid the trap on each call its front end already counted.
     fn once_loaded(&mut self, pid: u32) -> Option<Result<Vec<Allocator>, FindError>> {
         // Its libraries are mapped within a millisecond or two; under load (or stopped)
         // later: the ring buffer is drained on its own thread meanwhile.
