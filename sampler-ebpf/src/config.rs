@@ -63,7 +63,8 @@ pub fn stack_bytes() -> u64 {
 }
 
 /// Non-zero when a target may run CPython (`--python-frames`): sampled calls read the
-/// interpreter's frames. Zero prunes that code, and its verification (~25 ms a program).
+/// interpreter's frames. Zero prunes that code, and its verification (a few ms a program
+/// since its loops are `may_goto` ones; ~25 ms with counted loops).
 #[no_mangle]
 static PYTHON_FRAMES: u8 = 0;
 

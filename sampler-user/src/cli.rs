@@ -207,8 +207,8 @@ pub struct SamplingArgs {
     /// interpreter's call machinery between them; `all` keeps every native frame too; `off`
     /// keeps native frames only; `auto` is `on` when a target is or may be CPython (a `-p`
     /// process mapping an interpreter, a command naming python or a script whose `#!` does,
-    /// `--all`, `--comm`, `--follow`), else `off` (which spares ~0.3 s of verifying the
-    /// reading code at start).
+    /// `--all`, `--comm`, `--follow`), else `off` (which spares the reading code: a few ms
+    /// of verifying at start, and its lookup on each sample).
     #[arg(
         long,
         value_name = "MODE",

@@ -47,7 +47,6 @@ pub(super) fn send_python_frames(pid: u32, tid: u32, timestamp_ns: u64) -> u32 {
     record.timestamp_ns = timestamp_ns;
     record.flags = 0;
     record.pad = 0;
-    record.count = 0;
     let found = current_frame(layout, tid, record);
     // `current_frame` counted thread states in `count`; the frames are counted from 0.
     record.count = 0;
@@ -139,10 +138,10 @@ fn current_frame(
     Some(frame)
 }
 
-/// Reads the chain from `frame` into `record`, leaf first. Nothing in a register after
-/// the loop depends on the iteration it ended in (the count lives in the record): the
-/// verifier can then check what follows once, not once for every possible length (which
-/// made each sampling program ~100 ms to verify).
+/// Reads the chain from `frame` into `record`, leaf first. Nothing in a register depends
+/// on the iteration (the count lives in the record, read and written volatile): the
+/// verifier's states at the `may_goto` converge, so it checks the body and what follows
+/// the loop once or twice, not once for every possible length.
 #[inline(always)]
 fn walk(layout: &PyLayout, mut frame: u64, record: &mut sampler_common::python::PyStackRecord) {
     let Some(words) = PY_FRAME_SCRATCH.get_ptr_mut(0) else {
