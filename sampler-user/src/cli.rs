@@ -51,6 +51,13 @@ pub enum Command {
     /// Compare two saved JSON profiles: what changed beyond the sampling noise.
     #[command(after_help = DIFF_EXAMPLES)]
     Diff(DiffArgs),
+    /// Run as a service: every period, send each process's profile to Pyroscope, an
+    /// OpenTelemetry Collector (OTLP profiles) or Parca, and/or write it to a directory.
+    #[command(after_help = AGENT_EXAMPLES)]
+    Agent(Box<AgentArgs>),
+    /// Write the man pages or a shell's completions (packaging).
+    #[command(hide = true)]
+    Generate(GenerateArgs),
     /// Benchmark reference: a uprobe on malloc that only counts calls, until SIGINT/SIGTERM.
     #[command(hide = true)]
     ReferenceProbe {
@@ -316,6 +323,153 @@ pub struct RecordArgs {
     /// With --every: keep at most N snapshot files in the directory, deleting the oldest.
     #[arg(long, value_name = "N", requires = "every", help_heading = "Output")]
     pub keep: Option<usize>,
+}
+
+const AGENT_EXAMPLES: &str = "\
+Examples:
+  sudo allocscope agent --all --pyroscope http://pyroscope:4040
+  sudo allocscope agent --comm 'nginx|redis' --otlp-grpc http://otel-collector:4317
+  sudo allocscope agent -p 4242 --period 10s --otlp-http https://collector.example:4318 \\
+       --headers-file /etc/allocscope/headers --status /run/allocscope/status.json
+  sudo allocscope agent --all --out-dir /var/lib/allocscope/profiles --keep 1440
+
+Headers (Authorization, X-Scope-OrgID) come from --headers-file (`Name: value` lines) or
+ALLOCSCOPE_HEADERS (`Name=value,Name=value`), never from the command line.";
+
+/// `allocscope agent`.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// What to profile.
+    #[command(flatten)]
+    pub targets: TargetArgs,
+
+    /// How to sample.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+
+    /// Length of a period: each process's profile of the period is sent when it ends
+    /// (allocations in the period; in-use memory at its end).
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "60s",
+        help_heading = "Agent"
+    )]
+    pub period: String,
+
+    /// Push to Grafana Pyroscope (or Grafana Alloy's pyroscope.receive_http) at this URL
+    /// (e.g. http://pyroscope:4040); repeat for several.
+    #[arg(long, value_name = "URL", help_heading = "Sinks")]
+    pub pyroscope: Vec<String>,
+
+    /// Export OTLP profiles over HTTP (protobuf) to this URL (e.g.
+    /// http://otel-collector:4318; /v1development/profiles added when no path is given).
+    #[arg(long, value_name = "URL", help_heading = "Sinks")]
+    pub otlp_http: Vec<String>,
+
+    /// Export OTLP profiles over gRPC to this endpoint (http://host:4317 plaintext,
+    /// https:// with TLS and the system's roots).
+    #[arg(long, value_name = "URL", help_heading = "Sinks")]
+    pub otlp_grpc: Vec<String>,
+
+    /// Also write every period's profile into this directory (as `record --every` does).
+    #[arg(long, value_name = "DIR", help_heading = "Sinks")]
+    pub out_dir: Option<PathBuf>,
+
+    /// Format of the --out-dir files (default json).
+    #[arg(short, long, value_enum, help_heading = "Sinks")]
+    pub format: Option<Format>,
+
+    /// With --out-dir: keep at most N files, deleting the oldest.
+    #[arg(long, value_name = "N", requires = "out_dir", help_heading = "Sinks")]
+    pub keep: Option<usize>,
+
+    /// `service_name` (Pyroscope) / `service.name` (OTLP) of every profile; default: each
+    /// process's command.
+    #[arg(long, value_name = "NAME", help_heading = "Sinks")]
+    pub service_name: Option<String>,
+
+    /// An extra label on every profile (e.g. env=prod); repeat for several.
+    #[arg(long = "label", value_name = "KEY=VALUE", help_heading = "Sinks")]
+    pub labels: Vec<String>,
+
+    /// HTTP headers for every sink, a `Name: value` per line (not writable by others).
+    #[arg(long, value_name = "FILE", help_heading = "Sinks")]
+    pub headers_file: Option<PathBuf>,
+
+    /// Time limit of each push.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "10s",
+        help_heading = "Sinks"
+    )]
+    pub push_timeout: String,
+
+    /// Longest wait between tries of a failing sink (the waits double from 1 s up to it,
+    /// with jitter).
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "60s",
+        help_heading = "Sinks"
+    )]
+    pub retry_max: String,
+
+    /// Where undelivered profiles wait (a subdirectory per sink, root only).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/allocscope/spool",
+        help_heading = "Sinks"
+    )]
+    pub spool_dir: PathBuf,
+
+    /// Most bytes waiting per sink; beyond, the oldest are dropped (counted).
+    #[arg(
+        long,
+        value_name = "BYTES",
+        default_value = "64MiB",
+        help_heading = "Sinks"
+    )]
+    pub spool_bytes: String,
+
+    /// Keep undelivered profiles in memory (same bound) instead of --spool-dir.
+    #[arg(long, help_heading = "Sinks")]
+    pub spool_in_memory: bool,
+
+    /// Write the agent's status (last push per sink, drops, losses, own RSS and CPU) to
+    /// this JSON file, replaced after every period and push.
+    #[arg(long, value_name = "FILE", help_heading = "Agent")]
+    pub status: Option<PathBuf>,
+
+    /// At shutdown, how long to keep trying to deliver the last periods.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "10s",
+        help_heading = "Agent"
+    )]
+    pub flush_timeout: String,
+}
+
+/// `allocscope generate`.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// What to write.
+    #[arg(value_enum)]
+    pub what: GenerateWhat,
+    /// Directory to write into.
+    pub dir: PathBuf,
+}
+
+/// What `generate` writes.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum GenerateWhat {
+    /// Man pages (allocscope.1, allocscope-record.1, …).
+    Man,
+    /// Completions for bash, zsh and fish.
+    Completions,
 }
 
 /// `allocscope top`.

@@ -467,7 +467,7 @@ const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Parses the duration given to `flag`, naming the flag in the error; it must lie within
 /// `[at_least, a year]`.
-fn duration_flag(flag: &str, text: &str, at_least: Duration) -> Result<Duration, BadInput> {
+pub fn duration_flag(flag: &str, text: &str, at_least: Duration) -> Result<Duration, BadInput> {
     let bad = |why: String| BadInput(format!("invalid {flag} {text:?}: {why}"));
     let duration = parse_duration(text).map_err(bad)?;
     if duration < at_least.max(MIN_DURATION) || duration > MAX_DURATION {

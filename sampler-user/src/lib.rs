@@ -5,6 +5,7 @@
 //! functions the profile and exporters call.
 #![deny(missing_docs)]
 
+pub mod agent;
 pub mod cli;
 pub mod clock;
 pub mod collect;

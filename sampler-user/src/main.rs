@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use sampler_user::{
     cli::{self, Command},
-    commands::{diff, record, reference, report, top},
+    commands::{agent, diff, generate, record, reference, report, top},
     config::BadInput,
 };
 
@@ -25,6 +25,14 @@ fn main() -> ExitCode {
             }
         }
         Command::Top(args) => exit_code(run_top(args)),
+        Command::Agent(args) => {
+            init_logging(args.sampling.verbose);
+            exit_code(run_agent(*args))
+        }
+        Command::Generate(args) => {
+            init_logging(false);
+            exit_code(generate::run(args))
+        }
         Command::ReferenceProbe { pid } => exit_code(reference::run(pid)),
         Command::Report(args) => {
             init_logging(false);
@@ -44,6 +52,12 @@ fn run_record(args: cli::RecordArgs) -> anyhow::Result<u8> {
     let config = args.into_config()?;
     let prepared = record::prepare(&config)?;
     runtime()?.block_on(record::run(config, prepared))
+}
+
+fn run_agent(args: cli::AgentArgs) -> anyhow::Result<()> {
+    let config = args.into_config()?;
+    let prepared = agent::prepare(&config)?;
+    runtime()?.block_on(agent::run(config, prepared))
 }
 
 fn run_top(args: cli::TopArgs) -> anyhow::Result<()> {

@@ -17,6 +17,7 @@ use std::{
 use serde_json::Value;
 
 pub mod browser;
+pub mod receivers;
 pub mod record;
 
 use record::{frame_is, process_of, site_of, Profile};

@@ -21,7 +21,12 @@
 //! * for the HTML report's tests: Debian's chromium (headless) and nodejs/npm, and from the
 //!   npm registry speedscope (its file-format schema and its own page, which must open our
 //!   speedscope export) and ajv (the schema validator), pinned, into
-//!   `~/.cache/allocscope-js-tools` (kept across clean clones: installed once).
+//!   `~/.cache/allocscope-js-tools` (kept across clean clones: installed once);
+//! * for the agent's tests: from PyPI, the OpenTelemetry project's own generated protobuf
+//!   classes (`opentelemetry-proto`: OTLP profiles and the collector's service) and grpcio,
+//!   pinned, in a venv of Debian's python3 at `~/.cache/allocscope-py-tools`: the OTLP
+//!   receiver the tests export to (the Go module proxy, where the Collector's builder and
+//!   `pdata` live, is not reachable from this network).
 
 use std::process::Command;
 
@@ -55,6 +60,11 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("chromium", "chromium"),
     ("node", "nodejs"),
     ("npm", "npm"),
+    (
+        "/usr/lib/python3.11/ensurepip/__init__.py",
+        "python3.11-venv",
+    ),
+    ("dpkg-deb", "dpkg"),
     ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "libjemalloc2"),
     (
         "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
@@ -72,6 +82,7 @@ pub fn run() -> anyhow::Result<()> {
     debian_packages()?;
     second_python()?;
     js_tools()?;
+    py_tools()?;
     eprintln!("xtask: setup complete");
     Ok(())
 }
@@ -199,6 +210,33 @@ fn js_tools() -> anyhow::Result<()> {
             .args(["install", "--no-audit", "--no-fund", "--prefix"])
             .arg(&dir)
             .args(JS_TOOLS),
+    )?;
+    std::fs::write(&marker, b"").with_context(|| format!("writing {}", marker.display()))
+}
+
+/// The PyPI packages of the agent's OTLP receiver, pinned (see the module doc).
+const PY_TOOLS: &[&str] = &[
+    "opentelemetry-proto==1.45.2",
+    "protobuf==7.36.2",
+    "grpcio==1.85.3",
+];
+
+fn py_tools() -> anyhow::Result<()> {
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    let dir = std::path::PathBuf::from(home).join(".cache/allocscope-py-tools");
+    let marker = dir.join(format!("installed-{}", PY_TOOLS.join("-")));
+    if marker.exists() {
+        return Ok(());
+    }
+    status(
+        Command::new("/usr/bin/python3")
+            .args(["-m", "venv"])
+            .arg(&dir),
+    )?;
+    status(
+        Command::new(dir.join("bin/pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .args(PY_TOOLS),
     )?;
     std::fs::write(&marker, b"").with_context(|| format!("writing {}", marker.display()))
 }

@@ -1,0 +1,48 @@
+//! `allocscope agent`: allocscope as a service feeding the stores fleets keep profiles in.
+//!
+//! The recording is `record`'s (same selectors, same sampling, same bounds); every period
+//! its profile is cut per process (`period`), encoded for each sink (`pyroscope`, `otlp`,
+//! both from the pprof message of `payload`), and handed to the sender thread (`sender`),
+//! which spools (`spool`), delivers (`sink`) and retries with backoff (`backoff`) without
+//! ever making the recording wait. `status` is what an operator reads; `headers` and
+//! `config` are the flags. docs/agent.md has the receivers' setups.
+
+pub mod backoff;
+pub mod config;
+pub mod headers;
+pub mod otlp;
+pub mod payload;
+pub mod period;
+pub mod pyroscope;
+pub mod sender;
+pub mod sink;
+pub mod spool;
+pub mod status;
+
+use prost::Message as _;
+
+use self::{period::ProcessPeriod, pyroscope::Identity, sink::Sink};
+
+/// The request each sink gets for one period (same order as `sinks`).
+pub fn encode(
+    sinks: &[Sink],
+    periods: &[ProcessPeriod],
+    identity: &Identity,
+    start_unix_ns: i64,
+) -> Vec<Vec<u8>> {
+    let mut pyroscope = None;
+    let mut otlp = None;
+    sinks
+        .iter()
+        .map(|sink| match sink {
+            Sink::Pyroscope(_) => pyroscope
+                .get_or_insert_with(|| pyroscope::push_request(periods, identity, start_unix_ns))
+                .clone(),
+            Sink::OtlpHttp(_) | Sink::OtlpGrpc(_) => otlp
+                .get_or_insert_with(|| {
+                    otlp::export_request(periods, identity, start_unix_ns).encode_to_vec()
+                })
+                .clone(),
+        })
+        .collect()
+}

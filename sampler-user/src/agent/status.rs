@@ -1,0 +1,127 @@
+//! The agent's status file (`--status`): what an operator, a health check or a monitoring
+//! scrape reads to know the agent is doing its job. JSON, replaced atomically after every
+//! period and every delivery attempt: the last push per sink, what waits and what was
+//! dropped, the ring buffer's losses, and the agent's own RSS and CPU time.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+/// The whole file.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Status {
+    /// allocscope's version.
+    pub version: &'static str,
+    /// The agent's pid.
+    pub pid: u32,
+    /// When it started (Unix seconds).
+    pub started_unix: u64,
+    /// When this file was written (Unix seconds).
+    pub updated_unix: u64,
+    /// Periods closed so far.
+    pub periods: u64,
+    /// When the last period closed (Unix seconds).
+    pub last_period_unix: Option<u64>,
+    /// Processes with something in the last period.
+    pub last_period_processes: usize,
+    /// Periods the sender could not take (it was behind by more than its queue): dropped.
+    pub periods_dropped: u64,
+    /// Samples the kernel could not deliver, over the whole run (ring buffer full).
+    pub samples_lost: u64,
+    /// The agent's resident memory.
+    pub rss_bytes: Option<u64>,
+    /// The agent's CPU time (user + system).
+    pub cpu_seconds: Option<f64>,
+    /// Per sink.
+    pub sinks: Vec<SinkStatus>,
+}
+
+/// One sink's state.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SinkStatus {
+    /// `pyroscope http://…`, `otlp-grpc http://…`.
+    pub sink: String,
+    /// Requests delivered.
+    pub pushed: u64,
+    /// When the last one was (Unix seconds).
+    pub last_push_unix: Option<u64>,
+    /// The last failure, if the last attempt failed.
+    pub last_error: Option<String>,
+    /// Failed attempts in a row.
+    pub failures_in_a_row: u32,
+    /// Failed attempts in all.
+    pub failures: u64,
+    /// Requests the sink refused for good (dropped).
+    pub refused: u64,
+    /// Requests waiting (in the spool).
+    pub queued: usize,
+    /// Their bytes.
+    pub queued_bytes: u64,
+    /// Requests dropped to keep the spool within its bound.
+    pub dropped: u64,
+    /// Their bytes.
+    pub dropped_bytes: u64,
+}
+
+/// Now, in Unix seconds.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Status {
+    /// Refreshes the agent's own figures and the time.
+    pub fn refresh_own(&mut self) {
+        self.updated_unix = unix_now();
+        let stat = std::fs::read_to_string("/proc/self/stat").ok();
+        self.cpu_seconds = stat.as_deref().and_then(cpu_seconds);
+        self.rss_bytes = std::fs::read_to_string("/proc/self/statm")
+            .ok()
+            .and_then(|t| t.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .map(|pages| pages * page_size());
+    }
+
+    /// Writes the file (atomically).
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        let text = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        crate::outfile::write_replacing(path, |out| out.write_all(&text))
+    }
+}
+
+/// User + system CPU seconds from the text of /proc/self/stat.
+fn cpu_seconds(stat: &str) -> Option<f64> {
+    // Fields after the command (which may hold spaces), from field 3 on.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+    Some(ticks as f64 / hz as f64)
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_cpu_time_past_a_command_with_spaces() {
+        let stat = "7 (a b) S 1 7 7 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 1 0 5 1000 10";
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        assert_eq!(cpu_seconds(stat), Some(300.0 / hz));
+    }
+
+    #[test]
+    fn own_figures_are_read() {
+        let mut status = Status::default();
+        status.refresh_own();
+        assert!(status.rss_bytes.unwrap() > 0);
+        assert!(status.cpu_seconds.is_some());
+    }
+}

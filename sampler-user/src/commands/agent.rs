@@ -1,0 +1,197 @@
+//! `allocscope agent`: record until SIGTERM/SIGINT, closing a period every `--period`; each
+//! period's profiles go to the sender thread, and to `--out-dir` files. Stopping closes the
+//! last, partial period and gives the sender its flush time before exiting.
+
+use std::{
+    path::PathBuf,
+    time::{Instant, SystemTime},
+};
+
+use anyhow::Context as _;
+use log::info;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::{
+    agent::{
+        self, config::AgentConfig, period, pyroscope::Identity, sender::Sender, sink::Sink,
+        spool::Spool,
+    },
+    config::{BadInput, SamplingConfig},
+    export::{self, Format, Value},
+    preflight,
+    profile::Profile,
+    recording::{self, Happening, Prepared, Recording},
+};
+
+/// Every check that can fail on bad input (the spool and output directories too), then
+/// the fork of a command. Must run before any thread exists.
+pub fn prepare(config: &AgentConfig) -> Result<Prepared, BadInput> {
+    recording::prepare(
+        &config.targets,
+        &config.sampling,
+        || {
+            if let Some((dir, _, _)) = &config.out_dir {
+                preflight::check_snapshot_dir(dir)?;
+            }
+            if let Some(dir) = &config.sender.spool_dir {
+                for sink in &config.sender.sinks {
+                    Spool::on_disk(&dir.join(sink.spool_name()), config.sender.spool_bytes)
+                        .map_err(|e| BadInput(format!("invalid --spool-dir: {e:#}")))?;
+                }
+            }
+            if let Some(file) = &config.sender.status_file {
+                preflight::check_output_file(file)?;
+            }
+            Ok(())
+        },
+        || Ok(None),
+    )
+}
+
+/// Records and sends until stopped.
+pub async fn run(config: AgentConfig, prepared: Prepared) -> anyhow::Result<()> {
+    let sinks = config.sender.sinks.clone();
+    let mut recording = Recording::start(prepared, &config.sampling, None)?;
+    let sender = Sender::start(config.sender)?;
+    let out = Out {
+        identity: &config.identity,
+        sinks: &sinks,
+        sender: &sender,
+        dir: config.out_dir.as_ref(),
+    };
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let started = Instant::now();
+    let mut timer =
+        tokio::time::interval_at(tokio::time::Instant::now() + config.period, config.period);
+    let mut period = Period::begin();
+    crate::say!(
+        "allocscope: recording {} as an agent, sending every {} to {}",
+        recording.describe(),
+        humantime::format_duration(config.period),
+        out.destinations()
+    );
+    let failure = loop {
+        tokio::select! {
+            happened = recording.next() => match happened {
+                Ok(Happening::AllExited) => {
+                    info!("stopping: every target exited");
+                    break None;
+                }
+                Ok(Happening::Exited(_)) => {}
+                Err(e) => break Some(e),
+            },
+            _ = timer.tick() => {
+                let profile = period.profile(&mut recording, &config.sampling, started).await?;
+                out.close(&profile, &period)?;
+                recording.start_period();
+                period = Period::begin();
+            }
+            _ = sigint.recv() => { info!("stopping on SIGINT"); break None; }
+            _ = sigterm.recv() => { info!("stopping on SIGTERM"); break None; }
+        }
+    };
+    let _closing = recording.detach().await?;
+    let profile = period
+        .profile(&mut recording, &config.sampling, started)
+        .await?;
+    out.close(&profile, &period)?;
+    sender.finish();
+    match failure {
+        Some(e) => Err(e.context("the agent stopped early (the last period was sent)")),
+        None => Ok(()),
+    }
+}
+
+/// When the current period began.
+struct Period {
+    at: Instant,
+    unix_ns: i64,
+}
+
+impl Period {
+    fn begin() -> Period {
+        let unix_ns = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
+        Period {
+            at: Instant::now(),
+            unix_ns,
+        }
+    }
+
+    fn seconds(&self) -> f64 {
+        self.at.elapsed().as_secs_f64()
+    }
+
+    async fn profile(
+        &self,
+        recording: &mut Recording,
+        sampling: &SamplingConfig,
+        started: Instant,
+    ) -> anyhow::Result<Profile> {
+        let settings = sampling.settings(started.elapsed(), None);
+        recording.profile(settings, Some(self.seconds())).await
+    }
+}
+
+/// Where periods go.
+struct Out<'a> {
+    identity: &'a Identity,
+    sinks: &'a [Sink],
+    sender: &'a Sender,
+    dir: Option<&'a (PathBuf, Format, Option<usize>)>,
+}
+
+impl Out<'_> {
+    /// Sends one period's profiles and writes its file.
+    fn close(&self, profile: &Profile, period: &Period) -> anyhow::Result<()> {
+        let periods = period::split(profile, period.seconds());
+        // A period in which no process allocated or held anything has nothing to send.
+        if !self.sinks.is_empty() && !periods.is_empty() {
+            let batch = agent::encode(self.sinks, &periods, self.identity, period.unix_ns);
+            self.sender.send(batch);
+        }
+        if let Ok(mut status) = self.sender.status.lock() {
+            status.periods += 1;
+            status.last_period_unix = Some(agent::status::unix_now());
+            status.last_period_processes = periods.len();
+            status.samples_lost = profile.losses.ringbuf_full + profile.losses.lost_unrecorded;
+        }
+        if let Some((dir, format, keep)) = self.dir {
+            let value = Value::default_for(profile);
+            let pinned = crate::outfile::open_directory(dir)
+                .with_context(|| format!("opening {}", dir.display()))?;
+            let through = crate::outfile::through(&pinned);
+            export::write_snapshot(profile, *format, value, &through, SystemTime::now())
+                .with_context(|| format!("writing a period into {}", dir.display()))?;
+            prune(&through, *keep).with_context(|| format!("pruning {}", dir.display()))?;
+        }
+        info!("period closed: {} processes", periods.len());
+        Ok(())
+    }
+
+    fn destinations(&self) -> String {
+        let mut all: Vec<String> = self.sinks.iter().map(Sink::describe).collect();
+        if let Some((dir, _, _)) = self.dir {
+            all.push(dir.display().to_string());
+        }
+        all.join(", ")
+    }
+}
+
+/// Keeps the newest `keep` snapshot files of `dir` (their names sort by time).
+fn prune(dir: &std::path::Path, keep: Option<usize>) -> anyhow::Result<()> {
+    let Some(keep) = keep else { return Ok(()) };
+    let mut names: Vec<_> = std::fs::read_dir(dir)?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with("allocscope-"))
+        .collect();
+    names.sort();
+    let excess = names.len().saturating_sub(keep);
+    for name in &names[..excess] {
+        std::fs::remove_file(dir.join(name))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,47 @@
+//! `allocscope generate man|completions DIR`: the man pages (clap_mangen) and the shell
+//! completions (clap_complete) a package installs, made from the same definitions the
+//! command line parses with, so they never drift from it.
+
+use std::path::Path;
+
+use anyhow::Context as _;
+use clap::CommandFactory as _;
+
+use crate::cli::{Cli, GenerateArgs, GenerateWhat};
+
+/// Writes what `args` asks for into its directory.
+pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("creating {}", args.dir.display()))?;
+    match args.what {
+        GenerateWhat::Man => man_pages(&args.dir),
+        GenerateWhat::Completions => completions(&args.dir),
+    }
+}
+
+fn man_pages(dir: &Path) -> anyhow::Result<()> {
+    let command = Cli::command();
+    write_page(dir, "allocscope", command.clone())?;
+    for sub in command.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let name = format!("allocscope-{}", sub.get_name());
+        write_page(dir, &name, sub.clone().name(name.clone()))?;
+    }
+    Ok(())
+}
+
+fn write_page(dir: &Path, name: &str, command: clap::Command) -> anyhow::Result<()> {
+    let mut page = Vec::new();
+    clap_mangen::Man::new(command).render(&mut page)?;
+    let path = dir.join(format!("{name}.1"));
+    std::fs::write(&path, page).with_context(|| format!("writing {}", path.display()))
+}
+
+fn completions(dir: &Path) -> anyhow::Result<()> {
+    use clap_complete::Shell;
+    for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+        let mut command = Cli::command();
+        clap_complete::generate_to(shell, &mut command, "allocscope", dir)
+            .with_context(|| format!("writing the {shell} completions"))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,428 @@
+//! `allocscope agent` against real receivers: Pyroscope's push decoded with Grafana's
+//! published types, OTLP profiles decoded by the OpenTelemetry project's own classes over
+//! gRPC and HTTP, sinks that refuse, hang and reset, the spool's bound, SIGTERM's flush.
+
+use std::{collections::HashMap, path::Path, time::Duration};
+
+use prost::Message as _;
+use pyroscope::encode::gen::push::PushRequest;
+use tests::{
+    allocscope, bpf_available, drain, fixture,
+    receivers::{Behaviour, HttpEndpoint, OtlpReceiver},
+    start_recording, wait_until, workload_round, TempDir,
+};
+
+/// The workload allocating until dropped (its output discarded: nobody reads it).
+struct Busy(std::process::Child);
+
+impl Busy {
+    fn start() -> Busy {
+        Busy(
+            std::process::Command::new(fixture("workload", &[]))
+                .args(["1", "--forever"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn labels_of(series: &pyroscope::encode::gen::push::RawProfileSeries) -> HashMap<String, String> {
+    series
+        .labels
+        .iter()
+        .map(|l| (l.name.clone(), l.value.clone()))
+        .collect()
+}
+
+/// Total of sample type `kind` in a gzipped pprof payload, and per leaf function.
+fn pprof_total(raw: &[u8], kind: &str) -> (i64, HashMap<String, i64>) {
+    let profile = sampler_user::export::pprof::read(raw).unwrap();
+    let s = |i: i64| profile.string_table[i as usize].as_str();
+    let column = profile
+        .sample_type
+        .iter()
+        .position(|t| s(t.r#type) == kind)
+        .unwrap_or_else(|| panic!("no {kind}"));
+    let functions: HashMap<u64, &str> =
+        profile.function.iter().map(|f| (f.id, s(f.name))).collect();
+    let locations: HashMap<u64, &str> = profile
+        .location
+        .iter()
+        .map(|l| (l.id, functions[&l.line[0].function_id]))
+        .collect();
+    let mut leaves = HashMap::new();
+    let mut total = 0;
+    for sample in &profile.sample {
+        let value = sample.value[column];
+        total += value;
+        if let Some(leaf) = sample.location_id.first() {
+            *leaves.entry(locations[leaf].to_owned()).or_default() += value;
+        }
+    }
+    (total, leaves)
+}
+
+/// The status file as JSON (waits until it exists).
+fn status(path: &Path) -> serde_json::Value {
+    assert!(wait_until(Duration::from_secs(10), || path.exists()));
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+#[test]
+fn each_period_reaches_pyroscope_and_otlp_over_grpc_and_http() {
+    if !bpf_available("agent periods") {
+        return;
+    }
+    let dir = TempDir::new("agent-sinks");
+    let pyroscope = HttpEndpoint::start(&[]);
+    let otlp = OtlpReceiver::start(dir.path("otlp.jsonl"));
+    let headers = dir.path("headers");
+    std::fs::write(
+        &headers,
+        "Authorization: Bearer s3cret\nX-Scope-OrgID: team-a\n",
+    )
+    .unwrap();
+    let workload = fixture("workload", &[]);
+    let rounds = 40_000u64;
+    let output = std::process::Command::new(allocscope())
+        .args([
+            "agent",
+            "--period",
+            "1s",
+            "--interval",
+            "256KiB",
+            "--label",
+            "env=test",
+        ])
+        .args(["--pyroscope", &pyroscope.url()])
+        .args([
+            "--otlp-grpc",
+            &format!("http://127.0.0.1:{}", otlp.grpc_port),
+        ])
+        .args([
+            "--otlp-http",
+            &format!("http://127.0.0.1:{}", otlp.http_port),
+        ])
+        .arg("--headers-file")
+        .arg(&headers)
+        .arg("--spool-dir")
+        .arg(dir.path("spool"))
+        .arg("--status")
+        .arg(dir.path("status.json"))
+        .arg("--")
+        .arg(&workload)
+        .arg(rounds.to_string())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "agent failed:\n{stderr}");
+    assert!(!stderr.contains("WARN"), "{stderr}");
+
+    // Pyroscope: decoded with Grafana's types; one series per period of the workload.
+    let pushes = pyroscope.accepted();
+    assert!(!pushes.is_empty(), "nothing pushed:\n{stderr}");
+    let mut alloc_space = 0;
+    let mut leaves: HashMap<String, i64> = HashMap::new();
+    for push in &pushes {
+        assert_eq!(push.path, "/push.v1.PusherService/Push");
+        let header = |name: &str| {
+            push.headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(header("content-type"), Some("application/proto"));
+        assert_eq!(header("authorization"), Some("Bearer s3cret"));
+        assert_eq!(header("x-scope-orgid"), Some("team-a"));
+        let request = PushRequest::decode(push.body.as_slice()).unwrap();
+        for series in &request.series {
+            let labels = labels_of(series);
+            assert_eq!(labels["__name__"], "memory");
+            assert_eq!(labels["__delta__"], "false");
+            assert_eq!(labels["service_name"], "workload");
+            assert_eq!(labels["command"], "workload");
+            assert_eq!(labels["env"], "test");
+            assert!(!labels["hostname"].is_empty());
+            assert!(labels["pid"].parse::<u32>().is_ok());
+            assert_eq!(series.samples.len(), 1);
+            assert_eq!(series.samples[0].id.len(), 36);
+            let (total, by_leaf) = pprof_total(&series.samples[0].raw_profile, "alloc_space");
+            alloc_space += total;
+            for (leaf, value) in by_leaf {
+                *leaves.entry(leaf).or_default() += value;
+            }
+        }
+    }
+    // The periods add up to the whole run: the workload's exact bytes within a few %.
+    let exact = (rounds * workload_round().1) as f64;
+    let ratio = alloc_space as f64 / exact;
+    assert!(
+        (0.9..1.1).contains(&ratio),
+        "periods sum to {alloc_space}, exact {exact}"
+    );
+    for site in ["site_small", "site_calloc", "site_periodic_big"] {
+        assert!(
+            leaves.get(site).copied().unwrap_or(0) > 0,
+            "{site} missing: {leaves:?}"
+        );
+    }
+
+    // OTLP: the same periods over gRPC and HTTP, decoded by OpenTelemetry's classes.
+    assert!(wait_until(Duration::from_secs(5), || otlp.requests().len()
+        >= 2 * pushes.len()));
+    let requests = otlp.requests();
+    for transport in ["grpc", "http"] {
+        let of: Vec<_> = requests
+            .iter()
+            .filter(|r| r["transport"] == transport)
+            .collect();
+        assert_eq!(
+            of.len(),
+            pushes.len(),
+            "{transport}: one request per period"
+        );
+        let mut total = 0;
+        for request in &of {
+            assert_eq!(request["errors"], serde_json::json!([]), "{request}");
+            assert_eq!(request["headers"]["authorization"], "Bearer s3cret");
+            for resource in request["resources"].as_array().unwrap() {
+                let attributes = &resource["attributes"];
+                assert_eq!(attributes["process.executable.name"], "workload");
+                assert_eq!(attributes["service.name"], "workload");
+                assert_eq!(attributes["env"], "test");
+                assert!(attributes["process.pid"].as_i64().unwrap() > 0);
+                assert!(!attributes["host.name"].as_str().unwrap().is_empty());
+                assert_eq!(resource["scope"], "allocscope");
+                for profile in resource["profiles"].as_array().unwrap() {
+                    assert_eq!(profile["period_type"], "space");
+                    assert_eq!(profile["profile_id_len"], 16);
+                    assert_eq!(profile["bounds_ok"], true, "{profile}");
+                    if profile["type"] == "alloc_space" {
+                        assert_eq!(profile["unit"], "bytes");
+                        total += profile["total"].as_i64().unwrap();
+                    }
+                }
+            }
+        }
+        assert_eq!(total, alloc_space, "{transport} carries what Pyroscope got");
+    }
+
+    let status = status(&dir.path("status.json"));
+    assert_eq!(status["samples_lost"], 0);
+    for sink in status["sinks"].as_array().unwrap() {
+        assert_eq!(sink["pushed"].as_u64(), Some(pushes.len() as u64), "{sink}");
+        assert_eq!(sink["queued"], 0);
+        assert_eq!(sink["dropped"], 0);
+    }
+    assert!(status["rss_bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn a_sink_that_refuses_hangs_or_resets_is_retried_and_loses_nothing() {
+    if !bpf_available("agent retries") {
+        return;
+    }
+    let dir = TempDir::new("agent-retries");
+    let sink = HttpEndpoint::start(&[
+        Behaviour::Refuse(503),
+        Behaviour::Hang,
+        Behaviour::Reset,
+        Behaviour::Refuse(429),
+    ]);
+    let workload = Busy::start();
+    let pid = workload.0.id().to_string();
+    let (agent, stderr) = start_recording(&[
+        "agent",
+        "-p",
+        &pid,
+        "--period",
+        "1s",
+        "--interval",
+        "16384",
+        "--pyroscope",
+        &sink.url(),
+        "--push-timeout",
+        "1s",
+        "--retry-max",
+        "2s",
+        "--spool-dir",
+        dir.path("spool").to_str().unwrap(),
+        "--status",
+        dir.path("status.json").to_str().unwrap(),
+    ]);
+    let log = drain(stderr);
+    // Four failures then acceptance: every period arrives, in order.
+    assert!(wait_until(Duration::from_secs(40), || sink
+        .accepted()
+        .len()
+        >= 8));
+    let during = status(&dir.path("status.json"));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
+    let mut agent = agent;
+    assert!(agent.wait().unwrap().success());
+    let log = log.join().unwrap();
+    let seen = sink.seen.lock().unwrap().clone();
+    let kinds: Vec<&str> = seen.iter().take(5).map(|r| r.behaviour.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["Refuse", "Hang", "Reset", "Refuse", "Accept"],
+        "{log}"
+    );
+    // The retried request is the same one each time, and the waits grew.
+    assert!(seen[..5].windows(2).all(|w| w[0].body == w[1].body));
+    let periods = status(&dir.path("status.json"));
+    assert_eq!(
+        during["samples_lost"], 0,
+        "sampling lost nothing while the sink was down"
+    );
+    assert_eq!(periods["samples_lost"], 0);
+    let sink_status = &periods["sinks"][0];
+    assert_eq!(sink_status["failures"], 4, "{sink_status}");
+    assert_eq!(sink_status["dropped"], 0);
+    assert_eq!(
+        sink_status["queued"], 0,
+        "the flush at SIGTERM delivered the rest: {log}"
+    );
+    assert_eq!(
+        sink.accepted().len() as u64,
+        periods["periods"].as_u64().unwrap(),
+        "every period pushed once"
+    );
+    // Periods arrive in order: each push's profile starts after the one before.
+    let starts: Vec<i64> = sink
+        .accepted()
+        .iter()
+        .flat_map(|r| PushRequest::decode(r.body.as_slice()).unwrap().series)
+        .map(|s| {
+            sampler_user::export::pprof::read(&s.samples[0].raw_profile)
+                .unwrap()
+                .time_nanos
+        })
+        .collect();
+    assert!(starts.windows(2).all(|w| w[0] < w[1]), "{starts:?}");
+}
+
+#[test]
+fn the_spool_stays_within_its_bound_while_the_sink_is_down() {
+    if !bpf_available("agent spool") {
+        return;
+    }
+    let dir = TempDir::new("agent-spool");
+    let sink = HttpEndpoint::start(&[Behaviour::Refuse(503); 1000]);
+    let workload = Busy::start();
+    let pid = workload.0.id().to_string();
+    let bound = 12 * 1024u64;
+    let spool = dir.path("spool");
+    let (agent, stderr) = start_recording(&[
+        "agent",
+        "-p",
+        &pid,
+        "--period",
+        "1s",
+        "--interval",
+        "16384",
+        "--pyroscope",
+        &sink.url(),
+        "--retry-max",
+        "1s",
+        "--spool-bytes",
+        &bound.to_string(),
+        "--spool-dir",
+        spool.to_str().unwrap(),
+        "--status",
+        dir.path("status.json").to_str().unwrap(),
+        "--flush-timeout",
+        "1s",
+    ]);
+    let log = drain(stderr);
+    let mut largest = 0;
+    let dropped = wait_until(Duration::from_secs(40), || {
+        let bytes: u64 = tests::files_under(&spool)
+            .iter()
+            .filter_map(|f| std::fs::metadata(f).ok())
+            .map(|m| m.len())
+            .sum();
+        largest = largest.max(bytes);
+        let status = status(&dir.path("status.json"));
+        status["sinks"][0]["dropped"].as_u64().unwrap_or(0) >= 3
+    });
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
+    let mut agent = agent;
+    assert!(agent.wait().unwrap().success());
+    let log = log.join().unwrap();
+    let status = status(&dir.path("status.json"));
+    assert!(dropped, "the spool never dropped: {status:#}\n{log}");
+    assert!(
+        largest <= bound,
+        "spool reached {largest} bytes (bound {bound})"
+    );
+    assert!(largest > 0);
+    assert_eq!(status["samples_lost"], 0);
+    // What waits at shutdown stays for the next start, still within the bound.
+    let left = tests::files_under(&spool);
+    assert!(!left.is_empty());
+    assert!(
+        left.iter()
+            .map(|f| std::fs::metadata(f).unwrap().len())
+            .sum::<u64>()
+            <= bound
+    );
+    assert!(log.contains("kept in the spool"), "{log}");
+}
+
+#[test]
+fn bad_agent_flags_are_refused_before_anything_is_attached() {
+    let dir = TempDir::new("agent-bad");
+    let writable = dir.path("headers");
+    std::fs::write(&writable, "Authorization: Bearer x\n").unwrap();
+    std::fs::set_permissions(
+        &writable,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    for (args, expected) in [
+        (vec!["agent", "-p", "1"], "needs somewhere to send"),
+        (
+            vec!["agent", "-p", "1", "--pyroscope", "pyroscope:4040"],
+            "http:// or https://",
+        ),
+        (
+            vec!["agent", "-p", "1", "--out-dir", "/tmp", "--label", "a-b=1"],
+            "invalid --label",
+        ),
+        (
+            vec!["agent", "-p", "1", "--out-dir", "/tmp", "--period", "0s"],
+            "invalid --period",
+        ),
+        (
+            vec![
+                "agent",
+                "-p",
+                "1",
+                "--pyroscope",
+                "http://x",
+                "--headers-file",
+                writable.to_str().unwrap(),
+            ],
+            "writable by other users",
+        ),
+    ] {
+        let output = std::process::Command::new(allocscope())
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
