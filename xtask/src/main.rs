@@ -1,9 +1,10 @@
-//! Project tasks: `cargo xtask setup | demo | test | bench`. This file only dispatches; each
+//! Project tasks: `cargo xtask setup | demo | test | bench | dist`. This file only dispatches; each
 //! task is a module.
 
 mod bench;
 mod cycles;
 mod demo;
+mod dist;
 mod run;
 mod setup;
 mod sizes;
@@ -33,6 +34,9 @@ enum Task {
     Check,
     /// Measure allocscope's cost per malloc against a bare counting uprobe, in one run.
     Bench(bench::BenchArgs),
+    /// Build the Debian package (target/dist/allocscope_VERSION_amd64.deb): the binary,
+    /// the in-process library, the agent's systemd unit, man pages and completions.
+    Dist,
     /// Run the hostile and clumsy user's campaign (xtask/torture/run.py) against the
     /// release build and print a pass/fail table; names select cases by substring.
     Torture {
@@ -48,6 +52,7 @@ fn main() -> anyhow::Result<()> {
         Task::Test => test::run(),
         Task::Check => test::shape(),
         Task::Bench(args) => bench::run(args),
+        Task::Dist => dist::run().map(drop),
         Task::Torture { names } => torture(&names),
     }
 }

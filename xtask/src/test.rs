@@ -1,4 +1,5 @@
-//! What CI runs: set up, build the release binary the integration tests drive, check
+//! What CI runs: set up, build the release binary the integration tests drive (and the
+//! Debian package the packaging test installs), check
 //! formatting and lints (the eBPF crate's too, on nightly for the BPF target), run every
 //! test. Integration tests need root; under `CI=true` they fail instead of skipping.
 //!
@@ -17,6 +18,8 @@ use crate::run::{cargo, status, workspace};
 pub fn run() -> anyhow::Result<()> {
     crate::setup::run()?;
     status(cargo().args(["build", "--release"]))?;
+    // The package the packaging test installs.
+    crate::dist::run()?;
     status(cargo().args(["fmt", "--all", "--check"]))?;
     shape()?;
     status(cargo().args(["test", "--release", "-p", "xtask"]))?;
