@@ -426,3 +426,62 @@ fn bad_agent_flags_are_refused_before_anything_is_attached() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn a_process_that_exited_is_sent_once_more_then_forgotten() {
+    if !bpf_available("agent forgets") {
+        return;
+    }
+    let dir = TempDir::new("agent-forgets");
+    let out = dir.path("periods");
+    let workload = fixture("workload", &[]);
+    let script = format!("{w} 8000; sleep 3; {w} 8000", w = workload.display());
+    let output = std::process::Command::new(allocscope())
+        .args([
+            "agent",
+            "--period",
+            "1s",
+            "--interval",
+            "256KiB",
+            "--spool-in-memory",
+        ])
+        .arg("--out-dir")
+        .arg(&out)
+        .args(["--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let mut files = tests::files_under(&out);
+    files.sort();
+    let workloads = |file: &Path| -> Vec<u64> {
+        let profile = tests::read_profile(file);
+        profile["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["command"] == "workload")
+            .map(|p| p["pid"].as_u64().unwrap())
+            .collect()
+    };
+    let seen: Vec<Vec<u64>> = files.iter().map(|f| workloads(f)).collect();
+    let first = seen
+        .iter()
+        .flatten()
+        .copied()
+        .min()
+        .expect("no workload seen");
+    let last = seen.iter().flatten().copied().max().unwrap();
+    assert_ne!(first, last, "two workloads ran: {seen:?}");
+    let first_at = seen.iter().position(|s| s.contains(&first)).unwrap();
+    let first_until = seen.iter().rposition(|s| s.contains(&first)).unwrap();
+    let second_at = seen.iter().position(|s| s.contains(&last)).unwrap();
+    // The first workload is in the periods while it ran and the one it exited in, then
+    // gone: the periods of the second one no longer carry it.
+    assert!(first_until < second_at, "{seen:?}");
+    assert!(first_until >= first_at);
+    assert!(
+        seen[second_at..].iter().all(|s| !s.contains(&first)),
+        "{seen:?}"
+    );
+}

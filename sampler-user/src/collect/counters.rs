@@ -29,6 +29,12 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// Forgets the kept counts and region of `pid` (gone, its last period sent).
+    pub fn forget(&mut self, pid: u32) {
+        self.finished.remove(&pid);
+        self.regions.remove(&pid);
+    }
+
     /// Every target's exact counters now (running and exited), and the loss counters.
     /// `slots` are the (pid, slot) of processes with a counter slot of their own; `host`,
     /// for file-wide probes, says which pids of `HOST_COUNTERS` are targets.

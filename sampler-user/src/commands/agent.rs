@@ -85,6 +85,11 @@ pub async fn run(config: AgentConfig, prepared: Prepared) -> anyhow::Result<()> 
                 let profile = period.profile(&mut recording, &config.sampling, started).await?;
                 out.close(&profile, &period)?;
                 recording.start_period();
+                // The processes gone by now were in this period's profile for the last time.
+                let forgotten = recording.forget_gone();
+                if forgotten > 0 {
+                    info!("forgot {forgotten} processes that exited");
+                }
                 period = Period::begin();
             }
             _ = sigint.recv() => { info!("stopping on SIGINT"); break None; }

@@ -251,6 +251,41 @@ impl Aggregator {
         self.stacks.mark_gone(pid);
     }
 
+    /// Forgets the processes in `gone` (exited, their last period sent: the agent): their
+    /// stacks and every per-stack value, their live blocks, their counts. Not while
+    /// duty-cycled (its strata sum over the whole recording).
+    pub fn forget(&mut self, gone: &std::collections::BTreeSet<u32>) {
+        if gone.is_empty() || self.duty.is_some() {
+            return;
+        }
+        let remap = self.stacks.forget(gone);
+        let retain = |v: &mut Vec<SampleSet>| stacks::forget::retain_remapped(v, &remap);
+        retain(&mut self.per_stack);
+        retain(&mut self.per_stack_period);
+        retain(&mut self.per_stack_live);
+        stacks::forget::retain_remapped(&mut self.breakdowns, &remap);
+        if let Some(timeline) = &mut self.timeline {
+            timeline.retain_stacks(&remap);
+        }
+        if let Some(recent) = &mut self.recent {
+            stacks::forget::retain_remapped(&mut recent.per_stack, &remap);
+        }
+        self.live.retain(|(pid, _), block| {
+            match remap.get(block.stack as usize).copied().flatten() {
+                Some(id) if !gone.contains(pid) => {
+                    block.stack = id;
+                    true
+                }
+                _ => false,
+            }
+        });
+        for pid in gone {
+            self.untracked.remove(pid);
+            self.lost_at_period_start.remove(pid);
+        }
+        self.thread_names.retain(|(pid, _), _| !gone.contains(pid));
+    }
+
     /// Takes a batch of events, in order.
     pub fn add_all(&mut self, events: impl IntoIterator<Item = Event>) {
         for event in events {

@@ -37,6 +37,16 @@ pub struct ProcessSamples {
 }
 
 impl ProcessBook {
+    /// Forgets `pid` (gone, its last period sent: the agent).
+    pub fn forget(&mut self, pid: u32) {
+        self.commands.remove(&pid);
+        self.executables.remove(&pid);
+        self.cgroups.remove(&pid);
+        self.allocators.remove(&pid);
+        self.rss.remove(&pid);
+        self.cpu.remove(&pid);
+    }
+
     /// Starts tracking `pid` (or again, after an exec): its command name, executable,
     /// cgroup, RSS and CPU time while it surely lives.
     pub fn track(&mut self, pid: u32) {

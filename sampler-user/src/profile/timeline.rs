@@ -88,6 +88,11 @@ impl Timeline {
         self.grid.start_ns + (self.points + 1) * self.stride * self.grid.tick_ns
     }
 
+    /// Keeps the series of the stacks `remap` keeps (see `StackTable::forget`).
+    pub fn retain_stacks(&mut self, remap: &[Option<crate::stacks::StackId>]) {
+        crate::stacks::forget::retain_remapped(&mut self.per_stack, remap);
+    }
+
     /// Closes every point due by `now_ns`, from the stacks' sets then (`all[i]`, `live[i]`
     /// of stack `i`).
     pub fn advance(&mut self, now_ns: u64, all: &[SampleSet], live: &[SampleSet]) {

@@ -255,6 +255,30 @@ impl Recording {
         self.processes.track_fork(pid, parent);
     }
 
+    /// Forgets every process that exited (the agent, once their last period is sent):
+    /// a recording that runs for days keeps only what its running processes need.
+    pub fn forget_gone(&mut self) -> usize {
+        let gone = self
+            .roster
+            .forget_gone(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
+        if gone.is_empty() || self.duty.is_some() {
+            return 0;
+        }
+        self.aggregator.forget(&gone);
+        for pid in &gone {
+            self.processes.forget(*pid);
+            self.counters.forget(*pid);
+            self.lost.remove(pid);
+        }
+        if let Some((counters, _)) = &mut self.last_counters {
+            counters.retain(|pid, _| !gone.contains(pid));
+        }
+        // What the symbolizer parsed for them goes too (the next profile parses again what
+        // the running processes need).
+        self.symbolizer.forget_caches();
+        gone.len()
+    }
+
     /// Starts a new period for per-period values (`--every` snapshots).
     pub fn start_period(&mut self) {
         self.aggregator.start_period(&self.lost);

@@ -114,6 +114,21 @@ impl Roster {
         self.coverage.insert(pid, (coverage, from_ns));
     }
 
+    /// Forgets every target that is gone (their last period sent: the agent): not running
+    /// as a target, and (a process only seen host-wide, which nothing watches) not
+    /// `alive`; returns them.
+    pub fn forget_gone(&mut self, alive: impl Fn(u32) -> bool) -> std::collections::BTreeSet<u32> {
+        let gone: std::collections::BTreeSet<u32> = self
+            .pids
+            .iter()
+            .copied()
+            .filter(|&pid| !self.running.contains_key(&pid) && !alive(pid))
+            .collect();
+        self.pids.retain(|pid| !gone.contains(pid));
+        self.coverage.retain(|pid, _| !gone.contains(pid));
+        gone
+    }
+
     /// `pid` exited: no longer running; returns its slot, which is free again (unless it
     /// was [`HOST_SLOT`]).
     pub fn leave(&mut self, pid: u32) -> Option<u32> {
@@ -260,6 +275,21 @@ mod tests {
                 producer: None,
             }),
         }
+    }
+
+    #[test]
+    fn gone_targets_are_forgotten_and_live_ones_kept() {
+        let mut roster = Roster::new(false);
+        roster.enter(10, 0, coverage(), 0);
+        roster.enter(11, 1, coverage(), 0);
+        roster.seen(20);
+        roster.seen(21);
+        roster.leave(11);
+        // 20 is alive (seen host-wide, not watched), 21 is not; 10 runs as a target.
+        let gone = roster.forget_gone(|pid| pid == 20);
+        assert_eq!(gone.into_iter().collect::<Vec<_>>(), [11, 21]);
+        assert_eq!(roster.pids(), [10, 20]);
+        assert!(roster.coverage(11).is_none() && roster.coverage(10).is_some());
     }
 
     #[test]

@@ -19,6 +19,7 @@
 pub mod call_site;
 pub mod debuginfod;
 pub mod demangle;
+pub mod forget;
 pub mod image;
 pub mod python;
 pub mod symbolize;
@@ -682,7 +683,7 @@ mod tests {
     };
 
     /// Interns raw addresses as unknown frames, unchecked.
-    fn raw(table: &mut StackTable, pid: u32, addresses: &[u64]) -> StackId {
+    pub(crate) fn raw(table: &mut StackTable, pid: u32, addresses: &[u64]) -> StackId {
         let frames = addresses
             .iter()
             .map(|&address| Frame::Unknown { address })

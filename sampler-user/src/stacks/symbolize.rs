@@ -50,8 +50,14 @@ pub enum FrameKind {
     Python,
 }
 
-/// A batch: (module path, file offset of a return address) per frame.
-type Request = (Vec<(PathBuf, u64)>, oneshot::Sender<Vec<Vec<FrameInfo>>>);
+/// What the thread is asked.
+enum Request {
+    /// A batch: (module path, file offset of a return address) per frame.
+    Resolve(Vec<(PathBuf, u64)>, oneshot::Sender<Vec<Vec<FrameInfo>>>),
+    /// Drop every cache (the parsed files, the resolved frames): a recording that runs
+    /// for days (the agent) would otherwise keep every program the host ever ran parsed.
+    Forget,
+}
 
 /// Handle to the symbolizer thread; the thread ends when the handle is dropped.
 pub struct Symbolizer {
@@ -99,6 +105,12 @@ impl Symbolizer {
         })
     }
 
+    /// Drops the thread's caches (parsed files, resolved frames); later batches parse
+    /// again what they need.
+    pub fn forget_caches(&self) {
+        let _ = self.requests.send(Request::Forget);
+    }
+
     /// Resolves each frame to its (possibly inlined) functions, innermost first. A frame
     /// that cannot be resolved comes back with `function: None`, never as an error.
     ///
@@ -128,7 +140,7 @@ impl Symbolizer {
         }
         let asked = frames.clone();
         let (reply, answer) = oneshot::channel();
-        if self.requests.send((frames, reply)).is_err() {
+        if self.requests.send(Request::Resolve(frames, reply)).is_err() {
             return unresolved(&asked);
         }
         let mut interrupt = signal(SignalKind::interrupt()).ok();
@@ -182,17 +194,29 @@ fn serve(incoming: mpsc::Receiver<Request>, mut debug_dirs: Vec<PathBuf>, tree: 
     if let Some(tree) = tree.filter(|_| fetcher.is_some()) {
         debug_dirs.push(tree);
     }
-    let symbolizer = Blazesym::builder()
-        .enable_code_info(true)
-        .enable_inlined_fns(true)
-        // Ours demangles only mangled names (blazesym's reads a C function `f` as `float`).
-        .enable_demangling(false)
-        .set_debug_dirs(Some(debug_dirs.clone()))
-        .build();
+    let build = || {
+        Blazesym::builder()
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            // Ours demangles only mangled names (blazesym's reads a C function `f` as `float`).
+            .enable_demangling(false)
+            .set_debug_dirs(Some(debug_dirs.clone()))
+            .build()
+    };
+    let mut symbolizer = build();
     let mut cache: HashMap<(PathBuf, u64), Vec<FrameInfo>> = HashMap::new();
     // Per module: whether its DWARF (and so its debug link) may be read.
     let mut debug_syms: HashMap<PathBuf, bool> = HashMap::new();
-    for (frames, reply) in incoming {
+    for request in incoming {
+        let (frames, reply) = match request {
+            Request::Resolve(frames, reply) => (frames, reply),
+            Request::Forget => {
+                symbolizer = build();
+                cache = HashMap::new();
+                debug_syms = HashMap::new();
+                continue;
+            }
+        };
         let mut by_module: HashMap<&Path, Vec<u64>> = HashMap::new();
         for (path, offset) in &frames {
             if !cache.contains_key(&(path.clone(), *offset)) {

@@ -113,6 +113,11 @@ impl std::fmt::Debug for Unwinders {
 }
 
 impl Unwinders {
+    /// Drops `pid`'s unwinder (it is gone).
+    pub fn forget(&mut self, pid: u32) {
+        self.processes.remove(&pid);
+    }
+
     /// Whether `pid`'s unwinder was built from generation `maps` of its maps.
     pub fn is_current(&self, pid: u32, maps: u64) -> bool {
         self.processes
