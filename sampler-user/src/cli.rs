@@ -98,6 +98,11 @@ pub struct TargetArgs {
     #[arg(long, help_heading = "Targets")]
     pub no_follow: bool,
 
+    /// Only processes whose cgroup (v2 path: a systemd unit's, a container's, e.g.
+    /// 'nginx\.service$' or '/kubepods') matches this regex (with --all, --comm).
+    #[arg(long, value_name = "REGEX", help_heading = "Targets")]
+    pub cgroup: Option<String>,
+
     /// Leave processes whose name matches this regex alone (with --all, --comm, --follow).
     #[arg(long, value_name = "REGEX", help_heading = "Targets")]
     pub exclude_comm: Option<String>,

@@ -32,6 +32,8 @@ pub struct Targets {
     /// tree carries the in-process front end): the default for `-- CMD`, `--no-follow`
     /// turns it off.
     pub children: bool,
+    /// Only processes in a cgroup matching this (`--cgroup`, with `--all`, `--comm`).
+    pub cgroup: Option<Pattern>,
     /// Processes never profiled, by name.
     pub exclude_comm: Option<Pattern>,
     /// Processes never profiled, by pid.
@@ -45,7 +47,8 @@ impl Targets {
         self.all || self.comm.is_some()
     }
 
-    /// Whether `pid` named `comm` must be left alone.
+    /// Whether `pid` named `comm` must be left alone (its cgroup is read when `--cgroup`
+    /// selects: a process whose cgroup cannot be read is left alone then).
     pub fn excludes(&self, pid: u32, comm: &str) -> bool {
         pid == std::process::id()
             || self.exclude_pids.contains(&pid)
@@ -53,6 +56,9 @@ impl Targets {
                 .exclude_comm
                 .as_ref()
                 .is_some_and(|p| p.0.is_match(comm))
+            || self.cgroup.as_ref().is_some_and(|p| {
+                !crate::procfs::cgroup_of(pid).is_some_and(|cgroup| p.0.is_match(&cgroup))
+            })
     }
 }
 
@@ -239,6 +245,16 @@ impl TargetArgs {
             .as_deref()
             .map(|c| Pattern::parse("--exclude-comm", c))
             .transpose()?;
+        let cgroup = self
+            .cgroup
+            .as_deref()
+            .map(|c| Pattern::parse("--cgroup", c))
+            .transpose()?;
+        if cgroup.is_some() && !self.all && comm.is_none() {
+            return Err(BadInput(
+                "--cgroup selects among the processes of --all or --comm: add one".into(),
+            ));
+        }
         let selected = !pids.is_empty() || comm.is_some();
         let command = !self.command.is_empty();
         if command && (selected || self.all) {
@@ -278,6 +294,7 @@ impl TargetArgs {
             children: !self.command.is_empty() && !self.no_follow,
             command: self.command,
             follow: self.follow,
+            cgroup,
             exclude_comm,
             exclude_pids,
         })

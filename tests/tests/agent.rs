@@ -485,3 +485,95 @@ fn a_process_that_exited_is_sent_once_more_then_forgotten() {
         "{seen:?}"
     );
 }
+
+/// A cgroup v2 group of its own, removed on drop (its processes moved back to the root).
+struct Group(std::path::PathBuf);
+
+impl Group {
+    fn new(name: &str) -> Group {
+        let root = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+            .into_iter()
+            .map(Path::new)
+            .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.controllers").exists())
+            .expect("a cgroup v2 hierarchy");
+        let dir = root.join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Group(dir)
+    }
+
+    fn add(&self, pid: u32) {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let procs = std::fs::read_to_string(self.0.join("cgroup.procs")).unwrap_or_default();
+        let root = self.0.parent().unwrap().join("cgroup.procs");
+        for pid in procs.lines() {
+            let _ = std::fs::write(&root, pid);
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn cgroup_selects_the_processes_of_one_group() {
+    if !bpf_available("agent --cgroup") {
+        return;
+    }
+    let dir = TempDir::new("agent-cgroup");
+    let group = Group::new("allocscope-test");
+    let inside = Busy::start();
+    let outside = Busy::start();
+    group.add(inside.0.id());
+    let name = group.0.file_name().unwrap().to_str().unwrap().to_owned();
+    let out = dir.path("periods");
+    let (agent, stderr) = start_recording(&[
+        "agent",
+        "--all",
+        "--cgroup",
+        &format!("/{name}$"),
+        "--period",
+        "1s",
+        "--interval",
+        "64KiB",
+        "--spool-in-memory",
+        "--out-dir",
+        out.to_str().unwrap(),
+    ]);
+    let log = drain(stderr);
+    assert!(wait_until(Duration::from_secs(30), || tests::files_under(
+        &out
+    )
+    .len()
+        >= 3));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
+    let mut agent = agent;
+    assert!(agent.wait().unwrap().success());
+    let log = log.join().unwrap();
+    let mut files = tests::files_under(&out);
+    files.sort();
+    let profile = tests::read_profile(files.last().unwrap());
+    let processes = profile["processes"].as_array().unwrap();
+    let pids: Vec<u64> = processes
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert!(pids.contains(&u64::from(inside.0.id())), "{pids:?}\n{log}");
+    assert!(!pids.contains(&u64::from(outside.0.id())), "{pids:?}");
+    for process in processes {
+        assert_eq!(process["cgroup"], format!("/{name}"), "{process}");
+    }
+}
+
+#[test]
+fn cgroup_needs_all_or_comm() {
+    let output = std::process::Command::new(allocscope())
+        .args(["agent", "-p", "1", "--cgroup", "x", "--out-dir", "/tmp"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--cgroup selects among"));
+}

@@ -90,6 +90,11 @@ pub async fn run(config: AgentConfig, prepared: Prepared) -> anyhow::Result<()> 
                 if forgotten > 0 {
                     info!("forgot {forgotten} processes that exited");
                 }
+                // Building a profile parses and allocates a lot for a moment; glibc keeps
+                // freed memory in its arenas unless told: give it back between periods, so
+                // the agent's RSS is what it holds, not the largest period it ever built.
+                // SAFETY: malloc_trim only releases free memory of the allocator's arenas.
+                unsafe { libc::malloc_trim(0) };
                 period = Period::begin();
             }
             _ = sigint.recv() => { info!("stopping on SIGINT"); break None; }

@@ -164,7 +164,13 @@ pub struct Recording {
     cutoff_ns: Option<u64>,
     /// The command's tree counted in-process.
     in_process: in_process::InProcess,
+    /// Times [`Recording::forget_gone`] forgot a process.
+    forgets: u32,
 }
+
+/// Every how many [`Recording::forget_gone`] that forgot something the symbolizer drops its
+/// caches (with the agent's 60 s periods: at most every 10 minutes).
+const SYMBOLIZER_FORGETS_EVERY: u32 = 10;
 
 impl Recording {
     fn probes_mut(&mut self) -> anyhow::Result<&mut Probes> {
@@ -273,9 +279,13 @@ impl Recording {
         if let Some((counters, _)) = &mut self.last_counters {
             counters.retain(|pid, _| !gone.contains(pid));
         }
-        // What the symbolizer parsed for them goes too (the next profile parses again what
-        // the running processes need).
-        self.symbolizer.forget_caches();
+        // What the symbolizer parsed for them goes too, every few times (the next profile
+        // parses again what the running processes need: CPU each time, against memory that
+        // would otherwise follow every program that ever ran).
+        self.forgets += 1;
+        if self.forgets.is_multiple_of(SYMBOLIZER_FORGETS_EVERY) {
+            self.symbolizer.forget_caches();
+        }
         gone.len()
     }
 

@@ -235,6 +235,7 @@ impl Recording {
             lost: Default::default(),
             cutoff_ns: None,
             in_process: InProcess::none(sampling.interval),
+            forgets: 0,
         };
         recording.probe_before_start(front_end.as_ref());
         if let (Some(child), Some(front_end)) = (&child, front_end) {
