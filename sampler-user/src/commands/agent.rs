@@ -82,8 +82,15 @@ pub async fn run(config: AgentConfig, prepared: Prepared) -> anyhow::Result<()> 
                 Err(e) => break Some(e),
             },
             _ = timer.tick() => {
-                let profile = period.profile(&mut recording, &config.sampling, started).await?;
-                out.close(&profile, &period)?;
+                let profile = match period.profile(&mut recording, &config.sampling, started).await {
+                    Ok(profile) => profile,
+                    Err(e) => break Some(e),
+                };
+                // A period that could not be written (a full disk under --out-dir) is said
+                // and the agent goes on: the sinks still get it.
+                if let Err(e) = out.close(&profile, &period) {
+                    log::warn!("{e:#}");
+                }
                 recording.start_period();
                 // The processes gone by now were in this period's profile for the last time.
                 let forgotten = recording.forget_gone();
@@ -157,17 +164,20 @@ impl Out<'_> {
     /// Sends one period's profiles and writes its file.
     fn close(&self, profile: &Profile, period: &Period) -> anyhow::Result<()> {
         let periods = period::split(profile, period.seconds());
-        // A period in which no process allocated or held anything has nothing to send.
-        if !self.sinks.is_empty() && !periods.is_empty() {
-            let batch = agent::encode(self.sinks, &periods, self.identity, period.unix_ns);
-            self.sender.send(batch);
-        }
         if let Ok(mut status) = self.sender.status.lock() {
             status.periods += 1;
             status.last_period_unix = Some(agent::status::unix_now());
             status.last_period_processes = periods.len();
             status.samples_lost = profile.losses.ringbuf_full + profile.losses.lost_unrecorded;
         }
+        // A period in which no process allocated or held anything has nothing to send; the
+        // sender still gets an (empty) batch, and writes the status.
+        let batch = if periods.is_empty() {
+            Vec::new()
+        } else {
+            agent::encode(self.sinks, &periods, self.identity, period.unix_ns)
+        };
+        self.sender.send(batch);
         if let Some((dir, format, keep)) = self.dir {
             let value = Value::default_for(profile);
             let pinned = crate::outfile::open_directory(dir)
