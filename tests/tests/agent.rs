@@ -577,3 +577,51 @@ fn cgroup_needs_all_or_comm() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--cgroup selects among"));
 }
+
+#[test]
+fn under_all_the_kernel_tables_forget_gone_processes() {
+    if !bpf_available("agent forgets in the kernel") {
+        return;
+    }
+    let dir = TempDir::new("agent-kernel-forget");
+    let out = dir.path("periods");
+    let (agent, stderr) = start_recording(&[
+        "agent",
+        "--all",
+        "-v",
+        "--period",
+        "1s",
+        "--interval",
+        "64KiB",
+        "--spool-in-memory",
+        "--out-dir",
+        out.to_str().unwrap(),
+        "--keep",
+        "3",
+    ]);
+    let log = drain(stderr);
+    // A process counted host-wide (its own pid entry in the kernel's counters), gone.
+    let status = std::process::Command::new(fixture("workload", &[]))
+        .arg("2000")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::thread::sleep(Duration::from_secs(3));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
+    let mut agent = agent;
+    assert!(agent.wait().unwrap().success());
+    let log = log.join().unwrap();
+    let forgotten: u64 = log
+        .lines()
+        .filter_map(|l| l.split("forgot ").nth(1))
+        .filter_map(|rest| rest.strip_suffix(" kernel entries of gone processes"))
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum();
+    assert!(forgotten >= 1, "no kernel entry forgotten:\n{log}");
+    assert!(
+        !log.contains("forgetting gone processes in the kernel's tables"),
+        "{log}"
+    );
+}

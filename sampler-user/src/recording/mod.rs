@@ -264,9 +264,22 @@ impl Recording {
     /// Forgets every process that exited (the agent, once their last period is sent):
     /// a recording that runs for days keeps only what its running processes need.
     pub fn forget_gone(&mut self) -> usize {
-        let gone = self
-            .roster
-            .forget_gone(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
+        let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+        let gone = self.roster.forget_gone(alive);
+        // Processes left alone (host mode) that exited: their exclusion goes too.
+        let mut in_kernel = gone.clone();
+        for pid in self.roster.excluded() {
+            if !alive(pid) && pid != std::process::id() {
+                self.roster.forget_excluded(pid);
+                in_kernel.insert(pid);
+            }
+        }
+        if let Some(probes) = self.probes.as_mut().filter(|_| !in_kernel.is_empty()) {
+            match crate::collect::forget::forget_in_kernel(&mut probes.ebpf, &in_kernel) {
+                Ok(entries) => log::debug!("forgot {entries} kernel entries of gone processes"),
+                Err(e) => log::warn!("forgetting gone processes in the kernel's tables: {e:#}"),
+            }
+        }
         if gone.is_empty() || self.duty.is_some() {
             return 0;
         }
