@@ -7,8 +7,8 @@
 //! first try and deleted once delivered. When a new request would pass the bound, the
 //! oldest go first, each counted as a drop: the newest data is what an operator looks at
 //! after an outage. A spool found at start (the agent was restarted during an outage) is
-//! sent first. With no directory (`--spool-bytes 0` is no spool at all), requests wait in
-//! memory under the same bound.
+//! sent first. With `--spool-in-memory` requests wait in memory under the same bound
+//! (lost if the agent stops before they are delivered).
 
 use std::{
     collections::VecDeque,
