@@ -264,6 +264,10 @@ impl Recording {
     /// Forgets every process that exited (the agent, once their last period is sent):
     /// a recording that runs for days keeps only what its running processes need.
     pub fn forget_gone(&mut self) -> usize {
+        // Duty cycling's strata sum over the whole recording (and is not the agent's).
+        if self.duty.is_some() {
+            return 0;
+        }
         let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
         let gone = self.roster.forget_gone(alive);
         // Processes left alone (host mode) that exited: their exclusion goes too.
@@ -280,7 +284,7 @@ impl Recording {
                 Err(e) => log::warn!("forgetting gone processes in the kernel's tables: {e:#}"),
             }
         }
-        if gone.is_empty() || self.duty.is_some() {
+        if gone.is_empty() {
             return 0;
         }
         self.aggregator.forget(&gone);
