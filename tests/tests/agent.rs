@@ -245,8 +245,6 @@ fn a_sink_that_refuses_hangs_or_resets_is_retried_and_loses_nothing() {
         &pid,
         "--period",
         "1s",
-        "--interval",
-        "16384",
         "--pyroscope",
         &sink.url(),
         "--push-timeout",
@@ -294,8 +292,8 @@ fn a_sink_that_refuses_hangs_or_resets_is_retried_and_loses_nothing() {
     );
     assert_eq!(
         sink.accepted().len() as u64,
-        periods["periods"].as_u64().unwrap(),
-        "every period pushed once"
+        periods["periods"].as_u64().unwrap() - periods["periods_empty"].as_u64().unwrap(),
+        "every period with something in it pushed once"
     );
     // Periods arrive in order: each push's profile starts after the one before.
     let starts: Vec<i64> = sink
@@ -328,8 +326,6 @@ fn the_spool_stays_within_its_bound_while_the_sink_is_down() {
         &pid,
         "--period",
         "1s",
-        "--interval",
-        "16384",
         "--pyroscope",
         &sink.url(),
         "--retry-max",
@@ -345,6 +341,8 @@ fn the_spool_stays_within_its_bound_while_the_sink_is_down() {
     ]);
     let log = drain(stderr);
     let mut largest = 0;
+    // The default interval and its throttle (at most 5,000 samples a second): the ring
+    // buffer keeps up even on a loaded machine, so a loss here would be the sink's doing.
     let dropped = wait_until(Duration::from_secs(40), || {
         let bytes: u64 = tests::files_under(&spool)
             .iter()

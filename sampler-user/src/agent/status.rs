@@ -24,6 +24,8 @@ pub struct Status {
     pub last_period_unix: Option<u64>,
     /// Processes with something in the last period.
     pub last_period_processes: usize,
+    /// Periods in which no process allocated or held anything: nothing was sent.
+    pub periods_empty: u64,
     /// Periods the sender could not take (it was behind by more than its queue): dropped.
     pub periods_dropped: u64,
     /// Samples the kernel could not deliver, over the whole run (ring buffer full).

@@ -168,6 +168,7 @@ impl Out<'_> {
             status.periods += 1;
             status.last_period_unix = Some(agent::status::unix_now());
             status.last_period_processes = periods.len();
+            status.periods_empty += u64::from(periods.is_empty());
             status.samples_lost = profile.losses.ringbuf_full + profile.losses.lost_unrecorded;
         }
         // A period in which no process allocated or held anything has nothing to send; the
