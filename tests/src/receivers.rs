@@ -8,7 +8,7 @@ use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{TcpListener, TcpStream},
     path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -197,17 +197,12 @@ impl OtlpReceiver {
             "{} missing: run `cargo xtask setup` (it installs the OTLP receiver's packages)",
             python.display()
         );
-        let mut child = Command::new(python)
-            .arg(crate::workspace().join("tests/py/otlp_receiver.py"))
-            .arg("--out")
-            .arg(&out)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let (child, line) = crate::spawn_with_first_line(
+            Command::new(python)
+                .arg(crate::workspace().join("tests/py/otlp_receiver.py"))
+                .arg("--out")
+                .arg(&out),
+        );
         let ports: Vec<u16> = line
             .strip_prefix("ports ")
             .unwrap_or_else(|| panic!("the receiver said {line:?}"))

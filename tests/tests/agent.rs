@@ -12,6 +12,14 @@ use tests::{
     start_recording, wait_until, workload_round, TempDir,
 };
 
+/// Stops the agent as systemd does (SIGTERM: the last period is flushed) and checks it
+/// exited cleanly.
+fn terminate(mut agent: std::process::Child) {
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(agent.wait().unwrap().success());
+}
+
 /// The workload allocating until dropped (its output discarded: nobody reads it).
 struct Busy(std::process::Child);
 
@@ -263,10 +271,7 @@ fn a_sink_that_refuses_hangs_or_resets_is_retried_and_loses_nothing() {
         .len()
         >= 8));
     let during = status(&dir.path("status.json"));
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
-    let mut agent = agent;
-    assert!(agent.wait().unwrap().success());
+    terminate(agent);
     let log = log.join().unwrap();
     let seen = sink.seen.lock().unwrap().clone();
     let kinds: Vec<&str> = seen.iter().take(5).map(|r| r.behaviour.as_str()).collect();
@@ -353,10 +358,7 @@ fn the_spool_stays_within_its_bound_while_the_sink_is_down() {
         let status = status(&dir.path("status.json"));
         status["sinks"][0]["dropped"].as_u64().unwrap_or(0) >= 3
     });
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
-    let mut agent = agent;
-    assert!(agent.wait().unwrap().success());
+    terminate(agent);
     let log = log.join().unwrap();
     let status = status(&dir.path("status.json"));
     assert!(dropped, "the spool never dropped: {status:#}\n{log}");
@@ -546,10 +548,7 @@ fn cgroup_selects_the_processes_of_one_group() {
     )
     .len()
         >= 3));
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
-    let mut agent = agent;
-    assert!(agent.wait().unwrap().success());
+    terminate(agent);
     let log = log.join().unwrap();
     let mut files = tests::files_under(&out);
     files.sort();
@@ -606,10 +605,7 @@ fn under_all_the_kernel_tables_forget_gone_processes() {
         .unwrap();
     assert!(status.success());
     std::thread::sleep(Duration::from_secs(3));
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
-    let mut agent = agent;
-    assert!(agent.wait().unwrap().success());
+    terminate(agent);
     let log = log.join().unwrap();
     let forgotten: u64 = log
         .lines()

@@ -165,7 +165,10 @@ fn map<'a>(ebpf: &'a Ebpf, name: &str) -> anyhow::Result<&'a aya::maps::Map> {
         .with_context(|| format!("{name} map missing"))
 }
 
-fn map_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut aya::maps::Map> {
+pub(super) fn map_mut<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &str,
+) -> anyhow::Result<&'a mut aya::maps::Map> {
     ebpf.map_mut(name)
         .with_context(|| format!("{name} map missing"))
 }

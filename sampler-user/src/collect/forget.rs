@@ -7,12 +7,13 @@
 
 use std::collections::BTreeSet;
 
-use anyhow::Context as _;
 use aya::{
     maps::{HashMap, PerCpuHashMap},
     Ebpf,
 };
 use sampler_common::{kernel, LiveKey, LostKey, LostSamples, ProcessCounters};
+
+use super::counters::map_mut;
 
 /// Removes the entries of the processes in `gone` from the kernel's per-pid counters,
 /// lost-sample counts, exclusions and live-block table; returns how many entries went.
@@ -55,9 +56,4 @@ pub fn forget_in_kernel(ebpf: &mut Ebpf, gone: &BTreeSet<u32>) -> anyhow::Result
         removed += usize::from(live.remove(&key).is_ok());
     }
     Ok(removed)
-}
-
-fn map_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut aya::maps::Map> {
-    ebpf.map_mut(name)
-        .with_context(|| format!("{name} map missing"))
 }
