@@ -114,5 +114,7 @@ fn emit(what: u32, pid: u32, parent: u32) {
         timestamp_ns: unsafe { bpf_ktime_get_ns() },
         comm: bpf_get_current_comm().unwrap_or_default(),
     });
-    entry.submit(0);
+    // Rare, and awaited (an exit closes a process's numbers): always wakes the reader,
+    // which may be behind records sent without a wake-up.
+    entry.submit(aya_ebpf::bindings::BPF_RB_FORCE_WAKEUP as u64);
 }

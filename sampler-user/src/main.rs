@@ -49,8 +49,10 @@ fn main() -> ExitCode {
 }
 
 fn run_record(args: cli::RecordArgs) -> anyhow::Result<u8> {
+    let started = std::time::Instant::now();
     let config = args.into_config()?;
     let prepared = record::prepare(&config)?;
+    log::debug!("checked and prepared in {:?}", started.elapsed());
     runtime()?.block_on(record::run(config, prepared))
 }
 

@@ -66,7 +66,10 @@ pub(super) fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
     // SAFETY: `size` is within the record (just bounded), which lives in the map.
     let bytes =
         unsafe { core::slice::from_raw_parts((record as *const SampleRecord).cast::<u8>(), size) };
-    if SAMPLES.output::<[u8]>(bytes, 0).is_err() {
+    if SAMPLES
+        .output::<[u8]>(bytes, crate::maps::wake_flags())
+        .is_err()
+    {
         lost(ctx, sample);
         return;
     }

@@ -72,5 +72,5 @@ pub(super) fn free_tracked(pid: u32, address: u64) {
         timestamp_ns,
         address,
     });
-    entry.submit(0);
+    entry.submit(crate::maps::wake_flags());
 }

@@ -81,7 +81,8 @@ fn send(record: &mut sampler_common::python::PyStackRecord) -> u32 {
             size,
         )
     };
-    let _ = SAMPLES.output::<[u8]>(bytes, 0);
+    // Never a wake-up of its own: the sample sent right after it decides.
+    let _ = SAMPLES.output::<[u8]>(bytes, aya_ebpf::bindings::BPF_RB_NO_WAKEUP as u64);
     FLAG_PYTHON
 }
 

@@ -417,6 +417,12 @@ impl Drop for SampleReader {
     }
 }
 
+/// How often the intake thread looks at the ring buffer unasked. Samples and frees are sent
+/// without waking it (a wake-up is an interrupt in the probed thread, see the eBPF side's
+/// `wake_flags`) until the buffer is an eighth full: so a record waits at most this long,
+/// and the thread wakes 50 times a second when idle.
+const POLL_MS: libc::c_int = 20;
+
 /// The intake thread: drain, decode, send, until stopped or nobody listens.
 fn intake(
     mut ring: RingBuf<MapData>,
@@ -444,7 +450,7 @@ fn intake(
             },
         ];
         // SAFETY: poll on two live descriptors with a correctly sized array.
-        unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) };
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, POLL_MS) };
         if fds[1].revents & libc::POLLIN != 0 {
             let mut count = 0u64;
             // SAFETY: reading the eventfd's 8-byte counter into a live local.

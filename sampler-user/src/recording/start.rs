@@ -189,6 +189,7 @@ impl Recording {
         // A command counted in-process, alone, traps only on its samples (rare), and needs
         // no uprobe on its allocator unless one is linked into its executable.
         let in_process_only = front_end.is_some() && initial.len() == 1 && !targets.waits_for_new();
+        let started = std::time::Instant::now();
         let config = kernel_config(&targets, sampling, followed_only, in_process_only);
         let (mut probes, python_frames) = load_probes(config)?;
         // The trap calibration's ~0.15 s (timing, then a link the kernel takes ~0.1 s to
@@ -246,6 +247,7 @@ impl Recording {
             recording.release(child, &command)?;
         }
         recording.discover()?;
+        log::debug!("loaded, attached and released in {:?}", started.elapsed());
         if recording.roster.none_running() && !recording.targets.waits_for_new() {
             anyhow::bail!("every target exited while the probes were being attached");
         }
