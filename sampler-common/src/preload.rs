@@ -34,7 +34,7 @@ pub const FAMILY_SLOTS: usize = 1024;
 pub const FAMILY_MAGIC: u64 = u64::from_le_bytes(*b"alsfam01");
 
 /// Layout version of [`Family`].
-pub const FAMILY_VERSION: u64 = 1;
+pub const FAMILY_VERSION: u64 = 2;
 
 /// Environment variable naming the descriptor of the family table a command inherits.
 pub const FAMILY_FD_VARIABLE: &core::ffi::CStr = c"ALLOCSCOPE_FAMILY_FD";
@@ -104,8 +104,92 @@ pub struct Family {
     pub sequence: AtomicU64,
     /// Processes that found no free slot (they count in a region of their own).
     pub full: AtomicU64,
+    /// Where sampled blocks go ([`EARLY_OFF`], [`EARLY_KEEP`], [`EARLY_HOLD`]): see
+    /// [`EarlyRecord`].
+    pub early_state: AtomicU64,
+    /// Threads writing an early record now (allocscope waits for none before reading).
+    pub early_writers: AtomicU64,
+    /// Early records claimed so far (beyond [`EARLY_SLOTS`]: samples that had to wait).
+    pub early_next: AtomicU64,
+    /// Bytes of stack an early sample copies (allocscope's `--stack-bytes`).
+    pub early_stack_bytes: AtomicU64,
     /// Per slot: 0 when free, else a [`claim`] word.
     pub claims: [AtomicU64; FAMILY_SLOTS],
+}
+
+/// [`Family::early_state`]: sampled blocks fire the USDT probes (allocscope is attached, or
+/// never asked for early records). Zero, so a table starts this way.
+pub const EARLY_OFF: u64 = 0;
+/// [`Family::early_state`]: allocscope is still attaching while the command runs; a sampled
+/// block (with its stack) and a sampled block's free are written as [`EarlyRecord`]s.
+pub const EARLY_KEEP: u64 = 1;
+/// [`Family::early_state`]: allocscope is reading the early records; a thread about to
+/// write one waits until the state is [`EARLY_OFF`], then fires the probes.
+pub const EARLY_HOLD: u64 = 2;
+
+/// Early records in a family table; a sample beyond them waits for allocscope.
+pub const EARLY_SLOTS: usize = 1024;
+
+/// [`EarlyRecord::kind`] of a sampled block.
+pub const EARLY_ALLOC: u64 = 1;
+/// [`EarlyRecord::kind`] of a sampled block's free.
+pub const EARLY_FREE: u64 = 2;
+
+/// What a sampled block or its free would have told the probes, written in the family
+/// table while allocscope attaches (`record -- CMD` lets the command run at once rather
+/// than after ~0.1 s of loading and attaching): the probe's arguments, the thread, the
+/// time, and for a block the registers and a copy of the stack's top, as the eBPF program
+/// sends them, followed by [`Self::stack_len`] bytes of stack (up to
+/// [`crate::MAX_STACK_COPY`]).
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct EarlyRecord {
+    /// 1 once the rest is written (a writer that died half-way leaves 0).
+    pub complete: AtomicU64,
+    /// [`EARLY_ALLOC`] or [`EARLY_FREE`].
+    pub kind: u64,
+    /// Process id (tgid).
+    pub pid: u64,
+    /// Thread id.
+    pub tid: u64,
+    /// CLOCK_MONOTONIC ns (the samples' clock).
+    pub timestamp_ns: u64,
+    /// The block (a free's: the block freed).
+    pub address: u64,
+    /// [`PROBE_ALLOC`]'s arguments: size, offset, interval and function with flags.
+    pub size: u64,
+    /// See [`Self::size`].
+    pub offset: u64,
+    /// See [`Self::size`].
+    pub interval: u64,
+    /// See [`Self::size`].
+    pub how: u64,
+    /// Instruction pointer where the stack was copied (in the library).
+    pub ip: u64,
+    /// Stack pointer then: the copy's first byte.
+    pub sp: u64,
+    /// Frame pointer register then.
+    pub bp: u64,
+    /// Bytes of stack copied after the record.
+    pub stack_len: u64,
+    /// The thread's name.
+    pub comm: [u8; 16],
+}
+
+/// Bytes of one early record with room for its stack, in whole pages (the family table is
+/// sparse: only the pages a record writes exist).
+pub const fn early_record_bytes() -> usize {
+    (core::mem::size_of::<EarlyRecord>() + crate::MAX_STACK_COPY + PAGE - 1) & !(PAGE - 1)
+}
+
+/// File offset of the early records in a family table (after the regions).
+pub const fn family_early_offset() -> usize {
+    family_region_offset(FAMILY_SLOTS)
+}
+
+/// Bytes of the early records.
+pub const fn family_early_bytes() -> usize {
+    EARLY_SLOTS * early_record_bytes()
 }
 
 /// Bit of a claim word set once its region is ready to be read.
@@ -152,7 +236,7 @@ pub const fn family_region_offset(slot: usize) -> usize {
 
 /// Bytes of a family table file.
 pub const fn family_bytes() -> usize {
-    family_region_offset(FAMILY_SLOTS)
+    family_early_offset() + family_early_bytes()
 }
 
 /// Among the claim words `claims`, the slot of process `pid`'s ready region: the latest

@@ -15,6 +15,7 @@
 //! reach it directly. Never panics: an impossible state ends the process with a message
 //! (`fatal`) rather than unwinding into C.
 
+mod early;
 mod next;
 mod python;
 mod region;
@@ -99,6 +100,9 @@ fn report(pointer: *mut c_void, size: u64, function: AllocFn) {
                 .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
         }
     }
+    if early::alloc(address, size, sampled.offset, sampled.interval, how) {
+        return;
+    }
     usdt::alloc(
         address,
         size,
@@ -142,7 +146,9 @@ fn forget(pointer: *mut c_void) {
 #[cold]
 #[inline(never)]
 fn report_free(address: u64) {
-    usdt::free(address);
+    if !early::free(address) {
+        usdt::free(address);
+    }
 }
 
 /// # Safety

@@ -38,6 +38,17 @@ static FAMILY: AtomicPtr<Family> = AtomicPtr::new(ptr::null_mut());
 /// The family table's descriptor (to map a child's region after a fork).
 static FAMILY_FD: AtomicI32 = AtomicI32::new(-1);
 
+/// The family table's header, if this process counts in one.
+pub fn family_table() -> Option<&'static Family> {
+    // SAFETY: set once to a checked header mapping that is never unmapped.
+    unsafe { FAMILY.load(Ordering::Acquire).as_ref() }
+}
+
+/// The family table's descriptor (-1: none).
+pub fn family_fd() -> i32 {
+    FAMILY_FD.load(Ordering::Acquire)
+}
+
 /// Default mean interval when nobody set one (allocscope's and OpenTelemetry's default).
 const DEFAULT_INTERVAL: u64 = 512 * 1024;
 

@@ -36,6 +36,9 @@ use sampler_common::{
 
 use crate::probe::maps;
 
+mod early;
+pub use early::{EarlyCopy, EarlyRead};
+
 /// The library, built by build.rs.
 static LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libsampler_preload.so"));
 

@@ -415,3 +415,98 @@ fn a_static_command_falls_back_to_uprobes_and_says_so() {
     assert_eq!(process["front_end"], "uprobes");
     check_workload_profile(&typed(&profile), pid, ROUNDS);
 }
+
+#[test]
+fn a_command_runs_while_its_probes_load_and_nothing_it_did_meanwhile_is_lost() {
+    tests::require_bpf!();
+    let _serial = one_at_a_time();
+    // `record -- CMD` lets the command run at once; what it allocates and frees before the
+    // probes are attached is kept in the family table as early records (with the stack) and
+    // read once they are. The fixture allocates all it keeps in its first milliseconds and
+    // frees half of it after a pause, through the probes: those frees must find the early
+    // blocks (put into the kernel's live map), or the live heap would be twice the truth.
+    let dir = TempDir::new("preload-early");
+    let early = fixture("early", &[]);
+    let out = dir.path("early.json");
+    let output = Command::new(allocscope())
+        .args([
+            "record",
+            "-v",
+            "--interval",
+            "32KiB",
+            "--confidence",
+            CONFIDENCE,
+            "-o",
+        ])
+        .arg(&out)
+        .arg("--")
+        .arg(&early)
+        .arg("400")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "allocscope failed:\n{stderr}");
+    let taken: u64 = stderr
+        .lines()
+        .find_map(|l| {
+            l.split(" events taken while attaching")
+                .next()
+                .filter(|_| l.contains("events taken while attaching"))
+        })
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no early records said:\n{stderr}"));
+    assert!(taken > 100, "only {taken} early events:\n{stderr}");
+    let profile = read_profile(&out);
+    let (process, pid) = first_process(&profile);
+    assert_eq!(process["front_end"], "in-process", "{process:#}");
+    let exact = process["exact"]["bytes"].as_u64().unwrap();
+    assert!(
+        (4000 * 4096..4000 * 4096 + 65536).contains(&exact),
+        "exact {exact}:\n{stderr}"
+    );
+    let bounds = |stacks: &[Value], measure: &str| -> (f64, f64, f64) {
+        stacks.iter().fold((0.0, 0.0, 0.0), |(e, l, u), s| {
+            let m = &s[measure];
+            (
+                e + m["estimate"].as_f64().unwrap(),
+                l + m["lower"].as_f64().unwrap(),
+                u + m["upper"].as_f64().unwrap(),
+            )
+        })
+    };
+    let keep = site(&profile, pid, "early_keep");
+    let temporary = site(&profile, pid, "early_temporary");
+    assert!(
+        !keep.is_empty() && !temporary.is_empty(),
+        "sites missing:\n{stderr}"
+    );
+    for (name, stacks, allocated, live) in [
+        ("early_keep", &keep, 2000.0 * 4096.0, 1000.0 * 4096.0),
+        ("early_temporary", &temporary, 2000.0 * 4096.0, 0.0),
+    ] {
+        let (estimate, lower, upper) = bounds(stacks, "alloc_bytes");
+        assert!(
+            lower <= allocated && allocated <= upper,
+            "{name}: allocated {allocated} outside [{lower}, {upper}] (estimate {estimate})"
+        );
+        let (estimate, lower, upper) = bounds(stacks, "inuse_bytes");
+        assert!(
+            lower <= live && live <= upper,
+            "{name}: live {live} outside [{lower}, {upper}] (estimate {estimate})"
+        );
+    }
+    assert!(
+        stacks_reach_main(&keep),
+        "early stacks do not reach main: {keep:#?}"
+    );
+}
+
+/// Whether every stack of `stacks` has `main` among its frames.
+fn stacks_reach_main(stacks: &[Value]) -> bool {
+    stacks.iter().all(|s| {
+        s["frames"]
+            .as_array()
+            .is_some_and(|frames| frames.iter().any(|f| f["function"] == "main"))
+    })
+}

@@ -23,6 +23,7 @@ use sampler_common::{
 use tokio::sync::mpsc;
 
 mod counters;
+pub mod early;
 pub mod forget;
 
 pub use counters::{lost, thread_states, Counters, Losses, LostBatch};

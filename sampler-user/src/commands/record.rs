@@ -71,7 +71,7 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
-    let started = Instant::now();
+    let started = recording.began();
     let deadline = tokio::time::sleep(config.duration.unwrap_or(Duration::MAX / 4));
     tokio::pin!(deadline);
     let every = match config.output {
@@ -121,8 +121,11 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
     let settings = config
         .sampling
         .settings(stopped - started, config.leaks_older_than);
+    log::debug!("detached in {:?}", stopped.elapsed());
     let profile = recording.profile(settings, period).await?;
+    log::debug!("profile built and symbolized in {:?}", stopped.elapsed());
     let written = writer.write(&profile)?;
+    log::debug!("profile written in {:?}", stopped.elapsed());
     crate::say_raw!("{}", summary::render(&profile, 10));
     crate::say!("wrote {} ({})", written.display(), config.format.name());
     if let Some(e) = failure {

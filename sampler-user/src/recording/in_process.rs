@@ -64,6 +64,11 @@ impl InProcess {
         }
     }
 
+    /// The family table the command's tree counts in, if any.
+    pub fn family(&self) -> Option<&Family> {
+        self.family.as_ref()
+    }
+
     /// The library as an allocator, if the command carries it.
     pub fn allocator(&self) -> Option<&Allocator> {
         self.library.as_ref().map(|(_, allocator)| allocator)

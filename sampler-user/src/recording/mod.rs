@@ -20,6 +20,7 @@
 mod counters;
 mod discovery;
 mod duty_cycling;
+mod early;
 mod in_process;
 mod prepare;
 mod roster;
@@ -166,6 +167,9 @@ pub struct Recording {
     in_process: in_process::InProcess,
     /// Times [`Recording::forget_gone`] forgot a process.
     forgets: u32,
+    /// When counting began: at the start, or when a command that ran while its probes
+    /// loaded was let go (see [`early`]).
+    began: std::time::Instant,
 }
 
 /// Every how many [`Recording::forget_gone`] that forgot something the symbolizer drops its
@@ -247,6 +251,12 @@ impl Recording {
             coverage,
             overhead: Some(overhead),
         }))
+    }
+
+    /// When counting began (a command that ran while its probes loaded: when it was let
+    /// go, before [`Recording::start`] returned).
+    pub fn began(&self) -> std::time::Instant {
+        self.began
     }
 
     /// Starts tracking `pid`: its maps, and its description (again after an exec).

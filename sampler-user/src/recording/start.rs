@@ -170,13 +170,15 @@ fn duty_cycling(
 }
 
 impl Recording {
-    /// Attaches the probes, then lets a spawned command run. `recent` keeps per-stack
+    /// Attaches the probes, then lets a spawned command run (a command counted in-process
+    /// alone runs at once, while they load: see [`super::early`]). `recent` keeps per-stack
     /// samples for rates over that window (`top`). Must run inside the tokio runtime.
     pub fn start(
         prepared: Prepared,
         sampling: &SamplingConfig,
         recent: Option<std::time::Duration>,
     ) -> anyhow::Result<Recording> {
+        let started = std::time::Instant::now();
         let Prepared {
             targets,
             initial,
@@ -189,8 +191,21 @@ impl Recording {
         // A command counted in-process, alone, traps only on its samples (rare), and needs
         // no uprobe on its allocator unless one is linked into its executable.
         let in_process_only = front_end.is_some() && initial.len() == 1 && !targets.waits_for_new();
-        let started = std::time::Instant::now();
         let config = kernel_config(&targets, sampling, followed_only, in_process_only);
+        let (child, early_pid) = match (child, &front_end) {
+            (Some(child), Some(front_end))
+                if super::early::may_run_early(&config, in_process_only) =>
+            {
+                let family = &front_end.family;
+                let pid = super::early::release_now(child, family, config.stack_bytes, &command)?;
+                let at = (crate::collect::monotonic_ns(), std::time::Instant::now());
+                (None, Some((pid, at)))
+            }
+            (child, _) => (child, None),
+        };
+        let spawned = early_pid
+            .map(|(pid, _)| pid)
+            .or(child.as_ref().map(|c| c.pid));
         let (mut probes, python_frames) = load_probes(config)?;
         // The trap calibration's ~0.15 s (timing, then a link the kernel takes ~0.1 s to
         // remove, which holds up the attach behind it) would be the largest part of such a
@@ -202,8 +217,47 @@ impl Recording {
         };
         let duty = duty_cycling(&mut probes, sampling)?;
         let (reader, logger) = intake(&mut probes, sampling, python_frames)?;
+        let mut recording = Recording::assemble(probes, reader, logger, sampling, recent, duty)?;
+        recording.targets = targets;
+        recording.cache = cache;
+        recording.roster = Roster::new(followed_only);
+        recording.spawned = spawned;
+        recording.trap = trap;
+        recording.probe_before_start(front_end.as_ref());
+        if let (Some(pid), Some(front_end)) = (spawned, front_end) {
+            recording.take_front_end(pid, front_end, sampling.interval);
+        }
+        recording.attach_initial(initial, &command)?;
+        if let Some(child) = child {
+            recording.release(child, &command)?;
+        }
+        if let Some((pid, (released_ns, released))) = early_pid {
+            recording.began = released;
+            if let Some(throttling) = recording.throttling.as_mut() {
+                throttling.since(released_ns);
+            }
+            recording.track(pid);
+            recording.finish_early(!sampling.alloc_only)?;
+        }
+        recording.discover()?;
+        log::debug!("loaded, attached and released in {:?}", started.elapsed());
+        if recording.roster.none_running() && !recording.targets.waits_for_new() {
+            anyhow::bail!("every target exited while the probes were being attached");
+        }
+        Ok(recording)
+    }
+
+    /// A recording with its probes and intake, before any target.
+    fn assemble(
+        probes: Probes,
+        reader: SampleReader,
+        logger: Option<Logger>,
+        sampling: &SamplingConfig,
+        recent: Option<std::time::Duration>,
+        duty: Option<duty_cycling::DutyCycling>,
+    ) -> anyhow::Result<Recording> {
         let aggregator = aggregator(sampling, recent, duty.is_some());
-        let mut recording = Recording {
+        Ok(Recording {
             probes: Some(probes),
             reader,
             batch: Vec::new(),
@@ -211,20 +265,20 @@ impl Recording {
             processes: ProcessBook::default(),
             symbolizer: Symbolizer::spawn(&sampling.debug_dirs)
                 .context("starting the symbolizer thread")?,
-            targets,
-            cache,
+            targets: Targets::default(),
+            cache: crate::targets::AllocatorCache::default(),
             watcher: exits::Watcher::new(),
-            roster: Roster::new(followed_only),
+            roster: Roster::new(false),
             counters: Counters::default(),
             points: Vec::new(),
             logger,
             clocks: Clocks::new(duty.is_some()),
-            spawned: child.as_ref().map(|c| c.pid),
+            spawned: None,
             command_exit: None,
             said_waiting: false,
             last_counters: None,
             counted_ns: 0,
-            trap,
+            trap: Trap::MODELLED,
             cost: CostWindows::default(),
             throttling: throttling::Throttling::new(
                 sampling.max_samples_per_sec,
@@ -237,21 +291,8 @@ impl Recording {
             cutoff_ns: None,
             in_process: InProcess::none(sampling.interval),
             forgets: 0,
-        };
-        recording.probe_before_start(front_end.as_ref());
-        if let (Some(child), Some(front_end)) = (&child, front_end) {
-            recording.take_front_end(child.pid, front_end, sampling.interval);
-        }
-        recording.attach_initial(initial, &command)?;
-        if let Some(child) = child {
-            recording.release(child, &command)?;
-        }
-        recording.discover()?;
-        log::debug!("loaded, attached and released in {:?}", started.elapsed());
-        if recording.roster.none_running() && !recording.targets.waits_for_new() {
-            anyhow::bail!("every target exited while the probes were being attached");
-        }
-        Ok(recording)
+            began: std::time::Instant::now(),
+        })
     }
 
     /// Followed targets: the files probed for every process before any target runs. A

@@ -44,6 +44,13 @@ impl Throttling {
         })
     }
 
+    /// Counts from `ns` (CLOCK_MONOTONIC) on: a command that ran before the recording was
+    /// assembled (see [`super::early`]) had its samples since then.
+    pub fn since(&mut self, ns: u64) {
+        self.last_ns = ns;
+        self.started_ns = ns;
+    }
+
     /// The largest interval set so far.
     pub fn largest(&self) -> u64 {
         self.largest

@@ -552,6 +552,25 @@ impl Probes {
             .map_err(|e| AttachError::map(kernel::maps::FOLLOWED, e))
     }
 
+    /// Remembers block `address` of `pid`, sampled at `timestamp_ns` before the probes
+    /// were attached (an early record), as live: its free is seen from now on. False when
+    /// the live map is full.
+    pub fn track_live(
+        &mut self,
+        pid: u32,
+        address: u64,
+        timestamp_ns: u64,
+    ) -> Result<bool, AttachError> {
+        let mut map: BpfHashMap<&mut MapData, sampler_common::LiveKey, u64> =
+            self.map_mut(kernel::maps::LIVE)?;
+        let key = sampler_common::LiveKey {
+            pid,
+            pad: 0,
+            address,
+        };
+        Ok(map.insert(key, timestamp_ns, 0).is_ok())
+    }
+
     /// Tells the kernel that `pid` carries an in-process front end (found by its region or
     /// its producer's probes, where its library's `ready` probe fired before ours were
     /// attached): file-wide probes of the functions it serves leave its calls to it.

@@ -1,0 +1,246 @@
+//! Early records: sampled blocks kept in the family table while allocscope attaches.
+//!
+//! Why: loading and verifying the eBPF programs and attaching them takes allocscope ~0.1 s,
+//! which a command would otherwise wait for before it runs (a tenth of a one-second
+//! command's time). `record -- CMD` lets the command run at once; until its probes are
+//! attached, a sampled block is written into the family table with what the eBPF program
+//! would have taken at the probe (the thread, the time, the registers and a copy of the
+//! stack's top, read with `process_vm_readv` so that a short stack cannot fault), and the
+//! free of a sampled block likewise. allocscope reads them once attached, while the
+//! writers are held ([`EARLY_HOLD`]), and from then on the probes fire as usual. The
+//! per-call path is unchanged: only a sampled call looks at the state.
+
+use core::{
+    ptr,
+    sync::atomic::{AtomicPtr, Ordering},
+};
+
+use sampler_common::{
+    preload::{
+        early_record_bytes, family_early_bytes, family_early_offset, EarlyRecord, Family,
+        EARLY_ALLOC, EARLY_FREE, EARLY_KEEP, EARLY_OFF, EARLY_SLOTS,
+    },
+    MAX_STACK_COPY,
+};
+
+use crate::region;
+
+/// The early records, mapped at the first one this program writes.
+static RECORDS: AtomicPtr<u8> = AtomicPtr::new(ptr::null_mut());
+
+/// Longest wait for allocscope to finish reading (or to make room): then the probes fire
+/// (and a sample no probe catches is lost).
+const WAIT_ROUNDS: u32 = 20_000;
+/// One round of that wait.
+const WAIT_NS: i64 = 100_000;
+
+/// The family table while it keeps early records.
+#[inline(always)]
+fn keeping() -> Option<&'static Family> {
+    region::family_table().filter(|f| f.early_state.load(Ordering::Acquire) != EARLY_OFF)
+}
+
+/// A sampled block: kept as an early record (true), or left to the probes (false).
+#[inline(never)]
+pub fn alloc(address: u64, size: u64, offset: u64, interval: u64, how: u64) -> bool {
+    let Some(family) = keeping() else {
+        return false;
+    };
+    let (ip, sp, bp): (u64, u64, u64);
+    // SAFETY: reads three registers; `lea` of the next instruction gives an address in this
+    // function at which the stack pointer is the one read (no push in between), so the
+    // unwinder's CFI for `ip` applies to the copy that starts at `sp`.
+    unsafe {
+        core::arch::asm!(
+            "lea {ip}, [rip]",
+            "mov {sp}, rsp",
+            "mov {bp}, rbp",
+            ip = out(reg) ip,
+            sp = out(reg) sp,
+            bp = out(reg) bp,
+            options(nomem, nostack, preserves_flags),
+        );
+    }
+    keep(family, |record, stack| {
+        record.kind = EARLY_ALLOC;
+        record.address = address;
+        record.size = size;
+        record.offset = offset;
+        record.interval = interval;
+        record.how = how;
+        record.ip = ip;
+        record.sp = sp;
+        record.bp = bp;
+        let wanted = (family.early_stack_bytes.load(Ordering::Relaxed) as usize)
+            .min(MAX_STACK_COPY)
+            .min(stack.len());
+        record.stack_len = copy_own_stack(sp, &mut stack[..wanted]) as u64;
+    })
+}
+
+/// A sampled block's free: kept as an early record (true), or left to the probes (false).
+#[inline(never)]
+pub fn free(address: u64) -> bool {
+    let Some(family) = keeping() else {
+        return false;
+    };
+    keep(family, |record, _| {
+        record.kind = EARLY_FREE;
+        record.address = address;
+    })
+}
+
+/// Writes a record with `fill` while the table keeps them; waits while allocscope reads
+/// them (or while they are all taken). False: the probes are to fire.
+fn keep(family: &Family, fill: impl Fn(&mut EarlyRecord, &mut [u8])) -> bool {
+    loop {
+        // Announced before the state is read, and allocscope sets the state before it
+        // counts writers (both sequentially consistent): either this writer sees it
+        // holding, or allocscope sees this writer and waits for it.
+        family.early_writers.fetch_add(1, Ordering::SeqCst);
+        let state = family.early_state.load(Ordering::SeqCst);
+        if state == EARLY_KEEP {
+            let index = family.early_next.fetch_add(1, Ordering::AcqRel) as usize;
+            if index < EARLY_SLOTS {
+                let kept = match record_at(index) {
+                    Some((record, stack)) => {
+                        write(record, stack, &fill);
+                        true
+                    }
+                    None => false,
+                };
+                family.early_writers.fetch_sub(1, Ordering::SeqCst);
+                return kept;
+            }
+        }
+        family.early_writers.fetch_sub(1, Ordering::SeqCst);
+        if state == EARLY_OFF || !wait_until_off(family) {
+            return false;
+        }
+    }
+}
+
+fn write(record: &mut EarlyRecord, stack: &mut [u8], fill: &impl Fn(&mut EarlyRecord, &mut [u8])) {
+    // SAFETY: getpid/gettid have no preconditions; PR_GET_NAME writes at most 16 bytes
+    // into the record's 16-byte name.
+    unsafe {
+        record.pid = libc::getpid() as u64;
+        record.tid = libc::gettid() as u64;
+        libc::prctl(libc::PR_GET_NAME, record.comm.as_mut_ptr());
+    }
+    record.timestamp_ns = monotonic_ns();
+    fill(record, stack);
+    record.complete.store(1, Ordering::Release);
+}
+
+/// Record `index` and its stack room, the records mapped at the first use.
+fn record_at(index: usize) -> Option<(&'static mut EarlyRecord, &'static mut [u8])> {
+    let mut base = RECORDS.load(Ordering::Acquire);
+    if base.is_null() {
+        base = map_records()?;
+    }
+    let head = core::mem::size_of::<EarlyRecord>();
+    // SAFETY: record `index` < EARLY_SLOTS lies within the mapping; this writer claimed it
+    // (early_next), so no other thread of any process writes it.
+    unsafe {
+        let at = base.add(index * early_record_bytes());
+        let record = &mut *at.cast::<EarlyRecord>();
+        let stack = core::slice::from_raw_parts_mut(at.add(head), early_record_bytes() - head);
+        Some((record, stack))
+    }
+}
+
+#[cold]
+fn map_records() -> Option<*mut u8> {
+    let fd = region::family_fd();
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a shared mapping of the family table's early records (within its size,
+    // checked when the table was found).
+    let mapped = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            family_early_bytes(),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            family_early_offset() as libc::off_t,
+        )
+    };
+    if mapped == libc::MAP_FAILED {
+        return None;
+    }
+    let mapped = mapped.cast::<u8>();
+    match RECORDS.compare_exchange(ptr::null_mut(), mapped, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => Some(mapped),
+        Err(theirs) => {
+            // Another thread mapped them first.
+            // SAFETY: our own mapping, unused.
+            unsafe { libc::munmap(mapped.cast(), family_early_bytes()) };
+            Some(theirs)
+        }
+    }
+}
+
+/// Copies this thread's stack from `sp` into `out`, as far as it is mapped: page by page
+/// through `process_vm_readv` (on this process), which stops at the first unmapped page
+/// instead of faulting. Returns the bytes copied.
+fn copy_own_stack(sp: u64, out: &mut [u8]) -> usize {
+    const PAGE: u64 = 4096;
+    const PIECES: usize = MAX_STACK_COPY / 4096 + 1;
+    let mut remote = [libc::iovec {
+        iov_base: ptr::null_mut(),
+        iov_len: 0,
+    }; PIECES];
+    let (mut at, end, mut count) = (sp, sp + out.len() as u64, 0);
+    while at < end && count < PIECES {
+        let piece_end = ((at / PAGE) + 1) * PAGE;
+        let piece_end = piece_end.min(end);
+        remote[count] = libc::iovec {
+            iov_base: at as *mut libc::c_void,
+            iov_len: (piece_end - at) as usize,
+        };
+        count += 1;
+        at = piece_end;
+    }
+    let local = libc::iovec {
+        iov_base: out.as_mut_ptr().cast(),
+        iov_len: out.len(),
+    };
+    // SAFETY: reads our own memory into `out` (its length given); the kernel checks the
+    // source pages and stops at the first one that is not mapped.
+    let copied = unsafe {
+        libc::process_vm_readv(libc::getpid(), &local, 1, remote.as_ptr(), count as u64, 0)
+    };
+    copied.max(0) as usize
+}
+
+/// Waits until allocscope turns early records off; false after [`WAIT_ROUNDS`].
+#[cold]
+fn wait_until_off(family: &Family) -> bool {
+    for _ in 0..WAIT_ROUNDS {
+        if family.early_state.load(Ordering::Acquire) == EARLY_OFF {
+            return true;
+        }
+        let pause = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: WAIT_NS,
+        };
+        // SAFETY: nanosleep with a valid request and no remainder wanted.
+        unsafe { libc::nanosleep(&pause, ptr::null_mut()) };
+    }
+    false
+}
+
+fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills the struct we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    (now.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(now.tv_nsec as u64)
+}

@@ -1,0 +1,139 @@
+//! A command that runs while its probes load: `record -- CMD` counted in-process alone
+//! releases the command at once and has its library keep early records (see
+//! `sampler-preload`'s `early`) until the probes are attached, instead of holding the
+//! command ~0.1 s before its exec. Once attached, the records are read while their writers
+//! wait, the tree's processes that started meanwhile are followed, the blocks still live
+//! go into the kernel's live map (their frees come through the probes), and the records
+//! become the recording's first events, before any the ring buffer brings.
+//!
+//! Only where nothing else needs the command to wait: its samples' stacks are copied
+//! (`--unwind dwarf`: the library copies the stack as the kernel would), no Python frames
+//! are walked (the kernel walks them at the probe), no duty cycle (its first slot opens
+//! before the command runs).
+
+use log::{debug, warn};
+
+use super::Recording;
+use crate::{collect::early, probe::attach::KernelConfig, spawn::PausedChild};
+
+/// Whether a command counted in-process alone (`in_process_only`) may run before its
+/// probes are attached, under `config`.
+pub(super) fn may_run_early(config: &KernelConfig, in_process_only: bool) -> bool {
+    in_process_only && config.stack_bytes != 0 && !config.python_frames && !config.duty_cycled
+}
+
+/// Lets `child` run now, its tree keeping early records in `family` with `stack_bytes` of
+/// stack per sample. Returns its pid.
+pub(super) fn release_now(
+    child: PausedChild,
+    family: &crate::preload::Family,
+    stack_bytes: u32,
+    command: &str,
+) -> anyhow::Result<u32> {
+    let pid = child.pid;
+    family.keep_early(stack_bytes);
+    if let Err(e) = child.release() {
+        family.end_early();
+        return Err(crate::config::BadInput(format!("cannot run {command}: {e}")).into());
+    }
+    Ok(pid)
+}
+
+impl Recording {
+    /// The probes are attached: the early records are taken in (see the module doc).
+    /// `track_frees`: the recording tracks frees.
+    pub(super) fn finish_early(&mut self, track_frees: bool) -> anyhow::Result<()> {
+        let Some(family) = self.in_process.family() else {
+            return Ok(());
+        };
+        if !family.keeps_early() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let read = family.hold_early();
+        let members = family.members();
+        let read = match read {
+            Ok(read) => read,
+            Err(e) => {
+                family.end_early();
+                return Err(e.context("reading the samples taken while attaching"));
+            }
+        };
+        self.follow_members(&members);
+        let mut records = read.records;
+        if !self.targets.follow {
+            // `--no-follow`: the command's own, not its children's (which carry the
+            // library all the same).
+            records.retain(|record| Some(record.pid) == self.spawned);
+        }
+        let mut taken = early::events(records, track_frees);
+        let mut untracked = Vec::new();
+        if let Some(probes) = self.probes.as_mut() {
+            for &(pid, address, at) in &taken.live {
+                if !matches!(probes.track_live(pid, address, at), Ok(true)) {
+                    untracked.push((pid, address));
+                }
+            }
+        }
+        if let Some(family) = self.in_process.family() {
+            family.end_early();
+        }
+        for event in &mut taken.events {
+            if let crate::collect::Event::Alloc(sample) = event {
+                if untracked.contains(&(sample.pid, sample.address)) {
+                    sample.tracked = false;
+                }
+            }
+        }
+        if !untracked.is_empty() {
+            warn!(
+                "{} blocks sampled while attaching could not be tracked (live map full): \
+                 their frees go unseen",
+                untracked.len()
+            );
+        }
+        if read.incomplete + taken.malformed > 0 {
+            warn!(
+                "{} samples taken while attaching were incomplete or malformed: left out",
+                read.incomplete + taken.malformed
+            );
+        }
+        debug!(
+            "{} events taken while attaching ({} live, {} samples waited) read in {:?}",
+            taken.events.len(),
+            taken.live.len(),
+            read.waited,
+            started.elapsed()
+        );
+        self.batch.extend(taken.events);
+        self.take_batch();
+        Ok(())
+    }
+
+    /// Follows the processes of the command's tree that started before the fork
+    /// tracepoint was attached (they claimed a slot in the family table), as new processes
+    /// of the command; none under `--no-follow` (their records are then dropped as their
+    /// probes' samples would be).
+    fn follow_members(&mut self, members: &[u32]) {
+        let Some(command) = self.spawned else {
+            return;
+        };
+        if !self.targets.follow {
+            return;
+        }
+        let now = crate::collect::monotonic_ns();
+        for &pid in members {
+            if pid == command || self.roster.is_running(pid) {
+                continue;
+            }
+            if let Some(probes) = self.probes.as_mut() {
+                if let Err(e) = probes.follow(pid) {
+                    warn!("pid {pid}: not followed: {e}");
+                    continue;
+                }
+            }
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            self.on_process(pid, command, now, comm.trim_end());
+        }
+    }
+}
