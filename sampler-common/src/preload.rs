@@ -450,9 +450,19 @@ mod tests {
             family_region_offset(1) - family_region_offset(0),
             region_bytes()
         );
+        // The early records follow the regions, each on whole pages with room for the
+        // largest stack copy after its head.
+        assert_eq!(
+            family_early_offset(),
+            family_header_bytes() + FAMILY_SLOTS * region_bytes()
+        );
+        assert_eq!(early_record_bytes() % PAGE, 0);
+        assert!(
+            early_record_bytes() >= core::mem::size_of::<EarlyRecord>() + crate::MAX_STACK_COPY
+        );
         assert_eq!(
             family_bytes(),
-            family_header_bytes() + FAMILY_SLOTS * region_bytes()
+            family_early_offset() + EARLY_SLOTS * early_record_bytes()
         );
     }
 

@@ -58,6 +58,10 @@ pub enum Command {
     /// Write the man pages or a shell's completions (packaging).
     #[command(hide = true)]
     Generate(GenerateArgs),
+    /// Holds the descriptors it inherited until its standard input ends: the last links of a
+    /// finished recording, released in its exit rather than in allocscope's.
+    #[command(name = "hold-links", hide = true)]
+    HoldLinks,
     /// Benchmark reference: a uprobe on malloc that only counts calls, until SIGINT/SIGTERM.
     #[command(hide = true)]
     ReferenceProbe {

@@ -34,6 +34,10 @@ fn main() -> ExitCode {
             exit_code(generate::run(args))
         }
         Command::ReferenceProbe { pid } => exit_code(reference::run(pid)),
+        Command::HoldLinks => {
+            sampler_user::probe::attach::handoff::hold();
+            ExitCode::SUCCESS
+        }
         Command::Report(args) => {
             init_logging(false);
             exit_code(report::run(args))

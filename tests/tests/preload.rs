@@ -500,6 +500,22 @@ fn a_command_runs_while_its_probes_load_and_nothing_it_did_meanwhile_is_lost() {
         stacks_reach_main(&keep),
         "early stacks do not reach main: {keep:#?}"
     );
+    // Every target gone, the probes' last link went to a helper that released it after
+    // allocscope exited: it must not outlive allocscope.
+    let helper: u32 = stderr
+        .lines()
+        .find_map(|l| l.split("links left to a helper until exit (pid ").nth(1))
+        .and_then(|rest| rest.trim_end_matches(')').parse().ok())
+        .unwrap_or_else(|| panic!("no helper said:\n{stderr}"));
+    assert!(
+        tests::wait_until(std::time::Duration::from_secs(5), || {
+            // Gone, or a zombie waiting for the init process to reap it.
+            std::fs::read_to_string(format!("/proc/{helper}/stat")).map_or(true, |stat| {
+                stat.rsplit(") ").next().is_some_and(|s| s.starts_with('Z'))
+            })
+        }),
+        "the helper (pid {helper}) outlived allocscope"
+    );
 }
 
 /// Whether every stack of `stacks` has `main` among its frames.

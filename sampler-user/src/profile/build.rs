@@ -77,6 +77,13 @@ struct Context<'a> {
 }
 
 impl Context<'_> {
+    /// Every stack's estimates (with its id), in order, on several threads when there are
+    /// many: their bounds' quantiles are most of a profile's cost (~30 ms for ~800 stacks
+    /// here), paid at the end of every recording.
+    fn stacks(&self, tallied: Vec<StackTally>) -> Vec<(Option<usize>, StackProfile)> {
+        super::parallel::map(tallied, |s| (s.id, self.stack(s)))
+    }
+
     fn estimating(&self) -> Estimating {
         Estimating {
             confidence: self.settings.confidence,
@@ -273,12 +280,10 @@ impl Profile {
             leak_age,
             period_seconds,
         };
-        let mut stacks = Vec::with_capacity(tallied.len());
-        for stack in tallied {
-            per_pid.entry(stack.pid).or_default().add(&stack);
-            let id = stack.id;
-            stacks.push((id, context.stack(stack)));
+        for stack in &tallied {
+            per_pid.entry(stack.pid).or_default().add(stack);
         }
+        let mut stacks = context.stacks(tallied);
         stacks.sort_by(|a, b| {
             b.1.alloc_bytes
                 .estimate

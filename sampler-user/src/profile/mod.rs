@@ -6,6 +6,7 @@ mod aggregator;
 pub mod breakdown;
 mod build;
 mod insight;
+mod parallel;
 mod processes;
 pub mod schema;
 mod tally;

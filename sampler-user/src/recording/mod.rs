@@ -565,7 +565,11 @@ impl Recording {
             logger.flush();
         }
         self.logger = None;
-        let closing = self.probes.take().and_then(Probes::close_in_background);
+        let nobody_left = self.roster.none_running();
+        let closing = self
+            .probes
+            .take()
+            .and_then(|probes| probes.close_in_background(nobody_left));
         if let Some(pid) = self.spawned {
             let exit = exits::reap(pid);
             self.command_exit = match exit {

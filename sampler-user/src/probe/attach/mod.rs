@@ -371,6 +371,7 @@ struct UprobePrograms {
 }
 
 mod files;
+pub mod handoff;
 mod load;
 mod reference;
 
@@ -466,13 +467,30 @@ impl Probes {
     /// Detaches every probe and unloads the programs on a thread of its own, which the
     /// caller may join: the links close at once ([`Detached::close_all`]), then the
     /// programs go (closing them waits behind the links' removal in the kernel).
-    pub fn close_in_background(mut self) -> Option<std::thread::JoinHandle<()>> {
+    /// `nobody_left`: no target runs, and nothing else pays for the probes: when they are
+    /// the front end's alone, a helper holds the links until allocscope exits and releases
+    /// them then ([`handoff`]), so that closing them here does not wait.
+    pub fn close_in_background(mut self, nobody_left: bool) -> Option<std::thread::JoinHandle<()>> {
         let keys: Vec<u32> = self.links.keys().copied().collect();
         let mut all = Detached::default();
         for key in keys {
             let Detached { uprobes, sessions } = self.remove(key);
             all.uprobes.extend(uprobes);
             all.sessions.extend(sessions);
+        }
+        if nobody_left
+            && self.uprobes.is_none()
+            && all.uprobes.is_empty()
+            && !all.sessions.is_empty()
+        {
+            let links: Vec<_> = all.sessions.iter().map(std::os::fd::AsFd::as_fd).collect();
+            match handoff::hold_until_exit(&links) {
+                Ok(pid) => log::debug!(
+                    "{} links left to a helper until exit (pid {pid})",
+                    links.len()
+                ),
+                Err(e) => log::debug!("closing the links here (no helper: {e})"),
+            }
         }
         std::thread::Builder::new()
             .name("unload".into())
