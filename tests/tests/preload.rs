@@ -3,7 +3,9 @@
 //! uprobe path on the same deterministic workload (glibc behind it): the same
 //! exact counts to the call, every site's truth inside its bounds on both; a process that
 //! carries the library is found by `-p`, its interval set, attached twice in a row; a
-//! statically linked command falls back to uprobes and says so.
+//! statically linked command falls back to uprobes and says so; a command that runs while its
+//! probes load loses nothing it did meanwhile, and the helper that releases the last link
+//! does not outlive allocscope.
 
 use std::{path::PathBuf, process::Command};
 
