@@ -128,7 +128,7 @@ fn write(record: &mut EarlyRecord, stack: &mut [u8], fill: &impl Fn(&mut EarlyRe
         record.tid = libc::gettid() as u64;
         libc::prctl(libc::PR_GET_NAME, record.comm.as_mut_ptr());
     }
-    record.timestamp_ns = monotonic_ns();
+    record.timestamp_ns = crate::monotonic_ns();
     fill(record, stack);
     record.complete.store(1, Ordering::Release);
 }
@@ -231,16 +231,4 @@ fn wait_until_off(family: &Family) -> bool {
         unsafe { libc::nanosleep(&pause, ptr::null_mut()) };
     }
     false
-}
-
-fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime fills the struct we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    (now.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(now.tv_nsec as u64)
 }

@@ -40,6 +40,20 @@ pub(crate) fn fatal(message: &[u8]) -> ! {
     }
 }
 
+/// CLOCK_MONOTONIC now, in nanoseconds: the clock of the kernel's samples
+/// (`bpf_ktime_get_ns`), for what the library timestamps itself.
+pub(crate) fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills the struct we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    (now.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(now.tv_nsec as u64)
+}
+
 /// The library's own set-up, once, on the first call of any thread.
 fn set_up() {
     region::init();

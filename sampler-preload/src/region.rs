@@ -128,15 +128,7 @@ fn snapshot_maps() {
         }
         // SAFETY: closing the descriptor opened above.
         unsafe { libc::close(fd) };
-        let mut now = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime fills the struct we own.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-        let read_ns = (now.tv_sec as u64)
-            .wrapping_mul(1_000_000_000)
-            .wrapping_add(now.tv_nsec as u64);
+        let read_ns = crate::monotonic_ns();
         // SAFETY: the first `len` bytes of the buffer were written by read.
         let bytes = unsafe { core::slice::from_raw_parts(buffer.cast::<u8>(), len) };
         current().set_maps(bytes, read_ns);

@@ -19,7 +19,8 @@ use super::Family;
 /// does: its record is left out, incomplete).
 const WRITERS_WAIT: Duration = Duration::from_millis(100);
 
-/// One early record as read from the family table.
+/// One early record as read from the family table: an owned copy of [`EarlyRecord`]
+/// (whose first word is an atomic, and whose stack follows it in the table) with its stack.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EarlyCopy {
     /// [`EARLY_ALLOC`] or [`EARLY_FREE`].
