@@ -29,6 +29,7 @@ pub fn hold_until_exit(links: &[BorrowedFd<'_>]) -> io::Result<u32> {
         .map(|fd| inheritable(*fd))
         .collect::<io::Result<_>>()?;
     let mut command = Command::new("/proc/self/exe");
+    std::os::unix::process::CommandExt::arg0(&mut command, "allocscope");
     command
         .arg(HOLD_LINKS)
         .stdin(Stdio::piped())
@@ -60,8 +61,12 @@ fn inheritable(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
 /// The helper's side: holds what it inherited until its parent exits (the parent-death
 /// signal, or the end of its standard input, whose other end only the parent holds).
 pub fn hold() {
-    // SAFETY: prctl with a signal number; no memory involved.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) };
+    // SAFETY: prctl with a signal number, then with a NUL-terminated name (its name would
+    // otherwise be `exe`, from /proc/self/exe).
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+        libc::prctl(libc::PR_SET_NAME, c"allocscope".as_ptr());
+    }
     let mut byte = [0u8; 64];
     loop {
         // SAFETY: reads into a live local buffer.
