@@ -6,7 +6,7 @@ use std::os::fd::{FromRawFd as _, OwnedFd};
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 
 /// Opens a pidfd for `pid`.
-fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+pub fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
     // SAFETY: plain syscall with integer arguments.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
     if fd < 0 {

@@ -110,9 +110,13 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
             _ = &mut deadline, if config.duration.is_some() => break Stop::Duration,
         }
     };
-    // The recording ends now; detaching below takes a while (the kernel removes each
+    // The recording ends now (or ended when its command exited, if that was while the
+    // probes were being attached); detaching below takes a while (the kernel removes each
     // breakpoint) and is not part of it.
-    let stopped = Instant::now();
+    let stopped = match stop {
+        Stop::TargetsExited => recording.ended_early().unwrap_or_else(Instant::now),
+        _ => Instant::now(),
+    };
     let failure = stop.said();
     // Detach before the slow part: the targets stop paying for probes now. A command
     // started for this recording stops with it.

@@ -22,6 +22,37 @@ pub(super) fn may_run_early(config: &KernelConfig, in_process_only: bool) -> boo
     in_process_only && config.stack_bytes != 0 && !config.python_frames && !config.duty_cycled
 }
 
+/// When a command let go early exited, as a thread waiting on its pidfd saw it: a command
+/// that exits while allocscope still attaches is noticed only after, and its recording's
+/// duration (rates per second, a diff's) would count allocscope's wait as its run.
+pub(super) type ExitSeen = std::sync::Arc<std::sync::OnceLock<std::time::Instant>>;
+
+/// Starts a thread that notes when `pid` (our child) exits; nothing if it cannot.
+pub(super) fn watch_exit(pid: u32) -> ExitSeen {
+    let seen = ExitSeen::default();
+    let Ok(fd) = crate::exits::pidfd_open(pid) else {
+        return seen;
+    };
+    let noted = seen.clone();
+    let spawned = std::thread::Builder::new()
+        .name("command-exit".into())
+        .spawn(move || {
+            use std::os::fd::AsRawFd as _;
+            let mut poll = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll on one live descriptor, until it is readable (the exit).
+            while unsafe { libc::poll(&mut poll, 1, -1) } < 0 {}
+            let _ = noted.set(std::time::Instant::now());
+        });
+    if let Err(e) = spawned {
+        debug!("the command's exit time is not watched: {e}");
+    }
+    seen
+}
+
 /// Lets `child` run now, its tree keeping early records in `family` with `stack_bytes` of
 /// stack per sample. Returns its pid.
 pub(super) fn release_now(
@@ -108,6 +139,18 @@ impl Recording {
         self.batch.extend(taken.events);
         self.take_batch();
         Ok(())
+    }
+
+    /// The command's tree is gone already (every target exited while the probes were being
+    /// attached): the recording ends at the command's exit (`exited`) for its duration.
+    pub(super) fn note_early_end(&mut self, exited: &ExitSeen) {
+        let Some(&at) = exited.get() else {
+            return;
+        };
+        let alive = |pid: u32| crate::procfs::state_of(pid).is_some_and(|s| s != 'Z' && s != 'X');
+        if !self.roster.running().into_iter().any(alive) {
+            self.ended = Some(at);
+        }
     }
 
     /// Follows the processes of the command's tree that started before the fork

@@ -170,6 +170,9 @@ pub struct Recording {
     /// When counting began: at the start, or when a command that ran while its probes
     /// loaded was let go (see [`early`]).
     began: std::time::Instant,
+    /// When the recording's targets were all gone, if that was before [`Recording::start`]
+    /// returned (see [`early`]).
+    ended: Option<std::time::Instant>,
 }
 
 /// Every how many [`Recording::forget_gone`] that forgot something the symbolizer drops its
@@ -257,6 +260,12 @@ impl Recording {
     /// go, before [`Recording::start`] returned).
     pub fn began(&self) -> std::time::Instant {
         self.began
+    }
+
+    /// When every target was gone, if they all exited while the probes were being
+    /// attached (the recording's duration ends there, not when the loop noticed).
+    pub fn ended_early(&self) -> Option<std::time::Instant> {
+        self.ended
     }
 
     /// Starts tracking `pid`: its maps, and its description (again after an exec).

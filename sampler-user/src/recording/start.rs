@@ -199,12 +199,13 @@ impl Recording {
                 let family = &front_end.family;
                 let pid = super::early::release_now(child, family, config.stack_bytes, &command)?;
                 let at = (crate::collect::monotonic_ns(), std::time::Instant::now());
-                (None, Some((pid, at)))
+                (None, Some((pid, at, super::early::watch_exit(pid))))
             }
             (child, _) => (child, None),
         };
         let spawned = early_pid
-            .map(|(pid, _)| pid)
+            .as_ref()
+            .map(|(pid, ..)| *pid)
             .or(child.as_ref().map(|c| c.pid));
         let (mut probes, python_frames) = load_probes(config)?;
         // The trap calibration's ~0.15 s (timing, then a link the kernel takes ~0.1 s to
@@ -231,7 +232,7 @@ impl Recording {
         if let Some(child) = child {
             recording.release(child, &command)?;
         }
-        if let Some((pid, (released_ns, released))) = early_pid {
+        if let Some((pid, (released_ns, released), _)) = early_pid {
             recording.began = released;
             if let Some(throttling) = recording.throttling.as_mut() {
                 throttling.since(released_ns);
@@ -240,6 +241,9 @@ impl Recording {
             recording.finish_early(!sampling.alloc_only)?;
         }
         recording.discover()?;
+        if let Some((_, _, exited)) = &early_pid {
+            recording.note_early_end(exited);
+        }
         log::debug!("loaded, attached and released in {:?}", started.elapsed());
         if recording.roster.none_running() && !recording.targets.waits_for_new() {
             anyhow::bail!("every target exited while the probes were being attached");
@@ -292,6 +296,7 @@ impl Recording {
             in_process: InProcess::none(sampling.interval),
             forgets: 0,
             began: std::time::Instant::now(),
+            ended: None,
         })
     }
 
