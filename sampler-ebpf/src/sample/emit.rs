@@ -66,10 +66,17 @@ pub(super) fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
     // SAFETY: `size` is within the record (just bounded), which lives in the map.
     let bytes =
         unsafe { core::slice::from_raw_parts((record as *const SampleRecord).cast::<u8>(), size) };
-    if SAMPLES
-        .output::<[u8]>(bytes, crate::maps::wake_flags())
-        .is_err()
-    {
+    // Where Python frames are read, a sample wakes the reader as the default does: the
+    // reader finds a process's interpreter at its first sample (the kernel reads frames
+    // only from then on) and its code objects while it lives; up to a poll interval later,
+    // a Python command's first ~20 ms of samples kept native frames only (measured: 22-113
+    // of ~1,200 at one site).
+    let wake = if config::python_frames() {
+        0
+    } else {
+        crate::maps::wake_flags()
+    };
+    if SAMPLES.output::<[u8]>(bytes, wake).is_err() {
         lost(ctx, sample);
         return;
     }
