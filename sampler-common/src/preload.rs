@@ -34,7 +34,7 @@ pub const FAMILY_SLOTS: usize = 1024;
 pub const FAMILY_MAGIC: u64 = u64::from_le_bytes(*b"alsfam01");
 
 /// Layout version of [`Family`].
-pub const FAMILY_VERSION: u64 = 2;
+pub const FAMILY_VERSION: u64 = 3;
 
 /// Environment variable naming the descriptor of the family table a command inherits.
 pub const FAMILY_FD_VARIABLE: &core::ffi::CStr = c"ALLOCSCOPE_FAMILY_FD";
@@ -137,15 +137,25 @@ pub const EARLY_FREE: u64 = 2;
 
 /// What a sampled block or its free would have told the probes, written in the family
 /// table while allocscope attaches (`record -- CMD` lets the command run at once rather
-/// than after ~0.1 s of loading and attaching): the probe's arguments, the thread, the
-/// time, and for a block the registers and a copy of the stack's top, as the eBPF program
-/// sends them, followed by [`Self::stack_len`] bytes of stack (up to
+/// than after ~0.1 s of loading and attaching): a word that says it is complete, then an
+/// [`EarlyHead`], then room for [`MAX_PY_FRAMES`] Python frames ([`EarlyHead::py_count`]
+/// of them written), then [`EarlyHead::stack_len`] bytes of stack (up to
 /// [`crate::MAX_STACK_COPY`]).
 #[repr(C)]
 #[derive(Debug, Default)]
 pub struct EarlyRecord {
     /// 1 once the rest is written (a writer that died half-way leaves 0).
     pub complete: AtomicU64,
+    /// The probe's arguments and what the eBPF program would have read.
+    pub head: EarlyHead,
+}
+
+/// An early record's plain part: the probe's arguments, the thread, the time, and for a
+/// block the registers where the stack was copied and the Python frames' count, as the
+/// eBPF program sends them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EarlyHead {
     /// [`EARLY_ALLOC`] or [`EARLY_FREE`].
     pub kind: u64,
     /// Process id (tgid).
@@ -170,16 +180,33 @@ pub struct EarlyRecord {
     pub sp: u64,
     /// Frame pointer register then.
     pub bp: u64,
-    /// Bytes of stack copied after the record.
+    /// Bytes of stack copied after the Python frames' room.
     pub stack_len: u64,
     /// The thread's name.
     pub comm: [u8; 16],
+    /// Address of `_PyRuntime.interpreters.head` the library walked from (0: the process
+    /// runs no interpreter it knows, and no frames were read).
+    pub py_head: u64,
+    /// Python frames written ([`crate::python::PyFrameEntry`], leaf first).
+    pub py_count: u32,
+    /// [`crate::python::PY_TRUNCATED`] and the other walk flags.
+    pub py_flags: u32,
 }
 
-/// Bytes of one early record with room for its stack, in whole pages (the family table is
-/// sparse: only the pages a record writes exist).
+/// Most Python frames an early record holds (as a kernel sample's).
+pub const MAX_PY_FRAMES: usize = crate::python::MAX_PY_FRAMES;
+
+/// Byte offset of an early record's Python frames from its start.
+pub const EARLY_PY_OFFSET: usize = core::mem::size_of::<EarlyRecord>();
+
+/// Byte offset of an early record's stack from its start.
+pub const EARLY_STACK_OFFSET: usize =
+    EARLY_PY_OFFSET + MAX_PY_FRAMES * core::mem::size_of::<crate::python::PyFrameEntry>();
+
+/// Bytes of one early record with room for its Python frames and stack, in whole pages
+/// (the family table is sparse: only the pages a record writes exist).
 pub const fn early_record_bytes() -> usize {
-    (core::mem::size_of::<EarlyRecord>() + crate::MAX_STACK_COPY + PAGE - 1) & !(PAGE - 1)
+    (EARLY_STACK_OFFSET + crate::MAX_STACK_COPY + PAGE - 1) & !(PAGE - 1)
 }
 
 /// File offset of the early records in a family table (after the regions).
@@ -457,9 +484,10 @@ mod tests {
             family_header_bytes() + FAMILY_SLOTS * region_bytes()
         );
         assert_eq!(early_record_bytes() % PAGE, 0);
-        assert!(
-            early_record_bytes() >= core::mem::size_of::<EarlyRecord>() + crate::MAX_STACK_COPY
-        );
+        assert!(early_record_bytes() >= EARLY_STACK_OFFSET + crate::MAX_STACK_COPY);
+        // The frames start 8-byte aligned after the head, the stack after the frames.
+        assert_eq!(EARLY_PY_OFFSET % 8, 0);
+        const { assert!(EARLY_STACK_OFFSET > EARLY_PY_OFFSET) };
         assert_eq!(
             family_bytes(),
             family_early_offset() + EARLY_SLOTS * early_record_bytes()

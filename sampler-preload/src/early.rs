@@ -6,7 +6,8 @@
 //! attached, a sampled block is written into the family table with what the eBPF program
 //! would have taken at the probe (the thread, the time, the registers and a copy of the
 //! stack's top, read with `process_vm_readv` so that a short stack cannot fault), and the
-//! free of a sampled block likewise. allocscope reads them once attached, while the
+//! free of a sampled block likewise; in a Python process the thread's Python frames too
+//! ([`crate::frames`]). allocscope reads them once attached, while the
 //! writers are held ([`EARLY_HOLD`]), and from then on the probes fire as usual. The
 //! per-call path is unchanged: only a sampled call looks at the state.
 
@@ -17,9 +18,11 @@ use core::{
 
 use sampler_common::{
     preload::{
-        early_record_bytes, family_early_bytes, family_early_offset, EarlyRecord, Family,
-        EARLY_ALLOC, EARLY_FREE, EARLY_KEEP, EARLY_OFF, EARLY_SLOTS,
+        early_record_bytes, family_early_bytes, family_early_offset, EarlyHead, EarlyRecord,
+        Family, EARLY_ALLOC, EARLY_FREE, EARLY_KEEP, EARLY_OFF, EARLY_PY_OFFSET, EARLY_SLOTS,
+        EARLY_STACK_OFFSET, MAX_PY_FRAMES,
     },
+    python::PyFrameEntry,
     MAX_STACK_COPY,
 };
 
@@ -61,7 +64,8 @@ pub fn alloc(address: u64, size: u64, offset: u64, interval: u64, how: u64) -> b
             options(nomem, nostack, preserves_flags),
         );
     }
-    keep(family, |record, stack| {
+    keep(family, |record, rest| {
+        let (python, stack) = rest.split_at_mut(EARLY_STACK_OFFSET - EARLY_PY_OFFSET);
         record.kind = EARLY_ALLOC;
         record.address = address;
         record.size = size;
@@ -75,6 +79,18 @@ pub fn alloc(address: u64, size: u64, offset: u64, interval: u64, how: u64) -> b
             .min(MAX_STACK_COPY)
             .min(stack.len());
         record.stack_len = copy_own_stack(sp, &mut stack[..wanted]) as u64;
+        // SAFETY: the frames' room: MAX_PY_FRAMES entries at an 8-byte aligned offset of
+        // a page-aligned record, plain integers, this writer's alone.
+        let frames = unsafe {
+            core::slice::from_raw_parts_mut(
+                python.as_mut_ptr().cast::<PyFrameEntry>(),
+                MAX_PY_FRAMES,
+            )
+        };
+        let (head, count, flags) = crate::frames::read(frames);
+        record.py_head = head;
+        record.py_count = count as u32;
+        record.py_flags = flags;
     })
 }
 
@@ -92,7 +108,7 @@ pub fn free(address: u64) -> bool {
 
 /// Writes a record with `fill` while the table keeps them; waits while allocscope reads
 /// them (or while they are all taken). False: the probes are to fire.
-fn keep(family: &Family, fill: impl Fn(&mut EarlyRecord, &mut [u8])) -> bool {
+fn keep(family: &Family, fill: impl Fn(&mut EarlyHead, &mut [u8])) -> bool {
     loop {
         // Announced before the state is read, and allocscope sets the state before it
         // counts writers (both sequentially consistent): either this writer sees it
@@ -103,8 +119,8 @@ fn keep(family: &Family, fill: impl Fn(&mut EarlyRecord, &mut [u8])) -> bool {
             let index = family.early_next.fetch_add(1, Ordering::AcqRel) as usize;
             if index < EARLY_SLOTS {
                 let kept = match record_at(index) {
-                    Some((record, stack)) => {
-                        write(record, stack, &fill);
+                    Some((record, rest)) => {
+                        write(record, rest, &fill);
                         true
                     }
                     None => false,
@@ -120,7 +136,9 @@ fn keep(family: &Family, fill: impl Fn(&mut EarlyRecord, &mut [u8])) -> bool {
     }
 }
 
-fn write(record: &mut EarlyRecord, stack: &mut [u8], fill: &impl Fn(&mut EarlyRecord, &mut [u8])) {
+fn write(record: &mut EarlyRecord, rest: &mut [u8], fill: &impl Fn(&mut EarlyHead, &mut [u8])) {
+    let complete = &record.complete;
+    let record = &mut record.head;
     // SAFETY: getpid/gettid have no preconditions; PR_GET_NAME writes at most 16 bytes
     // into the record's 16-byte name.
     unsafe {
@@ -129,24 +147,27 @@ fn write(record: &mut EarlyRecord, stack: &mut [u8], fill: &impl Fn(&mut EarlyRe
         libc::prctl(libc::PR_GET_NAME, record.comm.as_mut_ptr());
     }
     record.timestamp_ns = crate::monotonic_ns();
-    fill(record, stack);
-    record.complete.store(1, Ordering::Release);
+    fill(record, rest);
+    complete.store(1, Ordering::Release);
 }
 
-/// Record `index` and its stack room, the records mapped at the first use.
+/// Record `index` and the room after its head (Python frames, then stack), the records
+/// mapped at the first use.
 fn record_at(index: usize) -> Option<(&'static mut EarlyRecord, &'static mut [u8])> {
     let mut base = RECORDS.load(Ordering::Acquire);
     if base.is_null() {
         base = map_records()?;
     }
-    let head = core::mem::size_of::<EarlyRecord>();
     // SAFETY: record `index` < EARLY_SLOTS lies within the mapping; this writer claimed it
     // (early_next), so no other thread of any process writes it.
     unsafe {
         let at = base.add(index * early_record_bytes());
         let record = &mut *at.cast::<EarlyRecord>();
-        let stack = core::slice::from_raw_parts_mut(at.add(head), early_record_bytes() - head);
-        Some((record, stack))
+        let rest = core::slice::from_raw_parts_mut(
+            at.add(EARLY_PY_OFFSET),
+            early_record_bytes() - EARLY_PY_OFFSET,
+        );
+        Some((record, rest))
     }
 }
 

@@ -16,6 +16,7 @@
 //! (`fatal`) rather than unwinding into C.
 
 mod early;
+mod frames;
 mod next;
 mod python;
 mod region;
@@ -59,6 +60,7 @@ fn set_up() {
     region::init();
     thread::init();
     python::wrap();
+    frames::find();
     // SAFETY: registers a child-side fork handler (a plain function, no allocation).
     unsafe { libc::pthread_atfork(None, None, Some(after_fork)) };
 }

@@ -37,7 +37,7 @@ use sampler_common::{
 use crate::probe::maps;
 
 mod early;
-pub use early::{EarlyCopy, EarlyRead};
+pub use early::{EarlyCopy, EarlyRead, EarlyRecords};
 
 /// The library, built by build.rs.
 static LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libsampler_preload.so"));

@@ -52,8 +52,13 @@ fn record_command(
     (read_profile(&out), stderr)
 }
 
+/// The command's own process (followed from its start; its children, from their fork, may
+/// come first: processes are listed by pid, and pids wrap at 32768 here).
 fn first_process(profile: &Value) -> (&Value, u32) {
-    let process = &profile["processes"][0];
+    let process = profile["processes"]
+        .as_array()
+        .and_then(|all| all.iter().find(|p| p["coverage"]["since"] == "start"))
+        .unwrap_or(&profile["processes"][0]);
     (process, process["pid"].as_u64().unwrap() as u32)
 }
 

@@ -46,7 +46,7 @@ pub(super) fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
     let python = super::python::send_python_frames(sample.pid, sample.tid, timestamp_ns);
     let event = &mut record.event;
     event.kind = EventKind::Alloc as u32;
-    event.flags = sample.flags | python;
+    event.flags = sample.flags | python.flag;
     event.timestamp_ns = timestamp_ns;
     event.size = sample.size;
     event.offset = sample.offset;
@@ -66,12 +66,12 @@ pub(super) fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
     // SAFETY: `size` is within the record (just bounded), which lives in the map.
     let bytes =
         unsafe { core::slice::from_raw_parts((record as *const SampleRecord).cast::<u8>(), size) };
-    // Where Python frames are read, a sample wakes the reader as the default does: the
-    // reader finds a process's interpreter at its first sample (the kernel reads frames
-    // only from then on) and its code objects while it lives; up to a poll interval later,
-    // a Python command's first ~20 ms of samples kept native frames only (measured: 22-113
-    // of ~1,200 at one site).
-    let wake = if config::python_frames() {
+    // Where Python frames are read, a sample of a process user space does not know yet
+    // wakes the reader as the default does: the reader finds a process's interpreter at
+    // its first sample (the kernel reads frames only from then on); up to a poll interval
+    // later, a Python command's first ~20 ms of samples kept native frames only (measured:
+    // 22-113 of ~1,200 at one site). A known process's samples wait like the others.
+    let wake = if python.unknown {
         0
     } else {
         crate::maps::wake_flags()

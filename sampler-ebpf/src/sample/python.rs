@@ -24,20 +24,29 @@ fn read_word(address: u64) -> Option<u64> {
     unsafe { bpf_probe_read_user(address as *const u64) }.ok()
 }
 
+/// What [`send_python_frames`] did.
+pub(super) struct Sent {
+    /// The flag the sample carries ([`FLAG_PYTHON`]), or 0 when nothing was sent.
+    pub flag: u32,
+    /// Where Python frames are read: the process is not (yet) known to user space, which
+    /// finds its interpreter at its first sample: that sample wakes the reader.
+    pub unknown: bool,
+}
+
 /// Sends the Python frames of `pid`'s thread `tid` (sampled at `timestamp_ns`) when the
-/// process runs an interpreter allocscope knows; returns the flag the sample then carries
-/// ([`FLAG_PYTHON`]), or 0 when there was nothing to send.
+/// process runs an interpreter allocscope knows.
 #[inline(always)]
-pub(super) fn send_python_frames(pid: u32, tid: u32, timestamp_ns: u64) -> u32 {
+pub(super) fn send_python_frames(pid: u32, tid: u32, timestamp_ns: u64) -> Sent {
+    let nothing = |unknown| Sent { flag: 0, unknown };
     if !config::python_frames() {
-        return 0;
+        return nothing(false);
     }
     // SAFETY: a hash lookup; the value stays valid for the program's run.
     let Some(layout) = (unsafe { PY_PROCESSES.get(pid) }) else {
-        return 0;
+        return nothing(true);
     };
     let Some(record) = PY_SCRATCH.get_ptr_mut(0) else {
-        return 0;
+        return nothing(false);
     };
     // SAFETY: this CPU's slot of a per-CPU array, valid for the program's run.
     let record = unsafe { &mut *record };
@@ -52,16 +61,22 @@ pub(super) fn send_python_frames(pid: u32, tid: u32, timestamp_ns: u64) -> u32 {
     record.count = 0;
     let Some(frame) = found else {
         if record.flags == 0 {
-            return 0;
+            return nothing(false);
         }
         // The thread was not found: say so, with no frames.
-        return send(record);
+        return Sent {
+            flag: send(record),
+            unknown: false,
+        };
     };
     walk(layout, frame, record);
     if record.count == 0 && record.flags == 0 {
-        return 0;
+        return nothing(false);
     }
-    send(record)
+    Sent {
+        flag: send(record),
+        unknown: false,
+    }
 }
 
 /// Sends `record` with its used length; the flag for the sample (also when the ring

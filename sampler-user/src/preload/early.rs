@@ -3,14 +3,18 @@
 //! and [`sampler_common::preload::EarlyRecord`] for the layout).
 
 use std::{
-    sync::atomic::{AtomicU64, Ordering},
+    sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
-use sampler_common::preload::{
-    early_record_bytes, family_early_bytes, family_early_offset, EarlyRecord, EARLY_HOLD,
-    EARLY_KEEP, EARLY_OFF, EARLY_SLOTS,
+use sampler_common::{
+    preload::{
+        early_record_bytes, family_early_bytes, family_early_offset, EarlyHead, EarlyRecord,
+        EARLY_HOLD, EARLY_KEEP, EARLY_OFF, EARLY_PY_OFFSET, EARLY_SLOTS, EARLY_STACK_OFFSET,
+        MAX_PY_FRAMES,
+    },
+    python::PyFrameEntry,
 };
 
 use super::Family;
@@ -19,38 +23,24 @@ use super::Family;
 /// does: its record is left out, incomplete).
 const WRITERS_WAIT: Duration = Duration::from_millis(100);
 
-/// One early record as read from the family table: an owned copy of [`EarlyRecord`]
-/// (whose first word is an atomic, and whose stack follows it in the table) with its stack.
+/// One early record as read from the family table: its head, its Python frames and its
+/// stack, owned ([`EarlyRecord`]'s first word is an atomic, and the rest follows it in the
+/// table).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EarlyCopy {
-    /// [`EARLY_ALLOC`] or [`EARLY_FREE`].
-    pub kind: u64,
-    /// Process id.
-    pub pid: u32,
-    /// Thread id.
-    pub tid: u32,
-    /// The thread's name (NUL-padded).
-    pub comm: [u8; 16],
-    /// CLOCK_MONOTONIC ns.
-    pub timestamp_ns: u64,
-    /// The block.
-    pub address: u64,
-    /// The `allocscope:alloc` arguments.
-    pub size: u64,
-    /// See [`Self::size`].
-    pub offset: u64,
-    /// See [`Self::size`].
-    pub interval: u64,
-    /// See [`Self::size`].
-    pub how: u64,
-    /// Registers where the stack was copied.
-    pub ip: u64,
-    /// See [`Self::ip`].
-    pub sp: u64,
-    /// See [`Self::ip`].
-    pub bp: u64,
-    /// The stack's top from `sp`.
+    /// The probe's arguments, the thread, the registers.
+    pub head: EarlyHead,
+    /// Python frames the library read, leaf first (none unless `head.py_head` is set).
+    pub python: Vec<PyFrameEntry>,
+    /// The stack's top from `head.sp`.
     pub stack: Vec<u8>,
+}
+
+impl EarlyCopy {
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.head.pid as u32
+    }
 }
 
 /// What was read: the complete records in claim order, and how many samples found no
@@ -97,27 +87,39 @@ impl Family {
             waited: claimed.saturating_sub(EARLY_SLOTS) as u64,
             ..EarlyRead::default()
         };
-        let count = claimed.min(EARLY_SLOTS);
-        if count == 0 {
+        if claimed == 0 {
             return Ok(read);
         }
+        let records = self.early_records()?;
+        for index in 0..records.claimed() {
+            match records.get(index) {
+                Some(record) => read.records.push(record),
+                None => read.incomplete += 1,
+            }
+        }
+        Ok(read)
+    }
+
+    /// The early records, read-only, for a reader that looks at them while they are being
+    /// written (only complete ones are read).
+    pub fn early_records(&self) -> anyhow::Result<EarlyRecords> {
         // SAFETY: a shared read-only mapping of our own memfd's early records (within its
-        // size); the writers are held, and a record is read only once complete.
-        let map = unsafe {
+        // size); a record is read only once complete.
+        let records = unsafe {
             memmap2::MmapOptions::new()
                 .offset(family_early_offset() as u64)
                 .len(family_early_bytes())
                 .map(&self.file)
         }
         .context("mapping the early records")?;
-        for index in 0..count {
-            let at = index * early_record_bytes();
-            match copy_record(&map[at..at + early_record_bytes()]) {
-                Some(record) => read.records.push(record),
-                None => read.incomplete += 1,
-            }
+        // SAFETY: as above, the header's page.
+        let header = unsafe {
+            memmap2::MmapOptions::new()
+                .len(std::mem::size_of::<sampler_common::preload::Family>())
+                .map(&self.file)
         }
-        Ok(read)
+        .context("mapping the family table's header")?;
+        Ok(EarlyRecords { header, records })
     }
 
     /// The processes with a claim in the table (the command's tree, as far as it loaded
@@ -138,32 +140,63 @@ impl Family {
     }
 }
 
+/// A family table's early records, mapped read-only: sendable to another thread.
+pub struct EarlyRecords {
+    header: memmap2::Mmap,
+    records: memmap2::Mmap,
+}
+
+impl EarlyRecords {
+    /// Records claimed so far (at most [`EARLY_SLOTS`]).
+    pub fn claimed(&self) -> usize {
+        // SAFETY: the header's mapping, page-aligned, as long as the header; read through
+        // its atomics only.
+        let header = unsafe {
+            &*self
+                .header
+                .as_ptr()
+                .cast::<sampler_common::preload::Family>()
+        };
+        (header.early_next.load(Ordering::Acquire) as usize).min(EARLY_SLOTS)
+    }
+
+    /// Record `index`, if complete.
+    pub fn get(&self, index: usize) -> Option<EarlyCopy> {
+        let at = index.checked_mul(early_record_bytes())?;
+        copy_record(self.records.get(at..at + early_record_bytes())?)
+    }
+}
+
 /// The record at the start of `bytes` (one record's room), if complete.
 fn copy_record(bytes: &[u8]) -> Option<EarlyCopy> {
-    let head = std::mem::size_of::<EarlyRecord>();
-    // SAFETY: `bytes` is a record's room in a page-aligned mapping (records start at
-    // multiples of whole pages), at least `head` long; its first word is an atomic.
-    let complete = unsafe { &*bytes.as_ptr().cast::<AtomicU64>() };
-    if complete.load(Ordering::Acquire) != 1 {
+    if bytes.len() < EARLY_STACK_OFFSET {
         return None;
     }
-    // SAFETY: as above; the rest is plain integers, read by value.
-    let record: EarlyRecord = unsafe { std::ptr::read(bytes.as_ptr().cast()) };
-    let stack_len = (record.stack_len as usize).min(bytes.len() - head);
+    // SAFETY: `bytes` is a record's room in a page-aligned mapping (records start at
+    // multiples of whole pages), longer than the record; its first word is an atomic.
+    let record = unsafe { &*bytes.as_ptr().cast::<EarlyRecord>() };
+    if record.complete.load(Ordering::Acquire) != 1 {
+        return None;
+    }
+    // Plain integers, copied once the record is complete (its writer is done with it).
+    let head = record.head;
+    let python = if head.py_head == 0 {
+        Vec::new()
+    } else {
+        let count = (head.py_count as usize).min(MAX_PY_FRAMES);
+        // SAFETY: the frames' room, 8-byte aligned, plain integers.
+        let frames = unsafe {
+            std::slice::from_raw_parts(
+                bytes.as_ptr().add(EARLY_PY_OFFSET).cast::<PyFrameEntry>(),
+                count,
+            )
+        };
+        frames.to_vec()
+    };
+    let stack_len = (head.stack_len as usize).min(bytes.len() - EARLY_STACK_OFFSET);
     Some(EarlyCopy {
-        kind: record.kind,
-        pid: record.pid as u32,
-        tid: record.tid as u32,
-        comm: record.comm,
-        timestamp_ns: record.timestamp_ns,
-        address: record.address,
-        size: record.size,
-        offset: record.offset,
-        interval: record.interval,
-        how: record.how,
-        ip: record.ip,
-        sp: record.sp,
-        bp: record.bp,
-        stack: bytes[head..head + stack_len].to_vec(),
+        head,
+        python,
+        stack: bytes[EARLY_STACK_OFFSET..EARLY_STACK_OFFSET + stack_len].to_vec(),
     })
 }

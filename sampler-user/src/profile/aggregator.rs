@@ -623,6 +623,11 @@ impl Aggregator {
         candidates
     }
 
+    /// See [`StackTable::file_frames_since`].
+    pub fn file_frames_since(&self, from: usize) -> (Vec<(std::path::PathBuf, u64)>, usize) {
+        self.stacks.file_frames_since(from)
+    }
+
     async fn resolve_frames(&self, symbolizer: &Symbolizer) -> HashMap<Frame, Vec<FrameInfo>> {
         let mut distinct: Vec<Frame> = self
             .stacks

@@ -4,7 +4,8 @@
 //! compares), and from the `_Py_DebugOffsets` that 3.13+ publishes at the start of
 //! `_PyRuntime` (read from the interpreter's file, where `_PyRuntime`'s initial value is).
 
-use sampler_common::python::{PyLayout, PY_FRAME_READ_WORDS};
+pub use sampler_common::python::DEBUG_COOKIE;
+use sampler_common::python::{walk_for_version, walk_from_debug_offsets, PyLayout, Walk};
 
 /// Everything version-specific: the kernel's part (offsets; addresses added per process)
 /// and the code, string and bytes objects' fields user space reads.
@@ -61,39 +62,15 @@ pub const THREAD_INTERP: u64 = 16;
 /// `FRAME_OWNED_BY_CSTACK` (3.12+).
 pub const OWNED_BY_CSTACK: u8 = 3;
 
-fn walk(
-    threads_head: u32,
-    thread_native_id: u32,
-    thread_frame: u32,
-    cframe: Option<u32>,
-    frame: [u32; 4],
-    code_identity: u32,
-) -> PyLayout {
-    let [previous, code, instr, entry] = frame;
-    PyLayout {
-        interpreters_head: 0,
-        threads_head,
-        thread_next: 8,
-        thread_native_id,
-        thread_frame,
-        via_cframe: u32::from(cframe.is_some()),
-        cframe_current_frame: cframe.unwrap_or(0),
-        frame_previous_word: previous / 8,
-        frame_code_word: code / 8,
-        frame_instr_word: instr / 8,
-        frame_entry_byte: entry,
-        code_identity,
-    }
-}
-
 /// The layout of a version whose offsets are known from its headers (3.11, 3.12); 3.13+
 /// come from [`from_debug_offsets`].
 pub fn for_version(major: u8, minor: u8) -> Option<Layout> {
+    let known = walk_for_version(major, minor)?;
     match (major, minor) {
         (3, 11) => Some(Layout {
             version: (3, 11),
-            interpreters_head: 40,
-            walk: walk(16, 160, 56, Some(8), [48, 32, 56, 68], 112),
+            interpreters_head: known.interpreters_head,
+            walk: known.layout,
             is_entry_flag: true,
             code: CodeFields {
                 filename: 112,
@@ -109,8 +86,8 @@ pub fn for_version(major: u8, minor: u8) -> Option<Layout> {
         }),
         (3, 12) => Some(Layout {
             version: (3, 12),
-            interpreters_head: 40,
-            walk: walk(72, 144, 56, Some(0), [8, 0, 56, 70], 112),
+            interpreters_head: known.interpreters_head,
+            walk: known.layout,
             is_entry_flag: false,
             code: CodeFields {
                 filename: 112,
@@ -128,59 +105,27 @@ pub fn for_version(major: u8, minor: u8) -> Option<Layout> {
     }
 }
 
-/// `_Py_DebugOffsets.cookie`.
-pub const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
-
 /// The layout from the `_Py_DebugOffsets` at the start of a 3.13 `_PyRuntime` (`bytes`
 /// from its start). The struct's own layout is stable within a minor version only: 3.13's
 /// is read here; later versions are refused (`None`), not guessed.
 pub fn from_debug_offsets(bytes: &[u8]) -> Option<Layout> {
-    if bytes.get(..8)? != DEBUG_COOKIE {
-        return None;
-    }
     let word = |index: usize| -> Option<u64> {
         let at = index * 8;
         Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
     };
-    let version = word(1)?;
-    let (major, minor) = ((version >> 24) as u8, (version >> 16) as u8);
-    if (major, minor) != (3, 13) || word(2)? != 0 {
-        // Another minor version's struct, or a free-threaded build (no GIL: the layout of
-        // its frames and objects differs).
-        return None;
-    }
-    // 3.13's struct as u64 words: cookie, version, free_threaded, runtime_state{size,
-    // finalizing, interpreters_head}, interpreter_state{size, id, next, threads_head, …13},
-    // thread_state{size, prev, next, interp, current_frame, thread_id, native_thread_id,
-    // …9}, interpreter_frame{size, previous, executable, instr_ptr, localsplus, owner},
+    let walk = walk_from_debug_offsets(word)?;
+    // The rest of 3.13's struct (see `walk_from_debug_offsets` for its start): …,
     // code_object{size, filename, name, qualname, linetable, firstlineno, argcount,
     // localsplusnames, localspluskinds, co_code_adaptive}, pyobject{2}, type_object{4},
     // tuple{3}, list{3}, dict{3}, float{2}, long{3}, bytes{3}, unicode{size, state, length,
     // asciiobject_size}.
-    let small = |value: u64| u32::try_from(value).ok();
-    let (thread, frame, code) = (19, 28, 34);
+    let code = 34;
     let unicode = code + 10 + 2 + 4 + 3 + 3 + 3 + 2 + 3 + 3;
-    let walk = walk(
-        small(word(6 + 3)?)?,
-        small(word(thread + 6)?)?,
-        small(word(thread + 4)?)?,
-        None,
-        [
-            small(word(frame + 1)?)?,
-            small(word(frame + 2)?)?,
-            small(word(frame + 3)?)?,
-            small(word(frame + 5)?)?,
-        ],
-        small(word(code + 1)?)?,
-    );
-    if small(word(thread + 2)?)? != walk.thread_next {
-        return None;
-    }
     let ascii = word(unicode + 3)?;
     let layout = Layout {
-        version: (major, minor),
-        interpreters_head: word(5)?,
-        walk,
+        version: (3, 13),
+        interpreters_head: walk.interpreters_head,
+        walk: walk.layout,
         is_entry_flag: false,
         code: CodeFields {
             filename: word(code + 1)?,
@@ -203,16 +148,16 @@ impl Layout {
     /// code object's identity words are its file name, name, qualified name and location
     /// table, one after another.
     pub fn is_usable(&self) -> bool {
-        let words = PY_FRAME_READ_WORDS as u32;
         let identity = u64::from(self.walk.code_identity);
         identity == self.code.filename
             && self.code.name == identity + 8
             && self.code.qualname == identity + 16
             && self.code.linetable == identity + 24
-            && self.walk.frame_previous_word < words
-            && self.walk.frame_code_word < words
-            && self.walk.frame_instr_word < words
-            && self.walk.frame_entry_byte < words * 8
+            && Walk {
+                interpreters_head: self.interpreters_head,
+                layout: self.walk,
+            }
+            .is_readable()
     }
 }
 

@@ -11,6 +11,7 @@
 //! where the evaluator's native frames were ([`merge`]).
 
 pub mod detect;
+pub mod early;
 pub mod layout;
 pub mod linetable;
 pub mod merge;
@@ -115,7 +116,18 @@ struct Process {
     interpreter: Arc<Interpreter>,
     file: FileId,
     code_type: u64,
+    /// Where its walk starts (`_PyRuntime.interpreters.head`).
+    head: u64,
 }
+
+/// Interpreter files analysed, by identity (`Err`: why its frames cannot be read): once
+/// for every reader of frames (the intake's, and the early records' that runs first).
+static ANALYSED: std::sync::LazyLock<std::sync::Mutex<HashMap<FileId, Analysis>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// What a file was found to be: an interpreter whose frames can be read, none, or one
+/// whose frames cannot be read (why).
+type Analysis = Result<Option<Arc<Interpreter>>, String>;
 
 /// Most processes remembered, as the kernel's `PY_PROCESSES` holds (an LRU map of that
 /// size): a host-wide recording over days sees processes come and go, and is told of
@@ -129,9 +141,9 @@ const MAX_PENDING: usize = 4096;
 /// Python frames on the intake thread: finds interpreters, tells the kernel, pairs and
 /// resolves frames records. Counts what it could not do.
 pub struct Frames {
-    kernel: KernelMap<MapData, u32, PyLayout>,
-    /// Interpreter files analysed, by identity (`Err`: why its frames cannot be read).
-    files: HashMap<FileId, Result<Option<Arc<Interpreter>>, String>>,
+    /// The kernel's map (none for the early records' frames, read by the library).
+    kernel: Option<KernelMap<MapData, u32, PyLayout>>,
+
     processes: HashMap<u32, Process>,
     /// The processes in the order they were found (for [`MAX_PROCESSES`]).
     found: std::collections::VecDeque<u32>,
@@ -143,11 +155,11 @@ pub struct Frames {
 }
 
 impl Frames {
-    /// Over the kernel's `PY_PROCESSES` map.
-    pub fn new(kernel: KernelMap<MapData, u32, PyLayout>) -> Frames {
+    /// Over the kernel's `PY_PROCESSES` map (`None`: for frames the in-process front end
+    /// read, [`Self::of_early`]).
+    pub fn new(kernel: Option<KernelMap<MapData, u32, PyLayout>>) -> Frames {
         Frames {
             kernel,
-            files: HashMap::new(),
             processes: HashMap::new(),
             found: std::collections::VecDeque::new(),
             pending: HashMap::new(),
@@ -168,7 +180,9 @@ impl Frames {
         self.codes.retain(|(p, _), _| *p != pid);
         // A program exec'd since: whatever its predecessor ran, the kernel walks nothing
         // until this one is found to run an interpreter too.
-        let _ = self.kernel.remove(&pid);
+        if let Some(kernel) = &mut self.kernel {
+            let _ = kernel.remove(&pid);
+        }
         // The executable and `libpython`: whichever holds the runtime (pyenv's python3.12
         // is a small program over libpython3.12.so).
         let mut candidates: Vec<&Vma> = vmas
@@ -198,8 +212,10 @@ impl Frames {
             );
             return;
         }
-        if self.kernel.insert(pid, walk, 0).is_err() {
-            return;
+        if let Some(kernel) = &mut self.kernel {
+            if kernel.insert(pid, walk, 0).is_err() {
+                return;
+            }
         }
         self.processes.insert(
             pid,
@@ -207,6 +223,7 @@ impl Frames {
                 interpreter,
                 file,
                 code_type: placed.code_type,
+                head: placed.interpreters_head,
             },
         );
         self.found.push_back(pid);
@@ -222,7 +239,10 @@ impl Frames {
     /// The interpreter in `vma`'s file, analysed once per file (a file allocscope cannot
     /// read frames of is said once).
     fn analysed(&mut self, pid: u32, vma: &Vma) -> Option<Arc<Interpreter>> {
-        let analysed = self.files.entry(vma.file_id.clone()).or_insert_with(|| {
+        let mut files = ANALYSED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let analysed = files.entry(vma.file_id.clone()).or_insert_with(|| {
             let bytes = crate::infile::map_regular(&vma.file_in(pid)).map_err(|e| e.to_string())?;
             Ok(detect::analyse(&bytes)?.map(Arc::new))
         });
@@ -246,6 +266,25 @@ impl Frames {
             self.pending.clear();
         }
         self.pending.insert(raw.tid, raw);
+    }
+
+    /// Whether process `pid`'s interpreter was found.
+    pub fn knows(&self, pid: u32) -> bool {
+        self.processes.contains_key(&pid)
+    }
+
+    /// The Python frames the in-process front end read for an early record (walked from
+    /// `head`), resolved; `None`, counted missing, when they cannot be believed: the
+    /// process's interpreter is not the one whose walk starts at `head` (or was not found).
+    pub fn of_early(&mut self, raw: RawStack, head: u64) -> Option<PythonStack> {
+        if self.processes.get(&raw.pid).map(|p| p.head) != Some(head) {
+            self.missing
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return None;
+        }
+        let (pid, tid, timestamp_ns) = (raw.pid, raw.tid, raw.timestamp_ns);
+        self.arrived(raw);
+        self.of_sample(pid, tid, timestamp_ns)
     }
 
     /// The Python frames of a sample the kernel flagged, resolved.

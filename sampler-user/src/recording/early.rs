@@ -7,9 +7,10 @@
 //! become the recording's first events, before any the ring buffer brings.
 //!
 //! Only where nothing else needs the command to wait: its samples' stacks are copied
-//! (`--unwind dwarf`: the library copies the stack as the kernel would), no Python frames
-//! are walked (the kernel walks them at the probe), no duty cycle (its first slot opens
-//! before the command runs).
+//! (`--unwind dwarf`: the library copies the stack as the kernel would), no duty cycle
+//! (its first slot opens before the command runs). Where Python frames are read, the
+//! library walks them for its early samples as the kernel would at the probe, and a
+//! thread resolves them while the command runs (`python::early`).
 
 use log::{debug, warn};
 
@@ -19,7 +20,19 @@ use crate::{collect::early, probe::attach::KernelConfig, spawn::PausedChild};
 /// Whether a command counted in-process alone (`in_process_only`) may run before its
 /// probes are attached, under `config`.
 pub(super) fn may_run_early(config: &KernelConfig, in_process_only: bool) -> bool {
-    in_process_only && config.stack_bytes != 0 && !config.python_frames && !config.duty_cycled
+    in_process_only && config.stack_bytes != 0 && !config.duty_cycled
+}
+
+/// A command let run while its probes load.
+pub(super) struct EarlyRun {
+    /// Its pid.
+    pub pid: u32,
+    /// When it was let go (the samples' clock, and the recording's).
+    pub released: (u64, std::time::Instant),
+    /// When it exited, once it has.
+    pub exited: ExitSeen,
+    /// Resolving its early samples' Python frames while it runs (where they are read).
+    pub python: Option<crate::python::early::Watcher>,
 }
 
 /// When a command let go early exited, as a thread waiting on its pidfd saw it: a command
@@ -53,27 +66,81 @@ pub(super) fn watch_exit(pid: u32) -> ExitSeen {
     seen
 }
 
-/// Lets `child` run now, its tree keeping early records in `family` with `stack_bytes` of
-/// stack per sample. Returns its pid.
+/// Lets `child` run now, its tree keeping early records in `family` (with the stack
+/// `config` copies, and Python frames where it reads them).
 pub(super) fn release_now(
     child: PausedChild,
     family: &crate::preload::Family,
-    stack_bytes: u32,
+    config: &KernelConfig,
     command: &str,
-) -> anyhow::Result<u32> {
+) -> anyhow::Result<EarlyRun> {
     let pid = child.pid;
-    family.keep_early(stack_bytes);
+    // Started first: it only reads the table, and is ready for the first record.
+    let python = if config.python_frames {
+        let watcher = family
+            .early_records()
+            .and_then(|records| Ok(crate::python::early::Watcher::start(records)?));
+        match watcher {
+            Ok(watcher) => Some(watcher),
+            Err(e) => {
+                warn!("Python frames of the samples taken while attaching not resolved: {e:#}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    family.keep_early(config.stack_bytes);
     if let Err(e) = child.release() {
         family.end_early();
         return Err(crate::config::BadInput(format!("cannot run {command}: {e}")).into());
     }
-    Ok(pid)
+    Ok(EarlyRun {
+        pid,
+        released: (crate::collect::monotonic_ns(), std::time::Instant::now()),
+        exited: watch_exit(pid),
+        python,
+    })
 }
 
 impl Recording {
+    /// The probes are attached: the command let run early is tracked from its release,
+    /// and its early records are taken in. Returns what watches its exit.
+    pub(super) fn take_early(
+        &mut self,
+        run: EarlyRun,
+        track_frees: bool,
+    ) -> anyhow::Result<ExitSeen> {
+        let (released_ns, released) = run.released;
+        self.began = released;
+        if let Some(throttling) = self.throttling.as_mut() {
+            throttling.since(released_ns);
+        }
+        self.track(run.pid);
+        if let (Some(_), Some(family)) = (&run.python, self.in_process.family()) {
+            // The tree's interpreters found (their files analysed already, for the early
+            // records) before their first samples through the probes, which would otherwise
+            // have no Python frames until the intake thread found them (a child running
+            // Python lost 4 in 10 of a site's samples' frames so).
+            let mut pids = family.members();
+            pids.push(run.pid);
+            pids.sort_unstable();
+            pids.dedup();
+            self.reader
+                .examine_now(&pids, std::time::Duration::from_millis(100));
+        }
+        self.finish_early(track_frees, run.python)?;
+        Ok(run.exited)
+    }
+
     /// The probes are attached: the early records are taken in (see the module doc).
-    /// `track_frees`: the recording tracks frees.
-    pub(super) fn finish_early(&mut self, track_frees: bool) -> anyhow::Result<()> {
+    /// `track_frees`: the recording tracks frees; `python`: the thread resolving the
+    /// samples' Python frames.
+    fn finish_early(
+        &mut self,
+        track_frees: bool,
+        python: Option<crate::python::early::Watcher>,
+    ) -> anyhow::Result<()> {
         let Some(family) = self.in_process.family() else {
             return Ok(());
         };
@@ -95,33 +162,22 @@ impl Recording {
         if !self.targets.follow {
             // `--no-follow`: the command's own, not its children's (which carry the
             // library all the same).
-            records.retain(|record| Some(record.pid) == self.spawned);
+            records.retain(|record| Some(record.pid()) == self.spawned);
         }
-        let mut taken = early::events(records, track_frees);
-        let mut untracked = Vec::new();
-        if let Some(probes) = self.probes.as_mut() {
-            for &(pid, address, at) in &taken.live {
-                if !matches!(probes.track_live(pid, address, at), Ok(true)) {
-                    untracked.push((pid, address));
-                }
-            }
+        let mut resolved = python.map(crate::python::early::Watcher::finish);
+        let mut taken = early::events(records, track_frees, |index, record| {
+            resolved.as_mut()?.take(index, record)
+        });
+        let python_missing = resolved.as_ref().map_or(0, |r| r.missing());
+        if python_missing > 0 {
+            warn!(
+                "{python_missing} samples taken while attaching lost their Python frames \
+                 (their process's interpreter was not the one the library walked)"
+            );
         }
+        self.track_live_blocks(&mut taken);
         if let Some(family) = self.in_process.family() {
             family.end_early();
-        }
-        for event in &mut taken.events {
-            if let crate::collect::Event::Alloc(sample) = event {
-                if untracked.contains(&(sample.pid, sample.address)) {
-                    sample.tracked = false;
-                }
-            }
-        }
-        if !untracked.is_empty() {
-            warn!(
-                "{} blocks sampled while attaching could not be tracked (live map full): \
-                 their frees go unseen",
-                untracked.len()
-            );
         }
         if read.incomplete + taken.malformed > 0 {
             warn!(
@@ -139,6 +195,34 @@ impl Recording {
         self.batch.extend(taken.events);
         self.take_batch();
         Ok(())
+    }
+
+    /// Puts the blocks the early records leave live into the kernel's live map, so that
+    /// their frees are seen; a block that finds no room is marked untracked (said).
+    fn track_live_blocks(&mut self, taken: &mut early::Early) {
+        let mut untracked = Vec::new();
+        if let Some(probes) = self.probes.as_mut() {
+            for &(pid, address, at) in &taken.live {
+                if !matches!(probes.track_live(pid, address, at), Ok(true)) {
+                    untracked.push((pid, address));
+                }
+            }
+        }
+        if untracked.is_empty() {
+            return;
+        }
+        for event in &mut taken.events {
+            if let crate::collect::Event::Alloc(sample) = event {
+                if untracked.contains(&(sample.pid, sample.address)) {
+                    sample.tracked = false;
+                }
+            }
+        }
+        warn!(
+            "{} blocks sampled while attaching could not be tracked (live map full): \
+             their frees go unseen",
+            untracked.len()
+        );
     }
 
     /// The command's tree is gone already (every target exited while the probes were being

@@ -128,6 +128,8 @@ pub struct Recording {
     processes: ProcessBook,
     /// Resolves frames for [`Aggregator::profile`].
     symbolizer: Symbolizer,
+    /// Stacks whose frames the symbolizer was asked to resolve ahead ([`Self::warm_symbols`]).
+    warmed_stacks: usize,
     targets: Targets,
     cache: AllocatorCache,
     watcher: exits::Watcher,
@@ -417,6 +419,7 @@ impl Recording {
                     // late, a spawned command just past exec), and flush eBPF log records.
                     self.aggregator.refresh(&self.processes.pids());
                     self.processes.refresh();
+                    self.warm_symbols();
                     if let Some(logger) = self.logger.as_mut() {
                         logger.flush();
                     }
@@ -435,6 +438,14 @@ impl Recording {
                 }
             }
         }
+    }
+
+    /// Has the symbolizer resolve the frames of the stacks seen since last time, while
+    /// the targets run (see [`Symbolizer::warm`]).
+    fn warm_symbols(&mut self) {
+        let (frames, stacks) = self.aggregator.file_frames_since(self.warmed_stacks);
+        self.warmed_stacks = stacks;
+        self.symbolizer.warm(frames);
     }
 
     /// Takes the batch a few thousand events at a time, doing the once-a-second work

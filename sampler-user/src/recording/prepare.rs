@@ -183,7 +183,8 @@ fn front_end_for(
 > {
     use std::os::unix::fs::PermissionsExt as _;
     let shown = program.display();
-    let data = std::fs::read(program).map_err(|e| BadInput(format!("cannot read {shown}: {e}")))?;
+    let data = crate::infile::map_regular(program)
+        .map_err(|e| BadInput(format!("cannot read {shown}: {e}")))?;
     if data.starts_with(b"\x7fELF") && crate::targets::interpreter_of(&data).is_none() {
         warn!("{shown} is statically linked: the in-process sampler cannot load; probing its allocator with uprobes");
         return Ok(None);

@@ -94,12 +94,14 @@ fn intake(
     )?;
     let python = match python_frames {
         false => None,
-        true => Some(crate::python::Frames::new(aya::maps::HashMap::try_from(
-            probes
-                .ebpf
-                .take_map(kernel::maps::PY_PROCESSES)
-                .context("PY_PROCESSES map missing")?,
-        )?)),
+        true => Some(crate::python::Frames::new(Some(
+            aya::maps::HashMap::try_from(
+                probes
+                    .ebpf
+                    .take_map(kernel::maps::PY_PROCESSES)
+                    .context("PY_PROCESSES map missing")?,
+            )?,
+        ))),
     };
     let reader = SampleReader::new(ring, sampling.ring_buffer as usize, python)?;
     Ok((reader, logger))
@@ -192,20 +194,19 @@ impl Recording {
         // no uprobe on its allocator unless one is linked into its executable.
         let in_process_only = front_end.is_some() && initial.len() == 1 && !targets.waits_for_new();
         let config = kernel_config(&targets, sampling, followed_only, in_process_only);
-        let (child, early_pid) = match (child, &front_end) {
+        let (child, early) = match (child, &front_end) {
             (Some(child), Some(front_end))
                 if super::early::may_run_early(&config, in_process_only) =>
             {
                 let family = &front_end.family;
-                let pid = super::early::release_now(child, family, config.stack_bytes, &command)?;
-                let at = (crate::collect::monotonic_ns(), std::time::Instant::now());
-                (None, Some((pid, at, super::early::watch_exit(pid))))
+                let run = super::early::release_now(child, family, &config, &command)?;
+                (None, Some(run))
             }
             (child, _) => (child, None),
         };
-        let spawned = early_pid
+        let spawned = early
             .as_ref()
-            .map(|(pid, ..)| *pid)
+            .map(|run| run.pid)
             .or(child.as_ref().map(|c| c.pid));
         let (mut probes, python_frames) = load_probes(config)?;
         // The trap calibration's ~0.15 s (timing, then a link the kernel takes ~0.1 s to
@@ -232,16 +233,12 @@ impl Recording {
         if let Some(child) = child {
             recording.release(child, &command)?;
         }
-        if let Some((pid, (released_ns, released), _)) = early_pid {
-            recording.began = released;
-            if let Some(throttling) = recording.throttling.as_mut() {
-                throttling.since(released_ns);
-            }
-            recording.track(pid);
-            recording.finish_early(!sampling.alloc_only)?;
-        }
+        let exited = match early {
+            Some(run) => Some(recording.take_early(run, !sampling.alloc_only)?),
+            None => None,
+        };
         recording.discover()?;
-        if let Some((_, _, exited)) = &early_pid {
+        if let Some(exited) = &exited {
             recording.note_early_end(exited);
         }
         log::debug!("loaded, attached and released in {:?}", started.elapsed());
@@ -269,6 +266,7 @@ impl Recording {
             processes: ProcessBook::default(),
             symbolizer: Symbolizer::spawn(&sampling.debug_dirs)
                 .context("starting the symbolizer thread")?,
+            warmed_stacks: 0,
             targets: Targets::default(),
             cache: crate::targets::AllocatorCache::default(),
             watcher: exits::Watcher::new(),

@@ -657,6 +657,29 @@ impl StackTable {
         self.modules.hold(file_id, path);
     }
 
+    /// The file frames of the stacks interned since the first `from` (each once, as the
+    /// symbolizer reads them), and how many stacks there are now: for warming the
+    /// symbolizer while the targets run.
+    pub fn file_frames_since(&self, from: usize) -> (Vec<(PathBuf, u64)>, usize) {
+        let mut frames: Vec<(ModuleId, u64)> = self
+            .stacks
+            .iter()
+            .skip(from)
+            .flat_map(|(_, frames, _)| frames.iter())
+            .filter_map(|frame| match *frame {
+                Frame::File { module, offset } => Some((module, offset)),
+                Frame::Unknown { .. } | Frame::Python { .. } => None,
+            })
+            .collect();
+        frames.sort_unstable();
+        frames.dedup();
+        let files = frames
+            .into_iter()
+            .map(|(module, offset)| (self.modules.source(module), offset))
+            .collect();
+        (files, self.stacks.len())
+    }
+
     /// Every interned stack with its id, pid and frames.
     pub fn iter(&self) -> impl Iterator<Item = (StackId, u32, &[Frame])> {
         self.stacks

@@ -12,6 +12,12 @@
 //! `_PyRuntime`'s `_Py_DebugOffsets`): user space finds them and hands the program a
 //! [`PyLayout`] per process.
 
+mod versions;
+mod walk;
+
+pub use versions::{walk_for_version, walk_from_debug_offsets, Walk, DEBUG_COOKIE};
+pub use walk::{read_frames, Memory};
+
 /// Most Python frames read per sample: 256 (a 200-deep recursion and its callers fit); a
 /// deeper chain is cut at the leaf end's 256 and says so ([`PY_TRUNCATED`]).
 pub const MAX_PY_FRAMES: usize = 256;
