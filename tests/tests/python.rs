@@ -570,3 +570,98 @@ fn a_chain_deeper_than_256_frames_says_it_was_cut() {
         "{chain:?}"
     );
 }
+
+/// A script that allocates its one site in its first milliseconds, while allocscope is
+/// still loading its probes (the command runs at once), then pauses or not (`@PAUSE`).
+const EARLY_SCRIPT: &str = "def early_site():
+    return [bytearray(4000) for _ in range(4000)]  # site:early
+
+def caller():
+    return early_site()  # site:caller
+
+keep = caller()  # site:early_module
+@PAUSE
+";
+
+/// What a Python command allocates while its probes load is sampled by the library, which
+/// walks the thread's Python frames itself: found under its whole Python chain, its bytes
+/// within the bounds; also when the command exits before the probes are attached, and
+/// with the interpreter in libpython (pyenv's 3.13, where comprehensions run inline).
+#[test]
+fn a_python_command_allocating_while_its_probes_load_keeps_its_python_frames() {
+    tests::require_bpf!();
+    let line = |name: &str| {
+        let marker = format!("# site:{name}");
+        EARLY_SCRIPT
+            .lines()
+            .position(|l| l.contains(&marker))
+            .unwrap() as u32
+            + 1
+    };
+    let cases = [
+        ("/usr/bin/python3", true, "early_site.<locals>.<listcomp>"),
+        ("/usr/bin/python3", false, "early_site.<locals>.<listcomp>"),
+        (
+            "/root/.pyenv/versions/3.13.0/bin/python3.13",
+            true,
+            "early_site",
+        ),
+    ];
+    for (python, pause, leaf) in cases {
+        let dir = TempDir::new("python-early");
+        let path = dir.path("early.py");
+        let pause = if pause {
+            "import time; time.sleep(0.3)"
+        } else {
+            ""
+        };
+        std::fs::write(&path, EARLY_SCRIPT.replace("@PAUSE", pause)).unwrap();
+        let recorded = Record::command(python, &[path.to_str().unwrap()])
+            .flags(&["-v", "-i", "32KiB", "--confidence", "0.9999"])
+            .run();
+        let what = format!("{python} (pause: {})", !pause.is_empty());
+        let early: u64 = recorded
+            .stderr
+            .lines()
+            .find_map(|l| l.split_once(" events taken while attaching"))
+            .and_then(|(head, _)| head.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: no early events said:\n{}", recorded.stderr));
+        // 16 MB at a 32 KiB mean: ~500 samples, nearly all before the probes.
+        assert!(
+            early > 200,
+            "{what}: {early} early events\n{}",
+            recorded.stderr
+        );
+        let stacks = &recorded.profile.stacks;
+        let found: Vec<&StackProfile> = stacks
+            .iter()
+            .filter(|s| {
+                let chain = python_chain(s);
+                s.frames
+                    .iter()
+                    .any(|f| f.function.as_deref() == Some("PyByteArray_Resize"))
+                    && chain.first().is_some_and(|f| f.starts_with(leaf))
+                    && chain.ends_with(&[
+                        format!("caller:{}", line("caller")),
+                        format!("<module>:{}", line("early_module")),
+                    ])
+            })
+            .collect();
+        assert!(
+            !found.is_empty(),
+            "{what}: no early site\n{}",
+            describe(stacks)
+        );
+        assert_eq!(
+            python_chain(found[0])[0],
+            format!("{leaf}:{}", line("early")),
+            "{what}"
+        );
+        assert_holds(&found, (4000 * 4001) as f64, &what, stacks);
+        assert!(
+            !recorded.stderr.contains("lost their Python frames"),
+            "{what}:\n{}",
+            recorded.stderr
+        );
+    }
+}

@@ -30,6 +30,8 @@ const POLL: Duration = Duration::from_millis(2);
 pub struct Resolved {
     frames: Frames,
     stacks: HashMap<usize, Option<PythonStack>>,
+    /// Processes whose maps were read.
+    looked: std::collections::HashSet<u32>,
 }
 
 impl Resolved {
@@ -37,21 +39,24 @@ impl Resolved {
         Resolved {
             frames: Frames::new(None),
             stacks: HashMap::new(),
+            looked: std::collections::HashSet::new(),
         }
     }
 
     /// Resolves record `index` unless done: `None` when it carries no frames the
-    /// library read, or they cannot be believed (counted missing).
+    /// library read, or they cannot be believed (counted missing). A sample of a process
+    /// the library found no interpreter in has none to resolve: it may have been taken
+    /// before an exec into Python, which its maps, read now, cannot tell.
     fn resolve(&mut self, index: usize, record: &EarlyCopy) {
         if self.stacks.contains_key(&index) {
             return;
         }
         let head = &record.head;
+        let pid = record.pid();
         let stack = if head.kind != EARLY_ALLOC || head.py_head == 0 {
             None
         } else {
-            let pid = record.pid();
-            if !self.frames.knows(pid) {
+            if self.looked.insert(pid) {
                 if let Ok(vmas) = crate::probe::maps::read(pid) {
                     self.frames.found_maps(pid, &vmas);
                 }

@@ -268,6 +268,12 @@ impl Frames {
         self.pending.insert(raw.tid, raw);
     }
 
+    /// Counts a sample that should have had Python frames and has none.
+    pub fn count_missing(&self) {
+        self.missing
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Whether process `pid`'s interpreter was found.
     pub fn knows(&self, pid: u32) -> bool {
         self.processes.contains_key(&pid)
@@ -278,8 +284,7 @@ impl Frames {
     /// process's interpreter is not the one whose walk starts at `head` (or was not found).
     pub fn of_early(&mut self, raw: RawStack, head: u64) -> Option<PythonStack> {
         if self.processes.get(&raw.pid).map(|p| p.head) != Some(head) {
-            self.missing
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.count_missing();
             return None;
         }
         let (pid, tid, timestamp_ns) = (raw.pid, raw.tid, raw.timestamp_ns);

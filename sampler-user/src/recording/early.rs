@@ -172,7 +172,7 @@ impl Recording {
         if python_missing > 0 {
             warn!(
                 "{python_missing} samples taken while attaching lost their Python frames \
-                 (their process's interpreter was not the one the library walked)"
+                 (the library found no interpreter, or another than allocscope did)"
             );
         }
         self.track_live_blocks(&mut taken);
