@@ -171,6 +171,20 @@ fn duty_cycling(
     Ok(duty)
 }
 
+/// What a recording is made of before any target is attached.
+struct Parts {
+    probes: Probes,
+    reader: SampleReader,
+    logger: Option<Logger>,
+    duty: Option<duty_cycling::DutyCycling>,
+    targets: Targets,
+    cache: crate::targets::AllocatorCache,
+    roster: Roster,
+    /// The command allocscope started, if any.
+    spawned: Option<u32>,
+    trap: Trap,
+}
+
 impl Recording {
     /// Attaches the probes, then lets a spawned command run (a command counted in-process
     /// alone runs at once, while they load: see [`super::early`]). `recent` keeps per-stack
@@ -219,12 +233,18 @@ impl Recording {
         };
         let duty = duty_cycling(&mut probes, sampling)?;
         let (reader, logger) = intake(&mut probes, sampling, python_frames)?;
-        let mut recording = Recording::assemble(probes, reader, logger, sampling, recent, duty)?;
-        recording.targets = targets;
-        recording.cache = cache;
-        recording.roster = Roster::new(followed_only);
-        recording.spawned = spawned;
-        recording.trap = trap;
+        let parts = Parts {
+            probes,
+            reader,
+            logger,
+            duty,
+            targets,
+            cache,
+            roster: Roster::new(followed_only),
+            spawned,
+            trap,
+        };
+        let mut recording = Recording::assemble(parts, sampling, recent)?;
         recording.probe_before_start(front_end.as_ref());
         if let (Some(pid), Some(front_end)) = (spawned, front_end) {
             recording.take_front_end(pid, front_end, sampling.interval);
@@ -248,15 +268,23 @@ impl Recording {
         Ok(recording)
     }
 
-    /// A recording with its probes and intake, before any target.
+    /// A recording of `parts`, before any target is attached.
     fn assemble(
-        probes: Probes,
-        reader: SampleReader,
-        logger: Option<Logger>,
+        parts: Parts,
         sampling: &SamplingConfig,
         recent: Option<std::time::Duration>,
-        duty: Option<duty_cycling::DutyCycling>,
     ) -> anyhow::Result<Recording> {
+        let Parts {
+            probes,
+            reader,
+            logger,
+            duty,
+            targets,
+            cache,
+            roster,
+            spawned,
+            trap,
+        } = parts;
         let aggregator = aggregator(sampling, recent, duty.is_some());
         Ok(Recording {
             probes: Some(probes),
@@ -267,20 +295,20 @@ impl Recording {
             symbolizer: Symbolizer::spawn(&sampling.debug_dirs)
                 .context("starting the symbolizer thread")?,
             warmed_stacks: 0,
-            targets: Targets::default(),
-            cache: crate::targets::AllocatorCache::default(),
+            targets,
+            cache,
             watcher: exits::Watcher::new(),
-            roster: Roster::new(false),
+            roster,
             counters: Counters::default(),
             points: Vec::new(),
             logger,
             clocks: Clocks::new(duty.is_some()),
-            spawned: None,
+            spawned,
             command_exit: None,
             said_waiting: false,
             last_counters: None,
             counted_ns: 0,
-            trap: Trap::MODELLED,
+            trap,
             cost: CostWindows::default(),
             throttling: throttling::Throttling::new(
                 sampling.max_samples_per_sec,
