@@ -308,7 +308,9 @@ struct Shared {
     /// Running processes about to be probed, whose interpreter (if any) the intake thread
     /// should find now rather than at their first sample.
     examine: std::sync::Mutex<Vec<u32>>,
-    /// Batches of `examine` done by the intake thread.
+    /// Requests put into `examine` so far (counted under its lock).
+    examine_asked: AtomicU64,
+    /// Of those, how many the intake thread has done.
     examined: AtomicU64,
 }
 
@@ -339,6 +341,7 @@ impl SampleReader {
             stop: AtomicBool::new(false),
             malformed: AtomicU64::new(0),
             examine: std::sync::Mutex::new(Vec::new()),
+            examine_asked: AtomicU64::new(0),
             examined: AtomicU64::new(0),
         });
         let python_missing = python.as_ref().map(crate::python::Frames::missing);
@@ -390,6 +393,7 @@ impl SampleReader {
         }
         if let Ok(mut pids) = self.shared.examine.lock() {
             pids.push(pid);
+            self.shared.examine_asked.fetch_add(1, Ordering::AcqRel);
         }
         self.shared.wake();
     }
@@ -401,13 +405,16 @@ impl SampleReader {
         if self.python_missing.is_none() || pids.is_empty() {
             return;
         }
-        let before = self.shared.examined.load(Ordering::Acquire);
-        if let Ok(mut examine) = self.shared.examine.lock() {
-            examine.extend_from_slice(pids);
-        }
+        let asked = match self.shared.examine.lock() {
+            Ok(mut examine) => {
+                examine.extend_from_slice(pids);
+                self.shared.examine_asked.fetch_add(1, Ordering::AcqRel) + 1
+            }
+            Err(_) => return,
+        };
         self.shared.wake();
         let deadline = std::time::Instant::now() + longest;
-        while self.shared.examined.load(Ordering::Acquire) == before
+        while self.shared.examined.load(Ordering::Acquire) < asked
             && std::time::Instant::now() < deadline
         {
             std::thread::sleep(std::time::Duration::from_micros(200));
@@ -524,20 +531,20 @@ fn intake(
 
 /// Looks for an interpreter in the processes [`SampleReader::examine`] named.
 fn examine(shared: &Shared, python: &mut crate::python::Frames) {
-    let pids = shared
-        .examine
-        .lock()
-        .map(|mut pids| std::mem::take(&mut *pids))
-        .unwrap_or_default();
-    if pids.is_empty() {
-        return;
-    }
+    let (pids, asked) = match shared.examine.lock() {
+        Ok(mut pids) => (
+            std::mem::take(&mut *pids),
+            shared.examine_asked.load(Ordering::Acquire),
+        ),
+        Err(_) => return,
+    };
     for pid in pids {
         if let Ok(vmas) = crate::probe::maps::read(pid) {
             python.found_maps(pid, &vmas);
         }
     }
-    shared.examined.fetch_add(1, Ordering::Release);
+    // Every request made before the batch was taken is done.
+    shared.examined.store(asked, Ordering::Release);
 }
 
 /// Decodes available records into `out`, up to `max_bytes` of them; returns how many were
