@@ -52,6 +52,14 @@ pub fn on_exec() {
     let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // The new program loads the front end afresh, or not at all: its `ready` says.
     forget_front_end(pid);
+    // And runs an interpreter or not, whatever the old one did: unknown until user space
+    // reads its maps (its first sample wakes the reader for that).
+    if crate::config::python_frames() {
+        // SAFETY: a lookup whose value is not read.
+        if unsafe { crate::maps::PY_PROCESSES.get(pid) }.is_some() {
+            let _ = crate::maps::PY_PROCESSES.remove(pid);
+        }
+    }
     // SAFETY: the value is copied out at once.
     let standing = unsafe { FOLLOWED.get(pid) }.copied();
     let watch = crate::config::watch_execs();

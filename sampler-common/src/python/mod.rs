@@ -47,7 +47,8 @@ pub const PY_THREAD_NOT_FOUND: u32 = 4;
 pub const FLAG_PYTHON: u32 = 16;
 
 /// How to walk one process's interpreter: absolute addresses and byte offsets, set by user
-/// space per process (map `PY_PROCESSES`, keyed by pid).
+/// space per process (map `PY_PROCESSES`, keyed by pid). All zero (`interpreters_head` 0):
+/// user space found no interpreter it reads in the process.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PyLayout {

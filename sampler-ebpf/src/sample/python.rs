@@ -45,6 +45,10 @@ pub(super) fn send_python_frames(pid: u32, tid: u32, timestamp_ns: u64) -> Sent 
     let Some(layout) = (unsafe { PY_PROCESSES.get(pid) }) else {
         return nothing(true);
     };
+    if layout.interpreters_head == 0 {
+        // User space found no interpreter it reads in this process.
+        return nothing(false);
+    }
     let Some(record) = PY_SCRATCH.get_ptr_mut(0) else {
         return nothing(false);
     };

@@ -174,8 +174,20 @@ impl Frames {
     }
 
     /// A process's maps were read (its first sample since it started or exec'd): if it runs
-    /// an interpreter, the kernel reads its Python frames from now on.
+    /// an interpreter, the kernel reads its Python frames from now on; if not, the kernel
+    /// is told so (an all-zero layout), and its samples no longer wake the ring buffer's
+    /// reader, which only needed to find its interpreter (see the eBPF side's `emit`).
     pub fn found_maps(&mut self, pid: u32, vmas: &[Vma]) {
+        if !self.find(pid, vmas) {
+            if let Some(kernel) = &mut self.kernel {
+                let _ = kernel.insert(pid, PyLayout::default(), 0);
+            }
+        }
+    }
+
+    /// [`Self::found_maps`]' search: whether an interpreter was found and its walk given to
+    /// the kernel.
+    fn find(&mut self, pid: u32, vmas: &[Vma]) -> bool {
         self.processes.remove(&pid);
         self.codes.retain(|(p, _), _| *p != pid);
         // A program exec'd since: whatever its predecessor ran, the kernel walks nothing
@@ -195,11 +207,11 @@ impl Frames {
         let Some((interpreter, file)) = candidates.into_iter().find_map(|candidate| {
             Some((self.analysed(pid, candidate)?, candidate.file_id.clone()))
         }) else {
-            return;
+            return false;
         };
         let own: Vec<&Vma> = vmas.iter().filter(|v| v.file_id == file).collect();
         let Some(placed) = interpreter.place(&own) else {
-            return;
+            return false;
         };
         let mut walk = interpreter.layout.walk;
         walk.interpreters_head = placed.interpreters_head;
@@ -210,11 +222,11 @@ impl Frames {
                 interpreter.layout.version.0,
                 interpreter.layout.version.1
             );
-            return;
+            return false;
         }
         if let Some(kernel) = &mut self.kernel {
             if kernel.insert(pid, walk, 0).is_err() {
-                return;
+                return false;
             }
         }
         self.processes.insert(
@@ -234,6 +246,7 @@ impl Frames {
                 }
             }
         }
+        true
     }
 
     /// The interpreter in `vma`'s file, analysed once per file (a file allocscope cannot
