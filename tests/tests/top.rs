@@ -360,3 +360,63 @@ fn top_runs_a_command_without_letting_it_touch_the_screen() {
         "the command (pid {pid}) still runs after q"
     );
 }
+
+/// The terminal goes away (a killed tmux, a dropped ssh session): `top` ends, detached, and
+/// the command it started ends with it. (It spun on a core, attached, for as long as
+/// anyone let it: crossterm's reader retries end-of-file forever.)
+#[test]
+fn top_ends_with_its_terminal() {
+    tests::require_bpf!();
+    let program = tests::fixture("top", &[]);
+    let dir = TempDir::new("top-hangup");
+    let command = format!(
+        "{} top -- {} 2>{}",
+        allocscope().display(),
+        program.display(),
+        dir.path("stderr").display()
+    );
+    let tmux = Tmux::start("hangup", &command, 80, 24);
+    let screen = tmux.wait_for("the command's sites", Duration::from_secs(20), |s| {
+        s.contains("churn_buffers ←")
+    });
+    let pid: u32 = screen
+        .split("pid ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in the header:\n{screen}"));
+    // allocscope started the command: it is its parent.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let parent: u32 = stat
+        .rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().nth(1))
+        .and_then(|ppid| ppid.parse().ok())
+        .unwrap_or_else(|| panic!("no parent in {stat:?}"));
+    let comm = std::fs::read_to_string(format!("/proc/{parent}/comm")).unwrap_or_default();
+    assert_eq!(comm.trim(), "allocscope", "pid {pid}'s parent {parent}");
+    drop(tmux);
+    // Gone, or a zombie nobody reaped yet (its parent gone too: init reaps it).
+    let gone = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                stat.rsplit(')')
+                    .next()?
+                    .split_whitespace()
+                    .next()?
+                    .chars()
+                    .next()
+            })
+            .is_none_or(|state| state == 'Z' || state == 'X')
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), || gone(parent)),
+        "allocscope (pid {parent}) still runs after its terminal went away:\n{}",
+        std::fs::read_to_string(dir.path("stderr")).unwrap_or_default()
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || gone(pid)),
+        "the command (pid {pid}) still runs after allocscope ended"
+    );
+}

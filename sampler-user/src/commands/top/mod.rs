@@ -152,6 +152,23 @@ struct Watch {
 /// start), and per target its calls and CPU seconds.
 type CostReading = (f64, BTreeMap<u32, (u64, Option<f64>)>);
 
+/// The screen thread's result, once it has given the terminal back; `None` if it has not
+/// within a second. Its terminal gone (a killed tmux pane, a dropped ssh session: SIGHUP),
+/// crossterm's reader gets end-of-file forever and never returns, and waiting for the
+/// thread kept `top` spinning on a core, attached, long after (seen: an hour).
+async fn screen_ended(
+    screen: std::thread::JoinHandle<std::io::Result<()>>,
+) -> Option<std::thread::Result<std::io::Result<()>>> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while !screen.is_finished() {
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Some(screen.join())
+}
+
 /// Attaches, shows the view until the user quits (or SIGTERM/SIGINT), detaches.
 pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyhow::Result<()> {
     let mut recording = Recording::start(prepared, &config.sampling, Some(config.window))?;
@@ -215,7 +232,7 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
     // Give the terminal back first (the screen thread sees the channel close within
     // 100 ms), then detach: a command started for this view stops with it.
     drop(to_screen);
-    let screen = tokio::task::spawn_blocking(move || screen.join()).await;
+    let screen = screen_ended(screen).await;
     let detached = recording.detach().await;
     crate::say!(
         "allocscope top: detached from {} after {}",
@@ -223,10 +240,11 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
         humantime::format_duration(Duration::from_secs(watch.started.elapsed().as_secs()))
     );
     match screen {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(e))) => return Err(anyhow::Error::from(e).context("terminal")),
-        Ok(Err(_)) => anyhow::bail!("the screen thread panicked"),
-        Err(e) => return Err(anyhow::Error::from(e).context("waiting for the screen thread")),
+        Some(Ok(Ok(()))) => {}
+        Some(Ok(Err(e))) => return Err(anyhow::Error::from(e).context("terminal")),
+        Some(Err(_)) => anyhow::bail!("the screen thread panicked"),
+        // Left behind; it ends with the process.
+        None => log::debug!("the screen thread did not end: its terminal is gone"),
     }
     outcome?;
     detached.map(drop)
