@@ -48,13 +48,8 @@ pub fn find() {
     if FOUND.load(Ordering::Acquire) {
         return;
     }
-    // SAFETY: dlsym on the global scope with NUL-terminated names.
-    let (runtime, version) = unsafe {
-        (
-            libc::dlsym(libc::RTLD_DEFAULT, c"_PyRuntime".as_ptr()),
-            libc::dlsym(libc::RTLD_DEFAULT, c"Py_Version".as_ptr()),
-        )
-    };
+    use crate::python::symbol;
+    let (runtime, version) = (symbol(c"_PyRuntime"), symbol(c"Py_Version"));
     if runtime.is_null() || version.is_null() {
         return;
     }

@@ -72,13 +72,7 @@ pub fn wrap() {
     if WRAPPED.load(Ordering::Acquire) {
         return;
     }
-    // SAFETY: dlsym on the global scope with NUL-terminated names.
-    let (get, set) = unsafe {
-        (
-            libc::dlsym(libc::RTLD_DEFAULT, c"PyMem_GetAllocator".as_ptr()),
-            libc::dlsym(libc::RTLD_DEFAULT, c"PyMem_SetAllocator".as_ptr()),
-        )
-    };
+    let (get, set) = (symbol(c"PyMem_GetAllocator"), symbol(c"PyMem_SetAllocator"));
     if get.is_null() || set.is_null() {
         return;
     }
@@ -112,6 +106,13 @@ pub fn wrap() {
         unsafe { set(*domain, &mut ours) };
     }
     WRAPPED.store(true, Ordering::Release);
+}
+
+/// The address of `name` in the process's global scope (the interpreter's, when it has
+/// one); null when nothing defines it. For the set-up only: `dlsym` may allocate.
+pub fn symbol(name: &core::ffi::CStr) -> *mut c_void {
+    // SAFETY: dlsym on the global scope with a NUL-terminated name.
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
 }
 
 /// The allocator a wrapper forwards to.

@@ -126,6 +126,16 @@ fn top_command(target: &str, dir: &TempDir) -> String {
     )
 }
 
+/// The target's pid in the view's header (`… · pid N (name) · …`).
+fn header_pid(screen: &str) -> u32 {
+    screen
+        .split("pid ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in the header:\n{screen}"))
+}
+
 fn exit_status(dir: &TempDir) -> Option<String> {
     std::fs::read_to_string(dir.path("exit"))
         .ok()
@@ -342,12 +352,7 @@ fn top_runs_a_command_without_letting_it_touch_the_screen() {
         "no output in {}",
         log.display()
     );
-    let pid: u32 = screen
-        .split("pid ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|pid| pid.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in the header:\n{screen}"));
+    let pid = header_pid(&screen);
     tmux.send(&["q"]);
     assert!(wait_until(Duration::from_secs(10), || exit_status(&dir).is_some()));
     assert_eq!(exit_status(&dir).as_deref(), Some("0"));
@@ -369,9 +374,11 @@ fn top_ends_with_its_terminal() {
     tests::require_bpf!();
     let program = tests::fixture("top", &[]);
     let dir = TempDir::new("top-hangup");
+    // `-o`: the command's output log goes there, not into the working directory.
     let command = format!(
-        "{} top -- {} 2>{}",
+        "{} top -o {} -- {} 2>{}",
         allocscope().display(),
+        dir.0.display(),
         program.display(),
         dir.path("stderr").display()
     );
@@ -379,12 +386,7 @@ fn top_ends_with_its_terminal() {
     let screen = tmux.wait_for("the command's sites", Duration::from_secs(20), |s| {
         s.contains("churn_buffers ←")
     });
-    let pid: u32 = screen
-        .split("pid ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|pid| pid.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in the header:\n{screen}"));
+    let pid = header_pid(&screen);
     // allocscope started the command: it is its parent.
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let parent: u32 = stat

@@ -91,7 +91,7 @@ impl Family {
             return Ok(read);
         }
         let records = self.early_records()?;
-        for index in 0..records.claimed() {
+        for index in 0..claimed.min(EARLY_SLOTS) {
             match records.get(index) {
                 Some(record) => read.records.push(record),
                 None => read.incomplete += 1,
@@ -162,13 +162,24 @@ impl EarlyRecords {
 
     /// Record `index`, if complete.
     pub fn get(&self, index: usize) -> Option<EarlyCopy> {
+        self.copy(index, true)
+    }
+
+    /// Record `index` without its stack (empty), if complete: for a reader of its head
+    /// and Python frames only, which need not copy up to 64 KiB a record.
+    pub fn get_without_stack(&self, index: usize) -> Option<EarlyCopy> {
+        self.copy(index, false)
+    }
+
+    fn copy(&self, index: usize, with_stack: bool) -> Option<EarlyCopy> {
         let at = index.checked_mul(early_record_bytes())?;
-        copy_record(self.records.get(at..at + early_record_bytes())?)
+        copy_record(self.records.get(at..at + early_record_bytes())?, with_stack)
     }
 }
 
-/// The record at the start of `bytes` (one record's room), if complete.
-fn copy_record(bytes: &[u8]) -> Option<EarlyCopy> {
+/// The record at the start of `bytes` (one record's room), if complete; its stack too if
+/// `with_stack`.
+fn copy_record(bytes: &[u8], with_stack: bool) -> Option<EarlyCopy> {
     if bytes.len() < EARLY_STACK_OFFSET {
         return None;
     }
@@ -193,7 +204,11 @@ fn copy_record(bytes: &[u8]) -> Option<EarlyCopy> {
         };
         frames.to_vec()
     };
-    let stack_len = (head.stack_len as usize).min(bytes.len() - EARLY_STACK_OFFSET);
+    let stack_len = if with_stack {
+        (head.stack_len as usize).min(bytes.len() - EARLY_STACK_OFFSET)
+    } else {
+        0
+    };
     Some(EarlyCopy {
         head,
         python,

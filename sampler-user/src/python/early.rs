@@ -138,7 +138,7 @@ fn sweep(records: &EarlyRecords, next: usize, resolved: &mut Resolved) -> usize 
         if resolved.stacks.contains_key(&index) {
             continue;
         }
-        match records.get(index) {
+        match records.get_without_stack(index) {
             Some(record) => resolved.resolve(index, &record),
             None => {
                 first_open.get_or_insert(index);

@@ -287,11 +287,6 @@ impl Frames {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Whether process `pid`'s interpreter was found.
-    pub fn knows(&self, pid: u32) -> bool {
-        self.processes.contains_key(&pid)
-    }
-
     /// The Python frames the in-process front end read for an early record (walked from
     /// `head`), resolved; `None`, counted missing, when they cannot be believed: the
     /// process's interpreter is not the one whose walk starts at `head` (or was not found).
