@@ -179,7 +179,8 @@ impl SamplingConfig {
             interval: self.interval,
             largest_interval: self.interval,
             confidence: self.confidence,
-            duration_seconds: recorded.as_secs_f64(),
+            // Never 0 (a profile says it lasted some time: rates divide by it).
+            duration_seconds: recorded.as_secs_f64().max(1e-9),
             alloc_only: self.alloc_only,
             leaks_older_than,
         }

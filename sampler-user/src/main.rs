@@ -12,7 +12,31 @@ use sampler_user::{
     config::BadInput,
 };
 
+/// The stack allocscope's own work runs on (the estimates, the symbolizer's callers and
+/// the exporters recurse over deep stacks and large profiles).
+const STACK_BYTES: usize = 64 << 20;
+
+/// Runs allocscope on a thread of its own with a fixed stack: the main thread's stack is
+/// whatever `ulimit -s` the user had (64 KiB aborted allocscope with a stack overflow), and
+/// that limit is the command's to inherit, not ours to raise. The commands allocscope
+/// starts are forked from this thread, which lives until allocscope ends (their
+/// `PR_SET_PDEATHSIG` is tied to it).
 fn main() -> ExitCode {
+    let worker = std::thread::Builder::new()
+        .name("allocscope".into())
+        .stack_size(STACK_BYTES)
+        .spawn(allocscope);
+    match worker.map(|w| w.join()) {
+        Ok(Ok(code)) => code,
+        Ok(Err(_)) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("allocscope: cannot start its main thread: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn allocscope() -> ExitCode {
     let cli = cli::Cli::parse();
     match cli.command {
         Command::Record(args) => {

@@ -1,6 +1,7 @@
 //! Starting `-- CMD ARGS` so that its first allocation is already probed.
 //!
-//! The child is forked before the tokio runtime exists (a single-threaded fork is safe) and
+//! The child is forked before the tokio runtime exists (the only other thread is `main`
+//! waiting for ours: it holds no lock the child could need) and
 //! waits on a pipe before `execvp`; the parent attaches the probes to the child's pid, then
 //! releases it. uprobes attached to a pid follow it through exec: the kernel installs the
 //! breakpoints when the new program maps the allocator library. A second, close-on-exec pipe
@@ -81,9 +82,10 @@ pub fn spawn_paused(
     let (status_read, status_write) = pipe()?;
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
-    // SAFETY: the process is single-threaded here (no runtime yet); the child only calls
-    // async-signal-safe functions (close, prctl, getppid, dup2, read, write, execvpe, _exit)
-    // on memory prepared before.
+    // SAFETY: no thread but this one runs here (no runtime yet; `main` waits for
+    // this thread); the child only calls
+    // async-signal-safe functions (close, prctl, getppid, dup2, read, write, sigaction,
+    // sigprocmask, execvpe, _exit) on memory prepared before.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(io::Error::last_os_error());
@@ -110,6 +112,9 @@ pub fn spawn_paused(
             if libc::read(go_read.as_raw_fd(), (&raw mut byte).cast(), 1) == 1 {
                 // The command gets SIGTERM if we die while it runs (even by SIGKILL).
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong);
+                // The dispositions and mask allocscope was started with (SIGPIPE at its
+                // default again, unless our own parent ignored it).
+                crate::signals::restore();
                 libc::execvpe(pointers[0], pointers.as_ptr(), environ.as_ptr());
                 let errno = *libc::__errno_location();
                 libc::write(status_write.as_raw_fd(), (&raw const errno).cast(), 4);

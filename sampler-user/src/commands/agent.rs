@@ -24,7 +24,7 @@ use crate::{
 };
 
 /// Every check that can fail on bad input (the spool and output directories too), then
-/// the fork of a command. Must run before any thread exists.
+/// the fork of a command. Must run before any other thread than `main` exists.
 pub fn prepare(config: &AgentConfig) -> Result<Prepared, BadInput> {
     recording::prepare(
         &config.targets,

@@ -26,7 +26,7 @@ use crate::{
 };
 
 /// Runs every check that can fail on bad input, then (for `-- CMD`) forks the paused
-/// child. Must run before any thread exists.
+/// child. Must run before any other thread than `main` exists.
 pub fn prepare(config: &RecordConfig) -> Result<Prepared, BadInput> {
     recording::prepare(
         &config.targets,

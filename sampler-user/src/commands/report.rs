@@ -30,6 +30,9 @@ pub fn read(path: &std::path::Path) -> Result<Profile, BadInput> {
             profile.schema
         )));
     }
+    profile
+        .check()
+        .map_err(|why| BadInput(format!("{}: {why}", path.display())))?;
     Ok(profile)
 }
 

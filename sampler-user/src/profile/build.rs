@@ -645,6 +645,29 @@ mod tests {
     }
 
     #[test]
+    fn a_profile_with_no_duration_or_an_impossible_confidence_is_refused() {
+        let built = Profile::build(snapshot(Tally {
+            stacks: vec![stack(7, "a", &[(100, 3)])],
+            processes: vec![process(7)],
+            ..Tally::default()
+        }));
+        assert_eq!(built.check(), Ok(()));
+        for duration in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let mut profile = built.clone();
+            profile.duration_seconds = duration;
+            assert!(profile.check().unwrap_err().contains("duration_seconds"));
+        }
+        for confidence in [0.0, 1.0, 1.5, -0.95, f64::NAN] {
+            let mut profile = built.clone();
+            profile.sampling.confidence = confidence;
+            assert!(profile.check().unwrap_err().contains("confidence"));
+        }
+        let mut profile = built;
+        profile.sampling.mean_interval_bytes = 0;
+        assert!(profile.check().is_err());
+    }
+
+    #[test]
     fn alloc_only_has_no_in_use_values_and_no_leaks() {
         let mut snapshot = snapshot(Tally {
             stacks: vec![stack(7, "a", &[(100, 3)])],

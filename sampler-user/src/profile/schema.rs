@@ -440,6 +440,28 @@ pub struct ProbePoint {
 }
 
 impl Profile {
+    /// What a profile read from a file must hold for its rates, bounds and differences to
+    /// mean anything: a positive, finite duration, a confidence level strictly between 0
+    /// and 1, and an interval of at least one byte. The reason when it does not.
+    pub fn check(&self) -> Result<(), String> {
+        let duration = self.duration_seconds;
+        if !(duration.is_finite() && duration > 0.0) {
+            return Err(format!(
+                "duration_seconds is {duration}: it must be a positive number of seconds"
+            ));
+        }
+        let confidence = self.sampling.confidence;
+        if !(confidence > 0.0 && confidence < 1.0) {
+            return Err(format!(
+                "sampling.confidence is {confidence}: it must lie strictly between 0 and 1"
+            ));
+        }
+        if self.sampling.mean_interval_bytes == 0 {
+            return Err("sampling.mean_interval_bytes is 0: it must be at least 1".into());
+        }
+        Ok(())
+    }
+
     /// Each process's command and cgroup by pid: what exports label a stack with.
     pub fn process_labels(&self) -> HashMap<u32, (&str, Option<&str>)> {
         self.processes

@@ -42,7 +42,7 @@ use crate::{
 const HISTORY_SECONDS: usize = 60;
 
 /// Refuses without a terminal, then runs the checks every recording runs (and, for
-/// `-- CMD`, forks the paused child). Must run before any thread exists.
+/// `-- CMD`, forks the paused child). Must run before any other thread than `main` exists.
 pub fn prepare(config: &TopConfig) -> Result<Prepared, BadInput> {
     if !(std::io::stdout().is_terminal() && std::io::stdin().is_terminal()) {
         return Err(BadInput(

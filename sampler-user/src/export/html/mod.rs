@@ -42,8 +42,10 @@ pub fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::R
 /// Writes the page for `data`.
 pub fn page(data: &Data, out: &mut dyn Write) -> std::io::Result<()> {
     let json = serde_json::to_string(data)?;
-    // Inside <script>, only `</` can end the element early; `<\/` is the same JSON string.
-    let json = json.replace("</", "<\\/");
+    // Inside <script>, `</script` ends the element early and `<!--` followed by `<script`
+    // makes the parser skip the real end (the page went blank): no `<` may appear. It only
+    // occurs inside JSON strings, where `\u003c` is the same character.
+    let json = json.replace('<', "\\u003c");
     let title = html_escape(&data.title);
     out.write_all(
         fill(
@@ -97,7 +99,7 @@ mod tests {
     #[test]
     fn the_page_is_whole_and_its_data_cannot_end_the_script() {
         let mut profile = crate::export::tests::synthetic();
-        profile.processes[0].command = "</script><b>x{{DATA}}".into();
+        profile.processes[0].command = "<!--<script></script><b>x{{DATA}}".into();
         let mut out = Vec::new();
         write(&profile, Value::AllocBytes, &mut out).unwrap();
         let html = String::from_utf8(out).unwrap();
@@ -125,7 +127,9 @@ mod tests {
         assert!(data["title"]
             .as_str()
             .unwrap()
-            .contains("</script><b>x{{DATA}}"));
-        assert!(html.contains("<title>allocscope: &lt;/script&gt;&lt;b&gt;x{{DATA}}"));
+            .contains("<!--<script></script><b>x{{DATA}}"));
+        assert!(html
+            .contains("<title>allocscope: &lt;!--&lt;script&gt;&lt;/script&gt;&lt;b&gt;x{{DATA}}"));
+        assert!(!json.contains('<'), "no `<` in the data: {json}");
     }
 }

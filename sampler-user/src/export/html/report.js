@@ -153,19 +153,21 @@
     for (let n = z; n; n = n.parent) chain.unshift(n);
     chain.forEach((n, d) => { if (n !== z) box(n, 0, W, d, true); });
     let deepest = chain.length - 1;
-    const walk = (n, x, w, d) => {
+    // An explicit stack, not recursion: a stack thousands of frames deep is drawn whole.
+    const todo = [[z, 0, W, chain.length - 1]];
+    while (todo.length) {
+      const [n, x, w, d] = todo.pop();
       box(n, x, w, d, false);
       deepest = Math.max(deepest, d);
-      if (n.w <= 0) return;
+      if (n.w <= 0) continue;
       let cx = x;
       const kids = [...n.kids.values()].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
       for (const k of kids) {
         const kw = (w * k.w) / n.w;
-        if (kw >= MIN_WIDTH) walk(k, cx, kw, d + 1);
+        if (kw >= MIN_WIDTH) todo.push([k, cx, kw, d + 1]);
         cx += kw;
       }
-    };
-    walk(z, 0, W, chain.length - 1);
+    }
     flame.style.height = (deepest + 1) * ROW + "px";
     showMatched();
   }
