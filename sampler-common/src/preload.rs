@@ -36,8 +36,9 @@ pub const FAMILY_MAGIC: u64 = u64::from_le_bytes(*b"alsfam01");
 /// Layout version of [`Family`].
 pub const FAMILY_VERSION: u64 = 3;
 
-/// Environment variable naming the descriptor of the family table a command inherits.
-pub const FAMILY_FD_VARIABLE: &core::ffi::CStr = c"ALLOCSCOPE_FAMILY_FD";
+/// Name of the family table's file, beside the library in a recording's directory: the
+/// library finds it from the path it was loaded from (no descriptor, no variable).
+pub const FAMILY_FILE: &core::ffi::CStr = c"family";
 
 /// Name of the exported symbol holding the address of the process's [`Region`].
 pub const REGION_SYMBOL: &str = "allocscope_preload_region";
@@ -81,8 +82,8 @@ pub struct Counts {
 }
 
 /// The table of regions a command started by allocscope and every process of its tree
-/// count in: one memfd, allocscope's from before the command runs, inherited by
-/// descriptor ([`FAMILY_FD_VARIABLE`]). A process claims a slot ([`claim`]) and counts in
+/// count in: one file ([`FAMILY_FILE`]) in the recording's root-owned directory, beside
+/// the library the tree's `LD_PRELOAD` names, created before the command runs. A process claims a slot ([`claim`]) and counts in
 /// the region at [`family_region_offset`]; allocscope maps the whole table, so a child's
 /// counts and maps are read whole however soon it exits, and gives a slot back once its
 /// process is gone and read (the region's pages are dropped, reading as zeros again).

@@ -11,25 +11,19 @@
 //! writers are held ([`EARLY_HOLD`]), and from then on the probes fire as usual. The
 //! per-call path is unchanged: only a sampled call looks at the state.
 
-use core::{
-    ptr,
-    sync::atomic::{AtomicPtr, Ordering},
-};
+use core::{ptr, sync::atomic::Ordering};
 
 use sampler_common::{
     preload::{
-        early_record_bytes, family_early_bytes, family_early_offset, EarlyHead, EarlyRecord,
-        Family, EARLY_ALLOC, EARLY_FREE, EARLY_KEEP, EARLY_OFF, EARLY_PY_OFFSET, EARLY_SLOTS,
-        EARLY_STACK_OFFSET, MAX_PY_FRAMES,
+        early_record_bytes, family_early_offset, EarlyHead, EarlyRecord, Family, EARLY_ALLOC,
+        EARLY_FREE, EARLY_KEEP, EARLY_OFF, EARLY_PY_OFFSET, EARLY_SLOTS, EARLY_STACK_OFFSET,
+        MAX_PY_FRAMES,
     },
     python::PyFrameEntry,
     MAX_STACK_COPY,
 };
 
 use crate::region;
-
-/// The early records, mapped at the first one this program writes.
-static RECORDS: AtomicPtr<u8> = AtomicPtr::new(ptr::null_mut());
 
 /// Longest wait for allocscope to finish reading (or to make room): then the probes fire
 /// (and a sample no probe catches is lost).
@@ -118,8 +112,9 @@ fn keep(family: &Family, fill: impl Fn(&mut EarlyHead, &mut [u8])) -> bool {
         if state == EARLY_KEEP {
             let index = family.early_next.fetch_add(1, Ordering::AcqRel) as usize;
             if index < EARLY_SLOTS {
-                let kept = match record_at(index) {
-                    Some((record, rest)) => {
+                let kept = match MappedRecord::at(index) {
+                    Some(mut mapped) => {
+                        let (record, rest) = mapped.parts();
                         write(record, rest, &fill);
                         true
                     }
@@ -151,56 +146,55 @@ fn write(record: &mut EarlyRecord, rest: &mut [u8], fill: &impl Fn(&mut EarlyHea
     complete.store(1, Ordering::Release);
 }
 
-/// Record `index` and the room after its head (Python frames, then stack), the records
-/// mapped at the first use.
-fn record_at(index: usize) -> Option<(&'static mut EarlyRecord, &'static mut [u8])> {
-    let mut base = RECORDS.load(Ordering::Acquire);
-    if base.is_null() {
-        base = map_records()?;
+/// One early record mapped while it is written (a few dozen pages of address space for a
+/// moment, not the 64 MiB of all of them for the process's lifetime: a program under a
+/// tight `RLIMIT_AS` would run out sooner).
+struct MappedRecord {
+    at: *mut u8,
+}
+
+impl MappedRecord {
+    /// Record `index` (< [`EARLY_SLOTS`]) of the family table, mapped.
+    #[cold]
+    fn at(index: usize) -> Option<MappedRecord> {
+        let fd = region::open_family()?;
+        let offset = family_early_offset() + index * early_record_bytes();
+        // SAFETY: a shared mapping of one record of the family table (within its size,
+        // checked by open_family).
+        let mapped = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                early_record_bytes(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                offset as libc::off_t,
+            )
+        };
+        // SAFETY: closing what open_family opened (the mapping stays).
+        unsafe { libc::close(fd) };
+        (mapped != libc::MAP_FAILED).then(|| MappedRecord { at: mapped.cast() })
     }
-    // SAFETY: record `index` < EARLY_SLOTS lies within the mapping; this writer claimed it
-    // (early_next), so no other thread of any process writes it.
-    unsafe {
-        let at = base.add(index * early_record_bytes());
-        let record = &mut *at.cast::<EarlyRecord>();
-        let rest = core::slice::from_raw_parts_mut(
-            at.add(EARLY_PY_OFFSET),
-            early_record_bytes() - EARLY_PY_OFFSET,
-        );
-        Some((record, rest))
+
+    /// The record and the room after its head (Python frames, then stack).
+    fn parts(&mut self) -> (&mut EarlyRecord, &mut [u8]) {
+        // SAFETY: a mapping of one record, this writer's alone (it claimed the index
+        // through early_next), page-aligned; the head and the rest do not overlap.
+        unsafe {
+            let record = &mut *self.at.cast::<EarlyRecord>();
+            let rest = core::slice::from_raw_parts_mut(
+                self.at.add(EARLY_PY_OFFSET),
+                early_record_bytes() - EARLY_PY_OFFSET,
+            );
+            (record, rest)
+        }
     }
 }
 
-#[cold]
-fn map_records() -> Option<*mut u8> {
-    let fd = region::family_fd();
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: a shared mapping of the family table's early records (within its size,
-    // checked when the table was found).
-    let mapped = unsafe {
-        libc::mmap(
-            ptr::null_mut(),
-            family_early_bytes(),
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            family_early_offset() as libc::off_t,
-        )
-    };
-    if mapped == libc::MAP_FAILED {
-        return None;
-    }
-    let mapped = mapped.cast::<u8>();
-    match RECORDS.compare_exchange(ptr::null_mut(), mapped, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => Some(mapped),
-        Err(theirs) => {
-            // Another thread mapped them first.
-            // SAFETY: our own mapping, unused.
-            unsafe { libc::munmap(mapped.cast(), family_early_bytes()) };
-            Some(theirs)
-        }
+impl Drop for MappedRecord {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping of one record, no longer referenced.
+        unsafe { libc::munmap(self.at.cast(), early_record_bytes()) };
     }
 }
 

@@ -1,28 +1,30 @@
 //! The process's shared counter region ([`sampler_common::preload::Region`]).
 //!
 //! Started by allocscope (`-- CMD`), a process finds the family table allocscope created
-//! ([`sampler_common::preload::Family`]) by its descriptor in `ALLOCSCOPE_FAMILY_FD`,
-//! inherited by every process of the command's tree: the command's own slot is claimed by
+//! ([`sampler_common::preload::Family`]) in the file beside the library's own path
+//! ([`sampler_common::preload::FAMILY_FILE`], in a root-owned directory: see
+//! `sampler-user`'s `preload::place`), opened only for as long as it takes to map a part of
+//! it (no descriptor stays, none is inherited): the command's own slot is claimed by
 //! allocscope before it runs, a process it forks claims a slot of its own at once (in the
 //! fork handler, before its first call), and a program a process execs (the same pid)
 //! finds its process's claim and counts on in it. allocscope maps the whole table, so a
 //! process's counts and maps are there however soon it exits. Otherwise (a process started
-//! by hand with `LD_PRELOAD`, a table that is full, a descriptor the program closed) the
+//! by hand with `LD_PRELOAD`, a table that is full or gone, a file it may not open) the
 //! library creates a region of its own from a memfd, which allocscope maps later through
 //! `/proc/PID/map_files`. The address is exported as [`allocscope_preload_region`] for
 //! allocscope to find.
 
 use core::{
     ptr,
-    sync::atomic::{AtomicI32, AtomicPtr, Ordering},
+    sync::atomic::{AtomicBool, AtomicPtr, Ordering},
 };
 
 use sampler_common::{
     geometric,
     preload::{
         claim, family_bytes, family_header_bytes, family_region_offset, find_claim, region_bytes,
-        set_up_region, take_slot, Family, Region, CLAIM_READY, FAMILY_MAGIC, FAMILY_VERSION,
-        REGION_MAGIC,
+        set_up_region, take_slot, Family, Region, CLAIM_READY, FAMILY_FILE, FAMILY_MAGIC,
+        FAMILY_VERSION, REGION_MAGIC,
     },
 };
 
@@ -35,18 +37,20 @@ pub static allocscope_preload_region: AtomicPtr<Region> = AtomicPtr::new(ptr::nu
 /// is shared, so a child claims in the same table).
 static FAMILY: AtomicPtr<Family> = AtomicPtr::new(ptr::null_mut());
 
-/// The family table's descriptor (to map a child's region after a fork).
-static FAMILY_FD: AtomicI32 = AtomicI32::new(-1);
+/// The family table's path, NUL-terminated (empty: none), written once at set-up.
+static FAMILY_PATH: FamilyPath = FamilyPath(core::cell::UnsafeCell::new([0; FAMILY_PATH_BYTES]));
+/// Whether [`FAMILY_PATH`] holds a path.
+static FAMILY_PATH_SET: AtomicBool = AtomicBool::new(false);
+const FAMILY_PATH_BYTES: usize = 4096;
+
+struct FamilyPath(core::cell::UnsafeCell<[u8; FAMILY_PATH_BYTES]>);
+// SAFETY: written once by the resolving thread before FAMILY_PATH_SET, read-only after.
+unsafe impl Sync for FamilyPath {}
 
 /// The family table's header, if this process counts in one.
 pub fn family_table() -> Option<&'static Family> {
     // SAFETY: set once to a checked header mapping that is never unmapped.
     unsafe { FAMILY.load(Ordering::Acquire).as_ref() }
-}
-
-/// The family table's descriptor (-1: none).
-pub fn family_fd() -> i32 {
-    FAMILY_FD.load(Ordering::Acquire)
 }
 
 /// Default mean interval when nobody set one (allocscope's and OpenTelemetry's default).
@@ -68,19 +72,22 @@ fn pid() -> u32 {
 /// Maps a region: this process's in the family table it inherited (found, or claimed),
 /// else a new one. Runs once, while resolving (no allocation happens here).
 pub fn init() {
+    find_family_path();
     let region = match family() {
         Some((family, fd)) => {
             FAMILY.store(family, Ordering::Release);
-            FAMILY_FD.store(fd, Ordering::Release);
             // SAFETY: a checked header mapping, never unmapped.
             let claims = unsafe { &(*family).claims };
-            match find_claim(claims, pid()) {
+            let region = match find_claim(claims, pid()) {
                 Some(slot) => map_slot(fd, slot).filter(|&r| {
                     // SAFETY: a region-sized mapping.
                     unsafe { (*r).magic == REGION_MAGIC && (*r).pid == u64::from(pid()) }
                 }),
                 None => claim_slot(family, fd, 0),
-            }
+            };
+            // SAFETY: closing the descriptor opened by family() (the mappings stay).
+            unsafe { libc::close(fd) };
+            region
         }
         None => None,
     };
@@ -160,40 +167,88 @@ fn parse_u64(bytes: &[u8]) -> Option<u64> {
     })
 }
 
-/// The family table named by `ALLOCSCOPE_FAMILY_FD`, its header mapped, and the
-/// descriptor. Only a regular file of the table's size with the right header is taken: the
-/// number may name another file by now, and reading past the end of a shorter one would
-/// raise SIGBUS.
-fn family() -> Option<(*mut Family, i32)> {
-    let name = sampler_common::preload::FAMILY_FD_VARIABLE;
-    // SAFETY: as in interval_from_env.
-    let value = unsafe { libc::getenv(name.as_ptr()) };
-    if value.is_null() {
+/// Finds where the family table would be: [`FAMILY_FILE`] beside the path this library
+/// was loaded from (`dladdr` of one of its symbols: the name the loader opened, from
+/// `LD_PRELOAD`). Runs once, while resolving.
+fn find_family_path() {
+    // SAFETY: all-zero is a valid Dl_info.
+    let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+    let address = (&raw const allocscope_preload_region).cast::<libc::c_void>();
+    // SAFETY: dladdr fills the struct we own; the name it points to lives as long as the
+    // library is loaded.
+    if unsafe { libc::dladdr(address, &mut info) } == 0 || info.dli_fname.is_null() {
+        return;
+    }
+    // SAFETY: a NUL-terminated string owned by the loader.
+    let own = unsafe { core::ffi::CStr::from_ptr(info.dli_fname) }.to_bytes();
+    let Some(slash) = own.iter().rposition(|&b| b == b'/') else {
+        return;
+    };
+    let name = FAMILY_FILE.to_bytes_with_nul();
+    let len = slash + 1 + name.len();
+    if own[0] != b'/' || len > FAMILY_PATH_BYTES {
+        return;
+    }
+    // SAFETY: the one writer, before FAMILY_PATH_SET.
+    let path = unsafe { &mut *FAMILY_PATH.0.get() };
+    path[..=slash].copy_from_slice(&own[..=slash]);
+    path[slash + 1..len].copy_from_slice(name);
+    FAMILY_PATH_SET.store(true, Ordering::Release);
+}
+
+/// Opens the family table for as long as it takes to map a part of it: only a regular
+/// file of the table's size, owned by root and open to nobody else, is taken (reading past
+/// the end of a shorter one would raise SIGBUS; another user's file is not ours to count
+/// in). The caller closes the descriptor.
+pub fn open_family() -> Option<i32> {
+    if !FAMILY_PATH_SET.load(Ordering::Acquire) {
         return None;
     }
-    // SAFETY: as above.
-    let fd = parse_u64(unsafe { core::ffi::CStr::from_ptr(value) }.to_bytes());
-    let fd = i32::try_from(fd?).ok()?;
+    // SAFETY: set once before the flag, never written again; NUL-terminated.
+    let path = unsafe { &*FAMILY_PATH.0.get() };
+    // SAFETY: open with a NUL-terminated path; never through a symlink at the end.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr().cast(),
+            libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
     // SAFETY: all-zero is a valid `stat`.
     let mut stat: libc::stat = unsafe { core::mem::zeroed() };
     // SAFETY: fstat fills the struct we own.
     let statted = unsafe { libc::fstat(fd, &mut stat) } == 0;
-    if !statted
-        || stat.st_mode & libc::S_IFMT != libc::S_IFREG
-        || stat.st_size != family_bytes() as libc::off_t
-    {
+    let trusted = statted
+        && stat.st_mode & libc::S_IFMT == libc::S_IFREG
+        && stat.st_uid == 0
+        && stat.st_mode & 0o077 == 0
+        && stat.st_size == family_bytes() as libc::off_t;
+    if !trusted {
+        // SAFETY: closing what we opened.
+        unsafe { libc::close(fd) };
         return None;
     }
+    Some(fd)
+}
+
+/// The family table beside the library, its header mapped, and its descriptor (for the
+/// caller to map a slot, then close).
+fn family() -> Option<(*mut Family, i32)> {
+    let fd = open_family()?;
     let mapped = map_shared(fd, 0, family_header_bytes());
-    if mapped == libc::MAP_FAILED {
-        return None;
-    }
     let family = mapped.cast::<Family>();
-    // SAFETY: a mapping of the header's bytes.
-    let ok = unsafe { (*family).magic == FAMILY_MAGIC && (*family).version == FAMILY_VERSION };
+    // SAFETY: a mapping of the header's bytes (checked before it is read).
+    let ok = mapped != libc::MAP_FAILED
+        && unsafe { (*family).magic == FAMILY_MAGIC && (*family).version == FAMILY_VERSION };
     if !ok {
-        // SAFETY: unmapping what we just mapped.
-        unsafe { libc::munmap(mapped, family_header_bytes()) };
+        if mapped != libc::MAP_FAILED {
+            // SAFETY: unmapping what we just mapped.
+            unsafe { libc::munmap(mapped, family_header_bytes()) };
+        }
+        // SAFETY: closing what we opened.
+        unsafe { libc::close(fd) };
         return None;
     }
     Some((family, fd))
@@ -304,7 +359,12 @@ pub fn after_fork() {
     let claimed = if family.is_null() {
         None
     } else {
-        claim_slot(family, FAMILY_FD.load(Ordering::Acquire), interval)
+        open_family().and_then(|fd| {
+            let claimed = claim_slot(family, fd, interval);
+            // SAFETY: closing what open_family opened (the mapping stays).
+            unsafe { libc::close(fd) };
+            claimed
+        })
     };
     let region = claimed.unwrap_or_else(|| create(DEFAULT_INTERVAL, interval));
     // SAFETY: the new region, not yet visible to anyone but allocscope (which only reads

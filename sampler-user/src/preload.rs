@@ -3,22 +3,19 @@
 //! commands allocscope starts, and the processes' shared counter regions, mapped here to
 //! read the exact counts and to set the interval.
 //!
-//! The library reaches a command as a sealed memfd (`LD_PRELOAD=/proc/self/fd/N`, the
-//! descriptor inherited without close-on-exec): no file is written anywhere, and nobody can
-//! change it after it is checked. The command's tree counts in a family table created here
-//! too ([`Family`], found by `ALLOCSCOPE_FAMILY_FD`), mapped before the command runs, so
-//! every process's counts and maps are read whole however soon it exits; a slot goes back
-//! once its process is gone and read. A process that carries the library otherwise (one
-//! started by hand, or that found the table full) has a region of its own, found through
-//! the exported [`REGION_SYMBOL`] and mapped through `/proc/PID/map_files`.
+//! The library reaches a command by a path in a root-owned directory ([`place`]:
+//! `LD_PRELOAD=/run/allocscope/rec-…/libsampler_preload.so`, no descriptor, no other
+//! variable), its bytes compared with these before use. The command's tree counts in a
+//! family table ([`Family`]) in a file beside it, created and mapped here before the
+//! command runs, so every process's counts and maps are read whole however soon it exits;
+//! a slot goes back once its process is gone and read. A process that carries the library
+//! otherwise (one started by hand, or that found the table full) has a region of its own,
+//! found through the exported [`REGION_SYMBOL`] and mapped through `/proc/PID/map_files`.
 
 use std::{
     fs::File,
-    io::{self, Read as _, Write as _},
-    os::{
-        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-        unix::fs::FileExt as _,
-    },
+    io::{self, Read as _},
+    os::unix::fs::FileExt as _,
     path::Path,
     sync::atomic::Ordering,
 };
@@ -37,62 +34,51 @@ use sampler_common::{
 use crate::probe::maps;
 
 mod early;
+pub mod place;
 pub use early::{EarlyCopy, EarlyRead, EarlyRecords};
 
 /// The library, built by build.rs.
 static LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libsampler_preload.so"));
 
-/// The library in a sealed memfd, inherited by the commands started after it.
+/// The library, placed for one recording (see [`place`]).
 #[derive(Debug)]
 pub struct Library {
-    fd: OwnedFd,
-}
-
-fn memfd(name: &std::ffi::CStr, flags: libc::c_uint) -> io::Result<File> {
-    // SAFETY: memfd_create with a NUL-terminated name; the descriptor is ours.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor owned by nobody else.
-    Ok(unsafe { File::from_raw_fd(fd) })
+    dir: place::RecordingDir,
 }
 
 impl Library {
-    /// Writes the library into a memfd and seals it (inherited across exec: no
-    /// close-on-exec).
-    pub fn create() -> io::Result<Library> {
-        let mut file = memfd(c"allocscope-preload", libc::MFD_ALLOW_SEALING)?;
-        file.write_all(LIBRARY)?;
-        let seals =
-            libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
-        // SAFETY: fcntl on our own descriptor.
-        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Library { fd: file.into() })
+    /// Places the library under [`place::ROOT`] for a new recording.
+    pub fn create() -> anyhow::Result<Library> {
+        Library::create_under(Path::new(place::ROOT))
     }
 
-    /// The path a child process loads it by (its own inherited descriptor).
-    pub fn preload_path(&self) -> String {
-        format!("/proc/self/fd/{}", self.fd.as_raw_fd())
+    /// Places the library under `root` for a new recording.
+    pub fn create_under(root: &Path) -> anyhow::Result<Library> {
+        Ok(Library {
+            dir: place::place(root, LIBRARY)?,
+        })
     }
 
-    /// Where allocscope itself opens it (to attach the probes before the command runs).
-    pub fn own_path(&self) -> std::path::PathBuf {
-        format!("/proc/{}/fd/{}", std::process::id(), self.fd.as_raw_fd()).into()
+    /// The path the command's `LD_PRELOAD` names, and allocscope opens it by.
+    pub fn path(&self) -> std::path::PathBuf {
+        self.dir.library()
     }
 
     /// The file's identity, as the processes that map it show it.
     pub fn file_id(&self) -> io::Result<maps::FileId> {
-        Ok(maps::FileId::of(&std::fs::metadata(self.own_path())?))
+        Ok(maps::FileId::of(&std::fs::metadata(self.path())?))
+    }
+
+    /// A new family table beside the library, at `interval`.
+    pub fn create_family(&self, interval: u64) -> anyhow::Result<Family> {
+        Family::create(&self.dir, interval)
     }
 }
 
 /// `LD_PRELOAD` for a child: the library first (it must come before any allocator
 /// preloaded after it, which it then forwards to), then what the user had.
 pub fn ld_preload(library: &Library, existing: Option<&std::ffi::OsStr>) -> std::ffi::OsString {
-    let mut value = std::ffi::OsString::from(library.preload_path());
+    let mut value = std::ffi::OsString::from(library.path());
     if let Some(existing) = existing.filter(|e| !e.is_empty()) {
         value.push(" ");
         value.push(existing);
@@ -105,6 +91,16 @@ pub fn ld_preload(library: &Library, existing: Option<&std::ffi::OsStr>) -> std:
 pub struct Family {
     file: File,
     header: memmap2::MmapMut,
+    /// Its path (removed when the recording ends: processes that map it keep it).
+    path: std::path::PathBuf,
+}
+
+impl Drop for Family {
+    /// The file goes when the recording ends: a program exec'd later counts in a region
+    /// of its own (the processes still mapping the table keep it).
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 impl std::fmt::Debug for Family {
@@ -114,12 +110,12 @@ impl std::fmt::Debug for Family {
 }
 
 impl Family {
-    /// A new table at `interval`, and the descriptor the command inherits (no
-    /// close-on-exec) to find it. Sparse: a region's pages exist once its process counts.
-    pub fn create(interval: u64) -> anyhow::Result<(Family, OwnedFd)> {
-        let file = memfd(c"allocscope-family", 0)?;
+    /// A new table at `interval` in `dir`. Sparse: a region's pages exist once its
+    /// process counts.
+    fn create(dir: &place::RecordingDir, interval: u64) -> anyhow::Result<Family> {
+        let (file, path) = dir.create_family().context("creating the family table")?;
         file.set_len(family_bytes() as u64)?;
-        // SAFETY: a shared mapping of our own memfd's header, sized above.
+        // SAFETY: a shared mapping of our own file's header, sized above.
         let mut header = unsafe {
             memmap2::MmapOptions::new()
                 .len(family_header_bytes())
@@ -127,13 +123,9 @@ impl Family {
         }?;
         header[..8].copy_from_slice(&FAMILY_MAGIC.to_ne_bytes());
         header[8..16].copy_from_slice(&FAMILY_VERSION.to_ne_bytes());
-        // Ours is close-on-exec (a duplicate); the command inherits the original.
-        let family = Family {
-            file: file.try_clone()?,
-            header,
-        };
+        let family = Family { file, header, path };
         family.set_interval(interval)?;
-        Ok((family, file.into()))
+        Ok(family)
     }
 
     fn header(&self) -> &Header {

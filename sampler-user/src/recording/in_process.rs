@@ -224,9 +224,10 @@ impl InProcess {
     }
 
     /// For `pid`, just past an exec (its loader not run yet, its maps not showing the
-    /// library), the library it will load: the command's, named in its `LD_PRELOAD` by a
-    /// descriptor it holds, where the loader honours it (a dynamically linked program: the
-    /// kernel mapped a dynamic loader; not set-user-ID: no secure-execution auxv flag).
+    /// library), the library it will load: the command's, named in its `LD_PRELOAD`, where
+    /// the loader honours it (a dynamically linked program: the kernel mapped a dynamic
+    /// loader; not set-user-ID: no secure-execution auxv flag) and the path leads to the
+    /// library's file in that process's root.
     pub fn will_load(&self, pid: u32) -> Option<Allocator> {
         let (library, allocator) = self.library.as_ref()?;
         if !crate::procfs::has_dynamic_loader(pid)
@@ -235,14 +236,14 @@ impl InProcess {
             return None;
         }
         let environ = crate::procfs::environ_of(pid)?;
-        let own = library.preload_path();
-        if !crate::procfs::ld_preload_entries(&environ).contains(&own.as_bytes()) {
+        let own = library.path();
+        let own = std::os::unix::ffi::OsStrExt::as_bytes(own.as_os_str());
+        if !crate::procfs::ld_preload_entries(&environ).contains(&own) {
             return None;
         }
-        // The descriptor it names must be the library's, in that process.
-        let through = format!("/proc/{pid}/fd/{}", own.rsplit('/').next()?);
-        let held = std::fs::metadata(&through).ok()?;
-        let id = crate::probe::maps::FileId::of(&held);
+        let mut through = std::ffi::OsString::from(format!("/proc/{pid}/root"));
+        through.push(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(own));
+        let id = crate::probe::maps::FileId::of(&std::fs::metadata(through).ok()?);
         (library.file_id().ok()? == id).then(|| allocator.clone())
     }
 }

@@ -3,8 +3,6 @@
 //! prepared (library, family table, the command's slot) and the child forked, paused
 //! before its exec until the probes are attached.
 
-use std::os::fd::AsRawFd as _;
-
 use log::{info, warn};
 
 use crate::{
@@ -59,7 +57,7 @@ pub fn prepare(
         let host_wide = targets.comm.is_some() || targets.all;
         if sampling.preload && !host_wide {
             if let Some((library, family, own)) = front_end_for(&program, sampling.interval)? {
-                environment = front_end_environment(&library, &family.1);
+                environment = front_end_environment(&library);
                 allocators.push(own.clone());
                 crate::probe::allocator::behind_front_end(&mut allocators, false);
                 front_end = Some((library, family, own));
@@ -80,8 +78,7 @@ pub fn prepare(
         child = Some(paused);
     }
     let front_end = match (front_end, &child) {
-        (Some((library, (family, fd), allocator)), Some(child)) => {
-            drop(fd);
+        (Some((library, family, allocator)), Some(child)) => {
             let region = family.claim_for(child.pid).map_err(|e| {
                 BadInput(format!(
                     "cannot prepare the in-process sampler (family table): {e:#}"
@@ -129,23 +126,14 @@ fn processes(targets: &Targets, cache: &mut AllocatorCache) -> Result<Vec<Target
 }
 
 /// What the command's environment gains to load the front end: `LD_PRELOAD` with the
-/// library first, and the family table's descriptor.
+/// library first (the family table is found beside it: nothing else).
 fn front_end_environment(
     library: &preload::Library,
-    family: &std::os::fd::OwnedFd,
 ) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
-    use std::os::unix::ffi::OsStrExt as _;
-    vec![
-        (
-            "LD_PRELOAD".into(),
-            preload::ld_preload(library, std::env::var_os("LD_PRELOAD").as_deref()),
-        ),
-        (
-            std::ffi::OsStr::from_bytes(sampler_common::preload::FAMILY_FD_VARIABLE.to_bytes())
-                .into(),
-            family.as_raw_fd().to_string().into(),
-        ),
-    ]
+    vec![(
+        "LD_PRELOAD".into(),
+        preload::ld_preload(library, std::env::var_os("LD_PRELOAD").as_deref()),
+    )]
 }
 
 /// `targets`, following what the command starts when it carries the front end and its
@@ -164,9 +152,8 @@ fn followed(targets: &Targets, front_end: bool, command: &str) -> Targets {
     targets
 }
 
-/// The in-process front end for command `program`: the library in a memfd, a family table
-/// at `interval` with the descriptor the command inherits, and the library as an
-/// allocator to attach to. `None` (uprobes then) where the dynamic loader would not load
+/// The in-process front end for command `program`: the library placed for this recording,
+/// a family table at `interval` beside it, and the library as an allocator to attach to. `None` (uprobes then) where the dynamic loader would not load
 /// it, said once: a statically linked program, or a set-user/group-ID one (the loader
 /// ignores `LD_PRELOAD` from a path outside the system's for those).
 #[allow(clippy::type_complexity)]
@@ -176,7 +163,7 @@ fn front_end_for(
 ) -> Result<
     Option<(
         preload::Library,
-        (preload::Family, std::os::fd::OwnedFd),
+        preload::Family,
         crate::probe::allocator::Allocator,
     )>,
     BadInput,
@@ -201,9 +188,11 @@ fn front_end_for(
             "cannot prepare the in-process sampler ({what}): {e} (--no-preload probes its allocator with uprobes instead)"
         ))
     };
-    let library = preload::Library::create().map_err(|e| failed("library", &e))?;
-    let family = preload::Family::create(interval).map_err(|e| failed("family table", &e))?;
-    let path = library.own_path();
+    let library = preload::Library::create().map_err(|e| failed("library", &format!("{e:#}")))?;
+    let family = library
+        .create_family(interval)
+        .map_err(|e| failed("family table", &format!("{e:#}")))?;
+    let path = library.path();
     let file_id = library.file_id().map_err(|e| failed("library", &e))?;
     let file = crate::probe::allocator::analyse_file(
         &path,
@@ -214,7 +203,7 @@ fn front_end_for(
     .ok_or_else(|| failed("library", &"its probes were not found"))?;
     let own = crate::probe::allocator::Allocator {
         path: path.clone(),
-        shown: "/memfd:allocscope-preload".into(),
+        shown: path.clone(),
         file_id,
         in_executable: false,
         file: std::sync::Arc::new(file),

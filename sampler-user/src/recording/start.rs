@@ -346,7 +346,7 @@ impl Recording {
         // Its frames lead every sample's stack; a short-lived command is gone before its
         // own view of the library could be opened.
         if let Ok(file_id) = library.file_id() {
-            self.aggregator.hold_file(file_id, library.own_path());
+            self.aggregator.hold_file(file_id, library.path());
         }
         self.in_process = InProcess::of_command(library, allocator, family, interval);
     }
