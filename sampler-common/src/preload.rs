@@ -14,7 +14,7 @@ use core::sync::atomic::AtomicU64;
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"alscope1");
 
 /// Layout version of [`Region`]; allocscope refuses any other.
-pub const REGION_VERSION: u64 = 2;
+pub const REGION_VERSION: u64 = 3;
 
 /// Per-thread counter slots. A thread beyond them counts in [`Region::overflow`] with
 /// atomic adds (exact, slower).
@@ -34,11 +34,15 @@ pub const FAMILY_SLOTS: usize = 1024;
 pub const FAMILY_MAGIC: u64 = u64::from_le_bytes(*b"alsfam01");
 
 /// Layout version of [`Family`].
-pub const FAMILY_VERSION: u64 = 3;
+pub const FAMILY_VERSION: u64 = 4;
 
 /// Name of the family table's file, beside the library in a recording's directory: the
 /// library finds it from the path it was loaded from (no descriptor, no variable).
 pub const FAMILY_FILE: &core::ffi::CStr = c"family";
+
+/// Name of the exported 32-bit flag that is not 0 where the library stays dormant (the
+/// process was under a seccomp filter when it set up: it counts nothing, fires nothing).
+pub const DORMANT_SYMBOL: &str = "allocscope_preload_dormant";
 
 /// Name of the exported symbol holding the address of the process's [`Region`].
 pub const REGION_SYMBOL: &str = "allocscope_preload_region";
@@ -114,6 +118,11 @@ pub struct Family {
     pub early_next: AtomicU64,
     /// Bytes of stack an early sample copies (allocscope's `--stack-bytes`).
     pub early_stack_bytes: AtomicU64,
+    /// The inode of allocscope's pid namespace (`/proc/self/ns/pid`), written at creation:
+    /// claims and early records name processes by pid, so a process in another pid
+    /// namespace (`unshare --pid`, a container) uses neither; it counts in a region of its
+    /// own and waits for the probes instead of writing early records.
+    pub pid_namespace: u64,
     /// Per slot: 0 when free, else a [`claim`] word.
     pub claims: [AtomicU64; FAMILY_SLOTS],
 }
@@ -361,6 +370,9 @@ pub struct Region {
     pub maps_len: AtomicU64,
     /// When the maps were read (CLOCK_MONOTONIC ns, the samples' clock).
     pub maps_ns: AtomicU64,
+    /// The process's name (`comm`, 16 bytes, NUL-padded) when the library set up: the name
+    /// after its latest exec, for a process gone before allocscope could read it.
+    pub comm: [AtomicU64; 2],
 }
 
 impl Region {
@@ -398,6 +410,26 @@ impl Region {
         }
         self.maps_ns.store(read_ns, Relaxed);
         self.maps_len.store(len as u64, Release);
+    }
+
+    /// Writes the process's name (its `comm`, NUL-padded).
+    pub fn set_comm(&self, comm: &[u8; 16]) {
+        use core::sync::atomic::Ordering::Release;
+        for (chunk, word) in comm.chunks(8).zip(&self.comm) {
+            let mut le = [0u8; 8];
+            le.copy_from_slice(chunk);
+            word.store(u64::from_le_bytes(le), Release);
+        }
+    }
+
+    /// The process's name as [`Self::set_comm`] wrote it (empty: none yet).
+    pub fn comm_bytes(&self) -> [u8; 16] {
+        use core::sync::atomic::Ordering::Acquire;
+        let mut out = [0u8; 16];
+        for (chunk, word) in out.chunks_mut(8).zip(&self.comm) {
+            chunk.copy_from_slice(&word.load(Acquire).to_le_bytes());
+        }
+        out
     }
 
     /// Total calls and bytes counted so far: retired, overflowing and every slot, read

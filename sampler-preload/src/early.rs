@@ -103,6 +103,17 @@ pub fn free(address: u64) -> bool {
 /// Writes a record with `fill` while the table keeps them; waits while allocscope reads
 /// them (or while they are all taken). False: the probes are to fire.
 fn keep(family: &Family, fill: impl Fn(&mut EarlyHead, &mut [u8])) -> bool {
+    if crate::sandbox::quiet() {
+        // A record takes system calls (a mapping, the stack's copy) a sandbox may forbid:
+        // wait for the probes instead, spinning (a sleep is a system call too).
+        spin_until_off(family);
+        return false;
+    }
+    if !region::in_family_namespace() {
+        // Its pids are not allocscope's: no record, the probes once they are attached.
+        wait_until_off(family);
+        return false;
+    }
     loop {
         // Announced before the state is read, and allocscope sets the state before it
         // counts writers (both sequentially consistent): either this writer sees it
@@ -229,6 +240,19 @@ fn copy_own_stack(sp: u64, out: &mut [u8]) -> usize {
         libc::process_vm_readv(libc::getpid(), &local, 1, remote.as_ptr(), count as u64, 0)
     };
     copied.max(0) as usize
+}
+
+/// Spins until allocscope turns early records off (its probes are attached then), for
+/// about as long as [`wait_until_off`] waits at most, with no system call.
+#[cold]
+fn spin_until_off(family: &Family) {
+    // ~2 s of `pause` at ~40-140 cycles each on current x86 cores.
+    for _ in 0..50_000_000u64 {
+        if family.early_state.load(Ordering::Acquire) == EARLY_OFF {
+            return;
+        }
+        core::hint::spin_loop();
+    }
 }
 
 /// Waits until allocscope turns early records off; false after [`WAIT_ROUNDS`].

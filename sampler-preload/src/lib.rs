@@ -20,6 +20,7 @@ mod frames;
 mod next;
 mod python;
 mod region;
+mod sandbox;
 mod table;
 mod thread;
 mod usdt;
@@ -55,8 +56,13 @@ pub(crate) fn monotonic_ns() -> u64 {
         .wrapping_add(now.tv_nsec as u64)
 }
 
-/// The library's own set-up, once, on the first call of any thread.
-fn set_up() {
+/// The library's own set-up, once, on the first call of any thread; a dormant library
+/// (see [`sandbox`]) only counts into a private region, with no system call.
+fn set_up(dormant: bool) {
+    if dormant {
+        region::init_dormant();
+        return;
+    }
     region::init();
     thread::init();
     python::wrap();
@@ -100,6 +106,10 @@ fn resolve_now() -> bool {
 #[cold]
 #[inline(never)]
 fn report(pointer: *mut c_void, size: u64, function: AllocFn) {
+    if sandbox::dormant() {
+        // Its calls are allocscope's uprobes' to see: nothing is reported from here.
+        return;
+    }
     let sampled = thread::last_sample();
     let address = pointer as u64;
     let tracked = address != 0 && SAMPLED.insert(address);

@@ -67,23 +67,27 @@ pub enum Bootstrap {
 }
 
 fn thread_id() -> u64 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::gettid() as u64 }
+    crate::thread::id()
 }
 
 /// Resolves the next allocator (once, on the first call of any thread), then runs
-/// `after` (the library's own set-up) before the others may go on.
+/// `after` (the library's own set-up; told whether the library is dormant) before the
+/// others may go on.
 #[cold]
-pub fn resolve(after: impl FnOnce()) -> Bootstrap {
+pub fn resolve(after: impl FnOnce(bool)) -> Bootstrap {
     loop {
         match STATE.compare_exchange(UNRESOLVED, RESOLVING, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
                 RESOLVER.store(thread_id(), Ordering::Release);
-                // Before any call reaches the next allocator: from here on allocscope's
-                // file-wide probes on it leave this process's calls to us.
-                crate::usdt::ready();
+                // Under a seccomp filter already: dormant (no probe, no count).
+                let dormant = crate::sandbox::check_at_set_up();
+                if !dormant {
+                    // Before any call reaches the next allocator: from here on allocscope's
+                    // file-wide probes on it leave this process's calls to us.
+                    crate::usdt::ready();
+                }
                 lookup_all();
-                after();
+                after(dormant);
                 STATE.store(READY, Ordering::Release);
                 return Bootstrap::Ready;
             }

@@ -33,6 +33,19 @@ use sampler_common::{
 #[used]
 pub static allocscope_preload_region: AtomicPtr<Region> = AtomicPtr::new(ptr::null_mut());
 
+/// The region this process counts in: the exported one, or a private one nobody reads
+/// (dormant, or a sandboxed process's child: see [`crate::sandbox`]).
+static CURRENT: AtomicPtr<Region> = AtomicPtr::new(ptr::null_mut());
+
+/// Makes `region` the one counted in, and the one allocscope finds when `published`.
+fn make_current(region: *mut Region, published: bool) {
+    CURRENT.store(region, Ordering::Release);
+    allocscope_preload_region.store(
+        if published { region } else { ptr::null_mut() },
+        Ordering::Release,
+    );
+}
+
 /// The family table's header, when the process found one (kept across fork: the mapping
 /// is shared, so a child claims in the same table).
 static FAMILY: AtomicPtr<Family> = AtomicPtr::new(ptr::null_mut());
@@ -46,6 +59,26 @@ const FAMILY_PATH_BYTES: usize = 4096;
 struct FamilyPath(core::cell::UnsafeCell<[u8; FAMILY_PATH_BYTES]>);
 // SAFETY: written once by the resolving thread before FAMILY_PATH_SET, read-only after.
 unsafe impl Sync for FamilyPath {}
+
+/// The process is in another pid namespace than allocscope: it claims no slot and writes
+/// no early record (both are keyed by pids as allocscope sees them).
+static FOREIGN: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process may claim slots and write early records in its family table.
+pub fn in_family_namespace() -> bool {
+    !FOREIGN.load(Ordering::Acquire)
+}
+
+/// Whether this process is in the pid namespace the family table was made in (the inode
+/// of `/proc/self/ns/pid`; not when it cannot be read).
+fn same_pid_namespace(family: *mut Family) -> bool {
+    // SAFETY: all-zero is a valid `stat`.
+    let mut stat: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: stat with a NUL-terminated path, filling the struct we own.
+    let statted = unsafe { libc::stat(c"/proc/self/ns/pid".as_ptr(), &mut stat) } == 0;
+    // SAFETY: a checked header mapping; the field is written before any process runs.
+    statted && unsafe { (*family).pid_namespace } == stat.st_ino
+}
 
 /// The family table's header, if this process counts in one.
 pub fn family_table() -> Option<&'static Family> {
@@ -61,7 +94,7 @@ const DEFAULT_INTERVAL: u64 = 512 * 1024;
 pub fn current() -> &'static Region {
     // SAFETY: set by `init` (to a mapping never unmapped while current) before `ready()`,
     // and the counting paths run only after it.
-    unsafe { &*allocscope_preload_region.load(Ordering::Relaxed) }
+    unsafe { &*CURRENT.load(Ordering::Relaxed) }
 }
 
 fn pid() -> u32 {
@@ -74,6 +107,15 @@ fn pid() -> u32 {
 pub fn init() {
     find_family_path();
     let region = match family() {
+        Some((family, fd)) if !same_pid_namespace(family) => {
+            // Pids in the table are allocscope's: this process's are not. Only the early
+            // state is looked at (to wait for the probes); it counts in a region of its own.
+            FAMILY.store(family, Ordering::Release);
+            FOREIGN.store(true, Ordering::Release);
+            // SAFETY: closing the descriptor opened by family() (the mapping stays).
+            unsafe { libc::close(fd) };
+            None
+        }
         Some((family, fd)) => {
             FAMILY.store(family, Ordering::Release);
             // SAFETY: a checked header mapping, never unmapped.
@@ -92,8 +134,38 @@ pub fn init() {
         None => None,
     };
     let region = region.unwrap_or_else(|| create(DEFAULT_INTERVAL, interval_from_env()));
-    allocscope_preload_region.store(region, Ordering::Release);
+    make_current(region, true);
+    note_comm();
     snapshot_maps();
+}
+
+/// A dormant library's region (see [`crate::sandbox`]): private, unpublished, set up with
+/// no system call.
+pub fn init_dormant() {
+    let region = private_region();
+    // SAFETY: a zeroed region no other thread sees yet.
+    unsafe { set_up_region(region, 0, DEFAULT_INTERVAL, 1) };
+    make_current(region, false);
+}
+
+/// The library's static region (its own memory, private to the process), zeroed.
+fn private_region() -> *mut Region {
+    static PRIVATE: StaticRegion =
+        StaticRegion(core::cell::UnsafeCell::new(core::mem::MaybeUninit::zeroed()));
+    let region = PRIVATE.0.get();
+    // SAFETY: the static's bytes, zeroed (a forked child's copy is its own); no other
+    // thread counts in it while it is being (re)set (set-up, or a child's fork handler).
+    unsafe { core::ptr::write_bytes(region, 0, 1) };
+    region.cast()
+}
+
+/// Writes this process's name into the region (the name after its exec: a process gone
+/// before allocscope read it is named by it, not by its parent's).
+fn note_comm() {
+    let mut comm = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes into the array.
+    unsafe { libc::prctl(libc::PR_GET_NAME, comm.as_mut_ptr()) };
+    current().set_comm(&comm);
 }
 
 /// Copies `/proc/self/maps` into the region ([`Region::set_maps`]): a process that exits
@@ -291,11 +363,7 @@ fn claim_slot(family: *mut Family, fd: i32, interval: u64) -> Option<*mut Region
 /// A new region from a memfd (a static one if that fails: still counted, readable through
 /// /proc/PID/mem), with `interval` (or `fallback` when 0).
 fn create(fallback: u64, interval: u64) -> *mut Region {
-    let region = map_new().unwrap_or_else(|| {
-        static FALLBACK: StaticRegion =
-            StaticRegion(core::cell::UnsafeCell::new(core::mem::MaybeUninit::zeroed()));
-        FALLBACK.0.get().cast::<Region>()
-    });
+    let region = map_new().unwrap_or_else(private_region);
     set_up(region, interval, fallback, 1);
     region
 }
@@ -352,11 +420,26 @@ fn map_shared(fd: i32, offset: usize, len: usize) -> *mut libc::c_void {
 /// In a forked child: a region of its own, with the parent's interval: a slot of the
 /// family table when the process has one, else a new memfd.
 pub fn after_fork() {
+    if crate::sandbox::quiet() {
+        // No system call may be made: a private region, counted in but not published (its
+        // samples still reach the probes; its exact counts are not read).
+        let interval = current().interval.load(Ordering::Relaxed);
+        let region = private_region();
+        // SAFETY: a zeroed region no other thread sees.
+        unsafe { set_up_region(region, 0, interval.max(1), 1) };
+        make_current(region, false);
+        crate::sandbox::mark_private_child();
+        return;
+    }
     let parent = current();
     let interval = parent.interval.load(Ordering::Relaxed);
     let generation = parent.generation.load(Ordering::Relaxed).max(1);
     let family = FAMILY.load(Ordering::Acquire);
-    let claimed = if family.is_null() {
+    if !family.is_null() && in_family_namespace() && !same_pid_namespace(family) {
+        // Forked into a new pid namespace (`unshare --pid --fork`): its pid is not ours.
+        FOREIGN.store(true, Ordering::Release);
+    }
+    let claimed = if family.is_null() || !in_family_namespace() {
         None
     } else {
         open_family().and_then(|fd| {
@@ -370,7 +453,8 @@ pub fn after_fork() {
     // SAFETY: the new region, not yet visible to anyone but allocscope (which only reads
     // the generation).
     unsafe { (*region).generation.store(generation, Ordering::Release) };
-    allocscope_preload_region.store(region, Ordering::Release);
+    make_current(region, true);
+    note_comm();
     snapshot_maps();
 }
 

@@ -78,6 +78,13 @@ fn this_thread() -> &'static Thread {
     unsafe { &*(address as *const Thread) }
 }
 
+/// An identity of this thread, without a system call: the address of its TLS block
+/// (distinct among live threads, never 0).
+#[inline(always)]
+pub fn id() -> u64 {
+    this_thread() as *const Thread as u64
+}
+
 /// Runs `f` on this thread's state.
 #[inline(always)]
 fn with<R>(f: impl FnOnce(&Thread) -> R) -> R {
@@ -206,15 +213,36 @@ static SEED: AtomicU64 = AtomicU64::new(0);
 /// mixed (splitmix64).
 fn seed() -> u64 {
     if SEED.load(Ordering::Relaxed) == 0 {
-        let mut word = 0u64;
-        // SAFETY: getrandom writes at most 8 bytes into the local.
-        unsafe { libc::getrandom((&raw mut word).cast(), 8, 0) };
-        let _ = SEED.compare_exchange(0, word | 1, Ordering::AcqRel, Ordering::Relaxed);
+        let _ = SEED.compare_exchange(0, process_seed() | 1, Ordering::AcqRel, Ordering::Relaxed);
     }
     let mut z = SEED.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     (z ^ (z >> 31)) | 1
+}
+
+/// Sixteen random bytes the kernel gave the process at exec (`AT_RANDOM`, read by the C
+/// library from the auxiliary vector: no system call), mixed with the time-stamp counter
+/// (a forked child, which shares them, draws other countdowns).
+fn process_seed() -> u64 {
+    // SAFETY: getauxval has no preconditions.
+    let at_random = unsafe { libc::getauxval(libc::AT_RANDOM) } as *const u64;
+    let kernel = if at_random.is_null() {
+        0
+    } else {
+        // SAFETY: AT_RANDOM points to 16 bytes the kernel put on the initial stack, which
+        // stay mapped for the process's life.
+        unsafe { at_random.read_unaligned() ^ at_random.add(1).read_unaligned() }
+    };
+    // SAFETY: rdtsc has no preconditions.
+    kernel ^ unsafe { core::arch::x86_64::_rdtsc() }.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// In a forked child: new draws, not the parent's (both would otherwise sample the same
+/// bytes of their next allocations).
+pub fn reseed_after_fork() {
+    SEED.store(process_seed() | 1, Ordering::Relaxed);
+    with(|t| t.random.set(0));
 }
 
 /// This thread's first call (or its first since its slot was released or the process
@@ -225,9 +253,9 @@ fn first_call(t: &Thread, size: u64) -> bool {
     // The allocation pthread_setspecific may make is the library's, not the program's.
     t.busy.set(true);
     let region = region::current();
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() } as u64;
-    let start = (tid as usize).wrapping_mul(0x9e37_79b9) % THREAD_SLOTS;
+    // No system call (a sandbox may forbid gettid): the TLS block's address is as unique.
+    let tid = id();
+    let start = ((tid >> 6) as usize).wrapping_mul(0x9e37_79b9) % THREAD_SLOTS;
     let mut claimed = None;
     for i in 0..THREAD_SLOTS {
         let slot = &region.slots[(start + i) % THREAD_SLOTS];
@@ -299,6 +327,7 @@ unsafe extern "C" fn thread_exit(value: *mut libc::c_void) {
 
 /// In a forked child: this (only) thread takes a slot in the child's new region.
 pub fn after_fork() {
+    reseed_after_fork();
     with(|t| {
         t.slot.set(ptr::null());
         t.shared.set(false);

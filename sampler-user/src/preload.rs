@@ -26,8 +26,8 @@ use sampler_common::{
     geometric,
     preload::{
         claim, family_bytes, family_header_bytes, family_region_offset, find_claim, region_bytes,
-        set_up_region, take_slot, Family as Header, Region, FAMILY_MAGIC, FAMILY_SLOTS,
-        FAMILY_VERSION, REGION_MAGIC, REGION_SYMBOL, REGION_VERSION,
+        set_up_region, take_slot, Family as Header, Region, DORMANT_SYMBOL, FAMILY_MAGIC,
+        FAMILY_SLOTS, FAMILY_VERSION, REGION_MAGIC, REGION_SYMBOL, REGION_VERSION,
     },
 };
 
@@ -123,6 +123,11 @@ impl Family {
         }?;
         header[..8].copy_from_slice(&FAMILY_MAGIC.to_ne_bytes());
         header[8..16].copy_from_slice(&FAMILY_VERSION.to_ne_bytes());
+        let namespace = std::os::unix::fs::MetadataExt::ino(
+            &std::fs::metadata("/proc/self/ns/pid").context("reading our pid namespace")?,
+        );
+        let at = std::mem::offset_of!(Header, pid_namespace);
+        header[at..at + 8].copy_from_slice(&namespace.to_ne_bytes());
         let family = Family { file, header, path };
         family.set_interval(interval)?;
         Ok(family)
@@ -328,7 +333,9 @@ impl MappedRegion {
         }
         .with_context(|| format!("mapping {path}"))?;
         let mut mapped = MappedRegion::check(map)?;
-        if mapped.region().pid != u64::from(pid) {
+        // The library wrote its pid as its own pid namespace numbers it.
+        let own = crate::procfs::namespace_pid(pid).unwrap_or(pid);
+        if mapped.region().pid != u64::from(own) {
             bail!(
                 "pid {pid}: its counter region belongs to pid {}",
                 mapped.region().pid
@@ -336,6 +343,13 @@ impl MappedRegion {
         }
         mapped.baseline = mapped.region().totals();
         Ok(mapped)
+    }
+
+    /// The process's name as its library wrote it at set-up (after its latest exec).
+    pub fn comm(&self) -> Option<String> {
+        let bytes = self.region().comm_bytes();
+        let len = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+        (len > 0).then(|| String::from_utf8_lossy(&bytes[..len]).into_owned())
     }
 
     /// Its slot in the family table, if it is one.
@@ -372,6 +386,28 @@ impl MappedRegion {
         region.scale_q32.store(scale, Ordering::Release);
         region.generation.fetch_add(1, Ordering::AcqRel);
         Ok(())
+    }
+}
+
+/// Whether the library mapped in `pid` from `library` is or will be dormant there: it
+/// says so ([`DORMANT_SYMBOL`] is 1), or it has not set up yet (no region published, and
+/// not a sandboxed process's child, [`DORMANT_SYMBOL`] 2), which under a seccomp filter
+/// (the caller's to check) means it will be. False when its memory cannot be read.
+pub fn dormant(pid: u32, vmas: &[maps::Vma], library: &Path) -> bool {
+    let read = |name: &str, word: &mut [u8]| {
+        let at = symbol_address(pid, vmas, library, name).ok()?;
+        File::open(format!("/proc/{pid}/mem"))
+            .and_then(|mem| mem.read_exact_at(word, at))
+            .ok()
+    };
+    let (mut flag, mut region) = ([0u8; 4], [0u8; 8]);
+    if read(DORMANT_SYMBOL, &mut flag).is_none() || read(REGION_SYMBOL, &mut region).is_none() {
+        return false;
+    }
+    match u32::from_ne_bytes(flag) {
+        1 => true,
+        0 => u64::from_ne_bytes(region) == 0,
+        _ => false,
     }
 }
 

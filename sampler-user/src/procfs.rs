@@ -28,6 +28,29 @@ pub fn stat_flags(stat: &str) -> Option<u64> {
     fields.split(' ').nth(6)?.parse().ok()
 }
 
+/// The `Seccomp:` mode of `pid` (0: none, 1: strict, 2: a filter), from /proc/PID/status.
+pub fn seccomp_mode(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Seccomp:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// `pid` as its own pid namespace numbers it (the last `NSpid:` field of its status).
+pub fn namespace_pid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
 /// The name (`comm`) of `pid`, if it lives.
 pub fn comm_of(pid: u32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
@@ -135,6 +158,38 @@ pub fn all_pids() -> Vec<u32> {
     pids
 }
 
+/// The processes descended from `root` now (children, theirs…), from every process's
+/// parent in /proc/PID/stat: those that started before the kernel's fork events were
+/// watched.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = all_pids()
+        .into_iter()
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            Some((pid, stat_ppid(&stat)?))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut next = 0;
+    while next < found.len() {
+        let parent = found[next];
+        found.extend(
+            parents
+                .iter()
+                .filter(|&&(_, p)| p == parent)
+                .map(|&(pid, _)| pid),
+        );
+        next += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// The parent pid field of a /proc/PID/stat line.
+pub fn stat_ppid(stat: &str) -> Option<u32> {
+    stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()
+}
+
 /// `pid`'s state letter (`R`, `S`, `Z`…), if it exists.
 pub fn state_of(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -168,6 +223,21 @@ pub fn executable_of(pid: u32) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn descendants_are_found_through_their_parents() {
+        assert_eq!(stat_ppid("12 (a) b) S 7 12 12 0 -1"), Some(7));
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 5 & wait"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let found = descendants(std::process::id());
+        child.kill().unwrap();
+        let _ = child.wait();
+        assert!(found.contains(&child.id()), "{found:?}");
+        assert!(found.len() >= 2, "the shell's sleep too: {found:?}");
+    }
 
     #[test]
     fn ld_preload_is_split_as_the_loader_splits_it() {

@@ -64,6 +64,7 @@ impl AllocatorCache {
             &vmas,
             executable.as_deref(),
             |vma, path, in_executable| self.analysed(vma, path, in_executable),
+            |library| dormant_front_end(pid, &vmas, &library.path),
         )?)
     }
 
@@ -211,6 +212,18 @@ pub fn interpreter_of(elf: &[u8]) -> Option<PathBuf> {
     Some(PathBuf::from(
         <OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path),
     ))
+}
+
+/// Whether allocscope's library, mapped by `pid` from `library`, is dormant there (it
+/// found the process under a seccomp filter: see `sampler-preload`'s `sandbox`). Only a
+/// process under a filter is asked (its exported flag read from its memory).
+fn dormant_front_end(pid: u32, vmas: &[Vma], library: &Path) -> bool {
+    let filtered = crate::procfs::seccomp_mode(pid).is_some_and(|mode| mode != 0);
+    let dormant = filtered && crate::preload::dormant(pid, vmas, library);
+    if dormant {
+        log::debug!("pid {pid}: under a seccomp filter, its in-process sampler is dormant: probed with uprobes");
+    }
+    dormant
 }
 
 #[cfg(test)]

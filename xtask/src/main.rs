@@ -58,7 +58,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Builds the release binary, then runs the campaign script with `names`.
-fn torture(names: &[String]) -> anyhow::Result<()> {
+pub(crate) fn torture(names: &[String]) -> anyhow::Result<()> {
     use anyhow::Context as _;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()

@@ -1,7 +1,7 @@
 //! What CI runs: set up, build the release binary the integration tests drive (and the
 //! Debian package the packaging test installs), check
 //! formatting and lints (the eBPF crate's too, on nightly for the BPF target), run every
-//! test. Integration tests need root; under `CI=true` they fail instead of skipping.
+//! test, then the torture campaign (xtask/torture/run.py). Integration tests need root; under `CI=true` they fail instead of skipping.
 //!
 //! cargo prints one `test result:` line per test binary, the last often a doc-test run with
 //! nothing in it; the closing `tests: N passed, N failed` line sums them all.
@@ -78,7 +78,9 @@ pub fn run() -> anyhow::Result<()> {
     if !outcome.success() {
         bail!("cargo test failed: {outcome}");
     }
-    Ok(())
+    // The hostile user's campaign against the release binary (`cargo xtask torture`):
+    // each case compares a target's output, status and timing with a native run.
+    crate::torture(&[])
 }
 
 /// The shape checks: one-way imports, sizes.

@@ -562,6 +562,188 @@ def _():
     check(code == 0 and "workload" in names, f"exit {code}, {names}")
 
 
+# ---------------------------------------------------------------- never harm the target (#39)
+#
+# Each case runs the same command natively and under `record`, and compares what the
+# program showed: its output, its exit status, and (where it could hang) its timing.
+
+
+def program_stderr(err):
+    """What the command wrote on the stderr it shares with allocscope: allocscope's own
+    lines (`allocscope: …`, and its summary from `… s recorded, …` on) taken out."""
+    lines = err.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.startswith("allocscope: ") and " recorded, mean sampling interval" in line:
+            lines = lines[:i]
+            break
+    return "".join(x for x in lines if not x.startswith("allocscope: "))
+
+
+def native_and_recorded(argv, timeout=60, stdin=subprocess.DEVNULL, *extra):
+    """(native (code, out, err), recorded (code, out, the command's err), profile file)."""
+    native = run(argv, timeout=timeout, stdin=stdin)
+    out = path(f"p{len(os.listdir(work))}.json")
+    code, text, err = run([A, "record", "-o", out, *extra, "--", *argv], timeout=timeout,
+                          stdin=stdin)
+    return native, (code, text, program_stderr(err)), out
+
+
+def same_as_native(argv, timeout=60, compare_err=True):
+    native, recorded, out = native_and_recorded(argv, timeout=timeout)
+    check(recorded[0] == native[0], f"exit {recorded[0]}, natively {native[0]}")
+    check(recorded[1] == native[1],
+          f"stdout differs: {recorded[1][:200]!r} natively {native[1][:200]!r}")
+    if compare_err:
+        check(recorded[2] == native[2],
+              f"stderr differs: {recorded[2][:300]!r} natively {native[2][:300]!r}")
+    return out
+
+
+@case("the dialog idiom ans=$(cmd 3>&1 1>&2 2>&3) ends as natively [#39.1]", "harm")
+def _():
+    same_as_native(["bash", "-c", "ans=$(ls /nope 3>&1 1>&2 2>&3); echo \"got: ${ans:0:20}\""],
+                   timeout=20)
+
+
+@case("a loop reading fd 3 while running children reads every line [#39.1]", "harm")
+def _():
+    same_as_native(["bash", "-c",
+                    "n=0; while read -u 3 l; do /bin/true; n=$((n+1)); done 3< <(seq 2000); "
+                    "echo $n"], timeout=60)
+
+
+@case("a library on fd 3 is not loaded into children [#39.1]", "harm")
+def _():
+    marker = path("constructor-ran")
+    src = path("plugin.c")
+    with open(src, "w") as f:
+        f.write('#include <stdio.h>\n__attribute__((constructor)) static void ran(void) '
+                f'{{ FILE *f = fopen("{marker}", "a"); if (f) {{ fputs("ran\\n", f); fclose(f); }} }}\n')
+    lib = path("plugin.so")
+    subprocess.run(["cc", "-shared", "-fPIC", src, "-o", lib], check=True)
+    same_as_native(["bash", "-c", f"exec 3<{lib}; /bin/true; echo done"], timeout=20)
+    check(not os.path.exists(marker), "the plugin's constructor ran in a child")
+
+
+@case("children of a program that closes its descriptors load the library quietly [#39.1]",
+      "harm")
+def _():
+    out = same_as_native(["python3", "-c",
+                          "import subprocess; subprocess.run(['/bin/echo', 'child'], "
+                          "close_fds=True); subprocess.run(['bash', '-c', 'exec 3>&-; "
+                          "/bin/true; echo closed'])"], timeout=30)
+    echoes = [x for x in profile(out)["processes"] if x["command"] == "echo"]
+    check(echoes and echoes[0]["front_end"] == "in-process", f"{echoes}")
+
+
+@case("no descriptor or variable of allocscope's reaches the command [#39.5]", "harm")
+def _():
+    script = ("ls /proc/self/fd | sort -n | tr '\\n' ' '; echo; "
+              "env | grep -v '^_=' | grep -v '^LD_PRELOAD=' | sort")
+    native, recorded, _ = native_and_recorded(["bash", "-c", script], timeout=20)
+    check(recorded[1] == native[1], f"differs: {recorded[1][:300]!r} natively {native[1][:300]!r}")
+    code, text, _ = run([A, "record", "-o", path("env.json"), "--", "bash", "-c",
+                         "echo $LD_PRELOAD; stat -c '%U %a' $(dirname $LD_PRELOAD) $LD_PRELOAD"])
+    lines = text.split("\n")
+    check(lines[0].startswith("/run/allocscope/") and lines[1] == "root 755"
+          and lines[2] == "root 444", f"{text!r}")
+
+
+@case("yes | head -1 dies of SIGPIPE quietly, as natively [#39.2]", "harm")
+def _():
+    same_as_native(["bash", "-c", "yes | head -1; echo ${PIPESTATUS[0]}"], timeout=20)
+    for extra in (["--no-preload"],):
+        native, recorded, _ = native_and_recorded(
+            ["bash", "-c", "while :; do echo y; done | head -1"], 20, subprocess.DEVNULL,
+            *extra)
+        check(recorded[:2] == native[:2] and "Broken pipe" not in recorded[2],
+              f"{extra}: {recorded!r}")
+
+
+@case("a program under a seccomp filter of its own runs as natively [#39.3]", "harm")
+def _():
+    exe = build("sandboxed", extra=["-lpthread"])
+    out = same_as_native([exe, "self", "200000"], timeout=60)
+    mine = [x for x in profile(out)["processes"] if x["command"] == "sandboxed"]
+    check(len(mine) == 2 and all(x["samples"] > 0 for x in mine), f"{mine}")
+
+
+@case("a program started under a seccomp filter is counted by uprobes [#39.3]", "harm")
+def _():
+    exe = build("sandboxed", extra=["-lpthread"])
+    out = same_as_native([exe, "exec", "1000000"], timeout=120)
+    p = profile(out)
+    calls = sum(x["exact"]["calls"] for x in p["processes"])
+    check(calls > 1_000_000, f"{calls} calls counted for 3,000,000 made")
+
+
+@case("RLIMIT_AS: the library reserves no more than a few MiB [#39.4]", "harm")
+def _():
+    exe = program("as_limit", r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+int main(void) {
+    struct rlimit limit = {200 << 20, 200 << 20};
+    setrlimit(RLIMIT_AS, &limit);
+    int n = 0;
+    for (;;) { char *p = malloc(1 << 20); if (!p) break; memset(p, 1, 4096); n++; }
+    printf("%d\n", n);
+    return 0;
+}
+""")
+    native, recorded, _ = native_and_recorded([exe], timeout=60)
+    got, want = int(recorded[1]), int(native[1])
+    check(recorded[0] == 0 and want - got <= 4, f"{got} MiB under record, {want} natively")
+
+
+@case("a program with ulimit -s 64 is recorded and keeps its limit [#39.16]", "harm")
+def _():
+    native, recorded, _ = native_and_recorded(["bash", "-c", "ulimit -s 64; exec bash -c 'ulimit -s'"])
+    check(recorded[:2] == native[:2], f"{recorded!r}")
+    code, text, err = run(["bash", "-c", f"ulimit -s 64; exec {A} record -o "
+                           f"{path('stack.json')} -- bash -c 'ulimit -s'"])
+    check(code == 0 and text == "64\n", f"exit {code}: {text!r} {err[-300:]!r}")
+
+
+# ---------------------------------------------------------------- outputs and inputs (#39)
+
+@case("<!--<script> in a process name leaves the HTML report whole [#39.14]", "outputs")
+def _():
+    exe = build("workload")
+    named = path("<!--<script>")
+    shutil.copy(exe, named)
+    code, _, out = record("--", named, "20000")
+    html = path("named.html")
+    c2, _, err = run([A, "report", out, "-o", html])
+    text = open(html).read()
+    data = text[text.index('id="data">'):]
+    data = data[:data.index("</script>")]
+    check(code == 0 and c2 == 0 and "<" not in data[len('id="data">'):],
+          f"exits {code} {c2}: {err[-200:]}")
+
+
+@case("a profile with no duration or an impossible confidence is refused [#39.15]", "bad input")
+def _():
+    code, _, out = record("--", build("workload"), "2000")
+    p = profile(out)
+    for field, value in (("duration_seconds", 0), ("duration_seconds", -3),
+                         ("confidence", 1.5)):
+        q = json.loads(json.dumps(p))
+        if field == "confidence":
+            q["sampling"]["confidence"] = value
+        else:
+            q[field] = value
+        bad = path(f"bad-{field}-{value}.json")
+        with open(bad, "w") as f:
+            json.dump(q, f)
+        c, _, err = run([A, "report", bad])
+        check(c == 2 and field in err, f"{field}={value}: exit {c}: {err[-200:]}")
+        c, _, err = run([A, "diff", out, bad])
+        check(c == 2 and field in err, f"diff {field}={value}: exit {c}: {err[-200:]}")
+
+
 def main():
     if os.geteuid() != 0:
         sys.exit("run as root (sudo)")

@@ -83,6 +83,11 @@ impl Counters {
         Some(slot)
     }
 
+    /// The name `pid`'s library wrote into its region after its latest exec, if any.
+    pub fn region_comm(&self, pid: u32) -> Option<String> {
+        self.regions.get(&pid)?.comm()
+    }
+
     /// Whether `pid` counts its own calls.
     pub fn has_region(&self, pid: u32) -> bool {
         self.regions.contains_key(&pid)

@@ -196,16 +196,17 @@ fn content_file(dir: &OwnedFd, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
         0o444,
     )?;
     let written = file.write_all(bytes).and_then(|()| file.sync_all());
-    // SAFETY: renameat within one live directory, NUL-terminated names.
     let renamed = written.and_then(|()| {
-        match unsafe {
+        // SAFETY: renameat within one live directory, NUL-terminated names.
+        let rc = unsafe {
             libc::renameat(
                 dir.as_raw_fd(),
                 c_temporary.as_ptr(),
                 dir.as_raw_fd(),
                 c_name.as_ptr(),
             )
-        } {
+        };
+        match rc {
             0 => Ok(()),
             _ => Err(io::Error::last_os_error()),
         }

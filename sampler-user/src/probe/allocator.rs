@@ -538,12 +538,15 @@ pub fn in_probing_order(allocators: &mut [Allocator]) {
 
 /// Finds every allocator among `pid`'s executable mappings; `analysed` is asked for the
 /// analysis of each distinct file (a cache by file identity), given the path to read and
-/// whether it is the executable.
+/// whether it is the executable; `dormant` whether an in-process front end found there
+/// counts nothing in this process (allocscope's library under a seccomp filter: then it
+/// is left out and the allocators behind it are kept, for uprobes).
 pub fn find(
     pid: u32,
     vmas: &[Vma],
     executable: Option<&Path>,
     mut analysed: impl FnMut(&Vma, &Path, bool) -> Option<Arc<AllocatorFile>>,
+    dormant: impl Fn(&Allocator) -> bool,
 ) -> Result<Vec<Allocator>, AllocatorError> {
     let mut found: Vec<Allocator> = Vec::new();
     let mut seen: Vec<&FileId> = Vec::new();
@@ -567,6 +570,7 @@ pub fn find(
             });
         }
     }
+    found.retain(|a| !(a.file.family == Family::InProcess && dormant(a)));
     if found.is_empty() {
         return Err(AllocatorError::NoAllocator);
     }
@@ -736,7 +740,7 @@ mod tests {
 
     #[test]
     fn no_allocator_is_a_clear_error() {
-        let err = find(1, &[], None, |_, _, _| None).unwrap_err();
+        let err = find(1, &[], None, |_, _, _| None, |_| false).unwrap_err();
         assert!(err.to_string().contains("no allocator found"), "{err}");
     }
 

@@ -14,6 +14,8 @@ use crate::probe::{allocator::Allocator, maps::FileId};
 #[derive(Debug, Default)]
 pub struct ProcessBook {
     commands: BTreeMap<u32, String>,
+    /// Processes whose command is their parent's (taken at their fork, not read since).
+    inherited: std::collections::BTreeSet<u32>,
     executables: BTreeMap<u32, String>,
     cgroups: BTreeMap<u32, String>,
     /// Its allocator files, each as first described to users.
@@ -40,6 +42,7 @@ impl ProcessBook {
     /// Forgets `pid` (gone, its last period sent: the agent).
     pub fn forget(&mut self, pid: u32) {
         self.commands.remove(&pid);
+        self.inherited.remove(&pid);
         self.executables.remove(&pid);
         self.cgroups.remove(&pid);
         self.allocators.remove(&pid);
@@ -51,6 +54,9 @@ impl ProcessBook {
     /// cgroup, RSS and CPU time while it surely lives.
     pub fn track(&mut self, pid: u32) {
         let command = crate::procfs::comm_of(pid).unwrap_or_default();
+        if !command.is_empty() {
+            self.inherited.remove(&pid);
+        }
         self.commands.insert(pid, command);
         if let Some(cgroup) = crate::procfs::cgroup_of(pid) {
             self.cgroups.insert(pid, cgroup);
@@ -79,6 +85,9 @@ impl ProcessBook {
     /// cannot tell about itself any more (it may already be gone) is its parent's.
     pub fn track_fork(&mut self, pid: u32, parent: u32) {
         self.track(pid);
+        if self.commands.get(&pid).is_none_or(String::is_empty) {
+            self.inherited.insert(pid);
+        }
         for names in [&mut self.commands, &mut self.executables] {
             if names.get(&pid).is_none_or(String::is_empty) {
                 if let Some(name) = names.get(&parent).cloned() {
@@ -98,6 +107,15 @@ impl ProcessBook {
     pub fn name_if_unknown(&mut self, pid: u32, command: &str) {
         let name = self.commands.entry(pid).or_default();
         if name.is_empty() {
+            command.clone_into(name);
+        }
+    }
+
+    /// `pid`'s name as its in-process library wrote it after its latest exec: taken where
+    /// allocscope has none of its own reading (unknown, or its parent's from its fork).
+    pub fn name_from_region(&mut self, pid: u32, command: &str) {
+        let name = self.commands.entry(pid).or_default();
+        if name.is_empty() || self.inherited.remove(&pid) {
             command.clone_into(name);
         }
     }
@@ -125,6 +143,7 @@ impl ProcessBook {
                 self.rss.insert(pid, bytes);
                 if let Some(now) = crate::procfs::comm_of(pid) {
                     *command = now;
+                    self.inherited.remove(&pid);
                 }
             }
         }

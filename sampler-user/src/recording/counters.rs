@@ -18,6 +18,9 @@ impl Recording {
         self.catch_up().await?;
         self.aggregator.mark_exited(pid);
         self.claim_regions(Some(pid));
+        if let Some(comm) = self.counters.region_comm(pid) {
+            self.processes.name_from_region(pid, &comm);
+        }
         if let Some(slot) = self.counters.release_region(pid) {
             self.in_process.release(slot);
         }

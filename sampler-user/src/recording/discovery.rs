@@ -27,9 +27,16 @@ impl Recording {
         // File-wide probes must leave its calls to its front end. Allocscope's library says
         // so itself when it starts (`allocscope:ready`); this covers one that started
         // before the probes were attached, and another producer's.
-        let carries = allocators
-            .iter()
-            .any(|a| a.file.is_in_process() || a.file.is_producer());
+        let serves = |found: &[Allocator]| {
+            found
+                .iter()
+                .any(|a| a.file.is_in_process() || a.file.is_producer())
+        };
+        // Under a seccomp filter, a program it exec'd since `allocators` were found has a
+        // dormant library (see `sampler-preload`'s `sandbox`): its maps say.
+        let carries = serves(allocators)
+            && (crate::procfs::seccomp_mode(pid) == Some(0)
+                || self.cache.of_pid(pid).is_ok_and(|found| serves(&found)));
         if carries {
             if let Some(probes) = self.probes.as_mut() {
                 if let Err(e) = probes.carries_front_end(pid) {
@@ -66,9 +73,12 @@ impl Recording {
             return self.admit(pid, Some(allocators), since);
         }
         // A process whose region is mapped carries the front end, even in the moment
-        // after an exec when its maps show the executable and not the library yet.
+        // after an exec when its maps show the executable and not the library yet; unless
+        // it is under a seccomp filter, where the library of a new program stays dormant
+        // (with the library mapped, `find` has told a dormant one from a working one).
         let mut allocators = allocators.to_vec();
-        crate::probe::allocator::behind_front_end(&mut allocators, self.counters.has_region(pid));
+        let known = self.counters.has_region(pid) && crate::procfs::seccomp_mode(pid) == Some(0);
+        crate::probe::allocator::behind_front_end(&mut allocators, known);
         let allocators = allocators.as_slice();
         let (slot, new) = self.roster.slot_for(pid)?;
         // Files it has not been probed in yet (a path may differ, /lib or /usr/lib: the file

@@ -149,7 +149,14 @@ impl Recording {
         }
         let started = std::time::Instant::now();
         let read = family.hold_early();
-        let members = family.members();
+        let mut members = family.members();
+        // Also those that claimed no slot: in another pid namespace (`unshare --pid`), or
+        // that found the table full.
+        if let Some(command) = self.spawned {
+            members.extend(crate::procfs::descendants(command));
+            members.sort_unstable();
+            members.dedup();
+        }
         let read = match read {
             Ok(read) => read,
             Err(e) => {

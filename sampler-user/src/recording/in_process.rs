@@ -95,8 +95,12 @@ impl InProcess {
             Some(found) => found,
             // A process of the command's tree claims its slot when its library starts: one
             // just forked (through vfork, no fork handler runs) or exec'd has not yet. Looked
-            // for again at each reading and when it exits.
-            None if self.family.is_some() && self.full() == 0 => {
+            // for again at each reading and when it exits. One in another pid namespace
+            // never claims (its pids are not ours): its own region is found instead.
+            None if self.family.is_some()
+                && self.full() == 0
+                && crate::procfs::namespace_pid(pid) == Some(pid) =>
+            {
                 if carries.is_some() || target {
                     self.awaiting.insert(pid);
                 }
@@ -232,6 +236,8 @@ impl InProcess {
         let (library, allocator) = self.library.as_ref()?;
         if !crate::procfs::has_dynamic_loader(pid)
             || crate::procfs::secure_execution(pid) != Some(false)
+            // Under a seccomp filter it stays dormant (see `sampler-preload`'s `sandbox`).
+            || crate::procfs::seccomp_mode(pid) != Some(0)
         {
             return None;
         }

@@ -277,15 +277,22 @@ fn header(out: &mut String, profile: &Profile) {
     }
 }
 
-/// A process's lines: its estimate beside its exact counts, what it was observed over,
-/// its coverage, what is incomplete, and its live heap.
-fn process_lines(out: &mut String, process: &ProcessProfile) {
+/// What the summary says of a process's exact counts.
+fn exact_counts(process: &ProcessProfile) -> String {
     // Another program's allocator reports samples with their weights, no totals.
-    let exact = match process.front_end.strip_prefix("in-process (") {
+    match process.front_end.strip_prefix("in-process (") {
         Some(provider) => format!(
             "no exact counts (sampled by its own allocator, reported through its {} probes)",
             provider.trim_end_matches(')')
         ),
+        // Samples without a single call counted: its counts were never published (a child
+        // forked after its program installed a seccomp filter counts privately).
+        None if process.front_end == "in-process"
+            && process.exact.calls == 0
+            && process.samples > 0 =>
+        {
+            "no exact counts (its in-process sampler could not publish them)".to_owned()
+        }
         None => format!(
             "exact {} in {} calls{}",
             bytes(process.exact.bytes as f64),
@@ -296,7 +303,13 @@ fn process_lines(out: &mut String, process: &ProcessProfile) {
                 ""
             }
         ),
-    };
+    }
+}
+
+/// A process's lines: its estimate beside its exact counts, what it was observed over,
+/// its coverage, what is incomplete, and its live heap.
+fn process_lines(out: &mut String, process: &ProcessProfile) {
+    let exact = exact_counts(process);
     let _ = writeln!(
         out,
         "  pid {} ({}): {} samples; estimated {} allocated; {exact}",
