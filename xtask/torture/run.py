@@ -447,6 +447,29 @@ def _():
     check(p["exact"]["calls"] > 300000, f"{p['exact']['calls']} calls")
 
 
+@case("an interpreter copied to another name keeps its Python frames [#39.10]", "numbers")
+def _():
+    renamed = path("myinterp")
+    shutil.copy("/usr/bin/python3.11", renamed)
+    script = path("churn.py")
+    with open(script, "w") as f:
+        f.write("def build(n):\n    return [str(i) * 50 for i in range(n)]\n"
+                "for _ in range(20):\n    build(100000)\n")
+    shares = []
+    for interpreter in ("/usr/bin/python3.11", renamed):
+        code, err, out = record("--python-frames", "on", "--", interpreter, script,
+                                timeout=120)
+        stacks = profile(out)["stacks"]
+        with_py = [s for s in stacks
+                   if any((f.get("file") or "").endswith(".py") for f in s["frames"])]
+        shares.append(sum(s["samples"] for s in with_py) / max(1, sum(s["samples"] for s in stacks)))
+        check(code == 0, f"{interpreter}: exit {code}: {err[-300:]}")
+        names = {f.get("function") for s in stacks for f in s["frames"]}
+        check(not any(n and "\x00" in n for n in names), f"a frame named with NUL: {names}")
+    check(shares[1] > 0.2 and shares[1] > shares[0] / 2,
+          f"samples with Python frames: {shares[0]:.0%} as python3.11, {shares[1]:.0%} renamed")
+
+
 @case("g++ is followed into cc1plus and as [#29.12]", "numbers")
 def _():
     src = path("x.cpp")

@@ -197,10 +197,16 @@ impl Frames {
         }
         // The executable and `libpython`: whichever holds the runtime (pyenv's python3.12
         // is a small program over libpython3.12.so).
+        // And the executable whatever its name: an interpreter copied or linked to another
+        // name (`cp python3.11 myapp`) had no Python frames at all.
+        let executable = crate::procfs::executable_of(pid);
         let mut candidates: Vec<&Vma> = vmas
             .iter()
             .filter(|v| {
-                v.path.as_deref().is_some_and(detect::may_be_interpreter) && v.file_id.inode != 0
+                let path = v.path.as_deref();
+                (path.is_some_and(detect::may_be_interpreter)
+                    || path.is_some_and(|p| Some(p) == executable.as_deref()))
+                    && v.file_id.inode != 0
             })
             .collect();
         candidates.dedup_by(|a, b| a.file_id == b.file_id);

@@ -143,7 +143,7 @@ fn read_str(memory: &impl Memory, layout: &Layout, address: u64) -> Option<Strin
     if !memory.read(address + start, &mut bytes) {
         return None;
     }
-    let text = match width {
+    let text: String = match width {
         1 => bytes.iter().map(|&b| char::from(b)).collect(),
         2 => bytes
             .chunks_exact(2)
@@ -158,7 +158,9 @@ fn read_str(memory: &impl Memory, layout: &Layout, address: u64) -> Option<Strin
             })
             .collect(),
     };
-    Some(text)
+    // A name or path never holds NUL, and is never empty: a str read while being set up or
+    // torn down (one frame in four runs was named "\0") is no name.
+    (!text.is_empty() && !text.contains('\0')).then_some(text)
 }
 
 #[cfg(test)]
@@ -237,6 +239,20 @@ mod tests {
             0x30_000 + BYTES_SVAL,
             &[0x80 | (11 << 3) | 1, 0, 0, 0x80 | (12 << 3) | 1, 0, 0],
         );
+    }
+
+    #[test]
+    fn a_name_of_nul_bytes_or_nothing_is_no_name() {
+        let mut memory = Fake::default();
+        code_object(&mut memory, 0x1000);
+        let layout = for_version(3, 11).unwrap();
+        for torn in ["\0", "", "a\0b"] {
+            memory.put_str(0x10_000, torn, false);
+            assert!(
+                read_code(&memory, &layout, CODE_TYPE, 0x1000).is_none(),
+                "{torn:?}"
+            );
+        }
     }
 
     #[test]
