@@ -98,6 +98,12 @@ fn each_period_reaches_pyroscope_and_otlp_over_grpc_and_http() {
         "Authorization: Bearer s3cret\nX-Scope-OrgID: team-a\n",
     )
     .unwrap();
+    // Secrets: readable by root alone (a 0644 file is refused).
+    std::fs::set_permissions(
+        &headers,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let workload = fixture("workload", &[]);
     let rounds = 40_000u64;
     let output = std::process::Command::new(allocscope())
@@ -390,6 +396,16 @@ fn bad_agent_flags_are_refused_before_anything_is_attached() {
         std::os::unix::fs::PermissionsExt::from_mode(0o666),
     )
     .unwrap();
+    let readable = dir.path("headers-readable");
+    std::fs::write(&readable, "Authorization: Bearer x\n").unwrap();
+    std::fs::set_permissions(
+        &readable,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    let huge = dir.path("headers-huge");
+    std::fs::write(&huge, "X-A: b\n".repeat(20_000)).unwrap();
+    std::fs::set_permissions(&huge, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     for (args, expected) in [
         (vec!["agent", "-p", "1"], "needs somewhere to send"),
         (
@@ -415,6 +431,30 @@ fn bad_agent_flags_are_refused_before_anything_is_attached() {
                 writable.to_str().unwrap(),
             ],
             "writable by other users",
+        ),
+        (
+            vec![
+                "agent",
+                "-p",
+                "1",
+                "--pyroscope",
+                "http://x",
+                "--headers-file",
+                readable.to_str().unwrap(),
+            ],
+            "readable by other users",
+        ),
+        (
+            vec![
+                "agent",
+                "-p",
+                "1",
+                "--pyroscope",
+                "http://x",
+                "--headers-file",
+                huge.to_str().unwrap(),
+            ],
+            "more than the 65536",
         ),
     ] {
         let output = std::process::Command::new(allocscope())

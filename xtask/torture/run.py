@@ -767,6 +767,181 @@ def _():
         check(c == 2 and field in err, f"diff {field}={value}: exit {c}: {err[-200:]}")
 
 
+# ---------------------------------------------------------------- the agent (#39)
+
+class Sink:
+    """An HTTP server on loopback answering every POST with `answer(handler)`; counts what
+    it got (requests, and the headers of each)."""
+
+    def __init__(self, answer):
+        import http.server
+        got = self.got = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                got.append(dict(self.headers))
+                answer(self)
+
+            def do_GET(self):
+                got.append(dict(self.headers))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+def agent(args, seconds, stop=signal.SIGTERM, during=None):
+    """Runs `allocscope agent ARGS` on a workload for `seconds`, stops it with `stop`;
+    returns (exit code, stderr, seconds it took to end, its peak RSS in KiB)."""
+    w = subprocess.Popen([build("workload"), "100000000"], stdout=subprocess.DEVNULL)
+    p = subprocess.Popen([A, "agent", "-p", str(w.pid), "--period", "1s", *args],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    err = []
+    threading.Thread(target=lambda: err.append(p.stderr.read()), daemon=True).start()
+    peak = 0
+    deadline = time.monotonic() + seconds
+    halfway = time.monotonic() + seconds / 2
+    while time.monotonic() < deadline and p.poll() is None:
+        if during and time.monotonic() >= halfway:
+            during()
+            during = None
+        try:
+            for line in open(f"/proc/{p.pid}/status"):
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]))
+        except OSError:
+            pass
+        time.sleep(0.2)
+    stopped = time.monotonic()
+    p.send_signal(stop)
+    try:
+        code = p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        code = p.wait()
+    took = time.monotonic() - stopped
+    w.kill()
+    w.wait()
+    time.sleep(0.1)
+    return code, (err[0] if err else b"").decode(errors="replace"), took, peak
+
+
+@case("a spool directory another user can swap for a link is refused [#39.11]", "agent")
+def _():
+    shared = path("shared-parent")
+    os.mkdir(shared)
+    os.chmod(shared, 0o777)
+    victim = path("victim-dir")
+    os.mkdir(victim)
+    os.chmod(victim, 0o1777)
+    os.symlink(victim, os.path.join(shared, "spool"))
+    code, err, _, _ = agent(["--pyroscope", "http://127.0.0.1:9", "--spool-dir",
+                             os.path.join(shared, "spool")], 1)
+    check(code == 2 and "writable by others" in err, f"exit {code}: {err[-300:]}")
+    check(stat.S_IMODE(os.stat(victim).st_mode) == 0o1777, "the link's target was chmodded")
+
+
+@case("a FIFO in the spool neither blocks the sender nor SIGTERM [#39.11]", "agent")
+def _():
+    spool = path("spool-fifo")
+
+    def swap_for_fifos():
+        for sub in os.listdir(spool):
+            for name in os.listdir(os.path.join(spool, sub)):
+                queued = os.path.join(spool, sub, name)
+                os.unlink(queued)
+                os.mkfifo(queued)
+
+    # The sink is down: requests queue in the spool, and are swapped for FIFOs.
+    code, err, took, _ = agent(["--pyroscope", "http://127.0.0.1:9", "--spool-dir", spool,
+                                "--flush-timeout", "2s"], 4, during=swap_for_fifos)
+    check(took < 2 + 1, f"ended {took:.1f} s after SIGTERM with --flush-timeout 2s")
+    check(code in (0, 143, -15), f"exit {code}: {err[-300:]}")
+
+
+@case("a redirect is not followed and is no delivery [#39.12]", "agent")
+def _():
+    elsewhere = Sink(lambda h: (h.send_response(200), h.end_headers()))
+    def moved(h):
+        h.send_response(301)
+        h.send_header("Location", elsewhere.url + "/ingest")
+        h.end_headers()
+    sink = Sink(moved)
+    headers = path("headers-redirect")
+    with open(headers, "w") as f:
+        f.write("X-API-Key: s3cret\nX-Scope-OrgID: tenant\n")
+    os.chmod(headers, 0o600)
+    status = path("status-redirect.json")
+    code, err, _, _ = agent(["--pyroscope", sink.url, "--spool-in-memory", "--headers-file",
+                             headers, "--status", status], 3)
+    sink.close()
+    elsewhere.close()
+    st = json.load(open(status))["sinks"][0]
+    check(len(sink.got) >= 1 and not elsewhere.got,
+          f"{len(sink.got)} to the sink, {len(elsewhere.got)} followed elsewhere")
+    check(st["pushed"] == 0 and "redirect" in (st["last_error"] or ""), f"status {st}")
+
+
+@case("a full spool file system: the sink still gets every period, the status says [#39.12]",
+      "agent")
+def _():
+    mount = path("small-fs")
+    os.mkdir(mount)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", mount], check=True)
+    try:
+        with open(os.path.join(mount, "filler"), "wb") as f:
+            try:
+                f.write(b"x" * (1 << 20))
+            except OSError:
+                pass
+        sink = Sink(lambda h: (h.send_response(200), h.end_headers()))
+        status = path("status-full.json")
+        code, err, _, _ = agent(["--pyroscope", sink.url, "--spool-dir",
+                                 os.path.join(mount, "spool"), "--status", status], 4)
+        sink.close()
+        st = json.load(open(status))["sinks"][0]
+        check(len(sink.got) >= 2 and st["pushed"] >= 2, f"{len(sink.got)} delivered, {st}")
+        check("kept in memory" in err and st.get("spool_failures", 0) >= 1
+              and "kept in memory" in (st.get("last_spool_error") or ""),
+              f"the full spool was not said: {st} {err[-300:]}")
+    finally:
+        subprocess.run(["umount", mount])
+
+
+@case("a sink answering 500 with a huge body costs no memory [#39.13]", "agent")
+def _():
+    def huge(h):
+        h.send_response(500)
+        h.send_header("Content-Length", str(2 << 30))
+        h.end_headers()
+        chunk = b"x" * (1 << 20)
+        try:
+            for _ in range(2048):
+                h.wfile.write(chunk)
+        except OSError:
+            pass
+    sink = Sink(huge)
+    code, err, took, peak = agent(["--pyroscope", sink.url, "--spool-in-memory",
+                                   "--flush-timeout", "2s"], 4)
+    sink.close()
+    check(len(sink.got) >= 1, "no request reached the sink")
+    check(peak < 400 * 1024, f"agent peak RSS {peak // 1024} MiB")
+    check(took < 2 + 1.5, f"ended {took:.1f} s after SIGTERM with --flush-timeout 2s")
+    check("lost (the spool is in memory)" in err or "kept in the spool" not in err,
+          f"{err[-300:]}")
+
+
 def main():
     if os.geteuid() != 0:
         sys.exit("run as root (sudo)")

@@ -5,11 +5,15 @@
 //! The file has a `Name: value` per line (`#` comments, blank lines skipped); the variable
 //! is `Name=value,Name=value` (OpenTelemetry's `OTEL_EXPORTER_OTLP_HEADERS` form). Names
 //! must be HTTP tokens and values must not break a line: a header cannot smuggle another.
-//! The file must not be writable by other users (they could redirect what we send).
+//! The file must be neither writable by other users (they could redirect what we send) nor
+//! readable by them (it holds secrets), and at most [`MAX_FILE_BYTES`] long.
 
 use std::{os::unix::fs::MetadataExt as _, path::Path};
 
 use crate::config::BadInput;
+
+/// Bytes a headers file may hold (a few headers; a 3 GB file was read whole).
+pub const MAX_FILE_BYTES: u64 = 64 * 1024;
 
 /// The variable the headers may come from.
 pub const ENV: &str = "ALLOCSCOPE_HEADERS";
@@ -34,8 +38,21 @@ pub fn load(file: Option<&Path>) -> Result<Headers, BadInput> {
                 "invalid --headers-file {shown}: writable by other users (chmod go-w)"
             )));
         }
-        let text = std::fs::read_to_string(file)
+        if meta.mode() & 0o044 != 0 {
+            return Err(BadInput(format!(
+                "invalid --headers-file {shown}: readable by other users, who would read its secrets (chmod 600)"
+            )));
+        }
+        if meta.len() > MAX_FILE_BYTES {
+            return Err(BadInput(format!(
+                "invalid --headers-file {shown}: {} bytes, more than the {MAX_FILE_BYTES} a headers file may hold",
+                meta.len()
+            )));
+        }
+        let bytes = crate::infile::read_regular(file)
             .map_err(|e| BadInput(format!("invalid --headers-file {shown}: {e}")))?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| BadInput(format!("invalid --headers-file {shown}: not UTF-8 text")))?;
         headers.extend(
             parse_file(&text)
                 .map_err(|e| BadInput(format!("invalid --headers-file {shown}: {e}")))?,

@@ -163,6 +163,8 @@ async fn run(
                     for (state, request) in sinks.iter_mut().zip(batch) {
                         if let Err(e) = state.spool.push(&request) {
                             warn!("{}: {e:#}", state.sink.describe());
+                            state.status.spool_failures += 1;
+                            state.status.last_spool_error = Some(format!("{e:#}"));
                         }
                     }
                 }
@@ -184,9 +186,22 @@ async fn run(
         if let Some(deadline) = closing {
             let waiting = sinks.iter().any(|s| !s.spool.is_empty() && s.failures == 0);
             if !waiting || Instant::now() >= deadline {
-                let left: usize = sinks.iter().map(|s| s.spool.len()).sum();
-                if left > 0 {
-                    warn!("{left} requests not delivered at shutdown: kept in the spool");
+                for state in &sinks {
+                    let left = state.spool.len();
+                    if left == 0 {
+                        continue;
+                    }
+                    match state.spool.on_disk_at() {
+                        Some(dir) => warn!(
+                            "{}: {left} requests not delivered at shutdown: kept in the spool {}",
+                            state.sink.describe(),
+                            dir.display()
+                        ),
+                        None => warn!(
+                            "{}: {left} requests not delivered at shutdown: lost (the spool is in memory)",
+                            state.sink.describe()
+                        ),
+                    }
                 }
                 return;
             }
@@ -221,7 +236,8 @@ async fn deliver_due(
                 continue;
             }
         };
-        match transport.deliver(&state.sink, &request).await {
+        let delivered = deliver_before(transport, &state.sink, &request, closing).await;
+        match delivered {
             Ok(()) => {
                 state.spool.pop();
                 if state.failures > 0 {
@@ -271,6 +287,27 @@ async fn deliver_due(
             }
         }
     }
+}
+
+/// Delivers `request` to `sink`; at shutdown (`closing`) within what is left of the flush
+/// time, no more.
+async fn deliver_before(
+    transport: &mut Transport,
+    sink: &super::sink::Sink,
+    request: &[u8],
+    closing: Option<Instant>,
+) -> Result<(), super::sink::Failure> {
+    let Some(deadline) = closing else {
+        return transport.deliver(sink, request).await;
+    };
+    tokio::time::timeout_at(deadline, transport.deliver(sink, request))
+        .await
+        .unwrap_or_else(|_| {
+            Err(super::sink::Failure {
+                retry: true,
+                message: "the flush time ran out while sending".into(),
+            })
+        })
 }
 
 /// Updates the shared status and writes the file.

@@ -79,6 +79,24 @@ impl Sink {
     }
 }
 
+/// The start of an error response's body, for the log: at most [`ERROR_BODY_BYTES`] are
+/// read (a sink answering 500 with gigabytes made the agent hold them all).
+async fn error_body(mut response: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    while body.len() < ERROR_BODY_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    body.truncate(ERROR_BODY_BYTES);
+    let text = String::from_utf8_lossy(&body);
+    crate::text::printable(&text).chars().take(300).collect()
+}
+
+/// Bytes of an error response's body read at most.
+const ERROR_BODY_BYTES: usize = 4096;
+
 fn http_url(url: &str) -> Result<&str, String> {
     let rest = url
         .strip_prefix("http://")
@@ -115,6 +133,9 @@ impl Transport {
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
+            // A redirect is not followed: it would carry the headers (API keys, tenant) to
+            // wherever the sink points, and a 3xx is not a delivery.
+            .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("allocscope/", env!("CARGO_PKG_VERSION")))
             .build()
             .context("setting up the HTTP client")?;
@@ -155,8 +176,19 @@ impl Transport {
         if status.is_success() {
             return Ok(());
         }
-        let text = response.text().await.unwrap_or_default();
-        let text: String = crate::text::printable(&text).chars().take(300).collect();
+        if status.is_redirection() {
+            let to = response
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|l| l.to_str().ok())
+                .map(crate::text::printable)
+                .unwrap_or_default();
+            return Err(Failure {
+                retry: false,
+                message: format!("HTTP {status} to {to:?}: redirects are not followed (give the sink's final URL)"),
+            });
+        }
+        let text = error_body(response).await;
         Err(Failure {
             retry: status.is_server_error() || matches!(status.as_u16(), 408 | 429),
             message: format!("HTTP {status}: {text}"),

@@ -12,7 +12,7 @@
 
 use std::{
     collections::VecDeque,
-    os::{fd::OwnedFd, unix::fs::MetadataExt as _},
+    os::fd::OwnedFd,
     path::{Path, PathBuf},
 };
 
@@ -56,27 +56,23 @@ impl Spool {
         }
     }
 
-    /// The spool in `dir` (created 0700 if absent; refused unless it is a directory of ours
-    /// no other user can write), with what an earlier run left there queued first.
+    /// The spool in `dir` (created if absent, made 0700 through its own descriptor),
+    /// refused unless every directory on the way is a real directory (no symlink) of root
+    /// or ours that nobody else may write (or sticky), and `dir` itself is ours: a parent
+    /// another user may write could swap `dir` for a link to a directory of their choosing
+    /// (the agent made a 1777 one 0700 and posted a root-only file). What an earlier run
+    /// left there is queued first.
     pub fn on_disk(dir: &Path, bound: u64) -> anyhow::Result<Spool> {
-        let pinned = crate::outfile::create_directory(dir)
-            .with_context(|| format!("creating the spool directory {}", dir.display()))?;
-        let through = crate::outfile::through(&pinned);
-        let meta = std::fs::metadata(&through)?;
-        // SAFETY: geteuid has no preconditions.
-        let us = unsafe { libc::geteuid() };
-        if meta.uid() != us {
-            anyhow::bail!(
-                "the spool directory {} is not ours (owner {})",
-                dir.display(),
-                meta.uid()
-            );
+        let absolute = std::path::absolute(dir)
+            .with_context(|| format!("the spool directory {}", dir.display()))?;
+        let pinned = crate::preload::place::trusted_directory(&absolute, true)
+            .with_context(|| format!("the spool directory {}", dir.display()))?;
+        // SAFETY: fchmod on a directory descriptor we own.
+        if unsafe { libc::fchmod(std::os::fd::AsRawFd::as_raw_fd(&pinned), 0o700) } != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("making {} private", dir.display()));
         }
-        std::fs::set_permissions(
-            &through,
-            std::os::unix::fs::PermissionsExt::from_mode(0o700),
-        )
-        .with_context(|| format!("making {} private", dir.display()))?;
+        let through = crate::outfile::through(&pinned);
         let mut spool = Spool {
             dir: Some((pinned, dir.to_owned())),
             ..Spool::in_memory(bound)
@@ -130,15 +126,27 @@ impl Spool {
         self.trim(size);
         let sequence = self.next;
         self.next += 1;
+        let mut unwritten = None;
         let data = match &self.dir {
             None => Some(request.to_vec()),
             Some((pinned, shown)) => {
                 let through = crate::outfile::through(pinned);
-                crate::outfile::write_new(&through, &format!("{sequence:016}"), "req", |out| {
-                    out.write_all(request)
-                })
-                .with_context(|| format!("spooling into {}", shown.display()))?;
-                None
+                let written =
+                    crate::outfile::write_new(&through, &format!("{sequence:016}"), "req", |out| {
+                        out.write_all(request)
+                    });
+                match written {
+                    Ok(_) => None,
+                    Err(e) => {
+                        // A full (or broken) spool file system: the request waits in memory
+                        // instead, still sent, and the failure is said.
+                        unwritten = Some(anyhow::Error::new(e).context(format!(
+                            "spooling into {} (kept in memory instead)",
+                            shown.display()
+                        )));
+                        Some(request.to_vec())
+                    }
+                }
             }
         };
         self.entries.push_back(Entry {
@@ -147,7 +155,12 @@ impl Spool {
             data,
         });
         self.bytes += size;
-        Ok(())
+        unwritten.map_or(Ok(()), Err)
+    }
+
+    /// Whether requests live on disk (they survive a restart) or in memory only.
+    pub fn on_disk_at(&self) -> Option<&Path> {
+        self.dir.as_ref().map(|(_, shown)| shown.as_path())
     }
 
     /// The oldest request.
@@ -159,7 +172,7 @@ impl Spool {
             (Some(data), _) => Ok(Some(data.clone())),
             (None, Some((pinned, shown))) => {
                 let path = self.path_of(pinned, entry.sequence);
-                std::fs::read(&path)
+                read_spooled(&path, entry.size)
                     .map(Some)
                     .with_context(|| format!("reading a spooled request in {}", shown.display()))
             }
@@ -190,6 +203,25 @@ impl Spool {
     fn path_of(&self, pinned: &OwnedFd, sequence: u64) -> PathBuf {
         crate::outfile::through(pinned).join(format!("{sequence:016}.req"))
     }
+}
+
+/// A spooled request's bytes: a regular file (a link is not followed, a FIFO not waited
+/// on), at most the `size` it had when queued.
+fn read_spooled(path: &Path, size: u64) -> std::io::Result<Vec<u8>> {
+    use std::{io::Read as _, os::unix::fs::OpenOptionsExt as _};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(size).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 #[cfg(test)]
@@ -227,7 +259,7 @@ mod tests {
             assert!(on_disk <= 100, "{on_disk} bytes on disk");
         }
         assert_eq!((spool.len(), spool.dropped), (10, 20));
-        let mode = std::fs::metadata(&path).unwrap().mode() & 0o777;
+        let mode = std::os::unix::fs::MetadataExt::mode(&std::fs::metadata(&path).unwrap()) & 0o777;
         assert_eq!(mode, 0o700);
         drop(spool);
         let mut again = Spool::on_disk(&path, 100).unwrap();
@@ -240,5 +272,38 @@ mod tests {
         drop(again);
         let small = Spool::on_disk(&path, 30).unwrap();
         assert_eq!((small.len(), small.dropped), (3, 7));
+    }
+
+    #[test]
+    fn a_spool_through_a_link_or_under_an_open_parent_is_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(Spool::on_disk(&open.join("sink"), 100).is_err());
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dir.path().join("link")).unwrap();
+        assert!(Spool::on_disk(&dir.path().join("link"), 100).is_err());
+    }
+
+    #[test]
+    fn a_fifo_swapped_in_for_a_request_is_not_waited_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sink");
+        let mut spool = Spool::on_disk(&path, 100).unwrap();
+        spool.push(b"request").unwrap();
+        let queued = std::fs::read_dir(&path)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        std::fs::remove_file(&queued).unwrap();
+        let name = std::ffi::CString::new(queued.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        assert!(spool.front().is_err(), "read at once, refused");
     }
 }

@@ -63,6 +63,11 @@ pub struct SinkStatus {
     pub dropped: u64,
     /// Their bytes.
     pub dropped_bytes: u64,
+    /// Requests that could not be written to the spool directory (a full or broken file
+    /// system): kept in memory instead, lost if the agent stops before they are sent.
+    pub spool_failures: u64,
+    /// Why the last of them could not.
+    pub last_spool_error: Option<String>,
 }
 
 /// Now, in Unix seconds.

@@ -116,11 +116,11 @@ pub fn place(root: &Path, library: &[u8]) -> anyhow::Result<RecordingDir> {
     })
 }
 
-/// Opens directory `path`, creating its last component (0755) if `create` and it is
-/// missing. Every component must be a directory (not a symlink) owned by root or by us,
+/// Opens directory `path`, creating the components that are missing (0755) if `create`.
+/// Every component must be a directory (not a symlink) owned by root or by us,
 /// not writable by group or others unless sticky; the last one by us, writable by nobody
 /// else at all.
-fn trusted_directory(path: &Path, create: bool) -> anyhow::Result<OwnedFd> {
+pub(crate) fn trusted_directory(path: &Path, create: bool) -> anyhow::Result<OwnedFd> {
     if !path.is_absolute() {
         bail!("{} is not an absolute path", path.display());
     }
@@ -131,7 +131,7 @@ fn trusted_directory(path: &Path, create: bool) -> anyhow::Result<OwnedFd> {
     for (i, component) in components.iter().enumerate() {
         let last = i + 1 == components.len();
         let name = c_string(component.as_bytes())?;
-        if last && create {
+        if create {
             // SAFETY: mkdirat with a live descriptor and a NUL-terminated name; an existing
             // one is checked below like any other.
             unsafe { libc::mkdirat(current.as_raw_fd(), name.as_ptr(), 0o755) };
