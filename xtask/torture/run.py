@@ -470,6 +470,23 @@ def _():
           f"samples with Python frames: {shares[0]:.0%} as python3.11, {shares[1]:.0%} renamed")
 
 
+@case("a command whose allocator samples over malloc is counted once [#39.9]", "numbers")
+def _():
+    exe = build("otel_producer", extra=["-DOVER_MALLOC"],
+                out=path("otel_producer_over_malloc"))
+    rounds = 40
+    exact = rounds * (1000 * 256 + 10 * (1 << 20))
+    out = path("producer.json")
+    p = subprocess.run([A, "record", "-o", out, "--", exe, str(rounds), "65536"],
+                       input=b"go\nend\n", capture_output=True, timeout=60)
+    mine = [x for x in profile(out)["processes"] if x["command"].startswith("otel_producer")]
+    check(p.returncode == 0 and mine, f"exit {p.returncode}: {p.stderr.decode()[-300:]}")
+    est = mine[0]["alloc_bytes"]
+    check(est["lower"] <= exact <= est["upper"] and mine[0]["front_end"] == "in-process (otel_memory)",
+          f"estimated {est['estimate'] / 2**20:.1f} MiB [{est['lower'] / 2**20:.1f}, "
+          f"{est['upper'] / 2**20:.1f}] for {exact / 2**20:.1f} MiB, {mine[0]['front_end']}")
+
+
 @case("g++ is followed into cc1plus and as [#29.12]", "numbers")
 def _():
     src = path("x.cpp")

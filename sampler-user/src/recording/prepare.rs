@@ -55,7 +55,18 @@ pub fn prepare(
         // library's probes, file-wide, reach every process that maps it, and no other.
         // `--comm` and `--all` look at processes that do not.
         let host_wide = targets.comm.is_some() || targets.all;
-        if sampling.preload && !host_wide {
+        // A program whose own allocator samples itself and reports through a producer's
+        // probes is recorded through them alone: the library would count the blocks that
+        // allocator takes from malloc a second time.
+        let producer = allocators.iter().find(|a| a.file.is_producer());
+        if let (Some(producer), true) = (producer, sampling.preload) {
+            info!(
+                "{} reports its own samples ({}): recorded through them, without the in-process sampler",
+                program.display(),
+                producer.describe()
+            );
+        }
+        if sampling.preload && !host_wide && producer.is_none() {
             if let Some((library, family, own)) = front_end_for(&program, sampling.interval)? {
                 environment = front_end_environment(&library);
                 allocators.push(own.clone());
