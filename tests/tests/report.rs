@@ -370,3 +370,49 @@ fn the_speedscope_file_follows_speedscopes_schema_and_opens_in_speedscope() {
     );
     screenshot(&url, "speedscope-workload.png", 700);
 }
+
+/// A stack thousands of frames deep is drawn whole in a differential report: the flame
+/// graph was drawn by recursion, and a diff of stacks 4096 frames deep threw "Maximum call
+/// stack size exceeded" (#39.14). The recorder cuts its own stacks at 256 frames, so the
+/// deep one is written into a recorded profile.
+#[test]
+fn a_differential_report_draws_stacks_thousands_of_frames_deep() {
+    tests::require_bpf!();
+    let dir = TempDir::new("report-deep");
+    let workload = fixture("workload", &[]);
+    let base = dir.path("base.json");
+    record(
+        &base,
+        "1s",
+        &[workload.to_str().unwrap(), "100", "--forever"],
+    );
+    let mut deep = read_profile(&base);
+    let stack = &mut deep["stacks"][0];
+    let template = stack["frames"][0].clone();
+    let frames: Vec<Value> = (0..5000)
+        .map(|level| {
+            let mut frame = template.clone();
+            frame["function"] = Value::from(format!("level_{level}"));
+            frame
+        })
+        .collect();
+    stack["frames"] = Value::from(frames);
+    let new = dir.path("deep.json");
+    std::fs::write(&new, serde_json::to_vec(&deep).unwrap()).unwrap();
+    let html = dir.path("deep.html");
+    succeed(
+        Command::new(allocscope())
+            .arg("diff")
+            .args([&base, &new])
+            .arg("-o")
+            .arg(&html),
+    );
+    let seen = browser::drive(&html, include_str!("../js/diff_driver.js"), &dir.path("."));
+    let levels = seen["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["name"].as_str().is_some_and(|n| n.starts_with("level_")))
+        .count();
+    assert!(levels >= 4096, "{levels} of 5000 levels drawn");
+}
