@@ -581,6 +581,20 @@ def _():
           f"{len(trues)} of 500 seen")
 
 
+@case("children that drop the library are counted and said to be [#39.7]", "processes")
+def _():
+    exe = build("workload")
+    jemalloc = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+    for how, script in (("its own LD_PRELOAD", f"sleep 0.5; LD_PRELOAD={jemalloc} {exe} 20000"),
+                        ("env -i", f"sleep 0.5; env -i {exe} 20000")):
+        code, err, out = record("--", "sh", "-c", script, timeout=120)
+        mine = [x for x in profile(out)["processes"] if x["command"] == "workload"]
+        check(code == 0 and mine and mine[0]["exact"]["calls"] > 20000 * 100,
+              f"{how}: exit {code}, {mine}")
+        check(mine[0]["front_end"] in ("uprobes", "in-process, then uprobes"),
+              f"{how}: labelled {mine[0]['front_end']}")
+
+
 @case("two recorders on one target: both profiles whole", "processes")
 def _():
     w = workload_waiting()

@@ -478,6 +478,10 @@ pub fn incomplete_reasons(allocators: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// The front end of a process counted in-process until it exec'd a program without the
+/// library, and by uprobes from then on.
+pub const IN_PROCESS_THEN_UPROBES: &str = "in-process, then uprobes";
+
 /// A process's front end, from the allocators probed in it.
 fn front_end_of(allocators: &[String]) -> String {
     let described = crate::probe::allocator::Family::InProcess.to_string();
@@ -486,8 +490,17 @@ fn front_end_of(allocators: &[String]) -> String {
             .iter()
             .any(|a| a.starts_with(&format!("{p} probes")))
     });
+    // A library allocator probed in it too: it exec'd a program without the library (a
+    // cleared environment, its own LD_PRELOAD), counted by uprobes from then on.
+    let probed = ["glibc (", "jemalloc (", "tcmalloc (", "mimalloc ("]
+        .iter()
+        .any(|family| allocators.iter().any(|a| a.starts_with(family)));
     if allocators.iter().any(|a| a.starts_with(&described)) {
-        "in-process".into()
+        if probed {
+            IN_PROCESS_THEN_UPROBES.into()
+        } else {
+            "in-process".into()
+        }
     } else if let Some(provider) = producer {
         format!("in-process ({provider})")
     } else {
@@ -697,5 +710,23 @@ mod tests {
         assert!(incomplete_reasons(&shared).is_empty());
         let in_process = ["in-process (allocscope preload) (/memfd:allocscope-preload)".to_owned()];
         assert!(incomplete_reasons(&in_process).is_empty());
+    }
+
+    #[test]
+    fn a_process_that_left_the_library_by_an_exec_is_said_to() {
+        let library =
+            "in-process (allocscope preload) (/run/allocscope/rec-1-0/libsampler_preload.so)";
+        assert_eq!(front_end_of(&[library.to_owned()]), "in-process");
+        let both = [
+            library.to_owned(),
+            "glibc (/usr/lib/x86_64-linux-gnu/libc.so.6)".to_owned(),
+        ];
+        assert_eq!(front_end_of(&both), IN_PROCESS_THEN_UPROBES);
+        let own = [
+            library.to_owned(),
+            "malloc (static, in /usr/bin/x)".to_owned(),
+        ];
+        assert_eq!(front_end_of(&own), "in-process");
+        assert_eq!(front_end_of(&both[1..]), "uprobes");
     }
 }

@@ -13,7 +13,7 @@ mod tally;
 pub mod timeline;
 
 pub use aggregator::{Aggregator, LostCounts, OpenStratum, Readings, LOST_FRAME};
-pub use build::{incomplete_reasons, target_uses, Settings, Snapshot};
+pub use build::{incomplete_reasons, target_uses, Settings, Snapshot, IN_PROCESS_THEN_UPROBES};
 pub use processes::ProcessBook;
 pub use schema::*;
 pub use tally::{ProcessTally, StackTally, Tally};

@@ -297,10 +297,12 @@ fn exact_counts(process: &ProcessProfile) -> String {
             "exact {} in {} calls{}",
             bytes(process.exact.bytes as f64),
             process.exact.calls,
-            if process.front_end == "in-process" {
-                " (counted in-process)"
-            } else {
-                ""
+            match process.front_end.as_str() {
+                "in-process" => " (counted in-process)",
+                crate::profile::IN_PROCESS_THEN_UPROBES => {
+                    " (counted in-process, then by uprobes: it exec'd a program without the library)"
+                }
+                _ => "",
             }
         ),
     }
