@@ -11,7 +11,10 @@
 //! writers are held ([`EARLY_HOLD`]), and from then on the probes fire as usual. The
 //! per-call path is unchanged: only a sampled call looks at the state.
 
-use core::{ptr, sync::atomic::Ordering};
+use core::{
+    ptr,
+    sync::atomic::{AtomicBool, Ordering},
+};
 
 use sampler_common::{
     preload::{
@@ -242,10 +245,17 @@ fn copy_own_stack(sp: u64, out: &mut [u8]) -> usize {
     copied.max(0) as usize
 }
 
+/// A wait for allocscope timed out once (it died while attaching, or is stuck): no call
+/// waits again, each would cost the program its whole timeout.
+static GAVE_UP: AtomicBool = AtomicBool::new(false);
+
 /// Spins until allocscope turns early records off (its probes are attached then), for
 /// about as long as [`wait_until_off`] waits at most, with no system call.
 #[cold]
 fn spin_until_off(family: &Family) {
+    if GAVE_UP.load(Ordering::Relaxed) {
+        return;
+    }
     // ~2 s of `pause` at ~40-140 cycles each on current x86 cores.
     for _ in 0..50_000_000u64 {
         if family.early_state.load(Ordering::Acquire) == EARLY_OFF {
@@ -253,11 +263,25 @@ fn spin_until_off(family: &Family) {
         }
         core::hint::spin_loop();
     }
+    GAVE_UP.store(true, Ordering::Relaxed);
 }
 
-/// Waits until allocscope turns early records off; false after [`WAIT_ROUNDS`].
+/// Waits until allocscope turns early records off; false after [`WAIT_ROUNDS`] (and at
+/// once after one such wait timed out).
 #[cold]
 fn wait_until_off(family: &Family) -> bool {
+    if GAVE_UP.load(Ordering::Relaxed) {
+        return false;
+    }
+    let waited = wait_rounds(family);
+    if !waited {
+        GAVE_UP.store(true, Ordering::Relaxed);
+    }
+    waited
+}
+
+/// Up to [`WAIT_ROUNDS`] sleeps of [`WAIT_NS`] until early records are off.
+fn wait_rounds(family: &Family) -> bool {
     for _ in 0..WAIT_ROUNDS {
         if family.early_state.load(Ordering::Acquire) == EARLY_OFF {
             return true;

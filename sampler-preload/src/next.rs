@@ -122,6 +122,7 @@ fn lookup_all() {
         .store(lookup(c"aligned_alloc"), Ordering::Relaxed);
     n.valloc.store(lookup(c"valloc"), Ordering::Relaxed);
     n.pvalloc.store(lookup(c"pvalloc"), Ordering::Relaxed);
+    crate::sandbox::resolve_next();
     let essential = [&n.malloc, &n.free, &n.calloc, &n.realloc];
     if essential.iter().any(|f| f.load(Ordering::Relaxed) == 0) {
         crate::fatal(b"allocscope preload: no allocator after this library (malloc, free, calloc or realloc missing)\n");

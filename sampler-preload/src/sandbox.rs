@@ -106,6 +106,13 @@ fn seccomp_mode(status: &[u8]) -> Option<u32> {
 static NEXT_PRCTL: AtomicUsize = AtomicUsize::new(0);
 static NEXT_SYSCALL: AtomicUsize = AtomicUsize::new(0);
 
+/// Looks up the next `prctl` and `syscall` at set-up, so that a first call made from a
+/// signal handler does not run `dlsym` (not async-signal-safe).
+pub fn resolve_next() {
+    next(&NEXT_PRCTL, c"prctl");
+    next(&NEXT_SYSCALL, c"syscall");
+}
+
 fn next(cache: &AtomicUsize, name: &core::ffi::CStr) -> usize {
     let mut address = cache.load(Ordering::Acquire);
     if address == 0 {
