@@ -81,7 +81,8 @@ pub struct Counts {
     pub calls: AtomicU64,
     /// Bytes asked for.
     pub bytes: AtomicU64,
-    /// Thread id that owns the slot (0: free). Unused in the shared totals.
+    /// The owning thread (its TLS block's address: no `gettid`, see `sampler-preload`'s
+    /// `sandbox`; 0: free). Unused in the shared totals.
     pub owner: AtomicU64,
 }
 
