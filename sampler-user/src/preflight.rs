@@ -34,10 +34,8 @@ pub fn capabilities_suffice(cap_eff: u64) -> bool {
 /// Fails unless this process may load BPF programs and attach uprobes.
 pub fn check_privileges() -> Result<(), BadInput> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let cap_eff = status
-        .lines()
-        .find_map(|line| line.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+    let cap_eff = crate::procfs::status_field(&status, "CapEff")
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
         .unwrap_or(0);
     if capabilities_suffice(cap_eff) {
         Ok(())

@@ -49,13 +49,8 @@ pub struct Library {
 impl Library {
     /// Places the library under [`place::ROOT`] for a new recording.
     pub fn create() -> anyhow::Result<Library> {
-        Library::create_under(Path::new(place::ROOT))
-    }
-
-    /// Places the library under `root` for a new recording.
-    pub fn create_under(root: &Path) -> anyhow::Result<Library> {
         Ok(Library {
-            dir: place::place(root, LIBRARY)?,
+            dir: place::place(Path::new(place::ROOT), LIBRARY)?,
         })
     }
 
@@ -301,10 +296,9 @@ impl MappedRegion {
     /// through the process's view) is the front end; counts from now on.
     pub fn of_process(pid: u32, library: &Path) -> anyhow::Result<MappedRegion> {
         let vmas = maps::read(pid).with_context(|| format!("reading the maps of pid {pid}"))?;
-        let pointer_at = symbol_address(pid, &vmas, library, REGION_SYMBOL)?;
+        let [pointer_at] = symbol_addresses(pid, &vmas, library, [REGION_SYMBOL])?;
         let mut word = [0u8; 8];
-        File::open(format!("/proc/{pid}/mem"))
-            .and_then(|mem| mem.read_exact_at(&mut word, pointer_at))
+        read_memory(pid, pointer_at, &mut word)
             .with_context(|| format!("reading {REGION_SYMBOL} in pid {pid}"))?;
         let address = u64::from_ne_bytes(word);
         if address == 0 {
@@ -394,14 +388,15 @@ impl MappedRegion {
 /// not a sandboxed process's child, [`DORMANT_SYMBOL`] 2), which under a seccomp filter
 /// (the caller's to check) means it will be. False when its memory cannot be read.
 pub fn dormant(pid: u32, vmas: &[maps::Vma], library: &Path) -> bool {
-    let read = |name: &str, word: &mut [u8]| {
-        let at = symbol_address(pid, vmas, library, name).ok()?;
-        File::open(format!("/proc/{pid}/mem"))
-            .and_then(|mem| mem.read_exact_at(word, at))
-            .ok()
+    let Ok([flag_at, region_at]) =
+        symbol_addresses(pid, vmas, library, [DORMANT_SYMBOL, REGION_SYMBOL])
+    else {
+        return false;
     };
     let (mut flag, mut region) = ([0u8; 4], [0u8; 8]);
-    if read(DORMANT_SYMBOL, &mut flag).is_none() || read(REGION_SYMBOL, &mut region).is_none() {
+    if read_memory(pid, flag_at, &mut flag).is_err()
+        || read_memory(pid, region_at, &mut region).is_err()
+    {
         return false;
     }
     match u32::from_ne_bytes(flag) {
@@ -411,18 +406,19 @@ pub fn dormant(pid: u32, vmas: &[maps::Vma], library: &Path) -> bool {
     }
 }
 
-/// The process address of `name`, defined by the file mapped at `library` in `pid`.
-fn symbol_address(pid: u32, vmas: &[maps::Vma], library: &Path, name: &str) -> anyhow::Result<u64> {
+/// The process addresses of `names`, defined by the file mapped at `library` in `pid`
+/// (the file read and parsed once).
+fn symbol_addresses<const N: usize>(
+    pid: u32,
+    vmas: &[maps::Vma],
+    library: &Path,
+    names: [&str; N],
+) -> anyhow::Result<[u64; N]> {
     let mut data = Vec::new();
     File::open(library)
         .and_then(|mut f| f.read_to_end(&mut data))
         .with_context(|| format!("reading {}", library.display()))?;
     let file = object::File::parse(&*data).context("parsing the preload library")?;
-    let value = file
-        .dynamic_symbols()
-        .find(|s| s.name() == Ok(name))
-        .map(|s| s.address())
-        .with_context(|| format!("{name} missing from the preload library"))?;
     let segments = maps::loadable_segments(&file);
     let id = maps::FileId::of(&std::fs::metadata(library)?);
     let bias = vmas
@@ -430,5 +426,19 @@ fn symbol_address(pid: u32, vmas: &[maps::Vma], library: &Path, name: &str) -> a
         .filter(|v| v.file_id == id)
         .find_map(|v| maps::load_bias(&segments, v.start, v.offset))
         .with_context(|| format!("pid {pid} does not map {}", library.display()))?;
-    Ok(bias.wrapping_add(value))
+    let mut addresses = [0; N];
+    for (address, name) in addresses.iter_mut().zip(names) {
+        let value = file
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok(name))
+            .map(|s| s.address())
+            .with_context(|| format!("{name} missing from the preload library"))?;
+        *address = bias.wrapping_add(value);
+    }
+    Ok(addresses)
+}
+
+/// Reads `out.len()` bytes of `pid`'s memory at `address`.
+fn read_memory(pid: u32, address: u64, out: &mut [u8]) -> io::Result<()> {
+    File::open(format!("/proc/{pid}/mem"))?.read_exact_at(out, address)
 }

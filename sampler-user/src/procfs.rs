@@ -28,23 +28,27 @@ pub fn stat_flags(stat: &str) -> Option<u64> {
     fields.split(' ').nth(6)?.parse().ok()
 }
 
+/// `pid`'s /proc/PID/status text.
+fn status_of(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).ok()
+}
+
+/// The value of field `name` (`Seccomp`, `VmRSS`…) in a /proc/PID/status text, trimmed.
+pub fn status_field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
+    status.lines().find_map(|line| {
+        let value = line.strip_prefix(name)?.strip_prefix(':')?;
+        Some(value.trim())
+    })
+}
+
 /// The `Seccomp:` mode of `pid` (0: none, 1: strict, 2: a filter), from /proc/PID/status.
 pub fn seccomp_mode(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("Seccomp:"))?
-        .trim()
-        .parse()
-        .ok()
+    status_field(&status_of(pid)?, "Seccomp")?.parse().ok()
 }
 
 /// `pid` as its own pid namespace numbers it (the last `NSpid:` field of its status).
 pub fn namespace_pid(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("NSpid:"))?
+    status_field(&status_of(pid)?, "NSpid")?
         .split_whitespace()
         .last()?
         .parse()
@@ -198,16 +202,12 @@ pub fn state_of(pid: u32) -> Option<char> {
 
 /// Resident set size of `pid` from /proc/PID/status (`VmRSS`), if it is alive.
 pub fn rss_of(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    vm_rss(&status)
+    vm_rss(&status_of(pid)?)
 }
 
 /// `VmRSS` of a /proc/PID/status text, in bytes.
 fn vm_rss(status: &str) -> Option<u64> {
-    let kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))?
-        .trim()
+    let kib: u64 = status_field(status, "VmRSS")?
         .trim_end_matches("kB")
         .trim()
         .parse()
@@ -223,6 +223,17 @@ pub fn executable_of(pid: u32) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_fields_are_found_by_their_whole_name() {
+        let status = "Name:\tx\nNSpid:\t812\t1\nSeccomp:\t2\nSeccomp_filters:\t1\n";
+        assert_eq!(status_field(status, "Seccomp"), Some("2"));
+        assert_eq!(status_field(status, "Seccomp_filters"), Some("1"));
+        assert_eq!(status_field(status, "NSpid"), Some("812\t1"));
+        assert_eq!(status_field(status, "Secc"), None);
+        assert_eq!(seccomp_mode(std::process::id()), Some(0));
+        assert_eq!(namespace_pid(std::process::id()), Some(std::process::id()));
+    }
 
     #[test]
     fn descendants_are_found_through_their_parents() {

@@ -221,7 +221,7 @@ fn content_file(dir: &OwnedFd, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
 /// Removes the directories of recordings whose allocscope is gone and that are older than
 /// `age` (their files first). Best effort: what cannot be read or removed stays.
 fn remove_stale(root: &OwnedFd, age: Duration) {
-    let Ok(entries) = std::fs::read_dir(format!("/proc/self/fd/{}", root.as_raw_fd())) else {
+    let Ok(entries) = std::fs::read_dir(crate::outfile::through(root)) else {
         return;
     };
     for entry in entries.flatten() {
