@@ -71,10 +71,17 @@ def profile(file):
         return json.load(f)
 
 
-def record(*args, timeout=60, env=None):
+def record(*args, timeout=60, env=None, stdin=subprocess.DEVNULL):
     out = path(f"p{len(os.listdir(work))}.json")
-    code, _, err = run([A, "record", "-o", out, *args], timeout=timeout, env=env)
+    code, _, err = run([A, "record", "-o", out, *args], timeout=timeout, env=env, stdin=stdin)
     return code, err, out
+
+
+def later(line, seconds):
+    """A pipe that carries `line` after `seconds`: the stdin of a command that waits."""
+    writer = subprocess.Popen(["sh", "-c", f"sleep {seconds}; echo {line}"],
+                              stdout=subprocess.PIPE)
+    return writer.stdout
 
 
 def started_recording(args):
@@ -585,12 +592,25 @@ def _():
 def _():
     exe = build("workload")
     jemalloc = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
-    for how, script in (("its own LD_PRELOAD", f"sleep 0.5; LD_PRELOAD={jemalloc} {exe} 20000"),
-                        ("env -i", f"sleep 0.5; env -i {exe} 20000")):
-        code, err, out = record("--", "sh", "-c", script, timeout=120)
+    rounds = 2000
+    # A child found at its exec is probed tens of milliseconds later (its allocator's files
+    # attached for every process): counted from then on, and its coverage says how late.
+    # One that waits before it allocates is counted whole: nothing of the library it
+    # dropped (read in its maps at the fork, before its exec) may leave its calls unseen:
+    # a race that was lost about one time in four, so each case runs twice.
+    for how, script in (
+            ("its own LD_PRELOAD", f"sleep 0.5; LD_PRELOAD={jemalloc} {exe} {rounds}"),
+            ("env -i", f"sleep 0.5; env -i {exe} {rounds}"),
+            ("its own LD_PRELOAD, waiting",
+             f"sleep 0.5; LD_PRELOAD={jemalloc} {exe} {rounds} --wait"),
+            ("env -i, waiting", f"sleep 0.5; env -i {exe} {rounds} --wait")) * 2:
+        stdin = later("go", 1.5) if "waiting" in how else subprocess.DEVNULL
+        code, err, out = record("--", "sh", "-c", script, timeout=120, stdin=stdin)
         mine = [x for x in profile(out)["processes"] if x["command"] == "workload"]
-        check(code == 0 and mine and mine[0]["exact"]["calls"] > 20000 * 100,
-              f"{how}: exit {code}, {mine}")
+        check(code == 0 and len(mine) == 1, f"{how}: exit {code}, {len(mine)} workloads")
+        calls, late = mine[0]["exact"]["calls"], mine[0]["coverage"]["late"]
+        whole = calls >= rounds * 375  # the allocations of a round
+        check(whole or (late and "waiting" not in how), f"{how}: {calls} calls, late {late}")
         check(mine[0]["front_end"] in ("uprobes", "in-process, then uprobes"),
               f"{how}: labelled {mine[0]['front_end']}")
 

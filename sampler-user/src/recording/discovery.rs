@@ -20,6 +20,12 @@ use crate::{
     text,
 };
 
+/// Whether `allocator`'s file is still mapped where the process's maps said: through
+/// `/proc/PID/map_files/START-END`, gone or another file once the process exec'd.
+fn still_mapped(allocator: &Allocator) -> bool {
+    std::fs::metadata(&allocator.path).is_ok_and(|m| FileId::of(&m) == allocator.file_id)
+}
+
 impl Recording {
     /// Maps `pid`'s in-process region if it carries the front end (see
     /// [`super::in_process::InProcess::map`]).
@@ -41,6 +47,17 @@ impl Recording {
             if let Some(probes) = self.probes.as_mut() {
                 if let Err(e) = probes.carries_front_end(pid) {
                     warn!("pid {pid}: its front end may be counted twice: {e}");
+                }
+                // `allocators` may be older than an exec that dropped the library (read at
+                // the fork, the kernel's exec probe has forgotten the front end since): the
+                // mapping is looked at again after the kernel was told. An exec after this
+                // look makes the kernel forget it itself.
+                if !allocators
+                    .iter()
+                    .any(|a| serves(std::slice::from_ref(a)) && still_mapped(a))
+                {
+                    debug!("pid {pid}: exec'd without its front end since its maps were read");
+                    probes.lacks_front_end(pid);
                 }
             }
         }

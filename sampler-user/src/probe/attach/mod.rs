@@ -598,6 +598,16 @@ impl Probes {
             .map_err(|e| AttachError::map(kernel::maps::FRONT_END, e))
     }
 
+    /// Undoes [`Self::carries_front_end`]: `pid` exec'd a program without one since.
+    pub fn lacks_front_end(&mut self, pid: u32) {
+        if let Ok(mut map) =
+            self.map_mut::<BpfHashMap<&mut MapData, u32, u8>>(kernel::maps::FRONT_END)
+        {
+            // Absent when the kernel's exec probe was first: nothing to remove.
+            let _ = map.remove(&pid);
+        }
+    }
+
     /// `pid`'s standing in the kernel's followed set ([`FOLLOWED_TARGET`],
     /// [`sampler_common::FOLLOWED_PENDING`]), `None` when it is not in it.
     pub fn standing(&self, pid: u32) -> Option<u8> {
