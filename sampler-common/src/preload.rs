@@ -14,7 +14,7 @@ use core::sync::atomic::AtomicU64;
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"alscope1");
 
 /// Layout version of [`Region`]; allocscope refuses any other.
-pub const REGION_VERSION: u64 = 3;
+pub const REGION_VERSION: u64 = 4;
 
 /// Per-thread counter slots. A thread beyond them counts in [`Region::overflow`] with
 /// atomic adds (exact, slower).
@@ -374,6 +374,12 @@ pub struct Region {
     /// The process's name (`comm`, 16 bytes, NUL-padded) when the library set up: the name
     /// after its latest exec, for a process gone before allocscope could read it.
     pub comm: [AtomicU64; 2],
+    /// Opened into a running process (`record -p`): slots of its objects rewritten to reach
+    /// the library (0 when preloaded: the loader bound them there).
+    pub routed: AtomicU64,
+    /// Opened into a running process: slots of the malloc family bound to something else
+    /// than the process's definition, left alone (their calls are not counted).
+    pub left: AtomicU64,
 }
 
 impl Region {

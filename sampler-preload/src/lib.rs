@@ -20,6 +20,7 @@ mod frames;
 mod next;
 mod python;
 mod region;
+mod route;
 mod sandbox;
 mod table;
 mod thread;
@@ -65,7 +66,11 @@ fn set_up(dormant: bool) {
     }
     region::init();
     thread::init();
-    python::wrap();
+    if !next::opened() {
+        // (Opened into a running process: an interpreter's allocator is not swapped under
+        // it, see docs/attach.md.)
+        python::wrap();
+    }
     frames::find();
     // SAFETY: registers a child-side fork handler (a plain function, no allocation).
     unsafe { libc::pthread_atfork(None, None, Some(after_fork)) };
@@ -84,6 +89,15 @@ static INIT: extern "C" fn() = {
     extern "C" fn init() {
         if !next::ready() {
             thread::busy(|| next::resolve(set_up));
+        }
+        if next::opened() && !sandbox::dormant() {
+            // Once ready (other threads' calls go on meanwhile): the program's calls are
+            // routed here, then allocscope's file-wide probes are told to leave them to us.
+            thread::busy(|| {
+                route::route_all();
+                region::note_routes();
+            });
+            usdt::ready();
         }
     }
     init
@@ -111,6 +125,12 @@ fn report(pointer: *mut c_void, size: u64, function: AllocFn) {
         return;
     }
     let sampled = thread::last_sample();
+    if next::opened() {
+        thread::busy(|| {
+            route::recheck();
+            region::note_routes();
+        });
+    }
     let address = pointer as u64;
     let tracked = address != 0 && SAMPLED.insert(address);
     let region = region::current();

@@ -79,9 +79,11 @@ pub fn resolve(after: impl FnOnce(bool)) -> Bootstrap {
         match STATE.compare_exchange(UNRESOLVED, RESOLVING, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
                 RESOLVER.store(thread_id(), Ordering::Release);
+                decide_opened();
                 // Under a seccomp filter already: dormant (no probe, no count).
                 let dormant = crate::sandbox::check_at_set_up();
-                if !dormant {
+                // Opened into a running process: ready once its calls are routed here.
+                if !dormant && !opened() {
                     // Before any call reaches the next allocator: from here on allocscope's
                     // file-wide probes on it leave this process's calls to us.
                     crate::usdt::ready();
@@ -104,9 +106,58 @@ pub fn resolve(after: impl FnOnce(bool)) -> Bootstrap {
     }
 }
 
-fn lookup(name: &core::ffi::CStr) -> usize {
-    // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name.
-    unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) as usize }
+/// Whether this library was opened into a running process (by allocscope's injector)
+/// rather than preloaded: decided once, before the first lookup.
+static OPENED: AtomicU8 = AtomicU8::new(0);
+
+/// Whether this library was opened into a running process: then it is not in the global
+/// scope (opened `RTLD_LOCAL`), the program's calls reach it only once routed (see
+/// [`crate::route`]), and the definitions it forwards to are the global scope's.
+pub fn opened() -> bool {
+    OPENED.load(Ordering::Relaxed) == 1
+}
+
+/// The program's own handle (`dlopen(NULL)`): its lookups search the global scope alone,
+/// whoever asks (`RTLD_DEFAULT` from this library would search its own scope too).
+static PROGRAM: AtomicUsize = AtomicUsize::new(0);
+
+fn decide_opened() {
+    // SAFETY: dlopen(NULL) returns the program's handle (never unloaded).
+    let program = unsafe { libc::dlopen(core::ptr::null(), libc::RTLD_NOW) };
+    PROGRAM.store(program as usize, Ordering::Relaxed);
+    // SAFETY: dlsym on that handle with a NUL-terminated name only this library defines.
+    let global = !program.is_null()
+        && !unsafe { libc::dlsym(program, c"allocscope_preload_region".as_ptr()) }.is_null();
+    OPENED.store(
+        u8::from(!program.is_null() && !global && !in_executable()),
+        Ordering::Relaxed,
+    );
+}
+
+/// Whether this code is linked into the program's executable (its own tests), which
+/// exports nothing: never opened into it.
+fn in_executable() -> bool {
+    let base = |address: *const c_void| {
+        // SAFETY: all-zero is a valid Dl_info; dladdr fills the struct we own.
+        let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+        (unsafe { libc::dladdr(address, &mut info) } != 0).then_some(info.dli_fbase as usize)
+    };
+    // SAFETY: getauxval has no preconditions.
+    let entry = unsafe { libc::getauxval(libc::AT_ENTRY) } as *const c_void;
+    let own = (&raw const crate::region::allocscope_preload_region).cast::<c_void>();
+    base(entry).is_some() && base(entry) == base(own)
+}
+
+/// The definition of `name` this library forwards to: the next after it in the search
+/// order when preloaded, the global scope's when opened into a running process.
+pub fn lookup(name: &core::ffi::CStr) -> usize {
+    let scope = if opened() {
+        PROGRAM.load(Ordering::Relaxed) as *mut c_void
+    } else {
+        libc::RTLD_NEXT
+    };
+    // SAFETY: dlsym with a pseudo-handle and a NUL-terminated name.
+    unsafe { libc::dlsym(scope, name.as_ptr()) as usize }
 }
 
 fn lookup_all() {

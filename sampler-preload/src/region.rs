@@ -139,6 +139,19 @@ pub fn init() {
     snapshot_maps();
 }
 
+/// Publishes how many slots the routing rewrote and left (see [`crate::route`]).
+pub fn note_routes() {
+    let region = current();
+    region.routed.store(
+        crate::route::ROUTED.load(Ordering::Relaxed),
+        Ordering::Relaxed,
+    );
+    region.left.store(
+        crate::route::LEFT.load(Ordering::Relaxed),
+        Ordering::Relaxed,
+    );
+}
+
 /// A dormant library's region (see [`crate::sandbox`]): private, unpublished, set up with
 /// no system call.
 pub fn init_dormant() {

@@ -116,8 +116,7 @@ pub fn resolve_next() {
 fn next(cache: &AtomicUsize, name: &core::ffi::CStr) -> usize {
     let mut address = cache.load(Ordering::Acquire);
     if address == 0 {
-        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name.
-        address = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+        address = crate::next::lookup(name);
         cache.store(address, Ordering::Release);
     }
     address

@@ -157,6 +157,15 @@ pub struct SamplingArgs {
     #[arg(long, help_heading = "Sampling")]
     pub no_preload: bool,
 
+    /// With -p: how a running process is counted. `in-process` loads allocscope's sampler
+    /// into it (one thread stopped well under a millisecond), which counts there and traps
+    /// only on sampled blocks; the library stays loaded after allocscope leaves, costing a
+    /// few ns per call (docs/attach.md). `uprobes` traps on every allocator call (~0.7 µs)
+    /// and leaves nothing behind. `auto` loads where it can, uprobes elsewhere, each said.
+    /// [default: auto; uprobes for `agent`]
+    #[arg(long, value_enum, value_name = "HOW", help_heading = "Sampling")]
+    pub front_end: Option<FrontEndArg>,
+
     /// Observe returns with a classic return probe on every allocation even where the kernel
     /// has uprobe sessions (for benchmarking the difference).
     #[arg(long, hide = true)]
@@ -272,6 +281,17 @@ pub enum UnwindArg {
     Dwarf,
     /// The kernel's frame-pointer walk.
     Fp,
+}
+
+/// `--front-end`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FrontEndArg {
+    /// In-process where it can be loaded, uprobes elsewhere.
+    Auto,
+    /// In-process, or an error.
+    InProcess,
+    /// Uprobes only.
+    Uprobes,
 }
 
 /// `--python-frames`.

@@ -130,6 +130,17 @@ pub const DEFAULT_MAX_SAMPLES_PER_SEC: u32 = 5000;
 const STACK_BYTES_RANGE: std::ops::RangeInclusive<u64> =
     sampler_common::STACK_PAGE as u64..=sampler_common::MAX_STACK_COPY as u64;
 
+/// Whether to load allocscope's in-process sampler into a running process (`--front-end`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadIntoRunning {
+    /// Never: uprobes.
+    Never,
+    /// Where it can be; uprobes elsewhere, said.
+    WherePossible,
+    /// Always: a process it cannot be loaded into is an error.
+    Always,
+}
+
 /// How to sample, validated (shared by `record` and `top`).
 #[derive(Clone, Debug)]
 pub struct SamplingConfig {
@@ -158,6 +169,8 @@ pub struct SamplingConfig {
     /// `--no-preload`), except under duty cycling (whose estimates need every call counted by
     /// the probes it detaches).
     pub preload: bool,
+    /// Whether to load the in-process front end into running processes (`-p`).
+    pub load_into_running: LoadIntoRunning,
     /// Confidence of the bounds.
     pub confidence: f64,
     /// Time between the timeline's ticks (`--tick`).
@@ -355,6 +368,13 @@ impl SamplingArgs {
             sessions: !self.no_sessions,
             usdt_nop5: self.usdt_nop5,
             preload: !self.no_preload && max_overhead.is_none(),
+            load_into_running: match self.front_end {
+                // Duty cycling counts with the probes it detaches.
+                _ if max_overhead.is_some() => LoadIntoRunning::Never,
+                None | Some(crate::cli::FrontEndArg::Auto) => LoadIntoRunning::WherePossible,
+                Some(crate::cli::FrontEndArg::InProcess) => LoadIntoRunning::Always,
+                Some(crate::cli::FrontEndArg::Uprobes) => LoadIntoRunning::Never,
+            },
             confidence: self.confidence,
             tick,
             verbose: self.verbose,

@@ -18,6 +18,7 @@ pub mod exits;
 pub mod export;
 pub mod format;
 pub mod infile;
+pub mod inject;
 pub mod outfile;
 pub mod preflight;
 pub mod preload;

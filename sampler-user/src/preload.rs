@@ -408,7 +408,7 @@ pub fn dormant(pid: u32, vmas: &[maps::Vma], library: &Path) -> bool {
 
 /// The process addresses of `names`, defined by the file mapped at `library` in `pid`
 /// (the file read and parsed once).
-fn symbol_addresses<const N: usize>(
+pub(crate) fn symbol_addresses<const N: usize>(
     pid: u32,
     vmas: &[maps::Vma],
     library: &Path,
@@ -418,7 +418,8 @@ fn symbol_addresses<const N: usize>(
     File::open(library)
         .and_then(|mut f| f.read_to_end(&mut data))
         .with_context(|| format!("reading {}", library.display()))?;
-    let file = object::File::parse(&*data).context("parsing the preload library")?;
+    let file =
+        object::File::parse(&*data).with_context(|| format!("parsing {}", library.display()))?;
     let segments = maps::loadable_segments(&file);
     let id = maps::FileId::of(&std::fs::metadata(library)?);
     let bias = vmas
@@ -432,7 +433,7 @@ fn symbol_addresses<const N: usize>(
             .dynamic_symbols()
             .find(|s| s.name() == Ok(name))
             .map(|s| s.address())
-            .with_context(|| format!("{name} missing from the preload library"))?;
+            .with_context(|| format!("{name} missing from {}", library.display()))?;
         *address = bias.wrapping_add(value);
     }
     Ok(addresses)

@@ -46,6 +46,11 @@ pub fn seccomp_mode(pid: u32) -> Option<u32> {
     status_field(&status_of(pid)?, "Seccomp")?.parse().ok()
 }
 
+/// The pid of the process tracing `pid` (0: none), from /proc/PID/status.
+pub fn tracer_of(pid: u32) -> Option<u32> {
+    status_field(&status_of(pid)?, "TracerPid")?.parse().ok()
+}
+
 /// `pid` as its own pid namespace numbers it (the last `NSpid:` field of its status).
 pub fn namespace_pid(pid: u32) -> Option<u32> {
     status_field(&status_of(pid)?, "NSpid")?

@@ -30,7 +30,13 @@ impl AgentArgs {
     /// Checks the flags.
     pub fn into_config(self) -> Result<AgentConfig, BadInput> {
         let targets = self.targets.into_targets()?;
-        let sampling = self.sampling.into_config()?;
+        // Loaded into running processes only when asked: a fleet agent leaves them as
+        // they are unless told otherwise.
+        let asked = self.sampling.front_end.is_some();
+        let mut sampling = self.sampling.into_config()?;
+        if !asked {
+            sampling.load_into_running = crate::config::LoadIntoRunning::Never;
+        }
         if sampling.max_overhead.is_some() {
             return Err(BadInput(
                 "--max-overhead is for one recording of -p or -- CMD, not the agent".into(),

@@ -22,6 +22,7 @@ mod discovery;
 mod duty_cycling;
 mod early;
 mod in_process;
+mod load;
 mod prepare;
 mod roster;
 mod start;

@@ -25,12 +25,13 @@ pub struct Prepared {
     pub(super) front_end: Option<FrontEnd>,
 }
 
-/// The in-process front end of a command: the library, the family table its tree counts
-/// in, the command's own slot there, and the library as an allocator to probe.
+/// The in-process front end of a command (or of running processes it was loaded into):
+/// the library, the family table its processes count in, their slots there, and the
+/// library as an allocator to probe.
 pub(super) struct FrontEnd {
     pub(super) library: preload::Library,
     pub(super) family: preload::Family,
-    pub(super) region: preload::MappedRegion,
+    pub(super) regions: Vec<(u32, preload::MappedRegion)>,
     pub(super) allocator: crate::probe::allocator::Allocator,
 }
 
@@ -46,6 +47,12 @@ pub fn prepare(
     preflight::check_privileges()?;
     let mut cache = AllocatorCache::default();
     let mut initial = processes(targets, &mut cache)?;
+    let host_wide = targets.comm.is_some() || targets.all;
+    let loaded = if targets.command.is_empty() && !host_wide {
+        super::load::into_running(&mut initial, sampling, &mut cache)?
+    } else {
+        None
+    };
     let mut front_end = None;
     let mut environment = Vec::new();
     if !targets.command.is_empty() {
@@ -54,7 +61,6 @@ pub fn prepare(
         // A followed command's tree carries the library too (through the environment): the
         // library's probes, file-wide, reach every process that maps it, and no other.
         // `--comm` and `--all` look at processes that do not.
-        let host_wide = targets.comm.is_some() || targets.all;
         // A program whose own allocator samples itself and reports through a producer's
         // probes is recorded through them alone: the library would count the blocks that
         // allocator takes from malloc a second time.
@@ -98,11 +104,11 @@ pub fn prepare(
             Some(FrontEnd {
                 library,
                 family,
-                region,
+                regions: vec![(child.pid, region)],
                 allocator,
             })
         }
-        _ => None,
+        _ => loaded,
     };
     Ok(Prepared {
         targets: followed(targets, front_end.is_some(), &command),
@@ -198,6 +204,22 @@ fn front_end_for(
         warn!("{shown} is set-user/group-ID: the loader ignores LD_PRELOAD for it; probing its allocator with uprobes");
         return Ok(None);
     }
+    library_and_family(interval).map(Some)
+}
+
+/// The library placed for this recording, a family table at `interval` beside it, and the
+/// library as an allocator to attach to.
+#[allow(clippy::type_complexity)]
+pub(super) fn library_and_family(
+    interval: u64,
+) -> Result<
+    (
+        preload::Library,
+        preload::Family,
+        crate::probe::allocator::Allocator,
+    ),
+    BadInput,
+> {
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         BadInput(format!(
             "cannot prepare the in-process sampler ({what}): {e} (--no-preload probes its allocator with uprobes instead)"
@@ -223,5 +245,5 @@ fn front_end_for(
         in_executable: false,
         file: std::sync::Arc::new(file),
     };
-    Ok(Some((library, family, own)))
+    Ok((library, family, own))
 }

@@ -246,8 +246,8 @@ impl Recording {
         };
         let mut recording = Recording::assemble(parts, sampling, recent)?;
         recording.probe_before_start(front_end.as_ref());
-        if let (Some(pid), Some(front_end)) = (spawned, front_end) {
-            recording.take_front_end(pid, front_end, sampling.interval);
+        if let Some(front_end) = front_end {
+            recording.take_front_end(front_end, sampling.interval);
         }
         recording.attach_initial(initial, &command)?;
         if let Some(child) = child {
@@ -334,15 +334,18 @@ impl Recording {
         }
     }
 
-    /// The command `pid` counts in-process: its region is read from now on.
-    fn take_front_end(&mut self, pid: u32, front_end: FrontEnd, interval: u64) {
+    /// The command (or the running processes it was loaded into) counts in-process: their
+    /// regions are read from now on.
+    fn take_front_end(&mut self, front_end: FrontEnd, interval: u64) {
         let FrontEnd {
             library,
             family,
-            region,
+            regions,
             allocator,
         } = front_end;
-        self.counters.add_region(pid, region);
+        for (pid, region) in regions {
+            self.counters.add_region(pid, region);
+        }
         // Its frames lead every sample's stack; a short-lived command is gone before its
         // own view of the library could be opened.
         if let Ok(file_id) = library.file_id() {

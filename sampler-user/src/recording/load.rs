@@ -1,0 +1,84 @@
+//! `-p`: allocscope's in-process sampler loaded into the running targets (see
+//! [`crate::inject`]), before anything is attached, so that each counts its own calls and
+//! traps only on sampled blocks, as a command started with it does. A process it cannot be
+//! loaded into is probed with uprobes and said to be (`--front-end in-process`: an error).
+
+use log::{info, warn};
+
+use super::prepare::{library_and_family, FrontEnd};
+use crate::{
+    config::{BadInput, LoadIntoRunning, SamplingConfig},
+    probe::{allocator::Allocator, attach::Target},
+    targets::AllocatorCache,
+};
+
+/// Loads the sampler into the targets of `initial` that do not count their calls already,
+/// and updates their allocators (the library in front); `None` when none was loaded.
+pub(super) fn into_running(
+    initial: &mut [Target],
+    sampling: &SamplingConfig,
+    cache: &mut AllocatorCache,
+) -> Result<Option<FrontEnd>, BadInput> {
+    let choice = sampling.load_into_running;
+    let wanted: Vec<usize> = (0..initial.len())
+        .filter(|&i| choice != LoadIntoRunning::Never && !counts_itself(&initial[i].allocators))
+        .collect();
+    if wanted.is_empty() {
+        return Ok(None);
+    }
+    let (library, family, allocator) = library_and_family(sampling.interval)?;
+    let path = library.path();
+    let mut regions = Vec::new();
+    for i in wanted {
+        let target = &mut initial[i];
+        let pid = target.pid;
+        let region = family.claim_for(pid).map_err(|e| {
+            BadInput(format!(
+                "cannot prepare the in-process sampler for pid {pid}: {e:#}"
+            ))
+        })?;
+        match crate::inject::load(pid, &path) {
+            Ok(loaded) => {
+                info!(
+                    "pid {pid}: in-process sampler loaded (thread {} stopped {:.2} ms; loaded in {:.2} ms)",
+                    loaded.tid,
+                    loaded.stopped.as_secs_f64() * 1e3,
+                    loaded.loading.as_secs_f64() * 1e3
+                );
+                match cache.of_pid(pid) {
+                    Ok(mut allocators) => {
+                        crate::probe::allocator::behind_front_end(&mut allocators, true);
+                        target.allocators = allocators;
+                        regions.push((pid, region));
+                    }
+                    Err(e) => warn!("pid {pid}: after loading the sampler: {e}"),
+                }
+            }
+            Err(refused) if choice == LoadIntoRunning::Always => {
+                return Err(BadInput(format!(
+                    "pid {pid}: cannot load the in-process sampler: {refused} (--front-end uprobes probes it instead)"
+                )));
+            }
+            Err(refused) => {
+                warn!("pid {pid}: in-process sampler not loaded ({refused}): probing its allocator with uprobes");
+            }
+        }
+    }
+    if regions.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(FrontEnd {
+        library,
+        family,
+        regions,
+        allocator,
+    }))
+}
+
+/// Whether a process counts its own calls already (allocscope's library loaded by an
+/// earlier recording, or another producer).
+fn counts_itself(allocators: &[Allocator]) -> bool {
+    allocators
+        .iter()
+        .any(|a| a.file.is_in_process() || a.file.is_producer())
+}
