@@ -138,9 +138,11 @@ fn decide_opened() {
 /// exports nothing: never opened into it.
 fn in_executable() -> bool {
     let base = |address: *const c_void| {
-        // SAFETY: all-zero is a valid Dl_info; dladdr fills the struct we own.
+        // SAFETY: all-zero is a valid Dl_info.
         let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
-        (unsafe { libc::dladdr(address, &mut info) } != 0).then_some(info.dli_fbase as usize)
+        // SAFETY: dladdr fills the struct we own.
+        let found = unsafe { libc::dladdr(address, &mut info) } != 0;
+        found.then_some(info.dli_fbase as usize)
     };
     // SAFETY: getauxval has no preconditions.
     let entry = unsafe { libc::getauxval(libc::AT_ENTRY) } as *const c_void;

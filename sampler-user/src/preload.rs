@@ -346,6 +346,12 @@ impl MappedRegion {
         (len > 0).then(|| String::from_utf8_lossy(&bytes[..len]).into_owned())
     }
 
+    /// Counts from now on: for a process the library was loaded into while it ran, whose
+    /// calls before its probes are attached would have no samples.
+    pub fn count_from_now(&mut self) {
+        self.baseline = self.region().totals();
+    }
+
     /// Its slot in the family table, if it is one.
     pub fn slot(&self) -> Option<usize> {
         self.slot

@@ -39,11 +39,11 @@ def throughput():
 
 def started(argv, ready):
     """Starts a recorder/profiler; returns it once `ready` (a predicate of its stderr so far)."""
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     said = ""
     deadline = time.monotonic() + 60
     while not ready(said):
-        line = p.stderr.readline()
+        line = p.stdout.readline()
         if not line or time.monotonic() > deadline:
             raise SystemExit(f"{argv[0]} did not start: {said[-500:]}")
         said += line
@@ -72,7 +72,7 @@ for r in range(rounds):
         rate = throughput()
         if recorder:
             recorder.send_signal(signal.SIGINT)
-            _, err = recorder.communicate(timeout=120)
+            err, _ = recorder.communicate(timeout=120)
             stops += re.findall(r"stopped ([0-9.]+) ms", err)
         server.terminate()
         server.wait(timeout=30)

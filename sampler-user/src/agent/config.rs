@@ -26,17 +26,24 @@ pub struct AgentConfig {
     pub out_dir: Option<(PathBuf, Format, Option<usize>)>,
 }
 
+/// The sampling flags as the agent takes them: loaded into running processes only when
+/// asked (a fleet agent leaves them as they are unless told otherwise).
+fn agent_sampling(
+    args: crate::cli::SamplingArgs,
+) -> Result<crate::config::SamplingConfig, BadInput> {
+    let asked = args.front_end.is_some();
+    let mut sampling = args.into_config()?;
+    if !asked {
+        sampling.load_into_running = crate::config::LoadIntoRunning::Never;
+    }
+    Ok(sampling)
+}
+
 impl AgentArgs {
     /// Checks the flags.
     pub fn into_config(self) -> Result<AgentConfig, BadInput> {
         let targets = self.targets.into_targets()?;
-        // Loaded into running processes only when asked: a fleet agent leaves them as
-        // they are unless told otherwise.
-        let asked = self.sampling.front_end.is_some();
-        let mut sampling = self.sampling.into_config()?;
-        if !asked {
-            sampling.load_into_running = crate::config::LoadIntoRunning::Never;
-        }
+        let sampling = agent_sampling(self.sampling)?;
         if sampling.max_overhead.is_some() {
             return Err(BadInput(
                 "--max-overhead is for one recording of -p or -- CMD, not the agent".into(),

@@ -212,7 +212,13 @@ impl Context<'_> {
             command: known.map(|p| p.command.clone()).unwrap_or_default(),
             executable: known.map(|p| p.executable.clone()).unwrap_or_default(),
             cgroup: known.and_then(|p| p.cgroup.clone()),
-            front_end: front_end_of(&allocators),
+            front_end: match (
+                front_end_of(&allocators),
+                known.and_then(|p| p.not_loaded.as_ref()),
+            ) {
+                (front_end, Some(why)) if front_end == uprobes() => format!("{front_end} ({why})"),
+                (front_end, _) => front_end,
+            },
             incomplete: incomplete_reasons(&allocators),
             allocators,
             exact: ExactCounts {
@@ -561,6 +567,7 @@ mod tests {
             cgroup: None,
             allocators: vec![format!("{} (/usr/lib/libc.so.6)", Family::Glibc)],
             duty: None,
+            not_loaded: None,
         }
     }
 

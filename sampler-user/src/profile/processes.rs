@@ -24,6 +24,8 @@ pub struct ProcessBook {
     rss: BTreeMap<u32, u64>,
     /// Its CPU time (ns) when first and last read.
     cpu: BTreeMap<u32, (u64, u64)>,
+    /// Why the in-process sampler was not loaded into it (`-p`: probed with uprobes).
+    not_loaded: BTreeMap<u32, String>,
 }
 
 /// What a tally adds to a process's description: sampled blocks whose frees could not be
@@ -48,6 +50,12 @@ impl ProcessBook {
         self.allocators.remove(&pid);
         self.rss.remove(&pid);
         self.cpu.remove(&pid);
+        self.not_loaded.remove(&pid);
+    }
+
+    /// The in-process sampler could not be loaded into `pid`, for reason `why`.
+    pub fn not_loaded(&mut self, pid: u32, why: String) {
+        self.not_loaded.insert(pid, why);
     }
 
     /// Starts tracking `pid` (or again, after an exec): its command name, executable,
@@ -190,6 +198,7 @@ impl ProcessBook {
                         .map(|files| files.iter().map(|(_, name)| name.clone()).collect())
                         .unwrap_or_default(),
                     duty,
+                    not_loaded: self.not_loaded.get(&pid).cloned(),
                 }
             })
             .collect()

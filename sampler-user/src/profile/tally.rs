@@ -75,6 +75,8 @@ pub struct ProcessTally {
     pub allocators: Vec<String>,
     /// Duty cycling: its bytes and calls over time-sampled strata, from the exact counters.
     pub duty: Option<DutyPair>,
+    /// Why the in-process sampler was not loaded into it (`-p`).
+    pub not_loaded: Option<String>,
 }
 
 /// Every stack's raw sample sets at one moment.

@@ -12,23 +12,43 @@ use crate::{
     targets::AllocatorCache,
 };
 
-/// Loads the sampler into the targets of `initial` that do not count their calls already,
-/// and updates their allocators (the library in front); `None` when none was loaded.
-pub(super) fn into_running(
+/// What loading into the running targets gave: the front end (`None` when it was loaded
+/// into none), and why not, for each target it could not be loaded into.
+pub(super) type Loaded = (Option<FrontEnd>, Vec<(u32, String)>);
+
+/// `-p` alone (no command, nor `--comm` or `--all`, whose processes come and go): loads
+/// the sampler into the running targets ([`into_running`]).
+pub(super) fn into_targets(
+    targets: &crate::config::Targets,
     initial: &mut [Target],
     sampling: &SamplingConfig,
     cache: &mut AllocatorCache,
-) -> Result<Option<FrontEnd>, BadInput> {
+) -> Result<Loaded, BadInput> {
+    if targets.command.is_empty() && targets.comm.is_none() && !targets.all {
+        into_running(initial, sampling, cache)
+    } else {
+        Ok((None, Vec::new()))
+    }
+}
+
+/// Loads the sampler into the targets of `initial` that do not count their calls already,
+/// and updates their allocators (the library in front).
+fn into_running(
+    initial: &mut [Target],
+    sampling: &SamplingConfig,
+    cache: &mut AllocatorCache,
+) -> Result<Loaded, BadInput> {
     let choice = sampling.load_into_running;
     let wanted: Vec<usize> = (0..initial.len())
         .filter(|&i| choice != LoadIntoRunning::Never && !counts_itself(&initial[i].allocators))
         .collect();
     if wanted.is_empty() {
-        return Ok(None);
+        return Ok((None, Vec::new()));
     }
     let (library, family, allocator) = library_and_family(sampling.interval)?;
     let path = library.path();
     let mut regions = Vec::new();
+    let mut not_loaded = Vec::new();
     for i in wanted {
         let target = &mut initial[i];
         let pid = target.pid;
@@ -61,18 +81,18 @@ pub(super) fn into_running(
             }
             Err(refused) => {
                 warn!("pid {pid}: in-process sampler not loaded ({refused}): probing its allocator with uprobes");
+                not_loaded.push((pid, refused.to_string()));
             }
         }
     }
-    if regions.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(FrontEnd {
+    let front_end = (!regions.is_empty()).then_some(FrontEnd {
         library,
         family,
         regions,
         allocator,
-    }))
+        running: true,
+    });
+    Ok((front_end, not_loaded))
 }
 
 /// Whether a process counts its own calls already (allocscope's library loaded by an

@@ -21,8 +21,10 @@ pub struct Prepared {
     pub(super) child: Option<PausedChild>,
     pub(super) command: String,
     pub(super) cache: AllocatorCache,
-    /// The in-process front end loaded into the command.
+    /// The in-process front end loaded into the command (or into running targets).
     pub(super) front_end: Option<FrontEnd>,
+    /// Running targets it could not be loaded into, and why.
+    pub(super) not_loaded: Vec<(u32, String)>,
 }
 
 /// The in-process front end of a command (or of running processes it was loaded into):
@@ -33,6 +35,8 @@ pub(super) struct FrontEnd {
     pub(super) family: preload::Family,
     pub(super) regions: Vec<(u32, preload::MappedRegion)>,
     pub(super) allocator: crate::probe::allocator::Allocator,
+    /// Loaded into running processes (`-p`), not started with the command.
+    pub(super) running: bool,
 }
 
 /// Runs every check that can fail on bad input (privileges, targets, then the caller's own
@@ -48,11 +52,8 @@ pub fn prepare(
     let mut cache = AllocatorCache::default();
     let mut initial = processes(targets, &mut cache)?;
     let host_wide = targets.comm.is_some() || targets.all;
-    let loaded = if targets.command.is_empty() && !host_wide {
-        super::load::into_running(&mut initial, sampling, &mut cache)?
-    } else {
-        None
-    };
+    let (loaded, not_loaded) =
+        super::load::into_targets(targets, &mut initial, sampling, &mut cache)?;
     let mut front_end = None;
     let mut environment = Vec::new();
     if !targets.command.is_empty() {
@@ -106,6 +107,7 @@ pub fn prepare(
                 family,
                 regions: vec![(child.pid, region)],
                 allocator,
+                running: false,
             })
         }
         _ => loaded,
@@ -117,6 +119,7 @@ pub fn prepare(
         command,
         cache,
         front_end,
+        not_loaded,
     })
 }
 

@@ -202,6 +202,7 @@ impl Recording {
             command,
             cache,
             front_end,
+            not_loaded,
         } = prepared;
         let followed_only = !targets.all && (targets.follow || targets.comm.is_some());
         // A command counted in-process, alone, traps only on its samples (rare), and needs
@@ -246,9 +247,7 @@ impl Recording {
         };
         let mut recording = Recording::assemble(parts, sampling, recent)?;
         recording.probe_before_start(front_end.as_ref());
-        if let Some(front_end) = front_end {
-            recording.take_front_end(front_end, sampling.interval);
-        }
+        recording.take_front_end(front_end, not_loaded, sampling.interval);
         recording.attach_initial(initial, &command)?;
         if let Some(child) = child {
             recording.release(child, &command)?;
@@ -335,15 +334,33 @@ impl Recording {
     }
 
     /// The command (or the running processes it was loaded into) counts in-process: their
-    /// regions are read from now on.
-    fn take_front_end(&mut self, front_end: FrontEnd, interval: u64) {
-        let FrontEnd {
+    /// regions are read from now on. `not_loaded`: running targets it could not be loaded
+    /// into, and why.
+    fn take_front_end(
+        &mut self,
+        front_end: Option<FrontEnd>,
+        not_loaded: Vec<(u32, String)>,
+        interval: u64,
+    ) {
+        for (pid, why) in not_loaded {
+            self.processes.not_loaded(pid, why);
+        }
+        let Some(FrontEnd {
             library,
             family,
             regions,
             allocator,
-        } = front_end;
-        for (pid, region) in regions {
+            running,
+        }) = front_end
+        else {
+            return;
+        };
+        for (pid, mut region) in regions {
+            if running {
+                // Its probes are attached next: what it counted since it was loaded has
+                // no samples.
+                region.count_from_now();
+            }
             self.counters.add_region(pid, region);
         }
         // Its frames lead every sample's stack; a short-lived command is gone before its

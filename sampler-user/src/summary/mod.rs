@@ -298,11 +298,13 @@ fn exact_counts(process: &ProcessProfile) -> String {
             bytes(process.exact.bytes as f64),
             process.exact.calls,
             match process.front_end.as_str() {
-                "in-process" => " (counted in-process)",
+                "in-process" => " (counted in-process)".into(),
                 crate::profile::IN_PROCESS_THEN_UPROBES => {
-                    " (counted in-process, then by uprobes: it exec'd a program without the library)"
+                    " (counted in-process, then by uprobes: it exec'd a program without the library)".into()
                 }
-                _ => "",
+                // `-p`: the in-process sampler could not be loaded, said why.
+                other if other.starts_with("uprobes (") => format!(" (counted by {other})"),
+                _ => String::new(),
             }
         ),
     }

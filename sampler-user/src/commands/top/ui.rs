@@ -590,6 +590,7 @@ mod tests {
                     cgroup: None,
                     allocators: Vec::new(),
                     duty: None,
+                    not_loaded: None,
                 }],
                 recent_seconds: 10.0,
                 ..Tally::default()

@@ -1,0 +1,243 @@
+//! `record -p` on a running process loads allocscope's in-process sampler into it
+//! (`--front-end auto`, the default; see sampler-user's `inject`). Against a real
+//! multithreaded program that frees across threads, forks and dlopens meanwhile, and checks
+//! every block it frees (tests/fixtures/attach.c): attached and detached many times, its
+//! blocks all whole and its children's statuses right; allocscope killed with SIGKILL
+//! during and after the switch, the program runs on; where the sampler cannot be loaded
+//! (a static program, one traced already), uprobes count it and the profile says why, and
+//! `--front-end in-process` refuses before anything is attached.
+
+use std::{
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use serde_json::Value;
+use tests::{
+    allocscope, bpf_available, fixture, fixture_as, process, read_profile, start_recording, TempDir,
+};
+
+/// The attach fixture, started, after its "ready" line.
+struct Target {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Target {
+    fn start(args: &[&str]) -> Target {
+        use std::io::BufRead as _;
+        let mut child = Command::new(fixture("attach", &["-lpthread", "-ldl"]))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ready "), "fixture said {line:?}");
+        Target {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Stops it; what it said and its exit code.
+    fn stop(mut self) -> (String, Option<i32>) {
+        use std::io::{Read as _, Write as _};
+        self.stdin.write_all(b"stop\n").unwrap();
+        self.stdin.flush().unwrap();
+        let mut said = String::new();
+        self.stdout.read_to_string(&mut said).unwrap();
+        (said, self.child.wait().unwrap().code())
+    }
+}
+
+fn record_for(pid: u32, seconds: &str, out: &std::path::Path, extra: &[&str]) -> (bool, String) {
+    let output = Command::new(allocscope())
+        .args(["record", "-v", "-p", &pid.to_string(), "-d", seconds, "-o"])
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn attached_and_detached_many_times_the_program_stays_whole() {
+    if !bpf_available("attached_and_detached_many_times_the_program_stays_whole") {
+        return;
+    }
+    let dir = TempDir::new("attach-many");
+    let target = Target::start(&["4", "churn"]);
+    let pid = target.pid();
+    for round in 0..100 {
+        let out = dir.path(&format!("r{round}.json"));
+        let (ok, err) = record_for(pid, "0.05s", &out, &[]);
+        assert!(ok, "round {round}: {err}");
+        let profile = read_profile(&out);
+        let me = process(&profile, pid);
+        assert_eq!(me["front_end"], "in-process", "round {round}: {me:#}");
+        assert!(me["exact"]["calls"].as_u64().unwrap() > 0, "round {round}");
+        if round == 0 {
+            // Loaded now, by one thread stopped briefly (said with -v).
+            assert!(err.contains("in-process sampler loaded (thread"), "{err}");
+            assert!(err.contains("ms; loaded in"), "{err}");
+            let est = &me["alloc_bytes"];
+            let exact = me["exact"]["bytes"].as_f64().unwrap();
+            assert!(
+                est["lower"].as_f64().unwrap() <= exact && exact <= est["upper"].as_f64().unwrap(),
+                "exact {exact} outside {est}"
+            );
+        } else {
+            // Found loaded by an earlier recording: counted on in its region.
+            assert!(
+                !err.contains("in-process sampler loaded"),
+                "round {round}: {err}"
+            );
+        }
+    }
+    let (said, code) = target.stop();
+    assert_eq!((said.trim(), code), ("ok 1", Some(0)), "{said}");
+}
+
+#[test]
+fn allocscope_killed_during_or_after_the_switch_leaves_the_program_running() {
+    if !bpf_available("allocscope_killed_during_or_after_the_switch_leaves_the_program_running") {
+        return;
+    }
+    let dir = TempDir::new("attach-kill");
+    for delay_ms in [0, 2, 5, 10, 20, 40, 80, 160, 400] {
+        let mut target = Target::start(&["3", "churn"]);
+        let mut recorder = Command::new(allocscope())
+            .args(["record", "-p", &target.pid().to_string(), "-o"])
+            .arg(dir.path(&format!("k{delay_ms}.json")))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        recorder.kill().unwrap();
+        recorder.wait().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            target.running(),
+            "killed {delay_ms} ms in: the program ended"
+        );
+        let (said, code) = target.stop();
+        assert_eq!(
+            (said.trim(), code),
+            ("ok 1", Some(0)),
+            "killed {delay_ms} ms in"
+        );
+    }
+}
+
+#[test]
+fn where_the_sampler_cannot_be_loaded_uprobes_count_and_say_why() {
+    if !bpf_available("where_the_sampler_cannot_be_loaded_uprobes_count_and_say_why") {
+        return;
+    }
+    let dir = TempDir::new("attach-refused");
+    // A static program: no dlopen to call.
+    let static_binary = fixture_as("attach", "attach-static", &["-static", "-lpthread"]);
+    let mut child = Command::new(&static_binary)
+        .arg("2")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    std::thread::sleep(Duration::from_millis(200));
+    let out = dir.path("static.json");
+    let (ok, err) = record_for(pid, "0.5s", &out, &[]);
+    assert!(ok, "{err}");
+    let profile = read_profile(&out);
+    let me = process(&profile, pid);
+    assert!(
+        me["front_end"]
+            .as_str()
+            .unwrap()
+            .starts_with("uprobes (no dlopen"),
+        "{me:#}"
+    );
+    assert!(me["exact"]["calls"].as_u64().unwrap() > 0);
+    assert!(err.contains("counted by uprobes (no dlopen"), "{err}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // A process traced already (by this test): left to its tracer, counted by uprobes.
+    let target = Target::start(&["2"]);
+    let pid = target.pid();
+    // SAFETY: PTRACE_SEIZE of our own child; it runs on, traced.
+    let seized = unsafe {
+        libc::ptrace(
+            libc::PTRACE_SEIZE,
+            pid as libc::pid_t,
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_void>(),
+        )
+    };
+    assert_eq!(seized, 0, "{}", std::io::Error::last_os_error());
+    let out = dir.path("traced.json");
+    let (ok, err) = record_for(pid, "0.5s", &out, &[]);
+    assert!(ok, "{err}");
+    let me: Value = process(&read_profile(&out), pid).clone();
+    // The tracer is this thread.
+    // SAFETY: gettid has no preconditions.
+    let expected = format!("uprobes (traced by pid {} already)", unsafe {
+        libc::gettid()
+    });
+    assert_eq!(me["front_end"], expected.as_str(), "{me:#}");
+    assert!(me["exact"]["calls"].as_u64().unwrap() > 0);
+    // Asked for in-process: an error before anything is attached.
+    let out = dir.path("refused.json");
+    let (ok, err) = record_for(pid, "0.5s", &out, &["--front-end", "in-process"]);
+    assert!(
+        !ok && err.contains("cannot load the in-process sampler"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    let (said, code) = target.stop();
+    assert_eq!((said.trim(), code), ("ok 1", Some(0)));
+}
+
+#[test]
+fn top_and_record_count_the_loaded_process_in_process() {
+    if !bpf_available("top_and_record_count_the_loaded_process_in_process") {
+        return;
+    }
+    // Ctrl-C ends the recording of a process it was loaded into, profile written.
+    let dir = TempDir::new("attach-interrupt");
+    let target = Target::start(&["2"]);
+    let out = dir.path("i.json");
+    let (recorder, stderr) = start_recording(&[
+        "record",
+        "-p",
+        &target.pid().to_string(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let rest = tests::drain(stderr);
+    std::thread::sleep(Duration::from_millis(300));
+    tests::interrupt(recorder);
+    let rest = rest.join().unwrap();
+    assert!(rest.contains("counted in-process"), "{rest}");
+    let me: Value = process(&read_profile(&out), target.pid()).clone();
+    assert_eq!(me["front_end"], "in-process");
+    let (said, code) = target.stop();
+    assert_eq!((said.trim(), code), ("ok 1", Some(0)));
+}
