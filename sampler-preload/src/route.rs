@@ -80,7 +80,13 @@ struct Sym {
 pub struct Route {
     pub name: &'static CStr,
     pub ours: usize,
+    /// The process's definition as its global scope gives it: in an executable that is not
+    /// position-independent and takes the function's address, its own PLT entry (the
+    /// "canonical" address every other object was bound to).
     pub theirs: usize,
+    /// The function itself (where that PLT entry leads; `theirs` otherwise): what ours
+    /// forward to.
+    pub real: usize,
 }
 
 /// What to do with a slot of a routed function holding `value`.
@@ -98,7 +104,8 @@ pub enum Slot {
 pub fn decide(value: usize, route: &Route, object: (usize, usize)) -> Slot {
     if value == route.ours {
         Slot::Routed
-    } else if value == route.theirs || (object.0..object.1).contains(&value) {
+    } else if value == route.theirs || value == route.real || (object.0..object.1).contains(&value)
+    {
         Slot::Route
     } else {
         Slot::Left
@@ -122,16 +129,83 @@ fn routes() -> [Route; 12] {
         c"syscall",
     ];
     let own = own_handle();
-    names.map(|name| Route {
-        name,
-        ours: if own.is_null() {
-            0
-        } else {
-            // SAFETY: dlsym on this library's handle with a NUL-terminated name.
-            unsafe { libc::dlsym(own, name.as_ptr()) as usize }
-        },
-        theirs: crate::next::lookup(name),
+    names.map(|name| {
+        let theirs = crate::next::lookup(name);
+        Route {
+            name,
+            ours: if own.is_null() {
+                0
+            } else {
+                // SAFETY: dlsym on this library's handle with a NUL-terminated name.
+                unsafe { libc::dlsym(own, name.as_ptr()) as usize }
+            },
+            theirs,
+            real: forwarder(name).map_or(theirs, |f| f.load(Ordering::Relaxed)),
+        }
     })
+}
+
+/// Where ours keep the function they forward `name` to (none: `reallocarray`, which calls
+/// our `realloc`).
+fn forwarder(name: &CStr) -> Option<&'static core::sync::atomic::AtomicUsize> {
+    let n = &crate::next::NEXT;
+    Some(match name.to_bytes() {
+        b"malloc" => &n.malloc,
+        b"free" => &n.free,
+        b"calloc" => &n.calloc,
+        b"realloc" => &n.realloc,
+        b"memalign" => &n.memalign,
+        b"posix_memalign" => &n.posix_memalign,
+        b"aligned_alloc" => &n.aligned_alloc,
+        b"valloc" => &n.valloc,
+        b"pvalloc" => &n.pvalloc,
+        b"prctl" => &crate::sandbox::NEXT_PRCTL,
+        b"syscall" => &crate::sandbox::NEXT_SYSCALL,
+        _ => return None,
+    })
+}
+
+/// Where a definition that is the executable's own PLT entry leads: ours must forward
+/// there (forwarding to the entry would come back to us once the executable's slot is
+/// routed). Read from the executable's slot for the function, before it is routed.
+unsafe extern "C" fn find_real(
+    info: *mut libc::dl_phdr_info,
+    _size: usize,
+    data: *mut c_void,
+) -> c_int {
+    // SAFETY: valid during the call (see `route_all`).
+    let (info, routes) = unsafe { (&*info, &mut *data.cast::<[Route; 12]>()) };
+    let span = object_span(info);
+    // SAFETY: the loader's description of a loaded object.
+    let Some(t) = (unsafe { tables(info) }) else {
+        return 1;
+    };
+    for rela in relocations(&t) {
+        let kind = (rela.info & 0xffff_ffff) as u32;
+        if kind != R_X86_64_JUMP_SLOT && kind != R_X86_64_GLOB_DAT {
+            continue;
+        }
+        // SAFETY: a relocation of this object's table.
+        let name = unsafe { symbol_name(&t, rela) };
+        let base = info.dlpi_addr as usize;
+        for route in routes.iter_mut() {
+            let canonical = (span.0..span.1).contains(&route.theirs);
+            if route.name != name || !canonical || route.real != route.theirs {
+                continue;
+            }
+            let slot = base.wrapping_add(rela.offset as usize) as *const usize;
+            // SAFETY: the slot the loader wrote for this relocation.
+            let value = unsafe { core::ptr::read_volatile(slot) };
+            if value != route.ours && !(span.0..span.1).contains(&value) {
+                route.real = value;
+                if let Some(f) = forwarder(route.name) {
+                    f.store(value, Ordering::Release);
+                }
+            }
+        }
+    }
+    // The executable is the first object: the others are not looked at.
+    1
 }
 
 /// This library's own handle: its lookups find its own definitions (taking their address
@@ -151,10 +225,15 @@ fn own_handle() -> *mut c_void {
 
 /// Routes every object loaded now (but this library and the dynamic loader).
 pub fn route_all() {
-    let routes = routes();
-
-    // SAFETY: the callback gets the loader's own descriptions, valid during the call.
-    unsafe { libc::dl_iterate_phdr(Some(each_object), (&raw const routes).cast_mut().cast()) };
+    let mut routes = routes();
+    if routes.iter().any(|r| r.ours == 0 || r.ours == r.theirs) {
+        return;
+    }
+    // SAFETY: the callbacks get the loader's own descriptions, valid during the call.
+    unsafe {
+        libc::dl_iterate_phdr(Some(find_real), (&raw mut routes).cast());
+        libc::dl_iterate_phdr(Some(each_object), (&raw const routes).cast_mut().cast());
+    }
 }
 
 /// From a sampled call: routes objects opened since the last routing (not more often than
@@ -286,6 +365,32 @@ unsafe fn tables(info: &libc::dl_phdr_info) -> Option<Tables> {
     (t.symbols != 0 && t.strings != 0).then_some(t)
 }
 
+/// The object's relocations that name a symbol (both tables).
+fn relocations(t: &Tables) -> impl Iterator<Item = &'static Rela> + '_ {
+    t.relocations
+        .iter()
+        .filter(|(start, _)| *start != 0)
+        .flat_map(|&(start, bytes)| {
+            let count = bytes / core::mem::size_of::<Rela>();
+            // SAFETY: the object's relocation table, `count` entries, mapped while it is
+            // loaded (the loader's lock is held by `dl_iterate_phdr` meanwhile).
+            unsafe { core::slice::from_raw_parts(start as *const Rela, count) }.iter()
+        })
+        .filter(|rela| rela.info >> 32 != 0)
+}
+
+/// The name of the symbol `rela` names.
+///
+/// # Safety
+/// `rela` is a relocation of the object `t` describes.
+unsafe fn symbol_name(t: &Tables, rela: &Rela) -> &'static CStr {
+    // SAFETY: the caller's promise: its symbol entry and that entry's name.
+    unsafe {
+        let sym = &*(t.symbols as *const Sym).add((rela.info >> 32) as usize);
+        CStr::from_ptr((t.strings + sym.name as usize) as *const core::ffi::c_char)
+    }
+}
+
 /// # Safety
 /// `info` describes a loaded object.
 unsafe fn route_object(info: &libc::dl_phdr_info, routes: &[Route; 12]) {
@@ -302,25 +407,15 @@ unsafe fn route_object(info: &libc::dl_phdr_info, routes: &[Route; 12]) {
             let start = base.wrapping_add(h.p_vaddr as usize);
             (start, start + h.p_memsz as usize)
         });
-    for (start, bytes) in t.relocations {
-        if start == 0 {
-            continue;
-        }
-        let count = bytes / core::mem::size_of::<Rela>();
-        for i in 0..count {
-            // SAFETY: within the object's relocation table.
-            let rela = unsafe { &*(start as *const Rela).add(i) };
+    {
+        for rela in relocations(&t) {
             let kind = (rela.info & 0xffff_ffff) as u32;
-            let symbol = (rela.info >> 32) as usize;
             let data = kind == R_X86_64_64 && rela.addend == 0;
-            if symbol == 0 || !(kind == R_X86_64_JUMP_SLOT || kind == R_X86_64_GLOB_DAT || data) {
+            if !(kind == R_X86_64_JUMP_SLOT || kind == R_X86_64_GLOB_DAT || data) {
                 continue;
             }
-            // SAFETY: the symbol table entry the relocation names, and its name.
-            let name = unsafe {
-                let sym = &*(t.symbols as *const Sym).add(symbol);
-                CStr::from_ptr((t.strings + sym.name as usize) as *const core::ffi::c_char)
-            };
+            // SAFETY: a relocation of this object's table.
+            let name = unsafe { symbol_name(&t, rela) };
             let Some(route) = routes.iter().find(|r| r.name == name && r.theirs != 0) else {
                 continue;
             };
@@ -389,6 +484,7 @@ mod tests {
             name: c"malloc",
             ours: 0x7000,
             theirs: 0x5000,
+            real: 0x6000,
         }
     }
 
@@ -396,6 +492,8 @@ mod tests {
     fn a_slot_holding_the_definition_is_routed_and_others_left() {
         let object = (0x1000, 0x2000);
         assert_eq!(decide(0x5000, &route(), object), Slot::Route);
+        // The function a canonical PLT entry leads to.
+        assert_eq!(decide(0x6000, &route(), object), Slot::Route);
         assert_eq!(decide(0x7000, &route(), object), Slot::Routed);
         assert_eq!(decide(0x9000, &route(), object), Slot::Left);
         // Still bound lazily: the object's own PLT stub.

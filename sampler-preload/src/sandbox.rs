@@ -103,8 +103,8 @@ fn seccomp_mode(status: &[u8]) -> Option<u32> {
 }
 
 /// The next definitions (0: not looked up yet).
-static NEXT_PRCTL: AtomicUsize = AtomicUsize::new(0);
-static NEXT_SYSCALL: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static NEXT_PRCTL: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static NEXT_SYSCALL: AtomicUsize = AtomicUsize::new(0);
 
 /// Looks up the next `prctl` and `syscall` at set-up, so that a first call made from a
 /// signal handler does not run `dlsym` (not async-signal-safe).

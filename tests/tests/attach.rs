@@ -241,3 +241,31 @@ fn top_and_record_count_the_loaded_process_in_process() {
     let (said, code) = target.stop();
     assert_eq!((said.trim(), code), ("ok 1", Some(0)));
 }
+
+#[test]
+fn a_running_interpreter_says_what_it_leaves_out() {
+    if !bpf_available("a_running_interpreter_says_what_it_leaves_out") {
+        return;
+    }
+    let dir = TempDir::new("attach-python");
+    let script = "import time\nd = {}\nwhile True:\n    for i in range(1000):\n        d[i] = [str(i)] * 3\n    d.clear()\n    time.sleep(0.001)\n";
+    let mut python = Command::new("/usr/bin/python3")
+        .args(["-c", script])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = dir.path("py.json");
+    let (ok, err) = record_for(python.id(), "0.5s", &out, &[]);
+    python.kill().unwrap();
+    python.wait().unwrap();
+    assert!(ok, "{err}");
+    let me: Value = process(&read_profile(&out), python.id()).clone();
+    assert_eq!(me["front_end"], "in-process", "{me:#}");
+    assert!(me["exact"]["calls"].as_u64().unwrap() > 0);
+    let incomplete = me["incomplete"].to_string();
+    assert!(incomplete.contains("pymalloc's small objects"), "{me:#}");
+    assert!(
+        err.contains("incomplete: pymalloc's small objects"),
+        "{err}"
+    );
+}

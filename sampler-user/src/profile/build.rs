@@ -219,7 +219,10 @@ impl Context<'_> {
                 (front_end, Some(why)) if front_end == uprobes() => format!("{front_end} ({why})"),
                 (front_end, _) => front_end,
             },
-            incomplete: incomplete_reasons(&allocators),
+            incomplete: incomplete_reasons(&allocators)
+                .into_iter()
+                .chain(known.map(|p| p.incomplete.clone()).unwrap_or_default())
+                .collect(),
             allocators,
             exact: ExactCounts {
                 calls: exact.calls,
@@ -568,6 +571,7 @@ mod tests {
             allocators: vec![format!("{} (/usr/lib/libc.so.6)", Family::Glibc)],
             duty: None,
             not_loaded: None,
+            incomplete: Vec::new(),
         }
     }
 

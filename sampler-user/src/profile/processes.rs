@@ -26,6 +26,8 @@ pub struct ProcessBook {
     cpu: BTreeMap<u32, (u64, u64)>,
     /// Why the in-process sampler was not loaded into it (`-p`: probed with uprobes).
     not_loaded: BTreeMap<u32, String>,
+    /// What its counts leave out, beyond what its allocators say.
+    incomplete: BTreeMap<u32, Vec<String>>,
 }
 
 /// What a tally adds to a process's description: sampled blocks whose frees could not be
@@ -51,6 +53,12 @@ impl ProcessBook {
         self.rss.remove(&pid);
         self.cpu.remove(&pid);
         self.not_loaded.remove(&pid);
+        self.incomplete.remove(&pid);
+    }
+
+    /// What `pid`'s counts leave out (said with its numbers).
+    pub fn incomplete(&mut self, pid: u32, why: String) {
+        self.incomplete.entry(pid).or_default().push(why);
     }
 
     /// The in-process sampler could not be loaded into `pid`, for reason `why`.
@@ -199,6 +207,7 @@ impl ProcessBook {
                         .unwrap_or_default(),
                     duty,
                     not_loaded: self.not_loaded.get(&pid).cloned(),
+                    incomplete: self.incomplete.get(&pid).cloned().unwrap_or_default(),
                 }
             })
             .collect()

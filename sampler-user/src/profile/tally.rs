@@ -77,6 +77,8 @@ pub struct ProcessTally {
     pub duty: Option<DutyPair>,
     /// Why the in-process sampler was not loaded into it (`-p`).
     pub not_loaded: Option<String>,
+    /// What its counts leave out, beyond what its allocators say.
+    pub incomplete: Vec<String>,
 }
 
 /// Every stack's raw sample sets at one moment.

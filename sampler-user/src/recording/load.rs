@@ -13,8 +13,21 @@ use crate::{
 };
 
 /// What loading into the running targets gave: the front end (`None` when it was loaded
-/// into none), and why not, for each target it could not be loaded into.
-pub(super) type Loaded = (Option<FrontEnd>, Vec<(u32, String)>);
+/// into none), and notes on the targets.
+pub(super) type Loaded = (Option<FrontEnd>, Vec<(u32, Note)>);
+
+/// What is said of a running target.
+pub(super) enum Note {
+    /// The sampler could not be loaded into it, for this reason: probed with uprobes.
+    NotLoaded(String),
+    /// Its counts leave this out.
+    Incomplete(String),
+}
+
+/// What a Python process's counts leave out when the sampler is loaded into it running.
+const PYMALLOC_LEFT_OUT: &str = "pymalloc's small objects (512 bytes or less) are not \
+    counted: the sampler loaded into a running interpreter leaves its object allocator \
+    alone (record it from its start, `-- CMD`, to count them)";
 
 /// `-p` alone (no command, nor `--comm` or `--all`, whose processes come and go): loads
 /// the sampler into the running targets ([`into_running`]).
@@ -48,7 +61,7 @@ fn into_running(
     let (library, family, allocator) = library_and_family(sampling.interval)?;
     let path = library.path();
     let mut regions = Vec::new();
-    let mut not_loaded = Vec::new();
+    let mut notes = Vec::new();
     for i in wanted {
         let target = &mut initial[i];
         let pid = target.pid;
@@ -65,6 +78,13 @@ fn into_running(
                     loaded.stopped.as_secs_f64() * 1e3,
                     loaded.loading.as_secs_f64() * 1e3
                 );
+                let python = target
+                    .allocators
+                    .iter()
+                    .any(|a| a.file.family == crate::probe::allocator::Family::Pymalloc);
+                if python {
+                    notes.push((pid, Note::Incomplete(PYMALLOC_LEFT_OUT.into())));
+                }
                 match cache.of_pid(pid) {
                     Ok(mut allocators) => {
                         crate::probe::allocator::behind_front_end(&mut allocators, true);
@@ -81,7 +101,7 @@ fn into_running(
             }
             Err(refused) => {
                 warn!("pid {pid}: in-process sampler not loaded ({refused}): probing its allocator with uprobes");
-                not_loaded.push((pid, refused.to_string()));
+                notes.push((pid, Note::NotLoaded(refused.to_string())));
             }
         }
     }
@@ -92,7 +112,7 @@ fn into_running(
         allocator,
         running: true,
     });
-    Ok((front_end, not_loaded))
+    Ok((front_end, notes))
 }
 
 /// Whether a process counts its own calls already (allocscope's library loaded by an

@@ -23,8 +23,8 @@ pub struct Prepared {
     pub(super) cache: AllocatorCache,
     /// The in-process front end loaded into the command (or into running targets).
     pub(super) front_end: Option<FrontEnd>,
-    /// Running targets it could not be loaded into, and why.
-    pub(super) not_loaded: Vec<(u32, String)>,
+    /// What is said of running targets it was (or could not be) loaded into.
+    pub(super) notes: Vec<(u32, super::load::Note)>,
 }
 
 /// The in-process front end of a command (or of running processes it was loaded into):
@@ -52,8 +52,7 @@ pub fn prepare(
     let mut cache = AllocatorCache::default();
     let mut initial = processes(targets, &mut cache)?;
     let host_wide = targets.comm.is_some() || targets.all;
-    let (loaded, not_loaded) =
-        super::load::into_targets(targets, &mut initial, sampling, &mut cache)?;
+    let (loaded, notes) = super::load::into_targets(targets, &mut initial, sampling, &mut cache)?;
     let mut front_end = None;
     let mut environment = Vec::new();
     if !targets.command.is_empty() {
@@ -119,7 +118,7 @@ pub fn prepare(
         command,
         cache,
         front_end,
-        not_loaded,
+        notes,
     })
 }
 

@@ -202,7 +202,7 @@ impl Recording {
             command,
             cache,
             front_end,
-            not_loaded,
+            notes,
         } = prepared;
         let followed_only = !targets.all && (targets.follow || targets.comm.is_some());
         // A command counted in-process, alone, traps only on its samples (rare), and needs
@@ -247,7 +247,7 @@ impl Recording {
         };
         let mut recording = Recording::assemble(parts, sampling, recent)?;
         recording.probe_before_start(front_end.as_ref());
-        recording.take_front_end(front_end, not_loaded, sampling.interval);
+        recording.take_front_end(front_end, notes, sampling.interval);
         recording.attach_initial(initial, &command)?;
         if let Some(child) = child {
             recording.release(child, &command)?;
@@ -334,16 +334,19 @@ impl Recording {
     }
 
     /// The command (or the running processes it was loaded into) counts in-process: their
-    /// regions are read from now on. `not_loaded`: running targets it could not be loaded
-    /// into, and why.
+    /// regions are read from now on. `notes`: what is said of the running targets it was
+    /// (or could not be) loaded into.
     fn take_front_end(
         &mut self,
         front_end: Option<FrontEnd>,
-        not_loaded: Vec<(u32, String)>,
+        notes: Vec<(u32, super::load::Note)>,
         interval: u64,
     ) {
-        for (pid, why) in not_loaded {
-            self.processes.not_loaded(pid, why);
+        for (pid, note) in notes {
+            match note {
+                super::load::Note::NotLoaded(why) => self.processes.not_loaded(pid, why),
+                super::load::Note::Incomplete(what) => self.processes.incomplete(pid, what),
+            }
         }
         let Some(FrontEnd {
             library,

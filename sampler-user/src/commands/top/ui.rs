@@ -591,6 +591,7 @@ mod tests {
                     allocators: Vec::new(),
                     duty: None,
                     not_loaded: None,
+                    incomplete: Vec::new(),
                 }],
                 recent_seconds: 10.0,
                 ..Tally::default()
