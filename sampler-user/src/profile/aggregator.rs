@@ -54,6 +54,9 @@ pub struct Aggregator {
     live: HashMap<(u32, u64), LiveBlock>,
     /// Per pid: sampled blocks whose frees could not be tracked.
     untracked: BTreeMap<u32, u64>,
+    /// Frees are tracked: a sample with an address the kernel does not track (its live map
+    /// full, or the in-process sampler's table) is untracked, whatever probe took it.
+    frees_tracked: bool,
     /// Whether the unusual uprobe-area address was reported already.
     warned_area: bool,
     /// Per stack, samples in one-second buckets over the recent window (`top` only).
@@ -182,6 +185,12 @@ impl Aggregator {
         if let Some(timeline) = &mut self.timeline {
             timeline.advance(now_ns, &self.per_stack, &self.per_stack_live);
         }
+    }
+
+    /// Frees are tracked (not `--alloc-only`): a sample with an address that is not
+    /// tracked counts as untracked, whatever probe took it.
+    pub fn track_frees(&mut self) {
+        self.frees_tracked = true;
     }
 
     /// Starts tracking `pid`: its maps, read while it surely lives (again after an exec).
@@ -357,7 +366,7 @@ impl Aggregator {
                     allocated_ns: sample.timestamp_ns,
                 },
             );
-        } else if sample.stack_at_return && sample.address != 0 {
+        } else if (sample.stack_at_return || self.frees_tracked) && sample.address != 0 {
             *self.untracked.entry(sample.pid).or_default() += 1;
         }
     }

@@ -119,6 +119,9 @@ fn aggregator(
         None => Aggregator::default(),
     };
     aggregator.limit_stacks(sampling.max_stacks);
+    if !sampling.alloc_only {
+        aggregator.track_frees();
+    }
     if sampling.python_frames == PythonFramesArg::All {
         aggregator.merge_python(crate::python::Merge::All);
     }
