@@ -55,6 +55,9 @@ pub enum Refused {
     /// Its filter could forbid what the library does.
     #[error("under a seccomp filter")]
     Seccomp,
+    /// Stopped (SIGSTOP, a debugger's stop): its thread would not run the loading.
+    #[error("stopped")]
+    Stopped,
     /// Nothing to load a library with.
     #[error("no dlopen in its C library (statically linked, or glibc before 2.34)")]
     NoDlopen,
@@ -82,6 +85,9 @@ const RTLD_NOW: u64 = 2;
 pub fn load(pid: u32, library: &Path) -> Result<Loaded, Refused> {
     if crate::procfs::seccomp_mode(pid).is_some_and(|m| m != 0) {
         return Err(Refused::Seccomp);
+    }
+    if matches!(crate::procfs::state_of(pid), Some('T' | 't')) {
+        return Err(Refused::Stopped);
     }
     if let Some(tracer) = crate::procfs::tracer_of(pid).filter(|&t| t != 0) {
         return Err(Refused::Traced(tracer));
