@@ -26,6 +26,9 @@ pub struct Counters {
     /// Processes that count their calls themselves (the in-process front end): their
     /// regions, mapped here, readable after they exit.
     regions: BTreeMap<u32, crate::preload::MappedRegion>,
+    /// Regions of running processes the front end was loaded into, whose counts start once
+    /// their probes are attached ([`Counters::probes_attached`]).
+    counting_from_attach: std::collections::BTreeSet<u32>,
 }
 
 impl Counters {
@@ -71,6 +74,23 @@ impl Counters {
     /// to whatever the kernel counts for it (a small-object layer's probes).
     pub fn add_region(&mut self, pid: u32, region: crate::preload::MappedRegion) {
         self.regions.insert(pid, region);
+    }
+
+    /// Like [`Counters::add_region`], for a running process the front end was just loaded
+    /// into: its counts start when its probes are attached (what it counted before that
+    /// has no samples).
+    pub fn add_region_from_attach(&mut self, pid: u32, region: crate::preload::MappedRegion) {
+        self.regions.insert(pid, region);
+        self.counting_from_attach.insert(pid);
+    }
+
+    /// `pid`'s probes are attached: a region waiting for that counts from now.
+    pub fn probes_attached(&mut self, pid: u32) {
+        if self.counting_from_attach.remove(&pid) {
+            if let Some(region) = self.regions.get_mut(&pid) {
+                region.count_from_now();
+            }
+        }
     }
 
     /// `pid` is gone: the counts of its region are kept, and the region's slot in the family

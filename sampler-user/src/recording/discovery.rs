@@ -117,7 +117,10 @@ impl Recording {
             .probes_mut()?
             .add(Scope::Process { pid, slot }, allocators);
         let points = match attached {
-            Ok(points) => points,
+            Ok(points) => {
+                self.counters.probes_attached(pid);
+                points
+            }
             Err(e) => {
                 if new {
                     self.probes_mut()?.remove(pid).close_in_background();

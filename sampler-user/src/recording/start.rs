@@ -361,13 +361,14 @@ impl Recording {
         else {
             return;
         };
-        for (pid, mut region) in regions {
+        for (pid, region) in regions {
             if running {
-                // Its probes are attached next: what it counted since it was loaded has
+                // What it counted since it was loaded, until its probes are attached, has
                 // no samples.
-                region.count_from_now();
+                self.counters.add_region_from_attach(pid, region);
+            } else {
+                self.counters.add_region(pid, region);
             }
-            self.counters.add_region(pid, region);
         }
         // Its frames lead every sample's stack; a short-lived command is gone before its
         // own view of the library could be opened.
