@@ -275,3 +275,62 @@ fn a_running_interpreter_says_what_it_leaves_out() {
         "{err}"
     );
 }
+
+#[test]
+fn loaded_into_glibc_jemalloc_tcmalloc_and_mimalloc_processes_every_site_is_bounded() {
+    tests::require_bpf!();
+    const ROUNDS: u64 = 2000;
+    let dir = TempDir::new("attach-allocators");
+    let out = dir.path("allocators.json");
+    let preloads = [
+        None,
+        Some("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
+        Some("/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"),
+        Some("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"),
+    ];
+    // Each waits for a line before it allocates: loaded into while it waits, then counted
+    // from its first call (the same workload reach.rs probes with uprobes).
+    let mut workloads: Vec<tests::Workload> = preloads
+        .iter()
+        .map(|preload| {
+            let mut command = Command::new(fixture("workload", &[]));
+            if let Some(library) = preload {
+                command.env("LD_PRELOAD", library);
+            }
+            tests::Workload::start_with(command, ROUNDS, &[])
+        })
+        .collect();
+    // Counted in-process, the four run at full speed: a coarser interval and frame-pointer
+    // stacks keep their samples within what the ring buffer takes.
+    let mut args = vec![
+        "record".to_owned(),
+        "--interval".into(),
+        "256KiB".into(),
+        "--unwind".into(),
+        "fp".into(),
+        "--confidence".into(),
+        "0.9999".into(),
+        "-o".into(),
+        out.display().to_string(),
+    ];
+    for workload in &workloads {
+        args.extend(["-p".to_owned(), workload.pid().to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (recorder, stderr) = start_recording(&args);
+    let drained = tests::drain(stderr);
+    for workload in &mut workloads {
+        workload.go();
+    }
+    for workload in &mut workloads {
+        assert_eq!(workload.line(), "done");
+    }
+    tests::interrupt(recorder);
+    let said = drained.join().unwrap();
+    let profile = read_profile(&out);
+    for workload in &workloads {
+        let pid = workload.pid();
+        assert_eq!(process(&profile, pid)["front_end"], "in-process", "{said}");
+        tests::check_workload_profile(&tests::typed(&profile), pid, ROUNDS);
+    }
+}

@@ -155,8 +155,12 @@ fn glibc_jemalloc_tcmalloc_and_mimalloc_processes_in_one_session() {
             (family, Workload::start_with(command, ROUNDS, &[]))
         })
         .collect();
+    // Each allocator's entry points probed with uprobes (what this test is for; loaded
+    // into them, the in-process sampler counts them all alike, see attach.rs).
     let mut args = vec![
         "record".to_owned(),
+        "--front-end".into(),
+        "uprobes".into(),
         "--interval".into(),
         "64KiB".into(),
         "--confidence".into(),

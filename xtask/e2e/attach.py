@@ -70,12 +70,18 @@ for r in range(rounds):
         if mode == "heaptrack -p":
             time.sleep(3)  # gdb attaches and loads the library after its message
         rate = throughput()
-        if recorder:
+        if mode == "heaptrack -p":
+            # heaptrack -p records until its target exits.
+            server.terminate()
+            server.wait(timeout=30)
+            recorder.communicate(timeout=300)
+        elif recorder:
             recorder.send_signal(signal.SIGINT)
             err, _ = recorder.communicate(timeout=120)
             stops += re.findall(r"stopped ([0-9.]+) ms", err)
-        server.terminate()
-        server.wait(timeout=30)
+        if server.poll() is None:
+            server.terminate()
+            server.wait(timeout=30)
         rates[mode].append(rate)
         print(f"round {r + 1} {mode}: {rate:,.0f} requests/s", file=sys.stderr, flush=True)
 
