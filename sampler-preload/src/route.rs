@@ -318,6 +318,18 @@ fn object_span(info: &libc::dl_phdr_info) -> (usize, usize) {
     }
 }
 
+/// Whether `address` lies in one of the object's writable loaded segments.
+fn in_writable_segment(info: &libc::dl_phdr_info, address: usize) -> bool {
+    const PF_W: u32 = 2;
+    let base = info.dlpi_addr as usize;
+    headers(info).iter().any(|h| {
+        let start = base.wrapping_add(h.p_vaddr as usize);
+        h.p_type == PT_LOAD
+            && h.p_flags & PF_W != 0
+            && (start..start + h.p_memsz as usize).contains(&address)
+    })
+}
+
 /// The object's dynamic tables it routes through.
 struct Tables {
     symbols: usize,
@@ -404,8 +416,11 @@ unsafe fn route_object(info: &libc::dl_phdr_info, routes: &[Route; 12]) {
         .iter()
         .find(|h| h.p_type == PT_GNU_RELRO)
         .map(|h| {
+            // The loader made read-only only the whole pages of the range (its last page,
+            // when partial, is the writable data after it): those alone are reopened and
+            // closed again.
             let start = base.wrapping_add(h.p_vaddr as usize);
-            (start, start + h.p_memsz as usize)
+            (start & !4095, (start + h.p_memsz as usize) & !4095)
         });
     {
         for rela in relocations(&t) {
@@ -435,8 +450,16 @@ unsafe fn route_object(info: &libc::dl_phdr_info, routes: &[Route; 12]) {
                     LEFT.fetch_add(1, Ordering::Relaxed);
                 }
                 Slot::Route => {
-                    let protected = relro.is_some_and(|(s, e)| (s..e).contains(&(slot as usize)));
-                    // SAFETY: an aligned slot of the object, made writable if need be.
+                    let at = slot as usize;
+                    let protected = relro.is_some_and(|(s, e)| (s..e).contains(&at));
+                    // Only in a writable segment (RELRO lies in one): a slot in code (a
+                    // text relocation) is left alone, never written.
+                    if !in_writable_segment(info, at) || slot.align_offset(8) != 0 {
+                        LEFT.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    // SAFETY: an aligned slot of a writable segment of the object, made
+                    // writable again if RELRO closed its page.
                     if unsafe { store(slot, route.ours, protected) } {
                         ROUTED.fetch_add(1, Ordering::Relaxed);
                     }

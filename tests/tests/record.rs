@@ -100,8 +100,11 @@ fn attached_pid_is_profiled_and_a_bystander_is_not_probed() {
     );
     bystander.go();
     let pid = target.pid().to_string();
+    // Uprobes (what this test is about; loaded into, see attach.rs, nothing traps).
     let (mut recorder, _stderr) = start_recording(&[
         "record",
+        "--front-end",
+        "uprobes",
         "-p",
         &pid,
         "--interval",
@@ -198,8 +201,17 @@ fn kill_9_leaves_the_target_running_unprobed() {
     let original = target.malloc_first_byte();
     target.go();
     let pid = target.pid().to_string();
-    let (mut recorder, _stderr) =
-        start_recording(&["record", "-p", &pid, "-o", out.to_str().unwrap()]);
+    // Uprobes: their breakpoints must go with allocscope (attach.rs kills it with the
+    // in-process sampler loaded).
+    let (mut recorder, _stderr) = start_recording(&[
+        "record",
+        "--front-end",
+        "uprobes",
+        "-p",
+        &pid,
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(target.malloc_first_byte(), INT3);
     recorder.kill().unwrap();
     recorder.wait().unwrap();

@@ -116,9 +116,11 @@ fn start_fixture() -> (Fixture, u64) {
 
 /// The shell command tmux runs: `allocscope top` on `target` (`-p PID` or `-- CMD`), its
 /// stderr and exit status saved in `dir`.
+/// (`-p` with uprobes: these tests watch their breakpoints come and go; loading into a
+/// running process is attach.rs's.)
 fn top_command(target: &str, dir: &TempDir) -> String {
     format!(
-        "{} top -i 64KiB --leaks-older-than 2s -o {} {target} 2>{}; echo $? >{}; sleep 600",
+        "{} top --front-end uprobes -i 64KiB --leaks-older-than 2s -o {} {target} 2>{}; echo $? >{}; sleep 600",
         allocscope().display(),
         dir.0.display(),
         dir.path("stderr").display(),
