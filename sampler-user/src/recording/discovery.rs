@@ -20,10 +20,15 @@ use crate::{
     text,
 };
 
-/// Whether `allocator`'s file is still mapped where the process's maps said: through
-/// `/proc/PID/map_files/START-END`, gone or another file once the process exec'd.
-fn still_mapped(allocator: &Allocator) -> bool {
-    std::fs::metadata(&allocator.path).is_ok_and(|m| FileId::of(&m) == allocator.file_id)
+/// Whether `allocator`'s file is still mapped in `pid` where the maps said: through
+/// `/proc/PID/map_files/START-END` of `pid` itself (a forked child's allocators may be its
+/// parent's, read through the parent's), gone or another file once it exec'd.
+fn still_mapped(pid: u32, allocator: &Allocator) -> bool {
+    let Some(range) = allocator.path.file_name() else {
+        return false;
+    };
+    let path = std::path::Path::new(&format!("/proc/{pid}/map_files")).join(range);
+    std::fs::metadata(path).is_ok_and(|m| FileId::of(&m) == allocator.file_id)
 }
 
 impl Recording {
@@ -54,7 +59,7 @@ impl Recording {
                 // look makes the kernel forget it itself.
                 if !allocators
                     .iter()
-                    .any(|a| serves(std::slice::from_ref(a)) && still_mapped(a))
+                    .any(|a| serves(std::slice::from_ref(a)) && still_mapped(pid, a))
                 {
                     debug!("pid {pid}: exec'd without its front end since its maps were read");
                     probes.lacks_front_end(pid);
