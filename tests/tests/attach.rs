@@ -13,9 +13,7 @@ use std::{
 };
 
 use serde_json::Value;
-use tests::{
-    allocscope, bpf_available, fixture, fixture_as, process, read_profile, start_recording, TempDir,
-};
+use tests::{allocscope, fixture, fixture_as, process, read_profile, start_recording, TempDir};
 
 /// The attach fixture, started, after its "ready" line.
 struct Target {
@@ -79,9 +77,7 @@ fn record_for(pid: u32, seconds: &str, out: &std::path::Path, extra: &[&str]) ->
 
 #[test]
 fn attached_and_detached_many_times_the_program_stays_whole() {
-    if !bpf_available("attached_and_detached_many_times_the_program_stays_whole") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("attach-many");
     let target = Target::start(&["4", "churn"]);
     let pid = target.pid();
@@ -123,9 +119,7 @@ fn attached_and_detached_many_times_the_program_stays_whole() {
 
 #[test]
 fn allocscope_killed_during_or_after_the_switch_leaves_the_program_running() {
-    if !bpf_available("allocscope_killed_during_or_after_the_switch_leaves_the_program_running") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("attach-kill");
     for delay_ms in [0, 2, 5, 10, 20, 40, 80, 160, 400] {
         let mut target = Target::start(&["3", "churn"]);
@@ -154,9 +148,7 @@ fn allocscope_killed_during_or_after_the_switch_leaves_the_program_running() {
 
 #[test]
 fn where_the_sampler_cannot_be_loaded_uprobes_count_and_say_why() {
-    if !bpf_available("where_the_sampler_cannot_be_loaded_uprobes_count_and_say_why") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("attach-refused");
     // A static program: no dlopen to call.
     let static_binary = fixture_as("attach", "attach-static", &["-static", "-lpthread"]);
@@ -223,9 +215,7 @@ fn where_the_sampler_cannot_be_loaded_uprobes_count_and_say_why() {
 
 #[test]
 fn top_and_record_count_the_loaded_process_in_process() {
-    if !bpf_available("top_and_record_count_the_loaded_process_in_process") {
-        return;
-    }
+    tests::require_bpf!();
     // Ctrl-C ends the recording of a process it was loaded into, profile written.
     let dir = TempDir::new("attach-interrupt");
     let target = Target::start(&["2"]);
@@ -250,9 +240,7 @@ fn top_and_record_count_the_loaded_process_in_process() {
 
 #[test]
 fn a_running_interpreter_says_what_it_leaves_out() {
-    if !bpf_available("a_running_interpreter_says_what_it_leaves_out") {
-        return;
-    }
+    tests::require_bpf!();
     let dir = TempDir::new("attach-python");
     let script = "import time\nd = {}\nwhile True:\n    for i in range(1000):\n        d[i] = [str(i)] * 3\n    d.clear()\n    time.sleep(0.001)\n";
     let mut python = Command::new("/usr/bin/python3")
