@@ -157,12 +157,16 @@ pub struct SamplingArgs {
     #[arg(long, help_heading = "Sampling")]
     pub no_preload: bool,
 
-    /// With -p: how a running process is counted. `in-process` loads allocscope's sampler
+    /// How running processes are counted. With -p: `in-process` loads allocscope's sampler
     /// into it (one thread stopped well under a millisecond), which counts there and traps
     /// only on sampled blocks; the library stays loaded after allocscope leaves, costing a
     /// few ns per call (docs/attach.md). `uprobes` traps on every allocator call (~0.7 µs)
     /// and leaves nothing behind. `auto` loads where it can, uprobes elsewhere, each said.
-    /// [default: auto; uprobes for `agent`]
+    /// With --comm or --all, `in-process` counts only the processes that carry the sampler
+    /// (a service started with it preloaded, docs/agent.md) and loads it into --comm's
+    /// matches; nothing else is probed, so no process pays a trap per call (`auto` there
+    /// means uprobes on every allocator file, for every process). [default: auto; uprobes
+    /// for `agent`]
     #[arg(long, value_enum, value_name = "HOW", help_heading = "Sampling")]
     pub front_end: Option<FrontEndArg>,
 
@@ -499,6 +503,9 @@ pub enum GenerateWhat {
     Man,
     /// Completions for bash, zsh and fish.
     Completions,
+    /// The in-process sampler (libsampler_preload.so, the very library `record -- CMD`
+    /// loads), for services started with it preloaded (docs/agent.md).
+    Library,
 }
 
 /// `allocscope top`.

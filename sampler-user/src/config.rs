@@ -2,6 +2,8 @@
 
 use std::{ffi::OsString, path::PathBuf, time::Duration};
 
+pub use crate::units::{parse_duration, parse_size};
+
 use sampler_common::geometric::MAX_INTERVAL;
 
 use crate::{
@@ -236,6 +238,20 @@ pub struct TopConfig {
     pub format: Format,
 }
 
+/// Checks that `--front-end` fits `targets`: it chooses how running processes are
+/// counted; a command allocscope starts carries the sampler already (`--no-preload`:
+/// uprobes).
+pub fn front_end_fits(targets: &Targets, sampling: &SamplingConfig) -> Result<(), BadInput> {
+    if sampling.load_into_running == LoadIntoRunning::Always && !targets.command.is_empty() {
+        return Err(BadInput(
+            "--front-end is for running processes (-p, --comm, --all): a command allocscope \
+             starts is counted in-process already (--no-preload probes it with uprobes)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 impl TargetArgs {
     /// Validates the targets.
     pub fn into_targets(self) -> Result<Targets, BadInput> {
@@ -355,6 +371,13 @@ impl SamplingArgs {
         let unwind = self.unwind()?;
         let ring_buffer = self.ring_buffer(unwind)?;
         let max_overhead = self.max_overhead()?;
+        if max_overhead.is_some() && self.front_end == Some(crate::cli::FrontEndArg::InProcess) {
+            return Err(BadInput(
+                "--max-overhead duty-cycles uprobes: it cannot go with --front-end in-process \
+                 (whose cost is a few ns per call already)"
+                    .into(),
+            ));
+        }
         let tick = duration_flag("--tick", &self.tick, Duration::from_millis(10))?;
         Ok(SamplingConfig {
             interval,
@@ -522,6 +545,7 @@ impl RecordArgs {
     pub fn into_config(self) -> Result<RecordConfig, BadInput> {
         let targets = self.targets.into_targets()?;
         let sampling = self.sampling.into_config()?;
+        front_end_fits(&targets, &sampling)?;
         let duration = self
             .duration
             .as_deref()
@@ -604,6 +628,7 @@ impl TopArgs {
     pub fn into_config(self) -> Result<TopConfig, BadInput> {
         let targets = self.targets.into_targets()?;
         let sampling = self.sampling.into_config()?;
+        front_end_fits(&targets, &sampling)?;
         if sampling.max_overhead.is_some() {
             return Err(BadInput(
                 "--max-overhead is for record: top shows rates over a sliding window, which \
@@ -633,53 +658,6 @@ fn parse_pid(text: &str) -> Result<u32, BadInput> {
             "invalid pid {text:?}: expected a positive number"
         ))),
     }
-}
-
-/// Parses a byte size: a whole number with an optional binary unit (`K`, `KiB`, `KB`, `M`,
-/// `MiB`, `G`, `GiB`; case-insensitive, all powers of 1024).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let digits = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(digits);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| "expected a number of bytes, e.g. 65536 or 64KiB".to_owned())?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        other => return Err(format!("unknown unit {other:?} (use B, KiB, MiB or GiB)")),
-    };
-    number
-        .checked_mul(1 << shift)
-        .ok_or_else(|| "too large".to_owned())
-}
-
-/// Parses a duration: a number with an optional unit `ms`, `s` (default), `m` or `h`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number
-        .parse()
-        .map_err(|_| "expected a number with an optional unit, e.g. 10s or 500ms".to_owned())?;
-    let seconds = match unit {
-        "ms" => number / 1000.0,
-        "" | "s" => number,
-        "m" => number * 60.0,
-        "h" => number * 3600.0,
-        "d" => number * 86400.0,
-        other => return Err(format!("unknown unit {other:?} (use ms, s, m, h or d)")),
-    };
-    if seconds.is_nan() || seconds <= 0.0 || seconds.is_infinite() {
-        return Err("must be greater than zero".to_owned());
-    }
-    Duration::try_from_secs_f64(seconds).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -726,33 +704,36 @@ mod tests {
     }
 
     #[test]
-    fn sizes_take_binary_units() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64KiB"), Ok(65536));
-        assert_eq!(parse_size("64k"), Ok(65536));
-        assert_eq!(parse_size("1M"), Ok(1 << 20));
-        assert_eq!(parse_size("2 GiB"), Ok(2 << 30));
-        assert!(parse_size("").is_err());
-        assert!(parse_size("12parsecs")
+    fn front_end_is_for_running_processes_and_not_duty_cycled() {
+        let command = record(&["--front-end", "in-process", "-o", "x", "--", "true"]);
+        assert!(command.unwrap_err().contains("for running processes"));
+        let duty = record(&[
+            "-p",
+            "1",
+            "-o",
+            "x",
+            "--alloc-only",
+            "--max-overhead",
+            "2%",
+            "--front-end",
+            "in-process",
+        ]);
+        assert!(duty
             .unwrap_err()
-            .contains("unknown unit"));
-        assert!(parse_size("-5").is_err());
-        assert!(parse_size("99999999999999G")
-            .unwrap_err()
-            .contains("too large"));
+            .contains("cannot go with --front-end in-process"));
+        let fleet = record(&["--all", "--front-end", "in-process", "-o", "x"]).unwrap();
+        assert_eq!(fleet.sampling.load_into_running, LoadIntoRunning::Always);
+        let auto = record(&["--comm", "x", "-o", "x"]).unwrap();
+        assert_eq!(
+            auto.sampling.load_into_running,
+            LoadIntoRunning::WherePossible
+        );
     }
 
     #[test]
-    fn durations_take_units() {
-        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(2 * 86400)));
+    fn a_pid_both_asked_for_and_excluded_is_refused() {
         let both = record(&["-p", "4242", "--exclude-pid", "4242", "-o", "/tmp/x.json"]);
         assert!(both.unwrap_err().contains("both asked for"));
-        assert!(parse_duration("0").is_err());
-        assert!(parse_duration("soon").is_err());
     }
 
     #[test]

@@ -36,3 +36,4 @@ pub mod summary;
 pub mod targets;
 pub mod text;
 pub mod throttle;
+pub mod units;

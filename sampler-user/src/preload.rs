@@ -40,6 +40,11 @@ pub use early::{EarlyCopy, EarlyRead, EarlyRecords};
 /// The library, built by build.rs.
 static LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libsampler_preload.so"));
 
+/// The library's bytes (what [`Library::create`] places).
+pub fn library_bytes() -> &'static [u8] {
+    LIBRARY
+}
+
 /// The library, placed for one recording (see [`place`]).
 #[derive(Debug)]
 pub struct Library {

@@ -3,8 +3,8 @@
 //! Built with `dpkg-deb` from a staged tree rather than cargo-deb: the tree is a handful
 //! of files, and `dpkg-deb` is already on every Debian machine (cargo-deb would be one more
 //! tool to build and pin). The package holds the stripped binary (the in-process library
-//! is embedded in it, and also installed as a file for processes started by hand with
-//! `LD_PRELOAD`), the agent's systemd unit and its defaults file (a conffile), the man
+//! is embedded in it, and also installed as a file, `allocscope generate library`, for
+//! services started with it in `LD_PRELOAD`), the agent's systemd unit and its defaults file (a conffile), the man
 //! pages and the bash, zsh and fish completions the binary writes (`allocscope generate`),
 //! and the docs. Written to `target/dist/allocscope_VERSION_amd64.deb`.
 
@@ -78,17 +78,12 @@ fn stage_files(root: &Path, stage: &Path) -> anyhow::Result<()> {
         0o755,
     )?;
     status(Command::new("strip").arg(stage.join("usr/bin/allocscope")))?;
-    place(
-        root,
-        stage,
-        "target/release/libsampler_preload.so",
-        "/usr/lib/allocscope/libsampler_preload.so",
-        0o644,
-    )?;
+    // The library allocscope embeds (frame pointers kept, debug info stripped): the one
+    // `record -- CMD` loads, not the crate's own build, which has no frame pointers.
     status(
-        Command::new("strip")
-            .arg("--strip-unneeded")
-            .arg(stage.join("usr/lib/allocscope/libsampler_preload.so")),
+        Command::new(root.join("target/release/allocscope"))
+            .args(["generate", "library"])
+            .arg(stage.join("usr/lib/allocscope")),
     )?;
     for (from, to, mode) in [
         (

@@ -44,6 +44,7 @@ impl AgentArgs {
     pub fn into_config(self) -> Result<AgentConfig, BadInput> {
         let targets = self.targets.into_targets()?;
         let sampling = agent_sampling(self.sampling)?;
+        crate::config::front_end_fits(&targets, &sampling)?;
         if sampling.max_overhead.is_some() {
             return Err(BadInput(
                 "--max-overhead is for one recording of -p or -- CMD, not the agent".into(),

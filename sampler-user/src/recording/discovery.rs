@@ -6,7 +6,7 @@
 use log::{debug, info, warn};
 use sampler_common::{FOLLOWED_PENDING, FOLLOWED_TARGET, HOST_SLOT};
 
-use super::{Recording, Since};
+use super::{carriers::Carriers, Recording, Since};
 use crate::{
     collect::monotonic_ns,
     preflight,
@@ -209,7 +209,9 @@ impl Recording {
     /// Probes for every process the allocator files not probed yet, noting when.
     pub(super) fn probe_files(&mut self, allocators: &[Allocator]) -> anyhow::Result<()> {
         for allocator in allocators {
-            if self.roster.probes_host_file(&allocator.file_id) {
+            if self.roster.probes_host_file(&allocator.file_id)
+                || (self.carriers.is_some() && !Carriers::probes(allocator))
+            {
                 continue;
             }
             match self
@@ -250,6 +252,9 @@ impl Recording {
     pub(super) fn discover(&mut self) -> anyhow::Result<()> {
         self.claim_regions(None);
         self.in_process.sweep(&self.counters, &self.roster);
+        if let Some(carriers) = self.carriers.as_mut() {
+            carriers.sweep();
+        }
         if self.targets.all {
             self.scan_host()?;
         } else if self.targets.comm.is_some() {
@@ -337,8 +342,10 @@ impl Recording {
         if !pattern.0.is_match(&comm) || self.targets.excludes(pid, &comm) {
             return false;
         }
-        let taken = match self.allocators_of(pid) {
+        let taken = match self.carried(pid, &comm) {
             Ok(allocators) => self.attach(pid, &allocators, since),
+            // Only carriers counted: one gone before it was looked at counted nothing.
+            Err(FindError::Gone) if self.carriers.is_some() => return false,
             // Counted by the kernel from its exec: what it did is in, whatever it used.
             Err(FindError::Gone) if self.roster.followed_only() => self.admit(pid, None, since),
             Err(FindError::Gone | FindError::KernelThread) => return false,
@@ -358,6 +365,18 @@ impl Recording {
             self.processes.name_if_unknown(pid, &comm);
         }
         target
+    }
+
+    /// The allocators of `pid` ([`Self::allocators_of`]); with only carriers counted, after
+    /// loading the library into it (see [`Carriers::loaded_into`]).
+    fn carried(&mut self, pid: u32, comm: &str) -> Result<Vec<Allocator>, FindError> {
+        let found = self.allocators_of(pid)?;
+        match self.carriers.as_mut() {
+            Some(carriers) => {
+                carriers.loaded_into(pid, comm, found, &mut self.cache, &mut self.processes)
+            }
+            None => Ok(found),
+        }
     }
 
     /// The allocators of `pid`; for a program that has just exec'd and whose libraries
@@ -495,6 +514,11 @@ impl Recording {
             return Ok(());
         };
         self.processes.add_allocators(pid, &allocators);
+        // One that counts its own calls: its region mapped before its samples can come,
+        // and the file-wide probes told to leave its calls to it.
+        if Carriers::carried(&allocators) {
+            self.map_front_end(pid, &allocators);
+        }
         self.probe_files(&allocators)
     }
 
@@ -548,7 +572,15 @@ impl Recording {
             self.roster.is_running(pid)
         };
         if target && !self.targets.excludes(pid, comm) {
-            let allocators = self.allocators_of(pid).ok();
+            if parent == 0 {
+                if let Some(carriers) = self.carriers.as_mut() {
+                    carriers.forget(pid);
+                }
+            }
+            let allocators = match self.carriers {
+                Some(_) if parent == 0 => self.carried_after_exec(pid, comm),
+                _ => self.allocators_of(pid).ok(),
+            };
             if parent != 0 {
                 self.track_fork(pid, parent);
             } else {
@@ -562,6 +594,25 @@ impl Recording {
             self.processes.name_if_unknown(pid, comm);
         } else if !self.consider_comm(pid, Some(comm), since) {
             self.reject(pid);
+        }
+    }
+
+    /// Only carriers counted: the allocators of target `pid` after an exec (the library
+    /// loaded again if the new program does not carry it); one it cannot be loaded into
+    /// is said to be counted only until then.
+    fn carried_after_exec(&mut self, pid: u32, comm: &str) -> Option<Vec<Allocator>> {
+        match self.carried(pid, comm) {
+            Ok(allocators) => Some(allocators),
+            Err(_) => {
+                self.processes.incomplete(
+                    pid,
+                    format!(
+                        "counted until it exec'd {}, which the in-process sampler could not be loaded into",
+                        text::printable(comm)
+                    ),
+                );
+                None
+            }
         }
     }
 

@@ -25,7 +25,7 @@ pub(super) enum Note {
 }
 
 /// What a Python process's counts leave out when the sampler is loaded into it running.
-const PYMALLOC_LEFT_OUT: &str = "pymalloc's small objects (512 bytes or less) are not \
+pub(super) const PYMALLOC_LEFT_OUT: &str = "pymalloc's small objects (512 bytes or less) are not \
     counted: the sampler loaded into a running interpreter leaves its object allocator \
     alone (record it from its start, `-- CMD`, to count them)";
 

@@ -17,6 +17,7 @@
 //! [`counters`]: its probes detach, its exact counters are read and its counter slot is
 //! reused; its frames still resolve (the files stay open, see [`crate::stacks`]).
 
+mod carriers;
 mod counters;
 mod discovery;
 mod duty_cycling;
@@ -168,6 +169,8 @@ pub struct Recording {
     cutoff_ns: Option<u64>,
     /// The command's tree counted in-process.
     in_process: in_process::InProcess,
+    /// `--front-end in-process` with `--comm` or `--all`: only carriers are counted.
+    carriers: Option<carriers::Carriers>,
     /// Times [`Recording::forget_gone`] forgot a process.
     forgets: u32,
     /// When counting began: at the start, or when a command that ran while its probes

@@ -25,6 +25,8 @@ pub struct Prepared {
     pub(super) front_end: Option<FrontEnd>,
     /// What is said of running targets it was (or could not be) loaded into.
     pub(super) notes: Vec<(u32, super::load::Note)>,
+    /// `--front-end in-process` with `--comm` or `--all`: only carriers counted.
+    pub(super) carriers: Option<super::carriers::Carriers>,
 }
 
 /// The in-process front end of a command (or of running processes it was loaded into):
@@ -119,6 +121,7 @@ pub fn prepare(
         cache,
         front_end,
         notes,
+        carriers: super::carriers::Carriers::for_targets(targets, sampling)?,
     })
 }
 
@@ -222,24 +225,29 @@ pub(super) fn library_and_family(
     ),
     BadInput,
 > {
-    let failed = |what: &str, e: &dyn std::fmt::Display| {
-        BadInput(format!(
-            "cannot prepare the in-process sampler ({what}): {e} (--no-preload probes its allocator with uprobes instead)"
-        ))
-    };
-    let library = preload::Library::create().map_err(|e| failed("library", &format!("{e:#}")))?;
+    let (library, own) = library()?;
     let family = library
         .create_family(interval)
-        .map_err(|e| failed("family table", &format!("{e:#}")))?;
+        .map_err(|e| unprepared("family table", &format!("{e:#}")))?;
+    Ok((library, family, own))
+}
+
+/// The library placed for this recording, and the library as an allocator to attach to
+/// (a process it is loaded into without a family table beside it counts in a region of
+/// its own).
+pub(super) fn library() -> Result<(preload::Library, crate::probe::allocator::Allocator), BadInput>
+{
+    let library =
+        preload::Library::create().map_err(|e| unprepared("library", &format!("{e:#}")))?;
     let path = library.path();
-    let file_id = library.file_id().map_err(|e| failed("library", &e))?;
+    let file_id = library.file_id().map_err(|e| unprepared("library", &e))?;
     let file = crate::probe::allocator::analyse_file(
         &path,
         false,
         std::path::Path::new("allocscope-preload"),
     )
     .filter(|f| f.is_in_process())
-    .ok_or_else(|| failed("library", &"its probes were not found"))?;
+    .ok_or_else(|| unprepared("library", &"its probes were not found"))?;
     let own = crate::probe::allocator::Allocator {
         path: path.clone(),
         shown: path.clone(),
@@ -247,5 +255,12 @@ pub(super) fn library_and_family(
         in_executable: false,
         file: std::sync::Arc::new(file),
     };
-    Ok((library, family, own))
+    Ok((library, own))
+}
+
+/// The in-process sampler could not be prepared: `what` failed with `e`.
+fn unprepared(what: &str, e: &dyn std::fmt::Display) -> BadInput {
+    BadInput(format!(
+        "cannot prepare the in-process sampler ({what}): {e} (--no-preload probes its allocator with uprobes instead)"
+    ))
 }

@@ -53,6 +53,18 @@ fn kernel_config(
     }
 }
 
+/// Whether only in-process front ends are probed: a command counted in-process, alone
+/// (`initial`: the targets known at start), traps only on its samples (rare), and needs no
+/// uprobe on its allocator unless one is linked into its executable; nor do `carriers`.
+fn in_process_only(
+    front_end: Option<&FrontEnd>,
+    initial: &[crate::probe::attach::Target],
+    targets: &Targets,
+    carriers: &Option<super::carriers::Carriers>,
+) -> bool {
+    (front_end.is_some() && initial.len() == 1 && !targets.waits_for_new()) || carriers.is_some()
+}
+
 /// Whether `--python-frames auto` reads Python frames for `targets`: new processes may be
 /// anything (`--all`, `--comm`, `-p … --follow`), a `-p` process maps an interpreter, or
 /// the command is or starts one (a command's tree is followed by default, so that is what
@@ -206,11 +218,10 @@ impl Recording {
             cache,
             front_end,
             notes,
+            carriers,
         } = prepared;
         let followed_only = !targets.all && (targets.follow || targets.comm.is_some());
-        // A command counted in-process, alone, traps only on its samples (rare), and needs
-        // no uprobe on its allocator unless one is linked into its executable.
-        let in_process_only = front_end.is_some() && initial.len() == 1 && !targets.waits_for_new();
+        let in_process_only = in_process_only(front_end.as_ref(), &initial, &targets, &carriers);
         let config = kernel_config(&targets, sampling, followed_only, in_process_only);
         let (child, early) = match (child, &front_end) {
             (Some(child), Some(front_end))
@@ -249,6 +260,7 @@ impl Recording {
             trap,
         };
         let mut recording = Recording::assemble(parts, sampling, recent)?;
+        recording.carriers = carriers;
         recording.probe_before_start(front_end.as_ref());
         recording.take_front_end(front_end, notes, sampling.interval);
         recording.attach_initial(initial, &command)?;
@@ -311,6 +323,7 @@ impl Recording {
             lost: Default::default(),
             cutoff_ns: None,
             in_process: InProcess::none(sampling.interval),
+            carriers: None,
             forgets: 0,
             began: std::time::Instant::now(),
             ended: None,
@@ -325,11 +338,17 @@ impl Recording {
         if !self.roster.followed_only() {
             return;
         }
-        match front_end {
+        // Only carriers counted: the library loaded into `--comm`'s matches, no allocator.
+        let allocator = match &self.carriers {
+            Some(carriers) => carriers.allocator().cloned(),
+            None => front_end.map(|f| f.allocator.clone()),
+        };
+        match allocator {
+            None if self.carriers.is_some() => {}
             None => self.probe_system_allocators(),
             // Before the command is followed: it is covered from its start.
-            Some(front_end) => {
-                if let Err(e) = self.probe_files(std::slice::from_ref(&front_end.allocator)) {
+            Some(allocator) => {
+                if let Err(e) = self.probe_files(std::slice::from_ref(&allocator)) {
                     warn!("probing the in-process sampler for every process: {e:#}");
                 }
             }
