@@ -3,14 +3,17 @@
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
-/// A benchmark mode: its name, the command prefix the loop runs under, and environment.
-type Mode<'a> = (&'a str, Vec<String>, Vec<(String, String)>);
+/// A benchmark mode: its name, the command prefix the loop runs under, its environment,
+/// and whether `allocscope record -p` is run on it (and gone) before it starts.
+type Mode<'a> = (&'a str, Vec<String>, Vec<(String, String)>, bool);
 
 /// The in-process front end's benchmark. Per round, two pinned copies of the loop run at
 /// once natively (each CPU's native cost), then per mode copy A natively (the drift
 /// reference) and copy B under the mode; B's added cost is corrected by A's drift. CPUs
 /// swap every round; medians over rounds. Modes: the library preloaded with nothing
-/// attached (its countdown and counters; the USDT sites are nops); `record -- CMD` at the
+/// attached (its countdown and counters; the USDT sites are nops); the library loaded into
+/// the running loop by `record -p` for 0.2 s before it starts, allocscope gone (what stays
+/// in a process after an attach: its calls routed through the library); `record -- CMD` at the
 /// default interval (library and allocscope attached: what a user pays); and at `-i 4KiB`
 /// (one call in 64 sampled, unthrottled) with the sites probed at the trapping 1-byte nop
 /// (the default) and, `--usdt-nop5`, at the optimised 5-byte nop (unsafe for programs that
@@ -22,13 +25,14 @@ pub(super) fn front_end(
     allocscope: &Path,
     out_dir: &Path,
 ) -> anyhow::Result<()> {
-    let library = workspace().join("target/release/libsampler_preload.so");
-    if !library.exists() {
-        bail!(
-            "{} missing (cargo build --release builds it)",
-            library.display()
-        );
-    }
+    // The library as a user installs it (the one allocscope embeds and loads).
+    status(
+        Command::new(allocscope)
+            .args(["generate", "library"])
+            .arg(out_dir)
+            .stdout(Stdio::null()),
+    )?;
+    let library = out_dir.join("libsampler_preload.so");
     let out = out_dir.join("front-end.json");
     let record = |extra: &[&str]| -> Vec<String> {
         let mut command = vec![
@@ -48,10 +52,17 @@ pub(super) fn front_end(
             "library, nothing attached",
             Vec::new(),
             vec![("LD_PRELOAD".into(), library.display().to_string())],
+            false,
         ),
-        ("record -- (default interval)", record(&[]), Vec::new()),
-        ("record -i 4KiB (nop5)", record(&nop5), Vec::new()),
-        ("record -i 4KiB (int3)", record(&sampled), Vec::new()),
+        (
+            "record -- (default interval)",
+            record(&[]),
+            Vec::new(),
+            false,
+        ),
+        ("record -i 4KiB (nop5)", record(&nop5), Vec::new(), false),
+        ("record -i 4KiB (int3)", record(&sampled), Vec::new(), false),
+        ("left by record -p, detached", Vec::new(), Vec::new(), true),
     ];
     let mut added: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
     let mut natives = Vec::new();
@@ -65,9 +76,17 @@ pub(super) fn front_end(
             b.go()?;
             (a.finish()?, b.finish()?)
         };
-        for (index, (name, prefix, env)) in modes.iter().enumerate() {
+        for (index, (name, prefix, env, attach)) in modes.iter().enumerate() {
             let mut a = Loop::start(looper, a_cpu, args)?;
             let mut b = Loop::start_under(prefix, env, looper, b_cpu, args)?;
+            if *attach {
+                status(
+                    Command::new(allocscope)
+                        .args(["record", "-p", &b.pid(), "-d", "0.2", "-o"])
+                        .arg(&out)
+                        .stderr(Stdio::null()),
+                )?;
+            }
             a.go()?;
             b.go()?;
             let (reference, ours) = (a.finish()?, b.finish()?);
