@@ -11,10 +11,12 @@
 //! bounds, stacks and the live heap mean exactly what they mean with uprobes.
 //!
 //! Every function of the malloc family is interposed and forwarded to the next allocator
-//! ([`next`]); the others (`malloc_usable_size`, `mallinfo`…) are not defined here and
+//! ([`next`]), and so are C++'s `operator new` and `delete` ([`cxx`]: counted where the
+//! allocator defines them itself); the others (`malloc_usable_size`, `mallinfo`…) are not defined here and
 //! reach it directly. Never panics: an impossible state ends the process with a message
 //! (`fatal`) rather than unwinding into C.
 
+mod cxx;
 mod early;
 mod frames;
 mod next;

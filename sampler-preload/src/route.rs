@@ -112,9 +112,19 @@ pub fn decide(value: usize, route: &Route, object: (usize, usize)) -> Slot {
     }
 }
 
-/// The routed functions, ours and the process's definitions.
-fn routes() -> [Route; 12] {
-    let names = [
+/// How many functions are routed: the malloc family and the two the library wraps, then
+/// C++'s operators.
+const ROUTES: usize = 12 + crate::cxx::FORMS;
+
+/// Every routed function's [`Route`]: one type, which the `dl_iterate_phdr` callbacks
+/// cast their data pointer back to.
+type Routes = [Route; ROUTES];
+
+/// The routed functions, ours and the process's definitions. C++'s operators only where
+/// the allocator defines them (see [`crate::cxx`]); elsewhere they call `malloc` and
+/// `free`, routed already, and have no definition here (`theirs` 0: left alone).
+fn routes() -> Routes {
+    let family = [
         c"malloc",
         c"free",
         c"calloc",
@@ -128,9 +138,18 @@ fn routes() -> [Route; 12] {
         c"prctl",
         c"syscall",
     ];
+    let mut names = [c"malloc"; ROUTES];
+    names[..family.len()].copy_from_slice(&family);
+    names[family.len()..].copy_from_slice(&crate::cxx::NAMES);
+    let operators = crate::cxx::counted_here();
     let own = own_handle();
     names.map(|name| {
-        let theirs = crate::next::lookup(name);
+        let operator = crate::cxx::NAMES.contains(&name);
+        let theirs = if operator && !operators {
+            0
+        } else {
+            crate::next::lookup(name)
+        };
         Route {
             name,
             ours: if own.is_null() {
@@ -161,7 +180,10 @@ fn forwarder(name: &CStr) -> Option<&'static core::sync::atomic::AtomicUsize> {
         b"pvalloc" => &n.pvalloc,
         b"prctl" => &crate::sandbox::NEXT_PRCTL,
         b"syscall" => &crate::sandbox::NEXT_SYSCALL,
-        _ => return None,
+        _ => {
+            let form = crate::cxx::NAMES.iter().position(|n| *n == name)?;
+            &crate::cxx::NEXT[form]
+        }
     })
 }
 
@@ -174,7 +196,7 @@ unsafe extern "C" fn find_real(
     data: *mut c_void,
 ) -> c_int {
     // SAFETY: valid during the call (see `route_all`).
-    let (info, routes) = unsafe { (&*info, &mut *data.cast::<[Route; 12]>()) };
+    let (info, routes) = unsafe { (&*info, &mut *data.cast::<Routes>()) };
     let span = object_span(info);
     // SAFETY: the loader's description of a loaded object.
     let Some(t) = (unsafe { tables(info) }) else {
@@ -272,7 +294,7 @@ unsafe extern "C" fn each_object(
     data: *mut c_void,
 ) -> c_int {
     // SAFETY: valid during the call (see `route_all`).
-    let (info, routes) = unsafe { (&*info, &*data.cast::<[Route; 12]>()) };
+    let (info, routes) = unsafe { (&*info, &*data.cast::<Routes>()) };
     ADDS_SEEN.store(info.dlpi_adds, Ordering::Relaxed);
     if is_excluded(info) {
         return 0;
@@ -405,7 +427,7 @@ unsafe fn symbol_name(t: &Tables, rela: &Rela) -> &'static CStr {
 
 /// # Safety
 /// `info` describes a loaded object.
-unsafe fn route_object(info: &libc::dl_phdr_info, routes: &[Route; 12]) {
+unsafe fn route_object(info: &libc::dl_phdr_info, routes: &Routes) {
     // SAFETY: the caller's promise.
     let Some(t) = (unsafe { tables(info) }) else {
         return;

@@ -294,12 +294,17 @@ fn first_call(t: &Thread, size: u64) -> bool {
 }
 
 /// Runs `f` with this thread's allocation calls uncounted (the library's own, or those an
-/// allocator call counted already makes underneath).
+/// allocator call counted already makes underneath). Restored however `f` ends: a C++
+/// `operator new` may throw through it.
 pub fn busy<R>(f: impl FnOnce() -> R) -> R {
-    let was = with(|t| t.busy.replace(true));
-    let result = f();
-    with(|t| t.busy.set(was));
-    result
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            with(|t| t.busy.set(self.0));
+        }
+    }
+    let _restore = Restore(with(|t| t.busy.replace(true)));
+    f()
 }
 
 /// The pthread key's destructor: the exiting thread's counts move into the retired totals

@@ -34,17 +34,7 @@ pub(super) fn front_end(
     )?;
     let library = out_dir.join("libsampler_preload.so");
     let out = out_dir.join("front-end.json");
-    let record = |extra: &[&str]| -> Vec<String> {
-        let mut command = vec![
-            allocscope.display().to_string(),
-            "record".to_owned(),
-            "-o".to_owned(),
-            out.display().to_string(),
-        ];
-        command.extend(extra.iter().map(|s| (*s).to_owned()));
-        command.push("--".to_owned());
-        command
-    };
+    let record = |extra: &[&str]| record_prefix(allocscope, &out, extra);
     let sampled = ["-i", "4KiB", "--max-samples-per-sec", "0"];
     let nop5 = ["-i", "4KiB", "--max-samples-per-sec", "0", "--usdt-nop5"];
     let modes: Vec<Mode> = vec![
@@ -76,28 +66,17 @@ pub(super) fn front_end(
             b.go()?;
             (a.finish()?, b.finish()?)
         };
-        for (index, (name, prefix, env, attach)) in modes.iter().enumerate() {
-            let mut a = Loop::start(looper, a_cpu, args)?;
-            let mut b = Loop::start_under(prefix, env, looper, b_cpu, args)?;
-            if *attach {
-                status(
-                    Command::new(allocscope)
-                        .args(["record", "-p", &b.pid(), "-d", "0.2", "-o"])
-                        .arg(&out)
-                        .stderr(Stdio::null()),
-                )?;
-            }
-            a.go()?;
-            b.go()?;
-            let (reference, ours) = (a.finish()?, b.finish()?);
-            let cost = (ours - native.1) - (reference - native.0);
+        for (index, mode) in modes.iter().enumerate() {
+            let paths = (looper, allocscope, out.as_path());
+            let cost = mode_cost(mode, (a_cpu, b_cpu), native, paths, args)?;
             eprintln!(
-                "{:>5}  {name:<30} {b_cpu}    {:>9.1}  {cost:>8.2}",
+                "{:>5}  {:<30} {b_cpu}    {:>9.1}  {cost:>8.2}",
                 if round == 0 {
                     "warm".to_owned()
                 } else {
                     round.to_string()
                 },
+                mode.0,
                 native.1,
             );
             if round > 0 {
@@ -110,6 +89,45 @@ pub(super) fn front_end(
     }
     report_front_end(&modes, &added, natives);
     Ok(())
+}
+
+/// `allocscope record -o OUT EXTRA --`, the prefix a loop runs under.
+fn record_prefix(allocscope: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut command = vec![
+        allocscope.display().to_string(),
+        "record".to_owned(),
+        "-o".to_owned(),
+        out.display().to_string(),
+    ];
+    command.extend(extra.iter().map(|s| (*s).to_owned()));
+    command.push("--".to_owned());
+    command
+}
+
+/// One run of `mode` on CPU `cpus.1` beside a native reference on `cpus.0`: its added ns
+/// per iteration, corrected by the reference's drift from this round's `native` runs.
+/// `paths`: the loop, allocscope, and where `record -p` writes.
+fn mode_cost(
+    (_, prefix, env, attach): &Mode,
+    (a_cpu, b_cpu): (u32, u32),
+    native: (f64, f64),
+    (looper, allocscope, out): (&Path, &Path, &Path),
+    args: &BenchArgs,
+) -> anyhow::Result<f64> {
+    let mut a = Loop::start(looper, a_cpu, args)?;
+    let mut b = Loop::start_under(prefix, env, looper, b_cpu, args)?;
+    if *attach {
+        status(
+            Command::new(allocscope)
+                .args(["record", "-p", &b.pid(), "-d", "0.2", "-o"])
+                .arg(out)
+                .stderr(Stdio::null()),
+        )?;
+    }
+    a.go()?;
+    b.go()?;
+    let (reference, ours) = (a.finish()?, b.finish()?);
+    Ok((ours - native.1) - (reference - native.0))
 }
 
 /// Prints each front-end mode's added cost and what one sample costs through each probe.
