@@ -615,6 +615,20 @@ def _():
               f"{how}: labelled {mine[0]['front_end']}")
 
 
+@case("processes that exec at once are named by their own command [#39.8]", "processes")
+def _():
+    exe = build("workload")
+    code, err, out = record("--", "sh", "-c", f"for i in $(seq 150); do {exe} 1; done",
+                            timeout=120)
+    procs = profile(out)["processes"]
+    kids = [x for x in procs if x["command"] == "workload" and x["exact"]["calls"] >= 375]
+    # One named by its parent: a `sh` (not the command itself) with a round's calls.
+    misnamed = [x["pid"] for x in procs if x["command"] == "sh"
+                and x["coverage"]["since"] != "start" and x["exact"]["calls"] >= 375]
+    check(code == 0 and len(kids) == 150 and not misnamed,
+          f"exit {code}: {len(kids)} of 150 named workload with their calls; named sh: {misnamed}")
+
+
 @case("two recorders on one target: both profiles whole", "processes")
 def _():
     w = workload_waiting()
@@ -671,6 +685,25 @@ def same_as_native(argv, timeout=60, compare_err=True):
         check(recorded[2] == native[2],
               f"stderr differs: {recorded[2][:300]!r} natively {native[2][:300]!r}")
     return out
+
+
+@case("CPython's introspection differs only as the README says [#39.6]", "harm")
+def _():
+    script = ("import sys, _testcapi\nsys._debugmallocstats()\n"
+              "try:\n    print(_testcapi.pymem_getallocatorsname())\n"
+              "except Exception as e:\n    print('raised', type(e).__name__)\n")
+    argv = ["/usr/bin/python3", "-c", script]
+    native, recorded, _ = native_and_recorded(argv, 60)
+    _, unwrapped, _ = native_and_recorded(argv, 60, subprocess.DEVNULL, "--no-preload")
+    pymalloc = "Small block threshold"
+    check(native[0] == recorded[0] == unwrapped[0] == 0,
+          f"exits {native[0]}, {recorded[0]}, --no-preload {unwrapped[0]}")
+    check(pymalloc in native[2] and native[1].strip() == "pymalloc", f"natively {native[1]!r}")
+    # README, Security: the wrapped domains hide pymalloc from both, as tracemalloc's do.
+    check(pymalloc not in recorded[2] and recorded[1].startswith("raised"),
+          f"recorded: {recorded[1]!r}, pymalloc section {pymalloc in recorded[2]}")
+    check(pymalloc in unwrapped[2] and unwrapped[1].strip() == "pymalloc",
+          f"--no-preload: {unwrapped[1]!r}")
 
 
 @case("the dialog idiom ans=$(cmd 3>&1 1>&2 2>&3) ends as natively [#39.1]", "harm")
