@@ -127,6 +127,12 @@ impl AllocatorFile {
     pub fn is_producer(&self) -> bool {
         self.producer.is_some()
     }
+
+    /// Whether a process mapping it counts or samples its own allocations (allocscope's
+    /// library, or another producer): its sites are reached by sampled blocks only.
+    pub fn reports_itself(&self) -> bool {
+        self.is_in_process() || self.is_producer()
+    }
 }
 
 /// An allocator found in a process.
@@ -584,11 +590,7 @@ pub fn find(
 /// [`Allocator::served_by_front_end`]). `known` covers a program that has just exec'd,
 /// whose libraries the dynamic loader has not mapped yet.
 pub fn behind_front_end(allocators: &mut Vec<Allocator>, known: bool) {
-    if known
-        || allocators
-            .iter()
-            .any(|a| a.file.is_in_process() || a.file.is_producer())
-    {
+    if known || allocators.iter().any(|a| a.file.reports_itself()) {
         allocators.retain(|a| !a.served_by_front_end());
     }
 }

@@ -62,7 +62,7 @@ impl Carriers {
     /// Whether `allocator`'s file is probed in this mode: allocscope's library and other
     /// producers (sites reached only by sampled blocks), no allocator.
     pub fn probes(allocator: &Allocator) -> bool {
-        allocator.file.is_in_process() || allocator.file.is_producer()
+        allocator.file.reports_itself()
     }
 
     /// Whether a process with `allocators` counts its own calls.

@@ -38,11 +38,7 @@ impl Recording {
         // File-wide probes must leave its calls to its front end. Allocscope's library says
         // so itself when it starts (`allocscope:ready`); this covers one that started
         // before the probes were attached, and another producer's.
-        let serves = |found: &[Allocator]| {
-            found
-                .iter()
-                .any(|a| a.file.is_in_process() || a.file.is_producer())
-        };
+        let serves = |found: &[Allocator]| found.iter().any(|a| a.file.reports_itself());
         // Under a seccomp filter, a program it exec'd since `allocators` were found has a
         // dormant library (see `sampler-preload`'s `sandbox`): its maps say.
         let carries = serves(allocators)

@@ -118,7 +118,5 @@ fn into_running(
 /// Whether a process counts its own calls already (allocscope's library loaded by an
 /// earlier recording, or another producer).
 fn counts_itself(allocators: &[Allocator]) -> bool {
-    allocators
-        .iter()
-        .any(|a| a.file.is_in_process() || a.file.is_producer())
+    allocators.iter().any(|a| a.file.reports_itself())
 }
