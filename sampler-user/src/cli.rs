@@ -332,9 +332,9 @@ pub struct RecordArgs {
     #[arg(long, value_name = "DURATION", help_heading = "Output")]
     pub leaks_older_than: Option<String>,
 
-    /// Output file, or with --every a directory for the snapshots.
+    /// Output file (required), or with --every a directory for the snapshots.
     #[arg(short, long, value_name = "PATH", help_heading = "Output")]
-    pub output: PathBuf,
+    pub output: Option<PathBuf>,
 
     /// Output format (default: from the file extension: .pb.gz pprof, .folded folded, .svg
     /// svg, .html the HTML report, .speedscope.json speedscope, else json; json for

@@ -594,10 +594,13 @@ impl RecordArgs {
                 "invalid --keep 0: keep at least one snapshot".into(),
             ));
         }
+        let path = self
+            .output
+            .ok_or_else(|| missing_output(&targets.command))?;
         let (output, format) = match every {
             Some(every) => (
                 Output::Snapshots {
-                    dir: self.output,
+                    dir: path,
                     every,
                     keep: self.keep,
                 },
@@ -606,9 +609,9 @@ impl RecordArgs {
             None => {
                 let format = match self.format {
                     Some(format) => format,
-                    None => Format::for_path(&self.output).map_err(BadInput)?,
+                    None => Format::for_path(&path).map_err(BadInput)?,
                 };
-                (Output::File(self.output), format)
+                (Output::File(path), format)
             }
         };
         Ok(RecordConfig {
@@ -621,6 +624,22 @@ impl RecordArgs {
             value: self.value,
         })
     }
+}
+
+/// `record` without `-o`; when the command's own words hold one, said that words after
+/// `--` are the command's.
+fn missing_output(command: &[OsString]) -> BadInput {
+    let misplaced = command.iter().skip(1).any(|word| {
+        let word = word.to_string_lossy();
+        word == "-o" || word == "--output" || word.starts_with("--output=")
+    });
+    BadInput(if misplaced {
+        "--output (-o) is required before `--`: the words after `--` are the command's own, \
+         so the `-o` there goes to the command"
+            .into()
+    } else {
+        "--output (-o) is required: the file to write the profile to, e.g. -o profile.json".into()
+    })
 }
 
 impl TopArgs {
@@ -728,6 +747,15 @@ mod tests {
             auto.sampling.load_into_running,
             LoadIntoRunning::WherePossible
         );
+    }
+
+    #[test]
+    fn a_missing_output_says_where_it_goes() {
+        let err = record(&["--", "python3", "s.py", "-o", "p.json"]).unwrap_err();
+        assert!(err.contains("required before `--`"), "{err}");
+        let err = record(&["--", "true"]).unwrap_err();
+        assert!(err.contains("-o profile.json"), "{err}");
+        assert!(record(&["-o", "p.json", "--", "true", "-o"]).is_ok());
     }
 
     #[test]

@@ -277,9 +277,15 @@ fn stat_at(dir: &std::os::fd::OwnedFd, name: &Path, flags: libc::c_int) -> io::R
     Ok(st)
 }
 
-/// Proves that `dir` accepts new files (a temporary file, removed at once).
+/// Proves that `dir` accepts new files (a temporary file, removed at once). An error names
+/// `dir`, not the temporary file (a name of ours the user never gave).
 pub fn check_writable_dir(dir: &Path) -> io::Result<()> {
-    temporary_in(dir, "write-test").map(drop)
+    temporary_in(dir, "write-test").map(drop).map_err(|e| {
+        // tempfile appends ` at path "…"` (the temporary file's) to the system's error.
+        let text = e.to_string();
+        let why = text.split(" at path \"").next().unwrap_or(&text);
+        io::Error::new(e.kind(), format!("directory {}: {why}", dir.display()))
+    })
 }
 
 /// Opens `path` for writing from its start, creating it (mode [`FILE_MODE`]) if absent. An
