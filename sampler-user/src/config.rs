@@ -597,23 +597,7 @@ impl RecordArgs {
         let path = self
             .output
             .ok_or_else(|| missing_output(&targets.command))?;
-        let (output, format) = match every {
-            Some(every) => (
-                Output::Snapshots {
-                    dir: path,
-                    every,
-                    keep: self.keep,
-                },
-                self.format.unwrap_or(Format::Json),
-            ),
-            None => {
-                let format = match self.format {
-                    Some(format) => format,
-                    None => Format::for_path(&path).map_err(BadInput)?,
-                };
-                (Output::File(path), format)
-            }
-        };
+        let (output, format) = output_and_format(path, every, self.keep, self.format)?;
         Ok(RecordConfig {
             targets,
             sampling,
@@ -624,6 +608,33 @@ impl RecordArgs {
             value: self.value,
         })
     }
+}
+
+/// Where `record` writes (`path`: a file, or with `every` a directory of snapshots, `keep`
+/// of them) and in which format (`format`, else from the file's extension; JSON snapshots).
+fn output_and_format(
+    path: PathBuf,
+    every: Option<Duration>,
+    keep: Option<usize>,
+    format: Option<Format>,
+) -> Result<(Output, Format), BadInput> {
+    Ok(match every {
+        Some(every) => (
+            Output::Snapshots {
+                dir: path,
+                every,
+                keep,
+            },
+            format.unwrap_or(Format::Json),
+        ),
+        None => {
+            let format = match format {
+                Some(format) => format,
+                None => Format::for_path(&path).map_err(BadInput)?,
+            };
+            (Output::File(path), format)
+        }
+    })
 }
 
 /// `record` without `-o`; when the command's own words hold one, said that words after
