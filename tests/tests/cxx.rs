@@ -4,7 +4,8 @@
 //! and by `record -p` (its library loaded into the running process). A real C++ program
 //! (tests/fixtures/cxx_new.cpp, linked against each allocator as a service would be) is
 //! recorded both ways: every call counted, the estimate's bounds holding the exact bytes,
-//! and its output (a `std::bad_alloc` thrown through the library and caught) as natively.
+//! and its output (a `std::bad_alloc` thrown through the library and caught) as natively;
+//! the throw comes first, so the counts also show the library counting on after it.
 
 use std::{path::PathBuf, process::Command};
 
