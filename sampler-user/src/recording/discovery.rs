@@ -20,15 +20,14 @@ use crate::{
     text,
 };
 
-/// Whether `allocator`'s file is still mapped in `pid` where the maps said: through
-/// `/proc/PID/map_files/START-END` of `pid` itself (a forked child's allocators may be its
-/// parent's, read through the parent's), gone or another file once it exec'd.
+/// Whether `allocator`'s file is mapped in `pid` now, read in `pid`'s own maps (a forked
+/// child's allocators may be its parent's, read through the parent's). Anywhere: a program
+/// it exec'd since maps the same library at another address (looked for at the old one,
+/// a workload exec'd by a shell's child was taken for one without its front end in one
+/// run of two, and the kernel counted its first calls a second time).
 fn still_mapped(pid: u32, allocator: &Allocator) -> bool {
-    let Some(range) = allocator.path.file_name() else {
-        return false;
-    };
-    let path = std::path::Path::new(&format!("/proc/{pid}/map_files")).join(range);
-    std::fs::metadata(path).is_ok_and(|m| FileId::of(&m) == allocator.file_id)
+    crate::probe::maps::read(pid)
+        .is_ok_and(|vmas| vmas.iter().any(|vma| vma.file_id == allocator.file_id))
 }
 
 impl Recording {
