@@ -15,6 +15,13 @@ Examples:
   allocscope report heap.json -o heap.svg               # convert a recording
   sudo allocscope top -p 4242                           # watch it live";
 
+const REPORT_EXAMPLES: &str = "\
+Examples:
+  allocscope report heap.json                         # the summary and top stacks
+  allocscope report heap.json -o heap.html            # the offline HTML report
+  allocscope report heap.json -o heap.svg --value alloc-bytes
+  allocscope report heap.json -o heap.pb.gz && go tool pprof -http :8080 heap.pb.gz";
+
 const TOP_KEYS: &str = "\
 Keys:
   q quit · ↑↓/j k move · Enter expand/collapse the stack · s cycle the sort column
@@ -46,7 +53,7 @@ pub enum Command {
     #[command(after_help = TOP_KEYS)]
     Top(TopArgs),
     /// Print the top stacks of a saved JSON profile, or convert it to another format.
-    #[command(after_help = EXAMPLES)]
+    #[command(after_help = REPORT_EXAMPLES)]
     Report(ReportArgs),
     /// Compare two saved JSON profiles: what changed beyond the sampling noise.
     #[command(after_help = DIFF_EXAMPLES)]
@@ -609,7 +616,8 @@ pub struct ReportArgs {
     #[arg(short, long, value_enum)]
     pub format: Option<Format>,
 
-    /// What folded and SVG output show, and what the HTML report and speedscope open on.
+    /// What folded and SVG output show, and what the HTML report and speedscope open on
+    /// (default: inuse-bytes when the recording tracked frees, else alloc-bytes).
     #[arg(long, value_enum)]
     pub value: Option<Value>,
 
