@@ -165,36 +165,29 @@ macro_rules! delete_form {
     };
 }
 
-/// `new` served by `malloc` (aligned forms: `aligned[0]` is the alignment).
-fn by_malloc(size: usize, aligned: &[usize]) -> *mut c_void {
-    let size = size.max(1);
-    // SAFETY: the C contracts of malloc and posix_memalign hold for any size.
-    let pointer = unsafe {
-        match aligned.first() {
-            Some(&align) if align > 16 => {
-                let mut out = core::ptr::null_mut();
-                if crate::posix_memalign(&mut out, align, size) == 0 {
-                    out
-                } else {
-                    core::ptr::null_mut()
-                }
-            }
-            _ => crate::malloc(size),
-        }
-    };
+/// `new` served by `malloc` (aligned forms: `args[0]` is the alignment).
+fn by_malloc(size: usize, args: &[usize]) -> *mut c_void {
+    let pointer = from_malloc(size, args.first().copied());
     if pointer.is_null() {
         crate::fatal(b"allocscope: operator new: out of memory (no C++ runtime found to throw std::bad_alloc)\n");
     }
     pointer
 }
 
-/// A nothrow `new` served by `malloc`: null on failure.
-fn by_malloc_nothrow(size: usize, aligned: &[usize]) -> *mut c_void {
+/// A nothrow `new` served by `malloc` (`args`: the alignment, if any, then the nothrow
+/// tag): null on failure.
+fn by_malloc_nothrow(size: usize, args: &[usize]) -> *mut c_void {
+    from_malloc(size, (args.len() == 2).then(|| args[0]))
+}
+
+/// A block of `size` bytes (at least one) from `malloc`, or from `posix_memalign` where
+/// `align` is wider than `malloc`'s 16: null on failure.
+fn from_malloc(size: usize, align: Option<usize>) -> *mut c_void {
     let size = size.max(1);
-    // SAFETY: as in `by_malloc`.
+    // SAFETY: the C contracts of malloc and posix_memalign hold for any size.
     unsafe {
-        match aligned.first() {
-            Some(&align) if align > 16 && aligned.len() == 2 => {
+        match align {
+            Some(align) if align > 16 => {
                 let mut out = core::ptr::null_mut();
                 if crate::posix_memalign(&mut out, align, size) == 0 {
                     out

@@ -90,6 +90,25 @@ impl Log {
     }
 }
 
+/// The sampling every recording here uses: a coarse interval and frame-pointer stacks keep
+/// the samples of workloads running at full speed within what the ring buffer takes, and
+/// bounds at 99.99% suit checks of every site.
+const SAMPLING: [&str; 6] = [
+    "--interval",
+    "256KiB",
+    "--unwind",
+    "fp",
+    "--confidence",
+    "0.9999",
+];
+
+/// Starts `allocscope ARGS` with [`SAMPLING`]; its stderr read as it comes.
+fn start(args: &[&str]) -> (std::process::Child, Log) {
+    let args: Vec<&str> = args.iter().chain(&SAMPLING).copied().collect();
+    let (child, stderr) = start_recording(&args);
+    (child, Log::read(stderr))
+}
+
 /// Only the library's own probes (sampled blocks) were attached: no allocator's entry.
 fn only_library_probed(profile: &Value) {
     let probes = profile["probes"].as_array().unwrap();
@@ -128,23 +147,16 @@ fn record_comm_loads_the_sampler_into_each_match_and_probes_nothing_else() {
     let mut carrier = Workload::start_with(preloaded, ROUNDS, &[]);
     let mut unmatched = Workload::start_with(Command::new(&other), ROUNDS, &[]);
     let out = dir.path("comm.json");
-    let (recorder, stderr) = start_recording(&[
+    let (recorder, log) = start(&[
         "record",
         "-v",
         "--comm",
         "^fleetcomm$",
         "--front-end",
         "in-process",
-        "--interval",
-        "256KiB",
-        "--unwind",
-        "fp",
-        "--confidence",
-        "0.9999",
         "-o",
         out.to_str().unwrap(),
     ]);
-    let log = Log::read(stderr);
     // Started while it records: loaded into when found at its exec.
     let mut after = Workload::start_with(Command::new(&named), ROUNDS, &[]);
     log.wait_for(&format!("following pid {} ", after.pid()));
@@ -219,24 +231,17 @@ fn the_agent_picks_up_a_service_started_with_the_library_preloaded() {
     let mut service = Workload::start_with(command, ROUNDS, &[]);
     let mut plain = Workload::start_with(Command::new(&named), ROUNDS, &[]);
     let out = dir.path("periods");
-    let (agent, stderr) = start_recording(&[
+    let (agent, log) = start(&[
         "agent",
         "--all",
         "--front-end",
         "in-process",
         "--period",
         "1s",
-        "--interval",
-        "256KiB",
-        "--unwind",
-        "fp",
-        "--confidence",
-        "0.9999",
         "--spool-in-memory",
         "--out-dir",
         out.to_str().unwrap(),
     ]);
-    let log = Log::read(stderr);
     service.go();
     plain.go();
     assert_eq!(service.line(), "done");
@@ -281,19 +286,7 @@ fn under_all_with_uprobes_a_carrier_is_counted_once() {
     // to a probed malloc, whose probes must leave its calls to it. They did not: its bytes
     // were estimated twice over (3.13 GB [3.06, 3.19] for 1.56 GB counted).
     let out = dir.path("all.json");
-    let (recorder, stderr) = start_recording(&[
-        "record",
-        "--all",
-        "--interval",
-        "256KiB",
-        "--unwind",
-        "fp",
-        "--confidence",
-        "0.9999",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    let log = Log::read(stderr);
+    let (recorder, log) = start(&["record", "--all", "-o", out.to_str().unwrap()]);
     carrier.go();
     assert_eq!(carrier.line(), "done");
     tests::interrupt(recorder);

@@ -43,6 +43,19 @@ pub struct Loaded {
     pub loading: Duration,
 }
 
+impl std::fmt::Display for Loaded {
+    /// "thread T stopped 0.10 ms; loaded in 0.86 ms" (what `-v` says of each load).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "thread {} stopped {:.2} ms; loaded in {:.2} ms",
+            self.tid,
+            self.stopped.as_secs_f64() * 1e3,
+            self.loading.as_secs_f64() * 1e3
+        )
+    }
+}
+
 /// Why allocscope's sampler was not loaded into a process.
 #[derive(Debug, thiserror::Error)]
 pub enum Refused {

@@ -19,7 +19,7 @@ use log::{info, warn};
 use crate::{
     config::{BadInput, LoadIntoRunning, SamplingConfig, Targets},
     preload::Library,
-    probe::allocator::{Allocator, Family},
+    probe::allocator::Allocator,
     profile::ProcessBook,
     targets::{AllocatorCache, FindError},
     text,
@@ -93,8 +93,8 @@ impl Carriers {
             return Err(FindError::Gone);
         }
         let found = cache.of_pid(pid)?;
-        if found.iter().any(|a| a.file.family == Family::Pymalloc) {
-            processes.incomplete(pid, super::load::PYMALLOC_LEFT_OUT.into());
+        if let Some(what) = super::load::left_out_when_loaded(&found) {
+            processes.incomplete(pid, what.into());
         }
         Ok(found)
     }
@@ -111,12 +111,7 @@ impl Carriers {
         let comm = text::printable(comm);
         match crate::inject::load(pid, &library.path()) {
             Ok(loaded) => {
-                info!(
-                    "pid {pid} ({comm}): in-process sampler loaded (thread {} stopped {:.2} ms; loaded in {:.2} ms)",
-                    loaded.tid,
-                    loaded.stopped.as_secs_f64() * 1e3,
-                    loaded.loading.as_secs_f64() * 1e3
-                );
+                info!("pid {pid} ({comm}): in-process sampler loaded ({loaded})");
                 true
             }
             Err(refused) => {

@@ -24,8 +24,17 @@ pub(super) enum Note {
     Incomplete(String),
 }
 
+/// What the counts of a process with `allocators` leave out once the sampler is loaded into
+/// it running: a Python interpreter's small objects, if it is one.
+pub(super) fn left_out_when_loaded(allocators: &[Allocator]) -> Option<&'static str> {
+    allocators
+        .iter()
+        .any(|a| a.file.family == crate::probe::allocator::Family::Pymalloc)
+        .then_some(PYMALLOC_LEFT_OUT)
+}
+
 /// What a Python process's counts leave out when the sampler is loaded into it running.
-pub(super) const PYMALLOC_LEFT_OUT: &str = "pymalloc's small objects (512 bytes or less) are not \
+const PYMALLOC_LEFT_OUT: &str = "pymalloc's small objects (512 bytes or less) are not \
     counted: the sampler loaded into a running interpreter leaves its object allocator \
     alone (record it from its start, `-- CMD`, to count them)";
 
@@ -72,18 +81,9 @@ fn into_running(
         })?;
         match crate::inject::load(pid, &path) {
             Ok(loaded) => {
-                info!(
-                    "pid {pid}: in-process sampler loaded (thread {} stopped {:.2} ms; loaded in {:.2} ms)",
-                    loaded.tid,
-                    loaded.stopped.as_secs_f64() * 1e3,
-                    loaded.loading.as_secs_f64() * 1e3
-                );
-                let python = target
-                    .allocators
-                    .iter()
-                    .any(|a| a.file.family == crate::probe::allocator::Family::Pymalloc);
-                if python {
-                    notes.push((pid, Note::Incomplete(PYMALLOC_LEFT_OUT.into())));
+                info!("pid {pid}: in-process sampler loaded ({loaded})");
+                if let Some(what) = left_out_when_loaded(&target.allocators) {
+                    notes.push((pid, Note::Incomplete(what.into())));
                 }
                 match cache.of_pid(pid) {
                     Ok(mut allocators) => {
