@@ -40,9 +40,21 @@ pub const FAMILY_VERSION: u64 = 4;
 /// library finds it from the path it was loaded from (no descriptor, no variable).
 pub const FAMILY_FILE: &core::ffi::CStr = c"family";
 
-/// Name of the exported 32-bit flag that is not 0 where the library stays dormant (the
-/// process was under a seccomp filter when it set up: it counts nothing, fires nothing).
+/// Name of the exported 32-bit flag that is not 0 where the library stays dormant (it
+/// counts nothing, fires nothing: [`DORMANT_SANDBOXED`], [`DORMANT_PRODUCER`]) or counts
+/// privately ([`PRIVATE_CHILD`]).
 pub const DORMANT_SYMBOL: &str = "allocscope_preload_dormant";
+
+/// [`DORMANT_SYMBOL`]: the process was under a seccomp filter when the library set up.
+pub const DORMANT_SANDBOXED: u32 = 1;
+
+/// [`DORMANT_SYMBOL`]: a sandboxed process's child, counting in a private region it cannot
+/// publish (its samples reach the probes).
+pub const PRIVATE_CHILD: u32 = 2;
+
+/// [`DORMANT_SYMBOL`]: a file the process mapped at set-up defines another producer's
+/// allocation probes ([`PRODUCER_PROVIDERS`]): its calls are left to them.
+pub const DORMANT_PRODUCER: u32 = 3;
 
 /// Name of the exported symbol holding the address of the process's [`Region`].
 pub const REGION_SYMBOL: &str = "allocscope_preload_region";
@@ -71,6 +83,11 @@ pub const ALLOC_UNTRACKED: u64 = 1 << 8;
 /// USDT provider of the OpenTelemetry memory-profiling contract
 /// (`otel_memory:alloc(ptr, size, weight)`, `otel_memory:free(ptr)`).
 pub const OTEL_PROVIDER: &str = "otel_memory";
+
+/// Providers of the allocation-probe contract allocscope consumes from other programs'
+/// allocators (`alloc(ptr, size, weight)`, `free(ptr)`): the OpenTelemetry contract and
+/// libdatadog's heap sampler. The library stays dormant in a process whose files define one.
+pub const PRODUCER_PROVIDERS: [&str; 2] = [OTEL_PROVIDER, "ddheap"];
 
 /// Counts of one thread (or of the retired and overflowing ones): allocation calls and
 /// the bytes they asked for, as the kernel's exact counters count them.

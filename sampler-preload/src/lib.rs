@@ -20,6 +20,7 @@ mod cxx;
 mod early;
 mod frames;
 mod next;
+mod producer;
 mod python;
 mod region;
 mod route;

@@ -80,8 +80,11 @@ pub fn resolve(after: impl FnOnce(bool)) -> Bootstrap {
             Ok(_) => {
                 RESOLVER.store(thread_id(), Ordering::Release);
                 decide_opened();
-                // Under a seccomp filter already: dormant (no probe, no count).
-                let dormant = crate::sandbox::check_at_set_up();
+                // Under a seccomp filter already, or where another producer reports the
+                // process's allocations: dormant (no probe, no count). A library opened
+                // into a running process was checked by allocscope before.
+                let dormant = crate::sandbox::check_at_set_up()
+                    || (!opened() && crate::sandbox::check_producer_at_set_up());
                 // Opened into a running process: ready once its calls are routed here.
                 if !dormant && !opened() {
                     // Before any call reaches the next allocator: from here on allocscope's

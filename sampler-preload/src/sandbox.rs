@@ -25,9 +25,13 @@ use core::{
     sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering},
 };
 
-/// 1 when the library is dormant in this process (under a seccomp filter at set-up); 2 in
-/// the child of a sandboxed process (it counts in a private region it cannot publish, and
-/// its samples reach the probes); read by allocscope through `/proc/PID/mem`.
+use sampler_common::preload::{DORMANT_PRODUCER, DORMANT_SANDBOXED, PRIVATE_CHILD};
+
+/// [`DORMANT_SANDBOXED`] when the library is dormant in this process (under a seccomp
+/// filter at set-up), [`DORMANT_PRODUCER`] when it leaves the process to another producer
+/// (see [`crate::producer`]); [`PRIVATE_CHILD`] in the child of a sandboxed process (it
+/// counts in a private region it cannot publish, and its samples reach the probes); read
+/// by allocscope through `/proc/PID/mem`.
 #[no_mangle]
 #[used]
 pub static allocscope_preload_dormant: AtomicU32 = AtomicU32::new(0);
@@ -38,13 +42,27 @@ static SANDBOXED: AtomicBool = AtomicBool::new(false);
 /// Whether the library is dormant here.
 #[inline(always)]
 pub fn dormant() -> bool {
-    allocscope_preload_dormant.load(Ordering::Relaxed) == 1
+    matches!(
+        allocscope_preload_dormant.load(Ordering::Relaxed),
+        DORMANT_SANDBOXED | DORMANT_PRODUCER
+    )
 }
 
 /// In a sandboxed process's child: says it counts privately (see
 /// [`allocscope_preload_dormant`]).
 pub fn mark_private_child() {
-    allocscope_preload_dormant.store(2, Ordering::Relaxed);
+    allocscope_preload_dormant.store(PRIVATE_CHILD, Ordering::Relaxed);
+}
+
+/// At set-up, where another producer reports the process's allocations (see
+/// [`crate::producer`]): dormant. Only where not dormant already (a sandboxed process's
+/// files are not read).
+pub fn check_producer_at_set_up() -> bool {
+    let producer = crate::producer::in_process();
+    if producer {
+        allocscope_preload_dormant.store(DORMANT_PRODUCER, Ordering::Relaxed);
+    }
+    producer
 }
 
 /// Whether the library may make no system call but those the program makes itself.
@@ -81,7 +99,7 @@ pub fn check_at_set_up() -> bool {
     unsafe { libc::close(fd) };
     let filtered = seccomp_mode(&buffer[..len]).is_some_and(|mode| mode != 0);
     if filtered {
-        allocscope_preload_dormant.store(1, Ordering::Relaxed);
+        allocscope_preload_dormant.store(DORMANT_SANDBOXED, Ordering::Relaxed);
     }
     filtered
 }

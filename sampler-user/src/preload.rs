@@ -26,8 +26,9 @@ use sampler_common::{
     geometric,
     preload::{
         claim, family_bytes, family_header_bytes, family_region_offset, find_claim, region_bytes,
-        set_up_region, take_slot, Family as Header, Region, DORMANT_SYMBOL, FAMILY_MAGIC,
-        FAMILY_SLOTS, FAMILY_VERSION, REGION_MAGIC, REGION_SYMBOL, REGION_VERSION,
+        set_up_region, take_slot, Family as Header, Region, DORMANT_PRODUCER, DORMANT_SANDBOXED,
+        DORMANT_SYMBOL, FAMILY_MAGIC, FAMILY_SLOTS, FAMILY_VERSION, REGION_MAGIC, REGION_SYMBOL,
+        REGION_VERSION,
     },
 };
 
@@ -395,9 +396,9 @@ impl MappedRegion {
 }
 
 /// Whether the library mapped in `pid` from `library` is or will be dormant there: it
-/// says so ([`DORMANT_SYMBOL`] is 1), or it has not set up yet (no region published, and
-/// not a sandboxed process's child, [`DORMANT_SYMBOL`] 2), which under a seccomp filter
-/// (the caller's to check) means it will be. False when its memory cannot be read.
+/// says so ([`DORMANT_SANDBOXED`], [`DORMANT_PRODUCER`]), or it has not set up yet (no
+/// region published, and not a sandboxed process's child), which under a seccomp filter
+/// or beside another producer's file (the caller's to check) means it will be. False when its memory cannot be read.
 pub fn dormant(pid: u32, vmas: &[maps::Vma], library: &Path) -> bool {
     let Ok([flag_at, region_at]) =
         symbol_addresses(pid, vmas, library, [DORMANT_SYMBOL, REGION_SYMBOL])
@@ -411,7 +412,7 @@ pub fn dormant(pid: u32, vmas: &[maps::Vma], library: &Path) -> bool {
         return false;
     }
     match u32::from_ne_bytes(flag) {
-        1 => true,
+        DORMANT_SANDBOXED | DORMANT_PRODUCER => true,
         0 => u64::from_ne_bytes(region) == 0,
         _ => false,
     }

@@ -64,7 +64,7 @@ impl AllocatorCache {
             &vmas,
             executable.as_deref(),
             |vma, path, in_executable| self.analysed(vma, path, in_executable),
-            |library| dormant_front_end(pid, &vmas, &library.path),
+            |library, producer| dormant_front_end(pid, &vmas, &library.path, producer),
         )?)
     }
 
@@ -215,13 +215,19 @@ pub fn interpreter_of(elf: &[u8]) -> Option<PathBuf> {
 }
 
 /// Whether allocscope's library, mapped by `pid` from `library`, is dormant there (it
-/// found the process under a seccomp filter: see `sampler-preload`'s `sandbox`). Only a
-/// process under a filter is asked (its exported flag read from its memory).
-fn dormant_front_end(pid: u32, vmas: &[Vma], library: &Path) -> bool {
+/// found the process under a seccomp filter, see `sampler-preload`'s `sandbox`, or
+/// another `producer` among its files, see its `producer`). Only such a process is asked
+/// (its exported flag read from its memory).
+fn dormant_front_end(pid: u32, vmas: &[Vma], library: &Path, producer: bool) -> bool {
     let filtered = crate::procfs::seccomp_mode(pid).is_some_and(|mode| mode != 0);
-    let dormant = filtered && crate::preload::dormant(pid, vmas, library);
+    let dormant = (filtered || producer) && crate::preload::dormant(pid, vmas, library);
     if dormant {
-        log::debug!("pid {pid}: under a seccomp filter, its in-process sampler is dormant: probed with uprobes");
+        let why = if producer {
+            "another producer reports its allocations: recorded through its probes"
+        } else {
+            "under a seccomp filter: probed with uprobes"
+        };
+        log::debug!("pid {pid}: its in-process sampler is dormant ({why})");
     }
     dormant
 }

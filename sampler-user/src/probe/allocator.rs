@@ -545,14 +545,15 @@ pub fn in_probing_order(allocators: &mut [Allocator]) {
 /// Finds every allocator among `pid`'s executable mappings; `analysed` is asked for the
 /// analysis of each distinct file (a cache by file identity), given the path to read and
 /// whether it is the executable; `dormant` whether an in-process front end found there
-/// counts nothing in this process (allocscope's library under a seccomp filter: then it
-/// is left out and the allocators behind it are kept, for uprobes).
+/// counts nothing in this process (allocscope's library under a seccomp filter, or beside
+/// another producer, the second argument: then it is left out and the allocators behind
+/// it are kept, for uprobes or that producer's probes).
 pub fn find(
     pid: u32,
     vmas: &[Vma],
     executable: Option<&Path>,
     mut analysed: impl FnMut(&Vma, &Path, bool) -> Option<Arc<AllocatorFile>>,
-    dormant: impl Fn(&Allocator) -> bool,
+    dormant: impl Fn(&Allocator, bool) -> bool,
 ) -> Result<Vec<Allocator>, AllocatorError> {
     let mut found: Vec<Allocator> = Vec::new();
     let mut seen: Vec<&FileId> = Vec::new();
@@ -576,7 +577,8 @@ pub fn find(
             });
         }
     }
-    found.retain(|a| !(a.file.family == Family::InProcess && dormant(a)));
+    let producer = found.iter().any(|a| a.file.is_producer());
+    found.retain(|a| !(a.file.family == Family::InProcess && dormant(a, producer)));
     if found.is_empty() {
         return Err(AllocatorError::NoAllocator);
     }
@@ -742,7 +744,7 @@ mod tests {
 
     #[test]
     fn no_allocator_is_a_clear_error() {
-        let err = find(1, &[], None, |_, _, _| None, |_| false).unwrap_err();
+        let err = find(1, &[], None, |_, _, _| None, |_, _| false).unwrap_err();
         assert!(err.to_string().contains("no allocator found"), "{err}");
     }
 

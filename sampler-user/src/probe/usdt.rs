@@ -185,8 +185,7 @@ pub const ALLOC_ARGUMENTS: &str = "8@%rdi 8@%rsi 8@%rdx 8@%rcx 8@%r8";
 /// The argument layout the `usdt` program reads at a `free` site.
 pub const FREE_ARGUMENTS: &str = "8@%rdi";
 
-/// Providers of the allocation-probe contract allocscope consumes from other programs.
-pub const PRODUCER_PROVIDERS: [&str; 2] = [sampler_common::preload::OTEL_PROVIDER, "ddheap"];
+pub use sampler_common::preload::PRODUCER_PROVIDERS;
 
 /// Another program's allocation probes: `alloc(ptr, size, weight)` and `free(ptr)` sites of
 /// one provider, each with where its arguments are.

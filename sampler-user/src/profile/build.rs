@@ -504,14 +504,16 @@ fn front_end_of(allocators: &[String]) -> String {
     let probed = ["glibc (", "jemalloc (", "tcmalloc (", "mimalloc ("]
         .iter()
         .any(|family| allocators.iter().any(|a| a.starts_with(family)));
-    if allocators.iter().any(|a| a.starts_with(&described)) {
+    // Another producer first: allocscope's library, inherited from before an exec, stays
+    // dormant in a process where another producer reports the allocations.
+    if let Some(provider) = producer {
+        format!("in-process ({provider})")
+    } else if allocators.iter().any(|a| a.starts_with(&described)) {
         if probed {
             IN_PROCESS_THEN_UPROBES.into()
         } else {
             "in-process".into()
         }
-    } else if let Some(provider) = producer {
-        format!("in-process ({provider})")
     } else {
         uprobes()
     }
@@ -739,5 +741,11 @@ mod tests {
         ];
         assert_eq!(front_end_of(&own), "in-process");
         assert_eq!(front_end_of(&both[1..]), "uprobes");
+        // A producer exec'd by a process that carried the library (dormant beside it).
+        let producer = [
+            library.to_owned(),
+            "otel_memory probes (/usr/bin/producer)".to_owned(),
+        ];
+        assert_eq!(front_end_of(&producer), "in-process (otel_memory)");
     }
 }

@@ -381,8 +381,15 @@ impl Recording {
         let (mut found, before_loader) = match self.cache.of_pid(pid) {
             Err(FindError::NoAllocator(why)) => {
                 let exe = std::path::PathBuf::from(format!("/proc/{pid}/exe"));
-                let found = preflight::allocators_for_command(&exe, &mut self.cache)
+                let mut found = preflight::allocators_for_command(&exe, &mut self.cache)
                     .map_err(|_| FindError::NoAllocator(why))?;
+                // Named as its maps will name it (a note said "/proc/PID/exe" beside the
+                // same file's name, once probed).
+                if let Some(shown) = crate::procfs::executable_of(pid) {
+                    for allocator in found.iter_mut().filter(|a| a.in_executable) {
+                        allocator.shown.clone_from(&shown);
+                    }
+                }
                 (found, true)
             }
             found => (found?, false),
