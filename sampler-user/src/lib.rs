@@ -23,6 +23,7 @@ pub mod outfile;
 pub mod preflight;
 pub mod preload;
 pub mod probe;
+pub mod proc_events;
 pub mod procfs;
 pub mod profile;
 pub mod python;

@@ -352,6 +352,12 @@ impl MappedRegion {
         (len > 0).then(|| String::from_utf8_lossy(&bytes[..len]).into_owned())
     }
 
+    /// When the library last set up in the process (after its latest exec that carried
+    /// it, or its fork): the time it read its maps, CLOCK_MONOTONIC ns (0: not yet).
+    pub fn set_up_ns(&self) -> u64 {
+        self.region().maps_ns.load(Ordering::Acquire)
+    }
+
     /// Counts from now on: for a process the library was loaded into while it ran, whose
     /// calls before its probes are attached would have no samples.
     pub fn count_from_now(&mut self) {

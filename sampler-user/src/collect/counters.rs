@@ -108,6 +108,11 @@ impl Counters {
         self.regions.get(&pid)?.comm()
     }
 
+    /// When `pid`'s library last set up (see [`crate::preload::MappedRegion::set_up_ns`]).
+    pub fn region_set_up_ns(&self, pid: u32) -> Option<u64> {
+        Some(self.regions.get(&pid)?.set_up_ns())
+    }
+
     /// Whether `pid` counts its own calls.
     pub fn has_region(&self, pid: u32) -> bool {
         self.regions.contains_key(&pid)

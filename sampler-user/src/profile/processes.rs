@@ -136,6 +136,21 @@ impl ProcessBook {
         }
     }
 
+    /// `pid`'s command name, if it is tracked and has one.
+    pub fn command(&self, pid: u32) -> Option<&str> {
+        self.commands
+            .get(&pid)
+            .map(String::as_str)
+            .filter(|c| !c.is_empty())
+    }
+
+    /// Names `pid` by the program it exec'd (`command`, as the kernel named it then),
+    /// whatever it was named before.
+    pub fn name_after_exec(&mut self, pid: u32, command: &str) {
+        self.inherited.remove(&pid);
+        self.commands.insert(pid, command.to_owned());
+    }
+
     /// Whether `pid` is tracked already.
     pub fn tracks(&self, pid: u32) -> bool {
         self.commands.contains_key(&pid)

@@ -33,12 +33,41 @@ pub(super) struct EarlyRun {
     pub exited: ExitSeen,
     /// Resolving its early samples' Python frames while it runs (where they are read).
     pub python: Option<crate::python::early::Watcher>,
+    /// Its tree's process events, read until the probes are attached.
+    pub events: Option<crate::proc_events::Watch>,
+}
+
+/// What is left of an early run once its records are taken in, for after the first
+/// look at the tree ([`Recording::end_early`]).
+pub(super) struct EarlyEnd {
+    exited: ExitSeen,
+    events: Option<crate::proc_events::Watch>,
 }
 
 /// When a command let go early exited, as a thread waiting on its pidfd saw it: a command
 /// that exits while allocscope still attaches is noticed only after, and its recording's
 /// duration (rates per second, a diff's) would count allocscope's wait as its run.
 pub(super) type ExitSeen = std::sync::Arc<std::sync::OnceLock<std::time::Instant>>;
+
+/// Listens for the process events of `root`'s tree while its probes load (see
+/// [`crate::proc_events`]); nothing, said with `-v`, where the kernel refuses.
+fn watch_tree(root: u32) -> Option<crate::proc_events::Watch> {
+    crate::proc_events::Watch::start(root)
+        .map_err(|e| {
+            debug!("process events not read while the probes load (a child that drops the library then is not named): {e}");
+        })
+        .ok()
+}
+
+/// What a process that exec'd a program without the library while the probes loaded
+/// leaves out.
+fn unseen_after(program: &str) -> String {
+    format!(
+        "exec'd {program} without the in-process library (a cleared environment, its own \
+         LD_PRELOAD, static or set-user-ID) while the probes loaded, and exited before they \
+         were attached: its allocations since that exec were not seen"
+    )
+}
 
 /// Starts a thread that notes when `pid` (our child) exits; nothing if it cannot.
 pub(super) fn watch_exit(pid: u32) -> ExitSeen {
@@ -91,6 +120,7 @@ pub(super) fn release_now(
         None
     };
     family.keep_early(config.stack_bytes);
+    let events = watch_tree(pid);
     if let Err(e) = child.release() {
         family.end_early();
         return Err(crate::config::BadInput(format!("cannot run {command}: {e}")).into());
@@ -100,17 +130,18 @@ pub(super) fn release_now(
         released: (crate::collect::monotonic_ns(), std::time::Instant::now()),
         exited: watch_exit(pid),
         python,
+        events,
     })
 }
 
 impl Recording {
     /// The probes are attached: the command let run early is tracked from its release,
-    /// and its early records are taken in. Returns what watches its exit.
+    /// and its early records are taken in. Returns what watches its exit and its tree.
     pub(super) fn take_early(
         &mut self,
         run: EarlyRun,
         track_frees: bool,
-    ) -> anyhow::Result<ExitSeen> {
+    ) -> anyhow::Result<EarlyEnd> {
         let (released_ns, released) = run.released;
         self.began = released;
         if let Some(throttling) = self.throttling.as_mut() {
@@ -130,7 +161,71 @@ impl Recording {
                 .examine_now(&pids, std::time::Duration::from_millis(100));
         }
         self.finish_early(track_frees, run.python)?;
-        Ok(run.exited)
+        Ok(EarlyEnd {
+            exited: run.exited,
+            events: run.events,
+        })
+    }
+
+    /// After the first look at the tree: names the processes that ran unseen meanwhile,
+    /// and ends the recording at the command's exit if its tree is gone already.
+    pub(super) fn end_early(&mut self, end: EarlyEnd) {
+        if let Some(events) = end.events {
+            self.note_unseen(events.finish());
+        }
+        self.note_early_end(&end.exited);
+    }
+
+    /// Names the tree's processes that exec'd while the probes loaded and exited before
+    /// they were attached, where their program did not carry the library (they are not
+    /// known by its name, and no allocator was probed for them): their allocations were
+    /// not seen, and each says so. Before, they were missing without a word, or listed
+    /// under their parent's name with its few calls. (One that exec'd after the kernel
+    /// followed the tree, `--follow`'s case, and exited before its allocator could be
+    /// probed is among them.)
+    fn note_unseen(&mut self, tree: crate::proc_events::Tree) {
+        if tree.lost {
+            warn!("process events were lost while the probes loaded: a child that dropped the in-process library then and exited may be missing without a name");
+        }
+        // The regions of the processes that started meanwhile.
+        self.claim_regions(None);
+        for (pid, exec_ns, program) in tree.gone_after_exec() {
+            // Attached since (its allocator probed for it): counted from then, as said.
+            if self
+                .roster
+                .coverage(pid)
+                .is_some_and(|c| !c.late.is_empty())
+            {
+                continue;
+            }
+            // The library sets up after each exec that carries it; with no region (no slot
+            // claimed), a program it counted wrote its name.
+            let counted = match self.counters.region_set_up_ns(pid) {
+                Some(set_up_ns) => set_up_ns >= exec_ns,
+                None => self
+                    .processes
+                    .command(pid)
+                    .is_some_and(|known| program.is_none_or(|p| same_comm(known, p))),
+            };
+            if counted {
+                continue;
+            }
+            if !self.processes.tracks(pid) {
+                self.processes.track(pid);
+            }
+            let program = match program {
+                Some(program) => {
+                    self.processes.name_after_exec(pid, program);
+                    program
+                }
+                None => {
+                    self.processes.name_if_unknown(pid, "?");
+                    "a program (gone before it could be named)"
+                }
+            };
+            debug!("pid {pid}: exec'd {program} unseen while the probes loaded");
+            self.processes.incomplete(pid, unseen_after(program));
+        }
     }
 
     /// The probes are attached: the early records are taken in (see the module doc).
@@ -234,7 +329,7 @@ impl Recording {
 
     /// The command's tree is gone already (every target exited while the probes were being
     /// attached): the recording ends at the command's exit (`exited`) for its duration.
-    pub(super) fn note_early_end(&mut self, exited: &ExitSeen) {
+    fn note_early_end(&mut self, exited: &ExitSeen) {
         let Some(&at) = exited.get() else {
             return;
         };
@@ -270,4 +365,10 @@ impl Recording {
             self.on_process(pid, command, now, comm.trim_end());
         }
     }
+}
+
+/// Whether two command names are the same as the kernel keeps them (15 bytes).
+fn same_comm(a: &str, b: &str) -> bool {
+    let cut = |s: &str| s.as_bytes()[..s.len().min(15)].to_vec();
+    cut(a) == cut(b)
 }

@@ -267,13 +267,13 @@ impl Recording {
         if let Some(child) = child {
             recording.release(child, &command)?;
         }
-        let exited = match early {
+        let early = match early {
             Some(run) => Some(recording.take_early(run, !sampling.alloc_only)?),
             None => None,
         };
         recording.discover()?;
-        if let Some(exited) = &exited {
-            recording.note_early_end(exited);
+        if let Some(early) = early {
+            recording.end_early(early);
         }
         log::debug!("loaded, attached and released in {:?}", started.elapsed());
         if recording.roster.none_running() && !recording.targets.waits_for_new() {
