@@ -187,8 +187,6 @@ impl Recording {
         if tree.lost {
             warn!("process events were lost while the probes loaded: a child that dropped the in-process library then and exited may be missing without a name");
         }
-        // The regions of the processes that started meanwhile.
-        self.claim_regions(None);
         for (pid, exec_ns, program) in tree.gone_after_exec() {
             // Attached since (its allocator probed for it): counted from then, as said.
             if self
@@ -200,7 +198,7 @@ impl Recording {
             }
             // The library sets up after each exec that carries it; with no region (no slot
             // claimed), a program it counted wrote its name.
-            let counted = match self.counters.region_set_up_ns(pid) {
+            let counted = match self.library_set_up_ns(pid) {
                 Some(set_up_ns) => set_up_ns >= exec_ns,
                 None => self
                     .processes
@@ -223,9 +221,21 @@ impl Recording {
                     "a program (gone before it could be named)"
                 }
             };
-            debug!("pid {pid}: exec'd {program} unseen while the probes loaded");
+            debug!(
+                "pid {pid}: exec'd {program} unseen while the probes loaded (exec at {exec_ns}, library set up at {:?})",
+                self.library_set_up_ns(pid)
+            );
             self.processes.incomplete(pid, unseen_after(program));
         }
+    }
+
+    /// When the library last set up in `pid` (its region's, mapped already or read from
+    /// the family table now), if it claimed one.
+    fn library_set_up_ns(&self, pid: u32) -> Option<u64> {
+        self.counters.region_set_up_ns(pid).or_else(|| {
+            let found = self.in_process.family()?.region_of(pid)?;
+            found.ok().map(|region| region.set_up_ns())
+        })
     }
 
     /// The probes are attached: the early records are taken in (see the module doc).
