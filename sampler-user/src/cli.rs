@@ -624,4 +624,9 @@ pub struct ReportArgs {
     /// Stacks in the printed table.
     #[arg(long, default_value_t = 20)]
     pub top: usize,
+
+    /// List every process in the printed summary (above 8 processes it shows them by
+    /// command, and each kind of note once).
+    #[arg(long)]
+    pub processes: bool,
 }

@@ -30,7 +30,8 @@ fn mutate(seed: &[u8], flips: &[(usize, u8)]) -> Vec<u8> {
 
 /// Everything `report` does with a profile it could parse.
 fn use_profile(profile: &Profile) {
-    let _ = summary::render(profile, 10);
+    let _ = summary::render(profile, 10, false);
+    let _ = summary::render(profile, 10, true);
     for format in [Format::Json, Format::Pprof, Format::Folded, Format::Svg] {
         for value in [Value::AllocBytes, Value::InuseObjects] {
             let _ = export::write(profile, format, value, &mut std::io::sink());

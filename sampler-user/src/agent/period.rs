@@ -53,6 +53,7 @@ pub fn split(profile: &Profile, period_seconds: f64) -> Vec<ProcessPeriod> {
                 alloc_only: profile.alloc_only,
                 leaks_older_than_seconds: profile.leaks_older_than_seconds,
                 processes: vec![process.clone()],
+                commands: Vec::new(),
                 losses: profile.losses,
                 modules: profile.modules.clone(),
                 stacks,

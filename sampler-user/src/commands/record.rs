@@ -130,7 +130,7 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
     log::debug!("profile built and symbolized in {:?}", stopped.elapsed());
     let written = writer.write(&profile)?;
     log::debug!("profile written in {:?}", stopped.elapsed());
-    crate::say_raw!("{}", summary::render(&profile, 10));
+    crate::say_raw!("{}", summary::render(&profile, 10, config.sampling.verbose));
     crate::say!("wrote {} ({})", written.display(), config.format.name());
     if let Some(e) = failure {
         return Err(e.context(

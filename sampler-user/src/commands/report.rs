@@ -51,7 +51,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
         None => None,
     };
     let profile = read(&args.input)?;
-    crate::show!("{}", summary::render(&profile, args.top));
+    crate::show!("{}", summary::render(&profile, args.top, args.processes));
     if let Some((output, format)) = output {
         let value = args.value.unwrap_or_else(|| Value::default_for(&profile));
         if profile.alloc_only && value.needs_frees() {

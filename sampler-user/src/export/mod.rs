@@ -305,6 +305,7 @@ pub(crate) mod tests {
                 lifetimes: None,
                 timeline: None,
             }],
+            commands: Vec::new(),
             losses: Losses::default(),
             modules: vec![Module {
                 path: "/bin/app".into(),

@@ -178,6 +178,23 @@ impl Context<'_> {
         }
     }
 
+    /// `processes` by command name, each group estimated from its processes' samples
+    /// together (`per_pid`).
+    fn commands(
+        &self,
+        processes: &[ProcessProfile],
+        per_pid: &BTreeMap<u32, ProcessTotals>,
+    ) -> Vec<super::CommandGroup> {
+        let sets = per_pid
+            .iter()
+            .map(|(&pid, totals)| {
+                let (all, live) = (&totals.all, &totals.live);
+                (pid, super::groups::ProcessSets { all, live })
+            })
+            .collect();
+        super::groups::by_command(processes, &sets, |set| self.estimate(set), self.tracking())
+    }
+
     /// One process's estimates from its stacks' samples (`totals`), its exact counts and
     /// what is known of it.
     fn process(
@@ -300,13 +317,14 @@ impl Profile {
         });
         context.add_timelines(&mut stacks);
         let stacks: Vec<StackProfile> = stacks.into_iter().map(|(_, stack)| stack).collect();
-        let processes = per_pid
+        let processes: Vec<ProcessProfile> = per_pid
             .iter()
             .map(|(&pid, totals)| {
                 let exact = counters.get(&pid).copied().unwrap_or_default();
                 context.process(pid, totals, exact, coverage.remove(&pid))
             })
             .collect();
+        let commands = context.commands(&processes, &per_pid);
         let executables: Vec<&str> = tally
             .processes
             .iter()
@@ -325,6 +343,7 @@ impl Profile {
             alloc_only: settings.alloc_only,
             leaks_older_than_seconds: leak_age,
             processes,
+            commands,
             losses: Losses {
                 stacks_cut_to_leaf: tally.cut_samples,
                 ..losses

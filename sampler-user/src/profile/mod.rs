@@ -5,6 +5,7 @@
 mod aggregator;
 pub mod breakdown;
 mod build;
+mod groups;
 mod insight;
 mod parallel;
 mod processes;

@@ -105,6 +105,31 @@ pub struct ExactCounts {
     pub bytes: u64,
 }
 
+/// The processes of one command name, summed: what the summary shows of a recording of
+/// many processes (a build, a test suite, a shell loop).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CommandGroup {
+    /// Command name, as its processes' `command`.
+    pub command: String,
+    /// How many processes ran it.
+    pub processes: u64,
+    /// Their samples.
+    pub samples: u64,
+    /// Their exact counts, summed (0 where none were counted: another producer's).
+    pub exact: ExactCounts,
+    /// Bytes allocated by all of them: one estimate from their samples together (its
+    /// bounds are those of the sum, narrower than the sum of each process's bounds).
+    pub alloc_bytes: Estimate,
+    /// Bytes live at the end (null when frees were not tracked).
+    pub inuse_bytes: Option<Estimate>,
+    /// The pids of the largest by estimated allocated bytes, largest first (at most
+    /// [`GROUP_LARGEST`]).
+    pub largest: Vec<u32>,
+}
+
+/// How many processes a [`CommandGroup`] names as its largest.
+pub const GROUP_LARGEST: usize = 3;
+
 /// One process's totals.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProcessProfile {
@@ -403,6 +428,10 @@ pub struct Profile {
     pub leaks_older_than_seconds: Option<f64>,
     /// Per process totals.
     pub processes: Vec<ProcessProfile>,
+    /// The processes grouped by command name, largest estimated bytes first (absent in
+    /// files written before it existed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub commands: Vec<CommandGroup>,
     /// Events the kernel side could not deliver or count.
     pub losses: Losses,
     /// Every module (executable or library) a frame points into, with its build id.

@@ -1,5 +1,6 @@
 //! The short human summary `record` prints on stderr.
 
+mod groups;
 mod insight;
 
 use std::{collections::BTreeMap, fmt::Write as _};
@@ -198,9 +199,10 @@ fn describe_stack_ends(stacks: &[StackProfile]) -> Option<String> {
     Some(parts.join("; "))
 }
 
-/// Renders the summary: totals per process, losses, and the top `top` stacks.
-pub fn render(profile: &Profile, top: usize) -> String {
-    let mut out = preamble(profile);
+/// Renders the summary: totals per process (by command when there are many, unless
+/// `each`), losses, and the top `top` stacks.
+pub fn render(profile: &Profile, top: usize, each: bool) -> String {
+    let mut out = preamble(profile, each);
     if profile.stacks.is_empty() {
         let _ = writeln!(
             out,
@@ -226,13 +228,18 @@ pub fn render(profile: &Profile, top: usize) -> String {
 }
 
 /// What was recorded and how: the interval, duration and confidence, each process's
-/// totals, coverage and front end, the losses, the measured overhead and how the stacks
-/// ended (the summary's head, and the HTML report's header).
-pub fn preamble(profile: &Profile) -> String {
+/// totals, coverage and front end (by command when there are many, unless `each`), the
+/// losses, the measured overhead and how the stacks ended (the summary's head, and the
+/// HTML report's header).
+pub fn preamble(profile: &Profile, each: bool) -> String {
     let mut out = String::new();
     header(&mut out, profile);
-    for process in &profile.processes {
-        process_lines(&mut out, process);
+    if groups::grouped(profile, each) {
+        groups::lines(&mut out, profile, note_kinds);
+    } else {
+        for process in &profile.processes {
+            process_lines(&mut out, process);
+        }
     }
     let losses = profile.losses;
     if losses.total() == 0 {
@@ -371,6 +378,44 @@ fn process_lines(out: &mut String, process: &ProcessProfile) {
             );
         }
     }
+}
+
+/// A process's notes as kinds: the same text for the same kind of note in any process
+/// (without its own numbers), for a summary by command.
+fn note_kinds(process: &ProcessProfile) -> Vec<String> {
+    let mut kinds = Vec::new();
+    if let Some(coverage) = &process.coverage {
+        let since = format!("{:?}", coverage.since).to_lowercase();
+        kinds.extend(coverage.late.iter().map(|late| {
+            format!(
+                "coverage: {} probed after its {since} (calls through it before then not seen)",
+                late.allocator
+            )
+        }));
+        if !coverage.checked {
+            kinds.push(
+                "coverage: gone before its mappings were read: what went through probed \
+                 allocators is in, another allocator would not be"
+                    .to_owned(),
+            );
+        }
+    }
+    kinds.extend(
+        process
+            .incomplete
+            .iter()
+            .map(|why| format!("incomplete: {why}")),
+    );
+    if process.lost_samples > 0 {
+        kinds.push("incomplete: samples lost without a stack (ring buffer full)".to_owned());
+    }
+    if process.untracked_samples > 0 {
+        kinds.push(
+            "incomplete: sampled blocks whose frees could not be tracked (raise --max-tracked)"
+                .to_owned(),
+        );
+    }
+    kinds
 }
 
 /// The top `top` leak candidates: stacks with blocks live for more than `age` seconds.

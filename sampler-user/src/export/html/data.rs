@@ -282,7 +282,7 @@ pub fn profile_data(profile: &Profile, value: Value) -> Data {
     Data {
         kind: "profile",
         title: title(profile),
-        preamble: crate::summary::preamble(profile),
+        preamble: crate::summary::preamble(profile, false),
         confidence,
         z: difference::z(confidence),
         metrics: metrics.into_iter().map(|(m, _)| m).collect(),

@@ -1,0 +1,106 @@
+//! The printed summary of a recording of many processes (#44): by command within a line
+//! budget, each process with `--verbose`, and groups that add up to their processes.
+
+use tests::{fixture, record::Record};
+
+/// The lines between the summary's header and its `lost events:` line: the processes'.
+fn process_section(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("allocscope: ") || !l.contains(" s recorded"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("  lost events:"))
+        .collect()
+}
+
+#[test]
+fn five_hundred_processes_are_summarized_by_command_within_25_lines() {
+    tests::require_bpf!();
+    let workload = fixture("workload", &[]);
+    // 490 quick `true`s and 10 workloads: the workloads allocated nearly everything.
+    let script = format!(
+        "for i in $(seq 490); do /bin/true; done; for i in $(seq 10); do {} 20; done",
+        workload.display()
+    );
+    let recorded = Record::command("sh", &["-c", &script]).run();
+    let profile = &recorded.profile;
+    assert!(
+        profile.processes.len() >= 495,
+        "{} processes",
+        profile.processes.len()
+    );
+    let section = process_section(&recorded.stderr);
+    assert!(
+        section.len() <= 25,
+        "{} lines:\n{}",
+        section.len(),
+        section.join("\n")
+    );
+    assert!(
+        section[0].contains(&format!("{} processes of", profile.processes.len())),
+        "{section:#?}"
+    );
+    assert!(section[1].starts_with("  workload ×10: "), "{section:#?}");
+    assert!(section[2].starts_with("    largest: pid "), "{section:#?}");
+    assert!(
+        section.iter().any(|l| l.starts_with("  true ×4")),
+        "{section:#?}"
+    );
+    // The stacks below still name the workload's sites.
+    assert!(
+        recorded.stderr.contains("site_") && recorded.stderr.contains("one_round"),
+        "{}",
+        recorded.stderr
+    );
+    // Each group adds up to its processes: counts exactly, the estimate as the sum of
+    // theirs (one estimator over their samples together), every process in one group.
+    let mut grouped = 0;
+    for group in &profile.commands {
+        let members: Vec<_> = profile
+            .processes
+            .iter()
+            .filter(|p| p.command == group.command)
+            .collect();
+        grouped += members.len();
+        assert_eq!(group.processes, members.len() as u64, "{}", group.command);
+        assert_eq!(
+            group.exact.calls,
+            members.iter().map(|p| p.exact.calls).sum::<u64>()
+        );
+        assert_eq!(
+            group.samples,
+            members.iter().map(|p| p.samples).sum::<u64>()
+        );
+        let sum: f64 = members.iter().map(|p| p.alloc_bytes.estimate).sum();
+        assert!(
+            (group.alloc_bytes.estimate - sum).abs() <= 1e-6 * sum.max(1.0),
+            "{}: {} for {sum}",
+            group.command,
+            group.alloc_bytes.estimate
+        );
+        let upper: f64 = members.iter().map(|p| p.alloc_bytes.upper).sum();
+        assert!(group.alloc_bytes.upper <= upper, "{}", group.command);
+    }
+    assert_eq!(grouped, profile.processes.len());
+}
+
+#[test]
+fn verbose_lists_every_process() {
+    tests::require_bpf!();
+    let recorded = Record::command("sh", &["-c", "for i in $(seq 20); do /bin/true; done"])
+        .flags(&["-v"])
+        .run();
+    let trues = recorded
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("  pid ") && l.contains(" (true): "))
+        .count();
+    let recorded_trues = recorded
+        .profile
+        .processes
+        .iter()
+        .filter(|p| p.command == "true")
+        .count();
+    assert!(recorded_trues >= 19, "{recorded_trues} of 20 seen");
+    assert_eq!(trues, recorded_trues, "{}", recorded.stderr);
+}
