@@ -6,7 +6,8 @@
 //! --alloc-only` and `record --follow --alloc-only`, file-wide probes, with what a process
 //! left out of them (excluded, or not followed) pays. `--front-end`: the in-process front
 //! end instead (see [`front_end`]); `--duty`: duty cycling (see [`duty`]); `--report`: the
-//! HTML report with more than 10,000 stacks in a browser (see [`report`]).
+//! HTML report with more than 10,000 stacks in a browser (see [`report`]); `--processes`:
+//! many short processes and a build (see [`processes`]).
 //!
 //! Absolute timings on a 2-vCPU VM swing ±30% between runs, so each round runs two copies of
 //! a malloc+free loop at the same time, one pinned to each CPU: first both unprobed (the
@@ -26,6 +27,7 @@ use crate::run::{cargo, fixture, is_root, status, workspace};
 
 mod duty;
 mod front_end;
+mod processes;
 mod report;
 
 use duty::duty;
@@ -51,6 +53,10 @@ pub struct BenchArgs {
     /// the optimised 5-byte-nop probe and through the int3 fallback.
     #[arg(long)]
     front_end: bool,
+    /// Only the many-processes benchmark: `true`, a shell loop of ~1,500 processes and
+    /// `make -j2` of Lua's sources, natively, under `record --` and under heaptrack.
+    #[arg(long)]
+    processes: bool,
     /// Only the HTML report's benchmark: a recording of more than 10,000 stacks, opened
     /// in headless chromium: time to interactive, a search and a change of value.
     #[arg(long)]
@@ -81,6 +87,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.report {
         return report::report(&args, &allocscope, &out_dir);
+    }
+    if args.processes {
+        return processes::processes(&args, &allocscope, &out_dir);
     }
     let modes = probe_modes();
     let rounds = measure_modes(&args, &modes, &looper, &allocscope, &out_dir)?;
