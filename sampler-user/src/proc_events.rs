@@ -159,10 +159,16 @@ impl Tree {
     }
 }
 
-/// A listening connector socket and the thread reading it.
+/// A listening connector socket and the thread reading it (stopped when dropped).
 pub struct Watch {
     stop: Arc<AtomicBool>,
-    reader: JoinHandle<Tree>,
+    reader: Option<JoinHandle<Tree>>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
 }
 
 impl Watch {
@@ -175,13 +181,17 @@ impl Watch {
         let reader = std::thread::Builder::new()
             .name("proc-events".into())
             .spawn(move || read_until(&socket, &stopping, Tree::new(root)))?;
-        Ok(Self { stop, reader })
+        Ok(Self {
+            stop,
+            reader: Some(reader),
+        })
     }
 
     /// Stops listening (after the events queued so far are read) and returns the tree.
-    pub fn finish(self) -> Tree {
+    pub fn finish(mut self) -> Tree {
         self.stop.store(true, Ordering::Release);
-        self.reader.join().unwrap_or_default()
+        let reader = self.reader.take();
+        reader.and_then(|r| r.join().ok()).unwrap_or_default()
     }
 }
 
