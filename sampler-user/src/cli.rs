@@ -593,6 +593,11 @@ pub struct DiffArgs {
     /// second, or in use at the end) by more than PCT percent: a memory gate for CI.
     #[arg(long, value_name = "PCT")]
     pub fail_on_growth: Option<f64>,
+
+    /// Match a stack within its command only (by default stacks are matched by their
+    /// frames whatever the command's name: the same program under another file name).
+    #[arg(long)]
+    pub by_command: bool,
 }
 
 /// Examples after `allocscope diff --help`.

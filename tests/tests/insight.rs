@@ -17,11 +17,16 @@ const SECONDS: u64 = 4;
 const ITERATIONS: f64 = (SECONDS * 1000) as f64;
 
 fn record(variant: &str, dir: &TempDir, interval: &str) -> Recorded {
-    let truths = dir.path(&format!("truths-{variant}"));
+    record_as("lifecycle", variant, dir, interval)
+}
+
+/// [`record`] with the fixture built under the file name `binary`.
+fn record_as(binary: &str, variant: &str, dir: &TempDir, interval: &str) -> Recorded {
+    let truths = dir.path(&format!("truths-{binary}-{variant}"));
     let truths = truths.to_str().unwrap();
     let seconds = SECONDS.to_string();
     let recorded = Record::command(
-        fixture("lifecycle", &["-pthread"]),
+        tests::fixture_as("lifecycle", binary, &["-pthread"]),
         &[truths, &seconds, variant],
     )
     .flags(&["--tick", "250ms", "-i", interval, "--confidence", "0.999"])
@@ -297,4 +302,43 @@ fn diff_flags_exactly_the_doubled_and_the_removed_site() {
     // Bad input: a clear error, exit 2.
     let (said, code) = diff(&a, &b, &["--fail-on-growth", "-5"]);
     assert_eq!(code, Some(2), "{said}");
+}
+
+#[test]
+fn diff_matches_the_same_program_under_another_file_name() {
+    tests::require_bpf!();
+    let dir = TempDir::new("diff-renamed");
+    let a = record("a", &dir, "16KiB");
+    let renamed = record_as("lifecycle-v2", "a", &dir, "16KiB");
+    assert_eq!(renamed.profile.processes[0].command, "lifecycle-v2");
+    // Matched by their frames: nothing new, nothing gone, the gate passes.
+    let out = dir.path("renamed.json");
+    let (said, code) = diff(
+        &a,
+        &renamed,
+        &["--fail-on-growth", "50", "-o", out.to_str().unwrap()],
+    );
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("stacks: 0 of"), "{said}");
+    let found: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    // A stack sampled in both runs is one comparison, shown with both names.
+    let both: Vec<&serde_json::Value> = found["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["base_alloc_per_second"].as_f64() > Some(0.0))
+        .filter(|c| c["new_alloc_per_second"].as_f64() > Some(0.0))
+        .collect();
+    assert!(both.len() >= 4, "{found}");
+    for stack in both {
+        assert_eq!(
+            stack["commands"],
+            serde_json::json!(["lifecycle-v2", "lifecycle"]),
+            "{stack}"
+        );
+    }
+    // Within each command only, every stack is new: the gate fails.
+    let (said, code) = diff(&a, &renamed, &["--fail-on-growth", "50", "--by-command"]);
+    assert_eq!(code, Some(1), "{said}");
 }

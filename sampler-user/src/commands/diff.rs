@@ -66,7 +66,7 @@ pub fn run(args: DiffArgs) -> anyhow::Result<u8> {
     let base = report::read(&args.base)?;
     let new = report::read(&args.new)?;
     let confidence = args.confidence.unwrap_or(new.sampling.confidence);
-    let found = diff::diff(&base, &new, confidence);
+    let found = diff::diff(&base, &new, confidence, args.by_command);
     crate::show!(
         "{}",
         render::table(
@@ -99,7 +99,7 @@ pub fn run(args: DiffArgs) -> anyhow::Result<u8> {
                 .map(|n| crate::format::sanitize(n))
                 .collect::<Vec<_>>()
                 .join(" ← "),
-            crate::format::sanitize(&c.key[0])
+            crate::format::sanitize(&c.commands.join(", "))
         );
     }
     Ok(1)

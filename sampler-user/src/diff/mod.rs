@@ -2,9 +2,11 @@
 //! larger than the sampling noise. Pure: profiles in, comparisons out ([`render`] writes
 //! them); the statistics are [`crate::stats::difference`].
 //!
-//! Stacks are matched by what they mean, not where they were: the process's command and
-//! each frame's function from leaf to root; pids, load addresses and the directories of
-//! paths differ between runs and are left out. A frame without a name is matched by its
+//! Stacks are matched by what they mean, not where they were: each frame's function from
+//! leaf to root; pids, load addresses, the directories of paths and the command's name
+//! differ between runs and are left out (the same program under another file name showed
+//! every stack as new or −100% when its name was part of the key); `--by-command` keeps
+//! the command in the key, to compare each program's stacks apart. A frame without a name is matched by its
 //! module's file name and its offset in that file: stable across runs of one build (ASLR
 //! moves addresses, not file offsets); a rebuilt unsymbolized library's stacks show as
 //! gone and new.
@@ -28,14 +30,22 @@ use crate::{
     },
 };
 
-/// A stack's identity across recordings: the command, then frames leaf first.
+/// A stack's identity across recordings: the command ([`ANY_COMMAND`] unless matched by
+/// command), then frames leaf first.
 pub type Key = Vec<String>;
+
+/// The first word of a [`Key`] when stacks are matched whatever their command.
+pub const ANY_COMMAND: &str = "*";
 
 /// One stack's (or function's) values in both recordings, and their changes.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Compared {
-    /// The command, then the frames, leaf first (a function: the command and the leaf).
+    /// The command ([`ANY_COMMAND`] unless matched by command), then the frames, leaf
+    /// first (a function: that and the leaf).
     pub key: Key,
+    /// The commands the stack ran in, the new recording's first (what a reader is shown).
+    #[serde(default)]
+    pub commands: Vec<String>,
     /// The frames as the new recording resolved them (the base's, for a stack only it
     /// has).
     pub frames: Vec<FrameInfo>,
@@ -119,6 +129,7 @@ struct Side {
     alloc: Spread,
     inuse: Option<Spread>,
     frames: Vec<FrameInfo>,
+    commands: Vec<String>,
 }
 
 /// A frame as matched across recordings.
@@ -134,17 +145,23 @@ fn frame_key(frame: &crate::stacks::symbolize::FrameInfo) -> String {
     }
 }
 
-/// Every stack of `profile` by key, and every leaf function's sum.
-fn sides(profile: &Profile) -> (BTreeMap<Key, Side>, BTreeMap<Key, Side>) {
+/// Every stack of `profile` by key, and every leaf function's sum; `by_command`: the
+/// command is part of the key.
+fn sides(profile: &Profile, by_command: bool) -> (BTreeMap<Key, Side>, BTreeMap<Key, Side>) {
     let confidence = profile.sampling.confidence;
     let commands = profile.process_labels();
     let (mut stacks, mut functions): (BTreeMap<Key, Side>, BTreeMap<Key, Side>) =
         Default::default();
     for stack in &profile.stacks {
         let command = commands.get(&stack.pid).map_or("?", |(c, _)| *c).to_owned();
-        let mut key = vec![command.clone()];
+        let scope = if by_command {
+            command.clone()
+        } else {
+            ANY_COMMAND.to_owned()
+        };
+        let mut key = vec![scope.clone()];
         key.extend(stack.frames.iter().map(frame_key));
-        let leaf = vec![command, key.get(1).cloned().unwrap_or_default()];
+        let leaf = vec![scope, key.get(1).cloned().unwrap_or_default()];
         let side = side_of(stack, confidence);
         for (map, key, frames) in [
             (&mut stacks, key, &stack.frames[..]),
@@ -157,6 +174,9 @@ fn sides(profile: &Profile) -> (BTreeMap<Key, Side>, BTreeMap<Key, Side>) {
             let entry = map.entry(key).or_default();
             if entry.frames.is_empty() {
                 entry.frames = frames.to_vec();
+            }
+            if !entry.commands.contains(&command) {
+                entry.commands.push(command.clone());
             }
             entry.alloc.add(&side.alloc);
             entry.inuse = match (entry.inuse, side.inuse) {
@@ -177,6 +197,7 @@ fn side_of(stack: &StackProfile, confidence: f64) -> Side {
         alloc: Spread::of(&stack.alloc_bytes, confidence),
         inuse: stack.inuse_bytes.map(|e| Spread::of(&e, confidence)),
         frames: Vec::new(),
+        commands: Vec::new(),
     }
 }
 
@@ -196,10 +217,11 @@ fn absent(profile: &Profile) -> Spread {
     Spread::of(&bound, profile.sampling.confidence)
 }
 
-/// Compares `new` with `base` at `confidence` (simultaneous over every comparison made).
-pub fn diff(base: &Profile, new: &Profile, confidence: f64) -> Diff {
-    let (base_stacks, base_functions) = sides(base);
-    let (new_stacks, new_functions) = sides(new);
+/// Compares `new` with `base` at `confidence` (simultaneous over every comparison made);
+/// `by_command`: a stack is matched within its command only.
+pub fn diff(base: &Profile, new: &Profile, confidence: f64, by_command: bool) -> Diff {
+    let (base_stacks, base_functions) = sides(base, by_command);
+    let (new_stacks, new_functions) = sides(new, by_command);
     let tracked = !base.alloc_only && !new.alloc_only;
     let keys = |a: &BTreeMap<Key, Side>, b: &BTreeMap<Key, Side>| {
         let mut keys: Vec<Key> = a.keys().chain(b.keys()).cloned().collect();
@@ -280,8 +302,15 @@ impl Sides<'_> {
                         n.and_then(|s| s.inuse).unwrap_or(self.new.1),
                     )
                 });
+                let mut commands: Vec<String> = n.map(|s| s.commands.clone()).unwrap_or_default();
+                for command in b.map(|s| &s.commands[..]).unwrap_or_default() {
+                    if !commands.contains(command) {
+                        commands.push(command.clone());
+                    }
+                }
                 Compared {
                     key: key.clone(),
+                    commands,
                     frames: n.or(b).map(|s| s.frames.clone()).unwrap_or_default(),
                     base_alloc_per_second: base_alloc.estimate,
                     new_alloc_per_second: new_alloc.estimate,
@@ -325,6 +354,21 @@ mod tests {
     }
 
     #[test]
+    fn the_same_program_under_another_name_is_matched_unless_by_command() {
+        let base = synthetic();
+        let mut renamed = synthetic();
+        renamed.processes[0].command = "app-v2".into();
+        let matched = diff(&base, &renamed, 0.95, false);
+        assert_eq!(matched.stacks.len(), base.stacks.len(), "{matched:#?}");
+        assert!(matched.stacks.iter().all(|c| !c.alloc_change.significant));
+        assert_eq!(matched.stacks[0].commands, ["app-v2", "app"]);
+        // Within each command: every stack is gone from one and new in the other.
+        let apart = diff(&base, &renamed, 0.95, true);
+        assert_eq!(apart.stacks.len(), 2 * base.stacks.len(), "{apart:#?}");
+        assert!(apart.stacks.iter().all(|c| c.commands.len() == 1));
+    }
+
+    #[test]
     fn stacks_match_by_names_and_changes_beyond_the_noise_are_flagged() {
         let base = synthetic();
         let mut new = synthetic();
@@ -341,7 +385,7 @@ mod tests {
         new.stacks[0].alloc_bytes = exact(first);
         let base_second = base.stacks[1].alloc_bytes.estimate;
         new.stacks[1].alloc_bytes = exact(base_second);
-        let diff = diff(&base, &new, 0.95);
+        let diff = diff(&base, &new, 0.95, false);
         assert_eq!(diff.stacks.len(), 2, "matched: {diff:#?}");
         assert!(diff.stacks[0].alloc_change.significant, "{diff:#?}");
         assert!(diff.stacks[0].alloc_change.estimate > 0.0);
@@ -359,7 +403,7 @@ mod tests {
         // A stack only in the new recording is new: infinitely many percent.
         let mut only_new = synthetic();
         only_new.stacks[0].frames[0].function = Some("brand_new".into());
-        let diff = super::diff(&base, &only_new, 0.95);
+        let diff = super::diff(&base, &only_new, 0.95, false);
         assert_eq!(diff.stacks.len(), 3);
         let brand_new = diff
             .stacks

@@ -100,7 +100,7 @@ fn finish(mut line: String, c: &Compared) -> String {
     let _ = write!(
         line,
         "\n      {}: {}{more}",
-        sanitize(&c.key[0]),
+        sanitize(&c.commands.join(", ")),
         names.join(" ← ")
     );
     line
@@ -116,7 +116,7 @@ pub fn json(diff: &Diff, out: &mut dyn Write) -> std::io::Result<()> {
 /// in each recording (rounded).
 pub fn folded(diff: &Diff, out: &mut dyn Write) -> std::io::Result<()> {
     for c in &diff.stacks {
-        let mut path = vec![sanitize(&c.key[0])];
+        let mut path = vec![sanitize(&c.commands.join(","))];
         path.extend(c.frames.iter().rev().map(frame_name));
         writeln!(
             out,

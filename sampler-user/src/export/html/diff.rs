@@ -49,7 +49,8 @@ pub fn diff_data(diff: &Diff, base: &str, new: &str) -> Data {
         .stacks
         .iter()
         .map(|c: &Compared| {
-            let command = c.key.first().map_or("?", String::as_str);
+            let command = c.commands.join(", ");
+            let command = command.as_str();
             let mut v = vec![Some(values(
                 &c.alloc_change,
                 c.base_alloc_per_second,
@@ -103,7 +104,7 @@ mod tests {
         new.stacks[0].alloc_bytes.estimate *= 10.0;
         new.stacks[0].alloc_bytes.lower *= 10.0;
         new.stacks[0].alloc_bytes.upper *= 10.0;
-        let found = crate::diff::diff(&base, &new, 0.95);
+        let found = crate::diff::diff(&base, &new, 0.95, false);
         let data = diff_data(&found, "a.json", "b.json");
         assert_eq!(data.kind, "diff");
         assert!(data.z > difference::z(0.95), "Bonferroni widens z");
