@@ -10,7 +10,7 @@
 use std::process::Command;
 
 use sampler_user::profile::{Profile, StackProfile};
-use tests::{allocscope, fixture, record::leaf_is, Record, Recorded, TempDir};
+use tests::{allocscope, fixture_as, record::leaf_is, Record, Recorded, TempDir};
 
 /// Seconds the fixture runs (its schedule: 1000 iterations a second).
 const SECONDS: u64 = 4;
@@ -26,7 +26,7 @@ fn record_as(binary: &str, variant: &str, dir: &TempDir, interval: &str) -> Reco
     let truths = truths.to_str().unwrap();
     let seconds = SECONDS.to_string();
     let recorded = Record::command(
-        tests::fixture_as("lifecycle", binary, &["-pthread"]),
+        fixture_as("lifecycle", binary, &["-pthread"]),
         &[truths, &seconds, variant],
     )
     .flags(&["--tick", "250ms", "-i", interval, "--confidence", "0.999"])
