@@ -350,7 +350,8 @@ pub struct RecordArgs {
     pub format: Option<Format>,
 
     /// What folded and SVG output show, and what the HTML report and speedscope open on
-    /// (default: alloc-bytes; inuse-bytes once frees are tracked).
+    /// (default: inuse-bytes when frees are tracked and something is still live at the
+    /// end, else alloc-bytes).
     #[arg(long, value_enum, help_heading = "Output")]
     pub value: Option<Value>,
 
@@ -622,7 +623,8 @@ pub struct ReportArgs {
     pub format: Option<Format>,
 
     /// What folded and SVG output show, and what the HTML report and speedscope open on
-    /// (default: inuse-bytes when the recording tracked frees, else alloc-bytes).
+    /// (default: inuse-bytes when the recording tracked frees and something was still live
+    /// at its end, else alloc-bytes).
     #[arg(long, value_enum)]
     pub value: Option<Value>,
 

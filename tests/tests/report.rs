@@ -88,6 +88,51 @@ fn expected_shares(profile: &Value, metric: &str) -> HashMap<(usize, String), f6
 const DRIVER: &str = include_str!("../js/report_driver.js");
 
 #[test]
+fn a_recording_with_nothing_live_opens_on_allocated_bytes_and_an_empty_value_is_said() {
+    tests::require_bpf!();
+    let dir = TempDir::new("report-empty-value");
+    let recorded = tests::Record::command(fixture("frees_all", &[]), &["100"]).run();
+    assert!(recorded
+        .profile
+        .stacks
+        .iter()
+        .all(|s| s.inuse_bytes.is_some_and(|e| e.estimate == 0.0)));
+    // By default: allocated bytes (live bytes are all 0), nothing to warn about.
+    let svg = dir.path("default.svg");
+    let out = Command::new(allocscope())
+        .arg("report")
+        .arg(&recorded.file)
+        .arg("-o")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !said.contains("is 0 for every stack"),
+        "{said}"
+    );
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("site"));
+    // Asked for live bytes: the empty picture is said, with the value that has data.
+    for format in ["svg", "folded", "html"] {
+        let output = dir.path(&format!("inuse.{format}"));
+        let out = Command::new(allocscope())
+            .arg("report")
+            .arg(&recorded.file)
+            .args(["--value", "inuse-bytes", "-o"])
+            .arg(&output)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{said}");
+        assert!(
+            said.contains("(inuse-bytes) is 0 for every stack")
+                && said.contains("--value alloc-bytes"),
+            "{format}: {said}"
+        );
+    }
+}
+
+#[test]
 fn the_html_report_of_a_real_recording_works_in_a_browser() {
     tests::require_bpf!();
     let dir = TempDir::new("report-html");

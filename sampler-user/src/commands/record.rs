@@ -178,6 +178,9 @@ impl Writer<'_> {
         let value = config.value.unwrap_or_else(|| Value::default_for(profile));
         let path = match &config.output {
             Output::File(path) => {
+                if let Some(empty) = value.empty_in(profile, config.format) {
+                    log::warn!("{empty}");
+                }
                 export::write_file(profile, config.format, value, path)
                     .with_context(|| format!("writing {}", path.display()))?;
                 path.clone()

@@ -61,6 +61,9 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
             ))
             .into());
         }
+        if let Some(empty) = value.empty_in(&profile, format) {
+            log::warn!("{empty}");
+        }
         export::write_file(&profile, format, value, output)
             .with_context(|| format!("writing {}", output.display()))?;
         crate::say!("wrote {} ({})", output.display(), format.name());

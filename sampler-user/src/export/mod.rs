@@ -132,13 +132,43 @@ impl Value {
         }
     }
 
-    /// The default for a profile: live bytes where frees were tracked, else allocated bytes.
+    /// The default for a profile: live bytes where frees were tracked and some stack still
+    /// holds some, else allocated bytes (a command that freed everything before it exited
+    /// opened on one bare "all" bar and a table of zeros).
     pub fn default_for(profile: &Profile) -> Value {
-        if profile.alloc_only {
+        let live = profile.stacks.iter().any(|s| Value::InuseBytes.of(s) > 0.0);
+        if profile.alloc_only || !live {
             Value::AllocBytes
         } else {
             Value::InuseBytes
         }
+    }
+
+    /// Where `format` shows `self` alone (folded, SVG) or opens on it (HTML, speedscope) and
+    /// it is 0 for every stack of `profile`: what to say, naming a value that has data.
+    pub fn empty_in(self, profile: &Profile, format: Format) -> Option<String> {
+        if matches!(format, Format::Json | Format::Pprof) || profile.stacks.is_empty() {
+            return None;
+        }
+        if profile.stacks.iter().any(|s| self.of(s) > 0.0) {
+            return None;
+        }
+        let instead = [Value::AllocBytes, Value::InuseBytes]
+            .into_iter()
+            .find(|v| profile.stacks.iter().any(|s| v.of(s) > 0.0))?;
+        let name = |v: Value| {
+            clap::ValueEnum::to_possible_value(&v)
+                .map(|p| p.get_name().to_owned())
+                .unwrap_or_default()
+        };
+        Some(format!(
+            "the {} ({}) is 0 for every stack: the {} shows nothing; {} has data: --value {}",
+            self.describe(),
+            name(self),
+            format.name(),
+            instead.describe(),
+            name(instead)
+        ))
     }
 }
 
