@@ -14,7 +14,7 @@ use core::sync::atomic::AtomicU64;
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"alscope1");
 
 /// Layout version of [`Region`]; allocscope refuses any other.
-pub const REGION_VERSION: u64 = 4;
+pub const REGION_VERSION: u64 = 5;
 
 /// Per-thread counter slots. A thread beyond them counts in [`Region::overflow`] with
 /// atomic adds (exact, slower).
@@ -379,10 +379,11 @@ pub struct Region {
     pub overflow: Counts,
     /// One slot per live thread.
     pub slots: [Counts; THREAD_SLOTS],
-    /// The process's `/proc/self/maps` as the library read it at its set-up (the dynamic
-    /// loader has mapped the program's libraries by then), [`Self::maps_len`] bytes in
-    /// little-endian words, cut at a line when longer: what allocscope knows of a process
-    /// that exits before it could read its maps itself.
+    /// The process's `/proc/self/maps` as the library read it at its first sampled call
+    /// since its set-up (a process that takes no sample needs none: reading them cost
+    /// every short process ~50 µs), [`Self::maps_len`] bytes in little-endian words, cut
+    /// at a line when longer: what allocscope knows of a process that exits before it
+    /// could read its maps itself.
     pub maps: [AtomicU64; MAPS_BYTES / 8],
     /// Bytes of [`Self::maps`] written (0: none yet); stored after them.
     pub maps_len: AtomicU64,
@@ -397,6 +398,9 @@ pub struct Region {
     /// Opened into a running process: slots of the malloc family bound to something else
     /// than the process's definition, left alone (their calls are not counted).
     pub left: AtomicU64,
+    /// When the library last set up in the process (after its latest exec that carried
+    /// it, or at its fork), CLOCK_MONOTONIC ns: an exec after it did not carry the library.
+    pub set_up_ns: AtomicU64,
 }
 
 impl Region {
@@ -434,6 +438,12 @@ impl Region {
         }
         self.maps_ns.store(read_ns, Relaxed);
         self.maps_len.store(len as u64, Release);
+    }
+
+    /// Forgets the maps written (an exec's new program has others), before its set-up.
+    pub fn clear_maps(&self) {
+        self.maps_len
+            .store(0, core::sync::atomic::Ordering::Release);
     }
 
     /// Writes the process's name (its `comm`, NUL-padded).

@@ -127,6 +127,8 @@ fn report(pointer: *mut c_void, size: u64, function: AllocFn) {
         // Its calls are allocscope's uprobes' to see: nothing is reported from here.
         return;
     }
+    // Before the probe fires: the maps its frames are read against.
+    region::maps_at_first_sample();
     let sampled = thread::last_sample();
     if next::opened() {
         thread::busy(|| {

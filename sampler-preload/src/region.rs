@@ -135,8 +135,7 @@ pub fn init() {
     };
     let region = region.unwrap_or_else(|| create(DEFAULT_INTERVAL, interval_from_env()));
     make_current(region, true);
-    note_comm();
-    snapshot_maps();
+    note_set_up();
 }
 
 /// Publishes how many slots the routing rewrote and left (see [`crate::route`]).
@@ -170,6 +169,37 @@ fn private_region() -> *mut Region {
     // thread counts in it while it is being (re)set (set-up, or a child's fork handler).
     unsafe { core::ptr::write_bytes(region, 0, 1) };
     region.cast()
+}
+
+/// The set-up (after an exec, or in a forked child), in the region: its time, this
+/// process's name, and no maps yet (they are read at its first sampled call, see
+/// [`maps_at_first_sample`]).
+fn note_set_up() {
+    let region = current();
+    region.clear_maps();
+    MAPS_TAKEN.store(false, Ordering::Release);
+    note_comm();
+    region
+        .set_up_ns
+        .store(crate::monotonic_ns(), Ordering::Release);
+}
+
+/// Whether this process's maps were read since its set-up.
+static MAPS_TAKEN: AtomicBool = AtomicBool::new(false);
+
+/// At a sampled call: reads the maps into the region if no call has since the set-up
+/// (one thread does; a sample of another meanwhile goes without, as before the set-up's
+/// copy existed), unless the process must make no system call of ours.
+pub fn maps_at_first_sample() {
+    if MAPS_TAKEN.load(Ordering::Relaxed) || crate::sandbox::quiet() {
+        return;
+    }
+    if MAPS_TAKEN
+        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+    {
+        snapshot_maps();
+    }
 }
 
 /// Writes this process's name into the region (the name after its exec: a process gone
@@ -467,8 +497,7 @@ pub fn after_fork() {
     // the generation).
     unsafe { (*region).generation.store(generation, Ordering::Release) };
     make_current(region, true);
-    note_comm();
-    snapshot_maps();
+    note_set_up();
 }
 
 #[cfg(test)]

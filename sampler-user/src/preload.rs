@@ -353,9 +353,9 @@ impl MappedRegion {
     }
 
     /// When the library last set up in the process (after its latest exec that carried
-    /// it, or its fork): the time it read its maps, CLOCK_MONOTONIC ns (0: not yet).
+    /// it, or its fork), CLOCK_MONOTONIC ns (0: not yet).
     pub fn set_up_ns(&self) -> u64 {
-        self.region().maps_ns.load(Ordering::Acquire)
+        self.region().set_up_ns.load(Ordering::Acquire)
     }
 
     /// Counts from now on: for a process the library was loaded into while it ran, whose

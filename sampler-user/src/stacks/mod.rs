@@ -318,10 +318,15 @@ impl StackTable {
         }
         let (gone, generation) = own.map_or((false, 0), |m| (m.gone, m.generation + 1));
         if let Some(maps) = self.maps.get(&parent) {
+            // Read 0: any reading of its own replaces the copy, however old (a child that
+            // exec'd and exited at once has its library's copy, read before allocscope read
+            // its parent's: refused as older, its samples were unwound against the
+            // parent's maps, a third to a half of a shell loop's stacks ending "in no file").
             let copy = ProcessMaps {
                 gone,
                 generation,
                 retried_ns: 0,
+                read_ns: 0,
                 ..maps.clone()
             };
             self.maps.insert(pid, copy);
