@@ -19,11 +19,10 @@ pub(super) struct ProcessSets<'a> {
 }
 
 /// The groups of `processes` by command name, largest estimated bytes first (then bytes
-/// counted); `sets` has
-/// each process's sample sets by pid, `estimate` turns a set into estimates, `tracking`
-/// whether frees were tracked. Where a process's estimate did not come from its samples
-/// (duty cycling: from its exact counters' strata), its group sums the processes'
-/// estimates and bounds instead (wider than needed, never narrower).
+/// counted); `sets` has each process's sample sets by pid, `estimate` turns a set into
+/// estimates, `tracking` whether frees were tracked. Where a process's estimate did not
+/// come from its samples (duty cycling: from its exact counters' strata), its group sums
+/// the processes' estimates and bounds instead (wider than the sum's own bounds).
 pub(super) fn by_command(
     processes: &[ProcessProfile],
     sets: &BTreeMap<u32, ProcessSets<'_>>,

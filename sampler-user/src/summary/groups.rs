@@ -35,7 +35,7 @@ pub fn lines(out: &mut String, profile: &Profile, kinds: impl Fn(&ProcessProfile
     let groups = &profile.commands;
     let _ = writeln!(
         out,
-        "  {} processes of {} commands, most allocated first (--verbose lists each process):",
+        "  {} processes of {} commands, most allocated first (each process: record --verbose, report --processes):",
         profile.processes.len(),
         groups.len()
     );
@@ -125,7 +125,7 @@ fn notes(
     if counted.len() > NOTES_SHOWN {
         let _ = writeln!(
             out,
-            "  and {} more kinds of note (--verbose lists them with their processes)",
+            "  and {} more kinds of note (with each process: record --verbose, report --processes)",
             counted.len() - NOTES_SHOWN
         );
     }
