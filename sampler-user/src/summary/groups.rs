@@ -49,10 +49,13 @@ pub fn lines(out: &mut String, profile: &Profile, kinds: impl Fn(&ProcessProfile
         let processes: u64 = rest.iter().map(|g| g.processes).sum();
         let estimate: f64 = rest.iter().map(|g| g.alloc_bytes.estimate).sum();
         let upper: f64 = rest.iter().map(|g| g.alloc_bytes.upper).sum();
+        let plural =
+            |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         let _ = writeln!(
             out,
-            "  and {} more commands ({processes} processes): estimated {} allocated (at most {})",
-            rest.len(),
+            "  and {} ({}): estimated {} allocated (at most {})",
+            plural(rest.len() as u64, "more command", "more commands"),
+            plural(processes, "process", "processes"),
             bytes(estimate),
             bytes(upper)
         );
