@@ -628,8 +628,8 @@ pub struct ReportArgs {
     #[arg(long, value_enum)]
     pub value: Option<Value>,
 
-    /// Stacks in the printed table.
-    #[arg(long, default_value_t = 20)]
+    /// Stacks in each printed table (as `record` prints them).
+    #[arg(long, default_value_t = 10)]
     pub top: usize,
 
     /// List every process in the printed summary (above 8 processes it shows them by

@@ -183,16 +183,26 @@ fn report_prints_and_converts_a_saved_recording() {
         .nth(1)
         .expect("the allocated-bytes table");
     assert_eq!(allocated.matches(" samples  pid ").count(), 3, "{table}");
-    // JSON → JSON is the identity; JSON → pprof matches a direct recording's shape.
+    // By default as many rows as `record` prints.
+    let output = run(&["report", json.to_str().unwrap()]);
+    let table = String::from_utf8(output.stdout).unwrap();
+    let allocated = table
+        .split("top stacks by estimated allocated bytes:")
+        .nth(1)
+        .expect("the allocated-bytes table");
+    assert!(allocated.matches(" samples  pid ").count() <= 10, "{table}");
+    // JSON → JSON is the identity; JSON → pprof matches a direct recording's shape. With a
+    // file written, the summary goes to stderr (as `record`'s), stdout stays empty.
     let copy = dir.path("copy.json");
-    assert!(run(&[
+    let converted = run(&[
         "report",
         json.to_str().unwrap(),
         "-o",
-        copy.to_str().unwrap()
-    ])
-    .status
-    .success());
+        copy.to_str().unwrap(),
+    ]);
+    assert!(converted.status.success());
+    assert!(converted.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&converted.stderr).contains("top stacks by estimated"));
     assert_eq!(read_profile(&copy), read_profile(&json));
     let pprof = dir.path("converted.pb.gz");
     assert!(run(&[

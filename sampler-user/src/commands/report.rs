@@ -51,7 +51,14 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
         None => None,
     };
     let profile = read(&args.input)?;
-    crate::show!("{}", summary::render(&profile, args.top, args.processes));
+    let summary = summary::render(&profile, args.top, args.processes);
+    if output.is_some() {
+        // Beside a file written, the summary goes where `record`'s does.
+        crate::say_raw!("{summary}");
+    } else {
+        // The summary is the output.
+        crate::show!("{summary}");
+    }
     if let Some((output, format)) = output {
         let value = args.value.unwrap_or_else(|| Value::default_for(&profile));
         if profile.alloc_only && value.needs_frees() {
