@@ -543,14 +543,8 @@ impl Recording {
                 } => self.aggregator.offer_maps(pid, read_ns, text),
                 Event::Alloc(ref sample) => {
                     // A process counted in-process may be gone before its maps are read
-                    // from /proc: its library's own copy stands in (the newer one wins),
-                    // read from the family table while its region is not mapped yet (a
-                    // process of a shell loop: a third of their samples had no frame).
-                    let library_maps = self.counters.new_maps(sample.pid).or_else(|| {
-                        let found = self.in_process.family()?.region_of(sample.pid)?;
-                        found.ok()?.new_maps()
-                    });
-                    if let Some((text, read_ns)) = library_maps {
+                    // from /proc: its library's own copy stands in (the newer one wins).
+                    if let Some((text, read_ns)) = self.counters.new_maps(sample.pid) {
                         self.aggregator.offer_maps(sample.pid, read_ns, &text);
                     }
                     if !self.processes.tracks(sample.pid) {
