@@ -284,14 +284,10 @@ fn listen_request() -> Vec<u8> {
 }
 
 /// Reads events into `tree` until `stop` is set and nothing more is queued. At the
-/// highest priority: a child's name is read at its exec, and one that runs a millisecond
-/// is gone if this thread waits behind the probes' loading for a core.
+/// ordinary priority: raised to −20 (to read a 1 ms child's name before it is gone), it
+/// took a core from the rest of allocscope's start often enough that 1 run in 4 of 150
+/// quick children lost one of them entirely (torture #39.8).
 fn read_until(socket: &OwnedFd, stop: &AtomicBool, mut tree: Tree) -> Tree {
-    // SAFETY: gettid has no preconditions; setpriority on our own thread (refused: kept).
-    unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -20);
-    }
     let mut buffer = [0u8; 256];
     loop {
         // SAFETY: receives into our buffer, within its length.
