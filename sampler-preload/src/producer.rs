@@ -57,23 +57,12 @@ unsafe extern "C" fn visit(
     c_int::from(*found)
 }
 
-/// Whether `info` is this library (whatever its file is called): one of its loaded
-/// segments holds this function.
+/// Whether `info` is this library (whatever its file is called): its loaded span holds
+/// this function.
 fn is_this_library(info: &libc::dl_phdr_info) -> bool {
-    let here = is_this_library as fn(&libc::dl_phdr_info) -> bool as usize as u64;
-    if info.dlpi_phdr.is_null() {
-        return false;
-    }
-    // SAFETY: the loader's program headers of the object, `dlpi_phnum` of them.
-    let headers =
-        unsafe { core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
-    headers
-        .iter()
-        .filter(|h| h.p_type == libc::PT_LOAD)
-        .any(|h| {
-            let start = info.dlpi_addr.wrapping_add(h.p_vaddr);
-            (start..start.wrapping_add(h.p_memsz)).contains(&here)
-        })
+    let here = is_this_library as fn(&libc::dl_phdr_info) -> bool as usize;
+    let (low, high) = crate::route::object_span(info);
+    (low..high).contains(&here)
 }
 
 /// Whether the object at `path` (as the loader named it) may define a producer's probes:

@@ -326,7 +326,7 @@ fn headers(info: &libc::dl_phdr_info) -> &[libc::Elf64_Phdr] {
 }
 
 /// Where the object's loaded segments lie: [lowest, highest) address.
-fn object_span(info: &libc::dl_phdr_info) -> (usize, usize) {
+pub(crate) fn object_span(info: &libc::dl_phdr_info) -> (usize, usize) {
     let base = info.dlpi_addr as usize;
     let (mut low, mut high) = (usize::MAX, 0usize);
     for h in headers(info).iter().filter(|h| h.p_type == PT_LOAD) {
