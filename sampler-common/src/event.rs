@@ -186,6 +186,11 @@ pub const FLAG_STACK_COPY: u32 = 4;
 /// bytes it stands for (`otel_memory:alloc`'s weight), which [`AllocEvent::interval`] then
 /// holds; [`AllocEvent::offset`] is unknown (0).
 pub const FLAG_WEIGHTED: u32 = 8;
+/// [`AllocEvent::flags`]: a language runtime's own sampler drew the block (Go's per-P
+/// countdown over allocated bytes, restarted after each sample) at the mean rate
+/// [`AllocEvent::interval`] then holds; [`AllocEvent::offset`] is unknown (0). User space
+/// weighs it by its inclusion probability (`size / (1 - e^(-size/rate))`).
+pub const FLAG_RUNTIME_RATE: u32 = 32;
 
 /// One sampled allocation: the head of each sample's ring-buffer record, which continues
 /// with a [`StackCopy`] and `stack_len` payload entries ([`SampleRecord`] without its unused
@@ -349,6 +354,13 @@ pub struct ThreadState {
     pub pending: PendingSample,
     /// Return addresses the kernel's trampolines replaced (frees tracked).
     pub returns: ReturnSlots,
+    /// The block a Go runtime's sweeper is freeing the specials of on this thread
+    /// (`runtime.freeSpecial(s, p, size)`): its `mProf_Free` says it was a sampled one.
+    pub freeing: u64,
+    /// The block of this thread's last runtime sample (`runtime.mProf_Malloc`): the same
+    /// call entered again (a signal that interrupted the probe's single-step restarts the
+    /// instruction; a goroutine's stack growth restarts the function) is not a new sample.
+    pub runtime_last: u64,
 }
 
 /// The entry of an allocator function that may call another probed one (glibc's

@@ -12,6 +12,11 @@
 /// use [`crate::cookie::Register`]'s codes, 1–15).
 pub const REGISTER_RSP: u8 = 16;
 
+/// The probed instruction's address as [`UsdtArgument::register`]: with `deref`, a global
+/// variable at a fixed distance from the probe (a Go runtime's `MemProfileRate`), wherever
+/// the file was loaded.
+pub const REGISTER_RIP: u8 = 17;
+
 /// Specs the kernel's table holds: one per probe site of a producer.
 pub const MAX_SPECS: u32 = 256;
 
@@ -22,6 +27,16 @@ pub const MAX_ARGUMENTS: usize = 3;
 pub const KIND_ALLOC: u32 = 0;
 /// [`UsdtSpec::kind`]: a free, `(pointer)`.
 pub const KIND_FREE: u32 = 1;
+/// [`UsdtSpec::kind`]: a language runtime sampled a block by its own countdown over
+/// allocated bytes, `(pointer, size, mean rate)` (Go's `runtime.mProf_Malloc`, the rate
+/// read from `runtime.MemProfileRate`).
+pub const KIND_RUNTIME_ALLOC: u32 = 2;
+/// [`UsdtSpec::kind`]: the runtime is about to free `(pointer)`'s bookkeeping, which a
+/// [`KIND_RUNTIME_FREED`] site on the same thread confirms was a sampled block's (Go's
+/// `runtime.freeSpecial`, then `runtime.mProf_Free`).
+pub const KIND_RUNTIME_FREEING: u32 = 3;
+/// [`UsdtSpec::kind`]: the block of this thread's last [`KIND_RUNTIME_FREEING`] is freed.
+pub const KIND_RUNTIME_FREED: u32 = 4;
 
 /// One argument: `register` (or none) plus `value`, dereferenced if `deref`, then cut to
 /// `size` bytes and sign-extended if `signed`.

@@ -37,7 +37,8 @@ pub(super) fn argument(ctx: &ProbeContext, cookie: u64, n: usize) -> u64 {
 }
 
 /// The probed task's register of `code` ([`cookie::Register`]'s, or
-/// [`sampler_common::usdt::REGISTER_RSP`]); 0 for an unknown code.
+/// [`sampler_common::usdt::REGISTER_RSP`], [`sampler_common::usdt::REGISTER_RIP`]); 0 for an
+/// unknown code.
 #[inline(always)]
 pub(super) fn register(ctx: &ProbeContext, code: u8) -> u64 {
     use cookie::Register;
@@ -49,6 +50,10 @@ pub(super) fn register(ctx: &ProbeContext, code: u8) -> u64 {
     if code == sampler_common::usdt::REGISTER_RSP {
         // SAFETY: as below.
         return read(unsafe { &raw const (*regs).rsp });
+    }
+    if code == sampler_common::usdt::REGISTER_RIP {
+        // SAFETY: as below. A uprobe's handlers see the probed instruction's address.
+        return read(unsafe { &raw const (*regs).rip });
     }
     let Some(register) = Register::from_code(code) else {
         return 0;

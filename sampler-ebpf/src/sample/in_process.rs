@@ -75,14 +75,88 @@ pub fn on_producer(ctx: &ProbeContext, index: u32) {
     let Some(spec) = USDT_SPECS.get(index) else {
         return;
     };
+    use sampler_common::usdt::{
+        KIND_FREE, KIND_RUNTIME_ALLOC, KIND_RUNTIME_FREED, KIND_RUNTIME_FREEING,
+    };
+    if spec.kind == KIND_RUNTIME_FREED {
+        on_runtime_freed();
+        return;
+    }
     let pointer = usdt_argument(ctx, &spec.arguments[0]);
-    if spec.kind == sampler_common::usdt::KIND_FREE {
+    if spec.kind == KIND_FREE {
         on_free(pointer);
         return;
     }
+    if spec.kind == KIND_RUNTIME_FREEING {
+        on_runtime_freeing(pointer);
+        return;
+    }
     let size = usdt_argument(ctx, &spec.arguments[1]);
-    let weight = usdt_argument(ctx, &spec.arguments[2]);
-    on_producer_alloc(ctx, pointer, size, weight);
+    let third = usdt_argument(ctx, &spec.arguments[2]);
+    if spec.kind == KIND_RUNTIME_ALLOC {
+        on_runtime_alloc(ctx, pointer, size, third);
+    } else {
+        on_producer_alloc(ctx, pointer, size, third);
+    }
+}
+
+/// A block a language runtime's own sampler drew at mean `rate` bytes (Go's
+/// `runtime.mProf_Malloc`, `rate` its `MemProfileRate` now): remembered as live and sent
+/// with the stack at the probe, for user space to weigh by its inclusion probability.
+#[inline(always)]
+fn on_runtime_alloc(ctx: &ProbeContext, address: u64, size: u64, rate: u64) {
+    // A rate of 0 turns the runtime's sampler off; a negative one is not a rate.
+    if size == 0 || rate == 0 || rate > i64::MAX as u64 {
+        return;
+    }
+    // Go's prologue checks the stack first: the probed instruction is single-stepped, and
+    // a signal then (Go preempts with SIGURG) or the stack's growth runs it again.
+    let Some(state) = thread_state(bpf_get_current_pid_tgid() as u32) else {
+        count_loss(LossCounter::ThreadStateFull);
+        return;
+    };
+    // SAFETY: this thread's own entry, valid for the program's run.
+    let last = unsafe { core::mem::replace(&mut (*state).runtime_last, address) };
+    if last == address {
+        return;
+    }
+    in_process_sample(
+        ctx,
+        address,
+        size,
+        0,
+        rate,
+        AllocFn::Malloc,
+        false,
+        FLAG_RUNTIME_RATE,
+    );
+}
+
+/// The runtime is freeing `pointer`'s bookkeeping (Go's `runtime.freeSpecial`): kept for
+/// this thread until its `mProf_Free` says the block was a sampled one.
+#[inline(always)]
+fn on_runtime_freeing(pointer: u64) {
+    if !config::track_frees() {
+        return;
+    }
+    if let Some(state) = thread_state(bpf_get_current_pid_tgid() as u32) {
+        // SAFETY: this thread's own entry, valid for the program's run.
+        unsafe { (*state).freeing = pointer };
+    }
+}
+
+/// The block of this thread's last [`on_runtime_freeing`] was a sampled one, now freed.
+#[inline(always)]
+fn on_runtime_freed() {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let Some(state) = THREADS.get_ptr_mut(tid) else {
+        return;
+    };
+    // SAFETY: this thread's own entry, valid for the program's run.
+    let pointer = unsafe { core::mem::replace(&mut (*state).freeing, 0) };
+    if pointer != 0 {
+        on_free(pointer);
+    }
 }
 
 /// A block another program's allocator sampled and weighed (`weight`: the bytes it stands

@@ -21,8 +21,8 @@ use aya_log_ebpf::warn;
 use sampler_common::{
     cookie, geometric, preload, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, LostKey,
     LostSamples, ProcessCounters, ReturnSlots, SampleRecord, StackCopy, ThreadState,
-    FLAG_STACK_AT_RETURN, FLAG_STACK_COPY, FLAG_TRACKED, FLAG_WEIGHTED, HOST_SLOT, MAX_STACK_COPY,
-    MAX_STACK_DEPTH, RETURN_SLOTS, STACK_PAGE,
+    FLAG_RUNTIME_RATE, FLAG_STACK_AT_RETURN, FLAG_STACK_COPY, FLAG_TRACKED, FLAG_WEIGHTED,
+    HOST_SLOT, MAX_STACK_COPY, MAX_STACK_DEPTH, RETURN_SLOTS, STACK_PAGE,
 };
 
 use crate::{

@@ -17,8 +17,8 @@ use anyhow::Context as _;
 use aya::maps::{MapData, RingBuf};
 use sampler_common::{
     AllocEvent, AllocFn, EventKind, FreeEvent, ProcessEvent, SampleRecord, StackCopy,
-    FLAG_STACK_AT_RETURN, FLAG_STACK_COPY, FLAG_TRACKED, FLAG_WEIGHTED, MAX_STACK_DEPTH,
-    PROCESS_EXEC, PROCESS_FORK, RETURN_SLOTS,
+    FLAG_RUNTIME_RATE, FLAG_STACK_AT_RETURN, FLAG_STACK_COPY, FLAG_TRACKED, FLAG_WEIGHTED,
+    MAX_STACK_DEPTH, PROCESS_EXEC, PROCESS_FORK, RETURN_SLOTS,
 };
 use tokio::sync::mpsc;
 
@@ -239,10 +239,24 @@ fn decode_alloc(bytes: &[u8]) -> Option<Event> {
         copied,
         address: event.address,
         tracked: event.flags & FLAG_TRACKED != 0,
-        weight: (event.flags & FLAG_WEIGHTED != 0).then_some(event.interval),
+        weight: weight_of(&event),
         python_sent: event.flags & sampler_common::python::FLAG_PYTHON != 0,
         python: None,
     }))
+}
+
+/// The bytes a sample stands for, where its sampler said (another producer's weight) or
+/// where a runtime's rate says ([`crate::stats::runtime`]); `None`: drawn by allocscope's
+/// countdown, estimated from its interval and offset.
+fn weight_of(event: &AllocEvent) -> Option<u64> {
+    if event.flags & FLAG_RUNTIME_RATE != 0 {
+        Some(crate::stats::runtime::runtime_weight(
+            event.size,
+            event.interval,
+        ))
+    } else {
+        (event.flags & FLAG_WEIGHTED != 0).then_some(event.interval)
+    }
 }
 
 /// The stack copy of a sample (`--unwind dwarf`): its registers, bytes and the return

@@ -125,7 +125,13 @@ impl AllocatorFile {
     /// Whether the process samples its allocations itself and reports them through another
     /// producer's probes (`otel_memory`, `ddheap`): probed there instead of its malloc.
     pub fn is_producer(&self) -> bool {
-        self.producer.is_some()
+        self.producer.is_some() && self.family == Family::Producer
+    }
+
+    /// Whether this is a Go executable whose runtime's heap profiler is probed (its own
+    /// sampled blocks; `malloc`, which cgo calls, stays probed as usual).
+    pub fn is_go_runtime(&self) -> bool {
+        self.producer.is_some() && self.family == Family::GoRuntime
     }
 
     /// Whether a process mapping it counts or samples its own allocations (allocscope's
@@ -159,7 +165,7 @@ impl Allocator {
     /// every call goes through, inlined or not).
     pub fn served_by_front_end(&self) -> bool {
         match self.file.family {
-            Family::InProcess | Family::Producer => false,
+            Family::InProcess | Family::Producer | Family::GoRuntime => false,
             Family::Pymalloc => true,
             _ => !self.in_executable,
         }
@@ -168,7 +174,14 @@ impl Allocator {
     /// "jemalloc (/usr/lib/…/libjemalloc.so.2)", "malloc (static, in /usr/bin/x)" or
     /// "otel_memory probes (/usr/bin/x)".
     pub fn describe(&self) -> String {
-        if let Some(producer) = &self.file.producer {
+        if let (Some(producer), true) = (&self.file.producer, self.file.is_go_runtime()) {
+            let detail = producer.detail.as_deref().unwrap_or_default();
+            format!(
+                "{} ({detail}) ({})",
+                producer.provider,
+                self.shown.display()
+            )
+        } else if let Some(producer) = &self.file.producer {
             format!("{} probes ({})", producer.provider, self.shown.display())
         } else if self.in_executable {
             format!("{} (static, in {})", self.file.family, self.shown.display())
@@ -290,6 +303,32 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
             front_end: None,
             producer: Some(producer),
         });
+    }
+    match super::go::runtime(elf) {
+        Some(super::go::GoRuntime::Probed {
+            version,
+            mut producer,
+            profiling_off,
+        }) => {
+            producer.detail = Some(if profiling_off {
+                format!(
+                    "{version}, heap profiling off unless the program sets runtime.MemProfileRate"
+                )
+            } else {
+                version
+            });
+            return Some(AllocatorFile {
+                family: Family::GoRuntime,
+                functions: Vec::new(),
+                frees: Vec::new(),
+                front_end: None,
+                producer: Some(producer),
+            });
+        }
+        Some(super::go::GoRuntime::Refused(why)) => {
+            log::warn!("{file_name}: its Go heap is not recorded: {why}");
+        }
+        None => {}
     }
     let file = object::File::parse(elf).ok()?;
     let (mut entries, names) = entry_symbols(&file, full_symbols);
@@ -498,6 +537,8 @@ pub enum Family {
     /// Another program's allocator that samples itself and fires the OpenTelemetry
     /// memory-profiling contract's probes (`otel_memory`) or libdatadog's (`ddheap`).
     Producer,
+    /// A Go executable: its runtime samples its heap itself ([`super::go`]).
+    GoRuntime,
 }
 
 impl Family {
@@ -532,6 +573,7 @@ impl std::fmt::Display for Family {
             Family::Malloc => "malloc",
             Family::InProcess => "in-process (allocscope preload)",
             Family::Producer => "in-process (its own USDT probes)",
+            Family::GoRuntime => super::go::PROVIDER,
         })
     }
 }
@@ -611,7 +653,7 @@ pub fn analyse_file(path: &Path, full_symbols: bool, shown: &Path) -> Option<All
 }
 
 /// The file offset of virtual `address`, through the section holding it.
-fn file_offset_of(file: &object::File, address: u64) -> Option<u64> {
+pub(crate) fn file_offset_of(file: &object::File, address: u64) -> Option<u64> {
     let section = file
         .sections()
         .find(|s| (s.address()..s.address() + s.size()).contains(&address))?;

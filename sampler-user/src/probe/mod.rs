@@ -12,6 +12,7 @@ pub mod attach;
 pub mod btf;
 #[cfg(test)]
 mod contract;
+pub mod go;
 pub mod maps;
 pub mod prologue;
 pub mod runs;

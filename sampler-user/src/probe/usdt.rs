@@ -15,7 +15,9 @@
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
 use sampler_common::{
     cookie::Register,
-    usdt::{UsdtArgument, UsdtSpec, KIND_ALLOC, KIND_FREE, MAX_ARGUMENTS, REGISTER_RSP},
+    usdt::{
+        UsdtArgument, UsdtSpec, KIND_ALLOC, KIND_FREE, MAX_ARGUMENTS, REGISTER_RIP, REGISTER_RSP,
+    },
 };
 
 /// One probe site.
@@ -195,6 +197,8 @@ pub struct Producer {
     pub provider: String,
     /// Every site with its argument spec (allocations and frees).
     pub sites: Vec<(Site, UsdtSpec)>,
+    /// What else a reader is told about it (a Go runtime's version).
+    pub detail: Option<String>,
 }
 
 /// The allocation probes of another producer among `sites` (the first provider of
@@ -229,6 +233,7 @@ pub fn producer(sites: &[Site]) -> Option<Producer> {
             .then(|| Producer {
                 provider: provider.to_owned(),
                 sites: specs,
+                detail: None,
             })
     })
 }
@@ -298,6 +303,7 @@ fn register_code(name: &str) -> Option<u8> {
         "rbx" | "ebx" | "bx" | "bl" => Register::Rbx,
         "rbp" | "ebp" | "bp" | "bpl" => Register::Rbp,
         "rsp" | "esp" | "sp" | "spl" => return Some(REGISTER_RSP),
+        "rip" => return Some(REGISTER_RIP),
         _ => {
             let number = name.strip_prefix('r')?;
             let digits = number.trim_end_matches(['d', 'w', 'b']);

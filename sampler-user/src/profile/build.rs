@@ -238,6 +238,7 @@ impl Context<'_> {
             },
             incomplete: incomplete_reasons(&allocators)
                 .into_iter()
+                .chain(go_unsampled(&allocators, set.samples()))
                 .chain(known.map(|p| p.incomplete.clone()).unwrap_or_default())
                 .collect(),
             allocators,
@@ -506,12 +507,38 @@ pub fn incomplete_reasons(allocators: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// Why a Go process shows no samples, where its runtime's heap profiling was off: the
+/// linker turns it off in a program that never calls `runtime.MemProfile` (through
+/// `runtime/pprof` or `net/http/pprof`), and only the program can turn it on again.
+fn go_unsampled(allocators: &[String], samples: u64) -> Option<String> {
+    let off = allocators.iter().any(|a| {
+        a.starts_with(&format!("{} (", crate::probe::go::PROVIDER))
+            && a.contains("heap profiling off")
+    });
+    (off && samples == 0).then(|| {
+        "its Go runtime sampled nothing: heap profiling is off in this program (the Go \
+         linker turns it off where nothing calls runtime.MemProfile, as runtime/pprof does) \
+         and the program did not set runtime.MemProfileRate; its Go heap is not seen"
+            .to_owned()
+    })
+}
+
 /// The front end of a process counted in-process until it exec'd a program without the
 /// library, and by uprobes from then on.
 pub const IN_PROCESS_THEN_UPROBES: &str = "in-process, then uprobes";
 
 /// A process's front end, from the allocators probed in it.
 fn front_end_of(allocators: &[String]) -> String {
+    let go = format!("{} (", crate::probe::go::PROVIDER);
+    if allocators.iter().any(|a| a.starts_with(&go)) {
+        // cgo's malloc, where it is probed, is counted beside the runtime's samples.
+        let malloc = allocators.iter().any(|a| !a.starts_with(&go));
+        return if malloc {
+            format!("{} + uprobes (malloc)", crate::probe::go::PROVIDER)
+        } else {
+            crate::probe::go::PROVIDER.to_owned()
+        };
+    }
     let described = crate::probe::allocator::Family::InProcess.to_string();
     let producer = crate::probe::usdt::PRODUCER_PROVIDERS.iter().find(|p| {
         allocators

@@ -59,10 +59,12 @@ impl Carriers {
         }))
     }
 
-    /// Whether `allocator`'s file is probed in this mode: allocscope's library and other
-    /// producers (sites reached only by sampled blocks), no allocator.
+    /// Whether `allocator`'s file is probed in this mode: allocscope's library, other
+    /// producers and Go runtimes (sites reached only by sampled blocks), no allocator. A Go
+    /// process is taken as it is: its heap is its runtime's (a cgo program's `malloc` is
+    /// not counted in this mode).
     pub fn probes(allocator: &Allocator) -> bool {
-        allocator.file.reports_itself()
+        allocator.file.reports_itself() || allocator.file.is_go_runtime()
     }
 
     /// Whether a process with `allocators` counts its own calls.

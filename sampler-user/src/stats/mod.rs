@@ -10,6 +10,7 @@ pub mod growth;
 pub mod lifetime;
 pub mod negbin;
 pub mod rate;
+pub mod runtime;
 #[cfg(any(test, feature = "simulation"))]
 pub mod simulate;
 

@@ -287,6 +287,9 @@ fn header(out: &mut String, profile: &Profile) {
 /// What the summary says of a process's exact counts.
 fn exact_counts(process: &ProcessProfile) -> String {
     // Another program's allocator reports samples with their weights, no totals.
+    if process.front_end == crate::probe::go::PROVIDER {
+        return "no exact counts (sampled by the Go runtime at its runtime.MemProfileRate)".into();
+    }
     match process.front_end.strip_prefix("in-process (") {
         Some(provider) => format!(
             "no exact counts (sampled by its own allocator, reported through its {} probes)",

@@ -1,0 +1,314 @@
+//! Go executables, probed where their runtime's own heap profiler sees a sampled block.
+//!
+//! A Go program allocates through its runtime, not through `malloc`: a uprobe on
+//! `runtime.mallocgc` would trap on every allocation. But the runtime already samples by
+//! bytes (a per-P countdown of mean `runtime.MemProfileRate`, 512 KiB unless the program
+//! says otherwise) and calls its memory profiler only for sampled blocks:
+//! `runtime.mProf_Malloc(…, p, size…)` when one is allocated, `runtime.freeSpecial(s, p,
+//! size)` then `runtime.mProf_Free` when the sweeper frees it. Those three are probed (entry
+//! only: a return probe's trampoline in a goroutine's stack breaks the runtime's stack
+//! copying and tracebacks), described as USDT-like sites whose arguments the eBPF program
+//! reads by the same specs as another producer's ([`super::usdt`]):
+//!
+//! * `alloc`: the block and its size in the registers Go's internal ABI gives them (`rax`,
+//!   `rbx`, `rcx`… in order; which argument they are depends on the Go version), and the
+//!   rate read from `runtime.MemProfileRate` at its distance from the probed instruction;
+//! * `freeing`: `freeSpecial`'s block (`rbx`), kept per thread;
+//! * `freed`: `mProf_Free`, called by `freeSpecial` only for a sampled block's record.
+//!
+//! Pure: bytes in, sites out. The Go version comes from the `.go.buildinfo` section (Go ≥
+//! 1.18 writes it inline); a version whose layout is not known here is refused by name
+//! rather than guessed.
+
+use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+use sampler_common::usdt::{
+    UsdtSpec, KIND_RUNTIME_ALLOC, KIND_RUNTIME_FREED, KIND_RUNTIME_FREEING, MAX_ARGUMENTS,
+};
+
+use super::usdt::{parse_arguments, Producer, Site};
+
+/// The provider name Go runtime sites are reported under.
+pub const PROVIDER: &str = "go runtime";
+
+/// The oldest and newest Go releases whose runtime layout is known here.
+pub const KNOWN: (GoVersion, GoVersion) = (GoVersion(1, 18), GoVersion(1, 26));
+
+/// A Go release, `go1.N` (patch releases keep the layout).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct GoVersion(pub u32, pub u32);
+
+impl std::fmt::Display for GoVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "go{}.{}", self.0, self.1)
+    }
+}
+
+/// What a Go executable offers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GoRuntime {
+    /// Its runtime's sampled-allocation and sampled-free paths, as producer sites.
+    Probed {
+        /// The full version string (`go1.19.8`).
+        version: String,
+        /// The sites.
+        producer: Producer,
+        /// The linker turned the runtime's heap profiling off (the program never calls
+        /// `runtime.MemProfile`, e.g. through `runtime/pprof`): nothing is sampled unless
+        /// the program sets `runtime.MemProfileRate` itself.
+        profiling_off: bool,
+    },
+    /// A Go executable allocscope cannot probe, and why (said to the user).
+    Refused(String),
+}
+
+/// The runtime of `elf` if it is a Go executable (`None`: not Go).
+pub fn runtime(elf: &[u8]) -> Option<GoRuntime> {
+    let file = object::File::parse(elf).ok()?;
+    let buildinfo = file.section_by_name(".go.buildinfo")?;
+    let version = buildinfo.data().ok().and_then(build_version);
+    let Some(version) = version else {
+        return Some(GoRuntime::Refused(
+            "a Go executable older than go1.18 (no inline build information): its runtime's \
+             layout is not known to allocscope"
+                .into(),
+        ));
+    };
+    let Some(release) = parse_version(&version) else {
+        return Some(GoRuntime::Refused(format!(
+            "{version}: not a Go version allocscope can read"
+        )));
+    };
+    if file.architecture() != object::Architecture::X86_64 {
+        return Some(GoRuntime::Refused(format!(
+            "{version}: only x86-64 is supported"
+        )));
+    }
+    let Some(layout) = Layout::of(release) else {
+        return Some(GoRuntime::Refused(format!(
+            "{version}: its runtime's layout is not known to this allocscope (known: {} to {})",
+            KNOWN.0, KNOWN.1
+        )));
+    };
+    Some(match sites(&file, layout) {
+        Ok((producer, profiling_off)) => GoRuntime::Probed {
+            version,
+            producer,
+            profiling_off,
+        },
+        Err(missing) => GoRuntime::Refused(format!("{version}: {missing}")),
+    })
+}
+
+/// Where a release's runtime keeps the arguments the probes read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Layout {
+    /// `mProf_Malloc`'s block and size: `(p, size)` until go1.22, `(mp, p, size…)` since.
+    alloc_registers: [&'static str; 2],
+}
+
+impl Layout {
+    fn of(release: GoVersion) -> Option<Layout> {
+        if release < KNOWN.0 || release > KNOWN.1 {
+            return None;
+        }
+        // Go's internal ABI (go1.17+ on amd64) passes integer arguments in rax, rbx, rcx…
+        let alloc_registers = if release < GoVersion(1, 23) {
+            ["rax", "rbx"]
+        } else {
+            ["rbx", "rcx"]
+        };
+        Some(Layout { alloc_registers })
+    }
+}
+
+/// The runtime's sites in `file`, and whether the linker turned heap profiling off; or
+/// what is missing.
+fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String> {
+    let find = |names: &[&str]| {
+        file.symbols()
+            .find(|s| s.name().is_ok_and(|n| names.contains(&n)) && s.address() != 0)
+            .map(|s| s.address())
+    };
+    let symbol = |names: &[&str]| {
+        find(names).ok_or_else(|| {
+            format!(
+                "no {} symbol (a stripped executable): its runtime cannot be probed",
+                names[0]
+            )
+        })
+    };
+    let malloc = symbol(&["runtime.mProf_Malloc"])?;
+    let rate = symbol(&["runtime.MemProfileRate"])?;
+    let freeing = find(&["runtime.freeSpecial", "runtime.freespecial"]);
+    let freed = find(&["runtime.mProf_Free"]);
+    let [block, size] = layout.alloc_registers;
+    let distance = rate.wrapping_sub(malloc) as i64;
+    let mut sites = vec![site(
+        file,
+        "alloc",
+        malloc,
+        &format!("8@%{block} 8@%{size} 8@{distance}(%rip)"),
+        KIND_RUNTIME_ALLOC,
+    )?];
+    // Frees need both: freeSpecial names the block, mProf_Free says it was a sampled one.
+    if let (Some(freeing), Some(freed)) = (freeing, freed) {
+        sites.push(site(
+            file,
+            "freeing",
+            freeing,
+            "8@%rbx",
+            KIND_RUNTIME_FREEING,
+        )?);
+        sites.push(site(file, "freed", freed, "", KIND_RUNTIME_FREED)?);
+    }
+    let profiling_off = find(&["runtime.disableMemoryProfiling"])
+        .and_then(|at| byte_at(file, at))
+        .is_some_and(|b| b != 0);
+    Ok((
+        Producer {
+            provider: PROVIDER.to_owned(),
+            sites,
+            detail: None,
+        },
+        profiling_off,
+    ))
+}
+
+/// One site at function entry `address` with its argument spec.
+fn site(
+    file: &object::File,
+    name: &str,
+    address: u64,
+    arguments: &str,
+    kind: u32,
+) -> Result<(Site, UsdtSpec), String> {
+    let file_offset = super::allocator::file_offset_of(file, address)
+        .ok_or_else(|| format!("runtime {name} site at {address:#x} is in no section"))?;
+    let parsed = parse_arguments(arguments).unwrap_or_default();
+    let mut spec = UsdtSpec {
+        kind,
+        count: parsed.len().min(MAX_ARGUMENTS) as u32,
+        ..UsdtSpec::default()
+    };
+    for (slot, argument) in spec.arguments.iter_mut().zip(parsed) {
+        *slot = argument;
+    }
+    let site = Site {
+        provider: PROVIDER.to_owned(),
+        name: name.to_owned(),
+        arguments: arguments.to_owned(),
+        file_offset,
+        optimizable: false,
+        semaphore: None,
+    };
+    Ok((site, spec))
+}
+
+/// The byte at virtual `address` as the file initialises it.
+fn byte_at(file: &object::File, address: u64) -> Option<u8> {
+    let section = file
+        .sections()
+        .find(|s| (s.address()..s.address() + s.size()).contains(&address))?;
+    // A zero-initialised variable (.noptrbss) has no bytes in the file: false.
+    match section.data_range(address, 1) {
+        Ok(Some(bytes)) => bytes.first().copied(),
+        _ => Some(0),
+    }
+}
+
+/// The Go version (`go1.19.8`) in a `.go.buildinfo` section written inline (Go ≥ 1.18):
+/// a 32-byte header (magic, pointer size, flags with bit 2 set) then the version as a
+/// uvarint-prefixed string.
+pub fn build_version(section: &[u8]) -> Option<String> {
+    const MAGIC: &[u8] = b"\xff Go buildinf:";
+    const INLINE: u8 = 2;
+    if !section.starts_with(MAGIC) || section.get(15)? & INLINE == 0 {
+        return None;
+    }
+    let mut at = 32;
+    let (mut length, mut shift) = (0usize, 0u32);
+    loop {
+        let byte = *section.get(at)?;
+        at += 1;
+        length |= usize::from(byte & 0x7f).checked_shl(shift)?;
+        if byte & 0x80 == 0 {
+            break;
+        }
+        shift += 7;
+        if shift > 28 {
+            return None;
+        }
+    }
+    let text = section.get(at..at.checked_add(length)?)?;
+    let version = std::str::from_utf8(text).ok()?;
+    version.starts_with("go").then(|| version.to_owned())
+}
+
+/// `go1.19.8`, `go1.23rc1`, `go1.22.0 X:boringcrypto` → its release.
+pub fn parse_version(version: &str) -> Option<GoVersion> {
+    let rest = version.strip_prefix("go")?;
+    let mut parts = rest.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some(GoVersion(major, minor))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buildinfo(version: &str) -> Vec<u8> {
+        let mut section = b"\xff Go buildinf:".to_vec();
+        section.extend([8, 2]);
+        section.resize(32, 0);
+        section.push(version.len() as u8);
+        section.extend(version.as_bytes());
+        section.extend(b"\x00more");
+        section
+    }
+
+    #[test]
+    fn versions_are_read_from_inline_build_information() {
+        assert_eq!(
+            build_version(&buildinfo("go1.19.8")).as_deref(),
+            Some("go1.19.8")
+        );
+        let mut old = buildinfo("go1.16");
+        old[15] = 0;
+        assert_eq!(
+            build_version(&old),
+            None,
+            "pointer-style (go1.17 and older)"
+        );
+        assert_eq!(build_version(b"\xff Go buildinf:"), None, "truncated");
+        let mut long = buildinfo("");
+        long.truncate(32);
+        long.extend([0x80, 0x80, 0x80, 0x80, 0x80, 0x01]);
+        assert_eq!(build_version(&long), None, "runaway length");
+    }
+
+    #[test]
+    fn releases_choose_the_argument_registers_or_are_refused() {
+        assert_eq!(parse_version("go1.19.8"), Some(GoVersion(1, 19)));
+        assert_eq!(parse_version("go1.23rc1"), Some(GoVersion(1, 23)));
+        assert_eq!(
+            parse_version("go1.22.0 X:boringcrypto"),
+            Some(GoVersion(1, 22))
+        );
+        assert_eq!(parse_version("devel +abc"), None);
+        let registers = |v| Layout::of(v).map(|l| l.alloc_registers);
+        assert_eq!(registers(GoVersion(1, 19)), Some(["rax", "rbx"]));
+        assert_eq!(registers(GoVersion(1, 22)), Some(["rax", "rbx"]));
+        assert_eq!(registers(GoVersion(1, 23)), Some(["rbx", "rcx"]));
+        assert_eq!(registers(GoVersion(1, 26)), Some(["rbx", "rcx"]));
+        assert_eq!(registers(GoVersion(1, 17)), None);
+        assert_eq!(registers(GoVersion(1, 27)), None);
+    }
+
+    #[test]
+    fn other_files_are_not_go() {
+        let own = std::fs::read("/proc/self/exe").unwrap();
+        assert_eq!(runtime(&own), None);
+        assert_eq!(runtime(b"not an elf"), None);
+    }
+}
