@@ -154,6 +154,43 @@ pub fn fixture_as(name: &str, binary_name: &str, extra_flags: &[&str]) -> PathBu
     binary
 }
 
+/// Builds the Go program `tests/fixtures/go/NAME/` with the system's Go toolchain (once per
+/// source change; `cargo xtask setup` installs golang-go) into `target/fixtures/NAME`:
+/// without cgo (a static executable, like most Go services), offline, its build cache under
+/// `target/`.
+pub fn go_fixture(name: &str) -> PathBuf {
+    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let source = workspace().join("tests/fixtures/go").join(name);
+    let target = workspace().join("target");
+    let binary = target.join("fixtures").join(name);
+    std::fs::create_dir_all(binary.parent().unwrap()).unwrap();
+    let newest_input = std::fs::read_dir(&source)
+        .unwrap()
+        .filter_map(|e| e.ok()?.metadata().ok()?.modified().ok())
+        .max();
+    let fresh = match (binary.metadata(), newest_input) {
+        (Ok(b), Some(input)) => b.modified().unwrap() >= input,
+        _ => false,
+    };
+    if !fresh {
+        let status = Command::new("go")
+            .args(["build", "-o"])
+            .arg(&binary)
+            .arg(".")
+            .current_dir(&source)
+            .env("CGO_ENABLED", "0")
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOPROXY", "off")
+            .env("GOTOOLCHAIN", "local")
+            .env("GOCACHE", target.join("go-cache"))
+            .env("GOPATH", target.join("go-path"))
+            .status()
+            .unwrap_or_else(|e| panic!("running go (cargo xtask setup installs golang-go): {e}"));
+        assert!(status.success(), "go build failed in {}", source.display());
+    }
+    binary
+}
+
 /// A fixture process whose stdout is read line by line.
 pub struct Workload {
     /// The process.

@@ -74,7 +74,16 @@ pub fn prepare(
                 producer.describe()
             );
         }
-        if sampling.preload && !host_wide && producer.is_none() {
+        let go = allocators.iter().find(|a| a.file.is_go_runtime());
+        if let Some(go) = go {
+            info!(
+                "{} is a Go program: its heap is recorded through its runtime's own sampler ({})",
+                program.display(),
+                go.describe()
+            );
+        }
+        let static_go = go.is_some() && allocators.len() == 1;
+        if sampling.preload && !host_wide && producer.is_none() && !static_go {
             if let Some((library, family, own)) = front_end_for(&program, sampling.interval)? {
                 environment = front_end_environment(&library);
                 allocators.push(own.clone());

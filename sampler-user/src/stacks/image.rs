@@ -17,6 +17,51 @@ pub struct Image {
     /// Whether this is allocscope's in-process front end, whose own frames lead the
     /// stacks it reports and are dropped like an allocator's own frame.
     pub front_end: bool,
+    /// A Go executable's runtime functions (file offsets, sorted) and its `goexit`.
+    go: Option<GoText>,
+}
+
+/// Where a Go executable's runtime code is: a Go sample's stack leads with the runtime's
+/// allocation machinery (`mallocgc`, `newobject`, `makeslice`…), left out as Go's own
+/// `pprof` leaves out leading `runtime.` frames, and every goroutine's stack ends at a
+/// return address into `runtime.goexit` that follows no call (its root).
+#[derive(Debug, Default)]
+struct GoText {
+    runtime: Vec<Range<u64>>,
+    goexit: Range<u64>,
+}
+
+impl GoText {
+    /// The runtime's functions of a Go executable `elf` (`None`: not Go, or no symbols).
+    fn of(elf: &object::File) -> Option<GoText> {
+        use object::ObjectSymbol as _;
+        elf.section_by_name(".go.buildinfo")?;
+        let offset_of = |address: u64, size: u64| {
+            let start = crate::probe::allocator::file_offset_of(elf, address)?;
+            Some(start..start + size.max(1))
+        };
+        let mut text = GoText::default();
+        for symbol in elf.symbols() {
+            let Ok(name) = symbol.name() else { continue };
+            if symbol.kind() != object::SymbolKind::Text || !name.starts_with("runtime.") {
+                continue;
+            }
+            let Some(range) = offset_of(symbol.address(), symbol.size()) else {
+                continue;
+            };
+            if name == "runtime.goexit" || name == "runtime.goexit.abi0" {
+                text.goexit = range.clone();
+            }
+            text.runtime.push(range);
+        }
+        text.runtime.sort_by_key(|r| r.start);
+        (!text.runtime.is_empty()).then_some(text)
+    }
+
+    fn is_runtime(&self, offset: u64) -> bool {
+        let at = self.runtime.partition_point(|r| r.start <= offset);
+        at > 0 && self.runtime[at - 1].contains(&offset)
+    }
 }
 
 impl Image {
@@ -26,7 +71,7 @@ impl Image {
         // give wrong frames (each one is checked), never unsafety in safe code reading a
         // byte slice, which is how it is used (as `probe::allocator` does).
         let data = unsafe { memmap2::Mmap::map(file) }.ok()?;
-        let (segments, sections) = {
+        let (segments, sections, go) = {
             let elf = object::File::parse(&*data).ok()?;
             let segments = crate::probe::maps::loadable_segments(&elf);
             let sections: HashMap<Vec<u8>, (Range<u64>, Range<usize>)> = elf
@@ -40,7 +85,7 @@ impl Image {
                     (file.end <= data.len()).then_some((name, (address..address + size, file)))
                 })
                 .collect();
-            (segments, sections)
+            (segments, sections, GoText::of(&elf))
         };
         let front_end = sections.contains_key(&b".note.stapsdt"[..])
             && crate::probe::usdt::front_end(&crate::probe::usdt::sites(&data)).is_some();
@@ -49,7 +94,21 @@ impl Image {
             segments,
             sections,
             front_end,
+            go,
         }))
+    }
+
+    /// Whether file offset `offset` is in a Go runtime function (a leading frame of a Go
+    /// sample's stack that is left out).
+    pub fn is_go_runtime(&self, offset: u64) -> bool {
+        self.go.as_ref().is_some_and(|go| go.is_runtime(offset))
+    }
+
+    /// Whether file offset `offset` is a goroutine's root (`runtime.goexit`).
+    pub fn is_goroutine_root(&self, offset: u64) -> bool {
+        self.go
+            .as_ref()
+            .is_some_and(|go| go.goexit.contains(&offset))
     }
 
     /// The load bias of a mapping of this file at `start` from file offset `offset` (see

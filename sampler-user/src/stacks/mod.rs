@@ -551,15 +551,27 @@ impl StackTable {
     ) -> (Vec<Frame>, StackOrigin) {
         let mut frames: Vec<Frame> = Vec::with_capacity(addresses.len());
         let mut leading = true;
+        // A Go sample's leading runtime frames, kept if nothing but the runtime follows.
+        let mut runtime: Vec<Frame> = Vec::new();
         for &address in addresses {
             let frame = self.normalize(pid, address, taken_ns);
+            let image = match frame {
+                Frame::File { module, offset } => self.modules.image(module).map(|i| (i, offset)),
+                _ => None,
+            };
+            if image.is_some_and(|(i, offset)| i.is_goroutine_root(offset)) {
+                origin.end = StackEnd::Root;
+                break;
+            }
             if leading {
                 // The in-process front end's own frames (its probe sits inside the
                 // interposed function): the allocator's frame, left out like it.
-                if let Frame::File { module, .. } = frame {
-                    if self.modules.image(module).is_some_and(|i| i.front_end) {
-                        continue;
-                    }
+                if image.is_some_and(|(i, _)| i.front_end) {
+                    continue;
+                }
+                if image.is_some_and(|(i, offset)| i.is_go_runtime(offset)) {
+                    runtime.push(frame);
+                    continue;
                 }
                 leading = false;
             }
@@ -579,6 +591,10 @@ impl StackTable {
                 break;
             }
             frames.push(frame);
+        }
+        if frames.is_empty() && !runtime.is_empty() {
+            // The runtime's own allocation (a GC worker's): its frames are the stack.
+            frames = runtime;
         }
         (frames, origin)
     }

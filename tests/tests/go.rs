@@ -1,0 +1,200 @@
+//! Go programs, recorded through their runtime's own heap sampler (tests/fixtures/go/goalloc,
+//! built by the tests with Debian's golang-go): per-site bytes against the program's own
+//! exact counts, the process's total against `runtime.MemStats.TotalAlloc`, a leaking
+//! site's in-use bytes against what it holds, from the start (`-- CMD`) and attached to a
+//! running program (`-p`, `--comm`, `--all`); a program whose heap profiling is off is
+//! said to be, not shown as empty.
+
+use tests::{
+    go_fixture, interrupt, read_profile, record::site_of, start_recording, typed, Fixture, Record,
+    TempDir,
+};
+
+/// What the fixture counted itself: each site's (function, bytes, objects) and the
+/// runtime's TotalAlloc over the same time.
+struct Truth {
+    sites: Vec<(String, u64, u64)>,
+    total: u64,
+}
+
+impl Truth {
+    fn parse(text: &str) -> Truth {
+        let mut truth = Truth {
+            sites: Vec::new(),
+            total: 0,
+        };
+        for line in text.lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                ["site", name, bytes, objects] => truth.sites.push((
+                    (*name).to_owned(),
+                    bytes.parse().unwrap(),
+                    objects.parse().unwrap(),
+                )),
+                ["total", bytes] => truth.total = bytes.parse().unwrap(),
+                _ => {}
+            }
+        }
+        assert_eq!(truth.sites.len(), 3, "the fixture's counts: {text:?}");
+        truth
+    }
+
+    fn bytes_of(&self, site: &str) -> u64 {
+        self.sites.iter().find(|s| s.0 == site).unwrap().1
+    }
+}
+
+/// Each site of the fixture is one stack led by its function (the runtime's allocation
+/// frames left out), its allocated bytes' bounds holding the program's own count; the
+/// process's bounds hold TotalAlloc; the leaking site's in-use bytes hold what it keeps.
+fn check(profile: &tests::record::Profile, pid: u32, truth: &Truth, said: &str) {
+    let process = tests::record::process_of(profile, pid);
+    assert_eq!(process.front_end, "go runtime", "{process:#?}\n{said}");
+    assert!(
+        process.allocators[0].starts_with("go runtime (go1."),
+        "{:?}",
+        process.allocators
+    );
+    assert!(process.samples > 300, "{} samples\n{said}", process.samples);
+    for (site, bytes, _) in &truth.sites {
+        let stacks = site_of(profile, pid, site);
+        assert_eq!(stacks.len(), 1, "{site}: {stacks:#?}\n{said}");
+        let e = &stacks[0].alloc_bytes;
+        let truth = *bytes as f64;
+        assert!(
+            e.lower <= truth && truth <= e.upper,
+            "{site}: {truth} outside [{}, {}] (estimate {})\n{said}",
+            e.lower,
+            e.upper,
+            e.estimate
+        );
+        // The stack goes on to the program's main, and no runtime frame leads it.
+        let functions: Vec<&str> = stacks[0]
+            .frames
+            .iter()
+            .filter_map(|f| f.function.as_deref())
+            .collect();
+        assert_eq!(functions.get(1), Some(&"main.main"), "{functions:?}");
+    }
+    let leak = site_of(profile, pid, "main.leak")[0];
+    let held = truth.bytes_of("main.leak") as f64;
+    let inuse = leak.inuse_bytes.as_ref().expect("frees are tracked");
+    assert!(
+        inuse.lower <= held && held <= inuse.upper,
+        "main.leak holds {held}, in use [{}, {}]\n{said}",
+        inuse.lower,
+        inuse.upper
+    );
+}
+
+/// `record -- ./goalloc`: the whole run, the process's total against TotalAlloc too.
+#[test]
+fn a_go_command_is_recorded_through_its_runtime_sampler() {
+    tests::require_bpf!();
+    let program = go_fixture("goalloc");
+    let dir = TempDir::new("go-command");
+    let counts = dir.path("counts.txt");
+    let recorded = Record::command(
+        &program,
+        &[
+            "-rate",
+            "524288",
+            "-rounds",
+            "300000",
+            "-out",
+            counts.to_str().unwrap(),
+        ],
+    )
+    .flags(&["--confidence", "0.999"])
+    .run();
+    let truth = Truth::parse(&std::fs::read_to_string(&counts).unwrap());
+    let process = recorded.only_process();
+    check(&recorded.profile, process.pid, &truth, &recorded.stderr);
+    let e = &process.alloc_bytes;
+    let total = truth.total as f64;
+    assert!(
+        e.lower <= total && total <= e.upper,
+        "TotalAlloc {total} outside [{}, {}]\n{}",
+        e.lower,
+        e.upper,
+        recorded.stderr
+    );
+    assert!(
+        recorded
+            .stderr
+            .contains("no exact counts (sampled by the Go runtime"),
+        "{}",
+        recorded.stderr
+    );
+}
+
+/// A running Go program, found by pid, by name and among all processes.
+#[test]
+fn a_running_go_program_is_attached_by_pid_comm_and_all() {
+    tests::require_bpf!();
+    let program = go_fixture("goalloc");
+    let dir = TempDir::new("go-attach");
+    for (n, mode) in ["-p", "--comm", "--all"].into_iter().enumerate() {
+        let mut fixture = Fixture::start_binary(
+            &program,
+            &["-rate", "524288", "-rounds", "200000", "-wait", "-hold"],
+            &[],
+        );
+        fixture.expect("ready");
+        let out = dir.path(&format!("attach-{n}.json"));
+        let pid = fixture.pid().to_string();
+        let target: Vec<&str> = match mode {
+            "-p" => vec!["-p", &pid],
+            "--comm" => vec!["--comm", "^goalloc$"],
+            _ => vec!["--all"],
+        };
+        let mut args = vec![
+            "record",
+            "--confidence",
+            "0.999",
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        args.extend(target);
+        let (recorder, stderr) = start_recording(&args);
+        let said = tests::drain(stderr);
+        fixture.go();
+        let mut counts = String::new();
+        loop {
+            let line = fixture.line();
+            if line == "done" {
+                break;
+            }
+            counts.push_str(&line);
+            counts.push('\n');
+        }
+        interrupt(recorder);
+        let said = said.join().unwrap();
+        let profile = typed(&read_profile(&out));
+        check(&profile, fixture.pid(), &Truth::parse(&counts), &said);
+    }
+}
+
+/// Heap profiling off (the linker's choice in a program that never asks for a heap
+/// profile, left so): nothing sampled, and the process says why.
+#[test]
+fn a_go_program_without_heap_profiling_is_said_to_be() {
+    tests::require_bpf!();
+    let program = go_fixture("goalloc");
+    let recorded = Record::command(&program, &["-rounds", "20000"]).run();
+    let process = recorded.only_process();
+    assert_eq!(process.samples, 0, "{process:#?}");
+    assert!(
+        process
+            .incomplete
+            .iter()
+            .any(|why| why.contains("heap profiling is off")),
+        "{process:#?}\n{}",
+        recorded.stderr
+    );
+    assert!(
+        process.allocators[0].contains("heap profiling off unless the program sets"),
+        "{:?}",
+        process.allocators
+    );
+}
