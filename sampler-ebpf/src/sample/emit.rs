@@ -99,7 +99,13 @@ pub(super) fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
 #[inline(always)]
 fn add_stack<C: EbpfContext>(ctx: &C, record: &mut SampleRecord, sample: &Sample) -> usize {
     let regs = ctx.as_ptr() as *const pt_regs;
-    let window = config::stack_bytes();
+    // A Go runtime's sample: Go code keeps frame pointers, so the kernel's walk is whole,
+    // and far cheaper than a copy for user space to unwind.
+    let window = if sample.flags & FLAG_RUNTIME_RATE != 0 {
+        0
+    } else {
+        config::stack_bytes()
+    };
     if window != 0 {
         record.event.flags |= FLAG_STACK_COPY;
         // SAFETY: the probed task's saved registers, valid for the program's run.

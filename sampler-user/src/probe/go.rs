@@ -127,7 +127,7 @@ fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String
     let find = |names: &[&str]| {
         file.symbols()
             .find(|s| s.name().is_ok_and(|n| names.contains(&n)) && s.address() != 0)
-            .map(|s| s.address())
+            .map(|s| (s.address(), s.size()))
     };
     let symbol = |names: &[&str]| {
         find(names).ok_or_else(|| {
@@ -138,31 +138,33 @@ fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String
         })
     };
     let malloc = symbol(&["runtime.mProf_Malloc"])?;
-    let rate = symbol(&["runtime.MemProfileRate"])?;
+    let (rate, _) = symbol(&["runtime.MemProfileRate"])?;
     let freeing = find(&["runtime.freeSpecial", "runtime.freespecial"]);
     let freed = find(&["runtime.mProf_Free"]);
     let [block, size] = layout.alloc_registers;
-    let distance = rate.wrapping_sub(malloc) as i64;
+    let alloc = place(file, malloc, &[block, size])?;
+    // The rate is read relative to the probed instruction, wherever the file is loaded.
+    let distance = rate.wrapping_sub(malloc.0 + alloc.offset) as i64;
     let mut sites = vec![site(
         file,
-        "alloc",
-        malloc,
+        ("alloc", malloc.0, alloc),
         &format!("8@%{block} 8@%{size} 8@{distance}(%rip)"),
         KIND_RUNTIME_ALLOC,
     )?];
     // Frees need both: freeSpecial names the block, mProf_Free says it was a sampled one.
     if let (Some(freeing), Some(freed)) = (freeing, freed) {
+        let placed = place(file, freeing, &["rbx"])?;
         sites.push(site(
             file,
-            "freeing",
-            freeing,
+            ("freeing", freeing.0, placed),
             "8@%rbx",
             KIND_RUNTIME_FREEING,
         )?);
-        sites.push(site(file, "freed", freed, "", KIND_RUNTIME_FREED)?);
+        let placed = place(file, freed, &[])?;
+        sites.push(site(file, ("freed", freed.0, placed), "", KIND_RUNTIME_FREED)?);
     }
     let profiling_off = find(&["runtime.disableMemoryProfiling"])
-        .and_then(|at| byte_at(file, at))
+        .and_then(|(at, _)| byte_at(file, at))
         .is_some_and(|b| b != 0);
     Ok((
         Producer {
@@ -174,15 +176,39 @@ fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String
     ))
 }
 
-/// One site at function entry `address` with its argument spec.
+/// Where in the function at `(address, size)` the probe goes: Go's prologue first compares
+/// the stack pointer with the goroutine's stack bound and branches to grow it; the branch
+/// is an instruction the kernel emulates, where the entry's `lea`/`cmp` would be
+/// single-stepped (a second trap, ~20 µs here in a VM). The registers `reads` hold the
+/// arguments there still.
+fn place(
+    file: &object::File,
+    (address, size): (u64, u64),
+    reads: &[&str],
+) -> Result<super::prologue::Placement, String> {
+    use iced_x86::Register;
+    let registers: Vec<Register> = reads
+        .iter()
+        .map(|name| match *name {
+            "rax" => Register::RAX,
+            "rbx" => Register::RBX,
+            _ => Register::RCX,
+        })
+        .collect();
+    let code = super::allocator::code_at(file, address, size)
+        .ok_or_else(|| format!("the code at {address:#x} is in no section"))?;
+    Ok(super::prologue::choose_in_place(code, &registers))
+}
+
+/// One site, probed at `placement` in the function `name` at `address`, with its
+/// argument spec.
 fn site(
     file: &object::File,
-    name: &str,
-    address: u64,
+    (name, address, placement): (&str, u64, super::prologue::Placement),
     arguments: &str,
     kind: u32,
 ) -> Result<(Site, UsdtSpec), String> {
-    let file_offset = super::allocator::file_offset_of(file, address)
+    let entry = super::allocator::file_offset_of(file, address)
         .ok_or_else(|| format!("runtime {name} site at {address:#x} is in no section"))?;
     let parsed = parse_arguments(arguments).unwrap_or_default();
     let mut spec = UsdtSpec {
@@ -197,9 +223,10 @@ fn site(
         provider: PROVIDER.to_owned(),
         name: name.to_owned(),
         arguments: arguments.to_owned(),
-        file_offset,
+        file_offset: entry + placement.offset,
         optimizable: false,
         semaphore: None,
+        probed: Some(placement),
     };
     Ok((site, spec))
 }

@@ -36,6 +36,9 @@ pub struct Site {
     /// File offset of its semaphore, if it has one: the probe fires only while the
     /// semaphore is non-zero, which the kernel raises for each attached consumer.
     pub semaphore: Option<u64>,
+    /// The instruction probed where it is not a USDT `nop` (a Go runtime function's), as
+    /// [`super::prologue`] chose it in the function (`file_offset` includes its offset).
+    pub probed: Option<super::prologue::Placement>,
 }
 
 /// The 1-byte nop and the 5-byte nop of an optimizable site.
@@ -77,6 +80,7 @@ pub fn sites(elf: &[u8]) -> Vec<Site> {
                 file_offset,
                 optimizable: code.starts_with(&NOP_NOP5),
                 semaphore,
+                probed: None,
             })
         })
         .collect()

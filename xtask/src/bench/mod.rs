@@ -27,6 +27,7 @@ use crate::run::{cargo, fixture, is_root, status, workspace};
 
 mod duty;
 mod front_end;
+mod go;
 mod processes;
 mod report;
 
@@ -53,6 +54,10 @@ pub struct BenchArgs {
     /// the optimised 5-byte-nop probe and through the int3 fallback.
     #[arg(long)]
     front_end: bool,
+    /// Only the Go benchmark: a Go program allocating ~2.9 GB, natively and attached
+    /// through its runtime's own sampler.
+    #[arg(long)]
+    go: bool,
     /// Only the many-processes benchmark: `true`, a shell loop of ~1,500 processes and
     /// `make -j2` of Lua's sources, natively, under `record --` and under heaptrack.
     #[arg(long)]
@@ -90,6 +95,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.processes {
         return processes::processes(&args, &allocscope, &out_dir);
+    }
+    if args.go {
+        return go::go(&args, &allocscope, &out_dir);
     }
     let modes = probe_modes();
     let rounds = measure_modes(&args, &modes, &looper, &allocscope, &out_dir)?;

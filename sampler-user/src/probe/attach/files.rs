@@ -97,7 +97,6 @@ impl Probes {
         allocator: &Allocator,
         producer: &crate::probe::usdt::Producer,
     ) -> Result<Vec<AttachedPoint>, AttachError> {
-        use sampler_common::usdt::KIND_FREE;
         if self.front_end.is_none() {
             return Err(AttachError::MissingProgram(format!(
                 "{} probes need uprobe_multi links (kernel ≥ 6.6)",
@@ -108,9 +107,9 @@ impl Probes {
         let mut sites: Vec<&(crate::probe::usdt::Site, sampler_common::usdt::UsdtSpec)> = producer
             .sites
             .iter()
-            .filter(|(_, spec)| tracking || spec.kind != KIND_FREE)
+            .filter(|(_, spec)| tracking || !is_free_kind(spec.kind))
             .collect();
-        sites.sort_by_key(|(_, spec)| spec.kind != KIND_FREE);
+        sites.sort_by_key(|(_, spec)| !is_free_kind(spec.kind));
         let base = self.producer_specs(allocator, producer)?;
         let index_of = |site: &crate::probe::usdt::Site| {
             producer
@@ -158,7 +157,14 @@ impl Probes {
         let points = sites
             .iter()
             .zip(names)
-            .map(|((site, _), name)| usdt_point(scope, allocator, site.file_offset, name));
+            .map(|((site, _), name)| {
+                let mut point = usdt_point(scope, allocator, site.file_offset, name);
+                if let Some(probed) = &site.probed {
+                    point.placement = probed.clone();
+                    point.file_offset -= probed.offset;
+                }
+                point
+            });
         Ok(points.collect())
     }
 
@@ -463,6 +469,12 @@ fn usdt_point(
             moved: Vec::new(),
         },
     }
+}
+
+/// Whether a producer's site reports frees (attached only when they are tracked).
+fn is_free_kind(kind: u32) -> bool {
+    use sampler_common::usdt::{KIND_FREE, KIND_RUNTIME_FREED, KIND_RUNTIME_FREEING};
+    [KIND_FREE, KIND_RUNTIME_FREEING, KIND_RUNTIME_FREED].contains(&kind)
 }
 
 /// The eBPF program probing `function`'s entry.
