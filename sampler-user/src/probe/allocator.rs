@@ -662,7 +662,11 @@ pub(crate) fn file_offset_of(file: &object::File, address: u64) -> Option<u64> {
 }
 
 /// The bytes of `[address, address + size)` from the section holding them.
-pub(crate) fn code_at<'data>(file: &object::File<'data>, address: u64, size: u64) -> Option<&'data [u8]> {
+pub(crate) fn code_at<'data>(
+    file: &object::File<'data>,
+    address: u64,
+    size: u64,
+) -> Option<&'data [u8]> {
     file.sections()
         .find(|s| (s.address()..s.address() + s.size()).contains(&address))?
         .data_range(address, size.max(1))

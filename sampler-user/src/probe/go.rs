@@ -161,7 +161,12 @@ fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String
             KIND_RUNTIME_FREEING,
         )?);
         let placed = place(file, freed, &[])?;
-        sites.push(site(file, ("freed", freed.0, placed), "", KIND_RUNTIME_FREED)?);
+        sites.push(site(
+            file,
+            ("freed", freed.0, placed),
+            "",
+            KIND_RUNTIME_FREED,
+        )?);
     }
     let profiling_off = find(&["runtime.disableMemoryProfiling"])
         .and_then(|(at, _)| byte_at(file, at))

@@ -1,6 +1,6 @@
 //! The Go benchmark (`cargo xtask bench --go`, #43): what recording a Go program through its
 //! runtime's own sampler costs it. The program (tests/fixtures/go/goalloc, built here with
-//! the system's Go) allocates ~2.9 GB in 1 KiB, 4 KiB and 8 KiB blocks at the runtime's
+//! the system's Go) allocates ~8.6 GB in 1 KiB, 4 KiB and 8 KiB blocks at the runtime's
 //! default rate (512 KiB) and times its own allocating; per round it runs natively and
 //! attached (`allocscope record -p`, its "go" sent once allocscope is recording), in an
 //! order rotated every round. heaptrack is not compared: it probes `malloc`, which a Go
@@ -11,7 +11,7 @@ use std::io::{BufRead as _, BufReader, Write as _};
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
-const ROUNDS_OF_ALLOCATION: &str = "1000000";
+const ROUNDS_OF_ALLOCATION: &str = "3000000";
 
 /// The benchmark: `rounds` rounds (after a warm-up) natively and attached.
 pub(super) fn go(args: &BenchArgs, allocscope: &Path, out_dir: &Path) -> anyhow::Result<()> {
@@ -23,24 +23,34 @@ pub(super) fn go(args: &BenchArgs, allocscope: &Path, out_dir: &Path) -> anyhow:
         for mode in [round % 2, (round + 1) % 2] {
             let elapsed = run(&program, (mode == 1).then_some((allocscope, &profile)))?;
             let name = ["native", "attached"][mode];
-            let shown = if round == 0 { "warm".into() } else { round.to_string() };
+            let shown = if round == 0 {
+                "warm".into()
+            } else {
+                round.to_string()
+            };
             eprintln!("{shown:>5}  {name:<10} {elapsed:>8.3}");
             if round > 0 {
                 seconds[mode].push(elapsed);
             }
         }
     }
+    let text = std::fs::read_to_string(&profile)?;
+    let recorded: serde_json::Value = serde_json::from_str(&text)?;
+    let samples = recorded["processes"][0]["samples"].as_f64().unwrap_or(0.0);
     let ratios: Vec<f64> = seconds[1]
         .iter()
         .zip(&seconds[0])
         .map(|(attached, native)| attached / native)
         .collect();
+    let (native, attached) = (median(seconds[0].clone()), median(seconds[1].clone()));
     println!(
-        "Go program allocating ~2.9 GB at MemProfileRate 512 KiB: native median {:.3} s, \
-         attached median {:.3} s, median ratio {:.3}× (target ≤ 1.02×)",
-        median(seconds[0].clone()),
-        median(seconds[1].clone()),
-        median(ratios)
+        "Go program allocating ~8.6 GB at MemProfileRate 512 KiB: native median {native:.3} s \
+         ({:.1} GB/s), attached median {attached:.3} s, median ratio {:.3}× (target ≤ 1.02×); \
+         {samples} samples in the last run ({:.0}/s): {:.1} µs of the program's time per sample",
+        8.6 / native,
+        median(ratios),
+        samples / native,
+        (attached - native) * 1e6 / samples.max(1.0)
     );
     Ok(())
 }

@@ -154,17 +154,14 @@ impl Probes {
             .entry(scope.key())
             .or_default()
             .push(Link::Multi(link));
-        let points = sites
-            .iter()
-            .zip(names)
-            .map(|((site, _), name)| {
-                let mut point = usdt_point(scope, allocator, site.file_offset, name);
-                if let Some(probed) = &site.probed {
-                    point.placement = probed.clone();
-                    point.file_offset -= probed.offset;
-                }
-                point
-            });
+        let points = sites.iter().zip(names).map(|((site, _), name)| {
+            let mut point = usdt_point(scope, allocator, site.file_offset, name);
+            if let Some(probed) = &site.probed {
+                point.placement = probed.clone();
+                point.file_offset -= probed.offset;
+            }
+            point
+        });
         Ok(points.collect())
     }
 
