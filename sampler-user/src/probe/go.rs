@@ -22,7 +22,8 @@
 
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 use sampler_common::usdt::{
-    UsdtSpec, KIND_RUNTIME_ALLOC, KIND_RUNTIME_FREED, KIND_RUNTIME_FREEING, MAX_ARGUMENTS,
+    UsdtArgument, UsdtSpec, KIND_RUNTIME_ALLOC, KIND_RUNTIME_FREED, KIND_RUNTIME_FREEING,
+    MAX_ARGUMENTS, REGISTER_RIP,
 };
 
 use super::usdt::{parse_arguments, Producer, Site};
@@ -215,7 +216,28 @@ fn site(
 ) -> Result<(Site, UsdtSpec), String> {
     let entry = super::allocator::file_offset_of(file, address)
         .ok_or_else(|| format!("runtime {name} site at {address:#x} is in no section"))?;
-    let parsed = parse_arguments(arguments).unwrap_or_default();
+    // The rate, `8@D(%rip)`: memory at the probed instruction plus D (a USDT note's
+    // `%rip` would mean the next instruction's: the note parser does not take it).
+    let mut parsed = Vec::new();
+    for word in arguments.split_whitespace() {
+        let relative = word
+            .strip_prefix("8@")
+            .and_then(|w| w.strip_suffix("(%rip)"));
+        if let Some(distance) = relative {
+            parsed.push(UsdtArgument {
+                value: distance
+                    .parse()
+                    .map_err(|_| format!("{name}: cannot read {word}"))?,
+                register: REGISTER_RIP,
+                deref: 1,
+                size: 8,
+                ..UsdtArgument::default()
+            });
+        } else {
+            let argument = parse_arguments(word).unwrap_or_default();
+            parsed.extend(argument.into_iter().take(1));
+        }
+    }
     let mut spec = UsdtSpec {
         kind,
         count: parsed.len().min(MAX_ARGUMENTS) as u32,
@@ -335,6 +357,31 @@ mod tests {
         assert_eq!(registers(GoVersion(1, 26)), Some(["rbx", "rcx"]));
         assert_eq!(registers(GoVersion(1, 17)), None);
         assert_eq!(registers(GoVersion(1, 27)), None);
+    }
+
+    /// Go's prologues (go1.19's `mProf_Malloc` with a large frame, `freeSpecial` with a
+    /// small one): the probe goes on the stack check's branch, emulated, the arguments
+    /// still in their registers.
+    #[test]
+    fn probes_go_on_the_stack_checks_branch() {
+        use iced_x86::Register;
+        let large = [
+            0x4c, 0x8d, 0xa4, 0x24, 0x10, 0xff, 0xff, 0xff, // lea r12, [rsp-0xf0]
+            0x4d, 0x3b, 0x66, 0x10, // cmp r12, [r14+0x10]
+            0x0f, 0x86, 0xaa, 0x01, 0x00, 0x00, // jbe morestack
+            0x48, 0x81, 0xec, 0x70, 0x01, 0x00, 0x00, // sub rsp, 0x170
+        ];
+        let placed =
+            super::super::prologue::choose_in_place(&large, &[Register::RAX, Register::RBX]);
+        assert_eq!((placed.offset, placed.emulated), (0xc, true), "{placed:?}");
+        assert!(placed.moved.is_empty());
+        let small = [
+            0x49, 0x3b, 0x66, 0x10, // cmp rsp, [r14+0x10]
+            0x0f, 0x86, 0x0a, 0x01, 0x00, 0x00, // jbe morestack
+            0x48, 0x83, 0xec, 0x30, // sub rsp, 0x30
+        ];
+        let placed = super::super::prologue::choose_in_place(&small, &[Register::RBX]);
+        assert_eq!((placed.offset, placed.emulated), (4, true), "{placed:?}");
     }
 
     #[test]

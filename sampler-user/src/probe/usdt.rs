@@ -15,9 +15,7 @@
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
 use sampler_common::{
     cookie::Register,
-    usdt::{
-        UsdtArgument, UsdtSpec, KIND_ALLOC, KIND_FREE, MAX_ARGUMENTS, REGISTER_RIP, REGISTER_RSP,
-    },
+    usdt::{UsdtArgument, UsdtSpec, KIND_ALLOC, KIND_FREE, MAX_ARGUMENTS, REGISTER_RSP},
 };
 
 /// One probe site.
@@ -307,7 +305,6 @@ fn register_code(name: &str) -> Option<u8> {
         "rbx" | "ebx" | "bx" | "bl" => Register::Rbx,
         "rbp" | "ebp" | "bp" | "bpl" => Register::Rbp,
         "rsp" | "esp" | "sp" | "spl" => return Some(REGISTER_RSP),
-        "rip" => return Some(REGISTER_RIP),
         _ => {
             let number = name.strip_prefix('r')?;
             let digits = number.trim_end_matches(['d', 'w', 'b']);
@@ -425,6 +422,7 @@ mod tests {
             file_offset: 0x100,
             optimizable: false,
             semaphore: Some(0x4060),
+            probed: None,
         };
         let sites = [
             site("ddheap", "alloc", "8@%r13 8@%r12 8@%rax"),
@@ -469,6 +467,7 @@ mod tests {
             file_offset: 0x10,
             optimizable: true,
             semaphore: None,
+            probed: None,
         };
         let ours = vec![
             site("allocscope", "alloc", ALLOC_ARGUMENTS),

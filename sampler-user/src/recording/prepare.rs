@@ -63,27 +63,8 @@ pub fn prepare(
         // A followed command's tree carries the library too (through the environment): the
         // library's probes, file-wide, reach every process that maps it, and no other.
         // `--comm` and `--all` look at processes that do not.
-        // A program whose own allocator samples itself and reports through a producer's
-        // probes is recorded through them alone: the library would count the blocks that
-        // allocator takes from malloc a second time.
-        let producer = allocators.iter().find(|a| a.file.is_producer());
-        if let (Some(producer), true) = (producer, sampling.preload) {
-            info!(
-                "{} reports its own samples ({}): recorded through them, without the in-process sampler",
-                program.display(),
-                producer.describe()
-            );
-        }
-        let go = allocators.iter().find(|a| a.file.is_go_runtime());
-        if let Some(go) = go {
-            info!(
-                "{} is a Go program: its heap is recorded through its runtime's own sampler ({})",
-                program.display(),
-                go.describe()
-            );
-        }
-        let static_go = go.is_some() && allocators.len() == 1;
-        if sampling.preload && !host_wide && producer.is_none() && !static_go {
+        let samples_itself = samples_itself(&program, &allocators, sampling.preload);
+        if sampling.preload && !host_wide && !samples_itself {
             if let Some((library, family, own)) = front_end_for(&program, sampling.interval)? {
                 environment = front_end_environment(&library);
                 allocators.push(own.clone());
@@ -219,6 +200,34 @@ fn front_end_for(
         return Ok(None);
     }
     library_and_family(interval).map(Some)
+}
+
+/// Whether `program` samples its allocations itself, said with `-v`: an allocator that
+/// reports through a producer's probes is recorded through them alone (the library would
+/// count the blocks it takes from malloc a second time), and a static Go program through its
+/// runtime's sampler (the library could not load; a cgo one gets it, for its malloc).
+fn samples_itself(
+    program: &std::path::Path,
+    allocators: &[crate::probe::allocator::Allocator],
+    preload: bool,
+) -> bool {
+    let producer = allocators.iter().find(|a| a.file.is_producer());
+    if let (Some(producer), true) = (producer, preload) {
+        info!(
+            "{} reports its own samples ({}): recorded through them, without the in-process sampler",
+            program.display(),
+            producer.describe()
+        );
+    }
+    let go = allocators.iter().find(|a| a.file.is_go_runtime());
+    if let Some(go) = go {
+        info!(
+            "{} is a Go program: its heap is recorded through its runtime's own sampler ({})",
+            program.display(),
+            go.describe()
+        );
+    }
+    producer.is_some() || (go.is_some() && allocators.len() == 1)
 }
 
 /// The library placed for this recording, a family table at `interval` beside it, and the

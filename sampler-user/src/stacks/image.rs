@@ -21,6 +21,20 @@ pub struct Image {
     go: Option<GoText>,
 }
 
+/// What a frame is to a sample's stack ([`Image::role`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameRole {
+    /// allocscope's in-process front end: its own frames lead the stacks it reports (its
+    /// probe sits inside the interposed function), left out like an allocator's frame.
+    FrontEnd,
+    /// A Go runtime function: leading ones are its allocation machinery, left out.
+    GoRuntime,
+    /// `runtime.goexit`: a goroutine's root, whose return address follows no call.
+    GoroutineRoot,
+    /// Anything else.
+    Code,
+}
+
 /// Where a Go executable's runtime code is: a Go sample's stack leads with the runtime's
 /// allocation machinery (`mallocgc`, `newobject`, `makeslice`…), left out as Go's own
 /// `pprof` leaves out leading `runtime.` frames, and every goroutine's stack ends at a
@@ -98,17 +112,16 @@ impl Image {
         }))
     }
 
-    /// Whether file offset `offset` is in a Go runtime function (a leading frame of a Go
-    /// sample's stack that is left out).
-    pub fn is_go_runtime(&self, offset: u64) -> bool {
-        self.go.as_ref().is_some_and(|go| go.is_runtime(offset))
-    }
-
-    /// Whether file offset `offset` is a goroutine's root (`runtime.goexit`).
-    pub fn is_goroutine_root(&self, offset: u64) -> bool {
-        self.go
-            .as_ref()
-            .is_some_and(|go| go.goexit.contains(&offset))
+    /// What a frame at file offset `offset` of this file is to a sample's stack.
+    pub fn role(&self, offset: u64) -> FrameRole {
+        if self.front_end {
+            return FrameRole::FrontEnd;
+        }
+        match &self.go {
+            Some(go) if go.goexit.contains(&offset) => FrameRole::GoroutineRoot,
+            Some(go) if go.is_runtime(offset) => FrameRole::GoRuntime,
+            _ => FrameRole::Code,
+        }
     }
 
     /// The load bias of a mapping of this file at `start` from file offset `offset` (see

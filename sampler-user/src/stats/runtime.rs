@@ -54,8 +54,7 @@ mod tests {
         let truth: f64 = sizes.iter().zip(&counts).map(|(s, c)| (s * c) as f64).sum();
         let runs = 2000;
         let (mut sum, mut held, mut live_held) = (0.0, 0, 0);
-        let mut draw =
-            |rng: &mut rand_pcg::Pcg64| -R * rng.random::<f64>().max(f64::MIN_POSITIVE).ln();
+        let draw = |rng: &mut rand_pcg::Pcg64| -R * rng.random::<f64>().max(f64::MIN_POSITIVE).ln();
         for _ in 0..runs {
             let mut countdown = draw(&mut rng);
             let (mut all, mut live, mut live_truth) =
