@@ -205,6 +205,17 @@ pub fn state_of(pid: u32) -> Option<char> {
     stat_state(&stat)
 }
 
+/// The 8 bytes at `address` in `pid`'s memory (a variable of the program's), if readable.
+pub fn word_of(pid: u32, address: u64) -> Option<u64> {
+    use std::os::unix::fs::FileExt as _;
+    let mut bytes = [0u8; 8];
+    std::fs::File::open(format!("/proc/{pid}/mem"))
+        .ok()?
+        .read_exact_at(&mut bytes, address)
+        .ok()?;
+    Some(u64::from_ne_bytes(bytes))
+}
+
 /// Resident set size of `pid` from /proc/PID/status (`VmRSS`), if it is alive.
 pub fn rss_of(pid: u32) -> Option<u64> {
     vm_rss(&status_of(pid)?)

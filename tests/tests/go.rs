@@ -15,6 +15,9 @@ use tests::{
 /// runtime's TotalAlloc over the same time.
 struct Truth {
     sites: Vec<(String, u64, u64)>,
+    /// The runtime's own samples per site (`-memprofile`).
+    sampled: Vec<(String, u64)>,
+    /// TotalAlloc since the process started.
     total: u64,
 }
 
@@ -22,6 +25,7 @@ impl Truth {
     fn parse(text: &str) -> Truth {
         let mut truth = Truth {
             sites: Vec::new(),
+            sampled: Vec::new(),
             total: 0,
         };
         for line in text.lines() {
@@ -32,6 +36,9 @@ impl Truth {
                     bytes.parse().unwrap(),
                     objects.parse().unwrap(),
                 )),
+                ["sampled", name, count] => truth
+                    .sampled
+                    .push(((*name).to_owned(), count.parse().unwrap())),
                 ["total", bytes] => truth.total = bytes.parse().unwrap(),
                 _ => {}
             }
@@ -98,7 +105,9 @@ fn check(profile: &tests::record::Profile, pid: u32, truth: &Truth, said: &str) 
     );
 }
 
-/// `record -- ./goalloc`: the whole run, the process's total against TotalAlloc too.
+/// `record -- ./goalloc` at the runtime's default rate (heap profiling on: the program
+/// reads its own heap profile): the whole run, the process's total against TotalAlloc, and
+/// each site's samples one for one with the runtime's own.
 #[test]
 fn a_go_command_is_recorded_through_its_runtime_sampler() {
     tests::require_bpf!();
@@ -108,8 +117,7 @@ fn a_go_command_is_recorded_through_its_runtime_sampler() {
     let recorded = Record::command(
         &program,
         &[
-            "-rate",
-            "524288",
+            "-memprofile",
             "-rounds",
             "300000",
             "-out",
@@ -137,6 +145,16 @@ fn a_go_command_is_recorded_through_its_runtime_sampler() {
         "{}",
         recorded.stderr
     );
+    // A re-entered probe (a signal during its single-step, a stack growth) is not a sample.
+    assert_eq!(truth.sampled.len(), 4);
+    for (site, own) in &truth.sampled {
+        let ours: u64 = site_of(&recorded.profile, process.pid, site)
+            .iter()
+            .map(|s| s.samples)
+            .sum();
+        assert_eq!(ours, *own, "{site}: ours against the runtime's own samples");
+    }
+    assert!(!process.allocators[0].contains("heap profiling off"));
 }
 
 /// A running Go program, found by pid, by name and among all processes.
@@ -186,20 +204,21 @@ fn a_running_go_program_is_attached_by_pid_comm_and_all() {
     }
 }
 
-/// Heap profiling off (the linker's choice in a program that never asks for a heap
-/// profile, left so): nothing sampled, and the process says why.
+/// Heap profiling off, by the linker's choice in a program that never asks for a heap
+/// profile, or by the program's own `runtime.MemProfileRate = 0`: nothing sampled, and
+/// the process says why.
 #[test]
 fn a_go_program_without_heap_profiling_is_said_to_be() {
     tests::require_bpf!();
-    let program = go_fixture("goalloc");
-    let recorded = Record::command(&program, &["-rounds", "20000"]).run();
+    let off = go_fixture("gooff");
+    let recorded = Record::command(&off, &[]).run();
     let process = recorded.only_process();
     assert_eq!(process.samples, 0, "{process:#?}");
     assert!(
         process
             .incomplete
             .iter()
-            .any(|why| why.contains("heap profiling is off")),
+            .any(|why| why.contains("heap profiling is off in this program")),
         "{process:#?}\n{}",
         recorded.stderr
     );
@@ -207,5 +226,41 @@ fn a_go_program_without_heap_profiling_is_said_to_be() {
         process.allocators[0].contains("heap profiling off unless the program sets"),
         "{:?}",
         process.allocators
+    );
+    // Set to 0 by a running program that has heap profiling (it reads its own profile):
+    // its variable is read.
+    let program = go_fixture("goalloc");
+    let mut fixture = Fixture::start_binary(
+        &program,
+        &[
+            "-rate",
+            "0",
+            "-memprofile",
+            "-rounds",
+            "20000",
+            "-wait",
+            "-hold",
+        ],
+        &[],
+    );
+    fixture.expect("ready");
+    let dir = TempDir::new("go-rate-zero");
+    let out = dir.path("zero.json");
+    let pid = fixture.pid().to_string();
+    let (recorder, stderr) = start_recording(&["record", "-o", out.to_str().unwrap(), "-p", &pid]);
+    let said = tests::drain(stderr);
+    fixture.go();
+    while fixture.line() != "done" {}
+    interrupt(recorder);
+    let said = said.join().unwrap();
+    let profile = typed(&read_profile(&out));
+    let process = tests::record::process_of(&profile, fixture.pid());
+    assert_eq!(process.samples, 0, "{process:#?}");
+    assert!(
+        process
+            .incomplete
+            .iter()
+            .any(|why| why.contains("the program set runtime.MemProfileRate to 0")),
+        "{process:#?}\n{said}"
     );
 }

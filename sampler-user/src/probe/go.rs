@@ -177,6 +177,7 @@ fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String
             provider: PROVIDER.to_owned(),
             sites,
             detail: None,
+            rate_at: (file.kind() == object::ObjectKind::Executable).then_some(rate),
         },
         profiling_off,
     ))

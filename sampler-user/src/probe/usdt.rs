@@ -201,6 +201,9 @@ pub struct Producer {
     pub sites: Vec<(Site, UsdtSpec)>,
     /// What else a reader is told about it (a Go runtime's version).
     pub detail: Option<String>,
+    /// Where a Go runtime keeps `MemProfileRate` in every process of this file (a
+    /// position-dependent executable's fixed address), for a look at whether it samples.
+    pub rate_at: Option<u64>,
 }
 
 /// The allocation probes of another producer among `sites` (the first provider of
@@ -236,6 +239,7 @@ pub fn producer(sites: &[Site]) -> Option<Producer> {
                 provider: provider.to_owned(),
                 sites: specs,
                 detail: None,
+                rate_at: None,
             })
     })
 }

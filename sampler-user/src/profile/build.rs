@@ -236,11 +236,19 @@ impl Context<'_> {
                 (front_end, Some(why)) if front_end == uprobes() => format!("{front_end} ({why})"),
                 (front_end, _) => front_end,
             },
-            incomplete: incomplete_reasons(&allocators)
-                .into_iter()
-                .chain(go_unsampled(&allocators, set.samples()))
-                .chain(known.map(|p| p.incomplete.clone()).unwrap_or_default())
-                .collect(),
+            incomplete: {
+                let noted = known.map(|p| p.incomplete.clone()).unwrap_or_default();
+                let rate_zero = noted.iter().any(|n| n == super::processes::GO_RATE_ZERO);
+                incomplete_reasons(&allocators)
+                    .into_iter()
+                    .chain(
+                        noted
+                            .into_iter()
+                            .filter(|n| n != super::processes::GO_RATE_ZERO),
+                    )
+                    .chain(go_unsampled(&allocators, set.samples(), rate_zero))
+                    .collect()
+            },
             allocators,
             exact: ExactCounts {
                 calls: exact.calls,
@@ -508,14 +516,25 @@ pub fn incomplete_reasons(allocators: &[String]) -> Vec<String> {
 }
 
 /// Why a Go process shows no samples, where its runtime's heap profiling was off: the
-/// linker turns it off in a program that never calls `runtime.MemProfile` (through
-/// `runtime/pprof` or `net/http/pprof`), and only the program can turn it on again.
-fn go_unsampled(allocators: &[String], samples: u64) -> Option<String> {
-    let off = allocators.iter().any(|a| {
+/// program set `runtime.MemProfileRate` to 0 (`rate_zero`: so it read when last looked
+/// at), or the linker turned it off in a program that never calls `runtime.MemProfile`
+/// (through `runtime/pprof` or `net/http/pprof`) and the program did not turn it on.
+fn go_unsampled(allocators: &[String], samples: u64, rate_zero: bool) -> Option<String> {
+    let linker = allocators.iter().any(|a| {
         a.starts_with(&format!("{} (", crate::probe::go::PROVIDER))
             && a.contains("heap profiling off")
     });
-    (off && samples == 0).then(|| {
+    if samples > 0 {
+        return None;
+    }
+    if rate_zero && !linker {
+        return Some(
+            "its Go runtime sampled nothing: the program set runtime.MemProfileRate to 0 \
+             (so it read when last looked at); its Go heap is not seen"
+                .to_owned(),
+        );
+    }
+    linker.then(|| {
         "its Go runtime sampled nothing: heap profiling is off in this program (the Go \
          linker turns it off where nothing calls runtime.MemProfile, as runtime/pprof does) \
          and the program did not set runtime.MemProfileRate; its Go heap is not seen"

@@ -28,7 +28,14 @@ pub struct ProcessBook {
     not_loaded: BTreeMap<u32, String>,
     /// What its counts leave out, beyond what its allocators say.
     incomplete: BTreeMap<u32, Vec<String>>,
+    /// A Go process's `runtime.MemProfileRate`: where it is, and its value when last read.
+    go_rates: BTreeMap<u32, (u64, Option<u64>)>,
 }
+
+/// The mark of a Go process whose runtime's heap profiling was off (`MemProfileRate` 0)
+/// when last looked at, among its `incomplete` notes: the profile's build says what it
+/// means, knowing the samples (`profile::build`).
+pub const GO_RATE_ZERO: &str = "go: MemProfileRate 0";
 
 /// What a tally adds to a process's description: sampled blocks whose frees could not be
 /// tracked, samples lost without a stack, and the duty cycle's sums.
@@ -170,6 +177,9 @@ impl ProcessBook {
                     *last = ns;
                 }
             }
+            if let Some((at, rate)) = self.go_rates.get_mut(&pid) {
+                *rate = crate::procfs::word_of(pid, *at).or(*rate);
+            }
             if let Some(bytes) = crate::procfs::rss_of(pid) {
                 self.rss.insert(pid, bytes);
                 if let Some(now) = crate::procfs::comm_of(pid) {
@@ -187,6 +197,11 @@ impl ProcessBook {
     pub fn add_allocators(&mut self, pid: u32, allocators: &[Allocator]) {
         let described = self.allocators.entry(pid).or_default();
         for allocator in allocators {
+            let rate_at = allocator.file.producer.as_ref().and_then(|p| p.rate_at);
+            if let Some(at) = rate_at {
+                let now = crate::procfs::word_of(pid, at);
+                self.go_rates.insert(pid, (at, now));
+            }
             if !described.iter().any(|(file, _)| *file == allocator.file_id) {
                 described.push((allocator.file_id.clone(), allocator.describe()));
             }
@@ -222,7 +237,17 @@ impl ProcessBook {
                         .unwrap_or_default(),
                     duty,
                     not_loaded: self.not_loaded.get(&pid).cloned(),
-                    incomplete: self.incomplete.get(&pid).cloned().unwrap_or_default(),
+                    incomplete: self
+                        .incomplete
+                        .get(&pid)
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .chain(
+                            (self.go_rates.get(&pid).and_then(|r| r.1) == Some(0))
+                                .then(|| GO_RATE_ZERO.to_owned()),
+                        )
+                        .collect(),
                 }
             })
             .collect()
