@@ -424,3 +424,38 @@ fn top_ends_with_its_terminal() {
         "the command (pid {pid}) still runs after allocscope ended"
     );
 }
+
+/// A Go program in the view: its sites through its runtime's own sampler, led by the
+/// program's functions, and no exact rate claimed (the runtime counts none).
+#[test]
+fn top_shows_a_go_program_through_its_runtime() {
+    tests::require_bpf!();
+    let program = tests::go_fixture("goalloc");
+    let mut fixture = Fixture::start_binary(
+        &program,
+        &[
+            "-rate",
+            "524288",
+            "-rounds",
+            "400000000",
+            "-leak-every",
+            "0",
+            "-wait",
+        ],
+        &[],
+    );
+    fixture.expect("ready");
+    let dir = TempDir::new("top-go");
+    let command = top_command(&format!("-p {}", fixture.pid()), &dir);
+    let tmux = Tmux::start("go", &command, 120, 24);
+    tmux.wait_for("the view", Duration::from_secs(20), |s| s.contains("pid "));
+    fixture.go();
+    let screen = tmux.wait_for("the Go sites", Duration::from_secs(20), |s| {
+        s.contains("main.record ← main.main") && s.contains("main.churn ← main.main")
+    });
+    assert!(screen.contains("exact n/a"), "{screen}");
+    assert!(!screen.contains("runtime.mallocgc"), "{screen}");
+    tmux.send(&["q"]);
+    assert!(wait_until(Duration::from_secs(10), || exit_status(&dir).is_some()));
+    assert_eq!(exit_status(&dir).as_deref(), Some("0"));
+}

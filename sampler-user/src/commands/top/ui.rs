@@ -102,17 +102,38 @@ fn header_rates(picture: &Picture) -> Line<'static> {
     } else {
         Span::from("lost 0")
     };
+    let exact = if counts_calls(picture) {
+        format!(
+            "exact {}/s {} calls/s",
+            compact_bytes(totals.bytes_per_second),
+            compact_count(totals.calls_per_second)
+        )
+    } else {
+        "exact n/a".to_owned()
+    };
     Line::from(vec![
         Span::from(format!(
-            "rate {window}  exact {}/s {} calls/s │ sampled {}/s {} │ {} smp/s │ ",
-            compact_bytes(totals.bytes_per_second),
-            compact_count(totals.calls_per_second),
+            "rate {window}  {exact} │ sampled {}/s {} │ {} smp/s │ ",
             compact_bytes(sampled.estimate),
             relative_bound(&sampled),
             format_rate(totals.samples_per_second),
         )),
         lost,
     ])
+}
+
+/// Whether the calls of any process shown are counted exactly: a Go runtime and another
+/// program's sampling allocator report their samples only (the exact rate is then "n/a",
+/// not 0).
+fn counts_calls(picture: &Picture) -> bool {
+    let processes = &picture.tally.processes;
+    processes.is_empty()
+        || processes.iter().any(|p| {
+            p.allocators.iter().any(|a| {
+                !a.starts_with(&format!("{} (", crate::probe::go::PROVIDER))
+                    && !a.contains(" probes (")
+            })
+        })
 }
 
 /// The header's third line: the live heap and RSS, and what the probes cost.
@@ -199,16 +220,22 @@ fn draw_sparklines(frame: &mut Frame, area: Rect, picture: &Picture) {
         );
     };
     let max_rate = rates.iter().copied().max().unwrap_or(0);
-    spark(
-        format!(
-            "alloc B/s, last {}s (max {})",
-            rates.len(),
-            compact_bytes(max_rate as f64)
-        ),
-        &rates,
-        left,
-        frame,
-    );
+    if counts_calls(picture) {
+        spark(
+            format!(
+                "alloc B/s, last {}s (max {})",
+                rates.len(),
+                compact_bytes(max_rate as f64)
+            ),
+            &rates,
+            left,
+            frame,
+        );
+    } else {
+        // The history is of exact counts, which a program's own sampler does not give.
+        let text = "alloc B/s: not counted exactly here (the sampled rate is above)";
+        frame.render_widget(Paragraph::new(text), left);
+    }
     if picture.settings.alloc_only {
         frame.render_widget(Paragraph::new("live heap: not tracked"), right);
     } else {
