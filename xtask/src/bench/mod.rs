@@ -54,7 +54,7 @@ pub struct BenchArgs {
     /// the optimised 5-byte-nop probe and through the int3 fallback.
     #[arg(long)]
     front_end: bool,
-    /// Only the Go benchmark: a Go program allocating ~8.6 GB, natively and attached
+    /// Only the Go benchmark: a Go program allocating ~10 GB, natively and attached
     /// through its runtime's own sampler.
     #[arg(long)]
     go: bool,
