@@ -154,15 +154,48 @@ pub fn fixture_as(name: &str, binary_name: &str, extra_flags: &[&str]) -> PathBu
     binary
 }
 
+/// The current Go release `cargo xtask setup` unpacks beside Debian's (see xtask's setup).
+pub const CURRENT_GO: &str = "1.27.3";
+
+/// The Go toolchains the Go tests build with: Debian's (`go`, 1.19) and the current
+/// release's, as (name, go program). Without the current one (not set up) the tests say so
+/// loudly and use Debian's alone, except under `CI=true`, where that is a failure.
+pub fn go_toolchains() -> Vec<(String, PathBuf)> {
+    let mut toolchains = vec![("debian".to_owned(), PathBuf::from("go"))];
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    let current = PathBuf::from(home).join(format!(".cache/allocscope-go-{CURRENT_GO}/go/bin/go"));
+    if current.exists() {
+        toolchains.push((format!("go{CURRENT_GO}"), current));
+    } else if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{} missing: run `cargo xtask setup`", current.display());
+    } else {
+        eprintln!(
+            "\n*** go{CURRENT_GO} not set up ({}): Debian's Go only ***\n",
+            current.display()
+        );
+    }
+    toolchains
+}
+
 /// Builds the Go program `tests/fixtures/go/NAME/` with the system's Go toolchain (once per
-/// source change; `cargo xtask setup` installs golang-go) into `target/fixtures/NAME`:
-/// without cgo (a static executable, like most Go services), offline, its build cache under
-/// `target/`.
+/// source change; `cargo xtask setup` installs golang-go) into `target/fixtures/NAME`.
 pub fn go_fixture(name: &str) -> PathBuf {
+    go_fixture_with(name, ("debian", Path::new("go")))
+}
+
+/// Builds the Go program `tests/fixtures/go/NAME/` with toolchain `(tag, go)` (once per
+/// source change) into `target/fixtures/NAME` (Debian's) or `NAME-TAG`: without cgo (a
+/// static executable, like most Go services), offline, its build cache under `target/`.
+pub fn go_fixture_with(name: &str, (tag, go): (&str, &Path)) -> PathBuf {
     let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let source = workspace().join("tests/fixtures/go").join(name);
     let target = workspace().join("target");
-    let binary = target.join("fixtures").join(name);
+    let file = if tag == "debian" {
+        name.to_owned()
+    } else {
+        format!("{name}-{tag}")
+    };
+    let binary = target.join("fixtures").join(file);
     std::fs::create_dir_all(binary.parent().unwrap()).unwrap();
     let newest_input = std::fs::read_dir(&source)
         .unwrap()
@@ -173,7 +206,7 @@ pub fn go_fixture(name: &str) -> PathBuf {
         _ => false,
     };
     if !fresh {
-        let status = Command::new("go")
+        let status = Command::new(go)
             .args(["build", "-o"])
             .arg(&binary)
             .arg(".")
@@ -182,10 +215,15 @@ pub fn go_fixture(name: &str) -> PathBuf {
             .env("GOFLAGS", "-mod=mod")
             .env("GOPROXY", "off")
             .env("GOTOOLCHAIN", "local")
-            .env("GOCACHE", target.join("go-cache"))
+            .env("GOCACHE", target.join(format!("go-cache-{tag}")))
             .env("GOPATH", target.join("go-path"))
             .status()
-            .unwrap_or_else(|e| panic!("running go (cargo xtask setup installs golang-go): {e}"));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "running {} (cargo xtask setup installs it): {e}",
+                    go.display()
+                )
+            });
         assert!(status.success(), "go build failed in {}", source.display());
     }
     binary

