@@ -1,5 +1,5 @@
 //! The Go benchmark (`cargo xtask bench --go`, #43): what recording a Go program through its
-//! runtime's own sampler costs it. The program (tests/fixtures/go/goalloc, built here with
+//! runtime's own sampler costs it, built by Debian's Go and by the current release. The program (tests/fixtures/go/goalloc, built here with
 //! the system's Go) allocates ~10 GB in 1, 2, 4 and 8 KiB blocks at the runtime's
 //! default rate (512 KiB) and times its own allocating; per round it runs natively and
 //! attached (`allocscope record -p`, its "go" sent once allocscope is recording), in an
@@ -13,22 +13,47 @@ use super::*;
 
 const ROUNDS_OF_ALLOCATION: &str = "3000000";
 
-/// The benchmark: `rounds` rounds (after a warm-up) natively and attached.
+/// The benchmark, with Debian's Go and the current release `cargo xtask setup` unpacked.
 pub(super) fn go(args: &BenchArgs, allocscope: &Path, out_dir: &Path) -> anyhow::Result<()> {
-    let program = build(out_dir)?;
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    let current = PathBuf::from(home).join(format!(
+        ".cache/allocscope-go-{}/go/bin/go",
+        crate::setup::CURRENT_GO
+    ));
+    let toolchains = [
+        ("go1.19 (Debian)".to_owned(), PathBuf::from("go")),
+        (format!("go{}", crate::setup::CURRENT_GO), current),
+    ];
+    for (n, (name, go)) in toolchains.iter().enumerate() {
+        let program = build(out_dir, go, n)?;
+        one_toolchain(args, allocscope, out_dir, &program, name)?;
+    }
+    Ok(())
+}
+
+/// `rounds` rounds (after a warm-up) natively and attached, of `program` built by `name`.
+fn one_toolchain(
+    args: &BenchArgs,
+    allocscope: &Path,
+    out_dir: &Path,
+    program: &Path,
+    name: &str,
+) -> anyhow::Result<()> {
     let profile = out_dir.join("go.json");
     let mut seconds: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    eprintln!("round  mode       allocating (s)");
+    eprintln!("{name}\nround  mode       allocating (s)");
     for round in 0..=args.rounds {
         for mode in [round % 2, (round + 1) % 2] {
-            let elapsed = run(&program, (mode == 1).then_some((allocscope, &profile)))?;
-            let name = ["native", "attached"][mode];
+            let elapsed = run(program, (mode == 1).then_some((allocscope, &profile)))?;
             let shown = if round == 0 {
                 "warm".into()
             } else {
                 round.to_string()
             };
-            eprintln!("{shown:>5}  {name:<10} {elapsed:>8.3}");
+            eprintln!(
+                "{shown:>5}  {:<10} {elapsed:>8.3}",
+                ["native", "attached"][mode]
+            );
             if round > 0 {
                 seconds[mode].push(elapsed);
             }
@@ -44,9 +69,10 @@ pub(super) fn go(args: &BenchArgs, allocscope: &Path, out_dir: &Path) -> anyhow:
         .collect();
     let (native, attached) = (median(seconds[0].clone()), median(seconds[1].clone()));
     println!(
-        "Go program allocating ~10 GB at MemProfileRate 512 KiB: native median {native:.3} s \
-         ({:.1} GB/s), attached median {attached:.3} s, median ratio {:.3}× (target ≤ 1.02×); \
-         {samples} samples in the last run ({:.0}/s): {:.1} µs of the program's time per sample",
+        "{name}: a Go program allocating ~10 GB at MemProfileRate 512 KiB: native median \
+         {native:.3} s ({:.1} GB/s), attached median {attached:.3} s, median ratio {:.3}× \
+         (target ≤ 1.02×); {samples} samples in the last run ({:.0}/s): {:.1} µs of the \
+         program's time per sample",
         10.1 / native,
         median(ratios),
         samples / native,
@@ -56,11 +82,11 @@ pub(super) fn go(args: &BenchArgs, allocscope: &Path, out_dir: &Path) -> anyhow:
 }
 
 /// Builds the program into `out_dir` (offline, without cgo).
-fn build(out_dir: &Path) -> anyhow::Result<PathBuf> {
-    let binary = out_dir.join("goalloc");
+fn build(out_dir: &Path, go: &Path, n: usize) -> anyhow::Result<PathBuf> {
+    let binary = out_dir.join(format!("goalloc-{n}"));
     let target = workspace().join("target");
     status(
-        Command::new("go")
+        Command::new(go)
             .args(["build", "-o"])
             .arg(&binary)
             .arg(".")
@@ -68,7 +94,8 @@ fn build(out_dir: &Path) -> anyhow::Result<PathBuf> {
             .env("CGO_ENABLED", "0")
             .env("GOFLAGS", "-mod=mod")
             .env("GOPROXY", "off")
-            .env("GOCACHE", target.join("go-cache"))
+            .env("GOTOOLCHAIN", "local")
+            .env("GOCACHE", target.join(format!("go-cache-bench-{n}")))
             .env("GOPATH", target.join("go-path")),
     )?;
     Ok(binary)
