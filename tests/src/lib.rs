@@ -128,11 +128,7 @@ pub fn fixture_as(name: &str, binary_name: &str, extra_flags: &[&str]) -> PathBu
     .iter()
     .filter_map(|p| p.metadata().ok()?.modified().ok())
     .max();
-    let fresh = match (binary.metadata(), newest_input) {
-        (Ok(b), Some(input)) => b.modified().unwrap() >= input,
-        _ => false,
-    };
-    if !fresh {
+    if !is_fresh(&binary, newest_input) {
         let status = Command::new(compiler)
             .args(
                 std::fs::read_to_string(&cflags_file)
@@ -201,11 +197,7 @@ pub fn go_fixture_with(name: &str, (tag, go): (&str, &Path)) -> PathBuf {
         .unwrap()
         .filter_map(|e| e.ok()?.metadata().ok()?.modified().ok())
         .max();
-    let fresh = match (binary.metadata(), newest_input) {
-        (Ok(b), Some(input)) => b.modified().unwrap() >= input,
-        _ => false,
-    };
-    if !fresh {
+    if !is_fresh(&binary, newest_input) {
         let status = Command::new(go)
             .args(["build", "-o"])
             .arg(&binary)
@@ -227,6 +219,14 @@ pub fn go_fixture_with(name: &str, (tag, go): (&str, &Path)) -> PathBuf {
         assert!(status.success(), "go build failed in {}", source.display());
     }
     binary
+}
+
+/// Whether `binary` was built after its newest input changed.
+fn is_fresh(binary: &Path, newest_input: Option<std::time::SystemTime>) -> bool {
+    match (binary.metadata(), newest_input) {
+        (Ok(b), Some(input)) => b.modified().is_ok_and(|built| built >= input),
+        _ => false,
+    }
 }
 
 /// A fixture process whose stdout is read line by line.

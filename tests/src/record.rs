@@ -168,6 +168,23 @@ pub fn frame_is(stack: &StackProfile, index: usize, function: &str) -> bool {
     stack.frames.get(index).and_then(|f| f.function.as_deref()) == Some(function)
 }
 
+/// Asserts that `estimate`'s bounds hold `truth` (`what` names it; `context`, allocscope's
+/// stderr, is shown if not).
+pub fn assert_holds(
+    estimate: &sampler_user::stats::Estimate,
+    truth: f64,
+    what: &str,
+    context: &str,
+) {
+    assert!(
+        estimate.lower <= truth && truth <= estimate.upper,
+        "{what}: {truth} outside [{}, {}] (estimate {})\n{context}",
+        estimate.lower,
+        estimate.upper,
+        estimate.estimate
+    );
+}
+
 /// A profile read as JSON, typed.
 pub fn typed(profile: &serde_json::Value) -> Profile {
     serde_json::from_value(profile.clone()).expect("the profile reads as allocscope/v1")

@@ -7,7 +7,8 @@
 //! said to be, not shown as empty.
 
 use tests::{
-    go_fixture, go_fixture_with, go_toolchains, interrupt, read_profile, record::site_of,
+    go_fixture, go_fixture_with, go_toolchains, interrupt, read_profile,
+    record::{assert_holds, site_of},
     start_recording, typed, Fixture, Record, TempDir,
 };
 
@@ -67,15 +68,7 @@ fn check(profile: &tests::record::Profile, pid: u32, truth: &Truth, said: &str) 
     for (site, bytes, _) in &truth.sites {
         let stacks = site_of(profile, pid, site);
         assert_eq!(stacks.len(), 1, "{site}: {stacks:#?}\n{said}");
-        let e = &stacks[0].alloc_bytes;
-        let truth = *bytes as f64;
-        assert!(
-            e.lower <= truth && truth <= e.upper,
-            "{site}: {truth} outside [{}, {}] (estimate {})\n{said}",
-            e.lower,
-            e.upper,
-            e.estimate
-        );
+        assert_holds(&stacks[0].alloc_bytes, *bytes as f64, site, said);
         // The stack goes on to the program's main, no runtime frame leads it, and a
         // method is named as Go names it, the function inlined into it expanded.
         let functions: Vec<&str> = stacks[0]
@@ -97,12 +90,7 @@ fn check(profile: &tests::record::Profile, pid: u32, truth: &Truth, said: &str) 
     let leak = site_of(profile, pid, "main.leak")[0];
     let held = truth.bytes_of("main.leak") as f64;
     let inuse = leak.inuse_bytes.as_ref().expect("frees are tracked");
-    assert!(
-        inuse.lower <= held && held <= inuse.upper,
-        "main.leak holds {held}, in use [{}, {}]\n{said}",
-        inuse.lower,
-        inuse.upper
-    );
+    assert_holds(inuse, held, "main.leak's in-use bytes", said);
 }
 
 /// `record -- ./goalloc` at the runtime's default rate (heap profiling on: the program
@@ -135,15 +123,8 @@ fn recorded_from_the_start(program: &std::path::Path, tag: &str) {
     let truth = Truth::parse(&std::fs::read_to_string(&counts).unwrap());
     let process = recorded.only_process();
     check(&recorded.profile, process.pid, &truth, &recorded.stderr);
-    let e = &process.alloc_bytes;
     let total = truth.total as f64;
-    assert!(
-        e.lower <= total && total <= e.upper,
-        "TotalAlloc {total} outside [{}, {}]\n{}",
-        e.lower,
-        e.upper,
-        recorded.stderr
-    );
+    assert_holds(&process.alloc_bytes, total, "TotalAlloc", &recorded.stderr);
     assert!(
         recorded
             .stderr
