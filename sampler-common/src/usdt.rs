@@ -37,6 +37,11 @@ pub const KIND_RUNTIME_ALLOC: u32 = 2;
 pub const KIND_RUNTIME_FREEING: u32 = 3;
 /// [`UsdtSpec::kind`]: the block of this thread's last [`KIND_RUNTIME_FREEING`] is freed.
 pub const KIND_RUNTIME_FREED: u32 = 4;
+/// [`UsdtSpec::kind`]: `(pointer, what)`: `pointer` is freed if `what` is
+/// [`UsdtSpec::guard`] (Go's `runtime.freeSpecial(s, p, size)` with `s.kind` the heap
+/// profile's: one probe per freed sample where [`KIND_RUNTIME_FREEING`] and
+/// [`KIND_RUNTIME_FREED`] take two).
+pub const KIND_RUNTIME_FREE_IF: u32 = 5;
 
 /// One argument: `register` (or none) plus `value`, dereferenced if `deref`, then cut to
 /// `size` bytes and sign-extended if `signed`.
@@ -82,8 +87,10 @@ pub struct UsdtSpec {
     pub arguments: [UsdtArgument; MAX_ARGUMENTS],
     /// Arguments described.
     pub count: u32,
-    /// [`KIND_ALLOC`] or [`KIND_FREE`].
+    /// [`KIND_ALLOC`], [`KIND_FREE`] or a runtime's kind.
     pub kind: u32,
+    /// [`KIND_RUNTIME_FREE_IF`]: the value the second argument must have.
+    pub guard: u64,
 }
 
 #[cfg(test)]

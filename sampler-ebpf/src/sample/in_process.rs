@@ -77,6 +77,7 @@ pub fn on_producer(ctx: &ProbeContext, index: u32) {
     };
     use sampler_common::usdt::{
         KIND_FREE, KIND_RUNTIME_ALLOC, KIND_RUNTIME_FREED, KIND_RUNTIME_FREEING,
+        KIND_RUNTIME_FREE_IF,
     };
     if spec.kind == KIND_RUNTIME_FREED {
         on_runtime_freed();
@@ -89,6 +90,12 @@ pub fn on_producer(ctx: &ProbeContext, index: u32) {
     }
     if spec.kind == KIND_RUNTIME_FREEING {
         on_runtime_freeing(pointer);
+        return;
+    }
+    if spec.kind == KIND_RUNTIME_FREE_IF {
+        if usdt_argument(ctx, &spec.arguments[1]) == spec.guard {
+            on_free(pointer);
+        }
         return;
     }
     let size = usdt_argument(ctx, &spec.arguments[1]);

@@ -5,7 +5,7 @@
 //! bytes (a per-P countdown of mean `runtime.MemProfileRate`, 512 KiB unless the program
 //! says otherwise) and calls its memory profiler only for sampled blocks:
 //! `runtime.mProf_Malloc(…, p, size…)` when one is allocated, `runtime.freeSpecial(s, p,
-//! size)` then `runtime.mProf_Free` when the sweeper frees it. Those three are probed (entry
+//! size)` (then `runtime.mProf_Free`) when the sweeper frees it. Those are probed (entry
 //! only: a return probe's trampoline in a goroutine's stack breaks the runtime's stack
 //! copying and tracebacks), described as USDT-like sites whose arguments the eBPF program
 //! reads by the same specs as another producer's ([`super::usdt`]):
@@ -13,8 +13,12 @@
 //! * `alloc`: the block and its size in the registers Go's internal ABI gives them (`rax`,
 //!   `rbx`, `rcx`… in order; which argument they are depends on the Go version), and the
 //!   rate read from `runtime.MemProfileRate` at its distance from the probed instruction;
-//! * `freeing`: `freeSpecial`'s block (`rbx`), kept per thread;
-//! * `freed`: `mProf_Free`, called by `freeSpecial` only for a sampled block's record.
+//! * `freeing`: `freeSpecial`'s block (`rbx`), a free where its record's kind (`[rax+D]`,
+//!   one byte) is the heap profile's, the place and value read from the store
+//!   `setprofilebucket` makes (the kinds are renumbered in nearly every release); where
+//!   that store is not found, the block is kept per thread and
+//! * `freed`: `mProf_Free`, called by `freeSpecial` only for a sampled block's record, says
+//!   it was one.
 //!
 //! Pure: bytes in, sites out. The Go version comes from the `.go.buildinfo` section (Go ≥
 //! 1.18 writes it inline); a version whose layout is not known here is refused by name
@@ -23,7 +27,7 @@
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 use sampler_common::usdt::{
     UsdtArgument, UsdtSpec, KIND_RUNTIME_ALLOC, KIND_RUNTIME_FREED, KIND_RUNTIME_FREEING,
-    MAX_ARGUMENTS, REGISTER_RIP,
+    KIND_RUNTIME_FREE_IF, MAX_ARGUMENTS, REGISTER_RIP,
 };
 
 use super::usdt::{parse_arguments, Producer, Site};
@@ -152,22 +156,40 @@ fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String
         &format!("8@%{block} 8@%{size} 8@{distance}(%rip)"),
         KIND_RUNTIME_ALLOC,
     )?];
-    // Frees need both: freeSpecial names the block, mProf_Free says it was a sampled one.
-    if let (Some(freeing), Some(freed)) = (freeing, freed) {
-        let placed = place(file, freeing, &["rbx"])?;
-        sites.push(site(
-            file,
-            ("freeing", freeing.0, placed),
-            "8@%rbx",
-            KIND_RUNTIME_FREEING,
-        )?);
-        let placed = place(file, freed, &[])?;
-        sites.push(site(
-            file,
-            ("freed", freed.0, placed),
-            "",
-            KIND_RUNTIME_FREED,
-        )?);
+    // A free: freeSpecial names the block, and its record's kind says it was a sampled
+    // one's (the kind's place and value as setprofilebucket writes them); or, where that
+    // store is not found, mProf_Free says so after it on the same thread (a second probe).
+    let profile_kind = find(&["runtime.setprofilebucket"]).and_then(|f| profile_kind(file, f));
+    match (freeing, profile_kind, freed) {
+        (Some(freeing), Some((at, kind)), _) => {
+            let placed = place(file, freeing, &["rax", "rbx"])?;
+            let arguments = format!("8@%rbx 1@{at}(%rax)");
+            let mut free = site(
+                file,
+                ("freeing", freeing.0, placed),
+                &arguments,
+                KIND_RUNTIME_FREE_IF,
+            )?;
+            free.1.guard = u64::from(kind);
+            sites.push(free);
+        }
+        (Some(freeing), None, Some(freed)) => {
+            let placed = place(file, freeing, &["rbx"])?;
+            sites.push(site(
+                file,
+                ("freeing", freeing.0, placed),
+                "8@%rbx",
+                KIND_RUNTIME_FREEING,
+            )?);
+            let placed = place(file, freed, &[])?;
+            sites.push(site(
+                file,
+                ("freed", freed.0, placed),
+                "",
+                KIND_RUNTIME_FREED,
+            )?);
+        }
+        _ => {}
     }
     let profiling_off = find(&["runtime.disableMemoryProfiling"])
         .and_then(|(at, _)| byte_at(file, at))
@@ -257,6 +279,30 @@ fn site(
         probed: Some(placement),
     };
     Ok((site, spec))
+}
+
+/// Where a heap-profile record keeps its kind and which kind it is: the one byte store of
+/// a constant through a register that `runtime.setprofilebucket` makes
+/// (`s.special.kind = _KindSpecialProfile`: `mov byte [rbx+0xa], 2` in go1.19, `[rbx+0x10],
+/// 4` in go1.27). `None` unless exactly one such store is found.
+fn profile_kind(file: &object::File, (address, size): (u64, u64)) -> Option<(i64, u8)> {
+    kind_store(super::allocator::code_at(file, address, size)?)
+}
+
+/// The one `mov byte [reg+D], imm8` in `code`, as `(D, imm8)`.
+fn kind_store(code: &[u8]) -> Option<(i64, u8)> {
+    use iced_x86::{Code, Decoder, DecoderOptions, OpKind, Register};
+    let mut stores = Decoder::with_ip(64, code, 0, DecoderOptions::NONE)
+        .into_iter()
+        .filter(|i| {
+            i.code() == Code::Mov_rm8_imm8
+                && i.op0_kind() == OpKind::Memory
+                && i.memory_base().is_gpr64()
+                && i.memory_index() == Register::None
+        })
+        .map(|i| (i.memory_displacement64() as i64, i.immediate8()));
+    let first = stores.next()?;
+    stores.next().is_none().then_some(first)
 }
 
 /// The byte at virtual `address` as the file initialises it.
@@ -383,6 +429,23 @@ mod tests {
         ];
         let placed = super::super::prologue::choose_in_place(&small, &[Register::RBX]);
         assert_eq!((placed.offset, placed.emulated), (4, true), "{placed:?}");
+    }
+
+    /// setprofilebucket's store of the kind, as go1.19 and go1.27 compile it, among other
+    /// instructions; two such stores are not guessed between.
+    #[test]
+    fn the_profile_records_kind_is_read_from_its_store() {
+        let go119 = [
+            0x48, 0x89, 0x44, 0x24, 0x08, // mov [rsp+8], rax
+            0xc6, 0x43, 0x0a, 0x02, // mov byte [rbx+0xa], 2
+            0x48, 0x89, 0x4b, 0x10, // mov [rbx+0x10], rcx
+        ];
+        assert_eq!(kind_store(&go119), Some((0xa, 2)));
+        let go127 = [0xc6, 0x43, 0x10, 0x04, 0xc3]; // mov byte [rbx+0x10], 4; ret
+        assert_eq!(kind_store(&go127), Some((0x10, 4)));
+        let twice = [0xc6, 0x43, 0x10, 0x04, 0xc6, 0x43, 0x11, 0x01];
+        assert_eq!(kind_store(&twice), None);
+        assert_eq!(kind_store(&[0xc3]), None);
     }
 
     #[test]

@@ -68,15 +68,16 @@ fn one_toolchain(
         .map(|(attached, native)| attached / native)
         .collect();
     let (native, attached) = (median(seconds[0].clone()), median(seconds[1].clone()));
+    let ratio = median(ratios);
     println!(
         "{name}: a Go program allocating ~10 GB at MemProfileRate 512 KiB: native median \
          {native:.3} s ({:.1} GB/s), attached median {attached:.3} s, median ratio {:.3}× \
          (target ≤ 1.02×); {samples} samples in the last run ({:.0}/s): {:.1} µs of the \
          program's time per sample",
         10.1 / native,
-        median(ratios),
+        ratio,
         samples / native,
-        (attached - native) * 1e6 / samples.max(1.0)
+        (ratio - 1.0) * native * 1e6 / samples.max(1.0)
     );
     Ok(())
 }

@@ -470,8 +470,16 @@ fn usdt_point(
 
 /// Whether a producer's site reports frees (attached only when they are tracked).
 fn is_free_kind(kind: u32) -> bool {
-    use sampler_common::usdt::{KIND_FREE, KIND_RUNTIME_FREED, KIND_RUNTIME_FREEING};
-    [KIND_FREE, KIND_RUNTIME_FREEING, KIND_RUNTIME_FREED].contains(&kind)
+    use sampler_common::usdt::{
+        KIND_FREE, KIND_RUNTIME_FREED, KIND_RUNTIME_FREEING, KIND_RUNTIME_FREE_IF,
+    };
+    [
+        KIND_FREE,
+        KIND_RUNTIME_FREEING,
+        KIND_RUNTIME_FREED,
+        KIND_RUNTIME_FREE_IF,
+    ]
+    .contains(&kind)
 }
 
 /// The eBPF program probing `function`'s entry.
