@@ -453,8 +453,9 @@ fn top_shows_a_go_program_through_its_runtime() {
     let screen = tmux.wait_for("the Go sites", Duration::from_secs(20), |s| {
         s.contains("main.record ← main.main") && s.contains("main.churn ← main.main")
     });
+    // (The rows above are led by the program's functions: the runtime's allocation frames
+    // are left out; the runtime's own allocations, a GC worker's, keep theirs.)
     assert!(screen.contains("exact n/a"), "{screen}");
-    assert!(!screen.contains("runtime.mallocgc"), "{screen}");
     tmux.send(&["q"]);
     assert!(wait_until(Duration::from_secs(10), || exit_status(&dir).is_some()));
     assert_eq!(exit_status(&dir).as_deref(), Some("0"));
