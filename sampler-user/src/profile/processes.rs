@@ -58,6 +58,7 @@ impl ProcessBook {
         self.cgroups.remove(&pid);
         self.allocators.remove(&pid);
         self.rss.remove(&pid);
+        self.go_rates.remove(&pid);
         self.cpu.remove(&pid);
         self.not_loaded.remove(&pid);
         self.incomplete.remove(&pid);
@@ -156,6 +157,8 @@ impl ProcessBook {
     pub fn name_after_exec(&mut self, pid: u32, command: &str) {
         self.inherited.remove(&pid);
         self.commands.insert(pid, command.to_owned());
+        // A new program: a Go runtime's variable, if any, is found again with its files.
+        self.go_rates.remove(&pid);
     }
 
     /// Whether `pid` is tracked already.
