@@ -86,6 +86,9 @@ fn check(profile: &tests::record::Profile, pid: u32, truth: &Truth, said: &str) 
             Some(callers),
             "{functions:?}"
         );
+        // Walked by frame pointers to the goroutine's root (runtime.goexit, left out).
+        let end = stacks[0].end.map(|e| format!("{e:?}"));
+        assert_eq!(end.as_deref(), Some("Root"), "{site}: {:?}", stacks[0]);
     }
     let leak = site_of(profile, pid, "main.leak")[0];
     let held = truth.bytes_of("main.leak") as f64;
@@ -132,14 +135,19 @@ fn recorded_from_the_start(program: &std::path::Path, tag: &str) {
         "{}",
         recorded.stderr
     );
-    // A re-entered probe (a signal during its single-step, a stack growth) is not a sample.
+    // A re-entered probe (a signal during its single-step, a stack growth) is not a sample:
+    // counted twice, they made 1.1–1.8 times the runtime's own. The runtime may keep no
+    // record of a sample (go1.23+, a new M's first allocations): a difference of one or two.
     assert_eq!(truth.sampled.len(), 4);
     for (site, own) in &truth.sampled {
         let ours: u64 = site_of(&recorded.profile, process.pid, site)
             .iter()
             .map(|s| s.samples)
             .sum();
-        assert_eq!(ours, *own, "{site}: ours against the runtime's own samples");
+        assert!(
+            ours.abs_diff(*own) <= 2,
+            "{site} ({tag}): {ours} samples against the runtime's own {own}"
+        );
     }
     assert!(!process.allocators[0].contains("heap profiling off"));
 }
