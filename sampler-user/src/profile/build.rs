@@ -553,7 +553,7 @@ fn front_end_of(allocators: &[String]) -> String {
         // cgo's malloc, where it is probed, is counted beside the runtime's samples.
         let malloc = allocators.iter().any(|a| !a.starts_with(&go));
         return if malloc {
-            format!("{} + uprobes (malloc)", crate::probe::go::PROVIDER)
+            format!("{} + malloc", crate::probe::go::PROVIDER)
         } else {
             crate::probe::go::PROVIDER.to_owned()
         };

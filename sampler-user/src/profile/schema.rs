@@ -150,7 +150,7 @@ pub struct ProcessProfile {
     /// fired `allocscope:alloc` for sampled blocks), `in-process (otel_memory)` or
     /// `in-process (ddheap)` (the program's own allocator sampled itself and fired that
     /// contract's probes, weighing each sample: no exact counts), `go runtime` (a Go
-    /// program's own heap sampler: no exact counts; `go runtime + uprobes (malloc)` with a
+    /// program's own heap sampler: no exact counts; `go runtime + malloc` with a
     /// cgo program's malloc probed too) or `uprobes` (a probe on every call).
     #[serde(default = "uprobes")]
     pub front_end: String,
