@@ -1,10 +1,11 @@
-//! Go programs, recorded through their runtime's own heap sampler (tests/fixtures/go/goalloc,
-//! built by the tests with Debian's golang-go): per-site bytes against the program's own
-//! exact counts, the process's total against `runtime.MemStats.TotalAlloc`, a leaking
+//! Go programs, recorded through their runtime's own heap sampler (tests/fixtures/go/, built
+//! by the tests with Debian's Go 1.19 and with the current release `cargo xtask setup`
+//! unpacks): per-site bytes against the program's own exact counts, samples against the
+//! runtime's own, the process's total against `runtime.MemStats.TotalAlloc`, a leaking
 //! site's in-use bytes against what it holds, a method and a function inlined into it named
-//! as Go names them, from the start (`-- CMD`) and attached to a
-//! running program (`-p`, `--comm`, `--all`); a program whose heap profiling is off is
-//! said to be, not shown as empty.
+//! as Go names them, from the start (`-- CMD`) and attached to a running program (`-p`,
+//! `--comm`, `--all`); a program whose heap profiling is off is said to be, not shown as
+//! empty.
 
 use tests::{
     go_fixture, go_fixture_with, go_toolchains, interrupt, read_profile,
