@@ -20,7 +20,7 @@ pub mod browser;
 pub mod receivers;
 pub mod record;
 
-use record::{frame_is, process_of, site_of, Profile};
+use record::{assert_holds, frame_is, process_of, site_of, Profile};
 pub use record::{typed, Record, Recorded};
 
 /// Workspace root.
@@ -592,20 +592,15 @@ pub fn check_workload_profile(profile: &Profile, pid: u32, rounds: u64) {
         let stack = stacks[0];
         assert!(frame_is(stack, 1, "one_round"), "{function}: {stack:#?}");
         let truth = (rounds * calls * size) as f64;
-        let bytes = &stack.alloc_bytes;
-        assert!(
-            bytes.lower <= truth && truth <= bytes.upper,
-            "{function}: true {truth} bytes outside [{}, {}] (estimate {})\n{context}",
-            bytes.lower,
-            bytes.upper,
-            bytes.estimate
+        assert_holds(
+            &stack.alloc_bytes,
+            truth,
+            &format!("{function} bytes"),
+            &context,
         );
-        let objects = &stack.alloc_objects;
         let true_objects = (rounds * calls) as f64;
-        assert!(
-            objects.lower <= true_objects && true_objects <= objects.upper,
-            "{function}: true {true_objects} objects outside {objects:?}"
-        );
+        let what = format!("{function} objects");
+        assert_holds(&stack.alloc_objects, true_objects, &what, &context);
     }
     let process = process_of(profile, pid);
     let (calls, bytes) = workload_round();

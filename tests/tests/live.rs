@@ -11,7 +11,7 @@ use std::{
 use serde_json::Value;
 use tests::{
     read_profile,
-    record::{leaf_is, process_of, site_of, Profile},
+    record::{assert_holds, leaf_is, process_of, site_of, Profile},
     start_recording, typed, wait_until, Fixture, TempDir,
 };
 
@@ -54,13 +54,11 @@ fn check_live(profile: &Profile, pid: u32, sites: &[(&str, u64)], phase: &str) {
         let stacks = site_of(profile, pid, site);
         assert_eq!(stacks.len(), 1, "{phase} {site}: {stacks:#?}");
         let live = stacks[0].inuse_bytes.expect("frees tracked");
-        let truth = truth as f64;
-        assert!(
-            live.lower <= truth && truth <= live.upper,
-            "{phase} {site}: {truth} live bytes outside [{}, {}] (estimate {})",
-            live.lower,
-            live.upper,
-            live.estimate
+        assert_holds(
+            &live,
+            truth as f64,
+            &format!("{phase} {site} live bytes"),
+            "",
         );
     }
 }
