@@ -311,9 +311,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
             profiling_off,
         }) => {
             producer.detail = Some(if profiling_off {
-                format!(
-                    "{version}, heap profiling off unless the program sets runtime.MemProfileRate"
-                )
+                format!("{version}, {}", super::go::PROFILING_OFF)
             } else {
                 version
             });

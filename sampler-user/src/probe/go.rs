@@ -35,6 +35,17 @@ use super::usdt::{parse_arguments, Producer, Site};
 /// The provider name Go runtime sites are reported under.
 pub const PROVIDER: &str = "go runtime";
 
+/// What a Go runtime's description adds where the linker turned heap profiling off.
+pub const PROFILING_OFF: &str = "heap profiling off unless the program sets runtime.MemProfileRate";
+
+/// Whether `allocator`, as a process's allocators are described to users
+/// ([`super::allocator::Allocator::describe`]), is a Go runtime: `go runtime (go1.19.8) (…)`.
+pub fn describes(allocator: &str) -> bool {
+    allocator
+        .strip_prefix(PROVIDER)
+        .is_some_and(|rest| rest.starts_with(" ("))
+}
+
 /// The oldest and newest Go releases whose runtime layout is known here.
 pub const KNOWN: (GoVersion, GoVersion) = (GoVersion(1, 18), GoVersion(1, 27));
 
@@ -446,6 +457,16 @@ mod tests {
         let twice = [0xc6, 0x43, 0x10, 0x04, 0xc6, 0x43, 0x11, 0x01];
         assert_eq!(kind_store(&twice), None);
         assert_eq!(kind_store(&[0xc3]), None);
+    }
+
+    #[test]
+    fn go_runtimes_are_told_by_their_description() {
+        assert!(describes("go runtime (go1.19.8) (/usr/bin/x)"));
+        assert!(describes(&format!(
+            "go runtime (go1.27.3, {PROFILING_OFF}) (/x)"
+        )));
+        assert!(!describes("glibc (/usr/lib/x86_64-linux-gnu/libc.so.6)"));
+        assert!(!describes("go runtime"));
     }
 
     #[test]

@@ -520,10 +520,10 @@ pub fn incomplete_reasons(allocators: &[String]) -> Vec<String> {
 /// at), or the linker turned it off in a program that never calls `runtime.MemProfile`
 /// (through `runtime/pprof` or `net/http/pprof`) and the program did not turn it on.
 fn go_unsampled(allocators: &[String], samples: u64, rate_zero: bool) -> Option<String> {
-    let linker = allocators.iter().any(|a| {
-        a.starts_with(&format!("{} (", crate::probe::go::PROVIDER))
-            && a.contains("heap profiling off")
-    });
+    use crate::probe::go;
+    let linker = allocators
+        .iter()
+        .any(|a| go::describes(a) && a.contains(go::PROFILING_OFF));
     if samples > 0 {
         return None;
     }
@@ -548,10 +548,10 @@ pub const IN_PROCESS_THEN_UPROBES: &str = "in-process, then uprobes";
 
 /// A process's front end, from the allocators probed in it.
 fn front_end_of(allocators: &[String]) -> String {
-    let go = format!("{} (", crate::probe::go::PROVIDER);
-    if allocators.iter().any(|a| a.starts_with(&go)) {
+    use crate::probe::go;
+    if allocators.iter().any(|a| go::describes(a)) {
         // cgo's malloc, where it is probed, is counted beside the runtime's samples.
-        let malloc = allocators.iter().any(|a| !a.starts_with(&go));
+        let malloc = allocators.iter().any(|a| !go::describes(a));
         return if malloc {
             format!("{} + malloc", crate::probe::go::PROVIDER)
         } else {

@@ -129,10 +129,9 @@ fn counts_calls(picture: &Picture) -> bool {
     let processes = &picture.tally.processes;
     processes.is_empty()
         || processes.iter().any(|p| {
-            p.allocators.iter().any(|a| {
-                !a.starts_with(&format!("{} (", crate::probe::go::PROVIDER))
-                    && !a.contains(" probes (")
-            })
+            p.allocators
+                .iter()
+                .any(|a| !crate::probe::go::describes(a) && !a.contains(" probes ("))
         })
 }
 
