@@ -73,7 +73,8 @@ fn pprof_export_opens_in_go_tool_pprof() {
     for tag in ["pid:", "command:", "cgroup:"] {
         assert!(tags.contains(tag), "no {tag} label in\n{tags}");
     }
-    // Sample types in Go's heap order (pprof marks the default one "[dflt]").
+    // Sample types in Go's heap order, then the peak's (pprof marks the default one
+    // "[dflt]").
     let types = raw
         .lines()
         .find(|l| l.starts_with("alloc_objects/count"))
@@ -88,7 +89,9 @@ fn pprof_export_opens_in_go_tool_pprof() {
             "alloc_objects/count",
             "alloc_space/bytes",
             "inuse_objects/count",
-            "inuse_space/bytes"
+            "inuse_space/bytes",
+            "peak_objects/count",
+            "peak_space/bytes"
         ]
     );
     // By bytes: the true totals per round are 81920 (realloc), 61440 (big), 51200 (calloc),
@@ -114,10 +117,13 @@ fn pprof_export_opens_in_go_tool_pprof() {
     // By objects: 200 small allocations per round lead.
     let by_objects = top_sites(&go_pprof(&["-top", "-sample_index=alloc_objects"], &file));
     assert_eq!(by_objects[0], "site_small", "{by_objects:?}");
-    // Frees tracked: the default sample type is inuse_space (all freed here: nothing live).
+    // Frees tracked, a command recorded from its start: the default sample type is the
+    // live bytes at its peak (all freed by its end: nothing live then).
     let default = go_pprof(&["-top"], &file);
-    assert!(default.contains("Type: inuse_space"), "{default}");
-    assert!(top_sites(&default).is_empty(), "{default}");
+    assert!(default.contains("Type: peak_space"), "{default}");
+    assert!(!top_sites(&default).is_empty(), "{default}");
+    let at_end = go_pprof(&["-top", "-sample_index=inuse_space"], &file);
+    assert!(top_sites(&at_end).is_empty(), "{at_end}");
     // Without free tracking it is alloc_space.
     let alloc_only = dir.path("alloc-only.pb.gz");
     record(&alloc_only, &["--alloc-only"]);

@@ -87,23 +87,45 @@ fn expected_shares(profile: &Value, metric: &str) -> HashMap<(usize, String), f6
 /// The driver: what a user does, and what the page showed each time.
 const DRIVER: &str = include_str!("../js/report_driver.js");
 
+/// What `frees_all` holds at its highest: 1000 blocks of 4 KiB.
+const FREES_ALL_PEAK: f64 = 1000.0 * 4096.0;
+
 #[test]
-fn a_recording_with_nothing_live_opens_on_allocated_bytes_and_an_empty_value_is_said() {
+fn a_command_that_frees_all_it_held_opens_on_its_peak_and_an_empty_value_is_said() {
     tests::require_bpf!();
-    let dir = TempDir::new("report-empty-value");
-    let recorded = tests::Record::command(fixture("frees_all", &[]), &["100"]).run();
-    assert!(recorded
-        .profile
+    let dir = TempDir::new("report-peak");
+    // 20 fillings of the same heap: the peak is the highest of 20 noisy levels.
+    let recorded = tests::Record::command(fixture("frees_all", &[]), &["20"])
+        .flags(&["--interval", "16KiB", "--confidence", "0.999"])
+        .run();
+    let profile = &recorded.profile;
+    assert!(profile
         .stacks
         .iter()
         .all(|s| s.inuse_bytes.is_some_and(|e| e.estimate == 0.0)));
-    // By default: allocated bytes (live bytes are all 0), nothing to warn about.
-    let svg = dir.path("default.svg");
+    // The peak: the process's and its one site's, holding the truth; nothing else then.
+    let process = &profile.processes[0];
+    let peak = process.peak.expect("a peak");
+    let why = &recorded.stderr;
+    tests::record::assert_holds(&peak.inuse_bytes, FREES_ALL_PEAK, "the peak", why);
+    assert!((15.0..=25.0).contains(&peak.fillings), "{peak:?}");
+    let site = profile
+        .stacks
+        .iter()
+        .find(|s| tests::record::frame_is(s, 0, "site"))
+        .expect("the site's stack");
+    tests::record::assert_holds(&site.peak_bytes.unwrap(), FREES_ALL_PEAK, "the site", why);
+    assert!(
+        why.contains("peak live heap") && why.contains("live bytes at the peak"),
+        "{why}"
+    );
+    // By default every picture opens on the peak, and nothing is said to be empty.
+    let folded = dir.path("default.folded");
     let out = Command::new(allocscope())
         .arg("report")
         .arg(&recorded.file)
         .arg("-o")
-        .arg(&svg)
+        .arg(&folded)
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&out.stderr);
@@ -111,7 +133,24 @@ fn a_recording_with_nothing_live_opens_on_allocated_bytes_and_an_empty_value_is_
         out.status.success() && !said.contains("is 0 for every stack"),
         "{said}"
     );
-    assert!(std::fs::read_to_string(&svg).unwrap().contains("site"));
+    let lines = std::fs::read_to_string(&folded).unwrap();
+    let total: f64 = lines
+        .lines()
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    assert_eq!(total.round(), peak.inuse_bytes.estimate.round(), "{lines}");
+    let pprof = dir.path("default.pb.gz");
+    report(&recorded.file, &pprof, &[]);
+    let top = Command::new("go")
+        .args(["tool", "pprof", "-top"])
+        .arg(&pprof)
+        .output()
+        .expect("go tool pprof");
+    let top = String::from_utf8_lossy(&top.stdout);
+    assert!(
+        top.contains("Type: peak_space") && top.contains("site"),
+        "{top}"
+    );
     // Asked for live bytes: the empty picture is said, with the value that has data.
     for format in ["svg", "folded", "html"] {
         let output = dir.path(&format!("inuse.{format}"));
@@ -126,10 +165,27 @@ fn a_recording_with_nothing_live_opens_on_allocated_bytes_and_an_empty_value_is_
         assert!(out.status.success(), "{said}");
         assert!(
             said.contains("(inuse-bytes) is 0 for every stack")
-                && said.contains("--value alloc-bytes"),
+                && said.contains("--value peak-bytes"),
             "{format}: {said}"
         );
     }
+}
+
+#[test]
+fn an_alloc_only_recording_opens_on_allocated_bytes() {
+    tests::require_bpf!();
+    let dir = TempDir::new("report-alloc-only");
+    let recorded = tests::Record::command(fixture("frees_all", &[]), &["20"])
+        .flags(&["--alloc-only"])
+        .run();
+    assert!(recorded.profile.processes[0].peak.is_none());
+    let svg = dir.path("default.svg");
+    report(&recorded.file, &svg, &[]);
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        svg.contains("estimated bytes allocated") && svg.contains("site"),
+        "{svg}"
+    );
 }
 
 #[test]
@@ -387,8 +443,9 @@ fn the_speedscope_file_follows_speedscopes_schema_and_opens_in_speedscope() {
     let out = validate(&file);
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{said}");
-    // Four values (frees tracked), one frame table.
-    assert!(said.starts_with("valid 4 "), "{said}");
+    // Six values (frees tracked: allocated, live at the end and at the peak, each in bytes
+    // and allocations), one frame table.
+    assert!(said.starts_with("valid 6 "), "{said}");
     // The validator does refuse what the schema forbids.
     let mut broken: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     broken["profiles"][0]["weights"][0] = Value::String("many".into());
@@ -408,7 +465,7 @@ fn the_speedscope_file_follows_speedscopes_schema_and_opens_in_speedscope() {
     let url = format!("{base}/index.html#profileURL={base}/profile.speedscope.json");
     let dom = browser::dump_dom(&url, (1400, 900), 4000);
     assert!(
-        dom.contains("estimated bytes in use (allocscope)")
+        dom.contains("estimated bytes in use at the peak (allocscope)")
             && dom.contains("estimated bytes allocated (allocscope)"),
         "speedscope did not show the profile: {}",
         &dom[dom.len().saturating_sub(2000)..]

@@ -62,6 +62,7 @@ pub fn split(profile: &Profile, period_seconds: f64) -> Vec<ProcessPeriod> {
                 overhead: None,
             };
             own.processes[0].timeline = None;
+            own.processes[0].peak = None;
             Some(ProcessPeriod {
                 pid: process.pid,
                 command: process.command.clone(),
@@ -89,6 +90,9 @@ fn period_stack(stack: &StackProfile) -> Option<StackProfile> {
     own.threads.clear();
     own.timeline = None;
     own.sizes.clear();
+    // The peak is the recording's, not the period's.
+    own.peak_bytes = None;
+    own.peak_objects = None;
     let holds = own.inuse_bytes.is_some_and(|e| e.estimate > 0.0);
     (own.alloc_bytes.estimate > 0.0 || holds).then_some(own)
 }

@@ -159,6 +159,8 @@ pub fn difference_profile(diff: &Diff, new: &Profile) -> Profile {
             },
             inuse_bytes: c.inuse_change.map(|i| value(i.estimate)),
             inuse_objects: c.inuse_change.map(|_| value(0.0)),
+            peak_bytes: None,
+            peak_objects: None,
             leak: None,
             period: None,
             lost: false,

@@ -103,6 +103,10 @@ pub enum Value {
     InuseBytes,
     /// Estimated allocations still live (needs free tracking).
     InuseObjects,
+    /// Estimated bytes live when the process's live total was highest (needs free tracking).
+    PeakBytes,
+    /// Estimated allocations live then (needs free tracking).
+    PeakObjects,
 }
 
 impl Value {
@@ -113,13 +117,30 @@ impl Value {
             Value::AllocObjects => stack.alloc_objects.estimate,
             Value::InuseBytes => stack.inuse_bytes.map_or(0.0, |e| e.estimate),
             Value::InuseObjects => stack.inuse_objects.map_or(0.0, |e| e.estimate),
+            Value::PeakBytes => stack.peak_bytes.map_or(0.0, |e| e.estimate),
+            Value::PeakObjects => stack.peak_objects.map_or(0.0, |e| e.estimate),
         }
     }
 
-    /// Whether it needs frees tracked (`inuse-*`): such a graph of an `--alloc-only`
-    /// recording would be empty.
+    /// Whether it counts bytes (else allocations).
+    pub fn is_bytes(self) -> bool {
+        matches!(
+            self,
+            Value::AllocBytes | Value::InuseBytes | Value::PeakBytes
+        )
+    }
+
+    /// Its name on the command line (`--value`).
+    pub fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self)
+            .map(|p| p.get_name().to_owned())
+            .unwrap_or_default()
+    }
+
+    /// Whether it needs frees tracked (`inuse-*`, `peak-*`): such a graph of an
+    /// `--alloc-only` recording would be empty.
     pub fn needs_frees(self) -> bool {
-        matches!(self, Value::InuseBytes | Value::InuseObjects)
+        !matches!(self, Value::AllocBytes | Value::AllocObjects)
     }
 
     /// What a unit of it is, for titles.
@@ -129,19 +150,35 @@ impl Value {
             Value::AllocObjects => "estimated allocations",
             Value::InuseBytes => "estimated bytes in use",
             Value::InuseObjects => "estimated allocations in use",
+            Value::PeakBytes => "estimated bytes in use at the peak",
+            Value::PeakObjects => "estimated allocations in use at the peak",
         }
     }
 
-    /// The default for a profile: live bytes where frees were tracked and some stack still
-    /// holds some, else allocated bytes (a command that freed everything before it exited
-    /// opened on one bare "all" bar and a table of zeros).
+    /// The default for a profile, as heaptrack and memray open: where frees were tracked, a
+    /// recording of a command allocscope started opens on its live bytes at the peak (a
+    /// command that frees what it held before it exits has nothing live at its end), one
+    /// of running processes on their live bytes now; a value with nothing in it gives way
+    /// to the next (peak, then allocated bytes).
     pub fn default_for(profile: &Profile) -> Value {
-        let live = profile.stacks.iter().any(|s| Value::InuseBytes.of(s) > 0.0);
-        if profile.alloc_only || !live {
-            Value::AllocBytes
+        let has = |value: Value| profile.stacks.iter().any(|s| value.of(s) > 0.0);
+        let started = profile.processes.iter().any(|p| {
+            p.coverage
+                .as_ref()
+                .is_some_and(|c| c.since == crate::profile::CoverageStart::Start)
+        });
+        let order = if started {
+            [Value::PeakBytes, Value::InuseBytes]
         } else {
-            Value::InuseBytes
+            [Value::InuseBytes, Value::PeakBytes]
+        };
+        if profile.alloc_only {
+            return Value::AllocBytes;
         }
+        order
+            .into_iter()
+            .find(|&v| has(v))
+            .unwrap_or(Value::AllocBytes)
     }
 
     /// Where `format` shows `self` alone (folded, SVG) or opens on it (HTML, speedscope) and
@@ -153,21 +190,16 @@ impl Value {
         if profile.stacks.iter().any(|s| self.of(s) > 0.0) {
             return None;
         }
-        let instead = [Value::AllocBytes, Value::InuseBytes]
+        let instead = [Value::PeakBytes, Value::AllocBytes, Value::InuseBytes]
             .into_iter()
             .find(|v| profile.stacks.iter().any(|s| v.of(s) > 0.0))?;
-        let name = |v: Value| {
-            clap::ValueEnum::to_possible_value(&v)
-                .map(|p| p.get_name().to_owned())
-                .unwrap_or_default()
-        };
         Some(format!(
             "the {} ({}) is 0 for every stack: the {} shows nothing; {} has data: --value {}",
             self.describe(),
-            name(self),
+            self.name(),
             format.name(),
             instead.describe(),
-            name(instead)
+            instead.name()
         ))
     }
 }
@@ -284,6 +316,8 @@ pub(crate) mod tests {
             },
             inuse_bytes: None,
             inuse_objects: None,
+            peak_bytes: None,
+            peak_objects: None,
             leak: None,
             period: None,
             lost: false,
@@ -324,6 +358,7 @@ pub(crate) mod tests {
                 alloc_objects: estimate(300.0, 20),
                 inuse_bytes: None,
                 inuse_objects: None,
+                peak: None,
                 observed_share: None,
                 untracked_samples: 0,
                 lost_samples: 0,
@@ -515,7 +550,7 @@ pub(crate) mod tests {
             .iter()
             .map(|t| (string(t.r#type), string(t.unit)))
             .collect();
-        assert_eq!(types, pprof::SAMPLE_TYPES);
+        assert_eq!(types, pprof::SAMPLE_TYPES[..4]);
         assert_eq!(string(decoded.default_sample_type), "alloc_space");
         assert_eq!(decoded.period, 1024);
         let period_type = decoded.period_type.as_ref().unwrap();

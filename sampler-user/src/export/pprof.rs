@@ -1,8 +1,10 @@
 //! pprof export: gzipped `profile.proto` (github.com/google/pprof/proto/profile.proto), with
 //! Go's heap-profile conventions so `go tool pprof` and every pprof UI read it as a heap
 //! profile: sample types `alloc_objects/count`, `alloc_space/bytes`, `inuse_objects/count`,
-//! `inuse_space/bytes` (values already scaled to estimates, as Go's are), `period_type`
-//! `space/bytes` with the mean sampling interval as `period`.
+//! `inuse_space/bytes` (values already scaled to estimates, as Go's are), then
+//! `peak_objects/count`, `peak_space/bytes` where a peak was kept (live at the process's
+//! peak, `-sample_index=peak_space`), `period_type` `space/bytes` with the mean sampling interval as `period`;
+//! the default sample type is the one the other outputs open on ([`Value::default_for`]).
 //!
 //! Locations carry file offsets inside their mapping (memory_start 0, file_offset 0), and
 //! are already symbolized (`has_functions`), so pprof does not try to re-symbolize them;
@@ -15,6 +17,7 @@ use std::{collections::HashMap, io::Write};
 use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
+use super::Value;
 use crate::{
     profile::{Profile, StackProfile, ThreadValues},
     stacks::symbolize::FrameInfo,
@@ -150,12 +153,39 @@ pub mod proto {
 }
 
 /// Sample types, in value order (Go's heap profile).
-pub const SAMPLE_TYPES: [(&str, &str); 4] = [
+pub const SAMPLE_TYPES: [(&str, &str); 6] = [
     ("alloc_objects", "count"),
     ("alloc_space", "bytes"),
     ("inuse_objects", "count"),
     ("inuse_space", "bytes"),
+    ("peak_objects", "count"),
+    ("peak_space", "bytes"),
 ];
+
+/// The sample types of `profile`: the last two only where it kept a peak.
+pub fn sample_types(profile: &Profile) -> &'static [(&'static str, &'static str)] {
+    if has_peak(profile) {
+        &SAMPLE_TYPES
+    } else {
+        &SAMPLE_TYPES[..4]
+    }
+}
+
+fn has_peak(profile: &Profile) -> bool {
+    profile.stacks.iter().any(|s| s.peak_bytes.is_some())
+}
+
+/// The sample type of `value`.
+fn sample_type_of(value: Value) -> &'static str {
+    match value {
+        Value::AllocObjects => "alloc_objects",
+        Value::AllocBytes => "alloc_space",
+        Value::InuseObjects => "inuse_objects",
+        Value::InuseBytes => "inuse_space",
+        Value::PeakObjects => "peak_objects",
+        Value::PeakBytes => "peak_space",
+    }
+}
 
 /// Interns strings; index 0 is the empty string, as the format requires.
 #[derive(Default)]
@@ -351,21 +381,25 @@ fn stack_samples(
     stack: &StackProfile,
     location_id: Vec<u64>,
     label: Vec<proto::Label>,
+    types: usize,
 ) {
     let value = |estimate: Option<f64>| estimate.map_or(0, |v| v.round() as i64);
-    let inuse = [
+    let live = [
         value(stack.inuse_objects.map(|e| e.estimate)),
         value(stack.inuse_bytes.map(|e| e.estimate)),
+        value(stack.peak_objects.map(|e| e.estimate)),
+        value(stack.peak_bytes.map(|e| e.estimate)),
     ];
+    let live = &live[..types - 2];
     if stack.threads.is_empty() {
+        let mut values = vec![
+            value(Some(stack.alloc_objects.estimate)),
+            value(Some(stack.alloc_bytes.estimate)),
+        ];
+        values.extend(live);
         samples.push(proto::Sample {
             location_id,
-            value: vec![
-                value(Some(stack.alloc_objects.estimate)),
-                value(Some(stack.alloc_bytes.estimate)),
-                inuse[0],
-                inuse[1],
-            ],
+            value: values,
             label,
         });
         return;
@@ -375,19 +409,21 @@ fn stack_samples(
         label.extend(thread_labels(strings, thread));
         samples.push(proto::Sample {
             location_id: location_id.clone(),
-            value: vec![
-                value(Some(thread.alloc_objects.estimate)),
-                value(Some(thread.alloc_bytes.estimate)),
-                0,
-                0,
-            ],
+            value: {
+                let mut values = vec![0; types];
+                values[0] = value(Some(thread.alloc_objects.estimate));
+                values[1] = value(Some(thread.alloc_bytes.estimate));
+                values
+            },
             label,
         });
     }
-    if inuse != [0, 0] {
+    if live.iter().any(|&v| v != 0) {
+        let mut values = vec![0, 0];
+        values.extend(live);
         samples.push(proto::Sample {
             location_id,
-            value: vec![0, 0, inuse[0], inuse[1]],
+            value: values,
             label,
         });
     }
@@ -424,9 +460,11 @@ fn comments(profile: &Profile) -> Vec<String> {
             profile.sampling.mean_interval_bytes
         ),
         if profile.alloc_only {
-            "frees not tracked: inuse_* are 0".to_owned()
+            "frees not tracked: inuse_* and peak_* are 0".to_owned()
         } else {
-            "inuse_* cover allocations made since attach".to_owned()
+            "inuse_* cover allocations made since attach; peak_* what was in use when each \
+             process's in-use total was highest"
+                .to_owned()
         },
     ];
     if let Some(duty) = &profile.sampling.duty {
@@ -443,7 +481,8 @@ fn comments(profile: &Profile) -> Vec<String> {
 /// Builds the profile message (exposed for tests and readers).
 pub fn build(profile: &Profile) -> proto::Profile {
     let mut tables = Tables::new(profile);
-    let sample_type: Vec<proto::ValueType> = SAMPLE_TYPES
+    let types = sample_types(profile);
+    let sample_type: Vec<proto::ValueType> = types
         .iter()
         .map(|(kind, unit)| proto::ValueType {
             r#type: tables.strings.id(kind),
@@ -467,7 +506,14 @@ pub fn build(profile: &Profile) -> proto::Profile {
             .collect();
         let (command, cgroup) = processes.get(&stack.pid).copied().unwrap_or(("", None));
         let label = labels(&mut tables.strings, stack.pid, command, cgroup);
-        stack_samples(&mut samples, &mut tables.strings, stack, location_id, label);
+        stack_samples(
+            &mut samples,
+            &mut tables.strings,
+            stack,
+            location_id,
+            label,
+            types.len(),
+        );
     }
     let Tables {
         mut strings,
@@ -478,11 +524,7 @@ pub fn build(profile: &Profile) -> proto::Profile {
     } = tables;
     let comments = comments(profile);
     let comment = comments.iter().map(|c| strings.id(c)).collect();
-    let default_sample_type = strings.id(if profile.alloc_only {
-        "alloc_space"
-    } else {
-        "inuse_space"
-    });
+    let default_sample_type = strings.id(sample_type_of(Value::default_for(profile)));
     let period_type = Some(proto::ValueType {
         r#type: strings.id("space"),
         unit: strings.id("bytes"),

@@ -65,6 +65,9 @@ fn values(profile: &Profile) -> Vec<Value> {
     if !profile.alloc_only {
         values.extend([Value::InuseBytes, Value::InuseObjects]);
     }
+    if profile.stacks.iter().any(|s| s.peak_bytes.is_some()) {
+        values.extend([Value::PeakBytes, Value::PeakObjects]);
+    }
     values
 }
 
@@ -121,10 +124,7 @@ fn file(profile: &Profile, first: Value) -> File {
             Sampled {
                 kind: "sampled",
                 name: format!("{} (allocscope)", value.describe()),
-                unit: match value {
-                    Value::AllocBytes | Value::InuseBytes => "bytes",
-                    Value::AllocObjects | Value::InuseObjects => "none",
-                },
+                unit: if value.is_bytes() { "bytes" } else { "none" },
                 start_value: 0.0,
                 end_value: weights.iter().sum(),
                 samples,

@@ -24,10 +24,12 @@ pub fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::R
         format::bytes(profile.sampling.mean_interval_bytes as f64),
         profile.duration_seconds,
     ));
-    options.count_name = match value {
-        Value::AllocBytes | Value::InuseBytes => "bytes".to_owned(),
-        Value::AllocObjects | Value::InuseObjects => "allocations".to_owned(),
-    };
+    options.count_name = if value.is_bytes() {
+        "bytes"
+    } else {
+        "allocations"
+    }
+    .to_owned();
     options.name_type = "Function:".to_owned();
     options.colors = flamegraph::Palette::Basic(flamegraph::color::BasicPalette::Mem);
     let folded = folded::lines(profile, value);

@@ -14,6 +14,7 @@ use sampler_common::ProcessCounters;
 
 use super::{
     breakdown::Breakdown,
+    peak::Peaks,
     processes::{ProcessBook, ProcessSamples},
     tally::{StackTally, Tally},
     timeline::Timeline,
@@ -73,6 +74,8 @@ pub struct Aggregator {
     timeline: Option<Timeline>,
     /// (pid, tid) → the thread's name at its latest sample.
     thread_names: HashMap<(u32, u32), [u8; 16]>,
+    /// Each process's peak of live bytes, and its stacks' live samples then.
+    peaks: Peaks,
 }
 
 /// What a tally reads besides the samples, as the recording last read it: the targets'
@@ -273,6 +276,7 @@ impl Aggregator {
         retain(&mut self.per_stack_period);
         retain(&mut self.per_stack_live);
         stacks::forget::retain_remapped(&mut self.breakdowns, &remap);
+        self.peaks.forget(&remap, gone);
         if let Some(timeline) = &mut self.timeline {
             timeline.retain_stacks(&remap);
         }
@@ -357,7 +361,11 @@ impl Aggregator {
         if sample.tracked {
             // A free of the previous block here was lost (ring buffer full): forget it.
             self.free(sample.pid, sample.address, None);
+            self.peaks
+                .before_change(id, sample.pid, &self.per_stack_live[id]);
             self.per_stack_live[id].add(obs);
+            self.peaks
+                .after_change(sample.pid, obs, true, sample.timestamp_ns);
             self.live.insert(
                 (sample.pid, sample.address),
                 LiveBlock {
@@ -378,7 +386,13 @@ impl Aggregator {
         let Some(block) = self.live.remove(&(pid, address)) else {
             return;
         };
-        self.per_stack_live[block.stack as usize].remove(block.obs);
+        let id = block.stack as usize;
+        self.peaks.before_change(id, pid, &self.per_stack_live[id]);
+        self.per_stack_live[id].remove(block.obs);
+        // A lost free's time is unknown: the block's own allocation is the latest it is known
+        // to have been live at (only a fall, so never a peak).
+        let at_ns = freed_ns.unwrap_or(block.allocated_ns);
+        self.peaks.after_change(pid, block.obs, false, at_ns);
         let grid = self.timeline.as_ref().map(Timeline::grid);
         let breakdown = self.breakdowns.get_mut(block.stack as usize);
         if let (Some(freed_ns), Some(grid), Some(breakdown)) = (freed_ns, grid, breakdown) {
@@ -456,7 +470,17 @@ impl Aggregator {
             duty: self.duty_of_process(pid, open_stratum),
         });
         let build_ids = self.build_ids(&resolved);
+        let start_ns = self.timeline.as_ref().map(|t| t.grid().start_ns);
+        let peak_seconds = processes
+            .iter()
+            .filter_map(|p| {
+                let peak = self.peaks.process(p.pid)?;
+                let seconds = start_ns.map(|start| peak.at_ns.saturating_sub(start) as f64 / 1e9);
+                Some((p.pid, seconds))
+            })
+            .collect();
         Tally {
+            peak_seconds,
             stacks,
             processes,
             recent_seconds,
@@ -527,6 +551,7 @@ impl Aggregator {
                     },
                     all: *all,
                     live: self.per_stack_live[id],
+                    at_peak: self.peaks.at_peak(id, pid, &self.per_stack_live[id]),
                     leaked: leaks
                         .get(&(id as StackId))
                         .map(|(set, _)| *set)
@@ -564,6 +589,7 @@ impl Aggregator {
             }],
             all: lost_set(batches, &[]),
             live: SampleSet::default(),
+            at_peak: SampleSet::default(),
             leaked: SampleSet::default(),
             oldest_leaked_seconds: None,
             period: lost_set(batches, before.map_or(&[], Vec::as_slice)),

@@ -11,8 +11,8 @@ use super::{
     breakdown::Breakdown,
     insight::{Estimating, TIMELINE_STACKS},
     schema::{
-        uprobes, Coverage, DutyRecord, ExactCounts, LeakValues, Module, PeriodValues, ProbePoint,
-        ProcessProfile, Profile, Sampling, StackProfile, ThrottleRecord, SCHEMA,
+        uprobes, Coverage, DutyRecord, ExactCounts, LeakValues, Module, PeakValues, PeriodValues,
+        ProbePoint, ProcessProfile, Profile, Sampling, StackProfile, ThrottleRecord, SCHEMA,
     },
     StackTally, Tally,
 };
@@ -74,6 +74,8 @@ struct Context<'a> {
     tally: &'a Tally,
     leak_age: Option<f64>,
     period_seconds: Option<f64>,
+    /// Per process: how many times it filled its heap (see [`super::peak`]).
+    fillings: HashMap<u32, f64>,
 }
 
 impl Context<'_> {
@@ -99,6 +101,16 @@ impl Context<'_> {
         )
     }
 
+    /// The estimates of `pid`'s samples live at its peak.
+    fn at_peak(&self, set: &SampleSet, pid: u32) -> crate::stats::estimate::Estimates {
+        super::peak::estimate_at_peak(
+            set,
+            self.settings.confidence,
+            self.fillings.get(&pid).copied().unwrap_or(1.0),
+            self.settings.largest_interval,
+        )
+    }
+
     fn tracking(&self) -> bool {
         !self.settings.alloc_only
     }
@@ -120,6 +132,8 @@ impl Context<'_> {
             alloc.objects = alloc.objects.scaled(scale);
         }
         let inuse = (self.tracking() && !stack.lost).then(|| self.estimate(&stack.live));
+        let peak =
+            (self.tracking() && !stack.lost).then(|| self.at_peak(&stack.at_peak, stack.pid));
         let leak = self
             .leak_age
             .zip(stack.oldest_leaked_seconds)
@@ -169,6 +183,8 @@ impl Context<'_> {
             alloc_posterior: stack.all.posterior(settings.largest_interval),
             inuse_bytes: inuse.map(|e| e.bytes),
             inuse_objects: inuse.map(|e| e.objects),
+            peak_bytes: peak.map(|e| e.bytes),
+            peak_objects: peak.map(|e| e.objects),
             leak,
             period,
             lost: stack.lost,
@@ -259,6 +275,20 @@ impl Context<'_> {
             alloc_objects: alloc.objects,
             inuse_bytes: inuse.map(|e| e.bytes),
             inuse_objects: inuse.map(|e| e.objects),
+            peak: self
+                .tally
+                .peak_seconds
+                .get(&pid)
+                .filter(|_| self.tracking())
+                .map(|&at_seconds| {
+                    let e = self.at_peak(&totals.at_peak, pid);
+                    PeakValues {
+                        fillings: self.fillings.get(&pid).copied().unwrap_or(1.0),
+                        at_seconds,
+                        inuse_bytes: e.bytes,
+                        inuse_objects: e.objects,
+                    }
+                }),
             untracked_samples: known.map_or(0, |p| p.untracked_samples),
             lost_samples: known.map_or(0, |p| p.lost_samples),
             rss_bytes: known.and_then(|p| p.rss_bytes),
@@ -309,15 +339,25 @@ impl Profile {
             .collect();
         // Frames move into the profile (one copy of each stack's frames at a time).
         let tallied = std::mem::take(&mut tally.stacks);
+        for stack in &tallied {
+            per_pid.entry(stack.pid).or_default().add(stack);
+        }
+        let fillings = per_pid
+            .iter()
+            .map(|(&pid, totals)| {
+                let (all, at_peak) = (&totals.all, &totals.at_peak);
+                let fillings =
+                    super::peak::fillings(all.estimated_bytes(), at_peak.estimated_bytes());
+                (pid, fillings)
+            })
+            .collect();
         let context = Context {
             settings: &settings,
             tally: &tally,
             leak_age,
             period_seconds,
+            fillings,
         };
-        for stack in &tallied {
-            per_pid.entry(stack.pid).or_default().add(stack);
-        }
         let mut stacks = context.stacks(tallied);
         stacks.sort_by(|a, b| {
             b.1.alloc_bytes
@@ -371,6 +411,7 @@ impl Profile {
 struct ProcessTotals {
     all: SampleSet,
     live: SampleSet,
+    at_peak: SampleSet,
     growth: GrowthSums,
     lifetimes: Lifetimes,
     /// Its stacks' timeline ids.
@@ -381,6 +422,7 @@ impl ProcessTotals {
     fn add(&mut self, stack: &StackTally) {
         self.all.merge(&stack.all);
         self.live.merge(&stack.live);
+        self.at_peak.merge(&stack.at_peak);
         self.growth.merge(&stack.growth);
         let Breakdown { lifetimes, .. } = &stack.breakdown;
         if let Some(lifetimes) = lifetimes {
@@ -610,6 +652,7 @@ mod tests {
                 ..Default::default()
             }],
             live: all,
+            at_peak: all,
             leaked: SampleSet::default(),
             period: all,
             recent: SampleSet::default(),

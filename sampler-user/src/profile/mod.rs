@@ -8,6 +8,7 @@ mod build;
 mod groups;
 mod insight;
 mod parallel;
+pub mod peak;
 mod processes;
 pub mod schema;
 mod tally;

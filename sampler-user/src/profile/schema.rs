@@ -167,6 +167,10 @@ pub struct ProcessProfile {
     pub inuse_bytes: Option<Estimate>,
     /// Estimated blocks live at the end, of those allocated since attach.
     pub inuse_objects: Option<Estimate>,
+    /// When its estimated live total was highest, and what was live then (frees tracked,
+    /// something was live at some point).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak: Option<PeakValues>,
     /// Sampled blocks whose frees could not be tracked (the kernel's live map was full):
     /// the live numbers leave them out.
     #[serde(default)]
@@ -204,6 +208,28 @@ pub struct ProcessProfile {
     /// Its in-use bytes and allocation rate over time (not duty-cycled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<SeriesValues>,
+}
+
+/// A process's peak: the moment its estimated live bytes were highest (of blocks allocated
+/// since `coverage.since`; each stack's share is its `peak_bytes`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeakValues {
+    /// Seconds since the recording's start (`None`: not kept, duty-cycled).
+    pub at_seconds: Option<f64>,
+    /// Bytes live then, with bounds.
+    pub inuse_bytes: Estimate,
+    /// Blocks live then.
+    pub inuse_objects: Estimate,
+    /// How many times it filled its heap (bytes allocated / bytes at the peak, at least 1):
+    /// the moment is the highest of that many noisy levels, so the lower bounds at the
+    /// peak (this and every stack's `peak_bytes`) are taken at confidence
+    /// `1 − (1 − confidence)/fillings`.
+    #[serde(default = "one")]
+    pub fillings: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// How completely a process's allocations were observed (see docs/json-schema.md).
@@ -277,6 +303,13 @@ pub struct StackProfile {
     pub inuse_bytes: Option<Estimate>,
     /// Objects allocated here and still live at the end (`None`: frees not tracked).
     pub inuse_objects: Option<Estimate>,
+    /// Bytes allocated here and live when its process's live total was highest (`None`:
+    /// frees not tracked, or a file written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_bytes: Option<Estimate>,
+    /// Objects allocated here and live then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_objects: Option<Estimate>,
     /// Live blocks older than the leak threshold (`--leaks-older-than` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leak: Option<LeakValues>,

@@ -23,6 +23,9 @@ pub struct StackTally {
     pub all: SampleSet,
     /// Samples whose blocks are still live.
     pub live: SampleSet,
+    /// Samples whose blocks were live when its process's live total was highest (see
+    /// [`super::peak`]).
+    pub at_peak: SampleSet,
     /// Live samples older than the leak age.
     pub leaked: SampleSet,
     /// Age in seconds of the oldest of them (`None`: none).
@@ -104,4 +107,7 @@ pub struct Tally {
     pub ticks: u64,
     /// (pid, tid) → the thread's name (raw, as the kernel gave it: sanitize to show).
     pub thread_names: HashMap<(u32, u32), String>,
+    /// Per process whose blocks were ever live: when its live total was highest, seconds
+    /// since the recording's start (`None`: the start is not kept, duty-cycled).
+    pub peak_seconds: HashMap<u32, Option<f64>>,
 }

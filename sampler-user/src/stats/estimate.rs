@@ -70,6 +70,21 @@ impl SampleObs {
     pub fn inclusion_probability(self) -> f64 {
         inclusion_probability(self.size, self.interval)
     }
+
+    /// The bytes it stands for in a Horvitz-Thompson sum: its weight, or `size / π`.
+    pub fn weighted_bytes(self) -> f64 {
+        match self.weight {
+            Some(weight) => weight as f64,
+            None => {
+                let pi = self.inclusion_probability();
+                if pi > 0.0 {
+                    self.size as f64 / pi
+                } else {
+                    0.0
+                }
+            }
+        }
+    }
 }
 
 /// `1 - (1 - 1/interval)^size`, computed without cancellation for tiny `1/interval`.
@@ -400,6 +415,12 @@ impl SampleSet {
             objects_variance: self.variance_objects,
             sampled_bytes: self.sampled_bytes,
         }
+    }
+
+    /// The point estimate of the bytes behind these samples, both kinds (the weighted
+    /// ones' weights too), without bounds.
+    pub fn estimated_bytes(&self) -> f64 {
+        self.weighted_bytes + self.weighted.bytes
     }
 
     /// The jemalloc #1751 posterior of the bytes behind these samples; `interval` stands in

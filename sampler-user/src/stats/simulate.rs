@@ -209,6 +209,33 @@ pub fn calibrate_step(
 mod tests {
     use super::*;
 
+    /// The estimate at the peak: 95% bounds hold the live bytes at the chosen moment, and
+    /// the true peak, in at least 93% of 1000 runs whether the heap is filled once, 100
+    /// times over (without the widening, about 0.975¹⁰⁰ ≈ 8% of runs), or beside heavy
+    /// churn. Filled once, the estimate is unbiased (within 2%); filled 100 times it leans
+    /// high by selection (measured +9% at ~250 samples a filling), which the bounds hold.
+    #[test]
+    fn the_peak_is_bounded_however_often_the_heap_is_refilled() {
+        for (i, shape) in [
+            PeakShape::OneRise,
+            PeakShape::Sawtooth { rounds: 100 },
+            PeakShape::RiseWithChurn,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (moment, peak, ratio) =
+                calibrate_peak(shape, (400, 4096), 4096, 1000, 0.95, 500 + i as u64);
+            eprintln!("{shape:?}: at the moment {moment:.3}, the peak {peak:.3}, estimate/peak {ratio:.4}");
+            assert!(moment >= 0.93 && peak >= 0.93, "{shape:?}: {moment} {peak}");
+            let most = match shape {
+                PeakShape::Sawtooth { .. } => 0.15,
+                _ => 0.02,
+            };
+            assert!((ratio - 1.0).abs() < most, "{shape:?}: {ratio}");
+        }
+    }
+
     /// The throttle raising the interval 16-fold halfway (a storm) and lowering it 16-fold
     /// (the storm over): unbiased within 1.5%, 95% bounds covering 93–97.5% of 2000 runs.
     #[test]
@@ -263,4 +290,117 @@ mod tests {
             }
         }
     }
+}
+
+/// A heap's shape over time, for [`calibrate_peak`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeakShape {
+    /// Builds `blocks` blocks once, then frees them all.
+    OneRise,
+    /// Builds `blocks` blocks and frees them, `rounds` times over: the same peak each time.
+    Sawtooth {
+        /// Fillings.
+        rounds: u32,
+    },
+    /// Builds `blocks` blocks once while allocating and freeing at once 20 times as many
+    /// small temporary ones.
+    RiseWithChurn,
+}
+
+/// Coverage of the estimate at the peak ([`crate::profile::peak`]) over `runs` recordings
+/// of `shape`, `blocks` blocks of `size` bytes per filling, at `interval`: (runs whose
+/// bounds held the true live bytes at the chosen moment, runs whose bounds held the true
+/// peak, mean estimate / true peak).
+pub fn calibrate_peak(
+    shape: PeakShape,
+    (blocks, size): (u64, u64),
+    interval: u64,
+    runs: u32,
+    confidence: f64,
+    seed: u64,
+) -> (f64, f64, f64) {
+    use crate::profile::peak::{estimate_at_peak, fillings, Peaks};
+    let scale = geometric::scale_q32(interval).expect("valid interval");
+    let mut rng = Pcg64::seed_from_u64(seed);
+    let (mut at_moment, mut at_peak, mut ratio) = (0u32, 0u32, 0.0);
+    // (size, held?) in allocation order, and when each held block is freed.
+    let rounds = match shape {
+        PeakShape::Sawtooth { rounds } => rounds,
+        _ => 1,
+    };
+    for _ in 0..runs {
+        let mut peaks = Peaks::default();
+        let (mut live, mut all) = (SampleSet::default(), SampleSet::default());
+        let mut countdown = geometric::draw(rng.next_u64(), scale);
+        let (mut true_live, mut true_peak, mut true_then) = (0u64, 0u64, 0u64);
+        let mut last_version_at = None;
+        let mut clock = 0u64;
+        let mut draw = |n: u64, countdown: &mut u64| -> Option<SampleObs> {
+            if *countdown < n {
+                let obs = SampleObs {
+                    size: n,
+                    offset: *countdown,
+                    interval,
+                    weight: None,
+                };
+                *countdown = geometric::draw(rng.next_u64(), scale);
+                Some(obs)
+            } else {
+                *countdown -= n;
+                None
+            }
+        };
+        for _ in 0..rounds {
+            let mut held = Vec::with_capacity(blocks as usize);
+            for _ in 0..blocks {
+                let obs = draw(size, &mut countdown);
+                true_live += size;
+                clock += 1;
+                if let Some(obs) = obs {
+                    all.add(obs);
+                    peaks.before_change(0, 1, &live);
+                    live.add(obs);
+                    peaks.after_change(1, obs, true, clock);
+                }
+                held.push(obs);
+                if true_live > true_peak {
+                    true_peak = true_live;
+                }
+                if peaks.process(1).map(|p| p.at_ns) != last_version_at {
+                    last_version_at = peaks.process(1).map(|p| p.at_ns);
+                    true_then = true_live;
+                }
+                if shape == PeakShape::RiseWithChurn {
+                    for _ in 0..20 {
+                        // A temporary block of a tenth of the size, freed at once.
+                        if let Some(obs) = draw(size / 10 + 1, &mut countdown) {
+                            all.add(obs);
+                        }
+                    }
+                }
+            }
+            for obs in held {
+                true_live -= size;
+                clock += 1;
+                if let Some(obs) = obs {
+                    peaks.before_change(0, 1, &live);
+                    live.remove(obs);
+                    peaks.after_change(1, obs, false, clock);
+                }
+            }
+        }
+        let then = peaks.at_peak(0, 1, &live);
+        let k = fillings(all.estimated_bytes(), then.estimated_bytes());
+        let e = estimate_at_peak(&then, confidence, k, interval).bytes;
+        let holds = |truth: u64| e.lower <= truth as f64 && truth as f64 <= e.upper;
+        at_moment += u32::from(holds(true_then));
+        at_peak += u32::from(holds(true_peak));
+        ratio += e.estimate / true_peak as f64;
+    }
+    let runs = f64::from(runs);
+    (
+        f64::from(at_moment) / runs,
+        f64::from(at_peak) / runs,
+        ratio / runs,
+    )
 }

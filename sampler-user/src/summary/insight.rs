@@ -79,7 +79,7 @@ pub fn growing_rows(out: &mut String, profile: &Profile, top: usize) {
 }
 
 /// Lifetime in seconds, in the unit that reads best.
-fn lifetime(seconds: Option<f64>) -> String {
+pub(super) fn lifetime(seconds: Option<f64>) -> String {
     match seconds {
         None => "-".to_owned(),
         Some(s) if s < 1e-3 => format!("{:.0} µs", s * 1e6),

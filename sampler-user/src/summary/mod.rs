@@ -214,6 +214,9 @@ pub fn render(profile: &Profile, top: usize, each: bool) -> String {
         leak_rows(&mut out, profile, age, top);
     }
     if !profile.alloc_only {
+        if crate::export::Value::default_for(profile) == crate::export::Value::PeakBytes {
+            peak_rows(&mut out, profile, top);
+        }
         live_rows(&mut out, profile, top);
         insight::growing_rows(&mut out, profile, top);
         insight::temporary_rows(&mut out, profile, top);
@@ -371,6 +374,17 @@ fn process_lines(out: &mut String, process: &ProcessProfile) {
             "    live heap (allocated since attach, not freed): {}; RSS {rss}",
             estimate_bytes(live)
         );
+        if let Some(peak) = &process.peak {
+            let at = peak
+                .at_seconds
+                .map(|s| format!(" ({} after the start)", insight::lifetime(Some(s))))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "    peak live heap{at}: {}",
+                estimate_bytes(&peak.inuse_bytes)
+            );
+        }
         insight::process_growth(out, process);
         if process.untracked_samples > 0 {
             let _ = writeln!(
@@ -444,6 +458,29 @@ fn leak_rows(out: &mut String, profile: &Profile, age: f64, top: usize) {
             leak.inuse_objects.estimate, leak.oldest_seconds
         );
         stack_row(out, &leak.inuse_bytes, &detail, stack, &chain);
+    }
+}
+
+/// The top `top` stacks by estimated live bytes at their process's peak.
+fn peak_rows(out: &mut String, profile: &Profile, top: usize) {
+    let mut rows: Vec<_> = profile
+        .stacks
+        .iter()
+        .filter_map(|stack| Some((stack, stack.peak_bytes?)))
+        .filter(|(_, peak)| peak.samples > 0)
+        .collect();
+    rows.sort_by(|a, b| b.1.estimate.total_cmp(&a.1.estimate));
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "top stacks by estimated live bytes at the peak (each process's highest live heap):"
+    );
+    let shown: Vec<&StackProfile> = rows.iter().take(top).map(|(s, _)| *s).collect();
+    for ((stack, peak), chain) in rows.iter().take(top).zip(row_chains(&shown)) {
+        let detail = format!("{:>6} samples", peak.samples);
+        stack_row(out, peak, &detail, stack, &chain);
     }
 }
 

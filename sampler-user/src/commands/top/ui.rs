@@ -550,6 +550,7 @@ mod tests {
             ],
             all: samples(all, 4096),
             live: samples(live, 4096),
+            at_peak: samples(live, 4096),
             leaked: samples(live / 2, 4096),
             oldest_leaked_seconds: (live >= 2).then_some(40.0),
             period: SampleSet::default(),

@@ -163,6 +163,26 @@ fn metrics(profile: &Profile) -> Vec<(Metric, Of)> {
             |s| s.inuse_objects,
         ));
     }
+    if profile.stacks.iter().any(|s| s.peak_bytes.is_some()) {
+        metrics.push((
+            Metric {
+                key: "peak_bytes",
+                label: "live bytes at the peak",
+                unit: "bytes",
+                signed: false,
+            },
+            |s| s.peak_bytes,
+        ));
+        metrics.push((
+            Metric {
+                key: "peak_objects",
+                label: "live allocations at the peak",
+                unit: "count",
+                signed: false,
+            },
+            |s| s.peak_objects,
+        ));
+    }
     if profile.stacks.iter().any(|s| s.growth.is_some()) {
         metrics.push((
             Metric {
@@ -301,6 +321,8 @@ fn value_key(value: Value) -> &'static str {
         Value::AllocObjects => "alloc_objects",
         Value::InuseBytes => "inuse_bytes",
         Value::InuseObjects => "inuse_objects",
+        Value::PeakBytes => "peak_bytes",
+        Value::PeakObjects => "peak_objects",
     }
 }
 
