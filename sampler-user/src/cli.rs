@@ -62,8 +62,7 @@ pub enum Command {
     /// OpenTelemetry Collector (OTLP profiles) or Parca, and/or write it to a directory.
     #[command(after_help = AGENT_EXAMPLES)]
     Agent(Box<AgentArgs>),
-    /// Write the man pages or a shell's completions (packaging).
-    #[command(hide = true)]
+    /// Write the man pages, a shell's completions, or the in-process sampler library.
     Generate(GenerateArgs),
     /// Holds the descriptors it inherited until its standard input ends: the last links of a
     /// finished recording, released in its exit rather than in allocscope's.

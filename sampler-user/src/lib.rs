@@ -17,6 +17,7 @@ pub mod duty;
 pub mod exits;
 pub mod export;
 pub mod format;
+pub mod help;
 pub mod infile;
 pub mod inject;
 pub mod outfile;

@@ -5,7 +5,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser as _;
 use sampler_user::{
     cli::{self, Command},
     commands::{agent, diff, generate, record, reference, report, top},
@@ -37,7 +36,11 @@ fn main() -> ExitCode {
 }
 
 fn allocscope() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let matches = sampler_user::help::command().get_matches();
+    let cli = match <cli::Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     match cli.command {
         Command::Record(args) => {
             init_logging(args.sampling.verbose);

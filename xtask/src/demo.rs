@@ -6,7 +6,8 @@ use std::process::{Command, Stdio};
 use crate::run::{cargo, fixture, is_root, status, workspace};
 
 pub fn run() -> anyhow::Result<()> {
-    crate::setup::run()?;
+    // What the demo runs, not what the tests need (chromium, Go, Node: ~880 MB).
+    crate::setup::build_only()?;
     status(cargo().args(["build", "--release"]))?;
     let workload = fixture("workload")?;
     let root = workspace();

@@ -22,10 +22,14 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Install what building and testing need (idempotent): nightly rust-src, bpf-linker
-    /// 0.10.0, and the Debian packages the tests use.
-    Setup,
+    /// 0.10.0, and the Debian packages and tools the tests use.
+    Setup {
+        /// Only what building allocscope needs: rust-src, bpf-linker and a C compiler.
+        #[arg(long)]
+        build_only: bool,
+    },
     /// Build, record the bundled workload with known call sites, print the summary and write
-    /// target/demo/heap.json and heap.folded.
+    /// target/demo/heap.json (installs only what building needs: `setup --build-only`).
     Demo,
     /// Set up, build, then run formatting and lint checks and every test (what CI runs).
     Test,
@@ -47,7 +51,8 @@ enum Task {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
-        Task::Setup => setup::run(),
+        Task::Setup { build_only: false } => setup::run(),
+        Task::Setup { build_only: true } => setup::build_only(),
         Task::Demo => demo::run(),
         Task::Test => test::run(),
         Task::Check => test::shape(),

@@ -40,6 +40,7 @@ use crate::run::{is_root, output, status};
 
 const BPF_LINKER_VERSION: &str = "0.10.0";
 /// (a program on PATH or an absolute file path that shows the package is there, package).
+/// The first is all a build needs ([`build_only`]).
 const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("gcc", "gcc"),
     ("g++", "g++"),
@@ -80,10 +81,20 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ),
 ];
 
+/// What building allocscope (and running the demo's C workload) needs, and no more:
+/// nightly's rust-src, bpf-linker and a C compiler (the linker, the demo's fixture).
+pub fn build_only() -> anyhow::Result<()> {
+    nightly_rust_src()?;
+    bpf_linker()?;
+    debian_packages(&DEBIAN_PACKAGES[..1])?;
+    eprintln!("xtask: setup for building complete");
+    Ok(())
+}
+
 pub fn run() -> anyhow::Result<()> {
     nightly_rust_src()?;
     bpf_linker()?;
-    debian_packages()?;
+    debian_packages(DEBIAN_PACKAGES)?;
     second_python()?;
     js_tools()?;
     py_tools()?;
@@ -139,8 +150,8 @@ fn bpf_linker() -> anyhow::Result<()> {
     ]))
 }
 
-fn debian_packages() -> anyhow::Result<()> {
-    let missing: Vec<&str> = DEBIAN_PACKAGES
+fn debian_packages(wanted: &[(&str, &str)]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = wanted
         .iter()
         .filter(|(check, _)| {
             if check.starts_with('/') {

@@ -8,9 +8,8 @@
 use std::path::Path;
 
 use anyhow::Context as _;
-use clap::CommandFactory as _;
 
-use crate::cli::{Cli, GenerateArgs, GenerateWhat};
+use crate::cli::{GenerateArgs, GenerateWhat};
 
 /// Writes what `args` asks for into its directory.
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
@@ -41,7 +40,7 @@ fn library(dir: &Path) -> anyhow::Result<()> {
 }
 
 fn man_pages(dir: &Path) -> anyhow::Result<()> {
-    let command = Cli::command();
+    let command = crate::help::command();
     write_page(dir, "allocscope", command.clone())?;
     for sub in command.get_subcommands().filter(|s| !s.is_hide_set()) {
         let name = format!("allocscope-{}", sub.get_name());
@@ -60,7 +59,7 @@ fn write_page(dir: &Path, name: &str, command: clap::Command) -> anyhow::Result<
 fn completions(dir: &Path) -> anyhow::Result<()> {
     use clap_complete::Shell;
     for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
-        let mut command = Cli::command();
+        let mut command = crate::help::command();
         clap_complete::generate_to(shell, &mut command, "allocscope", dir)
             .with_context(|| format!("writing the {shell} completions"))?;
     }

@@ -1,5 +1,5 @@
-//! The `allocscope/v1` JSON export: the profile model serialized as is (README documents
-//! every field).
+//! The `allocscope/v1` JSON export: the profile model serialized as is (docs/json-schema.md
+//! documents every field).
 
 use std::io::Write;
 

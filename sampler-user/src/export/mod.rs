@@ -15,7 +15,7 @@ use std::{
 
 use crate::{
     outfile,
-    profile::{Profile, StackProfile},
+    profile::{Opening, Profile, StackProfile},
 };
 
 /// Output formats.
@@ -155,30 +155,13 @@ impl Value {
         }
     }
 
-    /// The default for a profile, as heaptrack and memray open: where frees were tracked, a
-    /// recording of a command allocscope started opens on its live bytes at the peak (a
-    /// command that frees what it held before it exits has nothing live at its end), one
-    /// of running processes on their live bytes now; a value with nothing in it gives way
-    /// to the next (peak, then allocated bytes).
+    /// The default for a profile: the bytes of what it opens on ([`Profile::opens_on`]).
     pub fn default_for(profile: &Profile) -> Value {
-        let has = |value: Value| profile.stacks.iter().any(|s| value.of(s) > 0.0);
-        let started = profile.processes.iter().any(|p| {
-            p.coverage
-                .as_ref()
-                .is_some_and(|c| c.since == crate::profile::CoverageStart::Start)
-        });
-        let order = if started {
-            [Value::PeakBytes, Value::InuseBytes]
-        } else {
-            [Value::InuseBytes, Value::PeakBytes]
-        };
-        if profile.alloc_only {
-            return Value::AllocBytes;
+        match profile.opens_on() {
+            Opening::Peak => Value::PeakBytes,
+            Opening::Live => Value::InuseBytes,
+            Opening::Allocated => Value::AllocBytes,
         }
-        order
-            .into_iter()
-            .find(|&v| has(v))
-            .unwrap_or(Value::AllocBytes)
     }
 
     /// Where `format` shows `self` alone (folded, SVG) or opens on it (HTML, speedscope) and

@@ -74,7 +74,7 @@ struct Context<'a> {
     tally: &'a Tally,
     leak_age: Option<f64>,
     period_seconds: Option<f64>,
-    /// Per process: how many times it filled its heap (see [`super::peak`]).
+    /// Per process: how many times it filled its heap (see [`crate::stats::peak`]).
     fillings: HashMap<u32, f64>,
 }
 
@@ -103,12 +103,26 @@ impl Context<'_> {
 
     /// The estimates of `pid`'s samples live at its peak.
     fn at_peak(&self, set: &SampleSet, pid: u32) -> crate::stats::estimate::Estimates {
-        super::peak::estimate_at_peak(
+        crate::stats::peak::estimate_at_peak(
             set,
             self.settings.confidence,
             self.fillings.get(&pid).copied().unwrap_or(1.0),
             self.settings.largest_interval,
         )
+    }
+
+    /// `pid`'s peak (frees tracked, and something of it was live at some moment).
+    fn peak(&self, pid: u32, totals: &ProcessTotals) -> Option<PeakValues> {
+        let &at_seconds = self.tally.peak_seconds.get(&pid)?;
+        let e = self
+            .tracking()
+            .then(|| self.at_peak(&totals.at_peak, pid))?;
+        Some(PeakValues {
+            fillings: self.fillings.get(&pid).copied().unwrap_or(1.0),
+            at_seconds,
+            inuse_bytes: e.bytes,
+            inuse_objects: e.objects,
+        })
     }
 
     fn tracking(&self) -> bool {
@@ -229,15 +243,11 @@ impl Context<'_> {
         let ns = self.tally.duty_ns_per_call;
         if let Some(pair) = duty {
             // From the exact counters of the on slots: time-sampled only.
-            let confidence = self.settings.confidence;
-            alloc.bytes = Estimate {
-                samples: set.samples(),
-                ..pair.bytes.estimate(confidence, ns)
-            };
-            alloc.objects = Estimate {
-                samples: set.samples(),
-                ..pair.objects.estimate(confidence, ns)
-            };
+            let (confidence, samples) = (self.settings.confidence, set.samples());
+            let bytes = pair.bytes.estimate(confidence, ns);
+            let objects = pair.objects.estimate(confidence, ns);
+            alloc.bytes = Estimate { samples, ..bytes };
+            alloc.objects = Estimate { samples, ..objects };
         }
         let allocators: Vec<String> = known.map(|p| p.allocators.clone()).unwrap_or_default();
         ProcessProfile {
@@ -275,20 +285,7 @@ impl Context<'_> {
             alloc_objects: alloc.objects,
             inuse_bytes: inuse.map(|e| e.bytes),
             inuse_objects: inuse.map(|e| e.objects),
-            peak: self
-                .tally
-                .peak_seconds
-                .get(&pid)
-                .filter(|_| self.tracking())
-                .map(|&at_seconds| {
-                    let e = self.at_peak(&totals.at_peak, pid);
-                    PeakValues {
-                        fillings: self.fillings.get(&pid).copied().unwrap_or(1.0),
-                        at_seconds,
-                        inuse_bytes: e.bytes,
-                        inuse_objects: e.objects,
-                    }
-                }),
+            peak: self.peak(pid, totals),
             untracked_samples: known.map_or(0, |p| p.untracked_samples),
             lost_samples: known.map_or(0, |p| p.lost_samples),
             rss_bytes: known.and_then(|p| p.rss_bytes),
@@ -332,31 +329,15 @@ impl Profile {
             .leaks_older_than
             .filter(|_| !settings.alloc_only)
             .map(|age| age.as_secs_f64());
-        let mut per_pid: BTreeMap<u32, ProcessTotals> = tally
-            .processes
-            .iter()
-            .map(|p| (p.pid, Default::default()))
-            .collect();
         // Frames move into the profile (one copy of each stack's frames at a time).
         let tallied = std::mem::take(&mut tally.stacks);
-        for stack in &tallied {
-            per_pid.entry(stack.pid).or_default().add(stack);
-        }
-        let fillings = per_pid
-            .iter()
-            .map(|(&pid, totals)| {
-                let (all, at_peak) = (&totals.all, &totals.at_peak);
-                let fillings =
-                    super::peak::fillings(all.estimated_bytes(), at_peak.estimated_bytes());
-                (pid, fillings)
-            })
-            .collect();
+        let per_pid = totals(&tally, &tallied);
         let context = Context {
             settings: &settings,
             tally: &tally,
             leak_age,
             period_seconds,
-            fillings,
+            fillings: fillings(&per_pid),
         };
         let mut stacks = context.stacks(tallied);
         stacks.sort_by(|a, b| {
@@ -404,6 +385,32 @@ impl Profile {
             overhead,
         }
     }
+}
+
+/// Each process's sums over its stacks (every target's, with stacks or not).
+fn totals(tally: &Tally, tallied: &[StackTally]) -> BTreeMap<u32, ProcessTotals> {
+    let mut per_pid: BTreeMap<u32, ProcessTotals> = tally
+        .processes
+        .iter()
+        .map(|p| (p.pid, Default::default()))
+        .collect();
+    for stack in tallied {
+        per_pid.entry(stack.pid).or_default().add(stack);
+    }
+    per_pid
+}
+
+/// Per process: how many times it filled its heap (see [`crate::stats::peak`]).
+fn fillings(per_pid: &BTreeMap<u32, ProcessTotals>) -> HashMap<u32, f64> {
+    per_pid
+        .iter()
+        .map(|(&pid, totals)| {
+            let (all, at_peak) = (&totals.all, &totals.at_peak);
+            let fillings =
+                crate::stats::peak::fillings(all.estimated_bytes(), at_peak.estimated_bytes());
+            (pid, fillings)
+        })
+        .collect()
 }
 
 /// A process's sums over its stacks.

@@ -8,7 +8,6 @@ mod build;
 mod groups;
 mod insight;
 mod parallel;
-pub mod peak;
 mod processes;
 pub mod schema;
 mod tally;

@@ -214,7 +214,8 @@ pub struct ProcessProfile {
 /// since `coverage.since`; each stack's share is its `peak_bytes`).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PeakValues {
-    /// Seconds since the recording's start (`None`: not kept, duty-cycled).
+    /// Seconds since the recording's start (`None`: not kept (duty-cycled), or before it: a
+    /// command's samples taken while its probes loaded).
     pub at_seconds: Option<f64>,
     /// Bytes live then, with bounds.
     pub inuse_bytes: Estimate,
@@ -485,6 +486,17 @@ pub struct Profile {
     pub overhead: Option<crate::cost::Overhead>,
 }
 
+/// See [`Profile::opens_on`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opening {
+    /// Live bytes at each process's peak.
+    Peak,
+    /// Live bytes at the end.
+    Live,
+    /// Bytes allocated.
+    Allocated,
+}
+
 /// One probe point, as attached.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProbePoint {
@@ -523,6 +535,33 @@ impl Profile {
             return Err("sampling.mean_interval_bytes is 0: it must be at least 1".into());
         }
         Ok(())
+    }
+
+    /// What a view of this profile opens on, as heaptrack and memray open: where frees were
+    /// tracked, a recording of a command allocscope started opens on its live bytes at
+    /// the peak (a command that frees what it held before it exits has nothing live at
+    /// its end), one of running processes on their live bytes now; a view with nothing in
+    /// it gives way to the next (peak, then allocated bytes).
+    pub fn opens_on(&self) -> Opening {
+        if self.alloc_only {
+            return Opening::Allocated;
+        }
+        let has = |of: fn(&StackProfile) -> Option<Estimate>| {
+            self.stacks
+                .iter()
+                .any(|s| of(s).is_some_and(|e| e.estimate > 0.0))
+        };
+        let started = self.processes.iter().any(|p| {
+            p.coverage
+                .as_ref()
+                .is_some_and(|c| c.since == CoverageStart::Start)
+        });
+        let (peak, live) = (has(|s| s.peak_bytes), has(|s| s.inuse_bytes));
+        match (started, peak, live) {
+            (true, true, _) | (false, true, false) => Opening::Peak,
+            (_, _, true) => Opening::Live,
+            _ => Opening::Allocated,
+        }
     }
 
     /// Each process's command and cgroup by pid: what exports label a stack with.

@@ -24,7 +24,7 @@ pub struct StackTally {
     /// Samples whose blocks are still live.
     pub live: SampleSet,
     /// Samples whose blocks were live when its process's live total was highest (see
-    /// [`super::peak`]).
+    /// [`crate::stats::peak`]).
     pub at_peak: SampleSet,
     /// Live samples older than the leak age.
     pub leaked: SampleSet,
@@ -108,6 +108,7 @@ pub struct Tally {
     /// (pid, tid) → the thread's name (raw, as the kernel gave it: sanitize to show).
     pub thread_names: HashMap<(u32, u32), String>,
     /// Per process whose blocks were ever live: when its live total was highest, seconds
-    /// since the recording's start (`None`: the start is not kept, duty-cycled).
+    /// since the recording's start (`None`: the start is not kept, duty-cycled, or the peak
+    /// came before it: a command's samples taken while its probes loaded).
     pub peak_seconds: HashMap<u32, Option<f64>>,
 }

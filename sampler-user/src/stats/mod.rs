@@ -9,6 +9,7 @@ pub mod estimate;
 pub mod growth;
 pub mod lifetime;
 pub mod negbin;
+pub mod peak;
 pub mod rate;
 pub mod runtime;
 #[cfg(any(test, feature = "simulation"))]

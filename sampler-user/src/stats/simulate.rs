@@ -205,6 +205,156 @@ pub fn calibrate_step(
     )
 }
 
+/// A heap's shape over time, for [`calibrate_peak`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeakShape {
+    /// Builds `blocks` blocks once, then frees them all.
+    OneRise,
+    /// Builds `blocks` blocks and frees them, `rounds` times over: the same peak each time.
+    Sawtooth {
+        /// Fillings.
+        rounds: u32,
+    },
+    /// Builds `blocks` blocks once while allocating and freeing at once 20 times as many
+    /// small temporary ones.
+    RiseWithChurn,
+}
+
+/// Coverage of the estimate at the peak ([`super::peak`]) over `runs` recordings
+/// of `shape`, `blocks` blocks of `size` bytes per filling, at `interval`: (runs whose
+/// bounds held the true live bytes at the chosen moment, runs whose bounds held the true
+/// peak, mean estimate / true peak).
+pub fn calibrate_peak(
+    shape: PeakShape,
+    (blocks, size): (u64, u64),
+    interval: u64,
+    runs: u32,
+    confidence: f64,
+    seed: u64,
+) -> (f64, f64, f64) {
+    use super::peak::{estimate_at_peak, fillings};
+    let mut sampler = Sampler::new(interval, seed);
+    let (mut at_moment, mut at_peak, mut ratio) = (0u32, 0u32, 0.0);
+    for _ in 0..runs {
+        let run = PeakRun::simulate(shape, (blocks, size), &mut sampler);
+        let k = fillings(run.all.estimated_bytes(), run.at_peak.estimated_bytes());
+        let e = estimate_at_peak(&run.at_peak, confidence, k, interval).bytes;
+        let holds = |truth: u64| e.lower <= truth as f64 && truth as f64 <= e.upper;
+        at_moment += u32::from(holds(run.true_then));
+        at_peak += u32::from(holds(run.true_peak));
+        ratio += e.estimate / run.true_peak as f64;
+    }
+    let runs = f64::from(runs);
+    (
+        f64::from(at_moment) / runs,
+        f64::from(at_peak) / runs,
+        ratio / runs,
+    )
+}
+
+/// The kernel's countdown over a stream of allocations.
+struct Sampler {
+    rng: Pcg64,
+    scale: u64,
+    interval: u64,
+    countdown: u64,
+}
+
+impl Sampler {
+    fn new(interval: u64, seed: u64) -> Sampler {
+        let scale = geometric::scale_q32(interval).expect("valid interval");
+        let mut rng = Pcg64::seed_from_u64(seed);
+        let countdown = geometric::draw(rng.next_u64(), scale);
+        Sampler {
+            rng,
+            scale,
+            interval,
+            countdown,
+        }
+    }
+
+    /// An allocation of `size` bytes: its sample, when the countdown runs out in it.
+    fn allocate(&mut self, size: u64) -> Option<SampleObs> {
+        if self.countdown >= size {
+            self.countdown -= size;
+            return None;
+        }
+        let obs = SampleObs {
+            size,
+            offset: self.countdown,
+            interval: self.interval,
+            weight: None,
+        };
+        self.countdown = geometric::draw(self.rng.next_u64(), self.scale);
+        Some(obs)
+    }
+}
+
+/// One simulated recording for [`calibrate_peak`]: the samples live at the peak found, all
+/// samples, and the truth (live bytes at the moment found, and the true peak).
+struct PeakRun {
+    at_peak: SampleSet,
+    all: SampleSet,
+    true_then: u64,
+    true_peak: u64,
+}
+
+impl PeakRun {
+    fn simulate(shape: PeakShape, (blocks, size): (u64, u64), sampler: &mut Sampler) -> PeakRun {
+        let rounds = match shape {
+            PeakShape::Sawtooth { rounds } => rounds,
+            _ => 1,
+        };
+        let mut peaks = super::peak::Peaks::default();
+        let (mut live, mut all) = (SampleSet::default(), SampleSet::default());
+        let (mut true_live, mut true_peak, mut true_then) = (0u64, 0u64, 0u64);
+        let mut clock = 0u64;
+        let mut change = |live: &mut SampleSet, obs: SampleObs, added: bool, clock: u64| {
+            peaks.before_change(0, 1, live);
+            if added {
+                live.add(obs);
+            } else {
+                live.remove(obs);
+            }
+            peaks.after_change(1, obs, added, clock);
+            peaks.process(1).map(|p| p.at_ns) == Some(clock)
+        };
+        for _ in 0..rounds {
+            let mut held = Vec::with_capacity(blocks as usize);
+            for _ in 0..blocks {
+                let obs = sampler.allocate(size);
+                (true_live, clock) = (true_live + size, clock + 1);
+                true_peak = true_peak.max(true_live);
+                if let Some(obs) = obs {
+                    all.add(obs);
+                    if change(&mut live, obs, true, clock) {
+                        true_then = true_live;
+                    }
+                }
+                held.push(obs);
+                if shape == PeakShape::RiseWithChurn {
+                    // 20 temporary blocks of a tenth of the size, freed at once.
+                    for obs in (0..20).filter_map(|_| sampler.allocate(size / 10 + 1)) {
+                        all.add(obs);
+                    }
+                }
+            }
+            for obs in held {
+                (true_live, clock) = (true_live - size, clock + 1);
+                if let Some(obs) = obs {
+                    change(&mut live, obs, false, clock);
+                }
+            }
+        }
+        PeakRun {
+            at_peak: peaks.at_peak(0, 1, &live),
+            all,
+            true_then,
+            true_peak,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,117 +440,4 @@ mod tests {
             }
         }
     }
-}
-
-/// A heap's shape over time, for [`calibrate_peak`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PeakShape {
-    /// Builds `blocks` blocks once, then frees them all.
-    OneRise,
-    /// Builds `blocks` blocks and frees them, `rounds` times over: the same peak each time.
-    Sawtooth {
-        /// Fillings.
-        rounds: u32,
-    },
-    /// Builds `blocks` blocks once while allocating and freeing at once 20 times as many
-    /// small temporary ones.
-    RiseWithChurn,
-}
-
-/// Coverage of the estimate at the peak ([`crate::profile::peak`]) over `runs` recordings
-/// of `shape`, `blocks` blocks of `size` bytes per filling, at `interval`: (runs whose
-/// bounds held the true live bytes at the chosen moment, runs whose bounds held the true
-/// peak, mean estimate / true peak).
-pub fn calibrate_peak(
-    shape: PeakShape,
-    (blocks, size): (u64, u64),
-    interval: u64,
-    runs: u32,
-    confidence: f64,
-    seed: u64,
-) -> (f64, f64, f64) {
-    use crate::profile::peak::{estimate_at_peak, fillings, Peaks};
-    let scale = geometric::scale_q32(interval).expect("valid interval");
-    let mut rng = Pcg64::seed_from_u64(seed);
-    let (mut at_moment, mut at_peak, mut ratio) = (0u32, 0u32, 0.0);
-    // (size, held?) in allocation order, and when each held block is freed.
-    let rounds = match shape {
-        PeakShape::Sawtooth { rounds } => rounds,
-        _ => 1,
-    };
-    for _ in 0..runs {
-        let mut peaks = Peaks::default();
-        let (mut live, mut all) = (SampleSet::default(), SampleSet::default());
-        let mut countdown = geometric::draw(rng.next_u64(), scale);
-        let (mut true_live, mut true_peak, mut true_then) = (0u64, 0u64, 0u64);
-        let mut last_version_at = None;
-        let mut clock = 0u64;
-        let mut draw = |n: u64, countdown: &mut u64| -> Option<SampleObs> {
-            if *countdown < n {
-                let obs = SampleObs {
-                    size: n,
-                    offset: *countdown,
-                    interval,
-                    weight: None,
-                };
-                *countdown = geometric::draw(rng.next_u64(), scale);
-                Some(obs)
-            } else {
-                *countdown -= n;
-                None
-            }
-        };
-        for _ in 0..rounds {
-            let mut held = Vec::with_capacity(blocks as usize);
-            for _ in 0..blocks {
-                let obs = draw(size, &mut countdown);
-                true_live += size;
-                clock += 1;
-                if let Some(obs) = obs {
-                    all.add(obs);
-                    peaks.before_change(0, 1, &live);
-                    live.add(obs);
-                    peaks.after_change(1, obs, true, clock);
-                }
-                held.push(obs);
-                if true_live > true_peak {
-                    true_peak = true_live;
-                }
-                if peaks.process(1).map(|p| p.at_ns) != last_version_at {
-                    last_version_at = peaks.process(1).map(|p| p.at_ns);
-                    true_then = true_live;
-                }
-                if shape == PeakShape::RiseWithChurn {
-                    for _ in 0..20 {
-                        // A temporary block of a tenth of the size, freed at once.
-                        if let Some(obs) = draw(size / 10 + 1, &mut countdown) {
-                            all.add(obs);
-                        }
-                    }
-                }
-            }
-            for obs in held {
-                true_live -= size;
-                clock += 1;
-                if let Some(obs) = obs {
-                    peaks.before_change(0, 1, &live);
-                    live.remove(obs);
-                    peaks.after_change(1, obs, false, clock);
-                }
-            }
-        }
-        let then = peaks.at_peak(0, 1, &live);
-        let k = fillings(all.estimated_bytes(), then.estimated_bytes());
-        let e = estimate_at_peak(&then, confidence, k, interval).bytes;
-        let holds = |truth: u64| e.lower <= truth as f64 && truth as f64 <= e.upper;
-        at_moment += u32::from(holds(true_then));
-        at_peak += u32::from(holds(true_peak));
-        ratio += e.estimate / true_peak as f64;
-    }
-    let runs = f64::from(runs);
-    (
-        f64::from(at_moment) / runs,
-        f64::from(at_peak) / runs,
-        ratio / runs,
-    )
 }

@@ -214,7 +214,7 @@ pub fn render(profile: &Profile, top: usize, each: bool) -> String {
         leak_rows(&mut out, profile, age, top);
     }
     if !profile.alloc_only {
-        if crate::export::Value::default_for(profile) == crate::export::Value::PeakBytes {
+        if profile.opens_on() == crate::profile::Opening::Peak {
             peak_rows(&mut out, profile, top);
         }
         live_rows(&mut out, profile, top);

@@ -26,7 +26,7 @@
 
 use std::collections::HashMap;
 
-use crate::stats::{
+use super::{
     estimate::{Estimates, SampleObs, Window},
     SampleSet,
 };
@@ -43,11 +43,11 @@ pub fn estimate_at_peak(
     let wider = 1.0 - (1.0 - confidence) / fillings.max(1.0);
     let low = at_peak.estimate(wider, Window::RECORDING, interval);
     Estimates {
-        bytes: crate::stats::Estimate {
+        bytes: super::Estimate {
             lower: low.bytes.lower,
             ..plain.bytes
         },
-        objects: crate::stats::Estimate {
+        objects: super::Estimate {
             lower: low.objects.lower,
             ..plain.objects
         },
@@ -143,13 +143,14 @@ impl Peaks {
         self.processes.get(&pid).copied().filter(|p| p.version > 0)
     }
 
-    /// Keeps the stacks `remap` keeps and forgets the processes in `gone`.
-    pub fn forget(
-        &mut self,
-        remap: &[Option<crate::stacks::StackId>],
-        gone: &std::collections::BTreeSet<u32>,
-    ) {
-        crate::stacks::forget::retain_remapped(&mut self.stacks, remap);
+    /// Keeps the stacks `keep` keeps (by their index; the kept ones renumbered in order)
+    /// and forgets the processes in `gone`.
+    pub fn forget(&mut self, keep: impl Fn(usize) -> bool, gone: &std::collections::BTreeSet<u32>) {
+        let mut index = 0;
+        self.stacks.retain(|_| {
+            index += 1;
+            keep(index - 1)
+        });
         self.processes.retain(|pid, _| !gone.contains(pid));
     }
 }
