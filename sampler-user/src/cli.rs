@@ -41,6 +41,12 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+    /// A function of the program's own that only passes allocations on (a regex on
+    /// demangled names, e.g. '^my_alloc$'; repeat for several): stacks are named by their
+    /// site, the first frame past the allocator, the runtimes' allocation machinery and
+    /// these (the built-in list is in docs/manual.md, Sites)
+    #[arg(long, global = true, value_name = "REGEX", hide_short_help = true)]
+    pub wrapper: Vec<String>,
 }
 
 /// Subcommands.

@@ -41,6 +41,10 @@ fn allocscope() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    if let Err(e) = sampler_user::stacks::site::configure(&cli.wrapper) {
+        eprintln!("allocscope: --wrapper: {e}");
+        return ExitCode::from(2);
+    }
     match cli.command {
         Command::Record(args) => {
             init_logging(args.sampling.verbose);

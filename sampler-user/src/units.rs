@@ -26,6 +26,17 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| "too large".to_owned())
 }
 
+/// A whole size as a user would type it: `64KiB`, `2MiB`, `4096` (the largest binary unit
+/// that divides it); [`parse_size`] reads it back.
+pub fn size_flag(bytes: u64) -> String {
+    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
 /// Parses a duration: a number with an optional unit `ms`, `s` (default), `m` or `h`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -69,6 +80,19 @@ mod tests {
         assert!(parse_size("99999999999999G")
             .unwrap_err()
             .contains("too large"));
+    }
+
+    #[test]
+    fn sizes_are_written_as_they_are_read() {
+        for (bytes, text) in [
+            (65536, "64KiB"),
+            (2 << 20, "2MiB"),
+            (4096, "4KiB"),
+            (1000, "1000"),
+        ] {
+            assert_eq!(size_flag(bytes), text);
+            assert_eq!(parse_size(text), Ok(bytes));
+        }
     }
 
     #[test]

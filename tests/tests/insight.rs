@@ -92,7 +92,31 @@ fn a_recording_answers_what_grows_how_long_blocks_live_and_who_allocates_what() 
     }
     let process = recorded.only_process();
     assert!(process.growth.is_some_and(|g| g.growing), "{process:?}");
-    assert!(stderr.contains("growing stacks"), "{stderr}");
+    // The site sums its two stacks: one row, twice the slope.
+    let site = profile
+        .sites
+        .iter()
+        .find(|s| s.frames[0].function.as_deref() == Some("leak_site"))
+        .expect("the leak_site site");
+    assert_eq!(site.stacks, 2, "{site:?}");
+    let growth = site.growth.expect("the site's growth");
+    assert!(growth.growing, "{growth:?}");
+    let e = growth.bytes_per_second;
+    within(
+        2.0 * 4096.0 * 1000.0,
+        e.lower * 0.95,
+        e.upper * 1.05,
+        "the site's slope",
+    );
+    let row = stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("growing sites"))
+        .nth(1)
+        .unwrap_or_default();
+    assert!(
+        row.contains("leak_site ← ") && row.ends_with("(2 stacks)"),
+        "{stderr}"
+    );
 
     // Lifetimes: temporary_site's blocks are freed at once, held_site's after ~50 ms (the
     // last 50 of 4000 are still in use at the end).

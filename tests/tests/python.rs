@@ -194,6 +194,24 @@ fn assert_holds(stacks: &[&StackProfile], truth: f64, what: &str, all: &[StackPr
 fn check_interpreter(python: &str, comprehension_frame: &str) {
     let (stacks, stderr) = record(python, &[]);
     check_sites(python, &stacks, &stderr, comprehension_frame, N);
+    // The summary names a stack with Python frames by the first of them (its site), not by
+    // the interpreter's function that called the allocator.
+    let chains: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.split_once("  pid ")?.1.split_once("  ").map(|(_, c)| c))
+        .filter(|chain| chain.contains(".py:"))
+        .collect();
+    assert!(
+        !chains.is_empty(),
+        "{python}: no row with Python frames\n{stderr}"
+    );
+    for chain in chains {
+        let site = chain.split(" ← ").next().unwrap_or_default();
+        assert!(
+            site.contains(".py:"),
+            "{python}: a row named {site:?}: {chain}"
+        );
+    }
 }
 
 /// Every site of the script run with `n` allocations a site, in `stacks`.

@@ -1,5 +1,6 @@
 //! The printed summary of a recording of many processes (#44): by command within a line
-//! budget, each process with `--verbose`, and groups that add up to their processes.
+//! budget, each process with `--verbose`, and groups that add up to their processes; and
+//! its rows named by their site, past the allocator's wrappers (#41).
 
 use tests::{fixture, record::Record};
 
@@ -144,4 +145,70 @@ fn quick_children_of_a_shell_are_unwound_against_their_own_maps() {
         "{whole} of {samples} samples reach main:\n{}",
         recorded.stderr
     );
+}
+
+/// The rows of the summary's table under `heading`: their chains (after `pid N  `).
+fn table<'a>(stderr: &'a str, heading: &str) -> Vec<&'a str> {
+    stderr
+        .lines()
+        .skip_while(|l| !l.starts_with(heading))
+        .skip(1)
+        .take_while(|l| l.contains("  pid "))
+        .filter_map(|l| l.split_once("  pid ")?.1.split_once("  ").map(|(_, c)| c))
+        .collect()
+}
+
+/// Stacks are named by their site: past a redis-like wrapper (`zmalloc`), and with
+/// `--wrapper`, past the program's own pool too; the allocating frame kept beside it.
+#[test]
+fn rows_are_named_by_their_site_past_the_allocators_wrappers() {
+    tests::require_bpf!();
+    let rows = |flags: &[&str]| {
+        let recorded = Record::command(fixture("wrapped", &[]), &["300"])
+            .flags(&["-i", "16KiB"])
+            .flags(flags)
+            .run();
+        let rows: Vec<String> = table(&recorded.stderr, "top stacks by estimated allocated bytes:")
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(rows.len(), 3, "{}", recorded.stderr);
+        rows
+    };
+    let has = |rows: &[String], row: &str| rows.iter().any(|r| r.starts_with(row));
+    let plain = rows(&[]);
+    for row in [
+        "push_list ← main ← ",
+        "create_string ← main ← ",
+        "pool_alloc ← parse_header ← main ← ",
+    ] {
+        assert!(has(&plain, row), "no row {row:?} in {plain:#?}");
+    }
+    assert!(
+        plain.iter().all(|r| r.ends_with("[via zmalloc]")),
+        "{plain:#?}"
+    );
+    let wrapped = rows(&["--wrapper", "^pool_alloc$"]);
+    assert!(
+        wrapped
+            .iter()
+            .any(|r| r.starts_with("parse_header ← main ← ") && r.ends_with("[via zmalloc ← …]")),
+        "{wrapped:#?}"
+    );
+    // A pattern that does not compile: refused before anything runs.
+    let out = std::process::Command::new(tests::allocscope())
+        .args([
+            "record",
+            "--wrapper",
+            "(",
+            "-o",
+            "/tmp/never.json",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("--wrapper"), "{said}");
 }

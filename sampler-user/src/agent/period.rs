@@ -57,6 +57,7 @@ pub fn split(profile: &Profile, period_seconds: f64) -> Vec<ProcessPeriod> {
                 losses: profile.losses,
                 modules: profile.modules.clone(),
                 stacks,
+                sites: Vec::new(),
                 probes: Vec::new(),
                 thread_states: None,
                 overhead: None,

@@ -378,6 +378,7 @@ pub(crate) mod tests {
                     200.0,
                 ),
             ],
+            sites: Vec::new(),
             probes: Vec::new(),
             thread_states: None,
             overhead: None,

@@ -12,7 +12,8 @@ use super::{
     insight::{Estimating, TIMELINE_STACKS},
     schema::{
         uprobes, Coverage, DutyRecord, ExactCounts, LeakValues, Module, PeakValues, PeriodValues,
-        ProbePoint, ProcessProfile, Profile, Sampling, StackProfile, ThrottleRecord, SCHEMA,
+        ProbePoint, ProcessProfile, Profile, Sampling, SiteProfile, StackProfile, ThrottleRecord,
+        SCHEMA,
     },
     StackTally, Tally,
 };
@@ -208,6 +209,39 @@ impl Context<'_> {
         }
     }
 
+    /// The stacks summed at their sites, largest estimated bytes first (none when
+    /// duty-cycled: a stack's estimates then come from its strata, not its samples).
+    fn sites(&self, tallied: &[StackTally]) -> Vec<SiteProfile> {
+        if tallied.iter().any(|s| s.duty.is_some()) {
+            return Vec::new();
+        }
+        let estimating = self.estimating();
+        let mut sites: Vec<SiteProfile> = super::sites::by_site(tallied)
+            .into_iter()
+            .filter_map(|sums| {
+                let stack = sums.largest?;
+                Some(SiteProfile {
+                    pid: stack.pid,
+                    frames: stack.frames[sums.site..].to_vec(),
+                    via: (sums.site > 0).then(|| stack.frames[0].clone()),
+                    stacks: sums.stacks,
+                    samples: sums.all.samples(),
+                    alloc_bytes: self.estimate(&sums.all).bytes,
+                    inuse_bytes: self.tracking().then(|| self.estimate(&sums.live).bytes),
+                    peak_bytes: self
+                        .tracking()
+                        .then(|| self.at_peak(&sums.at_peak, stack.pid).bytes),
+                    growth: self
+                        .tracking()
+                        .then(|| estimating.growth(&sums.growth, self.tally))
+                        .flatten(),
+                })
+            })
+            .collect();
+        sites.sort_by(|a, b| b.alloc_bytes.estimate.total_cmp(&a.alloc_bytes.estimate));
+        sites
+    }
+
     /// `processes` by command name, each group estimated from its processes' samples
     /// together (`per_pid`).
     fn commands(
@@ -339,6 +373,7 @@ impl Profile {
             period_seconds,
             fillings: fillings(&per_pid),
         };
+        let sites = context.sites(&tallied);
         let mut stacks = context.stacks(tallied);
         stacks.sort_by(|a, b| {
             b.1.alloc_bytes
@@ -374,6 +409,7 @@ impl Profile {
             leaks_older_than_seconds: leak_age,
             processes,
             commands,
+            sites,
             losses: Losses {
                 stacks_cut_to_leaf: tally.cut_samples,
                 ..losses

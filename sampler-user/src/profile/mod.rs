@@ -10,6 +10,7 @@ mod insight;
 mod parallel;
 mod processes;
 pub mod schema;
+mod sites;
 mod tally;
 pub mod timeline;
 

@@ -352,6 +352,33 @@ pub struct StackProfile {
     pub timeline: Option<SeriesValues>,
 }
 
+/// One process's stacks summed at their site.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SiteProfile {
+    /// Process id.
+    pub pid: u32,
+    /// The frames of its largest stack (by samples) from the site outward: the site first,
+    /// then its callers.
+    pub frames: Vec<FrameInfo>,
+    /// The allocating frame of that stack, when it is not the site (`[via …]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<FrameInfo>,
+    /// How many stacks it sums.
+    pub stacks: u64,
+    /// Their samples.
+    pub samples: u64,
+    /// Bytes allocated there.
+    pub alloc_bytes: Estimate,
+    /// Bytes allocated there and live at the end (`None`: frees not tracked).
+    pub inuse_bytes: Option<Estimate>,
+    /// Bytes allocated there and live at its process's peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_bytes: Option<Estimate>,
+    /// Growth of its in-use bytes (frees tracked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth: Option<GrowthValues>,
+}
+
 /// Growth of in-use bytes: the least-squares slope of the in-use bytes over the
 /// recording's ticks, estimated from the sampled blocks' lifetimes (docs/design.md §10).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -473,6 +500,11 @@ pub struct Profile {
     pub modules: Vec<Module>,
     /// Per stack estimates, largest estimated bytes first.
     pub stacks: Vec<StackProfile>,
+    /// The stacks summed per process at their site (the first frame past the allocator
+    /// and its wrappers, docs/manual.md, Sites), largest estimated bytes first; empty when
+    /// duty-cycled, or in files written before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sites: Vec<SiteProfile>,
     /// Every probe point attached: which function of which file, in which process (pid 0:
     /// every process, `--all`), and on which instruction.
     #[serde(default)]

@@ -23,6 +23,7 @@ pub mod forget;
 pub mod image;
 mod modules;
 pub mod python;
+pub mod site;
 pub mod symbolize;
 pub mod unwind;
 

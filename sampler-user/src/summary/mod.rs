@@ -227,6 +227,7 @@ pub fn render(profile: &Profile, top: usize, each: bool) -> String {
         let detail = format!("{:>6} samples", stack.samples);
         stack_row(&mut out, &stack.alloc_bytes, &detail, stack, &chain);
     }
+    insight::wide_bounds_hint(&mut out, profile);
     out
 }
 
@@ -509,29 +510,42 @@ fn live_rows(out: &mut String, profile: &Profile, top: usize) {
 }
 
 /// Frames a row shows.
-const ROW_FRAMES: usize = 4;
+pub(super) const ROW_FRAMES: usize = 4;
 
-/// What each row of a table shows of its stack: the first [`ROW_FRAMES`] frames and, when
-/// another row of the same process starts with the same ones (rows that would read alike),
-/// ` … ← ` and the first frame that tells them apart (or, when no frame's name does, the
-/// return address where they part).
+/// What each row of a table shows of its stack: from its site (its first frame outside the
+/// allocator and the runtimes' allocation machinery, [`crate::stacks::site`]) the first
+/// [`ROW_FRAMES`] frames, and `[via LEAF]` where the site is not the leaf; when another
+/// row of the same process reads the same, ` … ← ` and the first frame that tells them
+/// apart (or, when no frame's name does, the return address where they part).
 pub(super) fn row_chains(stacks: &[&StackProfile]) -> Vec<String> {
     let names: Vec<Vec<String>> = stacks
         .iter()
         .map(|s| s.frames.iter().map(frame_name).collect())
         .collect();
+    let sites = crate::stacks::site::sites();
+    let site: Vec<usize> = stacks.iter().map(|s| sites.site_of(&s.frames)).collect();
+    // What a row reads: the frames from its site, and the ones before it.
+    let shown = |i: usize| {
+        let from = site[i].min(names[i].len());
+        let head = &names[i][from..names[i].len().min(from + ROW_FRAMES)];
+        (head, &names[i][..from])
+    };
     (0..stacks.len())
         .map(|i| {
-            let head = &names[i][..names[i].len().min(ROW_FRAMES)];
+            let (head, via) = shown(i);
             let mut chain = head.join(" ← ");
+            if let Some(leaf) = via.first() {
+                let more = if via.len() > 1 { " ← …" } else { "" };
+                let _ = write!(chain, " [via {leaf}{more}]");
+            }
             // Per row that reads alike: the first frame whose name differs, else the first
             // whose address does.
             let alike: Vec<(Option<usize>, Option<usize>)> = (0..stacks.len())
                 .filter(|&j| j != i && stacks[j].pid == stacks[i].pid)
-                .filter(|&j| names[j][..names[j].len().min(ROW_FRAMES)] == *head)
+                .filter(|&j| shown(j) == (head, via))
                 .map(|j| {
                     let (a, b) = (&stacks[i].frames, &stacks[j].frames);
-                    let by_name = (ROW_FRAMES..names[i].len())
+                    let by_name = (site[i] + ROW_FRAMES..names[i].len())
                         .find(|&k| names[j].get(k) != Some(&names[i][k]));
                     let by_address =
                         (0..a.len()).find(|&k| b.get(k).is_none_or(|f| f.address != a[k].address));

@@ -7,7 +7,7 @@ use crate::stats::Estimate;
 /// Which table `top` shows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum View {
-    /// Stacks grouped by allocating function and caller (the default).
+    /// Stacks grouped by site and caller (the default).
     #[default]
     Stacks,
     /// Stacks with blocks live for longer than the leak age (`l`).

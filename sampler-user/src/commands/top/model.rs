@@ -2,7 +2,8 @@
 //! into table [`Row`]s (grouped, estimated, filtered, sorted). No terminal, no clock: the
 //! rendering tests build pictures by hand.
 //!
-//! Stacks are grouped by (pid, allocating function, its caller), the collapsed view users
+//! Stacks are grouped by (pid, site, its caller, the allocating function when it is not the
+//! site; the site: [`crate::stacks::site`]), the collapsed view users
 //! scan first; a group's estimates come from the merged sample sets of its stacks, so its
 //! bounds are the bounds of the group, not sums of its members' bounds.
 
@@ -267,10 +268,13 @@ impl Sets {
 pub struct GroupKey {
     /// Process id.
     pub pid: u32,
-    /// The allocating function.
+    /// The site: the first frame past the allocator and the runtimes' allocation
+    /// machinery ([`crate::stacks::site`]), the allocating function where there is none.
     pub function: String,
-    /// Its caller (empty when the stack has one frame).
+    /// Its caller (empty when the stack has no frame beyond it).
     pub caller: String,
+    /// The allocating function, when the site is not it.
+    pub via: String,
 }
 
 /// One stack of a group, for the expanded view.
@@ -285,12 +289,12 @@ pub struct Member {
     pub sizes: String,
 }
 
-/// A table row: the stacks that share an allocating function and caller.
+/// A table row: the stacks that share a site, its caller and their allocating function.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
     /// Identity.
     pub key: GroupKey,
-    /// Module of the allocating function (file name).
+    /// Module of the site (file name).
     pub module: String,
     /// Estimates of the whole group.
     pub values: Values,
@@ -299,13 +303,17 @@ pub struct Row {
 }
 
 impl Row {
-    /// `function ← caller`.
+    /// `site ← caller [via leaf]`.
     pub fn label(&self) -> String {
-        if self.key.caller.is_empty() {
-            self.key.function.clone()
-        } else {
-            format!("{} ← {}", self.key.function, self.key.caller)
+        let key = &self.key;
+        let mut label = key.function.clone();
+        if !key.caller.is_empty() {
+            label = format!("{label} ← {}", key.caller);
         }
+        if !key.via.is_empty() {
+            label = format!("{label} [via {}]", key.via);
+        }
+        label
     }
 }
 
@@ -412,24 +420,27 @@ fn groups_of(stack: &StackTally, picture: &Picture, view: View) -> Vec<(GroupKey
                     pid: stack.pid,
                     function: label,
                     caller: String::new(),
+                    via: String::new(),
                 };
                 (key, String::new(), Sets::of_thread(set))
             })
             .collect();
     }
     let name = |i: usize| stack.frames.get(i).map(frame_name).unwrap_or_default();
+    let site = crate::stacks::site::sites().site_of(&stack.frames);
     let key = GroupKey {
         pid: stack.pid,
         function: if stack.frames.is_empty() {
             "[no frames]".to_owned()
         } else {
-            name(0)
+            name(site)
         },
-        caller: name(1),
+        caller: name(site + 1),
+        via: if site > 0 { name(0) } else { String::new() },
     };
     let module = stack
         .frames
-        .first()
+        .get(site)
         .and_then(|f| f.module.as_deref())
         .map(base_name)
         .map(text::printable)

@@ -292,7 +292,7 @@ fn draw_table(frame: &mut Frame, area: Rect, app: &mut App) {
                     Cell::from(title)
                 }
             })
-            .chain([Cell::from("FUNCTION ← CALLER")]),
+            .chain([Cell::from("SITE ← CALLER")]),
     )
     .style(Style::new().add_modifier(Modifier::REVERSED));
     let height = area.height.saturating_sub(1) as usize;
@@ -477,7 +477,7 @@ fn draw_help(frame: &mut Frame, app: &App) {
             "  ~ marks rows with under {} samples: treat as rough.",
             model::UNCERTAIN_SAMPLES
         )),
-        Line::from("  Rows group stacks by allocating function and its caller."),
+        Line::from("  Rows group stacks by site (first frame past the allocator) and caller."),
         Line::from("  Live numbers count blocks allocated since allocscope attached."),
     ];
     frame.render_widget(Clear, popup);

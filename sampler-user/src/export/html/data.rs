@@ -68,6 +68,8 @@ pub struct Metric {
 #[derive(Debug, Serialize)]
 pub struct StackData {
     pub f: Vec<u32>,
+    /// The index in `f` of its site ([`crate::stacks::site`]): the frame its rows are named by.
+    pub site: usize,
     pub s: u64,
     pub v: Vec<Option<Vec<f64>>>,
     /// Shares of its bytes freed within 1 ms, within 1 s, later, still in use (estimate,
@@ -216,6 +218,15 @@ impl Names {
     }
 }
 
+/// The index of the site of `frames` (leaf first) in their path (root first, the process
+/// at 0: frame `k` at `len - k`).
+pub(super) fn site_in_path(frames: &[FrameInfo]) -> usize {
+    frames.len()
+        - crate::stacks::site::sites()
+            .site_of(frames)
+            .min(frames.len())
+}
+
 /// A stack's path, root first: `command (pid)`, then its frames from the outermost.
 fn path(names: &mut Names, command: &str, pid: u32, stack: &StackProfile) -> Vec<u32> {
     path_of_frames(names, &format!("{command} ({pid})"), &stack.frames)
@@ -247,6 +258,7 @@ pub fn profile_data(profile: &Profile, value: Value) -> Data {
             let command = labels.get(&stack.pid).map_or("?", |(c, _)| *c);
             StackData {
                 f: path(&mut names, command, stack.pid, stack),
+                site: site_in_path(&stack.frames),
                 s: stack.samples,
                 v: metrics
                     .iter()
@@ -361,9 +373,13 @@ fn series(profile: &Profile) -> (Vec<f64>, Vec<Series>) {
         .collect();
     stacks.sort_by(|a, b| b.alloc_bytes.estimate.total_cmp(&a.alloc_bytes.estimate));
     for stack in stacks.into_iter().take(5) {
-        let leaf = stack.frames.first().map_or_else(|| "?".into(), frame_name);
+        let site = crate::stacks::site::sites().site_of(&stack.frames);
+        let name = stack
+            .frames
+            .get(site)
+            .map_or_else(|| "?".into(), frame_name);
         if let Some(timeline) = &stack.timeline {
-            found.push((format!("{leaf} (pid {})", stack.pid), timeline));
+            found.push((format!("{name} (pid {})", stack.pid), timeline));
         }
     }
     let Some(at) = found.first().map(|(_, t)| t.at_seconds.clone()) else {

@@ -69,6 +69,7 @@ pub fn diff_data(diff: &Diff, base: &str, new: &str) -> Data {
             }
             StackData {
                 f: path_of_frames(&mut names, command, &c.frames),
+                site: super::data::site_in_path(&c.frames),
                 s: 0,
                 v,
                 life: None,

@@ -246,7 +246,9 @@
   function rows() {
     if (group === "stacks") {
       return D.stacks.filter((st) => st.v[metric]).map((st) => {
-        const n = blank(D.frames[st.f[st.f.length - 1]], null, -1);
+        const leaf = st.f.length - 1;
+        const via = st.site < leaf ? " [via " + D.frames[st.f[leaf]] + (st.site < leaf - 1 ? " ← …" : "") + "]" : "";
+        const n = blank(D.frames[st.f[st.site]] + via, null, -1);
         add(n, st.v[metric], st);
         n.stack = st;
         return n;
@@ -256,16 +258,16 @@
     for (const st of D.stacks) {
       const v = st.v[metric];
       if (!v) continue;
-      const leaf = st.f[st.f.length - 1];
-      let n = by.get(leaf);
-      if (!n) { n = blank(D.frames[leaf], null, leaf); by.set(leaf, n); }
+      const site = st.f[st.site];
+      let n = by.get(site);
+      if (!n) { n = blank(D.frames[site], null, site); by.set(site, n); }
       add(n, v, st);
     }
     return [...by.values()];
   }
   function columns() {
     const u = unit();
-    const cols = [{ key: "name", label: group === "stacks" ? "stack (allocating frame)" : "function", cls: "name", get: (n) => n.name, show: (n) => n.name }];
+    const cols = [{ key: "name", label: group === "stacks" ? "stack (its site: the first frame past the allocator)" : "site", cls: "name", get: (n) => n.name, show: (n) => n.name }];
     if (group === "stacks") cols.push({ key: "process", label: "process", cls: "name", get: (n) => D.frames[n.stack.f[0]], show: (n) => D.frames[n.stack.f[0]] });
     if (DIFF) {
       cols.push({ key: "base", label: "base", get: (n) => n.base, show: (n) => fmt(n.base, u) });
