@@ -136,8 +136,9 @@ pub struct TargetArgs {
 #[derive(Debug, Args)]
 pub struct SamplingArgs {
     /// Mean sampling interval: on average one sample per this many allocated bytes
-    /// (e.g. 512KiB, 64K, 4096) [default: 512KiB]. An interval you give is kept: the
-    /// throttle then acts only if --max-samples-per-sec is given too.
+    /// (e.g. 512KiB, 64K, 4096) [default: 512KiB, then kept between 200 and 5000 samples a
+    /// second: --min-samples-per-sec, --max-samples-per-sec]. An interval you give is kept:
+    /// the throttle then acts only if asked to too.
     #[arg(short, long, value_name = "BYTES", help_heading = "Sampling")]
     pub interval: Option<String>,
 
@@ -147,6 +148,14 @@ pub struct SamplingArgs {
     /// unbiased. 0: never raised. [default: 5000, or 0 when --interval is given]
     #[arg(long, value_name = "N", help_heading = "Sampling")]
     pub max_samples_per_sec: Option<u32>,
+
+    /// Fewest samples per second: below it, the interval is lowered (down to 4KiB, at most
+    /// 16× a second), so a quiet process gets enough samples for bounds worth reading; a
+    /// second with nothing allocated changes nothing. Samples cost microseconds each: 200
+    /// a second is ~0.1% of a core. 0: never below --interval. [default: 200, or 0 when
+    /// --interval is given]
+    #[arg(long, value_name = "N", help_heading = "Sampling")]
+    pub min_samples_per_sec: Option<u32>,
 
     /// Most CPU time the probes may add to the targets, as a share of their own (e.g. 2%):
     /// above it the probes are duty-cycled, attached in one randomly drawn 50 ms slot of

@@ -129,6 +129,10 @@ pub const DEFAULT_INTERVAL: &str = "512KiB";
 /// The throttle's target when neither `--max-samples-per-sec` nor `--interval` is given.
 pub const DEFAULT_MAX_SAMPLES_PER_SEC: u32 = 5000;
 
+/// The band's lower end when neither `--min-samples-per-sec` nor `--interval` is given:
+/// 2,000 samples in 10 s, about 100 on a site with 5% of the bytes (bounds near ±20%).
+pub const DEFAULT_MIN_SAMPLES_PER_SEC: u32 = 200;
+
 const STACK_BYTES_RANGE: std::ops::RangeInclusive<u64> =
     sampler_common::STACK_PAGE as u64..=sampler_common::MAX_STACK_COPY as u64;
 
@@ -181,6 +185,9 @@ pub struct SamplingConfig {
     pub verbose: bool,
     /// Samples per second the throttle aims at (0: no throttle).
     pub max_samples_per_sec: u32,
+    /// Samples per second below which the throttle lowers the interval, down to
+    /// [`crate::throttle::SMALLEST_INTERVAL`] (0: never below `interval`).
+    pub min_samples_per_sec: u32,
     /// `--max-overhead` as a fraction (0.02 for 2%): the probes are duty-cycled to keep
     /// their cost under it (`None`: always attached).
     pub max_overhead: Option<f64>,
@@ -350,6 +357,14 @@ impl SamplingArgs {
             } else {
                 DEFAULT_MAX_SAMPLES_PER_SEC
             });
+        let min_samples_per_sec = self
+            .min_samples_per_sec
+            .unwrap_or(if self.interval.is_some() {
+                0
+            } else {
+                DEFAULT_MIN_SAMPLES_PER_SEC
+            })
+            .min(max_samples_per_sec);
         if !(self.confidence > 0.0 && self.confidence < 1.0) {
             return Err(BadInput(format!(
                 "invalid --confidence {}: must be strictly between 0 and 1",
@@ -402,6 +417,7 @@ impl SamplingArgs {
             tick,
             verbose: self.verbose,
             max_samples_per_sec,
+            min_samples_per_sec,
             max_overhead,
         })
     }
@@ -722,12 +738,15 @@ mod tests {
     #[test]
     fn a_typed_interval_is_not_throttled_unless_asked() {
         let max = |args: &[&str]| record(args).unwrap().sampling.max_samples_per_sec;
+        let min = |args: &[&str]| record(args).unwrap().sampling.min_samples_per_sec;
         let interval = |args: &[&str]| record(args).unwrap().sampling.interval;
         let base = ["-p", "1", "-o", "/tmp/x.json"];
         assert_eq!(max(&base), DEFAULT_MAX_SAMPLES_PER_SEC);
+        assert_eq!(min(&base), DEFAULT_MIN_SAMPLES_PER_SEC);
         assert_eq!(interval(&base), 512 * 1024);
         let typed = [&base[..], &["-i", "64KiB"]].concat();
         assert_eq!(max(&typed), 0);
+        assert_eq!(min(&typed), 0);
         assert_eq!(interval(&typed), 64 * 1024);
         let both = [&typed[..], &["--max-samples-per-sec", "100"]].concat();
         assert_eq!(max(&both), 100);

@@ -10,7 +10,13 @@
 //!   interval is sampled once, however large), so the log-ratio of the samples seen to the
 //!   target is accumulated, near the operating point only, and scales the interval;
 //! * never below the user's `--interval`, and changed only by more than 20% (a changed
-//!   interval takes effect at each thread's next sample).
+//!   interval takes effect at each thread's next sample);
+//! * without `--interval`, a band rather than a ceiling (`--min-samples-per-sec`): a quiet
+//!   process, which at 512 KiB would give a handful of samples a minute and bounds too
+//!   wide to read, has its interval lowered (down to [`SMALLEST_INTERVAL`], at most 16× a
+//!   second) until it gives the minimum; a second with nothing allocated changes nothing.
+//!   Samples cost microseconds each, so the minimum costs next to nothing (200 a second:
+//!   ~0.1% of a core).
 //!
 //! The kernel draws each countdown at the interval in force and every sample carries the
 //! interval its countdown was drawn at; the countdown is memoryless, so a change mid-way
@@ -33,11 +39,19 @@ const INTEGRAL_GAIN: f64 = 0.3;
 const INTEGRAL_LIMIT: f64 = 4.6;
 /// Changes smaller than this factor are not made.
 const DEADBAND: f64 = 1.2;
+/// The most the band lowers the interval in one second (512 KiB to 5 KiB in two): a lull
+/// is not taken for a quiet process at once, since the burst after it would meet a small
+/// interval for up to a second before the ceiling answers.
+const STEP_DOWN: f64 = 16.0;
+/// The smallest interval the band lowers to when no `--interval` was given.
+pub const SMALLEST_INTERVAL: u64 = 4096;
 
 /// The controller's state.
 #[derive(Clone, Debug)]
 pub struct Throttle {
     target: f64,
+    /// The band's lower end, samples per second (0: a ceiling only).
+    minimum: f64,
     floor: u64,
     interval: u64,
     bytes_rate: Option<f64>,
@@ -47,10 +61,17 @@ pub struct Throttle {
 impl Throttle {
     /// Aims at `target` samples per second, the interval never below `floor` (the user's).
     pub fn new(target: f64, floor: u64) -> Throttle {
+        Throttle::band(0.0, target, floor, floor)
+    }
+
+    /// Keeps the rate between `minimum` and `target` samples per second, from `start`,
+    /// never below `floor` (the default when no `--interval` is given).
+    pub fn band(minimum: f64, target: f64, floor: u64, start: u64) -> Throttle {
         Throttle {
             target,
+            minimum: minimum.min(target),
             floor: floor.max(1),
-            interval: floor.max(1),
+            interval: start.max(floor).max(1),
             bytes_rate: None,
             correction: 0.0,
         }
@@ -86,9 +107,24 @@ impl Throttle {
             self.correction =
                 (self.correction + INTEGRAL_GAIN * error).clamp(-INTEGRAL_LIMIT, INTEGRAL_LIMIT);
         }
-        let wanted = (expected / self.target * self.correction.exp())
-            .clamp(self.floor as f64, MAX_INTERVAL as f64)
-            .round() as u64;
+        let interval_for = |rate: f64| {
+            (expected / rate * self.correction.exp()).clamp(self.floor as f64, MAX_INTERVAL as f64)
+        };
+        // The interval that gives the target (the ceiling's).
+        let tight = interval_for(self.target);
+        let wanted = if self.minimum > 0.0 {
+            if bytes == 0 && samples == 0 {
+                // Idle: nothing to go by (lowering now would meet the next burst small).
+                return None;
+            }
+            // Kept while within the band; down to the minimum's, a step at a time.
+            let loose = interval_for(self.minimum).max(tight);
+            let now = self.interval as f64;
+            now.clamp(tight, loose).max(now / STEP_DOWN)
+        } else {
+            tight
+        };
+        let wanted = wanted.clamp(self.floor as f64, MAX_INTERVAL as f64).round() as u64;
         let ratio = wanted as f64 / self.interval as f64;
         let at_floor = wanted == self.floor && self.interval != self.floor;
         if !(1.0 / DEADBAND..=DEADBAND).contains(&ratio) || at_floor {
@@ -160,6 +196,48 @@ mod tests {
             "{rate} samples/s at {}",
             throttle.interval()
         );
+    }
+
+    /// Without `--interval`: a quiet process's interval comes down (16× a second at most)
+    /// until it gives the minimum, a storm's goes up to the ceiling's, and a rate within
+    /// the band, or an idle second, changes nothing.
+    #[test]
+    fn the_band_lowers_a_quiet_process_and_caps_a_storm() {
+        let mut throttle = Throttle::band(200.0, 5000.0, 4096, 512 << 10);
+        // 1 MiB/s: 2 samples/s at 512 KiB; 200/s wants ~5 KiB.
+        let quiet = 1u64 << 20;
+        let mut intervals = Vec::new();
+        for _ in 0..8 {
+            let interval = throttle.interval();
+            throttle.update(1.0, quiet, samples(quiet, interval));
+            intervals.push(throttle.interval());
+        }
+        assert_eq!(intervals[0], 32 << 10, "{intervals:?}");
+        let settled = samples(quiet, throttle.interval());
+        assert!(
+            (150..=260).contains(&settled),
+            "{settled} samples/s: {intervals:?}"
+        );
+        // Idle: nothing changes.
+        let before = throttle.interval();
+        assert_eq!(throttle.update(1.0, 0, 0), None);
+        assert_eq!(throttle.interval(), before);
+        // A storm of 1 GiB/s: up to the ceiling's 5000/s within a second.
+        let storm = 1u64 << 30;
+        let interval = throttle.interval();
+        throttle.update(1.0, storm, samples(storm, interval));
+        let rate = samples(storm, throttle.interval());
+        assert!((4000..=6000).contains(&rate), "{rate}");
+        // 100 MiB/s at that interval: ~500 samples/s, inside the band: kept.
+        let steady = 100u64 << 20;
+        let held = throttle.interval();
+        for _ in 0..3 {
+            throttle.update(1.0, steady, samples(steady, held));
+        }
+        // (The rate estimate falls smoothly, so the interval may come down once toward
+        // the band's edge, never below the minimum's.)
+        assert!(samples(steady, throttle.interval()) <= 5000);
+        assert!(samples(steady, throttle.interval()) >= 200);
     }
 
     #[test]

@@ -353,3 +353,50 @@ fn calls_from_the_same_frame_are_not_taken_for_nested_ones() {
         );
     }
 }
+
+/// Without `--interval`, a quiet process's interval is lowered until it gives the
+/// minimum rate: 6 s of 1 MiB/s give hundreds of samples (two a second at 512 KiB), and
+/// bounds within ±20% (at 99.99%) that hold the exact count; an interval the user typed
+/// is kept.
+#[test]
+fn a_quiet_process_gets_enough_samples_by_default() {
+    tests::require_bpf!();
+    let recorded = Record::command(fixture("quiet", &[]), &["6"])
+        .flags(&["--confidence", CONFIDENCE])
+        .run();
+    let process = recorded.only_process();
+    let throttle = recorded
+        .profile
+        .sampling
+        .throttle
+        .as_ref()
+        .unwrap_or_else(|| panic!("the interval was not lowered\n{}", recorded.stderr));
+    assert!(
+        throttle.smallest_interval_bytes <= 16 << 10 && throttle.min_samples_per_second > 0,
+        "{throttle:?}"
+    );
+    assert!(process.samples >= 300, "{}", recorded.stderr);
+    let e = process.alloc_bytes;
+    let truth = process.exact.bytes as f64;
+    tests::record::assert_holds(&e, truth, "allocated bytes", &recorded.stderr);
+    assert!(
+        (e.upper - e.lower) / 2.0 <= 0.2 * e.estimate,
+        "{e:?}\n{}",
+        recorded.stderr
+    );
+    assert!(
+        recorded.stderr.contains("--min-samples-per-sec 200"),
+        "{}",
+        recorded.stderr
+    );
+    // Typed, the interval stays.
+    let typed = Record::command(fixture("quiet", &[]), &["2"])
+        .flags(&["-i", "512KiB"])
+        .run();
+    assert!(
+        typed.profile.sampling.throttle.is_none(),
+        "{}",
+        typed.stderr
+    );
+    assert!(typed.only_process().samples < 30, "{}", typed.stderr);
+}

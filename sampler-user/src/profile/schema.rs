@@ -39,8 +39,15 @@ pub struct Sampling {
 pub struct ThrottleRecord {
     /// The target, samples per second.
     pub max_samples_per_second: u32,
+    /// The band's lower end, samples per second (0: the interval was never lowered below
+    /// the one given).
+    #[serde(default)]
+    pub min_samples_per_second: u32,
     /// The largest interval it set.
     pub largest_interval_bytes: u64,
+    /// The smallest interval it set (0 in files written before it existed).
+    #[serde(default)]
+    pub smallest_interval_bytes: u64,
     /// The changes, the first [`crate::throttle::LISTED_CHANGES`] of them: seconds since
     /// the start, and the interval from then on (each thread takes it at its next sample;
     /// every sample carries its own).

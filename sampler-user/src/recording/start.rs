@@ -315,6 +315,7 @@ impl Recording {
             cost: CostWindows::default(),
             throttling: throttling::Throttling::new(
                 sampling.max_samples_per_sec,
+                sampling.min_samples_per_sec,
                 sampling.interval,
             ),
             duty: parts.duty,

@@ -17,6 +17,7 @@ use crate::{
 pub(super) struct Throttling {
     controller: Throttle,
     target: u32,
+    minimum: u32,
     /// Bytes and samples at the last update.
     last: (u64, u64),
     last_ns: u64,
@@ -24,22 +25,32 @@ pub(super) struct Throttling {
     changes: Vec<IntervalChange>,
     changes_not_listed: u64,
     largest: u64,
+    smallest: u64,
 }
 
 impl Throttling {
-    /// Aims at `target` samples per second from the user's `interval` up (`None`: off).
-    pub fn new(target: u32, interval: u64) -> Option<Throttling> {
+    /// Aims at `target` samples per second from the user's `interval` up (`None`: off);
+    /// with a `minimum` (no `--interval` given), keeps the rate between the two, the
+    /// interval from `interval` down to [`crate::throttle::SMALLEST_INTERVAL`] too.
+    pub fn new(target: u32, minimum: u32, interval: u64) -> Option<Throttling> {
         (target > 0).then(|| {
             let now = monotonic_ns();
+            let floor = if minimum > 0 {
+                crate::throttle::SMALLEST_INTERVAL.min(interval)
+            } else {
+                interval
+            };
             Throttling {
-                controller: Throttle::new(f64::from(target), interval),
+                controller: Throttle::band(f64::from(minimum), f64::from(target), floor, interval),
                 target,
+                minimum,
                 last: (0, 0),
                 last_ns: now,
                 started_ns: now,
                 changes: Vec::new(),
                 changes_not_listed: 0,
                 largest: interval,
+                smallest: interval,
             }
         })
     }
@@ -65,11 +76,13 @@ impl Throttling {
         }
     }
 
-    /// What it did, if it ever raised the interval.
+    /// What it did, if it ever changed the interval.
     pub fn record(&self) -> Option<ThrottleRecord> {
         (!self.changes.is_empty()).then(|| ThrottleRecord {
             max_samples_per_second: self.target,
+            min_samples_per_second: self.minimum,
             largest_interval_bytes: self.largest,
+            smallest_interval_bytes: self.smallest,
             changes: self.changes.clone(),
             changes_not_listed: self.changes_not_listed,
         })
@@ -103,13 +116,15 @@ impl Recording {
             return Ok(());
         };
         throttling.largest = throttling.largest.max(interval);
+        throttling.smallest = throttling.smallest.min(interval);
         throttling.note(IntervalChange {
             at_seconds: now.saturating_sub(throttling.started_ns) as f64 / 1e9,
             interval_bytes: interval,
         });
         info!(
-            "sampling interval now {} (--max-samples-per-sec {})",
+            "sampling interval now {} (--min-samples-per-sec {}, --max-samples-per-sec {})",
             crate::format::bytes(interval as f64),
+            throttling.minimum,
             throttling.target
         );
         if let Some(probes) = self.probes.as_mut() {
@@ -130,7 +145,7 @@ mod tests {
 
     #[test]
     fn changes_are_listed_up_to_the_bound_then_counted() {
-        let mut throttling = Throttling::new(100, 512).unwrap();
+        let mut throttling = Throttling::new(100, 0, 512).unwrap();
         assert!(throttling.record().is_none());
         for i in 0..LISTED_CHANGES + 5 {
             throttling.note(IntervalChange {
@@ -141,6 +156,6 @@ mod tests {
         let record = throttling.record().unwrap();
         assert_eq!(record.changes.len(), LISTED_CHANGES);
         assert_eq!(record.changes_not_listed, 5);
-        assert!(Throttling::new(0, 512).is_none());
+        assert!(Throttling::new(0, 0, 512).is_none());
     }
 }

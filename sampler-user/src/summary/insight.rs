@@ -28,8 +28,10 @@ pub fn wide_bounds_hint(out: &mut String, profile: &Profile) {
     if half_width <= 0.2 {
         return;
     }
+    // The interval at which its bytes would have given about ENOUGH_SAMPLES samples (the
+    // one in force may have changed: the throttle's).
     let interval = profile.sampling.mean_interval_bytes as f64;
-    let wanted = (interval * top.samples as f64 / ENOUGH_SAMPLES).max(4096.0);
+    let wanted = (e.estimate / ENOUGH_SAMPLES).max(crate::throttle::SMALLEST_INTERVAL as f64);
     // A power of two, as people type them.
     let suggested = 2f64.powi(wanted.log2().floor() as i32);
     let _ = write!(
@@ -250,6 +252,7 @@ mod tests {
         assert_eq!(out, "");
         let top = &mut profile.stacks[0];
         top.samples = 10;
+        top.alloc_bytes.estimate = 10.0 * f64::from(512 << 10);
         top.alloc_bytes.lower = top.alloc_bytes.estimate * 0.5;
         top.alloc_bytes.upper = top.alloc_bytes.estimate * 1.5;
         wide_bounds_hint(&mut out, &profile);

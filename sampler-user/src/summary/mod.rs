@@ -268,12 +268,28 @@ fn header(out: &mut String, profile: &Profile) {
         .throttle
         .as_ref()
         .map(|t| {
-            format!(
-                " (raised up to {} by --max-samples-per-sec {}, {} changes)",
-                bytes(t.largest_interval_bytes as f64),
-                t.max_samples_per_second,
-                t.changes.len() as u64 + t.changes_not_listed
-            )
+            let start = profile.sampling.mean_interval_bytes;
+            let changes = t.changes.len() as u64 + t.changes_not_listed;
+            let lowered = t.smallest_interval_bytes > 0 && t.smallest_interval_bytes < start;
+            let raised = t.largest_interval_bytes > start;
+            let range = match (lowered, raised) {
+                (true, true) => format!(
+                    "from {} to {}",
+                    bytes(t.smallest_interval_bytes as f64),
+                    bytes(t.largest_interval_bytes as f64)
+                ),
+                (true, false) => format!("lowered to {}", bytes(t.smallest_interval_bytes as f64)),
+                _ => format!("raised up to {}", bytes(t.largest_interval_bytes as f64)),
+            };
+            let band = if t.min_samples_per_second > 0 {
+                format!(
+                    "--min-samples-per-sec {}, --max-samples-per-sec {}",
+                    t.min_samples_per_second, t.max_samples_per_second
+                )
+            } else {
+                format!("--max-samples-per-sec {}", t.max_samples_per_second)
+            };
+            format!(" (then {range} by {band}, {changes} changes)")
         })
         .unwrap_or_default();
     let _ = writeln!(

@@ -15,7 +15,9 @@ use super::{
 };
 use crate::format;
 
-const KEYS: &str = "q quit ↑↓/jk move ⏎ expand s sort p pause / filter l leaks w write ? help";
+/// Every view is named (`?` lists the rest: moving, pausing, writing a snapshot); fits 80
+/// columns.
+const KEYS: &str = "q quit ⏎ expand s sort / filter │ l leaks r growth t temp T threads │ ? help";
 
 /// Draws the whole screen.
 pub fn draw(frame: &mut Frame, app: &mut App) {
@@ -723,6 +725,9 @@ mod tests {
         assert!(screen.contains("probes +4.2% CPU, 930ns/call"), "{screen}");
         assert!(screen.contains("RATE 10s▼"), "{screen}");
         assert!(screen.contains("q quit"), "footer:\n{screen}");
+        for view in ["l leaks", "r growth", "t temp", "T threads"] {
+            assert!(screen.contains(view), "footer:\n{screen}");
+        }
         // 80 columns: the objects column gives way, the function keeps 30+ cells.
         assert!(!screen.contains("LIVE OBJ"), "{screen}");
         assert!(
