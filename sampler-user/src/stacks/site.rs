@@ -32,6 +32,9 @@ pub const BUILT_IN: &[&str] = &[
     r"^operator new",
     r"^(std|__gnu_cxx|__cxxabiv1)::",
     r"^__cxa_",
+    // Rust's allocation layer and collections (`std::` is above).
+    r"^(__rust_(alloc|realloc|alloc_zeroed)|__rdl_|__rg_)",
+    r"^<?(alloc|core)::",
     // CPython's allocation layers.
     r"^_?(PyMem|PyObject)_(Raw)?(Malloc|Calloc|Realloc|New|NewVar|GC_New|GC_NewVar|GC_Resize|Init|InitVar)$",
     r"^_?PyObject_GC_(New|NewVar|Resize|Link)$",
@@ -151,6 +154,17 @@ mod tests {
             native("main"),
         ];
         assert_eq!(site(&frames), "Index::add(int)");
+    }
+
+    #[test]
+    fn rust_gives_way_to_the_programs_own_code() {
+        let frames = [
+            native("alloc::raw_vec::finish_grow"),
+            native("alloc::raw_vec::RawVec<T,A>::grow_one"),
+            native("<alloc::string::String as core::clone::Clone>::clone"),
+            native("server::session::Store::insert"),
+        ];
+        assert_eq!(site(&frames), "server::session::Store::insert");
     }
 
     #[test]

@@ -215,9 +215,12 @@ pub fn render(profile: &Profile, top: usize, each: bool) -> String {
     }
     if !profile.alloc_only {
         if profile.opens_on() == crate::profile::Opening::Peak {
-            peak_rows(&mut out, profile, top);
+            let heading = "top stacks by estimated live bytes at the peak (each process's \
+                           highest live heap):";
+            live_rows(&mut out, profile, top, heading, |s| s.peak_bytes);
         }
-        live_rows(&mut out, profile, top);
+        let heading = "top stacks by estimated live bytes:";
+        live_rows(&mut out, profile, top, heading, |s| s.inuse_bytes);
         insight::growing_rows(&mut out, profile, top);
         insight::temporary_rows(&mut out, profile, top);
     }
@@ -478,50 +481,30 @@ fn leak_rows(out: &mut String, profile: &Profile, age: f64, top: usize) {
     }
 }
 
-/// The top `top` stacks by estimated live bytes at their process's peak.
-fn peak_rows(out: &mut String, profile: &Profile, top: usize) {
-    let mut rows: Vec<_> = profile
+/// The top `top` stacks by a live value (`of`: at the end, or at the peak) under
+/// `heading`; nothing when no stack has a sample of it.
+fn live_rows(
+    out: &mut String,
+    profile: &Profile,
+    top: usize,
+    heading: &str,
+    of: fn(&StackProfile) -> Option<Estimate>,
+) {
+    let mut rows: Vec<(&StackProfile, Estimate)> = profile
         .stacks
         .iter()
-        .filter_map(|stack| Some((stack, stack.peak_bytes?)))
-        .filter(|(_, peak)| peak.samples > 0)
+        .filter_map(|stack| Some((stack, of(stack)?)))
+        .filter(|(_, value)| value.samples > 0)
         .collect();
     rows.sort_by(|a, b| b.1.estimate.total_cmp(&a.1.estimate));
     if rows.is_empty() {
         return;
     }
-    let _ = writeln!(
-        out,
-        "top stacks by estimated live bytes at the peak (each process's highest live heap):"
-    );
+    let _ = writeln!(out, "{heading}");
     let shown: Vec<&StackProfile> = rows.iter().take(top).map(|(s, _)| *s).collect();
-    for ((stack, peak), chain) in rows.iter().take(top).zip(row_chains(&shown)) {
-        let detail = format!("{:>6} samples", peak.samples);
-        stack_row(out, peak, &detail, stack, &chain);
-    }
-}
-
-/// The top `top` stacks by estimated live bytes.
-fn live_rows(out: &mut String, profile: &Profile, top: usize) {
-    let mut live: Vec<_> = profile
-        .stacks
-        .iter()
-        .filter_map(|stack| Some((stack, stack.inuse_bytes?)))
-        .filter(|(_, live)| live.samples > 0)
-        .collect();
-    live.sort_by(|a, b| b.1.estimate.total_cmp(&a.1.estimate));
-    if !live.is_empty() {
-        let _ = writeln!(out, "top stacks by estimated live bytes:");
-    }
-    let shown: Vec<&StackProfile> = live.iter().take(top).map(|(s, _)| *s).collect();
-    for ((stack, inuse), chain) in live.iter().take(top).zip(row_chains(&shown)) {
-        stack_row(
-            out,
-            inuse,
-            &format!("{:>6} samples", inuse.samples),
-            stack,
-            &chain,
-        );
+    for ((stack, value), chain) in rows.iter().take(top).zip(row_chains(&shown)) {
+        let detail = format!("{:>6} samples", value.samples);
+        stack_row(out, value, &detail, stack, &chain);
     }
 }
 
