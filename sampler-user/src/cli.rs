@@ -560,25 +560,17 @@ pub struct TopArgs {
     )]
     pub leaks_older_than: String,
 
-    /// Directory the snapshot key (w) writes into.
-    #[arg(
-        short,
-        long,
-        value_name = "DIR",
-        default_value = ".",
-        help_heading = "Snapshots"
-    )]
-    pub output: PathBuf,
+    /// Output file, as for record: the recording is written there when the view ends
+    /// (format from the extension, or --format); the snapshots key w writes beside it, and a
+    /// command started under the view logs there. A directory instead: only the snapshots
+    /// and the log go into it. [default: nothing written at the end; snapshots in .]
+    #[arg(short, long, value_name = "PATH", help_heading = "Output")]
+    pub output: Option<PathBuf>,
 
-    /// Format of the snapshots key w writes.
-    #[arg(
-        short,
-        long,
-        value_enum,
-        default_value = "json",
-        help_heading = "Snapshots"
-    )]
-    pub format: Format,
+    /// Format of the output file and of the snapshots (default: from the output file's
+    /// extension, else json).
+    #[arg(short, long, value_enum, help_heading = "Output")]
+    pub format: Option<Format>,
 }
 
 /// `allocscope diff`.

@@ -239,9 +239,11 @@ pub struct TopConfig {
     pub window: Duration,
     /// Age beyond which live sampled allocations are leak candidates (leak view).
     pub leaks_older_than: Duration,
-    /// Where the snapshot key writes.
+    /// Where the snapshot key writes (and a started command's log).
     pub snapshot_dir: PathBuf,
-    /// Snapshot format.
+    /// Where the recording is written when the view ends (`-o FILE`).
+    pub output: Option<PathBuf>,
+    /// Format of the output file and the snapshots.
     pub format: Format,
 }
 
@@ -686,13 +688,28 @@ impl TopArgs {
         let window = duration_flag("--window", &self.window, Duration::from_secs(1))?;
         let leaks_older_than =
             duration_flag("--leaks-older-than", &self.leaks_older_than, MIN_DURATION)?;
+        // `-o` names a file as for record; a directory keeps only the snapshots.
+        let (snapshot_dir, output) = match self.output {
+            Some(dir) if dir.is_dir() => (dir, None),
+            Some(file) => (
+                crate::outfile::directory_of(&file).to_path_buf(),
+                Some(file),
+            ),
+            None => (PathBuf::from("."), None),
+        };
+        let format = match (self.format, &output) {
+            (Some(format), _) => format,
+            (None, Some(file)) => Format::for_path(file).map_err(BadInput)?,
+            (None, None) => Format::Json,
+        };
         Ok(TopConfig {
             targets,
             sampling,
             window,
             leaks_older_than,
-            snapshot_dir: self.output,
-            format: self.format,
+            snapshot_dir,
+            output,
+            format,
         })
     }
 }

@@ -115,14 +115,15 @@ fn start_fixture() -> (Fixture, u64) {
 }
 
 /// The shell command tmux runs: `allocscope top` on `target` (`-p PID` or `-- CMD`), its
-/// stderr and exit status saved in `dir`.
+/// stderr and exit status saved in `dir`, the recording written to `dir/top.json` at the
+/// end (`-o` as for record; snapshots beside it).
 /// (`-p` with uprobes: these tests watch their breakpoints come and go; loading into a
 /// running process is attach.rs's.)
 fn top_command(target: &str, dir: &TempDir) -> String {
     format!(
         "{} top --front-end uprobes -i 64KiB --leaks-older-than 2s -o {} {target} 2>{}; echo $? >{}; sleep 600",
         allocscope().display(),
-        dir.0.display(),
+        dir.path("top.json").display(),
         dir.path("stderr").display(),
         dir.path("exit").display(),
     )
@@ -271,6 +272,14 @@ fn top_shows_known_sites_and_obeys_keys_in_a_real_terminal() {
         stderr.contains(&format!("detached from pid {pid}")),
         "{stderr}"
     );
+    // `-o FILE`: the whole recording written when the view ended, as record writes it.
+    let written = tests::read_profile(&dir.path("top.json"));
+    let text = written.to_string();
+    assert!(
+        text.contains("grow_cache") && text.contains("churn_buffers"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("wrote "), "{stderr}");
     assert_ne!(first_byte(pid, malloc), INT3, "malloc still probed after q");
     // Still allocating, unprobed: it prints progress again.
     let before = fixture.line();

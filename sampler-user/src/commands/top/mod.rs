@@ -61,7 +61,13 @@ pub fn prepare(config: &TopConfig) -> Result<Prepared, BadInput> {
     recording::prepare(
         &config.targets,
         &config.sampling,
-        || preflight::check_snapshot_dir(&config.snapshot_dir),
+        || {
+            preflight::check_snapshot_dir(&config.snapshot_dir)?;
+            config
+                .output
+                .as_deref()
+                .map_or(Ok(()), preflight::check_output_file)
+        },
         || command_output(config).map(Some),
     )
 }
@@ -230,9 +236,15 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
         }
     };
     // Give the terminal back first (the screen thread sees the channel close within
-    // 100 ms), then detach: a command started for this view stops with it.
+    // 100 ms), then write the recording (`-o FILE`), then detach: a command started for
+    // this view stops with it.
     drop(to_screen);
     let screen = screen_ended(screen).await;
+    let written = if outcome.is_ok() {
+        watch.write_output(&mut recording).await
+    } else {
+        Ok(())
+    };
     let detached = recording.detach().await;
     crate::say!(
         "allocscope top: detached from {} after {}",
@@ -247,6 +259,7 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
         None => log::debug!("the screen thread did not end: its terminal is gone"),
     }
     outcome?;
+    written?;
     detached.map(drop)
 }
 
@@ -380,6 +393,27 @@ impl Watch {
             share: cost::share(added_where_known, cpu),
             ns_per_call,
         }
+    }
+
+    /// Writes the recording to `-o FILE`, if given, and says so.
+    async fn write_output(&mut self, recording: &mut Recording) -> anyhow::Result<()> {
+        let Some(file) = self.config.output.clone() else {
+            return Ok(());
+        };
+        let settings = self
+            .config
+            .sampling
+            .settings(self.started.elapsed(), Some(self.config.leaks_older_than));
+        let profile = recording.profile(settings, None).await?;
+        let value = Value::default_for(&profile);
+        export::write_file(&profile, self.config.format, value, &file)
+            .with_context(|| format!("writing {}", file.display()))?;
+        crate::say!(
+            "allocscope top: wrote {} ({})",
+            file.display(),
+            self.config.format.name()
+        );
+        Ok(())
     }
 
     /// Writes the recording so far into the snapshot directory.
