@@ -7,7 +7,7 @@ pub use crate::units::{parse_duration, parse_size};
 use sampler_common::geometric::MAX_INTERVAL;
 
 use crate::{
-    cli::{RecordArgs, SamplingArgs, TargetArgs, TopArgs, UnwindArg},
+    cli::{RecordArgs, SamplingArgs, TargetArgs, UnwindArg},
     export::{Format, Value},
     profile::Settings,
 };
@@ -228,25 +228,6 @@ pub struct RecordConfig {
     pub value: Option<Value>,
 }
 
-/// A validated `top` invocation.
-#[derive(Clone, Debug)]
-pub struct TopConfig {
-    /// What to profile.
-    pub targets: Targets,
-    /// How to sample.
-    pub sampling: SamplingConfig,
-    /// Window of the rates shown.
-    pub window: Duration,
-    /// Age beyond which live sampled allocations are leak candidates (leak view).
-    pub leaks_older_than: Duration,
-    /// Where the snapshot key writes (and a started command's log).
-    pub snapshot_dir: PathBuf,
-    /// Where the recording is written when the view ends (`-o FILE`).
-    pub output: Option<PathBuf>,
-    /// Format of the output file and the snapshots.
-    pub format: Format,
-}
-
 /// Checks that `--front-end` fits `targets`: it chooses how running processes are
 /// counted; a command allocscope starts carries the sampler already (`--no-preload`:
 /// uprobes).
@@ -351,22 +332,7 @@ impl SamplingArgs {
                 "invalid --interval {text:?}: must be between 1 byte and 4GiB"
             )));
         }
-        // An interval the user typed wins: the throttle changes it only if asked to too.
-        let max_samples_per_sec = self
-            .max_samples_per_sec
-            .unwrap_or(if self.interval.is_some() {
-                0
-            } else {
-                DEFAULT_MAX_SAMPLES_PER_SEC
-            });
-        let min_samples_per_sec = self
-            .min_samples_per_sec
-            .unwrap_or(if self.interval.is_some() {
-                0
-            } else {
-                DEFAULT_MIN_SAMPLES_PER_SEC
-            })
-            .min(max_samples_per_sec);
+        let (min_samples_per_sec, max_samples_per_sec) = self.throttle_band();
         if !(self.confidence > 0.0 && self.confidence < 1.0) {
             return Err(BadInput(format!(
                 "invalid --confidence {}: must be strictly between 0 and 1",
@@ -422,6 +388,21 @@ impl SamplingArgs {
             min_samples_per_sec,
             max_overhead,
         })
+    }
+
+    /// The throttle's band, samples per second: `--min-samples-per-sec` and
+    /// `--max-samples-per-sec`. An interval the user typed wins: the throttle changes it
+    /// only if asked to too.
+    fn throttle_band(&self) -> (u32, u32) {
+        let typed = self.interval.is_some();
+        let default = |value: u32| if typed { 0 } else { value };
+        let max = self
+            .max_samples_per_sec
+            .unwrap_or(default(DEFAULT_MAX_SAMPLES_PER_SEC));
+        let min = self
+            .min_samples_per_sec
+            .unwrap_or(default(DEFAULT_MIN_SAMPLES_PER_SEC));
+        (min.min(max), max)
     }
 
     /// `--unwind`, with `--stack-bytes` checked for `dwarf`.
@@ -540,7 +521,7 @@ fn count_flag(flag: &str, value: u32, limit: u32) -> Result<(), BadInput> {
 const RING_BUFFER_RANGE: std::ops::RangeInclusive<u64> = (64 << 10)..=(256 << 20);
 
 /// Shortest duration any flag takes.
-const MIN_DURATION: Duration = Duration::from_millis(1);
+pub const MIN_DURATION: Duration = Duration::from_millis(1);
 /// Longest duration any flag takes (a year: timers beyond overflow the clock's arithmetic).
 const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
@@ -669,49 +650,6 @@ fn missing_output(command: &[OsString]) -> BadInput {
     } else {
         "--output (-o) is required: the file to write the profile to, e.g. -o profile.json".into()
     })
-}
-
-impl TopArgs {
-    /// Validates the arguments.
-    pub fn into_config(self) -> Result<TopConfig, BadInput> {
-        let targets = self.targets.into_targets()?;
-        let sampling = self.sampling.into_config()?;
-        front_end_fits(&targets, &sampling)?;
-        if sampling.max_overhead.is_some() {
-            return Err(BadInput(
-                "--max-overhead is for record: top shows rates over a sliding window, which \
-                 time-sampled slots would leave mostly empty"
-                    .into(),
-            ));
-        }
-        // The view refreshes every second.
-        let window = duration_flag("--window", &self.window, Duration::from_secs(1))?;
-        let leaks_older_than =
-            duration_flag("--leaks-older-than", &self.leaks_older_than, MIN_DURATION)?;
-        // `-o` names a file as for record; a directory keeps only the snapshots.
-        let (snapshot_dir, output) = match self.output {
-            Some(dir) if dir.is_dir() => (dir, None),
-            Some(file) => (
-                crate::outfile::directory_of(&file).to_path_buf(),
-                Some(file),
-            ),
-            None => (PathBuf::from("."), None),
-        };
-        let format = match (self.format, &output) {
-            (Some(format), _) => format,
-            (None, Some(file)) => Format::for_path(file).map_err(BadInput)?,
-            (None, None) => Format::Json,
-        };
-        Ok(TopConfig {
-            targets,
-            sampling,
-            window,
-            leaks_older_than,
-            snapshot_dir,
-            output,
-            format,
-        })
-    }
 }
 
 fn parse_pid(text: &str) -> Result<u32, BadInput> {

@@ -9,9 +9,12 @@
 
 pub mod app;
 pub mod columns;
+mod config;
 pub mod model;
 pub mod screen;
 pub mod ui;
+
+pub use config::TopConfig;
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
@@ -29,7 +32,7 @@ use self::{
     screen::{FromScreen, ToScreen},
 };
 use crate::{
-    config::{BadInput, TopConfig},
+    config::BadInput,
     cost,
     export::{self, Value},
     outfile, preflight,
@@ -236,9 +239,19 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
         }
     };
     // Give the terminal back first (the screen thread sees the channel close within
-    // 100 ms), then write the recording (`-o FILE`), then detach: a command started for
-    // this view stops with it.
+    // 100 ms).
     drop(to_screen);
+    finish(recording, &mut watch, outcome, screen).await
+}
+
+/// After the view: writes the recording (`-o FILE`), then detaches (a command started for
+/// the view stops with it) and says so; `outcome` is the view's own.
+async fn finish(
+    mut recording: Recording,
+    watch: &mut Watch,
+    outcome: anyhow::Result<()>,
+    screen: std::thread::JoinHandle<std::io::Result<()>>,
+) -> anyhow::Result<()> {
     let screen = screen_ended(screen).await;
     let written = if outcome.is_ok() {
         watch.write_output(&mut recording).await
