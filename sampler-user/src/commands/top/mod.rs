@@ -245,7 +245,7 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
 }
 
 /// After the view: writes the recording (`-o FILE`), then detaches (a command started for
-/// the view stops with it) and says so; `outcome` is the view's own.
+/// the view stops with it) and says so; `outcome` is the view's own, reported first.
 async fn finish(
     mut recording: Recording,
     watch: &mut Watch,
@@ -253,11 +253,8 @@ async fn finish(
     screen: std::thread::JoinHandle<std::io::Result<()>>,
 ) -> anyhow::Result<()> {
     let screen = screen_ended(screen).await;
-    let written = if outcome.is_ok() {
-        watch.write_output(&mut recording).await
-    } else {
-        Ok(())
-    };
+    // Written whatever ended the view: what was recorded is not lost to a failure.
+    let written = watch.write_output(&mut recording).await;
     let detached = recording.detach().await;
     crate::say!(
         "allocscope top: detached from {} after {}",
