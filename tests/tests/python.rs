@@ -646,9 +646,12 @@ fn a_python_command_allocating_while_its_probes_load_keeps_its_python_frames() {
             .find_map(|l| l.split_once(" events taken while attaching"))
             .and_then(|(head, _)| head.rsplit(' ').next()?.parse().ok())
             .unwrap_or_else(|| panic!("{what}: no early events said:\n{}", recorded.stderr));
-        // 16 MB at a 32 KiB mean: ~500 samples, nearly all before the probes.
+        // 16 MB at a 32 KiB mean: ~500 samples, most of them before the probes: how many
+        // depends on how long the interpreter takes to start against how long the probes
+        // take to load (one CI run: 177 of 598, pyenv's 3.13 reading its site-packages
+        // while the probes loaded in 145 ms). A hundred is well clear of none.
         assert!(
-            early > 200,
+            early > 100,
             "{what}: {early} early events\n{}",
             recorded.stderr
         );
