@@ -102,7 +102,10 @@ impl Throttle {
         let seen = samples as f64 / seconds;
         let near = seen <= 4.0 * self.target && seen >= self.target / 4.0;
         let floored = self.interval == self.floor && seen < self.target;
-        if near && !floored {
+        // A band learns only where its ceiling binds: within it, the rate is where it should
+        // be (learning toward the target there would push every busy process to it).
+        let within_band = self.minimum > 0.0 && seen <= self.target;
+        if near && !floored && !within_band {
             let error = ((samples as f64 + 0.5) / (self.target * seconds)).ln();
             self.correction =
                 (self.correction + INTEGRAL_GAIN * error).clamp(-INTEGRAL_LIMIT, INTEGRAL_LIMIT);
@@ -238,6 +241,15 @@ mod tests {
         // the band's edge, never below the minimum's.)
         assert!(samples(steady, throttle.interval()) <= 5000);
         assert!(samples(steady, throttle.interval()) >= 200);
+        // A busy process inside the band (2000/s) is left there for a minute, not pushed
+        // toward the ceiling by the integral.
+        let mut busy = Throttle::band(200.0, 5000.0, 4096, 512 << 10);
+        let rate = 2000 * (512u64 << 10);
+        for _ in 0..60 {
+            let interval = busy.interval();
+            busy.update(1.0, rate, samples(rate, interval));
+        }
+        assert_eq!(busy.interval(), 512 << 10);
     }
 
     #[test]
