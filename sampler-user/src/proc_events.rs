@@ -145,6 +145,12 @@ impl Tree {
         }
     }
 
+    /// Whether every member has exited, no event lost: the tree is complete and gone (a
+    /// fork needs a living member, so none can join it any more).
+    pub fn all_exited(&self) -> bool {
+        !self.lost && self.members.values().all(|m| m.exited_ns.is_some())
+    }
+
     /// The members that exited after an exec: each with the time and name of its latest
     /// exec (the candidates for a process that dropped the library unseen).
     pub fn gone_after_exec(&self) -> Vec<(u32, u64, Option<&str>)> {
@@ -162,6 +168,8 @@ impl Tree {
 /// A listening connector socket and the thread reading it (stopped when dropped).
 pub struct Watch {
     stop: Arc<AtomicBool>,
+    /// Set once [`Tree::all_exited`] holds.
+    gone: Arc<AtomicBool>,
     reader: Option<JoinHandle<Tree>>,
 }
 
@@ -177,14 +185,21 @@ impl Watch {
     pub fn start(root: u32) -> io::Result<Self> {
         let socket = listen()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let stopping = stop.clone();
+        let gone = Arc::new(AtomicBool::new(false));
+        let (stopping, going) = (stop.clone(), gone.clone());
         let reader = std::thread::Builder::new()
             .name("proc-events".into())
-            .spawn(move || read_until(&socket, &stopping, Tree::new(root)))?;
+            .spawn(move || read_until(&socket, &stopping, &going, Tree::new(root)))?;
         Ok(Self {
             stop,
+            gone,
             reader: Some(reader),
         })
+    }
+
+    /// Whether the whole tree has exited (every member's exit read, no event lost).
+    pub fn gone(&self) -> bool {
+        self.gone.load(Ordering::Acquire)
     }
 
     /// Stops listening (after the events queued so far are read) and returns the tree.
@@ -228,9 +243,11 @@ fn listen() -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     set_option(raw, libc::SO_RCVBUFFORCE, 8 << 20);
+    // Short: `finish` waits for the reader's blocked `recv` to time out (a recording of a
+    // command gone before its probes loaded finishes it at once).
     let timeout = libc::timeval {
         tv_sec: 0,
-        tv_usec: 20_000,
+        tv_usec: 2_000,
     };
     // SAFETY: a timeval of the right size.
     unsafe {
@@ -283,11 +300,11 @@ fn listen_request() -> Vec<u8> {
     message
 }
 
-/// Reads events into `tree` until `stop` is set and nothing more is queued. At the
-/// ordinary priority: raised to −20 (to read a 1 ms child's name before it is gone), it
+/// Reads events into `tree` until `stop` is set and nothing more is queued, setting `gone`
+/// once the whole tree has exited. At the ordinary priority: raised to −20 (to read a 1 ms child's name before it is gone), it
 /// took a core from the rest of allocscope's start often enough that 1 run in 4 of 150
 /// quick children lost one of them entirely (torture #39.8).
-fn read_until(socket: &OwnedFd, stop: &AtomicBool, mut tree: Tree) -> Tree {
+fn read_until(socket: &OwnedFd, stop: &AtomicBool, gone: &AtomicBool, mut tree: Tree) -> Tree {
     let mut buffer = [0u8; 256];
     loop {
         // SAFETY: receives into our buffer, within its length.
@@ -313,6 +330,9 @@ fn read_until(socket: &OwnedFd, stop: &AtomicBool, mut tree: Tree) -> Tree {
         }
         if let Some(event) = parse(&buffer[..n as usize]) {
             tree.apply(event, crate::procfs::comm_of);
+            if matches!(event, Event::Exit { .. }) && tree.all_exited() {
+                gone.store(true, Ordering::Release);
+            }
         }
     }
 }
@@ -390,6 +410,11 @@ mod tests {
             tree.apply(Event::Exit { pid, at_ns: 60 }, name);
         }
         assert_eq!(tree.members.len(), 3);
+        assert!(!tree.all_exited(), "10, the root, lives");
+        tree.apply(Event::Exit { pid: 10, at_ns: 61 }, name);
+        assert!(tree.all_exited());
+        tree.lost = true;
+        assert!(!tree.all_exited(), "an event lost: maybe a member unknown");
         // 13 is not of the tree; 11's latest exec could not be named.
         assert_eq!(
             tree.gone_after_exec(),

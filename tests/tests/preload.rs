@@ -472,6 +472,29 @@ fn a_command_runs_while_its_probes_load_and_nothing_it_did_meanwhile_is_lost() {
         (4000 * 4096..4000 * 4096 + 65536).contains(&exact),
         "exact {exact}:\n{stderr}"
     );
+    check_early_sites(&profile, pid, 1000.0 * 4096.0, &stderr);
+    // Every target gone, the probes' last link went to a helper that released it after
+    // allocscope exited: it must not outlive allocscope.
+    let helper: u32 = stderr
+        .lines()
+        .find_map(|l| l.split("links left to a helper until exit (pid ").nth(1))
+        .and_then(|rest| rest.trim_end_matches(')').parse().ok())
+        .unwrap_or_else(|| panic!("no helper said:\n{stderr}"));
+    assert!(
+        tests::wait_until(std::time::Duration::from_secs(5), || {
+            // Gone, or a zombie waiting for the init process to reap it.
+            std::fs::read_to_string(format!("/proc/{helper}/stat")).map_or(true, |stat| {
+                stat.rsplit(") ").next().is_some_and(|s| s.starts_with('Z'))
+            })
+        }),
+        "the helper (pid {helper}) outlived allocscope"
+    );
+}
+
+/// The `early` fixture's two sites in `pid`'s profile: 2000 blocks of 4 KiB allocated by
+/// each, `keep_live` bytes of `early_keep`'s still live and none of `early_temporary`'s,
+/// inside their bounds; `early_keep`'s stacks reach `main`.
+fn check_early_sites(profile: &Value, pid: u32, keep_live: f64, stderr: &str) {
     let bounds = |stacks: &[Value], measure: &str| -> (f64, f64, f64) {
         stacks.iter().fold((0.0, 0.0, 0.0), |(e, l, u), s| {
             let m = &s[measure];
@@ -482,14 +505,14 @@ fn a_command_runs_while_its_probes_load_and_nothing_it_did_meanwhile_is_lost() {
             )
         })
     };
-    let keep = site(&profile, pid, "early_keep");
-    let temporary = site(&profile, pid, "early_temporary");
+    let keep = site(profile, pid, "early_keep");
+    let temporary = site(profile, pid, "early_temporary");
     assert!(
         !keep.is_empty() && !temporary.is_empty(),
         "sites missing:\n{stderr}"
     );
     for (name, stacks, allocated, live) in [
-        ("early_keep", &keep, 2000.0 * 4096.0, 1000.0 * 4096.0),
+        ("early_keep", &keep, 2000.0 * 4096.0, keep_live),
         ("early_temporary", &temporary, 2000.0 * 4096.0, 0.0),
     ] {
         let (estimate, lower, upper) = bounds(stacks, "alloc_bytes");
@@ -507,22 +530,61 @@ fn a_command_runs_while_its_probes_load_and_nothing_it_did_meanwhile_is_lost() {
         stacks_reach_main(&keep),
         "early stacks do not reach main: {keep:#?}"
     );
-    // Every target gone, the probes' last link went to a helper that released it after
-    // allocscope exited: it must not outlive allocscope.
-    let helper: u32 = stderr
-        .lines()
-        .find_map(|l| l.split("links left to a helper until exit (pid ").nth(1))
-        .and_then(|rest| rest.trim_end_matches(')').parse().ok())
-        .unwrap_or_else(|| panic!("no helper said:\n{stderr}"));
-    assert!(
-        tests::wait_until(std::time::Duration::from_secs(5), || {
-            // Gone, or a zombie waiting for the init process to reap it.
-            std::fs::read_to_string(format!("/proc/{helper}/stat")).map_or(true, |stat| {
-                stat.rsplit(") ").next().is_some_and(|s| s.starts_with('Z'))
-            })
-        }),
-        "the helper (pid {helper}) outlived allocscope"
+}
+
+#[test]
+fn a_command_gone_before_its_probes_load_is_recorded_from_its_early_records() {
+    tests::require_bpf!();
+    let _serial = one_at_a_time();
+    // `early 0` allocates, frees and exits in a few milliseconds, long before the eBPF
+    // programs are verified (~60 ms and more): nothing is attached, and the recording is
+    // its early records and its region's exact counts alone, as complete as one attached.
+    let dir = TempDir::new("preload-gone");
+    let early = fixture("early", &[]);
+    let out = dir.path("gone.json");
+    let output = Command::new(allocscope())
+        .args(["record", "-v", "--interval", "32KiB"])
+        .args(["--confidence", CONFIDENCE, "-o"])
+        .arg(&out)
+        .args(["--", "sh", "-c", "\"$0\" 0 && exit 7"])
+        .arg(&early)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(
+        output.status.code(),
+        Some(7),
+        "the command's status:\n{stderr}"
     );
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "early done\n");
+    assert!(
+        stderr.contains("exited while the probes loaded: nothing attached"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("probe: "),
+        "a probe was attached:\n{stderr}"
+    );
+    let profile = read_profile(&out);
+    let process = profile["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["command"] == "early")
+        .unwrap_or_else(|| panic!("no early process:\n{profile:#}"));
+    let pid = process["pid"].as_u64().unwrap() as u32;
+    assert_eq!(process["front_end"], "in-process", "{process:#}");
+    let exact = process["exact"]["bytes"].as_u64().unwrap();
+    assert!(
+        (4000 * 4096..4000 * 4096 + 65536).contains(&exact),
+        "exact {exact}:\n{stderr}"
+    );
+    let notes = process.to_string();
+    assert!(
+        !notes.contains("after its start"),
+        "a coverage gap said: {process:#}"
+    );
+    check_early_sites(&profile, pid, 1000.0 * 4096.0, &stderr);
 }
 
 /// Whether every stack of `stacks` has `main` among its frames.

@@ -70,6 +70,15 @@ impl Counters {
         ))
     }
 
+    /// What the regions count, and the kept counts of processes gone, with no kernel
+    /// counters at all (a recording that never attached: nothing was lost in a kernel).
+    pub fn read_in_process(&self) -> (BTreeMap<u32, ProcessCounters>, Losses) {
+        (
+            combine([&self.finished, &self.in_process()]),
+            Losses::default(),
+        )
+    }
+
     /// Process `pid` counts its own calls in `region` (from now on): its counts are added
     /// to whatever the kernel counts for it (a small-object layer's probes).
     pub fn add_region(&mut self, pid: u32, region: crate::preload::MappedRegion) {

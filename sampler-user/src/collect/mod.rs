@@ -308,6 +308,8 @@ pub struct SampleReader {
     /// Samples whose Python frames were lost (`None`: Python frames off).
     python_missing: Option<Arc<AtomicU64>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// An idle reader's sending end, kept so that its channel never closes.
+    _idle: Option<mpsc::Sender<Delivery>>,
 }
 
 /// State shared with the intake thread.
@@ -329,6 +331,24 @@ struct Shared {
 }
 
 impl Shared {
+    fn new() -> anyhow::Result<Arc<Shared>> {
+        // SAFETY: eventfd with constant flags; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()).context("eventfd for the intake thread");
+        }
+        Ok(Arc::new(Shared {
+            // SAFETY: a fresh descriptor nobody else owns.
+            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            requested: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            malformed: AtomicU64::new(0),
+            examine: std::sync::Mutex::new(Vec::new()),
+            examine_asked: AtomicU64::new(0),
+            examined: AtomicU64::new(0),
+        }))
+    }
+
     fn wake(&self) {
         let one = 1u64;
         // SAFETY: writing 8 bytes from a live local to our eventfd.
@@ -343,21 +363,7 @@ impl SampleReader {
         ring_bytes: usize,
         python: Option<crate::python::Frames>,
     ) -> anyhow::Result<SampleReader> {
-        // SAFETY: eventfd with constant flags; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error()).context("eventfd for the intake thread");
-        }
-        let shared = Arc::new(Shared {
-            // SAFETY: a fresh descriptor nobody else owns.
-            wake: unsafe { OwnedFd::from_raw_fd(fd) },
-            requested: AtomicU64::new(0),
-            stop: AtomicBool::new(false),
-            malformed: AtomicU64::new(0),
-            examine: std::sync::Mutex::new(Vec::new()),
-            examine_asked: AtomicU64::new(0),
-            examined: AtomicU64::new(0),
-        });
+        let shared = Shared::new()?;
         let python_missing = python.as_ref().map(crate::python::Frames::missing);
         let (sender, deliveries) = mpsc::channel(batches_in_flight(ring_bytes));
         let thread = std::thread::Builder::new()
@@ -372,6 +378,21 @@ impl SampleReader {
             shared,
             python_missing,
             thread: Some(thread),
+            _idle: None,
+        })
+    }
+
+    /// A reader of no ring buffer: a recording whose probes were never attached (its
+    /// command's tree was gone before they loaded) has every event already; `read` waits
+    /// forever and catching up is immediate.
+    pub fn idle() -> anyhow::Result<SampleReader> {
+        let (sender, deliveries) = mpsc::channel(1);
+        Ok(SampleReader {
+            deliveries,
+            shared: Shared::new()?,
+            python_missing: None,
+            thread: None,
+            _idle: Some(sender),
         })
     }
 
@@ -387,6 +408,9 @@ impl SampleReader {
 
     /// Moves every record that was in the ring buffer when called into `out`.
     pub async fn catch_up(&mut self, out: &mut Vec<Event>) -> anyhow::Result<()> {
+        if self.thread.is_none() {
+            return Ok(());
+        }
         let request = self.shared.requested.fetch_add(1, Ordering::SeqCst) + 1;
         self.shared.wake();
         loop {

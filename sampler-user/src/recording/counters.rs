@@ -42,6 +42,12 @@ impl Recording {
         Ok(())
     }
 
+    /// Whether counting goes on: the probes are attached, or a probeless recording is not
+    /// detached yet (its regions still count what their processes did).
+    pub(super) fn counting(&self) -> bool {
+        self.probes.is_some() || (self.probeless && self.cutoff_ns.is_none())
+    }
+
     /// Catches up, then reads the kernel's exact counters per process and the loss counters
     /// (after detaching: the values read last), and keeps the kernel's count of the samples
     /// it could not deliver for the next tally.
@@ -49,7 +55,7 @@ impl Recording {
         self.catch_up().await?;
         self.claim_regions(None);
         let mut lost = None;
-        if self.probes.is_some() {
+        if self.counting() {
             self.counted_ns = monotonic_ns();
         }
         if let Some((counters, losses)) = self.exact_counts()? {
@@ -80,7 +86,7 @@ impl Recording {
         &self,
     ) -> anyhow::Result<Option<(BTreeMap<u32, ProcessCounters>, Losses)>> {
         let Some(probes) = &self.probes else {
-            return Ok(None);
+            return Ok(self.counting().then(|| self.counters.read_in_process()));
         };
         let slots = self.roster.counter_slots();
         // File-wide: only targets (the kernel also counts, briefly, processes pending a

@@ -171,7 +171,9 @@ impl Recording {
         since: Since,
     ) -> anyhow::Result<()> {
         if !self.roster.is_running(pid) {
-            self.probes_mut()?.follow(pid)?;
+            if !self.probeless {
+                self.probes_mut()?.follow(pid)?;
+            }
             let coverage = Coverage {
                 since: since.start,
                 late: Vec::new(),
@@ -203,6 +205,9 @@ impl Recording {
 
     /// Probes for every process the allocator files not probed yet, noting when.
     pub(super) fn probe_files(&mut self, allocators: &[Allocator]) -> anyhow::Result<()> {
+        if self.probeless {
+            return Ok(());
+        }
         for allocator in allocators {
             if self.roster.probes_host_file(&allocator.file_id)
                 || (self.carriers.is_some() && !Carriers::probes(allocator))
@@ -274,6 +279,9 @@ impl Recording {
     /// decision and that were not taken (one may have been re-created by a probe that ran
     /// while it was being dropped), and forgets those that exited.
     fn forget_rejected(&mut self) -> anyhow::Result<()> {
+        if self.probeless {
+            return Ok(());
+        }
         for pid in self.roster.excluded() {
             self.probes_mut()?.forget_counters(pid);
             if !std::path::Path::new(&format!("/proc/{pid}")).exists() {

@@ -69,6 +69,47 @@ fn unseen_after(program: &str) -> String {
     )
 }
 
+/// Loads the probes (`load`) on a thread of its own while `run`'s command runs, unless its
+/// whole tree exits first (every process's exit read from the kernel's process events): a
+/// short command then waits for no verification and no attach (~0.1 s here), and its
+/// recording is made of its early records and its processes' exact counts alone
+/// ([`Recording::probeless`]); `None` says so. Where the tree is not watched, the load is
+/// waited for.
+pub(super) fn load_unless_gone<L>(
+    run: &EarlyRun,
+    load: L,
+) -> anyhow::Result<Option<(crate::probe::attach::Probes, bool)>>
+where
+    L: FnOnce() -> anyhow::Result<(crate::probe::attach::Probes, bool)> + Send + 'static,
+{
+    use std::sync::mpsc::RecvTimeoutError;
+    let Some(events) = run.events.as_ref() else {
+        return load().map(Some);
+    };
+    let (sender, loaded) = std::sync::mpsc::channel();
+    // Left behind when the tree is gone first: what it loads is closed when its send finds
+    // nobody, and a verification still running ends with allocscope.
+    std::thread::Builder::new()
+        .name("load-probes".into())
+        .spawn(move || {
+            let _ = sender.send(load());
+        })
+        .map_err(|e| anyhow::anyhow!("starting the thread that loads the probes: {e}"))?;
+    loop {
+        match loaded.recv_timeout(std::time::Duration::from_millis(1)) {
+            Ok(result) => return result.map(Some),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                anyhow::bail!("the thread loading the probes stopped")
+            }
+        }
+        if events.gone() && run.exited.get().is_some() {
+            debug!("the command's tree exited while the probes loaded: nothing attached");
+            return Ok(None);
+        }
+    }
+}
+
 /// Starts a thread that notes when `pid` (our child) exits; nothing if it cannot.
 pub(super) fn watch_exit(pid: u32) -> ExitSeen {
     let seen = ExitSeen::default();

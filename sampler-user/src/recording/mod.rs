@@ -122,6 +122,9 @@ impl Meter {
 /// Probes attached to the targets, samples flowing into an [`Aggregator`].
 pub struct Recording {
     probes: Option<Probes>,
+    /// Never attached: the command's tree exited while the probes loaded, and every event
+    /// is an early record, every count a region's (see [`early::load_unless_gone`]).
+    probeless: bool,
     reader: SampleReader,
     batch: Vec<Event>,
     /// The samples so far.
@@ -578,7 +581,7 @@ impl Recording {
     /// [`Self::command_exit`]. Reads the counters one last time first; later calls return
     /// those values.
     pub async fn detach(&mut self) -> anyhow::Result<Closing> {
-        if self.probes.is_none() {
+        if !self.counting() {
             return Ok(Closing(None));
         }
         let (counters, _) = self.counters().await?;

@@ -186,18 +186,86 @@ fn duty_cycling(
     Ok(duty)
 }
 
-/// What a recording is made of before any target is attached.
-struct Parts {
-    probes: Probes,
+/// Where a recording's events and costs come from: the loaded probes and their ring
+/// buffer's reader, or nothing at all (a command whose tree was gone before they loaded).
+struct Intake {
+    probes: Option<Probes>,
     reader: SampleReader,
     logger: Option<Logger>,
     duty: Option<duty_cycling::DutyCycling>,
+    trap: Trap,
+}
+
+impl Intake {
+    /// The probes loaded with `config`; where a command let run `early` is followed (the
+    /// default), none if its tree is gone before they are loaded.
+    fn load(
+        config: KernelConfig,
+        early: Option<&super::early::EarlyRun>,
+        followed: bool,
+        sampling: &SamplingConfig,
+    ) -> anyhow::Result<Intake> {
+        let loaded = match early {
+            Some(run) if followed => {
+                super::early::load_unless_gone(run, move || load_probes(config))?
+            }
+            _ => Some(load_probes(config)?),
+        };
+        match loaded {
+            Some((probes, python_frames)) => {
+                Intake::attached(probes, python_frames, sampling, config.lazy_uprobes)
+            }
+            None => Intake::probeless(),
+        }
+    }
+
+    /// The loaded `probes` (walking Python frames if `python_frames`), their trap timed
+    /// unless `in_process_only` and their duty cycle's gate opened.
+    fn attached(
+        mut probes: Probes,
+        python_frames: bool,
+        sampling: &SamplingConfig,
+        in_process_only: bool,
+    ) -> anyhow::Result<Intake> {
+        // The trap calibration's ~0.15 s (timing, then a link the kernel takes ~0.1 s to
+        // remove, which holds up the attach behind it) would be the largest part of such a
+        // command's cost.
+        let trap = if in_process_only {
+            Trap::MODELLED
+        } else {
+            cost::trap::calibrate(&mut probes)
+        };
+        let duty = duty_cycling(&mut probes, sampling)?;
+        let (reader, logger) = intake(&mut probes, sampling, python_frames)?;
+        Ok(Intake {
+            probes: Some(probes),
+            reader,
+            logger,
+            duty,
+            trap,
+        })
+    }
+
+    /// No probes: every event is an early record.
+    fn probeless() -> anyhow::Result<Intake> {
+        Ok(Intake {
+            probes: None,
+            reader: SampleReader::idle()?,
+            logger: None,
+            duty: None,
+            trap: Trap::MODELLED,
+        })
+    }
+}
+
+/// What a recording is made of before any target is attached.
+struct Parts {
+    intake: Intake,
     targets: Targets,
     cache: crate::targets::AllocatorCache,
     roster: Roster,
     /// The command allocscope started, if any.
     spawned: Option<u32>,
-    trap: Trap,
 }
 
 impl Recording {
@@ -237,31 +305,25 @@ impl Recording {
             .as_ref()
             .map(|run| run.pid)
             .or(child.as_ref().map(|c| c.pid));
-        let (mut probes, python_frames) = load_probes(config)?;
-        // The trap calibration's ~0.15 s (timing, then a link the kernel takes ~0.1 s to
-        // remove, which holds up the attach behind it) would be the largest part of such a
-        // command's cost.
-        let trap = if in_process_only {
-            Trap::MODELLED
-        } else {
-            cost::trap::calibrate(&mut probes)
-        };
-        let duty = duty_cycling(&mut probes, sampling)?;
-        let (reader, logger) = intake(&mut probes, sampling, python_frames)?;
+        let intake = Intake::load(config, early.as_ref(), followed_only, sampling)?;
+        let probeless = intake.probes.is_none();
         let parts = Parts {
-            probes,
-            reader,
-            logger,
-            duty,
+            intake,
             targets,
             cache,
             roster: Roster::new(followed_only),
             spawned,
-            trap,
         };
         let mut recording = Recording::assemble(parts, sampling, recent)?;
+        recording.probeless = probeless;
         recording.carriers = carriers;
-        recording.probe_before_start(front_end.as_ref());
+        match front_end.as_ref() {
+            // Its early records cover the tree's calls through it from the start.
+            Some(front_end) if probeless => recording
+                .roster
+                .host_file_probed(front_end.allocator.file_id.clone(), 0),
+            _ => recording.probe_before_start(front_end.as_ref()),
+        }
         recording.take_front_end(front_end, notes, sampling.interval);
         recording.attach_initial(initial, &command)?;
         if let Some(child) = child {
@@ -288,10 +350,18 @@ impl Recording {
         sampling: &SamplingConfig,
         recent: Option<std::time::Duration>,
     ) -> anyhow::Result<Recording> {
-        let aggregator = aggregator(sampling, recent, parts.duty.is_some());
+        let Intake {
+            probes,
+            reader,
+            logger,
+            duty,
+            trap,
+        } = parts.intake;
+        let aggregator = aggregator(sampling, recent, duty.is_some());
         Ok(Recording {
-            probes: Some(parts.probes),
-            reader: parts.reader,
+            probes,
+            probeless: false,
+            reader,
             batch: Vec::new(),
             aggregator,
             processes: ProcessBook::default(),
@@ -304,21 +374,21 @@ impl Recording {
             roster: parts.roster,
             counters: Counters::default(),
             points: Vec::new(),
-            logger: parts.logger,
-            clocks: Clocks::new(parts.duty.is_some()),
+            logger,
+            clocks: Clocks::new(duty.is_some()),
             spawned: parts.spawned,
             command_exit: None,
             said_waiting: false,
             last_counters: None,
             counted_ns: 0,
-            trap: parts.trap,
+            trap,
             cost: CostWindows::default(),
             throttling: throttling::Throttling::new(
                 sampling.max_samples_per_sec,
                 sampling.min_samples_per_sec,
                 sampling.interval,
             ),
-            duty: parts.duty,
+            duty,
             samples_taken: 0,
             thread_states: None,
             lost: Default::default(),

@@ -89,6 +89,9 @@ impl Throttling {
     }
 }
 
+/// The shortest span the throttle judges a rate over, in seconds.
+const SHORTEST_TICK: f64 = 0.5;
+
 impl Recording {
     /// Once a second: feeds the throttle the targets' `bytes` and the ring buffer's lost
     /// samples counted so far, and sets the interval it chooses.
@@ -99,6 +102,11 @@ impl Recording {
             return Ok(());
         };
         let seconds = now.saturating_sub(throttling.last_ns) as f64 / 1e9;
+        if seconds < SHORTEST_TICK {
+            // The tick right after the start: its rate would be a guess from a few
+            // milliseconds (a 10 ms command's one sample lowered the interval 13×).
+            return Ok(());
+        }
         let (bytes_then, samples_then) = throttling.last;
         throttling.last = (bytes, samples);
         throttling.last_ns = now;
