@@ -30,6 +30,9 @@ pub struct ProcessBook {
     incomplete: BTreeMap<u32, Vec<String>>,
     /// A Go process's `runtime.MemProfileRate`: where it is, and its value when last read.
     go_rates: BTreeMap<u32, (u64, Option<u64>)>,
+    /// Processes found gone by a refresh: not looked for again (a build's thousands of
+    /// exited processes cost every refresh two failed opens each).
+    ended: std::collections::BTreeSet<u32>,
 }
 
 /// The mark of a Go process whose runtime's heap profiling was off (`MemProfileRate` 0)
@@ -54,6 +57,7 @@ impl ProcessBook {
     pub fn forget(&mut self, pid: u32) {
         self.commands.remove(&pid);
         self.inherited.remove(&pid);
+        self.ended.remove(&pid);
         self.executables.remove(&pid);
         self.cgroups.remove(&pid);
         self.allocators.remove(&pid);
@@ -77,6 +81,7 @@ impl ProcessBook {
     /// Starts tracking `pid` (or again, after an exec): its command name, executable,
     /// cgroup, RSS and CPU time while it surely lives.
     pub fn track(&mut self, pid: u32) {
+        self.ended.remove(&pid);
         let command = crate::procfs::comm_of(pid).unwrap_or_default();
         if !command.is_empty() {
             self.inherited.remove(&pid);
@@ -106,9 +111,17 @@ impl ProcessBook {
     }
 
     /// Starts tracking `pid`, a new process of `parent` (forked, not exec'd yet): what it
-    /// cannot tell about itself any more (it may already be gone) is its parent's.
+    /// cannot tell about itself any more (it may already be gone) is its parent's. A fork
+    /// is a copy of a tracked parent (its name, executable and cgroup), nothing read: most
+    /// children exec at once, and are read then ([`Self::track`]); one that does not is
+    /// read at the next refresh (its CPU time counted from then).
     pub fn track_fork(&mut self, pid: u32, parent: u32) {
-        self.track(pid);
+        if self.tracks(parent) && !self.tracks(pid) {
+            self.ended.remove(&pid);
+            self.inherited.insert(pid);
+        } else {
+            self.track(pid);
+        }
         if self.commands.get(&pid).is_none_or(String::is_empty) {
             self.inherited.insert(pid);
         }
@@ -175,11 +188,18 @@ impl ProcessBook {
     /// that exec'd since.
     pub fn refresh(&mut self) {
         for (&pid, command) in &mut self.commands {
-            if let Some(ns) = crate::clock::process_cpu_ns(pid) {
-                if let Some((_, last)) = self.cpu.get_mut(&pid) {
-                    *last = ns;
-                }
+            if self.ended.contains(&pid) {
+                continue;
             }
+            let Some(ns) = crate::clock::process_cpu_ns(pid) else {
+                self.ended.insert(pid);
+                continue;
+            };
+            // A fork's first reading (nothing was read at its fork) is where its time starts.
+            self.cpu
+                .entry(pid)
+                .and_modify(|(_, last)| *last = ns)
+                .or_insert((ns, ns));
             if let Some((at, rate)) = self.go_rates.get_mut(&pid) {
                 *rate = crate::procfs::word_of(pid, *at).or(*rate);
             }

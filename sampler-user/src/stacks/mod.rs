@@ -202,12 +202,12 @@ impl StackTable {
         self.refresh(pid);
     }
 
-    /// Gives `pid`, just forked from `parent` and gone before its own maps could be read,
-    /// its parent's (what it started with).
-    pub fn inherit(&mut self, pid: u32, parent: u32) {
+    /// Gives `pid`, just forked from `parent`, its parent's maps (what it started with)
+    /// unless it has maps of its own; returns whether it has maps now.
+    pub fn inherit(&mut self, pid: u32, parent: u32) -> bool {
         let own = self.maps.get(&pid);
         if own.is_some_and(|m| !m.vmas.is_empty()) {
-            return;
+            return true;
         }
         let (gone, generation) = own.map_or((false, 0), |m| (m.gone, m.generation + 1));
         if let Some(maps) = self.maps.get(&parent) {
@@ -223,7 +223,9 @@ impl StackTable {
                 ..maps.clone()
             };
             self.maps.insert(pid, copy);
+            return true;
         }
+        false
     }
 
     fn refresh(&mut self, pid: u32) {
