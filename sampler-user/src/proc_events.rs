@@ -170,12 +170,14 @@ pub struct Watch {
     stop: Arc<AtomicBool>,
     /// Set once [`Tree::all_exited`] holds.
     gone: Arc<AtomicBool>,
+    /// Written once to wake the reader when it is to stop (never read: it stays readable).
+    wake: Arc<OwnedFd>,
     reader: Option<JoinHandle<Tree>>,
 }
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
+        self.stop_reader();
     }
 }
 
@@ -184,17 +186,38 @@ impl Watch {
     /// go yet). Fails where the connector is unavailable (not root, a kernel without it).
     pub fn start(root: u32) -> io::Result<Self> {
         let socket = listen()?;
+        // SAFETY: eventfd with constant flags; the result is checked.
+        let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if wake < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor we just opened.
+        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(wake) });
         let stop = Arc::new(AtomicBool::new(false));
         let gone = Arc::new(AtomicBool::new(false));
-        let (stopping, going) = (stop.clone(), gone.clone());
+        let reading = Reading {
+            socket,
+            wake: wake.clone(),
+            stop: stop.clone(),
+            gone: gone.clone(),
+        };
         let reader = std::thread::Builder::new()
             .name("proc-events".into())
-            .spawn(move || read_until(&socket, &stopping, &going, Tree::new(root)))?;
+            .spawn(move || reading.until_stopped(Tree::new(root)))?;
         Ok(Self {
             stop,
             gone,
+            wake,
             reader: Some(reader),
         })
+    }
+
+    /// Tells the reader to stop, waking it.
+    fn stop_reader(&self) {
+        self.stop.store(true, Ordering::Release);
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a live local to our eventfd.
+        unsafe { libc::write(self.wake.as_raw_fd(), (&raw const one).cast(), 8) };
     }
 
     /// Whether the whole tree has exited (every member's exit read, no event lost).
@@ -204,14 +227,13 @@ impl Watch {
 
     /// Stops listening (after the events queued so far are read) and returns the tree.
     pub fn finish(mut self) -> Tree {
-        self.stop.store(true, Ordering::Release);
+        self.stop_reader();
         let reader = self.reader.take();
         reader.and_then(|r| r.join().ok()).unwrap_or_default()
     }
 }
 
-/// A connector socket bound to the process events' group, listening, with a receive
-/// timeout (the reader looks at its stop flag between reads) and a large buffer.
+/// A connector socket bound to the process events' group, listening, with a large buffer.
 fn listen() -> io::Result<OwnedFd> {
     // SAFETY: plain socket call; the descriptor is owned below.
     let fd = unsafe {
@@ -243,22 +265,6 @@ fn listen() -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     set_option(raw, libc::SO_RCVBUFFORCE, 8 << 20);
-    // Short: `finish` waits for the reader's blocked `recv` to time out (a recording of a
-    // command gone before its probes loaded finishes it at once).
-    let timeout = libc::timeval {
-        tv_sec: 0,
-        tv_usec: 2_000,
-    };
-    // SAFETY: a timeval of the right size.
-    unsafe {
-        libc::setsockopt(
-            raw,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&timeout as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as u32,
-        )
-    };
     let request = listen_request();
     // SAFETY: sends our buffer, of its length.
     let sent = unsafe { libc::send(raw, request.as_ptr().cast(), request.len(), 0) };
@@ -300,40 +306,67 @@ fn listen_request() -> Vec<u8> {
     message
 }
 
-/// Reads events into `tree` until `stop` is set and nothing more is queued, setting `gone`
-/// once the whole tree has exited. At the ordinary priority: raised to −20 (to read a 1 ms child's name before it is gone), it
-/// took a core from the rest of allocscope's start often enough that 1 run in 4 of 150
-/// quick children lost one of them entirely (torture #39.8).
-fn read_until(socket: &OwnedFd, stop: &AtomicBool, gone: &AtomicBool, mut tree: Tree) -> Tree {
-    let mut buffer = [0u8; 256];
-    loop {
-        // SAFETY: receives into our buffer, within its length.
-        let n = unsafe {
-            libc::recv(
-                socket.as_raw_fd(),
-                buffer.as_mut_ptr().cast(),
-                buffer.len(),
-                if stop.load(Ordering::Acquire) {
-                    libc::MSG_DONTWAIT
-                } else {
-                    0
-                },
-            )
-        };
-        if n < 0 {
-            match io::Error::last_os_error().raw_os_error() {
-                Some(libc::ENOBUFS) => tree.lost = true,
-                Some(libc::EAGAIN | libc::EINTR) if !stop.load(Ordering::Acquire) => {}
-                _ => return tree,
+/// The reader thread's side: the socket, its wake-up, its flags.
+struct Reading {
+    socket: OwnedFd,
+    wake: Arc<OwnedFd>,
+    stop: Arc<AtomicBool>,
+    /// Set once the whole tree has exited.
+    gone: Arc<AtomicBool>,
+}
+
+impl Reading {
+    /// Reads events into `tree` until told to stop and nothing more is queued. At the
+    /// ordinary priority: raised to −20 (to read a 1 ms child's name before it is gone), it
+    /// took a core from the rest of allocscope's start often enough that 1 run in 4 of 150
+    /// quick children lost one of them entirely (torture #39.8).
+    fn until_stopped(self, mut tree: Tree) -> Tree {
+        let mut buffer = [0u8; 256];
+        loop {
+            let stopping = self.stop.load(Ordering::Acquire);
+            // SAFETY: receives into our buffer, within its length.
+            let n = unsafe {
+                libc::recv(
+                    self.socket.as_raw_fd(),
+                    buffer.as_mut_ptr().cast(),
+                    buffer.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                match io::Error::last_os_error().raw_os_error() {
+                    Some(libc::ENOBUFS) => tree.lost = true,
+                    Some(libc::EINTR) => {}
+                    Some(libc::EAGAIN) if !stopping => self.wait(),
+                    _ => return tree,
+                }
+                continue;
             }
-            continue;
-        }
-        if let Some(event) = parse(&buffer[..n as usize]) {
-            tree.apply(event, crate::procfs::comm_of);
-            if matches!(event, Event::Exit { .. }) && tree.all_exited() {
-                gone.store(true, Ordering::Release);
+            if let Some(event) = parse(&buffer[..n as usize]) {
+                tree.apply(event, crate::procfs::comm_of);
+                if matches!(event, Event::Exit { .. }) && tree.all_exited() {
+                    self.gone.store(true, Ordering::Release);
+                }
             }
         }
+    }
+
+    /// Waits until an event is queued or the reader is told to stop.
+    fn wait(&self) {
+        let mut fds = [
+            libc::pollfd {
+                fd: self.socket.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: poll on two live descriptors; interrupted, the caller tries again.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
     }
 }
 

@@ -557,10 +557,7 @@ fn a_command_gone_before_its_probes_load_is_recorded_from_its_early_records() {
         "the command's status:\n{stderr}"
     );
     assert_eq!(String::from_utf8_lossy(&output.stdout), "early done\n");
-    assert!(
-        stderr.contains("exited while the probes loaded: nothing attached"),
-        "{stderr}"
-    );
+    assert!(stderr.contains(": nothing attached"), "{stderr}");
     assert!(
         !stderr.contains("probe: "),
         "a probe was attached:\n{stderr}"

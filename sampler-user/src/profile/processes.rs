@@ -112,13 +112,26 @@ impl ProcessBook {
 
     /// Starts tracking `pid`, a new process of `parent` (forked, not exec'd yet): what it
     /// cannot tell about itself any more (it may already be gone) is its parent's. A fork
-    /// is a copy of a tracked parent (its name, executable and cgroup), nothing read: most
-    /// children exec at once, and are read then ([`Self::track`]); one that does not is
-    /// read at the next refresh (its CPU time counted from then).
+    /// of a tracked parent, still running its parent's program, is a copy of it (its
+    /// executable and cgroup), only its name read: most children exec at once, and are
+    /// read then ([`Self::track`]); one that does not is read at the next refresh (its CPU
+    /// time counted from then).
     pub fn track_fork(&mut self, pid: u32, parent: u32) {
-        if self.tracks(parent) && !self.tracks(pid) {
+        let comm = crate::procfs::comm_of(pid);
+        // Past an exec already (its fork told late): read as any other.
+        let exec_since = comm
+            .as_deref()
+            .is_some_and(|c| self.command(parent) != Some(c));
+        if self.tracks(parent) && !self.tracks(pid) && !exec_since {
             self.ended.remove(&pid);
-            self.inherited.insert(pid);
+            match comm {
+                Some(comm) if !comm.is_empty() => {
+                    self.commands.insert(pid, comm);
+                }
+                _ => {
+                    self.inherited.insert(pid);
+                }
+            }
         } else {
             self.track(pid);
         }

@@ -69,6 +69,10 @@ fn unseen_after(program: &str) -> String {
     )
 }
 
+/// How long a command let run early is given to finish before its probes are loaded:
+/// longer ones wait that much more for their probes, their early records covering it.
+const LOAD_GRACE: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// Loads the probes (`load`) on a thread of its own while `run`'s command runs, unless its
 /// whole tree exits first (every process's exit read from the kernel's process events): a
 /// short command then waits for no verification and no attach (~0.1 s here), and its
@@ -86,6 +90,17 @@ where
     let Some(events) = run.events.as_ref() else {
         return load().map(Some);
     };
+    let gone = || events.gone() && run.exited.get().is_some();
+    // A command that is over in a few milliseconds (`true`, `echo`) leaves no work to the
+    // load at all: it would take a core from the recording's end.
+    let grace = std::time::Instant::now() + LOAD_GRACE;
+    while std::time::Instant::now() < grace {
+        if gone() {
+            debug!("the command's tree exited before the probes were loaded: nothing attached");
+            return Ok(None);
+        }
+        std::thread::sleep(std::time::Duration::from_micros(250));
+    }
     let (sender, loaded) = std::sync::mpsc::channel();
     // Left behind when the tree is gone first: what it loads is closed when its send finds
     // nobody, and a verification still running ends with allocscope.
@@ -103,7 +118,7 @@ where
                 anyhow::bail!("the thread loading the probes stopped")
             }
         }
-        if events.gone() && run.exited.get().is_some() {
+        if gone() {
             debug!("the command's tree exited while the probes loaded: nothing attached");
             return Ok(None);
         }
