@@ -377,6 +377,37 @@ fn top_runs_a_command_without_letting_it_touch_the_screen() {
     );
 }
 
+#[test]
+fn top_rows_are_by_command_above_eight_processes() {
+    tests::require_bpf!();
+    // Ten copies of the fixture under one shell: each site is one row over the ten, named
+    // by their command and how many processes it sums (a build's cc1 ×33 so).
+    let program = tests::fixture("top", &[]);
+    let dir = TempDir::new("top-grouped");
+    let script = format!(
+        "-- sh -c 'for i in 1 2 3 4 5 6 7 8 9 10; do {} >/dev/null & done; wait'",
+        program.display()
+    );
+    let command = top_command(&script, &dir);
+    let tmux = Tmux::start("grouped", &command, 140, 30);
+    let screen = tmux.wait_for(
+        "one row per site for the ten",
+        Duration::from_secs(30),
+        |s| s.contains("11 processes") && s.contains("churn_buffers ←") && s.contains("[top ×10]"),
+    );
+    let rows = screen
+        .lines()
+        .filter(|l| l.contains("churn_buffers ←"))
+        .count();
+    assert_eq!(rows, 1, "{screen}");
+    assert!(
+        !screen.contains("[top ×1]"),
+        "a copy on its own row:\n{screen}"
+    );
+    tmux.send(&["q"]);
+    assert!(wait_until(Duration::from_secs(10), || exit_status(&dir).is_some()));
+}
+
 /// The terminal goes away (a killed tmux, a dropped ssh session): `top` ends, detached, and
 /// the command it started ends with it. (It spun on a core, attached, for as long as
 /// anyone let it: crossterm's reader retries end-of-file forever.)

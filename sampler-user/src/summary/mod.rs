@@ -1,6 +1,7 @@
 //! The short human summary `record` prints on stderr.
 
 mod groups;
+pub use groups::GROUPED_ABOVE;
 mod insight;
 
 use std::{collections::BTreeMap, fmt::Write as _};

@@ -23,6 +23,10 @@ use crate::{
     text,
 };
 
+/// Above this many processes, rows are by command rather than by process, as the
+/// summary's are.
+pub use crate::summary::GROUPED_ABOVE;
+
 /// Below this many samples a row is marked uncertain: its bounds span a factor of several.
 pub const UNCERTAIN_SAMPLES: u64 = 5;
 
@@ -266,8 +270,11 @@ impl Sets {
 /// What identifies a row across pictures (selection and expansion follow it).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct GroupKey {
-    /// Process id.
+    /// Process id (0 where rows are by command).
     pub pid: u32,
+    /// The command of every process in the row, where there are more processes than
+    /// [`GROUPED_ABOVE`] (a build's `cc1` ×33 is one row per site); empty otherwise.
+    pub command: String,
     /// The site: the first frame past the allocator and the runtimes' allocation
     /// machinery ([`crate::stacks::site`]), the allocating function where there is none.
     pub function: String,
@@ -300,6 +307,8 @@ pub struct Row {
     pub values: Values,
     /// Its stacks, sorted like the table.
     pub members: Vec<Member>,
+    /// How many processes its stacks come from.
+    pub processes: usize,
 }
 
 impl Row {
@@ -335,6 +344,14 @@ pub fn rows(picture: &Picture, query: &RowQuery<'_>) -> Vec<Row> {
         .unwrap_or_else(|| Column::visible(picture.settings.alloc_only, query.view)[0]);
     type Group<'a> = (String, Sets, Vec<(&'a StackTally, Sets)>);
     let mut groups: std::collections::BTreeMap<GroupKey, Group<'_>> = Default::default();
+    let by_command =
+        (picture.targets.len() > GROUPED_ABOVE && query.view != View::Threads).then(|| {
+            picture
+                .targets
+                .iter()
+                .map(|t| (t.pid, t.command.as_str()))
+                .collect::<std::collections::HashMap<u32, &str>>()
+        });
     for stack in &picture.tally.stacks {
         if let Some(filter) = query.filter {
             if !stack
@@ -345,7 +362,12 @@ pub fn rows(picture: &Picture, query: &RowQuery<'_>) -> Vec<Row> {
                 continue;
             }
         }
-        for (key, module, sets) in groups_of(stack, picture, query.view) {
+        for (mut key, module, sets) in groups_of(stack, picture, query.view) {
+            if let Some(commands) = &by_command {
+                let command = commands.get(&key.pid).copied().unwrap_or("?");
+                key.command = text::printable(command).into_owned();
+                key.pid = 0;
+            }
             let entry = groups
                 .entry(key)
                 .or_insert_with(|| (module, Sets::default(), Vec::new()));
@@ -369,11 +391,13 @@ pub fn rows(picture: &Picture, query: &RowQuery<'_>) -> Vec<Row> {
                     .sort_value(sort)
                     .total_cmp(&a.values.sort_value(sort))
             });
+            let pids: std::collections::BTreeSet<u32> = stacks.iter().map(|(s, _)| s.pid).collect();
             Row {
                 key,
                 module,
                 values: Values::of(&sets, picture),
                 members,
+                processes: pids.len(),
             }
         })
         .filter(|row| match query.view {
@@ -418,6 +442,7 @@ fn groups_of(stack: &StackTally, picture: &Picture, view: View) -> Vec<(GroupKey
                 };
                 let key = GroupKey {
                     pid: stack.pid,
+                    command: String::new(),
                     function: label,
                     caller: String::new(),
                     via: String::new(),
@@ -430,6 +455,7 @@ fn groups_of(stack: &StackTally, picture: &Picture, view: View) -> Vec<(GroupKey
     let site = crate::stacks::site::sites().site_of(&stack.frames);
     let key = GroupKey {
         pid: stack.pid,
+        command: String::new(),
         function: if stack.frames.is_empty() {
             "[no frames]".to_owned()
         } else {

@@ -351,7 +351,9 @@ fn table_lines(app: &App, columns: &[Column]) -> (Vec<TableRow<'static>>, usize,
         if !row.module.is_empty() {
             label.push_str(&format!("  ({})", row.module));
         }
-        if app.picture().targets.len() > 1 {
+        if !row.key.command.is_empty() {
+            label = format!("{label}  [{} ×{}]", row.key.command, row.processes);
+        } else if app.picture().targets.len() > 1 {
             label = format!("{label}  [{}]", row.key.pid);
         }
         lines.push(
@@ -678,6 +680,39 @@ mod tests {
         for c in keys.chars() {
             app.on_key(key(KeyCode::Char(c)));
         }
+    }
+
+    #[test]
+    fn many_processes_are_rows_by_command() {
+        // Ten processes: nine `cc1` and the `make` that started them. The same site in two
+        // cc1 processes is one row, its sets merged; the thread view stays per process.
+        let mut picture = picture();
+        picture.targets = (1..=10)
+            .map(|pid| TargetState {
+                pid,
+                command: if pid == 10 { "make" } else { "cc1" }.into(),
+                exited: false,
+            })
+            .collect();
+        let mut first = stack("xmalloc", "parse", "cc1", 100, 10, 50);
+        let mut second = stack("xmalloc", "parse", "cc1", 300, 30, 150);
+        let mut make = stack("xmalloc", "parse", "make", 20, 2, 10);
+        (first.pid, second.pid, make.pid) = (1, 2, 10);
+        picture.tally.stacks = vec![first, second, make];
+        let rows = rows(&picture, &RowQuery::default());
+        assert_eq!(rows.len(), 2, "{rows:#?}");
+        let cc1 = &rows[0];
+        assert_eq!((cc1.key.command.as_str(), cc1.key.pid), ("cc1", 0));
+        assert_eq!((cc1.processes, cc1.values.samples), (2, 400));
+        assert_eq!(rows[1].key.command, "make");
+        let mut app = App::default();
+        app.update(picture);
+        let screen = text(&render(&mut app, 120, 24));
+        assert!(
+            screen.contains("parse ← main [via xmalloc]  (cc1)  [cc1 ×2]"),
+            "{screen}"
+        );
+        assert!(screen.contains("[make ×1]"), "{screen}");
     }
 
     #[test]
