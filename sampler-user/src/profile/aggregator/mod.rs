@@ -171,13 +171,15 @@ impl Aggregator {
 
     /// Starts tracking `pid`, a new process of `parent` (forked, not exec'd yet): it may
     /// already be gone, a few milliseconds of work being all it did, and its memory
-    /// started as a copy of its parent's, whose maps stand in for its own (not read: a
-    /// child that exec'd since is read at its exec, or at its first sample, and a copy
-    /// is replaced by any reading of its own).
-    pub fn track_fork(&mut self, pid: u32, parent: u32) {
-        if !self.stacks.inherit(pid, parent) {
-            self.track(pid);
+    /// started as a copy of its parent's, whose maps stand in for its own. `unchanged`: it
+    /// still runs its parent's program, and the parent's maps are taken without reading
+    /// its own (any reading of its own later replaces them).
+    pub fn track_fork(&mut self, pid: u32, parent: u32, unchanged: bool) {
+        if unchanged && self.stacks.inherit(pid, parent) {
+            return;
         }
+        self.track(pid);
+        self.stacks.inherit(pid, parent);
     }
 
     /// Takes `pid`'s maps as the intake thread read them at its first sample (see
