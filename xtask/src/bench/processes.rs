@@ -60,8 +60,10 @@ pub(super) fn processes(args: &BenchArgs, allocscope: &Path, out_dir: &Path) -> 
         ),
         ("make -j2 (Lua 5.4.7, 32 files)", make),
     ];
-    let record = out_dir.join("processes.json");
-    let heaptrack = out_dir.join("processes.heaptrack");
+    // Each workload writes files of its own: replacing the previous workload's (a shell
+    // loop's recording of megabytes) was 10 ms of `true`'s time.
+    let record = |w: usize| out_dir.join(format!("processes-{w}.json"));
+    let heaptrack = |w: usize| out_dir.join(format!("processes-{w}.heaptrack"));
     let modes: [(&str, Vec<String>); 3] = [
         ("native", Vec::new()),
         (
@@ -70,17 +72,13 @@ pub(super) fn processes(args: &BenchArgs, allocscope: &Path, out_dir: &Path) -> 
                 allocscope.display().to_string(),
                 "record".into(),
                 "-o".into(),
-                record.display().to_string(),
+                RECORD_PATH.into(),
                 "--".into(),
             ],
         ),
         (
             "heaptrack",
-            vec![
-                "heaptrack".into(),
-                "-o".into(),
-                heaptrack.display().to_string(),
-            ],
+            vec!["heaptrack".into(), "-o".into(), HEAPTRACK_PATH.into()],
         ),
     ];
     let mut runs: Vec<Vec<Vec<Run>>> = vec![vec![Vec::new(); modes.len()]; workloads.len()];
@@ -97,7 +95,15 @@ pub(super) fn processes(args: &BenchArgs, allocscope: &Path, out_dir: &Path) -> 
                             .stdout(Stdio::null()),
                     )?;
                 }
-                let mut argv = modes[m].1.clone();
+                let mut argv: Vec<String> = modes[m]
+                    .1
+                    .iter()
+                    .map(|arg| match arg.as_str() {
+                        RECORD_PATH => record(w).display().to_string(),
+                        HEAPTRACK_PATH => heaptrack(w).display().to_string(),
+                        _ => arg.clone(),
+                    })
+                    .collect();
                 argv.extend(command.iter().cloned());
                 let run = timed(&argv)?;
                 eprintln!(
@@ -120,6 +126,10 @@ pub(super) fn processes(args: &BenchArgs, allocscope: &Path, out_dir: &Path) -> 
     report(&workloads, &modes, &runs);
     Ok(())
 }
+
+/// Stand-ins for each workload's own output files in the modes' command lines.
+const RECORD_PATH: &str = "{record}";
+const HEAPTRACK_PATH: &str = "{heaptrack}";
 
 /// Runs `argv` with its output dropped: its wall time and peak RSS.
 fn timed(argv: &[String]) -> anyhow::Result<Run> {
