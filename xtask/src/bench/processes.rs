@@ -95,15 +95,7 @@ pub(super) fn processes(args: &BenchArgs, allocscope: &Path, out_dir: &Path) -> 
                             .stdout(Stdio::null()),
                     )?;
                 }
-                let mut argv: Vec<String> = modes[m]
-                    .1
-                    .iter()
-                    .map(|arg| match arg.as_str() {
-                        RECORD_PATH => record(w).display().to_string(),
-                        HEAPTRACK_PATH => heaptrack(w).display().to_string(),
-                        _ => arg.clone(),
-                    })
-                    .collect();
+                let mut argv = own_files(&modes[m].1, &record(w), &heaptrack(w));
                 argv.extend(command.iter().cloned());
                 let run = timed(&argv)?;
                 eprintln!(
@@ -130,6 +122,18 @@ pub(super) fn processes(args: &BenchArgs, allocscope: &Path, out_dir: &Path) -> 
 /// Stand-ins for each workload's own output files in the modes' command lines.
 const RECORD_PATH: &str = "{record}";
 const HEAPTRACK_PATH: &str = "{heaptrack}";
+
+/// A mode's command line with the workload's own files in place of the stand-ins.
+fn own_files(prefix: &[String], record: &Path, heaptrack: &Path) -> Vec<String> {
+    prefix
+        .iter()
+        .map(|arg| match arg.as_str() {
+            RECORD_PATH => record.display().to_string(),
+            HEAPTRACK_PATH => heaptrack.display().to_string(),
+            _ => arg.clone(),
+        })
+        .collect()
+}
 
 /// Runs `argv` with its output dropped: its wall time and peak RSS.
 fn timed(argv: &[String]) -> anyhow::Result<Run> {
