@@ -13,6 +13,8 @@
 //! ```text
 //! /run/allocscope/                                   0755
 //!   libsampler_preload-<content hash>.so             0444, its bytes compared before use
+//!   .swept                                           0600, empty but a byte: its time is
+//!                                                    the last sweep's
 //!   rec-<allocscope pid>-<random>/                   0755, one per recording
 //!     libsampler_preload.so                          a hard link to the file above
 //!     family                                         0600, the family table (removed at the end)
@@ -22,7 +24,7 @@
 //! the recording; the link outlives the recording (a daemon the command left behind may
 //! exec a program long after, and its loader must still find the file named in its
 //! `LD_PRELOAD`). Directories of recordings whose allocscope is gone are removed after a
-//! day ([`STALE_AFTER`]).
+//! day ([`STALE_AFTER`]), by a sweep at most once an hour ([`SWEEP_EVERY`]).
 
 use std::{
     ffi::{CStr, CString, OsStr},
