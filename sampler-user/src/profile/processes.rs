@@ -115,22 +115,18 @@ impl ProcessBook {
     /// of a tracked parent, still running its parent's program, is a copy of it (its
     /// executable and cgroup), only its name read: most children exec at once, and are
     /// read then ([`Self::track`]); one that does not is read at the next refresh (its CPU
-    /// time counted from then).
-    pub fn track_fork(&mut self, pid: u32, parent: u32) {
+    /// time counted from then). Returns whether it was taken as that copy.
+    pub fn track_fork(&mut self, pid: u32, parent: u32) -> bool {
         let comm = crate::procfs::comm_of(pid);
         // Past an exec already (its fork told late): read as any other.
         let exec_since = comm
             .as_deref()
             .is_some_and(|c| self.command(parent) != Some(c));
-        if self.tracks(parent) && !self.tracks(pid) && !exec_since {
+        let copy = self.tracks(parent) && !self.tracks(pid) && !exec_since;
+        if copy {
             self.ended.remove(&pid);
-            match comm {
-                Some(comm) if !comm.is_empty() => {
-                    self.commands.insert(pid, comm);
-                }
-                _ => {
-                    self.inherited.insert(pid);
-                }
+            if let Some(comm) = comm.filter(|c| !c.is_empty()) {
+                self.commands.insert(pid, comm);
             }
         } else {
             self.track(pid);
@@ -150,6 +146,7 @@ impl ProcessBook {
                 self.cgroups.insert(pid, cgroup);
             }
         }
+        copy
     }
 
     /// Names `pid` `command` (as the kernel reported it at an exec or fork) if it could not

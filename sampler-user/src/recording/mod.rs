@@ -285,10 +285,9 @@ impl Recording {
 
     /// Starts tracking `pid`, a new process of `parent` (see [`Aggregator::track_fork`]).
     fn track_fork(&mut self, pid: u32, parent: u32) {
-        self.processes.track_fork(pid, parent);
-        // Named as its parent: no exec since its fork (one told late is read in full).
-        let unchanged = self.processes.command(pid) == self.processes.command(parent);
-        self.aggregator.track_fork(pid, parent, unchanged);
+        // Its parent's copy (no exec since its fork): its parent's maps too.
+        let copy = self.processes.track_fork(pid, parent);
+        self.aggregator.track_fork(pid, parent, copy);
     }
 
     /// Forgets every process that exited (the agent, once their last period is sent):
