@@ -24,8 +24,17 @@ struct Target {
 
 impl Target {
     fn start(args: &[&str]) -> Target {
+        Target::of(&fixture("attach", &["-lpthread", "-ldl"]), args)
+    }
+
+    /// The switch fixture (tests/fixtures/switch.c) in `mode` (`fp`, `sleep`).
+    fn switch(mode: &str) -> Target {
+        Target::of(&fixture("switch", &["-lpthread"]), &[mode])
+    }
+
+    fn of(binary: &std::path::Path, args: &[&str]) -> Target {
         use std::io::BufRead as _;
-        let mut child = Command::new(fixture("attach", &["-lpthread", "-ldl"]))
+        let mut child = Command::new(binary)
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -143,6 +152,118 @@ fn allocscope_killed_during_or_after_the_switch_leaves_the_program_running() {
             ("ok 1", Some(0)),
             "killed {delay_ms} ms in"
         );
+    }
+}
+
+/// The steps of the switch where `ALLOCSCOPE_INJECT_PAUSE` holds allocscope (see
+/// sampler-user's `inject::thread`), in order.
+const STEPS: [&str; 5] = [
+    "mmap-set",
+    "mmap-entry",
+    "mmap-exit",
+    "restored",
+    "call-set",
+];
+
+/// Its anonymous pages mapped readable, writable and executable (what the switch's `mmap`
+/// leaves).
+fn executable_anonymous_pages(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(" rwxp 00000000 00:00 0"))
+        .count()
+}
+
+fn maps_the_library(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap()
+        .contains("libsampler_preload")
+}
+
+#[test]
+fn a_thread_taken_in_its_own_code_or_asleep_resumes_exactly_as_it_was() {
+    tests::require_bpf!();
+    let dir = TempDir::new("attach-exact");
+    // The main thread is taken first: computing in vector registers (its own code), or
+    // in a nanosleep the stop interrupts. The fixture checks every sum and every sleep.
+    for mode in ["fp", "sleep"] {
+        for round in 0..4 {
+            let target = Target::switch(mode);
+            let pid = target.pid();
+            std::thread::sleep(Duration::from_millis(30));
+            let out = dir.path(&format!("{mode}{round}.json"));
+            let (ok, err) = record_for(pid, "0.3s", &out, &[]);
+            assert!(ok, "{mode} {round}: {err}");
+            assert!(
+                err.contains(&format!(
+                    "pid {pid}: in-process sampler loaded (thread {pid} "
+                )),
+                "{mode} {round}: the main thread was not the one taken: {err}"
+            );
+            let (said, code) = target.stop();
+            assert_eq!((said.trim(), code), ("ok 1", Some(0)), "{mode} {round}");
+        }
+    }
+}
+
+#[test]
+fn allocscope_killed_at_each_step_of_the_switch_leaves_the_program_as_it_was() {
+    tests::require_bpf!();
+    let dir = TempDir::new("attach-steps");
+    for mode in ["fp", "sleep", "attach"] {
+        for step in STEPS {
+            let mut target = if mode == "attach" {
+                Target::start(&["3", "churn"])
+            } else {
+                Target::switch(mode)
+            };
+            let pid = target.pid();
+            std::thread::sleep(Duration::from_millis(30));
+            let pages_before = executable_anonymous_pages(pid);
+            let mut recorder = Command::new(allocscope())
+                .args(["record", "-p", &pid.to_string(), "-o"])
+                .arg(dir.path(&format!("{mode}-{step}.json")))
+                .env("ALLOCSCOPE_INJECT_PAUSE", step)
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            use std::io::BufRead as _;
+            let paused = std::io::BufReader::new(recorder.stderr.take().unwrap())
+                .lines()
+                .map_while(Result::ok)
+                .any(|line| line.contains(&format!("paused at {step}")));
+            assert!(paused, "{mode}: allocscope never paused at {step}");
+            recorder.kill().unwrap();
+            recorder.wait().unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            assert!(
+                target.running(),
+                "{mode}: killed at {step}: the program ended"
+            );
+            if step.starts_with("mmap-") {
+                // Its mmap ran, and the thread came back through the signal frame.
+                assert_eq!(
+                    executable_anonymous_pages(pid),
+                    pages_before + 1,
+                    "{mode} {step}"
+                );
+            }
+            if step == "call-set" {
+                // Let go with the call set up: it loads the library on its own.
+                assert!(tests::wait_until(Duration::from_secs(3), || {
+                    maps_the_library(pid)
+                }));
+            } else {
+                assert!(!maps_the_library(pid), "{mode} {step}");
+            }
+            let (said, code) = target.stop();
+            assert_eq!(
+                (said.trim(), code),
+                ("ok 1", Some(0)),
+                "{mode}: killed at {step}"
+            );
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! The page allocscope maps into a target to load its library: the path to open, the
 //! thread's registers as they were when it was stopped, a word the result lands in, and
-//! the code `dlopen` returns to, which puts every register back and jumps to where the
-//! thread was.
+//! the code `dlopen` returns to, which puts every register back (the extended state with
+//! `XRSTOR`, from the block on the thread's stack: see [`super::frame`]) and jumps to
+//! where the thread was.
 //!
 //! Why a stub and not a breakpoint: the thread is let go (detached) as soon as the call is
 //! set up, and finds its own way back. If allocscope is killed at any moment after that —
@@ -44,7 +45,7 @@ pub struct Registers {
 const ERESTARTSYS: i64 = -512;
 const ERESTARTNOINTR: i64 = -513;
 const ERESTARTNOHAND: i64 = -514;
-const ERESTART_RESTARTBLOCK: i64 = -516;
+pub(super) const ERESTART_RESTARTBLOCK: i64 = -516;
 const NR_RESTART_SYSCALL: u64 = 219;
 /// Length of the `syscall` instruction.
 const SYSCALL_LEN: u64 = 2;
@@ -103,9 +104,18 @@ fn order(regs: &Registers) -> [(u8, u64); 15] {
     ]
 }
 
+/// The thread's extended register state: where it was saved (64-byte aligned, on the
+/// thread's stack above the call: see [`super::frame`]) and the components to restore.
+#[derive(Clone, Copy, Debug)]
+pub struct Extended {
+    pub at: u64,
+    pub mask: u64,
+}
+
 /// The page: code at [`CODE`], `regs` (where the thread resumes: see [`resumed`]) saved,
-/// [`RESULT`] set to [`PENDING`], `path` at [`PATH`]. `None` when the path does not fit.
-pub fn page(regs: &Registers, path: &[u8]) -> Option<Vec<u8>> {
+/// [`RESULT`] set to [`PENDING`], `path` at [`PATH`]; the code restores `extended` too.
+/// `None` when the path does not fit.
+pub fn page(regs: &Registers, extended: Extended, path: &[u8]) -> Option<Vec<u8>> {
     if path.contains(&0) || PATH + path.len() + 1 > PAGE {
         return None;
     }
@@ -129,6 +139,17 @@ pub fn page(regs: &Registers, path: &[u8]) -> Option<Vec<u8>> {
     let mut code = Code::default();
     // mov [rip+RESULT], rax: the handle.
     code.rip_relative(&[0x48, 0x89], 0, RESULT);
+    // movabs rcx, at; mov eax, mask; mov edx, mask >> 32; xrstor64 [rcx]: the vector
+    // registers, MXCSR and the x87 state, which `dlopen`'s string functions use.
+    code.bytes.extend_from_slice(&[0x48, 0xb9]);
+    code.bytes.extend_from_slice(&extended.at.to_le_bytes());
+    code.bytes.push(0xb8);
+    code.bytes
+        .extend_from_slice(&(extended.mask as u32).to_le_bytes());
+    code.bytes.push(0xba);
+    code.bytes
+        .extend_from_slice(&((extended.mask >> 32) as u32).to_le_bytes());
+    code.bytes.extend_from_slice(&[0x48, 0x0f, 0xae, 0x29]);
     // lea rsp, [rip+flags]; popfq: the flags (before anything that sets them).
     code.rip_relative(&[0x48, 0x8d], 4, flags_at);
     code.bytes.push(0x9d);
@@ -211,10 +232,24 @@ mod tests {
     #[test]
     fn the_stub_saves_the_result_restores_every_register_and_jumps_back() {
         let base = 0x7f00_0000_0000u64;
-        let page = page(&regs(), b"/run/allocscope/x/lib.so").unwrap();
-        let code = listing(&page, base);
+        let extended = Extended {
+            at: 0x7ffd_0000_0c40,
+            mask: 0x2_0000_02e7,
+        };
+        let page = page(&regs(), extended, b"/run/allocscope/x/lib.so").unwrap();
+        let mut code = listing(&page, base);
         let at = |offset: usize| format!("{:X}h", base + offset as u64);
         assert_eq!(code[0], format!("mov [{}],rax", at(RESULT)));
+        let restore: Vec<String> = code.drain(1..5).collect();
+        assert_eq!(
+            restore,
+            [
+                "mov rcx,7FFD00000C40h",
+                "mov eax,2E7h",
+                "mov edx,2",
+                "xrstor64 [rcx]"
+            ]
+        );
         assert!(code[1].starts_with("lea rsp,"), "{code:?}");
         assert_eq!(code[2], "popfq");
         assert!(code[3].starts_with("mov rsp,"), "{code:?}");
@@ -269,7 +304,8 @@ mod tests {
 
     #[test]
     fn a_path_that_does_not_fit_is_refused() {
-        assert!(page(&regs(), &[b'a'; 3000]).is_none());
-        assert!(page(&regs(), b"a\0b").is_none());
+        let extended = Extended { at: 0, mask: 3 };
+        assert!(page(&regs(), extended, &[b'a'; 3000]).is_none());
+        assert!(page(&regs(), extended, b"a\0b").is_none());
     }
 }
