@@ -122,13 +122,17 @@ impl Family {
                 .len(family_header_bytes())
                 .map_mut(&file)
         }?;
-        header[..8].copy_from_slice(&FAMILY_MAGIC.to_ne_bytes());
-        header[8..16].copy_from_slice(&FAMILY_VERSION.to_ne_bytes());
         let namespace = std::os::unix::fs::MetadataExt::ino(
             &std::fs::metadata("/proc/self/ns/pid").context("reading our pid namespace")?,
         );
-        let at = std::mem::offset_of!(Header, pid_namespace);
-        header[at..at + 8].copy_from_slice(&namespace.to_ne_bytes());
+        let fresh = header.as_mut_ptr().cast::<Header>();
+        // SAFETY: a new, zeroed, page-aligned mapping of family_header_bytes(), no other
+        // process maps it yet: its fixed fields are written once, through the type.
+        unsafe {
+            (&raw mut (*fresh).magic).write(FAMILY_MAGIC);
+            (&raw mut (*fresh).version).write(FAMILY_VERSION);
+            (&raw mut (*fresh).pid_namespace).write(namespace);
+        }
         let family = Family { file, header, path };
         family.set_interval(interval)?;
         Ok(family)

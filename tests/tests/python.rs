@@ -176,7 +176,13 @@ fn site<'a>(
 
 /// The bytes of `stacks` hold `truth` within their bounds (summed: each stack's bounds
 /// hold its own share).
-fn assert_holds(stacks: &[&StackProfile], truth: f64, what: &str, all: &[StackProfile]) {
+fn assert_holds(
+    stacks: &[&StackProfile],
+    truth: f64,
+    what: &str,
+    all: &[StackProfile],
+    stderr: &str,
+) {
     let (estimate, lower, upper) = stacks.iter().fold((0.0, 0.0, 0.0), |(e, l, u), s| {
         (
             e + s.alloc_bytes.estimate,
@@ -186,7 +192,7 @@ fn assert_holds(stacks: &[&StackProfile], truth: f64, what: &str, all: &[StackPr
     });
     assert!(
         lower <= truth && truth <= upper,
-        "{what}: {estimate} [{lower}, {upper}] vs {truth}\n{}",
+        "{what}: {estimate} [{lower}, {upper}] vs {truth}\n{}\nallocscope said:\n{stderr}",
         describe(all)
     );
 }
@@ -238,15 +244,15 @@ fn check_sites(
         chain.ends_with(&[main.clone(), module.clone()]),
         "{python}: {chain:?}\n{stderr}"
     );
-    assert_holds(&found, (n * 1001) as f64, "comprehension", stacks);
+    assert_holds(&found, (n * 1001) as f64, "comprehension", stacks, stderr);
     // Class instances: `Node.__init__` under `instances`.
     let found = site(stacks, "Node.__init__", line_of("instance"), "<module>");
     assert!(python_chain(found[0]).contains(&format!("instances:{}", line_of("instances"))));
-    assert_holds(&found, (n * 701) as f64, "instances", stacks);
+    assert_holds(&found, (n * 701) as f64, "instances", stacks, stderr);
     // A generator, resumed by a generator expression.
     let found = site(stacks, "generate", line_of("generator"), "<module>");
     assert!(python_chain(found[0]).contains(&format!("consume:{}", line_of("consume"))));
-    assert_holds(&found, (n * 1501) as f64, "generator", stacks);
+    assert_holds(&found, (n * 1501) as f64, "generator", stacks, stderr);
     // Recursion 200 deep: every level, to <module>.
     let found = site(stacks, "recurse", line_of("deepest"), "<module>");
     let levels = python_chain(found[0])
@@ -254,7 +260,7 @@ fn check_sites(
         .filter(|f| *f == &format!("recurse:{}", line_of("recurse")))
         .count();
     assert_eq!(levels, 200, "{python}: {:?}", python_chain(found[0]));
-    assert_holds(&found, (n * 2001) as f64, "recursion", stacks);
+    assert_holds(&found, (n * 2001) as f64, "recursion", stacks, stderr);
     // Dict growth and a C extension (json): found under their lines.
     for (function, name) in [("dict_growth", "dict"), ("json_call", "json")] {
         let line = line_of(name);
@@ -269,7 +275,13 @@ fn check_sites(
     }
     // Two threads: each worker's site, under the thread's bootstrap, not <module>.
     let found = site(stacks, "worker", line_of("worker"), "Thread._bootstrap");
-    assert_holds(&found, (n * (3001 + 5001)) as f64, "two threads", stacks);
+    assert_holds(
+        &found,
+        (n * (3001 + 5001)) as f64,
+        "two threads",
+        stacks,
+        stderr,
+    );
 }
 
 /// Debian's python3: its comprehension is a frame of its own.
@@ -680,7 +692,13 @@ fn a_python_command_allocating_while_its_probes_load_keeps_its_python_frames() {
             format!("{leaf}:{}", line("early")),
             "{what}"
         );
-        assert_holds(&found, (4000 * 4001) as f64, &what, stacks);
+        assert_holds(
+            &found,
+            (4000 * 4001) as f64,
+            &what,
+            stacks,
+            &recorded.stderr,
+        );
         assert!(
             !recorded.stderr.contains("lost their Python frames"),
             "{what}:\n{}",

@@ -157,7 +157,7 @@ impl Counters {
             pid,
         )?;
         let mut entries: PerCpuHashMap<_, u32, ProcessCounters> =
-            PerCpuHashMap::try_from(map_mut(ebpf, "HOST_COUNTERS")?)?;
+            PerCpuHashMap::try_from(map_mut(ebpf, sampler_common::kernel::maps::HOST_COUNTERS)?)?;
         // Absent when the process never called: nothing to remove.
         let _ = entries.remove(&pid);
         self.keep(pid, last);
@@ -174,7 +174,7 @@ impl Counters {
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
         let zeros = PerCpuValues::try_from(vec![ProcessCounters::default(); cpus])?;
         let mut counters: PerCpuArray<_, ProcessCounters> =
-            PerCpuArray::try_from(map_mut(ebpf, "COUNTERS")?)?;
+            PerCpuArray::try_from(map_mut(ebpf, sampler_common::kernel::maps::COUNTERS)?)?;
         counters.set(slot, zeros, 0)?;
         self.keep(pid, last.get(&pid).copied().unwrap_or_default());
         Ok(())

@@ -83,31 +83,30 @@ pub struct RawStack {
     pub frames: Vec<PyFrameEntry>,
 }
 
-/// Decodes a `PythonStack` ring-buffer record.
+/// Decodes a `PythonStack` ring-buffer record (its used length only: the head and the
+/// frames sent), read as the [`PyStackRecord`] it is.
 pub fn decode(bytes: &[u8]) -> Option<RawStack> {
     if bytes.len() < PyStackRecord::HEAD {
         return None;
     }
-    let word = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap_or_default());
-    let count = (word(4) as usize).min(MAX_PY_FRAMES);
-    let size = std::mem::size_of::<PyFrameEntry>();
-    let body = bytes.get(PyStackRecord::HEAD..PyStackRecord::HEAD + count * size)?;
-    let at =
-        |c: &[u8], i: usize| u64::from_ne_bytes(c[i * 8..i * 8 + 8].try_into().unwrap_or_default());
-    let frames = body
-        .chunks_exact(size)
-        .map(|c| PyFrameEntry {
-            code: at(c, 0),
-            signature: at(c, 1),
-            instr: at(c, 2),
-        })
-        .collect();
+    let mut record = std::mem::MaybeUninit::<PyStackRecord>::zeroed();
+    let used = bytes.len().min(std::mem::size_of::<PyStackRecord>());
+    // SAFETY: `used` bytes into a record of at least that size; the rest stays zeroed, and
+    // any bytes are a valid `PyStackRecord` (plain integers: `aya::Pod`).
+    let record = unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), record.as_mut_ptr().cast::<u8>(), used);
+        record.assume_init()
+    };
+    let count = (record.count as usize).min(MAX_PY_FRAMES);
+    if used < PyStackRecord::HEAD + count * std::mem::size_of::<PyFrameEntry>() {
+        return None;
+    }
     Some(RawStack {
-        pid: word(8),
-        tid: word(12),
-        timestamp_ns: u64::from_ne_bytes(bytes[16..24].try_into().ok()?),
-        flags: word(24),
-        frames,
+        pid: record.pid,
+        tid: record.tid,
+        timestamp_ns: record.timestamp_ns,
+        flags: record.flags,
+        frames: record.frames[..count].to_vec(),
     })
 }
 
@@ -316,7 +315,11 @@ impl Frames {
                 return None;
             }
         };
-        let process = self.processes.get(&pid)?;
+        let Some(process) = self.processes.get(&pid) else {
+            // Flagged by the kernel, its interpreter not (yet) known here: said, not hidden.
+            self.count_missing();
+            return None;
+        };
         let layout = process.interpreter.layout;
         let memory = ProcessMemory(pid);
         if self.codes.len() >= MAX_CODES {
@@ -419,5 +422,48 @@ fn unknown_frame() -> PyFrame {
             filename: "".into(),
         },
         line: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record's bytes as the kernel sends it: the head and `count` frames.
+    fn sent(record: &PyStackRecord, count: usize) -> Vec<u8> {
+        let all = std::mem::size_of::<PyStackRecord>();
+        // SAFETY: a plain #[repr(C)] struct's bytes, read within its size.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((record as *const PyStackRecord).cast::<u8>(), all)
+        };
+        bytes[..PyStackRecord::HEAD + count * std::mem::size_of::<PyFrameEntry>()].to_vec()
+    }
+
+    #[test]
+    fn a_record_is_read_by_its_fields_and_its_used_length() {
+        let mut record = PyStackRecord {
+            kind: 7,
+            count: 2,
+            pid: 41,
+            tid: 42,
+            timestamp_ns: 1_000_000_007,
+            flags: PY_TRUNCATED,
+            pad: 0,
+            frames: [PyFrameEntry::default(); MAX_PY_FRAMES],
+        };
+        record.frames[0].code = 0xc0de;
+        record.frames[1].instr = 0x1234;
+        let stack = decode(&sent(&record, 2)).unwrap();
+        assert_eq!((stack.pid, stack.tid), (41, 42));
+        assert_eq!(
+            (stack.timestamp_ns, stack.flags),
+            (1_000_000_007, PY_TRUNCATED)
+        );
+        assert_eq!(stack.frames, record.frames[..2]);
+        // Fewer frames sent than it says: refused; a head alone is short.
+        assert!(decode(&sent(&record, 1)).is_none());
+        assert!(decode(&sent(&record, 0)[..20]).is_none());
+        record.count = 0;
+        assert!(decode(&sent(&record, 0)).unwrap().frames.is_empty());
     }
 }

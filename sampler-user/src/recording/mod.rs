@@ -632,8 +632,9 @@ impl Recording {
         }
         if self.reader.python_frames_missing() > 0 {
             warn!(
-                "{} samples lost their Python frames (ring buffer full): their stacks show \
-                 the interpreter's native frames",
+                "{} samples lost their Python frames (their record lost to a full ring \
+                 buffer, or their interpreter not yet known): their stacks show the \
+                 interpreter's native frames",
                 self.reader.python_frames_missing()
             );
         }

@@ -57,15 +57,19 @@ pub fn prepare(
     let (loaded, notes) = super::load::into_targets(targets, &mut initial, sampling, &mut cache)?;
     let mut front_end = None;
     let mut environment = Vec::new();
-    if !targets.command.is_empty() {
-        let program = preflight::resolve_command(&targets.command[0])?;
-        let mut allocators = preflight::allocators_for_command(&program, &mut cache)?;
+    // Resolved once: the file checked and probed is the file run.
+    let program = match targets.command.first() {
+        Some(word) => Some(preflight::resolve_command(word)?),
+        None => None,
+    };
+    if let Some(program) = &program {
+        let mut allocators = preflight::allocators_for_command(program, &mut cache)?;
         // A followed command's tree carries the library too (through the environment): the
         // library's probes, file-wide, reach every process that maps it, and no other.
         // `--comm` and `--all` look at processes that do not.
-        let samples_itself = samples_itself(&program, &allocators, sampling.preload);
+        let samples_itself = samples_itself(program, &allocators, sampling.preload);
         if sampling.preload && !host_wide && !samples_itself {
-            if let Some((library, family, own)) = front_end_for(&program, sampling.interval)? {
+            if let Some((library, family, own)) = front_end_for(program, sampling.interval)? {
                 environment = front_end_environment(&library);
                 allocators.push(own.clone());
                 crate::probe::allocator::behind_front_end(&mut allocators, false);
@@ -77,9 +81,9 @@ pub fn prepare(
     check()?;
     let mut child = None;
     let mut command = String::new();
-    if let Some(program) = targets.command.first() {
-        command = program.to_string_lossy().into_owned();
-        let paused = spawn::spawn_paused(&targets.command, redirect()?, &environment)
+    if let (Some(word), Some(program)) = (targets.command.first(), &program) {
+        command = word.to_string_lossy().into_owned();
+        let paused = spawn::spawn_paused(program, &targets.command, redirect()?, &environment)
             .map_err(|e| BadInput(format!("cannot start {command}: {e}")))?;
         if let Some(target) = initial.last_mut() {
             target.pid = paused.pid;
