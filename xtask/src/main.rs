@@ -2,6 +2,7 @@
 //! task is a module.
 
 mod bench;
+mod contract;
 mod cycles;
 mod demo;
 mod dist;

@@ -78,7 +78,7 @@ fn site(o: &Oversize) -> String {
 }
 
 /// Every `.rs` file under `root`, sorted.
-fn rust_files(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
+pub fn rust_files(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     let mut dirs = vec![root.to_path_buf()];
     while let Some(dir) = dirs.pop() {
