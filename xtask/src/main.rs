@@ -6,6 +6,7 @@ mod contract;
 mod cycles;
 mod demo;
 mod dist;
+mod layout;
 mod run;
 mod setup;
 mod sizes;

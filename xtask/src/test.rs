@@ -86,6 +86,7 @@ pub fn run() -> anyhow::Result<()> {
 /// The shape checks: one-way imports, sizes.
 pub fn shape() -> anyhow::Result<()> {
     crate::cycles::check(&workspace().join("sampler-user/src"))?;
+    crate::layout::check(&workspace())?;
     crate::contract::check(
         &workspace().join("sampler-common/src/kernel.rs"),
         &["sampler-user", "sampler-preload"].map(|c| workspace().join(c).join("src")),
