@@ -5,6 +5,12 @@
 
 use std::path::PathBuf;
 
+/// Whether a process `pid` exists (its /proc directory: an exited process not yet reaped
+/// counts). The one liveness check: a pid may name another process later.
+pub fn exists(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
 /// Whether `pid` is a kernel thread (`PF_KTHREAD` in the flags of /proc/PID/stat).
 pub fn is_kernel_thread(pid: u32) -> bool {
     const PF_KTHREAD: u64 = 0x0020_0000;
@@ -239,6 +245,13 @@ pub fn executable_of(pid: u32) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn this_process_exists_and_a_pid_beyond_the_limit_does_not() {
+        assert!(exists(std::process::id()));
+        // pid_max is at most 2^22.
+        assert!(!exists(1 << 23));
+    }
 
     #[test]
     fn status_fields_are_found_by_their_whole_name() {

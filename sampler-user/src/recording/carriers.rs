@@ -135,7 +135,6 @@ impl Carriers {
 
     /// Forgets the refused processes that are gone (their pids may come back as others).
     pub fn sweep(&mut self) {
-        self.refused
-            .retain(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
+        self.refused.retain(|&pid| crate::procfs::exists(pid));
     }
 }

@@ -126,7 +126,7 @@ impl Recording {
                     self.probes_mut()?.remove(pid).close_in_background();
                     self.roster.give_back(slot);
                 }
-                if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                if !crate::procfs::exists(pid) {
                     anyhow::bail!("exited while the probes were being attached");
                 }
                 return Err(e.into());
@@ -284,7 +284,7 @@ impl Recording {
         }
         for pid in self.roster.excluded() {
             self.probes_mut()?.forget_counters(pid);
-            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            if !crate::procfs::exists(pid) {
                 self.roster.forget_excluded(pid);
             }
         }

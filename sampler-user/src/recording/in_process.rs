@@ -188,9 +188,7 @@ impl InProcess {
             }
         }
         let gone = |pid: u32| {
-            !counters.has_region(pid)
-                && !roster.is_running(pid)
-                && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            !counters.has_region(pid) && !roster.is_running(pid) && !crate::procfs::exists(pid)
         };
         self.gone = family.claims_of_gone(gone);
         let full = family.full();

@@ -297,7 +297,7 @@ impl Recording {
         if self.duty.is_some() {
             return 0;
         }
-        let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+        let alive = crate::procfs::exists;
         let gone = self.roster.forget_gone(alive);
         // Processes left alone (host mode) that exited: their exclusion goes too.
         let mut in_kernel = gone.clone();
