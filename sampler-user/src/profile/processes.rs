@@ -223,6 +223,14 @@ impl ProcessBook {
         }
     }
 
+    /// Whether `pid` was seen carrying an in-process front end.
+    pub fn carries_front_end(&self, pid: u32) -> bool {
+        let described = crate::probe::allocator::Family::InProcess.to_string();
+        self.allocators
+            .get(&pid)
+            .is_some_and(|all| all.iter().any(|(_, d)| d.starts_with(&described)))
+    }
+
     /// Adds the allocators probed in `pid` (each file described once, as JSON reports
     /// them, by the first path it was seen at: /lib and /usr/lib are one file) to those
     /// probed in it before: a process attached at exec, before its libraries are mapped,

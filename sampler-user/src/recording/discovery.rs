@@ -582,17 +582,17 @@ impl Recording {
             self.roster.is_running(pid)
         };
         if target && !self.targets.excludes(pid, comm) {
-            if parent == 0 {
-                if let Some(carriers) = self.carriers.as_mut() {
-                    carriers.forget(pid);
-                }
+            if let Some(carriers) = self.carriers.as_mut().filter(|_| parent == 0) {
+                carriers.forget(pid);
             }
-            let allocators = match self.carriers {
+            let mut allocators = match self.carriers {
                 Some(_) if parent == 0 => self.carried_after_exec(pid, comm),
                 _ => self.allocators_of(pid).ok(),
             };
             if parent != 0 {
-                self.track_fork(pid, parent);
+                if self.track_fork(pid, parent) && self.torn(pid, parent, allocators.as_deref()) {
+                    allocators = None;
+                }
             } else {
                 // A new name and executable: tracked afresh, its new files noted from now.
                 self.track(pid);

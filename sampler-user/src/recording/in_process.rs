@@ -251,3 +251,18 @@ impl InProcess {
         (library.file_id().ok()? == id).then(|| allocator.clone())
     }
 }
+
+impl super::Recording {
+    /// Whether `found`, read from `pid`, a copy of `parent` (no exec since its fork), was
+    /// read while the child exited: a copy of a carrier maps the library as its parent
+    /// does, and a read without it caught the exit tearing its mappings down (seen on 6.18,
+    /// whose maps are read without the mm lock). Such a child is as good as gone: not probed.
+    pub(super) fn torn(&self, pid: u32, parent: u32, found: Option<&[Allocator]>) -> bool {
+        let torn = self.processes.carries_front_end(parent)
+            && found.is_some_and(|found| !found.iter().any(|a| a.file.is_in_process()));
+        if torn {
+            log::debug!("pid {pid}: its maps read while it exited (no library): left");
+        }
+        torn
+    }
+}

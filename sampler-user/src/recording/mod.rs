@@ -284,10 +284,12 @@ impl Recording {
     }
 
     /// Starts tracking `pid`, a new process of `parent` (see [`Aggregator::track_fork`]).
-    fn track_fork(&mut self, pid: u32, parent: u32) {
+    /// Whether it is its parent's copy (no exec since its fork).
+    fn track_fork(&mut self, pid: u32, parent: u32) -> bool {
         // Its parent's copy (no exec since its fork): its parent's maps too.
         let copy = self.processes.track_fork(pid, parent);
         self.aggregator.track_fork(pid, parent, copy);
+        copy
     }
 
     /// Forgets every process that exited (the agent, once their last period is sent):
