@@ -1,9 +1,9 @@
 //! Starting `-- CMD ARGS` so that its first allocation is already probed.
 //!
 //! The child is forked before the tokio runtime exists (the only other thread is `main`
-//! waiting for ours: it holds no lock the child could need) and
-//! waits on a pipe before `execve` of the file preflight resolved; the parent attaches the probes to the child's pid, then
-//! releases it. uprobes attached to a pid follow it through exec: the kernel installs the
+//! waiting for ours: it holds no lock the child could need) and waits on a pipe before
+//! `execve` of the file preflight resolved; the parent attaches the probes to the child's
+//! pid, then releases it. uprobes attached to a pid follow it through exec: the kernel installs the
 //! breakpoints when the new program maps the allocator library. A second, close-on-exec pipe
 //! tells the parent that exec happened (EOF) or why it failed (errno).
 //!

@@ -159,6 +159,10 @@ struct EntryPoints {
     restore_rt: u64,
 }
 
+/// Most code of a C library read to find `__restore_rt` (glibc's is under 2 MiB): a
+/// mapping named so but larger is not read.
+const MAX_LIBC_CODE: u64 = 64 << 20;
+
 /// `__restore_rt`'s code in glibc (x86-64).
 const RESTORE_RT: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
 
@@ -182,6 +186,7 @@ fn entry_points(pid: u32, vmas: &[Vma]) -> Result<EntryPoints, Refused> {
         .iter()
         .filter(is_libc)
         .find(|v| v.executable && v.file_id == libc.file_id)
+        .filter(|v| v.end - v.start <= MAX_LIBC_CODE)
         .ok_or(Refused::NoDlopen)?;
     let mut bytes = vec![0u8; (code.end - code.start) as usize];
     File::open(format!("/proc/{pid}/mem"))
