@@ -190,26 +190,13 @@ mod tests {
     }
 
     fn thread() -> Thread {
+        // Interrupted in a nanosleep, which the kernel restarts from its restart block.
         let registers = Registers {
             rax: (-516i64) as u64, // ERESTART_RESTARTBLOCK
-            rbx: 2,
-            rcx: 3,
-            rdx: 4,
-            rsi: 5,
-            rdi: 6,
-            rbp: 7,
             rsp: 0x7ffd_0000_1238,
-            r8: 8,
-            r9: 9,
-            r10: 10,
-            r11: 11,
-            r12: 12,
-            r13: 13,
-            r14: 14,
-            r15: 15,
             rip: 0x7f00_0000_2002,
-            eflags: 0x246,
-            orig_rax: 35, // nanosleep
+            orig_rax: 35,
+            ..super::super::stub::tests::regs()
         };
         Thread {
             registers,

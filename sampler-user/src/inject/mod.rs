@@ -125,13 +125,13 @@ pub fn load(pid: u32, library: &Path) -> Result<Loaded, Refused> {
     let vmas = maps::read(pid)
         .with_context(|| format!("reading the maps of pid {pid}"))
         .map_err(Refused::Failed)?;
-    let entry = entry_points(pid, &vmas)?;
-    let path = library.as_os_str().as_encoded_bytes();
     let mem = File::options()
         .read(true)
         .write(true)
         .open(format!("/proc/{pid}/mem"))
         .map_err(|e| Refused::Failed(anyhow::Error::new(e).context("opening its memory")))?;
+    let entry = entry_points(pid, &vmas, &mem)?;
+    let path = library.as_os_str().as_encoded_bytes();
     let started = Instant::now();
     let mut stopped = take_a_thread(pid, &vmas, started)?;
     let tid = stopped.tid;
@@ -166,8 +166,8 @@ const MAX_LIBC_CODE: u64 = 64 << 20;
 /// `__restore_rt`'s code in glibc (x86-64).
 const RESTORE_RT: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
 
-/// The C library's `dlopen`, `mmap` and `__restore_rt`, in `pid`.
-fn entry_points(pid: u32, vmas: &[Vma]) -> Result<EntryPoints, Refused> {
+/// The C library's `dlopen`, `mmap` and `__restore_rt`, in `pid` (its memory `mem`).
+fn entry_points(pid: u32, vmas: &[Vma], mem: &File) -> Result<EntryPoints, Refused> {
     let is_libc = |v: &&Vma| {
         v.path
             .as_deref()
@@ -189,8 +189,7 @@ fn entry_points(pid: u32, vmas: &[Vma]) -> Result<EntryPoints, Refused> {
         .filter(|v| v.end - v.start <= MAX_LIBC_CODE)
         .ok_or(Refused::NoDlopen)?;
     let mut bytes = vec![0u8; (code.end - code.start) as usize];
-    File::open(format!("/proc/{pid}/mem"))
-        .and_then(|f| f.read_exact_at(&mut bytes, code.start))
+    mem.read_exact_at(&mut bytes, code.start)
         .map_err(|e| Refused::Failed(anyhow::Error::new(e).context("reading its C library")))?;
     let at = bytes
         .windows(RESTORE_RT.len())

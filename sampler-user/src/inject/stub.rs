@@ -186,11 +186,12 @@ impl Code {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use iced_x86::{Decoder, DecoderOptions, Formatter as _, IntelFormatter};
 
-    fn regs() -> Registers {
+    /// A register set whose general registers hold their own ModRM-order numbers.
+    pub(in crate::inject) fn regs() -> Registers {
         Registers {
             rax: 1,
             rbx: 2,

@@ -514,6 +514,12 @@ fn plt_import<'a>(
     got.get(&instruction.ip_rel_memory_address())
 }
 
+/// Whether `description` (an [`Allocator::describe`] line, as profiles list a process's
+/// allocators) is of allocscope's in-process front end.
+pub fn describes_in_process(description: &str) -> bool {
+    description.starts_with(&Family::InProcess.to_string())
+}
+
 /// Which allocator a file is, as far as probing cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {

@@ -643,7 +643,6 @@ fn front_end_of(allocators: &[String]) -> String {
             crate::probe::go::PROVIDER.to_owned()
         };
     }
-    let described = crate::probe::allocator::Family::InProcess.to_string();
     let producer = crate::probe::usdt::PRODUCER_PROVIDERS.iter().find(|p| {
         allocators
             .iter()
@@ -658,7 +657,10 @@ fn front_end_of(allocators: &[String]) -> String {
     // dormant in a process where another producer reports the allocations.
     if let Some(provider) = producer {
         format!("in-process ({provider})")
-    } else if allocators.iter().any(|a| a.starts_with(&described)) {
+    } else if allocators
+        .iter()
+        .any(|a| crate::probe::allocator::describes_in_process(a))
+    {
         if probed {
             IN_PROCESS_THEN_UPROBES.into()
         } else {

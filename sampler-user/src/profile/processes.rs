@@ -225,10 +225,10 @@ impl ProcessBook {
 
     /// Whether `pid` was seen carrying an in-process front end.
     pub fn carries_front_end(&self, pid: u32) -> bool {
-        let described = crate::probe::allocator::Family::InProcess.to_string();
-        self.allocators
-            .get(&pid)
-            .is_some_and(|all| all.iter().any(|(_, d)| d.starts_with(&described)))
+        self.allocators.get(&pid).is_some_and(|all| {
+            all.iter()
+                .any(|(_, d)| crate::probe::allocator::describes_in_process(d))
+        })
     }
 
     /// Adds the allocators probed in `pid` (each file described once, as JSON reports
