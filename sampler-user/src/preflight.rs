@@ -89,7 +89,7 @@ pub fn allocators_for_command(
     if data.starts_with(b"\x7fELF") {
         found.extend(cache.of_file(program, true));
         if let Some(interpreter) = targets::interpreter_of(&data) {
-            for library in targets::libraries_of(program, &interpreter) {
+            for library in cache.libraries_of(program, &interpreter) {
                 found.extend(cache.of_file(&library, false));
             }
         }

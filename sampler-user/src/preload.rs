@@ -200,27 +200,27 @@ impl Family {
         }))
     }
 
-    /// Gives slot `slot` back: its pages are dropped (reading as zeros for the next
-    /// process), then the slot is free. Only once its process is gone and its counts read.
+    /// Gives slot `slot` back: its region is zeroed (reading as zeros for the next
+    /// process) but for its maps' bytes, which the next process's [`Region::maps_len`]
+    /// (zeroed) says are not there; then the slot is free. Only once its process is gone
+    /// and its counts read.
+    ///
+    /// Zeroed, not dropped (a hole punched): where the table is not in memory (`/run` on
+    /// a disk, as in many containers) the next process's first write to a dropped page
+    /// allocated it on the disk again, ~70 µs of its start; a zeroed page stays.
+    ///
+    /// [`Region::maps_len`]: sampler_common::preload::Region::maps_len
     pub fn release(&self, slot: usize) {
-        use std::os::fd::AsRawFd as _;
-        // SAFETY: fallocate on our own memfd, within its size.
-        let punched = unsafe {
-            libc::fallocate(
-                self.file.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                family_region_offset(slot) as libc::off_t,
-                region_bytes() as libc::off_t,
-            )
-        } == 0;
-        if punched {
-            self.header().claims[slot].store(0, Ordering::Release);
-        } else {
+        use sampler_common::preload::{Region, MAPS_BYTES};
+        let maps = std::mem::offset_of!(Region, maps);
+        match self.map_slot(slot) {
+            Ok(mut map) => {
+                map[..maps].fill(0);
+                map[maps + MAPS_BYTES..].fill(0);
+                self.header().claims[slot].store(0, Ordering::Release);
+            }
             // Not zeroed: never handed out again (the table has one slot fewer).
-            log::debug!(
-                "family table slot {slot}: not given back ({})",
-                io::Error::last_os_error()
-            );
+            Err(e) => log::debug!("family table slot {slot}: not given back ({e:#})"),
         }
     }
 

@@ -122,6 +122,22 @@ pub fn has_dynamic_loader(pid: u32) -> bool {
     })
 }
 
+/// The files `pid`'s `LD_PRELOAD` names, through its own root (absolute paths only).
+pub fn preloaded(pid: u32) -> Vec<std::path::PathBuf> {
+    let Some(environ) = environ_of(pid) else {
+        return Vec::new();
+    };
+    ld_preload_entries(&environ)
+        .into_iter()
+        .filter(|path| path.starts_with(b"/"))
+        .map(|path| {
+            let mut through = std::ffi::OsString::from(format!("/proc/{pid}/root"));
+            through.push(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path));
+            std::path::PathBuf::from(through)
+        })
+        .collect()
+}
+
 /// `AT_SECURE` in an auxiliary vector (native-endian 64-bit key/value pairs).
 fn at_secure(auxv: &[u8]) -> bool {
     const AT_SECURE: u64 = 23;

@@ -35,10 +35,45 @@ pub enum FindError {
 }
 
 /// Allocator analyses by file identity (device, inode); `None` for a file that is not one.
+/// And the libraries each executable loads, by the executable's identity and version: the
+/// dynamic loader is asked once per program file, not once per process (a shell loop
+/// exec'ing `sed` 300 times ran `ld.so --list` 300 times, ~1 ms of a CPU each).
 #[derive(Default)]
 pub struct AllocatorCache {
     files: HashMap<FileId, Option<Arc<AllocatorFile>>>,
+    libraries: HashMap<ProgramVersion, Vec<PathBuf>>,
+    /// The allocators last found for each process: what a fork of it starts with.
+    processes: HashMap<u32, Vec<Allocator>>,
 }
+
+/// An executable file as it is now: its identity, and its size and modification time
+/// (a file rewritten in place keeps its inode, not its libraries).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ProgramVersion {
+    file: FileId,
+    len: u64,
+    modified_ns: i128,
+}
+
+impl ProgramVersion {
+    fn of(metadata: &std::fs::Metadata) -> ProgramVersion {
+        use std::os::unix::fs::MetadataExt as _;
+        ProgramVersion {
+            file: FileId::of(metadata),
+            len: metadata.len(),
+            modified_ns: i128::from(metadata.mtime()) * 1_000_000_000
+                + i128::from(metadata.mtime_nsec()),
+        }
+    }
+}
+
+/// Programs whose libraries are remembered at most (then forgotten all at once: a host
+/// runs far fewer distinct programs).
+const PROGRAMS_REMEMBERED: usize = 4096;
+
+/// Processes whose allocators are remembered at most (then forgotten all at once: their
+/// forks read their own maps again).
+const PROCESSES_REMEMBERED: usize = 4096;
 
 impl AllocatorCache {
     /// The allocators `pid` maps now.
@@ -79,6 +114,39 @@ impl AllocatorCache {
             .entry(vma.file_id.clone())
             .or_insert_with(|| allocator::analyse_file(path, in_executable, &shown).map(Arc::new))
             .clone()
+    }
+
+    /// Remembers the allocators found for `pid` (see [`Self::inherited`]).
+    pub fn remember(&mut self, pid: u32, allocators: &[Allocator]) {
+        if self.processes.len() >= PROCESSES_REMEMBERED {
+            self.processes.clear();
+        }
+        self.processes.insert(pid, allocators.to_vec());
+    }
+
+    /// The allocators of a new process of `parent` (forked, not exec'd): its parent's, as
+    /// last found, without reading its maps (they are a copy of its parent's; a child
+    /// that exec'd meanwhile is read again at its exec). `None` if they are not known.
+    pub fn inherited(&self, parent: u32) -> Option<Vec<Allocator>> {
+        self.processes.get(&parent).cloned()
+    }
+
+    /// The libraries `program` (with dynamic loader `interpreter`) will load: see
+    /// [`libraries_of`], asked once per version of the file.
+    pub fn libraries_of(&mut self, program: &Path, interpreter: &Path) -> Vec<PathBuf> {
+        let Ok(metadata) = std::fs::metadata(program) else {
+            return libraries_of(program, interpreter);
+        };
+        let version = ProgramVersion::of(&metadata);
+        if let Some(known) = self.libraries.get(&version) {
+            return known.clone();
+        }
+        if self.libraries.len() >= PROGRAMS_REMEMBERED {
+            self.libraries.clear();
+        }
+        let found = libraries_of(program, interpreter);
+        self.libraries.insert(version, found.clone());
+        found
     }
 
     /// The allocators of a file on this host's file system (the command to start, its
@@ -275,6 +343,35 @@ mod tests {
         ] {
             assert!(!is_allocator_library(Path::new(no)), "{no}");
         }
+    }
+
+    /// The loader is asked once per version of a program: the remembered answer is the
+    /// loader's, and a file rewritten in place (same inode) is a new version.
+    #[test]
+    fn remembers_a_programs_libraries_per_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("true");
+        std::fs::copy("/bin/true", &program).unwrap();
+        let interpreter = interpreter_of(&std::fs::read(&program).unwrap()).unwrap();
+        let mut cache = AllocatorCache::default();
+        let first = cache.libraries_of(&program, &interpreter);
+        assert!(
+            first
+                .iter()
+                .any(|p| p.to_string_lossy().contains("libc.so")),
+            "{first:?}"
+        );
+        assert_eq!(cache.libraries_of(&program, &interpreter), first);
+        assert_eq!(cache.libraries.len(), 1);
+        let before = ProgramVersion::of(&std::fs::metadata(&program).unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let bytes = std::fs::read("/bin/true").unwrap();
+        std::fs::write(&program, &bytes).unwrap();
+        let after = ProgramVersion::of(&std::fs::metadata(&program).unwrap());
+        assert_eq!(before.file, after.file, "rewritten in place");
+        assert_ne!(before, after);
+        cache.libraries_of(&program, &interpreter);
+        assert_eq!(cache.libraries.len(), 2);
     }
 
     #[test]

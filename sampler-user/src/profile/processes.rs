@@ -81,14 +81,24 @@ impl ProcessBook {
     /// Starts tracking `pid` (or again, after an exec): its command name, executable,
     /// cgroup, RSS and CPU time while it surely lives.
     pub fn track(&mut self, pid: u32) {
-        self.ended.remove(&pid);
-        let command = crate::procfs::comm_of(pid).unwrap_or_default();
+        let command = crate::procfs::comm_of(pid);
+        self.track_named(pid, command);
+    }
+
+    /// [`Self::track`], its name `command` as just read (or as the kernel told it at its
+    /// exec). Its cgroup is kept if it is known (an exec does not move a process): read
+    /// once per process, not at its fork and again at its exec.
+    pub fn track_named(&mut self, pid: u32, command: Option<String>) {
+        let reused = self.ended.remove(&pid);
+        let command = command.unwrap_or_default();
         if !command.is_empty() {
             self.inherited.remove(&pid);
         }
         self.commands.insert(pid, command);
-        if let Some(cgroup) = crate::procfs::cgroup_of(pid) {
-            self.cgroups.insert(pid, cgroup);
+        if reused || !self.cgroups.contains_key(&pid) {
+            if let Some(cgroup) = crate::procfs::cgroup_of(pid) {
+                self.cgroups.insert(pid, cgroup);
+            }
         }
         if let Some(exe) = crate::procfs::executable_of(pid) {
             self.executables.insert(pid, exe.display().to_string());
@@ -129,7 +139,9 @@ impl ProcessBook {
                 self.commands.insert(pid, comm);
             }
         } else {
-            self.track(pid);
+            // A new process: a cgroup known for its pid was an older process's.
+            self.cgroups.remove(&pid);
+            self.track_named(pid, comm);
         }
         if self.commands.get(&pid).is_none_or(String::is_empty) {
             self.inherited.insert(pid);

@@ -35,12 +35,16 @@ impl Recording {
     /// [`super::in_process::InProcess::map`]).
     fn map_front_end(&mut self, pid: u32, allocators: &[Allocator]) {
         // File-wide probes must leave its calls to its front end. Allocscope's library says
-        // so itself when it starts (`allocscope:ready`); this covers one that started
-        // before the probes were attached, and another producer's.
+        // so itself when it starts (`allocscope:ready`), and a fork inherits it in the
+        // kernel: nothing to read then (most processes; a lookup, not two /proc reads).
+        // This covers one that started before the probes were attached, and another
+        // producer's.
         let serves = |found: &[Allocator]| found.iter().any(|a| a.file.reports_itself());
+        let known = self.probes.as_ref().is_some_and(|p| p.knows_front_end(pid));
         // Under a seccomp filter, a program it exec'd since `allocators` were found has a
         // dormant library (see `sampler-preload`'s `sandbox`): its maps say.
-        let carries = serves(allocators)
+        let carries = !known
+            && serves(allocators)
             && (crate::procfs::seccomp_mode(pid) == Some(0)
                 || self.cache.of_pid(pid).is_ok_and(|found| serves(&found)));
         if carries {
@@ -196,6 +200,7 @@ impl Recording {
         }
         self.map_front_end(pid, allocators.unwrap_or_default());
         if let Some(allocators) = allocators {
+            self.cache.remember(pid, allocators);
             self.probe_files(allocators)?;
             self.roster.note_late(pid, allocators, monotonic_ns());
             self.processes.add_allocators(pid, allocators);
@@ -413,7 +418,7 @@ impl Recording {
             return settled;
         } else if before_loader && crate::procfs::secure_execution(pid) == Some(false) {
             // What its LD_PRELOAD names comes first (a jemalloc put there).
-            for path in preloaded(pid) {
+            for path in crate::procfs::preloaded(pid) {
                 if let Some(allocator) = self.cache.of_file(&path, false) {
                     found.insert(0, allocator);
                 }
@@ -587,15 +592,21 @@ impl Recording {
             }
             let mut allocators = match self.carriers {
                 Some(_) if parent == 0 => self.carried_after_exec(pid, comm),
-                _ => self.allocators_of(pid).ok(),
+                // A fork's maps are a copy of its parent's: its allocators are not read again.
+                _ => (parent != 0)
+                    .then(|| self.cache.inherited(parent))
+                    .flatten()
+                    .or_else(|| self.allocators_of(pid).ok()),
             };
             if parent != 0 {
                 if self.track_fork(pid, parent) && self.torn(pid, parent, allocators.as_deref()) {
                     allocators = None;
                 }
             } else {
-                // A new name and executable: tracked afresh, its new files noted from now.
-                self.track(pid);
+                // A new name (as the kernel told it) and executable: tracked afresh, its
+                // new files noted from now.
+                self.aggregator.track(pid);
+                self.processes.track_named(pid, Some(comm.to_owned()));
                 self.roster.covered_from(pid, since.timestamp_ns);
             }
             if let Err(e) = self.admit(pid, allocators.as_deref(), since) {
@@ -638,22 +649,6 @@ impl Recording {
         }
         self.roster.exclude(pid);
     }
-}
-
-/// The files `pid`'s `LD_PRELOAD` names, through its own root (absolute paths only).
-fn preloaded(pid: u32) -> Vec<std::path::PathBuf> {
-    let Some(environ) = crate::procfs::environ_of(pid) else {
-        return Vec::new();
-    };
-    crate::procfs::ld_preload_entries(&environ)
-        .into_iter()
-        .filter(|path| path.starts_with(b"/"))
-        .map(|path| {
-            let mut through = std::ffi::OsString::from(format!("/proc/{pid}/root"));
-            through.push(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path));
-            std::path::PathBuf::from(through)
-        })
-        .collect()
 }
 
 /// Says that `pid` was attached to, in how long (the ring buffer is not read meanwhile),

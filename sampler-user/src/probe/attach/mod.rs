@@ -598,6 +598,16 @@ impl Probes {
             .map_err(|e| AttachError::map(kernel::maps::FRONT_END, e))
     }
 
+    /// Whether the kernel knows that `pid` carries the front end (its library's `ready`
+    /// probe fired, or its parent carried it at its fork): the kernel's exec probe keeps
+    /// that true (it forgets it at an exec), so nothing needs telling.
+    pub fn knows_front_end(&self, pid: u32) -> bool {
+        let Some(map) = self.ebpf.map(kernel::maps::FRONT_END) else {
+            return false;
+        };
+        BpfHashMap::<&MapData, u32, u8>::try_from(map).is_ok_and(|map| map.get(&pid, 0).is_ok())
+    }
+
     /// Undoes [`Self::carries_front_end`]: `pid` exec'd a program without one since.
     pub fn lacks_front_end(&mut self, pid: u32) {
         if let Ok(mut map) =
