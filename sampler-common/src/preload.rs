@@ -108,7 +108,8 @@ pub struct Counts {
 /// the library the tree's `LD_PRELOAD` names, created before the command runs. A process claims a slot ([`claim`]) and counts in
 /// the region at [`family_region_offset`]; allocscope maps the whole table, so a child's
 /// counts and maps are read whole however soon it exits, and gives a slot back once its
-/// process is gone and read (the region's pages are dropped, reading as zeros again).
+/// process is gone and read (the region is zeroed, but for its maps' bytes, which its
+/// zeroed [`Region::maps_len`] says are not there).
 ///
 /// File layout: this header, padded to [`family_header_bytes`], then [`FAMILY_SLOTS`]
 /// regions of [`region_bytes`] each.

@@ -92,6 +92,10 @@ pub fn ld_preload(library: &Library, existing: Option<&std::ffi::OsStr>) -> std:
 pub struct Family {
     file: File,
     header: memmap2::MmapMut,
+    /// Its regions, mapped whole once (sparse): a region is a view of it, not a mapping
+    /// of its own (a short process cost an `mmap` and a `munmap`, whose TLB shootdown
+    /// reaches every CPU, and as many again to give its slot back).
+    regions: std::sync::Arc<memmap2::MmapRaw>,
     /// Its path (removed when the recording ends: processes that map it keep it).
     path: std::path::PathBuf,
 }
@@ -133,7 +137,17 @@ impl Family {
             (&raw mut (*fresh).version).write(FAMILY_VERSION);
             (&raw mut (*fresh).pid_namespace).write(namespace);
         }
-        let family = Family { file, header, path };
+        let regions = memmap2::MmapOptions::new()
+            .offset(family_region_offset(0) as u64)
+            .len(FAMILY_SLOTS * region_bytes())
+            .map_raw(&file)?;
+        let regions = std::sync::Arc::new(regions);
+        let family = Family {
+            file,
+            header,
+            regions,
+            path,
+        };
         family.set_interval(interval)?;
         Ok(family)
     }
@@ -158,15 +172,12 @@ impl Family {
         self.header().full.load(Ordering::Relaxed)
     }
 
-    fn map_slot(&self, slot: usize) -> anyhow::Result<memmap2::MmapMut> {
-        // SAFETY: a shared mapping of one region of our own memfd; the processes write
-        // only atomics there.
-        Ok(unsafe {
-            memmap2::MmapOptions::new()
-                .offset(family_region_offset(slot) as u64)
-                .len(region_bytes())
-                .map_mut(&self.file)
-        }?)
+    fn map_slot(&self, slot: usize) -> anyhow::Result<Backing> {
+        anyhow::ensure!(
+            slot < FAMILY_SLOTS,
+            "slot {slot} is not in the family table"
+        );
+        Ok(Backing::Slot(self.regions.clone(), slot * region_bytes()))
     }
 
     /// Claims a slot for the command about to run as `pid` (paused before its exec), at
@@ -175,11 +186,11 @@ impl Family {
         let header = self.header();
         let sequence = header.sequence.fetch_add(1, Ordering::AcqRel) + 1;
         let slot = take_slot(&header.claims, sequence, pid).context("the family table is full")?;
-        let mut map = self.map_slot(slot)?;
+        let map = self.map_slot(slot)?;
         let interval = header.interval.load(Ordering::Acquire);
         // SAFETY: the slot's region, zero and unused (just claimed, its process not started),
-        // and as long as a Region (the mapping is region_bytes() long).
-        unsafe { set_up_region(map.as_mut_ptr().cast(), pid, interval, 1) };
+        // and as long as a Region (the view is region_bytes() long).
+        unsafe { set_up_region(map.as_ptr().cast_mut().cast(), pid, interval, 1) };
         let mut mapped = MappedRegion::check(map)?;
         mapped.slot = Some(slot);
         header.claims[slot].store(claim(sequence, pid, true), Ordering::Release);
@@ -207,16 +218,23 @@ impl Family {
     ///
     /// Zeroed, not dropped (a hole punched): where the table is not in memory (`/run` on
     /// a disk, as in many containers) the next process's first write to a dropped page
-    /// allocated it on the disk again, ~70 µs of its start; a zeroed page stays.
+    /// allocated it on the disk again, ~70 µs of its start; a zeroed page stays. Only the
+    /// pages written are zeroed (allocscope has read them all already, for the counts).
     ///
     /// [`Region::maps_len`]: sampler_common::preload::Region::maps_len
     pub fn release(&self, slot: usize) {
         use sampler_common::preload::{Region, MAPS_BYTES};
         let maps = std::mem::offset_of!(Region, maps);
         match self.map_slot(slot) {
-            Ok(mut map) => {
-                map[..maps].fill(0);
-                map[maps + MAPS_BYTES..].fill(0);
+            Ok(map) => {
+                // SAFETY: the slot's region_bytes(), whose process is gone and whose claim
+                // is still held: nothing else writes it meanwhile.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts_mut(map.as_ptr().cast_mut(), region_bytes())
+                };
+                let (counts, rest) = bytes.split_at_mut(maps);
+                zero_written(counts);
+                zero_written(&mut rest[MAPS_BYTES..]);
                 self.header().claims[slot].store(0, Ordering::Release);
             }
             // Not zeroed: never handed out again (the table has one slot fewer).
@@ -243,9 +261,37 @@ impl Family {
     }
 }
 
+/// Zeroes the pages of `bytes` that hold anything: a page the process never wrote (most of
+/// its thread slots) stays untouched, not allocated on a disk by a write of zeros.
+fn zero_written(bytes: &mut [u8]) {
+    for page in bytes.chunks_mut(4096) {
+        if page.iter().any(|&byte| byte != 0) {
+            page.fill(0);
+        }
+    }
+}
+
+/// Where a region is mapped here: its slot of the family table, or a mapping of its own
+/// (a process's own region, found in its maps).
+enum Backing {
+    Slot(std::sync::Arc<memmap2::MmapRaw>, usize),
+    Own(memmap2::MmapMut),
+}
+
+impl Backing {
+    /// Its first byte (region_bytes() follow).
+    fn as_ptr(&self) -> *const u8 {
+        match self {
+            // SAFETY: the offset of a slot within the table's mapping (map_slot checks).
+            Backing::Slot(table, offset) => unsafe { table.as_ptr().add(*offset) },
+            Backing::Own(map) => map.as_ptr(),
+        }
+    }
+}
+
 /// A process's counter region, mapped here (it stays readable after the process exits).
 pub struct MappedRegion {
-    map: memmap2::MmapMut,
+    map: Backing,
     /// Its slot in the family table, if it is one (given back once its process is gone).
     slot: Option<usize>,
     /// Counts at attach (zero for a command we started): what came before is not ours.
@@ -269,7 +315,7 @@ impl MappedRegion {
         unsafe { &*self.map.as_ptr().cast::<Region>() }
     }
 
-    fn check(map: memmap2::MmapMut) -> anyhow::Result<MappedRegion> {
+    fn check(map: Backing) -> anyhow::Result<MappedRegion> {
         let mapped = MappedRegion {
             map,
             slot: None,
@@ -336,7 +382,7 @@ impl MappedRegion {
                 .map_mut(&file)
         }
         .with_context(|| format!("mapping {path}"))?;
-        let mut mapped = MappedRegion::check(map)?;
+        let mut mapped = MappedRegion::check(Backing::Own(map))?;
         // The library wrote its pid as its own pid namespace numbers it.
         let own = crate::procfs::namespace_pid(pid).unwrap_or(pid);
         if mapped.region().pid != u64::from(own) {

@@ -75,12 +75,6 @@ impl Recording {
         );
     }
 
-    /// Maps the regions awaited (see [`super::in_process::InProcess::claim_regions`]).
-    pub(super) fn claim_regions(&mut self, gone: Option<u32>) {
-        self.in_process
-            .claim_regions(gone, &mut self.counters, &mut self.processes);
-    }
-
     /// Attaches `allocators` in process `pid` (new ones only, if it is attached already)
     /// and starts watching it; `since`: from when it is covered, if it is new. A process
     /// that vanishes meanwhile is an error for the caller to report and move on.

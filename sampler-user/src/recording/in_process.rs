@@ -140,6 +140,11 @@ impl InProcess {
         }
     }
 
+    /// Whether `pid`'s region is awaited (see [`Self::map`]).
+    pub fn awaits(&self, pid: u32) -> bool {
+        self.awaiting.contains(&pid)
+    }
+
     fn full(&self) -> u64 {
         self.family.as_ref().map_or(0, Family::full)
     }
@@ -253,6 +258,21 @@ impl InProcess {
 }
 
 impl super::Recording {
+    /// Before a sample of `pid` is unwound: its region, if awaited, is looked for now (its
+    /// library's copy of its maps is there; the next look may come after its last sample,
+    /// unwound meanwhile against maps without its library).
+    pub(super) fn region_for_sample(&mut self, pid: u32) {
+        if self.in_process.awaits(pid) {
+            self.claim_regions(None);
+        }
+    }
+
+    /// Maps the regions awaited (see [`InProcess::claim_regions`]).
+    pub(super) fn claim_regions(&mut self, gone: Option<u32>) {
+        self.in_process
+            .claim_regions(gone, &mut self.counters, &mut self.processes);
+    }
+
     /// Whether `found`, read from `pid`, a copy of `parent` (no exec since its fork), was
     /// read while the child exited: a copy of a carrier maps the library as its parent
     /// does, and a read without it caught the exit tearing its mappings down (seen on 6.18,

@@ -1,9 +1,8 @@
 //! A running recording, shared by `record` and `top`: prepare (checks, paused child) →
-//! attach → take samples and watch the targets come and go → read the kernel's counters →
-//! detach.
+//! attach → take samples, watch the targets come and go → read the kernel's counters → detach.
 //!
 //! What each command does with the samples (write files, draw a screen) stays in its own
-//! module; this one owns everything whose order matters for correctness: the child runs only
+//! module; this one owns everything whose order matters for correctness: the child runs
 //! once the probes are attached, a followed process is followed in the kernel before it
 //! runs, the ring buffer is drained before counters are read, and the probes are detached
 //! before the slow work (symbolizing, writing) at the end.
@@ -550,6 +549,7 @@ impl Recording {
                 Event::Alloc(ref sample) => {
                     // A process counted in-process may be gone before its maps are read
                     // from /proc: its library's own copy stands in (the newer one wins).
+                    self.region_for_sample(sample.pid);
                     if let Some((text, read_ns)) = self.counters.new_maps(sample.pid) {
                         self.aggregator.offer_maps(sample.pid, read_ns, &text);
                     }

@@ -238,7 +238,13 @@ impl StackTable {
             // A process that exited but was not reaped yet has no maps left.
             Ok(text) if text.is_empty() => entry.gone = true,
             Ok(text) => {
-                entry.read_ns = read_ns;
+                // Each chunk of a maps file holds the memory anew, refused once the exit
+                // began: a read the exit overtook ends short, without the libraries (last,
+                // at the top). The exit clears the exe link first: such a read stands in
+                // only until another copy comes (its library's, read by itself).
+                let exiting = std::fs::read_link(format!("/proc/{pid}/exe")).is_err();
+                entry.read_ns = if exiting { 0 } else { read_ns };
+                entry.gone = exiting;
                 entry.take(&text);
             }
             // Keep the last snapshot, and its time: it is what the process had when it
