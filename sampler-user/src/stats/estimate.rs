@@ -487,7 +487,9 @@ impl SampleSet {
             let half = z * variance.max(0.0).sqrt();
             (estimate - half, estimate + half)
         };
-        let use_normal = self.samples >= NORMAL_MIN_SAMPLES;
+        // Not when a larger interval was in force than any sample's: the normal interval
+        // has no room for what it hid (see `negbin_bounds`).
+        let use_normal = self.samples >= NORMAL_MIN_SAMPLES && interval <= self.max_interval;
         if use_normal {
             let (normal_lower, normal_upper) = normal(self.weighted_bytes, self.variance_bytes);
             if normal_upper - normal_lower < upper - lower {
@@ -543,11 +545,16 @@ impl SampleSet {
             let keep = (s - 1.0) / s;
             (mean * keep, variance * keep)
         };
-        // Upper: one more sample, at the largest interval, when the window ends mid-countdown.
+        // Upper: one more sample, at the largest interval, when the window ends mid-countdown;
+        // the largest in force, not only among the samples: a countdown cut short when the
+        // interval changed (the throttle lowering it) hid up to one of its own, and a phase
+        // at a larger interval may have left no sample at all (a quiet process's first
+        // second at 512 KiB before the throttle lowered it to 5 KiB: its megabyte was
+        // outside 99.99% bounds drawn from the 5 KiB samples alone).
         let extra = if self.samples == 0 {
             interval
         } else {
-            self.max_interval
+            self.max_interval.max(interval)
         }
         .max(1) as f64;
         let upper_moments = if window.end_aligned {
@@ -682,6 +689,33 @@ mod tests {
         let p = inclusion_probability(1, 512 * 1024);
         assert!((p - 1.0 / (512.0 * 1024.0)).abs() < 1e-15);
         assert!(inclusion_probability(1 << 40, 1024) == 1.0);
+    }
+
+    /// Samples only at a small interval, in a recording where a larger one was in force
+    /// (the throttle lowered it): the upper bound leaves room for what the larger one hid.
+    #[test]
+    fn a_larger_interval_in_force_widens_the_upper_bound() {
+        let mut set = SampleSet::default();
+        for _ in 0..500 {
+            set.add(SampleObs {
+                size: 4096,
+                offset: 2048,
+                interval: 5 << 10,
+                weight: None,
+            });
+        }
+        let alone = set.estimate(0.9999, Window::RECORDING, 5 << 10);
+        let lowered = set.estimate(0.9999, Window::RECORDING, 512 << 10);
+        assert_eq!(alone.bytes.estimate, lowered.bytes.estimate);
+        assert!(lowered.bytes.lower <= alone.bytes.lower);
+        // A megabyte at 512 KiB without a sample is within the upper bound.
+        assert!(
+            lowered.bytes.upper >= alone.bytes.estimate + (1 << 20) as f64,
+            "{:?} vs {:?}",
+            lowered.bytes,
+            alone.bytes
+        );
+        assert!(alone.bytes.upper < alone.bytes.estimate + (1 << 20) as f64);
     }
 
     #[test]
