@@ -96,10 +96,11 @@ impl InProcess {
             // A process of the command's tree claims its slot when its library starts: one
             // just forked (through vfork, no fork handler runs) or exec'd has not yet. Looked
             // for again at each reading and when it exits. One in another pid namespace
-            // never claims (its pids are not ours): its own region is found instead.
+            // never claims (its pids are not ours): its own region is found instead. One
+            // gone already (its status unreadable) is looked for once more at its exit.
             None if self.family.is_some()
                 && self.full() == 0
-                && crate::procfs::namespace_pid(pid) == Some(pid) =>
+                && crate::procfs::namespace_pid(pid).is_none_or(|own| own == pid) =>
             {
                 if carries.is_some() || target {
                     self.awaiting.insert(pid);
