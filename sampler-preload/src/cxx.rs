@@ -76,6 +76,9 @@ fn state() -> u8 {
 #[cold]
 #[inline(never)]
 fn resolve() -> u8 {
+    // Before a `std::bad_alloc` may unwind through these functions (see `unwind`); what
+    // a failed lookup allocates is the library's.
+    crate::thread::busy(crate::unwind::find);
     for (name, next) in NAMES.iter().zip(&NEXT) {
         next.store(crate::next::lookup(name), Ordering::Relaxed);
     }

@@ -27,6 +27,7 @@ mod route;
 mod sandbox;
 mod table;
 mod thread;
+mod unwind;
 mod usdt;
 
 use core::ffi::{c_int, c_void};

@@ -511,3 +511,45 @@ pub(crate) fn symbol_addresses<const N: usize>(
 fn read_memory(pid: u32, address: u64, out: &mut [u8]) -> io::Result<()> {
     File::open(format!("/proc/{pid}/mem"))?.read_exact_at(out, address)
 }
+
+#[cfg(test)]
+mod tests {
+    use object::{
+        elf::{FileHeader64, DT_NEEDED},
+        read::elf::{Dyn as _, FileHeader as _},
+        Endianness,
+    };
+
+    /// The shared libraries the embedded library makes every process load.
+    fn needed() -> Vec<String> {
+        // A copy: the parser wants the headers aligned, `include_bytes!` does not align.
+        let data = super::LIBRARY.to_vec();
+        let header = FileHeader64::<Endianness>::parse(&*data).unwrap();
+        let endian = header.endian().unwrap();
+        let sections = header.sections(endian, &*data).unwrap();
+        let (dynamic, index) = sections.dynamic(endian, &*data).unwrap().unwrap();
+        let strings = sections.strings(endian, &*data, index).unwrap();
+        dynamic
+            .iter()
+            .filter(|d| d.d_tag(endian) == u64::from(DT_NEEDED))
+            .map(|d| {
+                let name = strings.get(d.d_val(endian) as u32).unwrap();
+                String::from_utf8_lossy(name).into_owned()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_library_loads_nothing_beyond_the_c_library() {
+        // The unwinder is the process's own (build.rs): libgcc_s.so.1 would cost every short
+        // process its loading and its constructor.
+        let needed = needed();
+        assert!(needed.iter().any(|n| n == "libc.so.6"), "{needed:?}");
+        assert!(
+            needed
+                .iter()
+                .all(|n| n == "libc.so.6" || n.starts_with("ld-linux")),
+            "{needed:?}"
+        );
+    }
+}
