@@ -486,10 +486,11 @@ impl Drop for SampleReader {
     }
 }
 
-/// How often the intake thread looks at the ring buffer unasked. Samples and frees are sent
-/// without waking it (a wake-up is an interrupt in the probed thread, see the eBPF side's
-/// `wake_flags`) until the buffer is an eighth full: so a record waits at most this long,
-/// and the thread wakes 50 times a second when idle.
+/// How often the intake thread looks at the ring buffer unasked. Samples, frees and
+/// process events (fork, exec) are sent without waking it (a wake-up is an interrupt in
+/// the probed thread, see the eBPF side's `wake_flags`) until the buffer is an eighth
+/// full: so a record waits at most this long, and the thread wakes 50 times a second when
+/// idle.
 const POLL_MS: libc::c_int = 20;
 /// The same where Python frames are read: a sample's code objects are read from the
 /// process when its record is, and some live only milliseconds (a module's body, run once
