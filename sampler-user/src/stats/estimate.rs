@@ -43,7 +43,7 @@
 //! Zero samples estimate zero but keep a finite upper bound: "fewer than X bytes", not
 //! "none". The posterior view of jemalloc #1751 is [`Posterior`].
 
-use statrs::distribution::{ContinuousCDF as _, Gamma, Normal};
+use statrs::distribution::{ContinuousCDF as _, Normal};
 
 use super::negbin;
 
@@ -576,8 +576,7 @@ fn gamma_interval(estimate: f64, variance: f64, max_weight: f64, tail: f64) -> (
         return (0.0, f64::INFINITY);
     }
     // shape = mean²/variance, scale = variance/mean. Quantiles come from the unit-scale
-    // gamma times the scale: statrs's inverse CDF returns NaN for small rates (seen with
-    // rate 1e-3), and scaling is exact. A huge shape is a normal distribution for every
+    // gamma ([`super::gamma`]) times the scale, which is exact. A huge shape is a normal distribution for every
     // practical purpose (and strains the gamma's numerics), and so is the fallback.
     let z = Normal::standard().inverse_cdf(1.0 - tail);
     let quantile = |mean: f64, variance: f64, alpha: f64| -> f64 {
@@ -596,9 +595,7 @@ fn gamma_interval(estimate: f64, variance: f64, max_weight: f64, tail: f64) -> (
         if !shape.is_finite() || shape > 1e6 {
             return normal();
         }
-        Gamma::new(shape, 1.0)
-            .ok()
-            .map(|unit| unit.inverse_cdf(alpha) * variance / mean)
+        Some(super::gamma::quantile(shape, alpha) * variance / mean)
             .filter(|q| q.is_finite())
             .unwrap_or_else(normal)
     };

@@ -6,6 +6,7 @@
 
 pub mod difference;
 pub mod estimate;
+pub mod gamma;
 pub mod growth;
 pub mod lifetime;
 pub mod negbin;
