@@ -597,6 +597,9 @@ impl Recording {
                     allocators = None;
                 }
             } else {
+                if allocators.is_none() {
+                    self.note_unseen_exec(pid, comm, since.timestamp_ns);
+                }
                 // A new name (as the kernel told it) and executable: tracked afresh, its
                 // new files noted from now.
                 self.aggregator.track(pid);

@@ -61,11 +61,11 @@ fn watch_tree(root: u32) -> Option<crate::proc_events::Watch> {
 
 /// What a process that exec'd a program without the library while the probes loaded
 /// leaves out.
-fn unseen_after(program: &str) -> String {
+fn unseen_after(program: &str, before: &str) -> String {
     format!(
         "exec'd {program} without the in-process library (a cleared environment, its own \
-         LD_PRELOAD, static or set-user-ID) while the probes loaded, and exited before they \
-         were attached: its allocations since that exec were not seen"
+         LD_PRELOAD, static or set-user-ID){before}: its allocations since that exec were not \
+         seen"
     )
 }
 
@@ -281,8 +281,35 @@ impl Recording {
                 "pid {pid}: exec'd {program} unseen while the probes loaded (exec at {exec_ns}, library set up at {:?})",
                 self.library_set_up_ns(pid)
             );
-            self.processes.incomplete(pid, unseen_after(program));
+            self.processes.incomplete(
+                pid,
+                unseen_after(
+                    program,
+                    " while the probes loaded, and exited before they were attached",
+                ),
+            );
         }
+    }
+
+    /// A followed process whose exec was looked at only after it had exited (its maps
+    /// unread: process events are read every few milliseconds, see `collect::POLL_MS`):
+    /// where its new `program` did not set the library up after the exec (at `exec_ns`),
+    /// nothing it allocated since was seen, and it says so.
+    pub(super) fn note_unseen_exec(&mut self, pid: u32, program: &str, exec_ns: u64) {
+        if self
+            .library_set_up_ns(pid)
+            .is_some_and(|set_up| set_up >= exec_ns)
+        {
+            return;
+        }
+        debug!("pid {pid}: exec'd {program} and exited before its allocators were read");
+        self.processes.incomplete(
+            pid,
+            unseen_after(
+                program,
+                ", and exited before allocscope could probe its allocator",
+            ),
+        );
     }
 
     /// When the library last set up in `pid` (its region's, mapped already or read from
