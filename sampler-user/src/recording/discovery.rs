@@ -584,20 +584,29 @@ impl Recording {
             if let Some(carriers) = self.carriers.as_mut().filter(|_| parent == 0) {
                 carriers.forget(pid);
             }
+            let mut gone = false; // Its maps unreadable: gone (see `note_unseen_exec`).
             let mut allocators = match self.carriers {
                 Some(_) if parent == 0 => self.carried_after_exec(pid, comm),
                 // A fork's maps are a copy of its parent's: its allocators are not read again.
-                _ => (parent != 0)
+                _ => match (parent != 0)
                     .then(|| self.cache.inherited(parent))
                     .flatten()
-                    .or_else(|| self.allocators_of(pid).ok()),
+                {
+                    Some(inherited) => Some(inherited),
+                    None => self
+                        .allocators_of(pid)
+                        .map_err(|e| {
+                            gone = matches!(e, FindError::Gone | FindError::Zombie);
+                        })
+                        .ok(),
+                },
             };
             if parent != 0 {
                 if self.track_fork(pid, parent) && self.torn(pid, parent, allocators.as_deref()) {
                     allocators = None;
                 }
             } else {
-                if allocators.is_none() {
+                if gone {
                     self.note_unseen_exec(pid, comm, since.timestamp_ns);
                 }
                 // A new name (as the kernel told it) and executable: tracked afresh, its
