@@ -576,8 +576,9 @@ fn gamma_interval(estimate: f64, variance: f64, max_weight: f64, tail: f64) -> (
         return (0.0, f64::INFINITY);
     }
     // shape = mean²/variance, scale = variance/mean. Quantiles come from the unit-scale
-    // gamma ([`super::gamma`]) times the scale, which is exact. A huge shape is a normal distribution for every
-    // practical purpose (and strains the gamma's numerics), and so is the fallback.
+    // gamma ([`super::gamma`]) times the scale, which is exact. A huge shape is a normal
+    // distribution for every practical purpose (and strains the gamma's numerics), and so
+    // is the fallback.
     let z = Normal::standard().inverse_cdf(1.0 - tail);
     let quantile = |mean: f64, variance: f64, alpha: f64| -> f64 {
         if mean <= 0.0 {
