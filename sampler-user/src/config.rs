@@ -59,7 +59,7 @@ impl Targets {
                 .as_ref()
                 .is_some_and(|p| p.0.is_match(comm))
             || self.cgroup.as_ref().is_some_and(|p| {
-                !crate::procfs::cgroup_of(pid).is_some_and(|cgroup| p.0.is_match(&cgroup))
+                !crate::sys::process::cgroup_of(pid).is_some_and(|cgroup| p.0.is_match(&cgroup))
             })
     }
 }
@@ -342,7 +342,7 @@ impl SamplingArgs {
         // Each entry costs the kernel ~100 bytes.
         count_flag("--max-tracked", self.max_tracked, MAX_TRACKED_LIMIT)?;
         count_flag("--max-stacks", self.max_stacks, MAX_STACKS_LIMIT)?;
-        if let Some(available) = memory_available() {
+        if let Some(available) = crate::sys::host::memory_available() {
             stacks_fit("--max-stacks", self.max_stacks, available)?;
         }
         if let Some(dir) = self.debug_dirs.iter().find(|dir| !dir.is_dir()) {
@@ -497,14 +497,6 @@ fn stacks_fit(flag: &str, stacks: u32, available: u64) -> Result<(), BadInput> {
         BYTES_PER_STACK >> 10,
         crate::format::bytes(available as f64)
     )))
-}
-
-/// `MemAvailable` of /proc/meminfo, in bytes.
-fn memory_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 fn count_flag(flag: &str, value: u32, limit: u32) -> Result<(), BadInput> {

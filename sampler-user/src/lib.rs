@@ -7,7 +7,6 @@
 
 pub mod agent;
 pub mod cli;
-pub mod clock;
 pub mod collect;
 pub mod commands;
 pub mod config;
@@ -24,8 +23,6 @@ pub mod outfile;
 pub mod preflight;
 pub mod preload;
 pub mod probe;
-pub mod proc_events;
-pub mod procfs;
 pub mod profile;
 pub mod python;
 pub mod recording;
@@ -35,6 +32,7 @@ pub mod spawn;
 pub mod stacks;
 pub mod stats;
 pub mod summary;
+pub mod sys;
 pub mod targets;
 pub mod text;
 pub mod throttle;

@@ -163,8 +163,7 @@ pub fn create_directory(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
 
 /// The path through which files are created in a directory opened by [`open_directory`].
 pub fn through(dir: &std::os::fd::OwnedFd) -> PathBuf {
-    use std::os::fd::AsRawFd as _;
-    PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()))
+    crate::sys::own::fd_path(dir)
 }
 
 /// Symlinks followed in one walk at most (the kernel's limit).

@@ -33,10 +33,7 @@ pub fn capabilities_suffice(cap_eff: u64) -> bool {
 
 /// Fails unless this process may load BPF programs and attach uprobes.
 pub fn check_privileges() -> Result<(), BadInput> {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let cap_eff = crate::procfs::status_field(&status, "CapEff")
-        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-        .unwrap_or(0);
+    let cap_eff = crate::sys::own::effective_capabilities().unwrap_or(0);
     if capabilities_suffice(cap_eff) {
         Ok(())
     } else {
@@ -179,7 +176,7 @@ mod tests {
         let err = check_output(&Output::File("/dev/null".into())).unwrap_err();
         assert!(err.to_string().contains("not a regular file"), "{err}");
         let snapshots = Output::Snapshots {
-            dir: "/proc/allocscope-test".into(),
+            dir: "/dev/null/allocscope-test".into(),
             every: std::time::Duration::from_secs(1),
             keep: None,
         };

@@ -15,7 +15,6 @@
 use std::{
     fs::File,
     io::{self, Read as _},
-    os::unix::fs::FileExt as _,
     path::Path,
     sync::atomic::Ordering,
 };
@@ -32,7 +31,7 @@ use sampler_common::{
     },
 };
 
-use crate::probe::maps;
+use crate::sys::maps;
 
 mod early;
 pub mod place;
@@ -127,7 +126,7 @@ impl Family {
                 .map_mut(&file)
         }?;
         let namespace = std::os::unix::fs::MetadataExt::ino(
-            &std::fs::metadata("/proc/self/ns/pid").context("reading our pid namespace")?,
+            &crate::sys::own::pid_namespace().context("reading our pid namespace")?,
         );
         let fresh = header.as_mut_ptr().cast::<Header>();
         // SAFETY: a new, zeroed, page-aligned mapping of family_header_bytes(), no other
@@ -354,7 +353,7 @@ impl MappedRegion {
         let vmas = maps::read(pid).with_context(|| format!("reading the maps of pid {pid}"))?;
         let [pointer_at] = symbol_addresses(pid, &vmas, library, [REGION_SYMBOL])?;
         let mut word = [0u8; 8];
-        read_memory(pid, pointer_at, &mut word)
+        crate::sys::memory::read_at(pid, pointer_at, &mut word)
             .with_context(|| format!("reading {REGION_SYMBOL} in pid {pid}"))?;
         let address = u64::from_ne_bytes(word);
         if address == 0 {
@@ -366,12 +365,12 @@ impl MappedRegion {
             .with_context(|| {
                 format!("pid {pid}: its counter region at {address:#x} is not mapped")
             })?;
-        let path = format!("/proc/{pid}/map_files/{:x}-{:x}", vma.start, vma.end);
+        let path = vma.file_in(pid);
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(&path)
-            .with_context(|| format!("opening {path}"))?;
+            .with_context(|| format!("opening {}", path.display()))?;
         let offset = vma.offset + (address - vma.start);
         // SAFETY: a shared mapping of the region's file at the region's offset; the
         // library writes only atomics there.
@@ -381,10 +380,10 @@ impl MappedRegion {
                 .len(region_bytes())
                 .map_mut(&file)
         }
-        .with_context(|| format!("mapping {path}"))?;
+        .with_context(|| format!("mapping {}", path.display()))?;
         let mut mapped = MappedRegion::check(Backing::Own(map))?;
         // The library wrote its pid as its own pid namespace numbers it.
-        let own = crate::procfs::namespace_pid(pid).unwrap_or(pid);
+        let own = crate::sys::process::namespace_pid(pid).unwrap_or(pid);
         if mapped.region().pid != u64::from(own) {
             bail!(
                 "pid {pid}: its counter region belongs to pid {}",
@@ -462,8 +461,8 @@ pub fn dormant(pid: u32, vmas: &[maps::Vma], library: &Path) -> bool {
         return false;
     };
     let (mut flag, mut region) = ([0u8; 4], [0u8; 8]);
-    if read_memory(pid, flag_at, &mut flag).is_err()
-        || read_memory(pid, region_at, &mut region).is_err()
+    if crate::sys::memory::read_at(pid, flag_at, &mut flag).is_err()
+        || crate::sys::memory::read_at(pid, region_at, &mut region).is_err()
     {
         return false;
     }
@@ -505,11 +504,6 @@ pub(crate) fn symbol_addresses<const N: usize>(
         *address = bias.wrapping_add(value);
     }
     Ok(addresses)
-}
-
-/// Reads `out.len()` bytes of `pid`'s memory at `address`.
-fn read_memory(pid: u32, address: u64, out: &mut [u8]) -> io::Result<()> {
-    File::open(format!("/proc/{pid}/mem"))?.read_exact_at(out, address)
 }
 
 #[cfg(test)]

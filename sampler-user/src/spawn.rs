@@ -236,7 +236,7 @@ impl Drop for PausedChild {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::procfs::state_of;
+    use crate::sys::process::state_of;
 
     #[test]
     fn an_unreleased_child_is_killed_and_reaped() {

@@ -8,11 +8,9 @@ use std::{
     sync::Arc,
 };
 
-use crate::probe::{
-    allocator::{self, Allocator, AllocatorError, AllocatorFile},
-    maps::{self, FileId, Vma},
-};
-use crate::procfs::{is_kernel_thread, state_of};
+use crate::probe::allocator::{self, Allocator, AllocatorError, AllocatorFile};
+use crate::sys::maps::{self, FileId, Vma};
+use crate::sys::process::{is_kernel_thread, state_of};
 
 /// Why a process's allocators could not be found.
 #[derive(Debug, thiserror::Error)]
@@ -171,7 +169,7 @@ impl AllocatorCache {
 
 /// The mapped path of `pid`'s executable: the file of `/proc/PID/exe` among its mappings.
 fn executable_of(pid: u32, vmas: &[Vma]) -> Option<PathBuf> {
-    let metadata = std::fs::metadata(format!("/proc/{pid}/exe")).ok()?;
+    let metadata = crate::sys::process::exe_metadata(pid)?;
     let id = FileId::of(&metadata);
     vmas.iter()
         .find(|vma| vma.file_id == id)
@@ -287,7 +285,7 @@ pub fn interpreter_of(elf: &[u8]) -> Option<PathBuf> {
 /// another `producer` among its files, see its `producer`). Only such a process is asked
 /// (its exported flag read from its memory).
 fn dormant_front_end(pid: u32, vmas: &[Vma], library: &Path, producer: bool) -> bool {
-    let filtered = crate::procfs::seccomp_mode(pid).is_some_and(|mode| mode != 0);
+    let filtered = crate::sys::process::seccomp_mode(pid).is_some_and(|mode| mode != 0);
     let dormant = (filtered || producer) && crate::preload::dormant(pid, vmas, library);
     if dormant {
         let why = if producer {
@@ -309,10 +307,10 @@ mod tests {
     #[test]
     fn a_zombie_is_named_as_one() {
         assert_eq!(
-            crate::procfs::stat_state("42 (a) b) Z 1 42 42 0 -1 4194564"),
+            crate::sys::process::stat_state("42 (a) b) Z 1 42 42 0 -1 4194564"),
             Some('Z')
         );
-        assert_eq!(crate::procfs::stat_state("7 (sh) S 1"), Some('S'));
+        assert_eq!(crate::sys::process::stat_state("7 (sh) S 1"), Some('S'));
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
         let exited = (0..200).any(|_| {

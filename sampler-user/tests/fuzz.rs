@@ -8,10 +8,11 @@
 use proptest::prelude::*;
 use sampler_user::{
     export::{self, Format, Value},
-    probe::{allocator, maps, prologue},
-    procfs,
+    probe::{allocator, prologue},
     profile::Profile,
-    summary, targets,
+    summary,
+    sys::{maps, process},
+    targets,
 };
 
 const PROFILE: &[u8] = include_bytes!("data/profile.json");
@@ -96,9 +97,9 @@ proptest! {
     fn proc_text_parsers_never_panic(text in ".{0,400}") {
         let _ = maps::parse(&text);
         let _ = maps::uprobe_area(&text);
-        let _ = procfs::cgroup_path(&text);
+        let _ = process::cgroup_path(&text);
         let _ = targets::loader_list(&text);
-        let _ = procfs::stat_flags(&text);
+        let _ = process::stat_flags(&text);
     }
 
     #[test]
@@ -108,8 +109,8 @@ proptest! {
             let text = String::from_utf8_lossy(&mutate(&real, &flips)).into_owned();
             let _ = maps::parse(&text);
             let _ = maps::uprobe_area(&text);
-            let _ = procfs::cgroup_path(&text);
-            let _ = procfs::stat_flags(&text);
+            let _ = process::cgroup_path(&text);
+            let _ = process::stat_flags(&text);
         }
     }
 

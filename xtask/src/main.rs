@@ -7,6 +7,7 @@ mod cycles;
 mod demo;
 mod dist;
 mod layout;
+mod os_layer;
 mod run;
 mod setup;
 mod sizes;
@@ -35,8 +36,9 @@ enum Task {
     Demo,
     /// Set up, build, then run formatting and lint checks and every test (what CI runs).
     Test,
-    /// Run the shape checks alone: no import cycle among sampler-user's modules, no file
-    /// or function over its size limit without a reason at the site.
+    /// Run the shape checks alone: no import cycle among sampler-user's modules, /proc read
+    /// only by its sys layer, maps named by their constants, docs/layout.md's entries exist,
+    /// no file or function over its size limit without a reason at the site.
     Check,
     /// Measure allocscope's cost per malloc against a bare counting uprobe, in one run.
     Bench(bench::BenchArgs),

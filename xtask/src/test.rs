@@ -87,6 +87,7 @@ pub fn run() -> anyhow::Result<()> {
 pub fn shape() -> anyhow::Result<()> {
     crate::cycles::check(&workspace().join("sampler-user/src"))?;
     crate::layout::check(&workspace())?;
+    crate::os_layer::check(&workspace().join("sampler-user/src"))?;
     crate::contract::check(
         &workspace().join("sampler-common/src/kernel.rs"),
         &["sampler-user", "sampler-preload"].map(|c| workspace().join(c).join("src")),

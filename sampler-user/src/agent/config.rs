@@ -146,9 +146,7 @@ fn label(pair: &str) -> Result<(String, String), BadInput> {
 
 /// This host's name (`host.name`, `hostname`).
 pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_default()
+    crate::sys::host::name().unwrap_or_default()
 }
 
 #[cfg(test)]

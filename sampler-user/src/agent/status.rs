@@ -81,12 +81,8 @@ impl Status {
     /// Refreshes the agent's own figures and the time.
     pub fn refresh_own(&mut self) {
         self.updated_unix = unix_now();
-        let stat = std::fs::read_to_string("/proc/self/stat").ok();
-        self.cpu_seconds = stat.as_deref().and_then(cpu_seconds);
-        self.rss_bytes = std::fs::read_to_string("/proc/self/statm")
-            .ok()
-            .and_then(|t| t.split_whitespace().nth(1)?.parse::<u64>().ok())
-            .map(|pages| pages * page_size());
+        self.cpu_seconds = crate::sys::own::cpu_ns().map(|ns| ns as f64 / 1e9);
+        self.rss_bytes = crate::sys::own::rss_bytes();
     }
 
     /// Writes the file (atomically).
@@ -96,33 +92,9 @@ impl Status {
     }
 }
 
-/// User + system CPU seconds from the text of /proc/self/stat.
-fn cpu_seconds(stat: &str) -> Option<f64> {
-    // Fields after the command (which may hold spaces), from field 3 on.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
-    Some(ticks as f64 / hz as f64)
-}
-
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reads_cpu_time_past_a_command_with_spaces() {
-        let stat = "7 (a b) S 1 7 7 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 1 0 5 1000 10";
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        assert_eq!(cpu_seconds(stat), Some(300.0 / hz));
-    }
 
     #[test]
     fn own_figures_are_read() {

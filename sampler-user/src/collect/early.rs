@@ -158,7 +158,7 @@ mod tests {
         python.python = vec![sampler_common::python::PyFrameEntry::default()];
         let stack = PythonStack {
             groups: Vec::new(),
-            interpreter: crate::probe::maps::FileId {
+            interpreter: crate::sys::maps::FileId {
                 device: "fe:01".into(),
                 inode: 7,
             },

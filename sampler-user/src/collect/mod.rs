@@ -28,7 +28,7 @@ pub mod forget;
 
 pub use counters::{lost, thread_states, Counters, Losses, LostBatch};
 
-pub use crate::clock::monotonic_ns;
+pub use crate::sys::clock::monotonic_ns;
 
 /// A decoded sample, owned.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -578,7 +578,7 @@ fn examine(shared: &Shared, python: &mut crate::python::Frames) {
         Err(_) => return,
     };
     for pid in pids {
-        if let Ok(vmas) = crate::probe::maps::read(pid) {
+        if let Ok(vmas) = crate::sys::maps::read(pid) {
             python.found_maps(pid, &vmas);
         }
     }
@@ -647,10 +647,9 @@ impl MapsReader {
                 }
                 if self.sent.insert(sample.pid) {
                     let read_ns = monotonic_ns();
-                    if let Ok(text) = std::fs::read_to_string(format!("/proc/{}/maps", sample.pid))
-                    {
+                    if let Ok(text) = crate::sys::maps::read_text(sample.pid) {
                         if let Some(python) = &mut self.python {
-                            python.found_maps(sample.pid, &crate::probe::maps::parse(&text));
+                            python.found_maps(sample.pid, &crate::sys::maps::parse(&text));
                         }
                         out.push(Event::Maps {
                             pid: sample.pid,

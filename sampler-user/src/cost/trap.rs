@@ -12,7 +12,8 @@ use std::time::Instant;
 use anyhow::Context as _;
 
 use super::{Trap, TrapSource};
-use crate::probe::{attach::Probes, maps, runs};
+use crate::probe::{attach::Probes, runs};
+use crate::sys::maps;
 
 /// Calls timed per round.
 const CALLS: u32 = 1000;

@@ -28,14 +28,14 @@ use std::{
     fs::File,
     io,
     os::unix::fs::FileExt as _,
-    path::{Path, PathBuf},
+    path::Path,
     time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
 use log::debug;
 
-use crate::probe::maps::{self, FileId, Vma};
+use crate::sys::maps::{self, FileId, Vma};
 use thread::Stopped;
 
 /// A library loaded into a process.
@@ -102,33 +102,31 @@ const RTLD_NOW: u64 = 2;
 
 /// Loads `library` into process `pid`.
 pub fn load(pid: u32, library: &Path) -> Result<Loaded, Refused> {
-    if crate::procfs::seccomp_mode(pid).is_some_and(|m| m != 0) {
+    if crate::sys::process::seccomp_mode(pid).is_some_and(|m| m != 0) {
         return Err(Refused::Seccomp);
     }
-    if matches!(crate::procfs::state_of(pid), Some('T' | 't')) {
+    if matches!(crate::sys::process::state_of(pid), Some('T' | 't')) {
         return Err(Refused::Stopped);
     }
-    if let Some(tracer) = crate::procfs::tracer_of(pid).filter(|&t| t != 0) {
+    if let Some(tracer) = crate::sys::process::tracer_of(pid).filter(|&t| t != 0) {
         return Err(Refused::Traced(tracer));
     }
     let same = |a: &Path, b: &Path| {
         let id = |p: &Path| std::fs::metadata(p).ok().map(|m| FileId::of(&m));
         id(a).is_some() && id(a) == id(b)
     };
-    let inside =
-        PathBuf::from(format!("/proc/{pid}/root")).join(library.strip_prefix("/").map_err(
-            |_| Refused::Failed(anyhow::anyhow!("{} is not absolute", library.display())),
-        )?);
+    if !library.is_absolute() {
+        let failed = anyhow::anyhow!("{} is not absolute", library.display());
+        return Err(Refused::Failed(failed));
+    }
+    let inside = crate::sys::process::in_root(pid, library.as_os_str());
     if !same(library, &inside) {
         return Err(Refused::Namespace);
     }
     let vmas = maps::read(pid)
         .with_context(|| format!("reading the maps of pid {pid}"))
         .map_err(Refused::Failed)?;
-    let mem = File::options()
-        .read(true)
-        .write(true)
-        .open(format!("/proc/{pid}/mem"))
+    let mem = crate::sys::memory::open_writable(pid)
         .map_err(|e| Refused::Failed(anyhow::Error::new(e).context("opening its memory")))?;
     let entry = entry_points(pid, &vmas, &mem)?;
     let path = library.as_os_str().as_encoded_bytes();
@@ -175,10 +173,7 @@ fn entry_points(pid: u32, vmas: &[Vma], mem: &File) -> Result<EntryPoints, Refus
             .is_some_and(|n| n.to_string_lossy().starts_with("libc.so"))
     };
     let libc = vmas.iter().find(is_libc).ok_or(Refused::NoDlopen)?;
-    let file = PathBuf::from(format!(
-        "/proc/{pid}/map_files/{:x}-{:x}",
-        libc.start, libc.end
-    ));
+    let file = libc.file_in(pid);
     let [dlopen, mmap] = crate::preload::symbol_addresses(pid, vmas, &file, ["dlopen", "mmap"])
         .map_err(|_| Refused::NoDlopen)?;
     // Not exported: found by its bytes in the library's code.
@@ -240,10 +235,8 @@ fn switch(
 /// until [`SAFE_POINT_WITHIN`] has passed since `started`.
 fn take_a_thread(pid: u32, vmas: &[Vma], started: Instant) -> Result<Stopped, Refused> {
     loop {
-        let mut tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .map_err(|e| Refused::Failed(e.into()))?
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-            .collect();
+        let mut tids =
+            crate::sys::process::threads_of(pid).map_err(|e| Refused::Failed(e.into()))?;
         tids.sort_by_key(|&t| (t != pid, t));
         for tid in tids {
             let stopped = match Stopped::stop(tid) {

@@ -9,7 +9,7 @@
 //!
 //! Pure: a decision from the stop's registers and the process's maps.
 
-use crate::probe::maps::Vma;
+use crate::sys::maps::Vma;
 
 /// System calls an allocator makes while it may hold its lock.
 const MEMORY_CALLS: &[u64] = &[
@@ -77,7 +77,7 @@ pub fn check(ip: u64, syscall: u64, vmas: &[Vma]) -> Result<(), NotNow> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::maps::parse;
+    use crate::sys::maps::parse;
 
     const MAPS: &str = "\
 55d0a0000000-55d0a0100000 r-xp 00001000 08:01 100 /usr/bin/redis-server

@@ -148,9 +148,9 @@ impl Stopped {
         buffer.truncate(iov.iov_len);
         let xstate = frame::Xstate::parse(&buffer)
             .context("its extended register state has no signal-frame layout")?;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/task/{}/status", self.tid))
-            .context("reading its signal mask")?;
-        let sigmask = crate::procfs::status_field(&status, "SigBlk")
+        let status =
+            crate::sys::process::thread_status(pid, self.tid).context("reading its signal mask")?;
+        let sigmask = crate::sys::process::status_field(&status, "SigBlk")
             .and_then(|m| u64::from_str_radix(m, 16).ok())
             .context("no signal mask in its status")?;
         let thread = frame::Thread {

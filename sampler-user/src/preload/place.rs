@@ -297,7 +297,7 @@ fn remove_stale(root: &OwnedFd, age: Duration) {
             .and_then(|m| m.modified().ok())
             .and_then(|t| t.elapsed().ok())
             .is_some_and(|elapsed| elapsed > age);
-        let alive = crate::procfs::exists(pid);
+        let alive = crate::sys::process::exists(pid);
         if !old || alive {
             continue;
         }

@@ -25,8 +25,9 @@ use iced_x86::Register;
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _, ObjectSymbolTable as _};
 use sampler_common::AllocFn;
 
+use crate::sys::maps::{FileId, Vma};
+
 use super::{
-    maps::{FileId, Vma},
     prologue::{self, Placement},
     usdt,
 };
@@ -687,7 +688,7 @@ mod tests {
 
     fn found(family: Family, in_executable: bool) -> Allocator {
         Allocator {
-            path: PathBuf::from("/proc/1/root/x"),
+            path: crate::sys::process::in_root(1, "/x".as_ref()),
             shown: PathBuf::from("/x"),
             file_id: FileId {
                 device: "fe:01".into(),
@@ -840,7 +841,7 @@ mod tests {
 
     #[test]
     fn analyses_this_machines_libc() {
-        let own = super::super::maps::read(std::process::id()).unwrap();
+        let own = crate::sys::maps::read(std::process::id()).unwrap();
         let libc = own
             .iter()
             .find(|v| {

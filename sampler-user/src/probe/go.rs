@@ -471,7 +471,7 @@ mod tests {
 
     #[test]
     fn other_files_are_not_go() {
-        let own = std::fs::read("/proc/self/exe").unwrap();
+        let own = std::fs::read(crate::sys::own::EXE).unwrap();
         assert_eq!(runtime(&own), None);
         assert_eq!(runtime(b"not an elf"), None);
     }

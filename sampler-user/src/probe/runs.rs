@@ -8,10 +8,7 @@
 //! run (~40 ns here, measured by `cargo xtask bench`).
 
 use sampler_common::kernel;
-use std::{
-    io,
-    os::fd::{AsRawFd as _, OwnedFd},
-};
+use std::{io, os::fd::OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
@@ -111,7 +108,7 @@ pub fn enable() -> Option<OwnedFd> {
 
 /// `run_cnt` and `run_time_ns` of the program behind `fd`, from its fdinfo.
 pub fn of_fd(fd: impl std::os::fd::AsFd) -> io::Result<Runs> {
-    let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_fd().as_raw_fd()))?;
+    let text = crate::sys::own::fdinfo(fd.as_fd())?;
     parse_fdinfo(&text).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidData,

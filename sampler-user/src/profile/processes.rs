@@ -1,6 +1,6 @@
 //! What is known of each target apart from its samples: its name, executable, cgroup and
 //! allocators as probed, and its resident set size and CPU time while it lived. Read from
-//! /proc ([`crate::procfs`]) and the process's CPU clock ([`crate::clock`]) when the
+//! /proc ([`crate::sys::process`]) and the process's CPU clock ([`crate::sys::clock`]) when the
 //! recording starts tracking it and every refresh, and kept after it exits: a short-lived
 //! process is described by what was read while it surely lived.
 
@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 
 use super::tally::ProcessTally;
 use crate::duty::sums::DutyPair;
-use crate::probe::{allocator::Allocator, maps::FileId};
+use crate::probe::allocator::Allocator;
+use crate::sys::maps::FileId;
 
 /// The targets' descriptions, by pid.
 #[derive(Debug, Default)]
@@ -81,7 +82,7 @@ impl ProcessBook {
     /// Starts tracking `pid` (or again, after an exec): its command name, executable,
     /// cgroup, RSS and CPU time while it surely lives.
     pub fn track(&mut self, pid: u32) {
-        let command = crate::procfs::comm_of(pid);
+        let command = crate::sys::process::comm_of(pid);
         self.track_named(pid, command);
     }
 
@@ -96,14 +97,14 @@ impl ProcessBook {
         }
         self.commands.insert(pid, command);
         if reused || !self.cgroups.contains_key(&pid) {
-            if let Some(cgroup) = crate::procfs::cgroup_of(pid) {
+            if let Some(cgroup) = crate::sys::process::cgroup_of(pid) {
                 self.cgroups.insert(pid, cgroup);
             }
         }
-        if let Some(exe) = crate::procfs::executable_of(pid) {
+        if let Some(exe) = crate::sys::process::executable_of(pid) {
             self.executables.insert(pid, exe.display().to_string());
         }
-        if let Some(bytes) = crate::procfs::rss_of(pid) {
+        if let Some(bytes) = crate::sys::process::rss_of(pid) {
             self.rss.insert(pid, bytes);
         }
         self.note_cpu(pid);
@@ -112,7 +113,7 @@ impl ProcessBook {
     /// Reads `pid`'s CPU time: the first reading is where its recorded time starts (a new
     /// process's is ~0), the latest where it ends.
     fn note_cpu(&mut self, pid: u32) {
-        if let Some(ns) = crate::clock::process_cpu_ns(pid) {
+        if let Some(ns) = crate::sys::clock::process_cpu_ns(pid) {
             self.cpu
                 .entry(pid)
                 .and_modify(|(_, last)| *last = ns)
@@ -127,7 +128,7 @@ impl ProcessBook {
     /// read then ([`Self::track`]); one that does not is read at the next refresh (its CPU
     /// time counted from then). Returns whether it was taken as that copy.
     pub fn track_fork(&mut self, pid: u32, parent: u32) -> bool {
-        let comm = crate::procfs::comm_of(pid);
+        let comm = crate::sys::process::comm_of(pid);
         // Past an exec already (its fork told late): read as any other.
         let exec_since = comm
             .as_deref()
@@ -213,7 +214,7 @@ impl ProcessBook {
             if self.ended.contains(&pid) {
                 continue;
             }
-            let Some(ns) = crate::clock::process_cpu_ns(pid) else {
+            let Some(ns) = crate::sys::clock::process_cpu_ns(pid) else {
                 self.ended.insert(pid);
                 continue;
             };
@@ -223,11 +224,11 @@ impl ProcessBook {
                 .and_modify(|(_, last)| *last = ns)
                 .or_insert((ns, ns));
             if let Some((at, rate)) = self.go_rates.get_mut(&pid) {
-                *rate = crate::procfs::word_of(pid, *at).or(*rate);
+                *rate = crate::sys::memory::word_of(pid, *at).or(*rate);
             }
-            if let Some(bytes) = crate::procfs::rss_of(pid) {
+            if let Some(bytes) = crate::sys::process::rss_of(pid) {
                 self.rss.insert(pid, bytes);
-                if let Some(now) = crate::procfs::comm_of(pid) {
+                if let Some(now) = crate::sys::process::comm_of(pid) {
                     *command = now;
                     self.inherited.remove(&pid);
                 }
@@ -252,7 +253,7 @@ impl ProcessBook {
         for allocator in allocators {
             let rate_at = allocator.file.producer.as_ref().and_then(|p| p.rate_at);
             if let Some(at) = rate_at {
-                let now = crate::procfs::word_of(pid, at);
+                let now = crate::sys::memory::word_of(pid, at);
                 self.go_rates.insert(pid, (at, now));
             }
             if !described.iter().any(|(file, _)| *file == allocator.file_id) {

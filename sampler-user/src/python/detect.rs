@@ -8,7 +8,7 @@ use std::ops::Range;
 use object::{Object as _, ObjectSymbol as _};
 
 use super::layout::{self, Layout};
-use crate::probe::maps::{self, Vma};
+use crate::sys::maps::{self, Vma};
 
 /// An interpreter file, analysed once.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -57,7 +57,7 @@ impl Resolved {
             None
         } else {
             if self.looked.insert(pid) {
-                if let Ok(vmas) = crate::probe::maps::read(pid) {
+                if let Ok(vmas) = crate::sys::maps::read(pid) {
                     self.frames.found_maps(pid, &vmas);
                 }
             }

@@ -24,7 +24,7 @@ use sampler_common::python::{
     PyFrameEntry, PyLayout, PyStackRecord, MAX_PY_FRAMES, PY_READ_FAILED, PY_TRUNCATED,
 };
 
-use crate::probe::maps::{FileId, Vma};
+use crate::sys::maps::{FileId, Vma};
 use detect::Interpreter;
 use objects::{Code, ProcessMemory};
 
@@ -198,7 +198,7 @@ impl Frames {
         // is a small program over libpython3.12.so).
         // And the executable whatever its name: an interpreter copied or linked to another
         // name (`cp python3.11 myapp`) had no Python frames at all.
-        let executable = crate::procfs::executable_of(pid);
+        let executable = crate::sys::process::executable_of(pid);
         let mut candidates: Vec<&Vma> = vmas
             .iter()
             .filter(|v| {

@@ -135,6 +135,6 @@ impl Carriers {
 
     /// Forgets the refused processes that are gone (their pids may come back as others).
     pub fn sweep(&mut self) {
-        self.refused.retain(|&pid| crate::procfs::exists(pid));
+        self.refused.retain(|&pid| crate::sys::process::exists(pid));
     }
 }

@@ -13,22 +13,12 @@ use crate::{
     probe::{
         allocator::Allocator,
         attach::{AttachedPoint, Scope},
-        maps::FileId,
     },
     profile::{Coverage, CoverageStart},
+    sys::maps::{self, FileId},
     targets::{self, FindError},
     text,
 };
-
-/// Whether `allocator`'s file is mapped in `pid` now, read in `pid`'s own maps (a forked
-/// child's allocators may be its parent's, read through the parent's). Anywhere: a program
-/// it exec'd since maps the same library at another address (looked for at the old one,
-/// a workload exec'd by a shell's child was taken for one without its front end in one
-/// run of two, and the kernel counted its first calls a second time).
-fn still_mapped(pid: u32, allocator: &Allocator) -> bool {
-    crate::probe::maps::read(pid)
-        .is_ok_and(|vmas| vmas.iter().any(|vma| vma.file_id == allocator.file_id))
-}
 
 impl Recording {
     /// Maps `pid`'s in-process region if it carries the front end (see
@@ -45,7 +35,7 @@ impl Recording {
         // dormant library (see `sampler-preload`'s `sandbox`): its maps say.
         let carries = !known
             && serves(allocators)
-            && (crate::procfs::seccomp_mode(pid) == Some(0)
+            && (crate::sys::process::seccomp_mode(pid) == Some(0)
                 || self.cache.of_pid(pid).is_ok_and(|found| serves(&found)));
         if carries {
             if let Some(probes) = self.probes.as_mut() {
@@ -58,7 +48,7 @@ impl Recording {
                 // look makes the kernel forget it itself.
                 if !allocators
                     .iter()
-                    .any(|a| serves(std::slice::from_ref(a)) && still_mapped(pid, a))
+                    .any(|a| serves(std::slice::from_ref(a)) && maps::maps_file(pid, &a.file_id))
                 {
                     debug!("pid {pid}: exec'd without its front end since its maps were read");
                     probes.lacks_front_end(pid);
@@ -92,7 +82,8 @@ impl Recording {
         // it is under a seccomp filter, where the library of a new program stays dormant
         // (with the library mapped, `find` has told a dormant one from a working one).
         let mut allocators = allocators.to_vec();
-        let known = self.counters.has_region(pid) && crate::procfs::seccomp_mode(pid) == Some(0);
+        let known =
+            self.counters.has_region(pid) && crate::sys::process::seccomp_mode(pid) == Some(0);
         crate::probe::allocator::behind_front_end(&mut allocators, known);
         let allocators = allocators.as_slice();
         let (slot, new) = self.roster.slot_for(pid)?;
@@ -124,7 +115,7 @@ impl Recording {
                     self.probes_mut()?.remove(pid).close_in_background();
                     self.roster.give_back(slot);
                 }
-                if !crate::procfs::exists(pid) {
+                if !crate::sys::process::exists(pid) {
                     anyhow::bail!("exited while the probes were being attached");
                 }
                 return Err(e.into());
@@ -188,7 +179,7 @@ impl Recording {
             }
             info!(
                 "following pid {pid} ({}) from its {:?}",
-                text::printable(&crate::procfs::comm_of(pid).unwrap_or_default()),
+                text::printable(&crate::sys::process::comm_of(pid).unwrap_or_default()),
                 since.start
             );
         }
@@ -283,7 +274,7 @@ impl Recording {
         }
         for pid in self.roster.excluded() {
             self.probes_mut()?.forget_counters(pid);
-            if !crate::procfs::exists(pid) {
+            if !crate::sys::process::exists(pid) {
                 self.roster.forget_excluded(pid);
             }
         }
@@ -292,10 +283,10 @@ impl Recording {
 
     /// The processes a scan has not looked at since they started or exec'd.
     fn unscanned(&mut self) -> Vec<u32> {
-        let alive = crate::procfs::all_pids()
+        let alive = crate::sys::process::all_pids()
             .into_iter()
             .map(|pid| {
-                let exe = std::fs::metadata(format!("/proc/{pid}/exe")).ok();
+                let exe = crate::sys::process::exe_metadata(pid);
                 (pid, exe.as_ref().map(FileId::of))
             })
             .collect();
@@ -334,7 +325,7 @@ impl Recording {
         }
         let Some(comm) = comm
             .map(str::to_owned)
-            .or_else(|| crate::procfs::comm_of(pid))
+            .or_else(|| crate::sys::process::comm_of(pid))
         else {
             return false;
         };
@@ -387,12 +378,12 @@ impl Recording {
     fn allocators_of(&mut self, pid: u32) -> Result<Vec<Allocator>, FindError> {
         let (mut found, before_loader) = match self.cache.of_pid(pid) {
             Err(FindError::NoAllocator(why)) => {
-                let exe = std::path::PathBuf::from(format!("/proc/{pid}/exe"));
+                let exe = crate::sys::process::exe_path(pid);
                 let mut found = preflight::allocators_for_command(&exe, &mut self.cache)
                     .map_err(|_| FindError::NoAllocator(why))?;
                 // Named as its maps will name it (a note said "/proc/PID/exe" beside the
                 // same file's name, once probed).
-                if let Some(shown) = crate::procfs::executable_of(pid) {
+                if let Some(shown) = crate::sys::process::executable_of(pid) {
                     for allocator in found.iter_mut().filter(|a| a.in_executable) {
                         allocator.shown.clone_from(&shown);
                     }
@@ -410,9 +401,9 @@ impl Recording {
         } else if let Some(settled) = before_loader.then(|| self.once_loaded(pid)).flatten() {
             // Its libraries as mapped, or gone meanwhile (nothing to probe then).
             return settled;
-        } else if before_loader && crate::procfs::secure_execution(pid) == Some(false) {
+        } else if before_loader && crate::sys::process::secure_execution(pid) == Some(false) {
             // What its LD_PRELOAD names comes first (a jemalloc put there).
-            for path in crate::procfs::preloaded(pid) {
+            for path in crate::sys::process::preloaded(pid) {
                 if let Some(allocator) = self.cache.of_file(&path, false) {
                     found.insert(0, allocator);
                 }
@@ -462,7 +453,7 @@ impl Recording {
         if self.roster.is_excluded(pid) {
             return Ok(true);
         }
-        let Some(comm) = crate::procfs::comm_of(pid) else {
+        let Some(comm) = crate::sys::process::comm_of(pid) else {
             return Ok(false);
         };
         if !self.targets.excludes(pid, &comm) {
@@ -668,7 +659,7 @@ fn log_attached(pid: u32, since: Since, started: std::time::Instant, allocators:
     };
     info!(
         "attached to pid {pid} ({}) in {:.1} ms{late}: {}",
-        text::printable(&crate::procfs::comm_of(pid).unwrap_or_default()),
+        text::printable(&crate::sys::process::comm_of(pid).unwrap_or_default()),
         started.elapsed().as_secs_f64() * 1e3,
         describe(allocators)
     );

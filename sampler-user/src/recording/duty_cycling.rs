@@ -148,7 +148,7 @@ impl DutyCycling {
     fn read_clocks(&mut self, pids: impl IntoIterator<Item = u32>) {
         for pid in pids {
             let clock = self.clocks.entry(pid).or_default();
-            match crate::clock::process_cpu_ns(pid) {
+            match crate::sys::clock::process_cpu_ns(pid) {
                 Some(ns) if !clock.gone => {
                     if clock.last == 0 {
                         // New: its work counts from now.

@@ -34,14 +34,14 @@ pub(super) struct EarlyRun {
     /// Resolving its early samples' Python frames while it runs (where they are read).
     pub python: Option<crate::python::early::Watcher>,
     /// Its tree's process events, read until the probes are attached.
-    pub events: Option<crate::proc_events::Watch>,
+    pub events: Option<crate::sys::proc_events::Watch>,
 }
 
 /// What is left of an early run once its records are taken in, for after the first
 /// look at the tree ([`Recording::end_early`]).
 pub(super) struct EarlyEnd {
     exited: ExitSeen,
-    events: Option<crate::proc_events::Watch>,
+    events: Option<crate::sys::proc_events::Watch>,
 }
 
 /// When a command let go early exited, as a thread waiting on its pidfd saw it: a command
@@ -50,9 +50,9 @@ pub(super) struct EarlyEnd {
 pub(super) type ExitSeen = std::sync::Arc<std::sync::OnceLock<std::time::Instant>>;
 
 /// Listens for the process events of `root`'s tree while its probes load (see
-/// [`crate::proc_events`]); nothing, said with `-v`, where the kernel refuses.
-fn watch_tree(root: u32) -> Option<crate::proc_events::Watch> {
-    crate::proc_events::Watch::start(root)
+/// [`crate::sys::proc_events`]); nothing, said with `-v`, where the kernel refuses.
+fn watch_tree(root: u32) -> Option<crate::sys::proc_events::Watch> {
+    crate::sys::proc_events::Watch::start(root)
         .map_err(|e| {
             debug!("process events not read while the probes load (a child that drops the library then is not named): {e}");
         })
@@ -239,7 +239,7 @@ impl Recording {
     /// under their parent's name with its few calls. (One that exec'd after the kernel
     /// followed the tree, `--follow`'s case, and exited before its allocator could be
     /// probed is among them.)
-    fn note_unseen(&mut self, tree: crate::proc_events::Tree) {
+    fn note_unseen(&mut self, tree: crate::sys::proc_events::Tree) {
         if tree.lost {
             warn!("process events were lost while the probes loaded: a child that dropped the in-process library then and exited may be missing without a name");
         }
@@ -341,7 +341,7 @@ impl Recording {
         // Also those that claimed no slot: in another pid namespace (`unshare --pid`), or
         // that found the table full.
         if let Some(command) = self.spawned {
-            members.extend(crate::procfs::descendants(command));
+            members.extend(crate::sys::process::descendants(command));
             members.sort_unstable();
             members.dedup();
         }
@@ -426,7 +426,8 @@ impl Recording {
         let Some(&at) = exited.get() else {
             return;
         };
-        let alive = |pid: u32| crate::procfs::state_of(pid).is_some_and(|s| s != 'Z' && s != 'X');
+        let alive =
+            |pid: u32| crate::sys::process::state_of(pid).is_some_and(|s| s != 'Z' && s != 'X');
         if !self.roster.running().into_iter().any(alive) {
             self.ended = Some(at);
         }
@@ -454,8 +455,8 @@ impl Recording {
                     continue;
                 }
             }
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            self.on_process(pid, command, now, comm.trim_end());
+            let comm = crate::sys::process::comm_of(pid).unwrap_or_default();
+            self.on_process(pid, command, now, &comm);
         }
     }
 }

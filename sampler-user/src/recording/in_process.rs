@@ -100,7 +100,7 @@ impl InProcess {
             // gone already (its status unreadable) is looked for once more at its exit.
             None if self.family.is_some()
                 && self.full() == 0
-                && crate::procfs::namespace_pid(pid).is_none_or(|own| own == pid) =>
+                && crate::sys::process::namespace_pid(pid).is_none_or(|own| own == pid) =>
             {
                 if carries.is_some() || target {
                     self.awaiting.insert(pid);
@@ -194,7 +194,9 @@ impl InProcess {
             }
         }
         let gone = |pid: u32| {
-            !counters.has_region(pid) && !roster.is_running(pid) && !crate::procfs::exists(pid)
+            !counters.has_region(pid)
+                && !roster.is_running(pid)
+                && !crate::sys::process::exists(pid)
         };
         self.gone = family.claims_of_gone(gone);
         let full = family.full();
@@ -238,22 +240,21 @@ impl InProcess {
     /// library's file in that process's root.
     pub fn will_load(&self, pid: u32) -> Option<Allocator> {
         let (library, allocator) = self.library.as_ref()?;
-        if !crate::procfs::has_dynamic_loader(pid)
-            || crate::procfs::secure_execution(pid) != Some(false)
+        if !crate::sys::process::has_dynamic_loader(pid)
+            || crate::sys::process::secure_execution(pid) != Some(false)
             // Under a seccomp filter it stays dormant (see `sampler-preload`'s `sandbox`).
-            || crate::procfs::seccomp_mode(pid) != Some(0)
+            || crate::sys::process::seccomp_mode(pid) != Some(0)
         {
             return None;
         }
-        let environ = crate::procfs::environ_of(pid)?;
+        let environ = crate::sys::process::environ_of(pid)?;
         let own = library.path();
         let own = std::os::unix::ffi::OsStrExt::as_bytes(own.as_os_str());
-        if !crate::procfs::ld_preload_entries(&environ).contains(&own) {
+        if !crate::sys::process::ld_preload_entries(&environ).contains(&own) {
             return None;
         }
-        let mut through = std::ffi::OsString::from(format!("/proc/{pid}/root"));
-        through.push(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(own));
-        let id = crate::probe::maps::FileId::of(&std::fs::metadata(through).ok()?);
+        let through = crate::sys::process::in_root(pid, library.path().as_os_str());
+        let id = crate::sys::maps::FileId::of(&std::fs::metadata(through).ok()?);
         (library.file_id().ok()? == id).then(|| allocator.clone())
     }
 }

@@ -298,7 +298,7 @@ impl Recording {
         if self.duty.is_some() {
             return 0;
         }
-        let alive = crate::procfs::exists;
+        let alive = crate::sys::process::exists;
         let gone = self.roster.forget_gone(alive);
         // Processes left alone (host mode) that exited: their exclusion goes too.
         let mut in_kernel = gone.clone();

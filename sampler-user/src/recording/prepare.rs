@@ -195,7 +195,7 @@ fn front_end_for(
     let mode = std::fs::metadata(program)
         .map(|m| m.permissions().mode())
         .unwrap_or(0);
-    if crate::procfs::seccomp_mode(std::process::id()).is_some_and(|m| m != 0) {
+    if crate::sys::process::seccomp_mode(std::process::id()).is_some_and(|m| m != 0) {
         warn!("allocscope runs under a seccomp filter, which {shown} inherits: the in-process sampler would stay dormant there; probing its allocator with uprobes");
         return Ok(None);
     }

@@ -11,8 +11,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use sampler_common::{HOST_SLOT, MAX_TARGETS};
 
 use crate::{
-    probe::{allocator::Allocator, maps::FileId},
+    probe::allocator::Allocator,
     profile::{Coverage, LateAllocator},
+    sys::maps::FileId,
 };
 
 /// The targets of a recording.

@@ -87,7 +87,7 @@ impl Image {
         let data = unsafe { memmap2::Mmap::map(file) }.ok()?;
         let (segments, sections, go) = {
             let elf = object::File::parse(&*data).ok()?;
-            let segments = crate::probe::maps::loadable_segments(&elf);
+            let segments = crate::sys::maps::loadable_segments(&elf);
             let sections: HashMap<Vec<u8>, (Range<u64>, Range<usize>)> = elf
                 .sections()
                 .filter_map(|section| {
@@ -125,9 +125,9 @@ impl Image {
     }
 
     /// The load bias of a mapping of this file at `start` from file offset `offset` (see
-    /// [`load_bias`](crate::probe::maps::load_bias)).
+    /// [`load_bias`](crate::sys::maps::load_bias)).
     pub fn bias(&self, start: u64, offset: u64) -> Option<u64> {
-        crate::probe::maps::load_bias(&self.segments, start, offset)
+        crate::sys::maps::load_bias(&self.segments, start, offset)
     }
 
     /// Up to `length` bytes of the file that end just before file offset `end`.
@@ -170,7 +170,7 @@ mod tests {
 
     #[test]
     fn reads_sections_and_places_segments() {
-        let file = std::fs::File::open("/proc/self/exe").unwrap();
+        let file = std::fs::File::open(crate::sys::own::EXE).unwrap();
         let image = Image::open(&file).expect("our own executable");
         let (address, bytes) = image.section(b".eh_frame_hdr").expect(".eh_frame_hdr");
         assert_eq!(bytes.len() as u64, address.end - address.start);
@@ -178,9 +178,9 @@ mod tests {
         assert_eq!(bytes[0], 1);
         assert!(image.section(b".no_such_section").is_none());
         // Our own text mapping's bias is our load address of virtual address 0.
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        let text = crate::probe::maps::parse(&maps)
+        let exe = std::fs::read_link(crate::sys::own::EXE).unwrap();
+        let text = crate::sys::maps::read(std::process::id())
+            .unwrap()
             .into_iter()
             .find(|vma| vma.executable && vma.path.as_deref() == Some(exe.as_path()))
             .expect("our text mapping");

@@ -34,7 +34,7 @@ use std::{
 
 use crate::{
     collect::Sample,
-    probe::maps::{self, FileId, Vma},
+    sys::maps::{self, FileId, Vma},
 };
 use image::FrameRole;
 pub use modules::{build_id, ModuleTable};
@@ -234,7 +234,7 @@ impl StackTable {
             return;
         }
         let read_ns = crate::collect::monotonic_ns();
-        match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+        match maps::read_text(pid) {
             // A process that exited but was not reaped yet has no maps left.
             Ok(text) if text.is_empty() => entry.gone = true,
             Ok(text) => {
@@ -242,7 +242,7 @@ impl StackTable {
                 // began: a read the exit overtook ends short, without the libraries (last,
                 // at the top). The exit clears the exe link first: such a read stands in
                 // only until another copy comes (its library's, read by itself).
-                let exiting = std::fs::read_link(format!("/proc/{pid}/exe")).is_err();
+                let exiting = crate::sys::process::executable_of(pid).is_none();
                 entry.read_ns = if exiting { 0 } else { read_ns };
                 entry.gone = exiting;
                 entry.take(&text);
@@ -864,9 +864,8 @@ mod tests {
         // named sleep it runs in its own memory; once that maps libc, sleep itself is mapped.
         let execed = (0..500).any(|_| {
             std::thread::sleep(std::time::Duration::from_millis(10));
-            let read = |what| std::fs::read_to_string(format!("/proc/{pid}/{what}"));
-            read("comm").is_ok_and(|c| c == "sleep\n")
-                && read("maps").is_ok_and(|m| m.contains("libc"))
+            crate::sys::process::comm_of(pid).is_some_and(|c| c == "sleep")
+                && maps::read_text(pid).is_ok_and(|m| m.contains("libc"))
         });
         assert!(execed, "sleep did not start");
         let mut table = StackTable::default();
@@ -878,7 +877,7 @@ mod tests {
         // Not reaped yet: a zombie, whose maps file reads empty.
         let dead = (0..500).any(|_| {
             std::thread::sleep(std::time::Duration::from_millis(10));
-            std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.is_empty())
+            maps::read_text(pid).is_ok_and(|m| m.is_empty())
         });
         assert!(dead, "sleep did not become a zombie");
         // An unmapped address in a sample newer than the copy forces a re-read, which

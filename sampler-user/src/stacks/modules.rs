@@ -9,7 +9,7 @@ use std::{
 };
 
 use super::{image::Image, ModuleId};
-use crate::probe::maps::FileId;
+use crate::sys::maps::FileId;
 
 /// Interned modules: a path as processes show it, and the file itself, kept open.
 #[derive(Debug, Default)]
@@ -81,9 +81,8 @@ impl ModuleTable {
 
     /// Where to read module `id` from: its open file (`/proc/self/fd/N`), else its path.
     pub fn source(&self, id: ModuleId) -> PathBuf {
-        use std::os::fd::AsRawFd as _;
         match &self.files[id as usize] {
-            Some(file) => PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
+            Some(file) => crate::sys::own::fd_path(file),
             None => self.paths[id as usize].clone(),
         }
     }

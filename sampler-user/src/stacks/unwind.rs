@@ -242,8 +242,8 @@ mod tests {
         }
         // Like the kernel's copy, stop at the end of the stack's mapping: a test thread
         // runs near the top of its stack.
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        let end = crate::probe::maps::parse(&maps)
+        let end = crate::sys::maps::read(std::process::id())
+            .unwrap()
             .into_iter()
             .find(|vma| (vma.start..vma.end).contains(&sp))
             .expect("the stack is mapped")
@@ -263,8 +263,8 @@ mod tests {
     }
 
     fn own_modules() -> Vec<Mapped> {
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        crate::probe::maps::parse(&maps)
+        crate::sys::maps::read(std::process::id())
+            .unwrap()
             .into_iter()
             .filter(|vma| vma.executable && vma.path.is_some())
             .filter_map(|vma| {

@@ -28,7 +28,7 @@ pub fn hold_until_exit(links: &[BorrowedFd<'_>]) -> io::Result<u32> {
         .iter()
         .map(|fd| inheritable(*fd))
         .collect::<io::Result<_>>()?;
-    let mut command = Command::new("/proc/self/exe");
+    let mut command = Command::new(crate::sys::own::EXE);
     std::os::unix::process::CommandExt::arg0(&mut command, "allocscope");
     command
         .arg(HOLD_LINKS)

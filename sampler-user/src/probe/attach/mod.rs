@@ -348,9 +348,9 @@ pub struct Probes {
     /// a lock: parallel closes do not overlap), which is most of a short command's cost.
     front_end: Option<session::MultiProgram>,
     links: HashMap<u32, Vec<Link>>,
-    probed: HashSet<(u32, crate::probe::maps::FileId)>,
+    probed: HashSet<(u32, crate::sys::maps::FileId)>,
     /// Producers' files → the index of their first argument spec in the kernel's table.
-    specs: HashMap<crate::probe::maps::FileId, u32>,
+    specs: HashMap<crate::sys::maps::FileId, u32>,
     next_spec: u32,
     /// What [`Self::add`] attached (duty cycling), to attach again after
     /// [`Self::suspend`], and whether each is attached now.
@@ -442,7 +442,7 @@ impl Probes {
     }
 
     /// Whether the probes of `file` are attached for `key` (a pid; 0: every process).
-    pub fn probes_file(&self, key: u32, file: &crate::probe::maps::FileId) -> bool {
+    pub fn probes_file(&self, key: u32, file: &crate::sys::maps::FileId) -> bool {
         self.probed.contains(&(key, file.clone()))
     }
 

@@ -216,7 +216,7 @@ impl Aggregator {
 
     /// Makes a file allocscope holds open readable to the unwinder and the frame checks
     /// (see [`crate::stacks::ModuleTable::hold`]).
-    pub fn hold_file(&mut self, file_id: crate::probe::maps::FileId, path: std::path::PathBuf) {
+    pub fn hold_file(&mut self, file_id: crate::sys::maps::FileId, path: std::path::PathBuf) {
         self.stacks.hold_file(file_id, path);
     }
 

@@ -126,18 +126,27 @@ impl Vma {
     /// (`/proc/PID/map_files/START-END`): right even when the process lives in another mount
     /// namespace or root (a container) or the file was deleted since (an upgraded library).
     pub fn file_in(&self, pid: u32) -> PathBuf {
-        PathBuf::from(format!(
-            "/proc/{pid}/map_files/{:x}-{:x}",
-            self.start, self.end
-        ))
+        super::process::path(pid, &format!("map_files/{:x}-{:x}", self.start, self.end))
     }
 }
 
 /// Reads and parses `/proc/PID/maps`.
 pub fn read(pid: u32) -> io::Result<Vec<Vma>> {
-    Ok(parse(&std::fs::read_to_string(format!(
-        "/proc/{pid}/maps"
-    ))?))
+    Ok(parse(&read_text(pid)?))
+}
+
+/// Whether `pid` maps file `id` now, read in `pid`'s own maps (a forked child's allocators
+/// may be its parent's, read through the parent's). Anywhere: a program it exec'd since maps
+/// the same library at another address (looked for at the old one, a workload exec'd by a
+/// shell's child was taken for one without its front end in one run of two, and the kernel
+/// counted its first calls a second time).
+pub fn maps_file(pid: u32, id: &FileId) -> bool {
+    read(pid).is_ok_and(|vmas| vmas.iter().any(|vma| vma.file_id == *id))
+}
+
+/// The text of `/proc/PID/maps` (empty for a process that exited and was not reaped).
+pub fn read_text(pid: u32) -> io::Result<String> {
+    std::fs::read_to_string(super::process::path(pid, "maps"))
 }
 
 #[cfg(test)]

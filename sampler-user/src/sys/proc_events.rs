@@ -343,7 +343,7 @@ impl Reading {
                 continue;
             }
             if let Some(event) = parse(&buffer[..n as usize]) {
-                tree.apply(event, crate::procfs::comm_of);
+                tree.apply(event, crate::sys::process::comm_of);
                 if matches!(event, Event::Exit { .. }) && tree.all_exited() {
                     self.gone.store(true, Ordering::Release);
                 }

@@ -1,21 +1,34 @@
-//! What /proc says about a process, read in one place: its name, cgroup, environment, auxiliary
-//! vector, `stat` fields, resident set size and executable, and the list of processes.
+//! What /proc says about a process: its name, cgroup, environment, auxiliary vector, `stat`
+//! and `status` fields, resident set size, executable and threads, and the list of processes.
 //! Every reader returns `None` (or empty) for a process that is gone: a target may exit at
 //! any moment, and that is not an error here.
 
 use std::path::PathBuf;
 
+/// `/proc/PID/WHAT` (`what` empty: the process's directory).
+pub(super) fn path(pid: u32, what: &str) -> PathBuf {
+    if what.is_empty() {
+        PathBuf::from(format!("/proc/{pid}"))
+    } else {
+        PathBuf::from(format!("/proc/{pid}/{what}"))
+    }
+}
+
+/// `pid`'s file `what` (`stat`, `status`, `comm`…) as text.
+fn text_of(pid: u32, what: &str) -> Option<String> {
+    std::fs::read_to_string(path(pid, what)).ok()
+}
+
 /// Whether a process `pid` exists (its /proc directory: an exited process not yet reaped
 /// counts). The one liveness check: a pid may name another process later.
 pub fn exists(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
+    path(pid, "").exists()
 }
 
 /// Whether `pid` is a kernel thread (`PF_KTHREAD` in the flags of /proc/PID/stat).
 pub fn is_kernel_thread(pid: u32) -> bool {
     const PF_KTHREAD: u64 = 0x0020_0000;
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
+    text_of(pid, "stat")
         .and_then(|stat| stat_flags(&stat))
         .is_some_and(|flags| flags & PF_KTHREAD != 0)
 }
@@ -36,7 +49,7 @@ pub fn stat_flags(stat: &str) -> Option<u64> {
 
 /// `pid`'s /proc/PID/status text.
 fn status_of(pid: u32) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/status")).ok()
+    text_of(pid, "status")
 }
 
 /// The value of field `name` (`Seccomp`, `VmRSS`…) in a /proc/PID/status text, trimmed.
@@ -68,16 +81,14 @@ pub fn namespace_pid(pid: u32) -> Option<u32> {
 
 /// The name (`comm`) of `pid`, if it lives.
 pub fn comm_of(pid: u32) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .ok()
-        .map(|c| c.trim_end().to_owned())
+    text_of(pid, "comm").map(|c| c.trim_end().to_owned())
 }
 
 /// The environment `pid` started its program with (`/proc/PID/environ`, at most 1 MiB).
 pub fn environ_of(pid: u32) -> Option<Vec<u8>> {
     use std::io::Read as _;
     let mut bytes = Vec::new();
-    std::fs::File::open(format!("/proc/{pid}/environ"))
+    std::fs::File::open(path(pid, "environ"))
         .ok()?
         .take(1 << 20)
         .read_to_end(&mut bytes)
@@ -104,14 +115,14 @@ pub fn ld_preload_entries(environ: &[u8]) -> Vec<&[u8]> {
 /// set-user/group-ID program or one with file capabilities, for which the dynamic loader
 /// ignores `LD_PRELOAD` paths); `None` when unreadable.
 pub fn secure_execution(pid: u32) -> Option<bool> {
-    let auxv = std::fs::read(format!("/proc/{pid}/auxv")).ok()?;
+    let auxv = std::fs::read(path(pid, "auxv")).ok()?;
     Some(at_secure(&auxv))
 }
 
 /// Whether `pid`'s maps hold a dynamic loader (`ld-linux…`, `ld-musl…`): its program is
 /// dynamically linked, and `LD_PRELOAD` applies to it.
 pub fn has_dynamic_loader(pid: u32) -> bool {
-    crate::probe::maps::read(pid).is_ok_and(|vmas| {
+    crate::sys::maps::read(pid).is_ok_and(|vmas| {
         vmas.iter().any(|vma| {
             vma.path
                 .as_deref()
@@ -130,10 +141,11 @@ pub fn preloaded(pid: u32) -> Vec<std::path::PathBuf> {
     ld_preload_entries(&environ)
         .into_iter()
         .filter(|path| path.starts_with(b"/"))
-        .map(|path| {
-            let mut through = std::ffi::OsString::from(format!("/proc/{pid}/root"));
-            through.push(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path));
-            std::path::PathBuf::from(through)
+        .map(|file| {
+            in_root(
+                pid,
+                <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(file),
+            )
         })
         .collect()
 }
@@ -153,7 +165,7 @@ fn at_secure(auxv: &[u8]) -> bool {
 
 /// The cgroup (v2 path) of `pid`: groups a container's or a systemd unit's processes.
 pub fn cgroup_of(pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let text = text_of(pid, "cgroup")?;
     cgroup_path(&text)
 }
 
@@ -196,7 +208,7 @@ pub fn descendants(root: u32) -> Vec<u32> {
     let parents: Vec<(u32, u32)> = all_pids()
         .into_iter()
         .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let stat = text_of(pid, "stat")?;
             Some((pid, stat_ppid(&stat)?))
         })
         .collect();
@@ -223,19 +235,8 @@ pub fn stat_ppid(stat: &str) -> Option<u32> {
 
 /// `pid`'s state letter (`R`, `S`, `Z`…), if it exists.
 pub fn state_of(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = text_of(pid, "stat")?;
     stat_state(&stat)
-}
-
-/// The 8 bytes at `address` in `pid`'s memory (a variable of the program's), if readable.
-pub fn word_of(pid: u32, address: u64) -> Option<u64> {
-    use std::os::unix::fs::FileExt as _;
-    let mut bytes = [0u8; 8];
-    std::fs::File::open(format!("/proc/{pid}/mem"))
-        .ok()?
-        .read_exact_at(&mut bytes, address)
-        .ok()?;
-    Some(u64::from_ne_bytes(bytes))
 }
 
 /// Resident set size of `pid` from /proc/PID/status (`VmRSS`), if it is alive.
@@ -255,7 +256,38 @@ fn vm_rss(status: &str) -> Option<u64> {
 
 /// The path of `pid`'s executable, if it is alive and has one.
 pub fn executable_of(pid: u32) -> Option<PathBuf> {
-    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+    std::fs::read_link(exe_path(pid)).ok()
+}
+
+/// `/proc/PID/exe`: opens `pid`'s executable itself (even deleted, or in another mount
+/// namespace), while it lives.
+pub fn exe_path(pid: u32) -> PathBuf {
+    path(pid, "exe")
+}
+
+/// The metadata of `pid`'s executable (through [`exe_path`]), while it lives.
+pub fn exe_metadata(pid: u32) -> Option<std::fs::Metadata> {
+    std::fs::metadata(exe_path(pid)).ok()
+}
+
+/// The absolute path `file` as `pid` sees it, through its root (`/proc/PID/root/FILE`): a
+/// container's file, not ours of the same name.
+pub fn in_root(pid: u32, file: &std::ffi::OsStr) -> PathBuf {
+    let mut through = path(pid, "root").into_os_string();
+    through.push(file);
+    PathBuf::from(through)
+}
+
+/// The ids of `pid`'s threads now (`/proc/PID/task`), unsorted.
+pub fn threads_of(pid: u32) -> std::io::Result<Vec<u32>> {
+    Ok(std::fs::read_dir(path(pid, "task"))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect())
+}
+
+/// The `status` text of thread `tid` of `pid`.
+pub fn thread_status(pid: u32, tid: u32) -> std::io::Result<String> {
+    std::fs::read_to_string(path(pid, &format!("task/{tid}/status")))
 }
 
 #[cfg(test)]
