@@ -6,6 +6,7 @@ mod contract;
 mod cycles;
 mod demo;
 mod dist;
+mod history;
 mod layout;
 mod os_layer;
 mod run;
@@ -38,7 +39,8 @@ enum Task {
     Test,
     /// Run the shape checks alone: no import cycle among sampler-user's modules, /proc read
     /// only by its sys layer, maps named by their constants, docs/layout.md's entries exist,
-    /// no file or function over its size limit without a reason at the site.
+    /// no file or function over its size limit without a reason at the site, commit
+    /// subjects of at most 72 characters.
     Check,
     /// Measure allocscope's cost per malloc against a bare counting uprobe, in one run.
     Bench(bench::BenchArgs),

@@ -99,7 +99,8 @@ pub fn shape() -> anyhow::Result<()> {
         "sampler-user",
         "xtask",
     ];
-    crate::sizes::check(&sources.map(|c| workspace().join(c).join("src")))
+    crate::sizes::check(&sources.map(|c| workspace().join(c).join("src")))?;
+    crate::history::check(&workspace())
 }
 
 /// Passed and failed counts of a `test result: ok. 3 passed; 0 failed; …` line.
