@@ -112,6 +112,31 @@ pub enum Unwind {
     },
 }
 
+/// Which frames of a CPython target a stack shows (`--python-frames`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PythonFrames {
+    /// Python frames where a target is or may be CPython, else native frames only.
+    Auto,
+    /// Python frames merged, the interpreter's call machinery left out.
+    Merged,
+    /// Python frames merged, every native frame kept.
+    MergedAll,
+    /// Native frames only.
+    Off,
+}
+
+impl From<crate::cli::PythonFramesArg> for PythonFrames {
+    fn from(arg: crate::cli::PythonFramesArg) -> PythonFrames {
+        use crate::cli::PythonFramesArg as Arg;
+        match arg {
+            Arg::Auto => PythonFrames::Auto,
+            Arg::On => PythonFrames::Merged,
+            Arg::All => PythonFrames::MergedAll,
+            Arg::Off => PythonFrames::Off,
+        }
+    }
+}
+
 impl Unwind {
     /// Bytes of stack the kernel copies per sample (0: none, frame pointers walked).
     pub fn stack_bytes(self) -> u32 {
@@ -165,7 +190,7 @@ pub struct SamplingConfig {
     /// Directories of separate debug files searched first.
     pub debug_dirs: Vec<PathBuf>,
     /// Python frames (`--python-frames`).
-    pub python_frames: crate::cli::PythonFramesArg,
+    pub python_frames: PythonFrames,
     /// Use uprobe sessions where the kernel has them.
     pub sessions: bool,
     /// Probe USDT sites at the 5-byte nop the kernel optimises (benchmark only: a forked
@@ -370,7 +395,7 @@ impl SamplingArgs {
             max_stacks: self.max_stacks as usize,
             unwind,
             debug_dirs: self.debug_dirs.clone(),
-            python_frames: self.python_frames,
+            python_frames: self.python_frames.into(),
             sessions: !self.no_sessions,
             usdt_nop5: self.usdt_nop5,
             preload: !self.no_preload && max_overhead.is_none(),

@@ -13,9 +13,8 @@ use super::{
     Prepared, Recording, Since,
 };
 use crate::{
-    cli::PythonFramesArg,
     collect::{Counters, SampleReader},
-    config::{BadInput, SamplingConfig, Targets},
+    config::{BadInput, PythonFrames, SamplingConfig, Targets},
     cost::{self, windows::CostWindows, Trap},
     exits,
     probe::attach::{KernelConfig, Probes},
@@ -46,9 +45,9 @@ fn kernel_config(
         duty_cycled: sampling.max_overhead.is_some(),
         lazy_uprobes: in_process_only,
         python_frames: match sampling.python_frames {
-            PythonFramesArg::Off => false,
-            PythonFramesArg::On | PythonFramesArg::All => true,
-            PythonFramesArg::Auto => may_run_python(targets),
+            PythonFrames::Off => false,
+            PythonFrames::Merged | PythonFrames::MergedAll => true,
+            PythonFrames::Auto => may_run_python(targets),
         },
     }
 }
@@ -134,7 +133,7 @@ fn aggregator(
     if !sampling.alloc_only {
         aggregator.track_frees();
     }
-    if sampling.python_frames == PythonFramesArg::All {
+    if sampling.python_frames == PythonFrames::MergedAll {
         aggregator.merge_python(crate::python::Merge::All);
     }
     if duty_cycled {
