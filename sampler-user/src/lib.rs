@@ -27,6 +27,7 @@ pub mod profile;
 pub mod python;
 pub mod recording;
 pub mod say;
+pub mod schema;
 pub mod signals;
 pub mod spawn;
 pub mod stacks;

@@ -13,10 +13,22 @@ use anyhow::{bail, Context as _};
 /// Module → the modules it uses.
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
+/// Modules that must import nothing of the crate: the profile's format (a reader of the
+/// format reads that folder alone).
+const SELF_CONTAINED: &[&str] = &["schema"];
+
 /// Fails, naming every cycle, if the top-level modules under `src` import each other in a
 /// cycle.
 pub fn check(src: &Path) -> anyhow::Result<()> {
     let graph = module_graph(src)?;
+    for leaf in SELF_CONTAINED {
+        let uses = graph
+            .get(*leaf)
+            .with_context(|| format!("no module {leaf}"))?;
+        if !uses.is_empty() {
+            bail!("{leaf} must import nothing of the crate (it is plain data), but uses {uses:?}");
+        }
+    }
     let cycles = cycles(&graph);
     if cycles.is_empty() {
         eprintln!(

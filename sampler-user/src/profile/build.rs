@@ -10,12 +10,12 @@ use sampler_common::ProcessCounters;
 use super::{
     breakdown::Breakdown,
     insight::{Estimating, TIMELINE_STACKS},
-    schema::{
-        uprobes, Coverage, DutyRecord, ExactCounts, LeakValues, Module, PeakValues, PeriodValues,
-        ProbePoint, ProcessProfile, Profile, Sampling, SiteProfile, StackProfile, ThrottleRecord,
-        SCHEMA,
-    },
     StackTally, Tally,
+};
+use crate::schema::{
+    uprobes, Coverage, DutyRecord, ExactCounts, LeakValues, Module, PeakValues, PeriodValues,
+    ProbePoint, ProcessProfile, Profile, Sampling, SiteProfile, StackProfile, ThrottleRecord,
+    SCHEMA,
 };
 use crate::{
     collect::Losses,

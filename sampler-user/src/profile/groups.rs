@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use super::schema::{CommandGroup, ExactCounts, ProcessProfile, GROUP_LARGEST};
+use crate::schema::{CommandGroup, ExactCounts, ProcessProfile, GROUP_LARGEST};
 use crate::stats::{estimate::Estimates, SampleSet};
 
 /// One process's sample sets: all its samples, and those still live.

@@ -4,11 +4,8 @@
 
 use std::collections::HashMap;
 
-use super::{
-    breakdown::Breakdown,
-    schema::{GrowthValues, LifetimeValues, SizeClassValues, ThreadValues},
-    Tally,
-};
+use super::{breakdown::Breakdown, Tally};
+use crate::schema::{GrowthValues, LifetimeValues, SizeClassValues, ThreadValues};
 use crate::stats::{
     estimate::{Estimates, Window},
     growth::GrowthSums,

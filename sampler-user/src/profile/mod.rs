@@ -1,6 +1,6 @@
 //! ⑤ The profile: samples aggregated per stack ([`Aggregator`]), then a recording's
 //! [`Snapshot`] built into the one model every exporter and the summary read ([`Profile`],
-//! its types in [`schema`]).
+//! its types in [`crate::schema`]).
 
 mod aggregator;
 pub mod breakdown;
@@ -9,13 +9,12 @@ mod groups;
 mod insight;
 mod parallel;
 mod processes;
-pub mod schema;
 mod sites;
 mod tally;
 pub mod timeline;
 
+pub use crate::schema::*;
 pub use aggregator::{Aggregator, LostCounts, OpenStratum, Readings, LOST_FRAME};
 pub use build::{incomplete_reasons, target_uses, Settings, Snapshot, IN_PROCESS_THEN_UPROBES};
 pub use processes::ProcessBook;
-pub use schema::*;
 pub use tally::{ProcessTally, StackTally, Tally};

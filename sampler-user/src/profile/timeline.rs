@@ -9,6 +9,8 @@
 //! the recording, and the series always spans all of it. Growth is not estimated from
 //! these points (their errors are correlated): see [`crate::stats::growth`].
 
+pub use crate::schema::SeriesValues;
+
 use statrs::distribution::{ContinuousCDF as _, Normal};
 
 use crate::stats::{growth::TickGrid, SampleSet};
@@ -43,28 +45,6 @@ pub struct Timeline {
     /// Points closed so far.
     points: u64,
     per_stack: Vec<Series>,
-}
-
-/// A series as exported: per point, its end in seconds since the start, and estimates
-/// with normal bounds.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct SeriesValues {
-    /// Seconds between points.
-    pub seconds_per_point: f64,
-    /// Each point's time, seconds since the recording's start.
-    pub at_seconds: Vec<f64>,
-    /// In-use bytes at each point (of blocks allocated since the start).
-    pub inuse_bytes: Vec<f64>,
-    /// Their bounds.
-    pub inuse_lower: Vec<f64>,
-    /// Their bounds.
-    pub inuse_upper: Vec<f64>,
-    /// Bytes allocated per second over each point.
-    pub alloc_bytes_per_second: Vec<f64>,
-    /// Their bounds.
-    pub alloc_lower: Vec<f64>,
-    /// Their bounds.
-    pub alloc_upper: Vec<f64>,
 }
 
 impl Timeline {

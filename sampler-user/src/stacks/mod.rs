@@ -16,6 +16,8 @@
 //! file the process mapped, even after the process has gone, the file was replaced on disk,
 //! or it lives in a container's file system.
 
+pub use crate::schema::Unwinding;
+
 pub mod call_site;
 pub mod debuginfod;
 pub mod demangle;
@@ -40,18 +42,6 @@ use image::FrameRole;
 pub use modules::{build_id, ModuleTable};
 pub use unwind::StackEnd;
 use unwind::{Mapped, Unwinders};
-
-/// How a stack was unwound.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Unwinding {
-    /// From a copy of the stack, with the modules' CFI (`--unwind dwarf`).
-    Dwarf,
-    /// By the kernel, along frame pointers (`--unwind fp`).
-    FramePointers,
-}
 
 /// How an interned stack was found and where it ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -7,6 +7,8 @@
 //! copies: 28 KB a stack). Files are read from
 //! disk by path and file offset, which keeps working after the process has exited.
 
+pub use crate::schema::{FrameInfo, FrameKind};
+
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
@@ -21,34 +23,6 @@ use blazesym::symbolize::{
 use tokio::sync::oneshot;
 
 use super::debuginfod::Fetcher;
-
-/// A resolved frame. One return address can resolve to several (inlined calls).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct FrameInfo {
-    /// Function name, demangled; `None` when unknown.
-    pub function: Option<Arc<str>>,
-    /// Path of the module (executable or library) as the process mapped it.
-    pub module: Option<Arc<str>>,
-    /// Source file, when debug info has it.
-    pub file: Option<Arc<str>>,
-    /// Source line, when debug info has it.
-    pub line: Option<u32>,
-    /// File offset of the return address in the module (or the raw address when unmapped;
-    /// 0 for a Python frame).
-    pub address: u64,
-    /// What kind of frame: absent for native code, `python` for a Python function (its
-    /// `function` is the qualified name, `file` and `line` the source's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<FrameKind>,
-}
-
-/// [`FrameInfo::kind`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FrameKind {
-    /// A Python function.
-    Python,
-}
 
 /// What the thread is asked.
 enum Request {

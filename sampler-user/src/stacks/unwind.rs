@@ -7,6 +7,8 @@
 //! maps were re-read (a library loaded). Which frames are believed is decided afterwards,
 //! for every unwinding mode alike ([`super::call_site`]).
 
+pub use crate::schema::StackEnd;
+
 use std::{collections::HashMap, ops::Range, sync::Arc};
 
 use framehop::{
@@ -23,50 +25,6 @@ pub const MAX_FRAMES: usize = 512;
 /// How far above the copy a failed read still means "the stack goes on beyond the window"
 /// rather than a wild address (a stack is at most a few megabytes).
 const STACK_BEYOND_WINDOW: u64 = 8 << 20;
-
-/// Why a walk ended.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum StackEnd {
-    /// At the outermost frame (`_start`, a thread's start): the stack is whole.
-    Root,
-    /// The walk ended without knowing whether it reached the root (the kernel's
-    /// frame-pointer walk stops at a zero frame pointer, which is both).
-    Unknown,
-    /// The stack continues beyond the bytes copied (`--stack-bytes`).
-    Window,
-    /// A frame was not a return address (no call instruction before it): it and the rest
-    /// were dropped.
-    NotAReturnAddress,
-    /// A frame lies in no file-backed executable mapping (JIT code, an unmapped address).
-    Unmapped,
-    /// The unwinder could not go on (no CFI and no frame pointer for a frame).
-    UnwindFailed,
-    /// [`MAX_FRAMES`] (or, for the kernel's walk, its depth limit) reached.
-    Depth,
-}
-
-impl StackEnd {
-    /// Whether the stack is known to be cut short (frames above it are missing).
-    pub fn is_truncated(self) -> bool {
-        !matches!(self, StackEnd::Root | StackEnd::Unknown)
-    }
-
-    /// What a reader is told about a stack cut this way.
-    pub fn describe(self) -> &'static str {
-        match self {
-            StackEnd::Root => "reached their root",
-            StackEnd::Unknown => "ended where the frame-pointer walk did",
-            StackEnd::Window => "went beyond the stack copied (--stack-bytes)",
-            StackEnd::NotAReturnAddress => "stopped at a frame that was not a return address",
-            StackEnd::Unmapped => "stopped at code in no file (JIT, unmapped)",
-            StackEnd::UnwindFailed => "stopped where no CFI or frame pointer led on",
-            StackEnd::Depth => "were cut at the depth limit",
-        }
-    }
-}
 
 /// One module to add to a process's unwinder: where it is mapped and its file.
 pub struct Mapped {

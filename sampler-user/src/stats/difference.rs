@@ -101,7 +101,7 @@ pub struct Change {
     /// Lower bound.
     pub lower: f64,
     /// Upper bound (`null` in JSON when unbounded).
-    #[serde(deserialize_with = "super::estimate::infinite_if_null")]
+    #[serde(deserialize_with = "crate::schema::infinite_if_null")]
     pub upper: f64,
     /// The bounds exclude zero.
     pub significant: bool,

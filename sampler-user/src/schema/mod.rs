@@ -1,18 +1,24 @@
 //! The profile as every export and the summary read it, and as the JSON export writes it
-//! (`allocscope/v1`, documented field by field in docs/json-schema.md): types only. How a
-//! profile is built from a recording's snapshot is [`super::build`].
+//! (`allocscope/v1`, documented field by field in docs/json-schema.md): plain data types,
+//! self-contained (nothing here imports the rest of the crate, so a reader of the format
+//! reads this folder alone). How a profile is built from a recording's snapshot is
+//! [`crate::profile`]; the modules that compute a part of it (estimates, frames, costs,
+//! losses) use the types defined here.
+
+mod cost;
+mod frames;
+mod losses;
+mod numbers;
+
+pub use cost::{Overhead, ProcessOverhead, Trap, TrapSource};
+pub use frames::{FrameInfo, FrameKind, StackEnd, Unwinding};
+pub use losses::Losses;
+pub(crate) use numbers::infinite_if_null;
+pub use numbers::{Estimate, Posterior, SeriesValues};
 
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
-
-use crate::{
-    collect::Losses,
-    stacks::{symbolize::FrameInfo, StackEnd, Unwinding},
-    stats::{estimate::Posterior, Estimate},
-};
-
-pub use super::timeline::SeriesValues;
 
 /// Schema tag of the JSON export.
 pub const SCHEMA: &str = "allocscope/v1";
@@ -522,7 +528,7 @@ pub struct Profile {
     pub thread_states: Option<u64>,
     /// What the recording cost its targets, measured (see docs/json-schema.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub overhead: Option<crate::cost::Overhead>,
+    pub overhead: Option<Overhead>,
 }
 
 /// See [`Profile::opens_on`].
@@ -613,6 +619,6 @@ impl Profile {
 }
 
 /// The front end without the in-process library (what older profiles had).
-pub(super) fn uprobes() -> String {
+pub(crate) fn uprobes() -> String {
     "uprobes".into()
 }
