@@ -6,11 +6,16 @@
 //!   measured cost);
 //! - [`estimate`]: the estimator of totals from the on slots, with its variance (pure
 //!   statistics, proved by simulation in its tests);
-//! - [`sums`]: what a recording accumulates per stack and process for the estimator.
+//! - [`sums`]: what a recording accumulates per stack and process for the estimator;
+//! - [`DutyCycling`]: its state in a recording (the targets' CPU clocks, the controller,
+//!   the profile's record).
 //!
-//! The recording drives it (`recording::duty_cycling`: opens and closes the gate, measures
-//! each stratum's work).
+//! The recording drives it (`recording::duty_cycling`: opens and closes the gate and the
+//! probes at the slot boundaries).
 
+mod cycling;
 pub mod estimate;
 pub mod plan;
 pub mod sums;
+
+pub use cycling::{DutyCycling, SLOT};

@@ -60,8 +60,8 @@ impl Recording {
             pid,
             allocators,
             target,
-            &mut self.counters,
-            &mut self.processes,
+            &mut self.accounting.counters,
+            &mut self.aggregation.processes,
         );
     }
 
@@ -82,8 +82,8 @@ impl Recording {
         // it is under a seccomp filter, where the library of a new program stays dormant
         // (with the library mapped, `find` has told a dormant one from a working one).
         let mut allocators = allocators.to_vec();
-        let known =
-            self.counters.has_region(pid) && crate::sys::process::seccomp_mode(pid) == Some(0);
+        let known = self.accounting.counters.has_region(pid)
+            && crate::sys::process::seccomp_mode(pid) == Some(0);
         crate::probe::allocator::behind_front_end(&mut allocators, known);
         let allocators = allocators.as_slice();
         let (slot, new) = self.roster.slot_for(pid)?;
@@ -107,7 +107,7 @@ impl Recording {
             .add(Scope::Process { pid, slot }, allocators);
         let points = match attached {
             Ok(points) => {
-                self.counters.probes_attached(pid);
+                self.accounting.counters.probes_attached(pid);
                 points
             }
             Err(e) => {
@@ -131,7 +131,7 @@ impl Recording {
                 self.roster.give_back(slot);
                 anyhow::bail!("exited while the probes were being attached ({e})");
             }
-            self.track(pid);
+            self.aggregation.track(pid);
             log_attached(pid, since, started, allocators);
             let coverage = Coverage {
                 since: since.start,
@@ -142,7 +142,7 @@ impl Recording {
         } else {
             self.roster.note_late(pid, &fresh, monotonic_ns());
         }
-        self.processes.add_allocators(pid, allocators);
+        self.aggregation.processes.add_allocators(pid, allocators);
         Ok(())
     }
 
@@ -170,8 +170,8 @@ impl Recording {
             };
             self.roster
                 .enter(pid, HOST_SLOT, coverage, since.timestamp_ns);
-            if !self.processes.tracks(pid) {
-                self.track(pid);
+            if !self.aggregation.processes.tracks(pid) {
+                self.aggregation.track(pid);
             }
             if self.watcher.watch(pid).is_err() {
                 // Gone already (its counters and samples are in): finalized at once.
@@ -188,7 +188,7 @@ impl Recording {
             self.cache.remember(pid, allocators);
             self.probe_files(allocators)?;
             self.roster.note_late(pid, allocators, monotonic_ns());
-            self.processes.add_allocators(pid, allocators);
+            self.aggregation.processes.add_allocators(pid, allocators);
         }
         Ok(())
     }
@@ -241,7 +241,8 @@ impl Recording {
     /// loaded since they were attached.
     pub(super) fn discover(&mut self) -> anyhow::Result<()> {
         self.claim_regions(None);
-        self.in_process.sweep(&self.counters, &self.roster);
+        self.in_process
+            .sweep(&self.accounting.counters, &self.roster);
         if let Some(carriers) = self.carriers.as_mut() {
             carriers.sweep();
         }
@@ -355,7 +356,7 @@ impl Recording {
         }
         let target = self.roster.is_running(pid);
         if target {
-            self.processes.name_if_unknown(pid, &comm);
+            self.aggregation.processes.name_if_unknown(pid, &comm);
         }
         target
     }
@@ -365,9 +366,13 @@ impl Recording {
     fn carried(&mut self, pid: u32, comm: &str) -> Result<Vec<Allocator>, FindError> {
         let found = self.allocators_of(pid)?;
         match self.carriers.as_mut() {
-            Some(carriers) => {
-                carriers.loaded_into(pid, comm, found, &mut self.cache, &mut self.processes)
-            }
+            Some(carriers) => carriers.loaded_into(
+                pid,
+                comm,
+                found,
+                &mut self.cache,
+                &mut self.aggregation.processes,
+            ),
             None => Ok(found),
         }
     }
@@ -473,7 +478,7 @@ impl Recording {
         match self.excludes(pid) {
             Ok(true) => {}
             Ok(false) => {
-                self.track(pid);
+                self.aggregation.track(pid);
                 self.roster.seen(pid);
             }
             Err(e) => warn!("pid {pid}: the kernel was not told to skip it ({e:#}); its samples are dropped here"),
@@ -513,7 +518,7 @@ impl Recording {
         let Ok(allocators) = self.cache.of_pid(pid) else {
             return Ok(());
         };
-        self.processes.add_allocators(pid, &allocators);
+        self.aggregation.processes.add_allocators(pid, &allocators);
         // One that counts its own calls: its region mapped before its samples can come,
         // and the file-wide probes told to leave its calls to it.
         if Carriers::carried(&allocators) {
@@ -553,7 +558,7 @@ impl Recording {
                     debug!("followed pid {pid}: {e:#}");
                 } else if parent == 0 {
                     // An exec: a new name and executable, maybe new allocators.
-                    self.track(pid);
+                    self.aggregation.track(pid);
                 }
             }
             Err(FindError::Gone | FindError::KernelThread) => {}
@@ -593,7 +598,9 @@ impl Recording {
                 },
             };
             if parent != 0 {
-                if self.track_fork(pid, parent) && self.torn(pid, parent, allocators.as_deref()) {
+                if self.aggregation.track_fork(pid, parent)
+                    && self.torn(pid, parent, allocators.as_deref())
+                {
                     allocators = None;
                 }
             } else {
@@ -602,14 +609,16 @@ impl Recording {
                 }
                 // A new name (as the kernel told it) and executable: tracked afresh, its
                 // new files noted from now.
-                self.aggregator.track(pid);
-                self.processes.track_named(pid, Some(comm.to_owned()));
+                self.aggregation.aggregator.track(pid);
+                self.aggregation
+                    .processes
+                    .track_named(pid, Some(comm.to_owned()));
                 self.roster.covered_from(pid, since.timestamp_ns);
             }
             if let Err(e) = self.admit(pid, allocators.as_deref(), since) {
                 warn!("followed pid {pid}: {e:#}");
             }
-            self.processes.name_if_unknown(pid, comm);
+            self.aggregation.processes.name_if_unknown(pid, comm);
         } else if !self.consider_comm(pid, Some(comm), since) {
             self.reject(pid);
         }
@@ -622,7 +631,7 @@ impl Recording {
         match self.carried(pid, comm) {
             Ok(allocators) => Some(allocators),
             Err(_) => {
-                self.processes.incomplete(
+                self.aggregation.processes.incomplete(
                     pid,
                     format!(
                         "counted until it exec'd {}, which the in-process sampler could not be loaded into",

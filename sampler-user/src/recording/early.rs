@@ -200,10 +200,10 @@ impl Recording {
     ) -> anyhow::Result<EarlyEnd> {
         let (released_ns, released) = run.released;
         self.began = released;
-        if let Some(throttling) = self.throttling.as_mut() {
+        if let Some(throttling) = self.cost.throttling.as_mut() {
             throttling.since(released_ns);
         }
-        self.track(run.pid);
+        self.aggregation.track(run.pid);
         if let (Some(_), Some(family)) = (&run.python, self.in_process.family()) {
             // The tree's interpreters found (their files analysed already, for the early
             // records) before their first samples through the probes, which would otherwise
@@ -213,7 +213,8 @@ impl Recording {
             pids.push(run.pid);
             pids.sort_unstable();
             pids.dedup();
-            self.reader
+            self.intake
+                .reader()
                 .examine_now(&pids, std::time::Duration::from_millis(100));
         }
         self.finish_early(track_frees, run.python)?;
@@ -257,6 +258,7 @@ impl Recording {
             let counted = match self.library_set_up_ns(pid) {
                 Some(set_up_ns) => set_up_ns >= exec_ns,
                 None => self
+                    .aggregation
                     .processes
                     .command(pid)
                     .is_some_and(|known| program.is_none_or(|p| same_comm(known, p))),
@@ -264,16 +266,16 @@ impl Recording {
             if counted {
                 continue;
             }
-            if !self.processes.tracks(pid) {
-                self.processes.track(pid);
+            if !self.aggregation.processes.tracks(pid) {
+                self.aggregation.processes.track(pid);
             }
             let program = match program {
                 Some(program) => {
-                    self.processes.name_after_exec(pid, program);
+                    self.aggregation.processes.name_after_exec(pid, program);
                     program
                 }
                 None => {
-                    self.processes.name_if_unknown(pid, "?");
+                    self.aggregation.processes.name_if_unknown(pid, "?");
                     "a program (gone before it could be named)"
                 }
             };
@@ -281,7 +283,7 @@ impl Recording {
                 "pid {pid}: exec'd {program} unseen while the probes loaded (exec at {exec_ns}, library set up at {:?})",
                 self.library_set_up_ns(pid)
             );
-            self.processes.incomplete(
+            self.aggregation.processes.incomplete(
                 pid,
                 unseen_after(
                     program,
@@ -303,7 +305,7 @@ impl Recording {
             return;
         }
         debug!("pid {pid}: exec'd {program} and exited before its allocators were read");
-        self.processes.incomplete(
+        self.aggregation.processes.incomplete(
             pid,
             unseen_after(
                 program,
@@ -315,7 +317,7 @@ impl Recording {
     /// When the library last set up in `pid` (its region's, mapped already or read from
     /// the family table now), if it claimed one.
     fn library_set_up_ns(&self, pid: u32) -> Option<u64> {
-        self.counters.region_set_up_ns(pid).or_else(|| {
+        self.accounting.counters.region_set_up_ns(pid).or_else(|| {
             let found = self.in_process.family()?.region_of(pid)?;
             found.ok().map(|region| region.set_up_ns())
         })
@@ -387,7 +389,7 @@ impl Recording {
             read.waited,
             started.elapsed()
         );
-        self.batch.extend(taken.events);
+        self.intake.extend(taken.events);
         self.take_batch();
         Ok(())
     }

@@ -271,8 +271,11 @@ impl super::Recording {
 
     /// Maps the regions awaited (see [`InProcess::claim_regions`]).
     pub(super) fn claim_regions(&mut self, gone: Option<u32>) {
-        self.in_process
-            .claim_regions(gone, &mut self.counters, &mut self.processes);
+        self.in_process.claim_regions(
+            gone,
+            &mut self.accounting.counters,
+            &mut self.aggregation.processes,
+        );
     }
 
     /// Whether `found`, read from `pid`, a copy of `parent` (no exec since its fork), was
@@ -280,7 +283,7 @@ impl super::Recording {
     /// does, and a read without it caught the exit tearing its mappings down (seen on 6.18,
     /// whose maps are read without the mm lock). Such a child is as good as gone: not probed.
     pub(super) fn torn(&self, pid: u32, parent: u32, found: Option<&[Allocator]>) -> bool {
-        let torn = self.processes.carries_front_end(parent)
+        let torn = self.aggregation.processes.carries_front_end(parent)
             && found.is_some_and(|found| !found.iter().any(|a| a.file.is_in_process()));
         if torn {
             log::debug!("pid {pid}: its maps read while it exited (no library): left");

@@ -16,45 +16,35 @@
 //! [`counters`]: its probes detach, its exact counters are read and its counter slot is
 //! reused; its frames still resolve (the files stay open, see [`crate::stacks`]).
 
+mod accounting;
+mod aggregation;
 mod carriers;
-mod counters;
+mod cost_control;
 mod discovery;
 mod duty_cycling;
 mod early;
 mod in_process;
+mod intake;
 mod load;
 mod prepare;
 mod roster;
 mod start;
-mod throttling;
 
 use prepare::FrontEnd;
 pub use prepare::{prepare, Prepared};
 
-use std::{collections::BTreeMap, time::Duration};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use log::{info, warn};
-use sampler_common::ProcessCounters;
 
 use crate::{
-    collect::{monotonic_ns, Counters, Event, Losses, SampleReader},
+    collect::{monotonic_ns, Event},
     config::Targets,
-    cost::{
-        self,
-        windows::{CostStep, CostWindows},
-        Overhead, TargetUse, Trap,
-    },
+    cost::windows::CostStep,
     exits,
-    probe::{
-        attach::{AttachedPoint, Probes},
-        runs::ProgramRuns,
-    },
-    profile::{
-        Aggregator, CoverageStart, OpenStratum, ProbePoint, ProcessBook, Profile, Readings,
-        Settings, Snapshot,
-    },
-    stacks::symbolize::Symbolizer,
+    probe::attach::{AttachedPoint, Probes},
+    profile::{CoverageStart, ProbePoint, Profile, Settings, Snapshot},
     targets::AllocatorCache,
 };
 
@@ -93,88 +83,35 @@ impl Since {
     }
 }
 
-/// How this recording's cost is measured (see [`overhead`]).
-#[derive(Clone, Copy, Debug)]
-pub struct Meter {
-    /// The trap per probe hit.
-    pub trap: Trap,
-    /// Whether the kernel measures the programs' run times.
-    pub stats: bool,
-    /// Whether processes that are not targets hit the probes too.
-    pub file_wide: bool,
-}
-
-impl Meter {
-    /// The cost of `runs` to `targets` over `seconds` (see [`cost::measure`]).
-    pub fn measure(&self, runs: ProgramRuns, seconds: f64, targets: &[TargetUse]) -> Overhead {
-        cost::measure(
-            self.trap,
-            runs,
-            self.stats,
-            self.file_wide,
-            seconds,
-            targets,
-        )
-    }
-}
-
 /// Probes attached to the targets, samples flowing into an [`Aggregator`].
 pub struct Recording {
     probes: Option<Probes>,
     /// Never attached: the command's tree exited while the probes loaded, and every event
     /// is an early record, every count a region's (see [`early::load_unless_gone`]).
     probeless: bool,
-    reader: SampleReader,
-    batch: Vec<Event>,
-    /// The samples so far.
-    aggregator: Aggregator,
-    /// What is known of each target apart from its samples.
-    processes: ProcessBook,
-    /// Resolves frames for [`Aggregator::profile`].
-    symbolizer: Symbolizer,
-    /// Stacks whose frames the symbolizer was asked to resolve ahead ([`Self::warm_symbols`]).
-    warmed_stacks: usize,
+    /// The ring buffer's events, until the cutoff.
+    intake: intake::Intake,
+    /// Samples per stack, processes' descriptions, frames resolved.
+    aggregation: aggregation::Aggregation,
     targets: Targets,
     cache: AllocatorCache,
     watcher: exits::Watcher,
     /// The targets, their slots and coverage, the processes left out.
     roster: roster::Roster,
-    /// The kernel's exact counters, with those of targets that exited.
-    counters: Counters,
+    /// Exact counts and losses, as last read.
+    accounting: accounting::Accounting,
     /// Every probe point attached.
     points: Vec<AttachedPoint>,
-    logger: Option<Logger>,
     clocks: Clocks,
     spawned: Option<u32>,
     command_exit: Option<CommandExit>,
     said_waiting: bool,
-    last_counters: Option<(BTreeMap<u32, ProcessCounters>, Losses)>,
-    /// The kernel's count of the samples it could not deliver, as last read (cumulative).
-    lost: crate::profile::LostCounts,
-    /// Entries of the kernel's thread-state map when the counters were last read.
-    thread_states: Option<u64>,
-    /// When the exact counters were last read (CLOCK_MONOTONIC ns).
-    counted_ns: u64,
-    /// The uprobe trap's cost, calibrated at start.
-    trap: Trap,
-    /// The windows the programs' cost is measured in.
-    cost: CostWindows,
-    /// The sampling-rate throttle (`None`: `--max-samples-per-sec 0`).
-    throttling: Option<throttling::Throttling>,
-    /// Duty cycling (`None`: no `--max-overhead`, the probes stay attached).
-    duty: Option<duty_cycling::DutyCycling>,
-    /// Samples received so far.
-    samples_taken: u64,
-    /// Once detaching: samples and frees after this moment are dropped, so the profile
-    /// covers exactly what the final counters cover (removing a breakpoint takes the kernel
-    /// milliseconds, and the probes still fire meanwhile).
-    cutoff_ns: Option<u64>,
+    /// What the probes cost, the throttle and duty cycling.
+    cost: cost_control::CostControl,
     /// The command's tree counted in-process.
     in_process: in_process::InProcess,
     /// `--front-end in-process` with `--comm` or `--all`: only carriers are counted.
     carriers: Option<carriers::Carriers>,
-    /// Times [`Recording::forget_gone`] forgot a process.
-    forgets: u32,
     /// When counting began: at the start, or when a command that ran while its probes
     /// loaded was let go (see [`early`]).
     began: std::time::Instant,
@@ -182,10 +119,6 @@ pub struct Recording {
     /// returned (see [`early`]).
     ended: Option<std::time::Instant>,
 }
-
-/// Every how many [`Recording::forget_gone`] that forgot something the symbolizer drops its
-/// caches (with the agent's 60 s periods: at most every 10 minutes).
-const SYMBOLIZER_FORGETS_EVERY: u32 = 10;
 
 impl Recording {
     fn probes_mut(&mut self) -> anyhow::Result<&mut Probes> {
@@ -225,26 +158,23 @@ impl Recording {
     ) -> anyhow::Result<Profile> {
         settings.largest_interval = settings.largest_interval.max(self.largest_interval());
         let (counters, losses) = self.counters().await?;
-        let now_ns = self.cutoff_ns.unwrap_or_else(monotonic_ns);
+        let now_ns = self.intake.cutoff_ns().unwrap_or_else(monotonic_ns);
         let open_stratum = self.open_stratum();
         let leak_age = settings.leaks_older_than.filter(|_| !settings.alloc_only);
         let tally = self
-            .aggregator
+            .aggregation
             .tally(
-                &self.symbolizer,
-                self.readings(open_stratum.as_ref()),
+                &self.accounting.lost,
+                open_stratum.as_ref(),
                 now_ns,
                 leak_age,
             )
             .await;
         let targets = crate::profile::target_uses(&tally, &counters);
         let calls = targets.iter().map(|t| t.calls).sum();
-        let mut overhead = self.meter().measure(
-            self.cost.runs_for(calls),
-            settings.duration_seconds,
-            &targets,
-        );
-        overhead.statistics_seconds = self.cost.seconds;
+        let overhead =
+            self.cost
+                .overhead(self.file_wide(), calls, settings.duration_seconds, &targets);
         let coverage = targets
             .iter()
             .filter_map(|t| Some((t.pid, self.roster.coverage(t.pid)?.clone())))
@@ -256,8 +186,8 @@ impl Recording {
             losses,
             period_seconds,
             probes: self.probe_points(),
-            throttle: self.throttling.as_ref().and_then(|t| t.record()),
-            duty: self.duty.as_ref().map(|d| d.record(now_ns)),
+            throttle: self.cost.throttle_record(),
+            duty: self.cost.duty_record(now_ns),
             thread_states: self.thread_states(),
             coverage,
             overhead: Some(overhead),
@@ -276,26 +206,11 @@ impl Recording {
         self.ended
     }
 
-    /// Starts tracking `pid`: its maps, and its description (again after an exec).
-    fn track(&mut self, pid: u32) {
-        self.aggregator.track(pid);
-        self.processes.track(pid);
-    }
-
-    /// Starts tracking `pid`, a new process of `parent` (see [`Aggregator::track_fork`]).
-    /// Whether it is its parent's copy (no exec since its fork).
-    fn track_fork(&mut self, pid: u32, parent: u32) -> bool {
-        // Its parent's copy (no exec since its fork): its parent's maps too.
-        let copy = self.processes.track_fork(pid, parent);
-        self.aggregator.track_fork(pid, parent, copy);
-        copy
-    }
-
     /// Forgets every process that exited (the agent, once their last period is sent):
     /// a recording that runs for days keeps only what its running processes need.
     pub fn forget_gone(&mut self) -> usize {
         // Duty cycling's strata sum over the whole recording (and is not the agent's).
-        if self.duty.is_some() {
+        if self.cost.duty.is_some() {
             return 0;
         }
         let alive = crate::sys::process::exists;
@@ -317,76 +232,46 @@ impl Recording {
         if gone.is_empty() {
             return 0;
         }
-        self.aggregator.forget(&gone);
-        for pid in &gone {
-            self.processes.forget(*pid);
-            self.counters.forget(*pid);
-            self.lost.remove(pid);
-        }
-        if let Some((counters, _)) = &mut self.last_counters {
-            counters.retain(|pid, _| !gone.contains(pid));
-        }
-        // What the symbolizer parsed for them goes too, every few times (the next profile
-        // parses again what the running processes need: CPU each time, against memory that
-        // would otherwise follow every program that ever ran).
-        self.forgets += 1;
-        if self.forgets.is_multiple_of(SYMBOLIZER_FORGETS_EVERY) {
-            self.symbolizer.forget_caches();
-        }
+        self.aggregation.forget(&gone);
+        self.accounting.forget(&gone);
         gone.len()
     }
 
     /// Starts a new period for per-period values (`--every` snapshots).
     pub fn start_period(&mut self) {
-        self.aggregator.start_period(&self.lost);
+        self.aggregation
+            .aggregator
+            .start_period(&self.accounting.lost);
     }
 
     /// The samples so far, per stack and process, frames resolved (`top`'s picture);
     /// `leak_age`: blocks older than this count as leak suspects.
     pub async fn tally(&mut self, leak_age: Option<Duration>) -> crate::profile::Tally {
         let open_stratum = self.open_stratum();
-        self.aggregator
+        self.aggregation
             .tally(
-                &self.symbolizer,
-                self.readings(open_stratum.as_ref()),
+                &self.accounting.lost,
+                open_stratum.as_ref(),
                 monotonic_ns(),
                 leak_age,
             )
             .await
     }
 
-    /// What a tally reads besides the samples, as last read.
-    fn readings<'a>(&'a self, open_stratum: Option<&'a OpenStratum>) -> Readings<'a> {
-        Readings {
-            processes: &self.processes,
-            lost: &self.lost,
-            open_stratum,
-        }
-    }
-
     /// The largest sampling interval in force so far (the throttle may have raised it).
     pub fn largest_interval(&self) -> u64 {
-        self.throttling.as_ref().map_or(0, |t| t.largest())
+        self.cost.largest_interval()
     }
 
-    /// What the cost of the probes is measured with.
-    pub fn meter(&self) -> Meter {
-        Meter {
-            trap: self.trap,
-            stats: self.cost.measured(),
-            file_wide: self.targets.all || self.roster.followed_only(),
-        }
+    /// Whether processes that are not targets hit the probes too (file-wide probes).
+    fn file_wide(&self) -> bool {
+        self.targets.all || self.roster.followed_only()
     }
 
     /// The probes' cost per allocation call of the targets, as the statistics windows so
     /// far measured it (the trap alone before the first window closes).
     pub fn ns_per_call(&self) -> f64 {
-        if !self.cost.measured() {
-            return self.trap.ns;
-        }
-        let (runs, calls) = self.cost.totals();
-        let meter = self.meter();
-        cost::ns_per_call(meter.trap, runs, meter.stats, meter.file_wide, calls)
+        self.cost.ns_per_call(self.file_wide())
     }
 
     /// How the command started for this recording ended (known once detached).
@@ -396,7 +281,7 @@ impl Recording {
 
     /// Entries of the kernel's per-thread state map at the last counter read.
     pub fn thread_states(&self) -> Option<u64> {
-        self.thread_states
+        self.accounting.thread_states
     }
 
     /// Every probe point attached so far, as profiles report them.
@@ -419,23 +304,17 @@ impl Recording {
     pub async fn next(&mut self) -> anyhow::Result<Happening> {
         loop {
             tokio::select! {
-                read = self.reader.read(&mut self.batch) => {
+                read = self.intake.read() => {
                     read?;
                     self.take_batch_in_steps()?;
                 }
                 _ = self.clocks.refresh.tick() => {
-                    // Keep the maps snapshot current while targets live (libraries loaded
-                    // late, a spawned command just past exec), and flush eBPF log records.
-                    self.aggregator.refresh(&self.processes.pids());
-                    self.processes.refresh();
-                    self.warm_symbols();
-                    if let Some(logger) = self.logger.as_mut() {
-                        logger.flush();
-                    }
+                    self.aggregation.refresh();
+                    self.intake.flush_log();
                 }
                 _ = self.clocks.scan.tick() => self.discover()?,
                 _ = self.clocks.second.tick() => self.every_second()?,
-                _ = self.clocks.duty.tick(), if self.duty.is_some() => self.duty_slot().await?,
+                _ = self.clocks.duty.tick(), if self.cost.duty.is_some() => self.duty_slot().await?,
                 Some(pid) = self.watcher.exited.recv() => {
                     self.finalize(pid).await?;
                     let waits = self.targets.waits_for_new();
@@ -449,31 +328,24 @@ impl Recording {
         }
     }
 
-    /// Has the symbolizer resolve the frames of the stacks seen since last time, while
-    /// the targets run (see [`Symbolizer::warm`]).
-    fn warm_symbols(&mut self) {
-        let (frames, stacks) = self.aggregator.file_frames_since(self.warmed_stacks);
-        self.warmed_stacks = stacks;
-        self.symbolizer.warm(frames);
-    }
-
     /// Takes the batch a few thousand events at a time, doing the once-a-second work
     /// between steps when it is due: a ring buffer's worth of samples takes the aggregator
     /// seconds to unwind in a storm (32k samples at ~55 µs), and the throttle must answer
     /// the storm within a second, not after it (#29: first change at 3.4–4.0 s).
     fn take_batch_in_steps(&mut self) -> anyhow::Result<()> {
         const STEP: usize = 2048;
-        if self.batch.len() <= STEP {
-            self.take_batch();
+        let batch = self.intake.take();
+        if batch.len() <= STEP {
+            self.route(batch);
             return Ok(());
         }
-        let mut events = std::mem::take(&mut self.batch).into_iter();
+        let mut events = batch.into_iter();
         loop {
-            self.batch.extend(events.by_ref().take(STEP));
-            if self.batch.is_empty() {
+            let step: Vec<Event> = events.by_ref().take(STEP).collect();
+            if step.is_empty() {
                 return Ok(());
             }
-            self.take_batch();
+            self.route(step);
             if self.clocks.last_second.elapsed() >= Duration::from_secs(1) {
                 self.every_second()?;
             }
@@ -488,11 +360,12 @@ impl Recording {
             return Ok(());
         }
         self.clocks.last_second = std::time::Instant::now();
-        self.aggregator.advance(crate::collect::monotonic_ns());
-        let step = self.cost.tick();
-        if step == CostStep::Idle && self.throttling.is_none() {
+        self.aggregation
+            .aggregator
+            .advance(crate::collect::monotonic_ns());
+        let Some(step) = self.cost.tick() else {
             return Ok(());
-        }
+        };
         let Some((counters, losses)) = self.exact_counts()? else {
             return Ok(());
         };
@@ -500,39 +373,54 @@ impl Recording {
         match step {
             CostStep::Open => {
                 if let Some(probes) = &self.probes {
-                    self.cost.open(|| probes.program_runs(), calls);
+                    self.cost.open_window(|| probes.program_runs(), calls);
                 }
             }
-            CostStep::Check if self.cost.done(calls) => self.close_cost_window(calls),
+            CostStep::Check if self.cost.window_done(calls) => self.close_cost_window(calls),
             _ => {}
         }
         let bytes = counters.values().map(|c| c.bytes).sum();
-        self.throttle_tick(bytes, losses.ringbuf_full)
+        let samples = self.intake.samples() + losses.ringbuf_full;
+        let now = monotonic_ns();
+        let throttle = self.cost.throttling.as_mut();
+        if let Some(interval) =
+            throttle.and_then(|t| t.tick(now, bytes, samples, losses.ringbuf_full))
+        {
+            self.set_interval(interval);
+        }
+        Ok(())
+    }
+
+    /// Sets the mean sampling interval the throttle chose: the kernel's, and the in-process
+    /// regions'. A failure keeps the interval in force: the recording goes on (and is saved).
+    fn set_interval(&mut self, interval: u64) {
+        if let Some(probes) = self.probes.as_mut() {
+            if let Err(e) = probes.set_rate(interval) {
+                warn!("the sampling interval stays as it was: {e}");
+                return;
+            }
+        }
+        self.in_process
+            .set_interval(interval, &self.accounting.counters);
     }
 
     /// Closes the open statistics window with the programs' runs now.
     fn close_cost_window(&mut self, calls: u64) {
         if let Some(probes) = &self.probes {
-            self.cost.close(probes.program_runs(), calls);
+            self.cost.close_window(probes.program_runs(), calls);
         }
     }
 
-    /// Routes the batch: control events (a process forked or exec'd, a process's maps) to
+    /// Takes the intake's batch in at once (see [`Self::route`]).
+    fn take_batch(&mut self) {
+        let batch = self.intake.take();
+        self.route(batch);
+    }
+
+    /// Routes `batch`: control events (a process forked or exec'd, a process's maps) to
     /// discovery and the stack table, first; then data events (samples, frees) to the
     /// aggregator.
-    fn take_batch(&mut self) {
-        let mut batch = std::mem::take(&mut self.batch);
-        if let Some(cutoff) = self.cutoff_ns {
-            batch.retain(|event| match event {
-                Event::Alloc(sample) => sample.timestamp_ns <= cutoff,
-                Event::Free(freed) => freed.timestamp_ns <= cutoff,
-                Event::Process { .. } | Event::Maps { .. } | Event::PythonFrames(_) => true,
-            });
-        }
-        self.samples_taken += batch
-            .iter()
-            .filter(|event| matches!(event, Event::Alloc(_)))
-            .count() as u64;
+    fn route(&mut self, mut batch: Vec<Event>) {
         for event in &batch {
             match *event {
                 Event::Process {
@@ -545,15 +433,17 @@ impl Recording {
                     pid,
                     read_ns,
                     ref text,
-                } => self.aggregator.offer_maps(pid, read_ns, text),
+                } => self.aggregation.aggregator.offer_maps(pid, read_ns, text),
                 Event::Alloc(ref sample) => {
                     // A process counted in-process may be gone before its maps are read
                     // from /proc: its library's own copy stands in (the newer one wins).
                     self.region_for_sample(sample.pid);
-                    if let Some((text, read_ns)) = self.counters.new_maps(sample.pid) {
-                        self.aggregator.offer_maps(sample.pid, read_ns, &text);
+                    if let Some((text, read_ns)) = self.accounting.counters.new_maps(sample.pid) {
+                        self.aggregation
+                            .aggregator
+                            .offer_maps(sample.pid, read_ns, &text);
                     }
-                    if !self.processes.tracks(sample.pid) {
+                    if !self.aggregation.processes.tracks(sample.pid) {
                         self.first_seen(sample.pid);
                     }
                 }
@@ -568,12 +458,12 @@ impl Recording {
             Event::Free(freed) => !roster.is_excluded(freed.pid),
             Event::Process { .. } | Event::Maps { .. } | Event::PythonFrames(_) => false,
         });
-        self.aggregator.add_all(batch);
+        self.aggregation.aggregator.add_all(batch);
     }
 
     /// Moves every sample waiting in the ring buffer into the aggregator.
     pub async fn catch_up(&mut self) -> anyhow::Result<()> {
-        self.reader.catch_up(&mut self.batch).await?;
+        self.intake.catch_up().await?;
         self.take_batch();
         Ok(())
     }
@@ -590,11 +480,7 @@ impl Recording {
         let (counters, _) = self.counters().await?;
         self.end_duty(&counters);
         self.close_cost_window(counters.values().map(|c| c.calls).sum());
-        self.cutoff_ns = Some(self.counted_ns);
-        if let Some(logger) = self.logger.as_mut() {
-            logger.flush();
-        }
-        self.logger = None;
+        self.intake.cut_off(self.accounting.counted_ns);
         let nobody_left = self.roster.none_running();
         let closing = self
             .probes
@@ -616,30 +502,8 @@ impl Recording {
                 None => warn!("command (pid {pid}) still running 2 s after SIGTERM"),
             }
         }
-        let (samples, mean_ns, mean_copy) = self.aggregator.stack_cost();
-        if samples > 0 {
-            info!(
-                "stacks: {samples} samples unwound, checked and interned, {:.1} µs each \
-                 ({:.0} samples/s on one core); {mean_copy:.0} bytes of stack copied per \
-                 sample",
-                mean_ns / 1e3,
-                1e9 / mean_ns.max(1.0)
-            );
-        }
-        if self.reader.malformed() > 0 {
-            warn!(
-                "{} malformed ring-buffer records ignored",
-                self.reader.malformed()
-            );
-        }
-        if self.reader.python_frames_missing() > 0 {
-            warn!(
-                "{} samples lost their Python frames (their record lost to a full ring \
-                 buffer, or their interpreter not yet known): their stacks show the \
-                 interpreter's native frames",
-                self.reader.python_frames_missing()
-            );
-        }
+        self.aggregation.report();
+        self.intake.report();
         Ok(Closing(closing))
     }
 }
@@ -664,7 +528,7 @@ struct Clocks {
 impl Clocks {
     fn new(duty_cycled: bool) -> Clocks {
         let slot = if duty_cycled {
-            duty_cycling::SLOT
+            crate::duty::SLOT
         } else {
             Duration::from_secs(3600)
         };

@@ -9,16 +9,16 @@ use log::warn;
 use sampler_common::kernel;
 
 use super::{
-    duty_cycling, in_process::InProcess, roster::Roster, throttling, Clocks, FrontEnd, Logger,
-    Prepared, Recording, Since,
+    aggregation::Aggregation, cost_control::CostControl, in_process::InProcess, intake::Intake,
+    roster::Roster, Clocks, FrontEnd, Logger, Prepared, Recording, Since,
 };
 use crate::{
-    collect::{Counters, SampleReader},
+    collect::SampleReader,
     config::{BadInput, PythonFrames, SamplingConfig, Targets},
-    cost::{self, windows::CostWindows, Trap},
+    cost::{self, Trap},
     exits,
     probe::attach::{KernelConfig, Probes},
-    profile::{Aggregator, CoverageStart, ProcessBook},
+    profile::{Aggregator, CoverageStart},
     spawn::PausedChild,
     stacks::symbolize::Symbolizer,
 };
@@ -85,7 +85,7 @@ fn may_run_python(targets: &Targets) -> bool {
 
 /// The ring buffer's reader (with Python frames' part when the programs read them), and
 /// the eBPF log's (`-v`).
-fn intake(
+fn reader_and_log(
     probes: &mut Probes,
     sampling: &SamplingConfig,
     python_frames: bool,
@@ -175,8 +175,8 @@ fn load_probes(config: KernelConfig) -> anyhow::Result<(Probes, bool)> {
 fn duty_cycling(
     probes: &mut Probes,
     sampling: &SamplingConfig,
-) -> anyhow::Result<Option<duty_cycling::DutyCycling>> {
-    let duty = sampling.max_overhead.map(duty_cycling::DutyCycling::new);
+) -> anyhow::Result<Option<crate::duty::DutyCycling>> {
+    let duty = sampling.max_overhead.map(crate::duty::DutyCycling::new);
     if duty.is_some() {
         probes
             .set_gate(true)
@@ -187,15 +187,15 @@ fn duty_cycling(
 
 /// Where a recording's events and costs come from: the loaded probes and their ring
 /// buffer's reader, or nothing at all (a command whose tree was gone before they loaded).
-struct Intake {
+struct Loaded {
     probes: Option<Probes>,
     reader: SampleReader,
     logger: Option<Logger>,
-    duty: Option<duty_cycling::DutyCycling>,
+    duty: Option<crate::duty::DutyCycling>,
     trap: Trap,
 }
 
-impl Intake {
+impl Loaded {
     /// The probes loaded with `config`; where a command let run `early` is followed (the
     /// default), none if its tree is gone before they are loaded.
     fn load(
@@ -203,7 +203,7 @@ impl Intake {
         early: Option<&super::early::EarlyRun>,
         followed: bool,
         sampling: &SamplingConfig,
-    ) -> anyhow::Result<Intake> {
+    ) -> anyhow::Result<Loaded> {
         let loaded = match early {
             Some(run) if followed => {
                 super::early::load_unless_gone(run, move || load_probes(config))?
@@ -212,9 +212,9 @@ impl Intake {
         };
         match loaded {
             Some((probes, python_frames)) => {
-                Intake::attached(probes, python_frames, sampling, config.lazy_uprobes)
+                Loaded::attached(probes, python_frames, sampling, config.lazy_uprobes)
             }
-            None => Intake::probeless(),
+            None => Loaded::probeless(),
         }
     }
 
@@ -225,7 +225,7 @@ impl Intake {
         python_frames: bool,
         sampling: &SamplingConfig,
         in_process_only: bool,
-    ) -> anyhow::Result<Intake> {
+    ) -> anyhow::Result<Loaded> {
         // The trap calibration's ~0.15 s (timing, then a link the kernel takes ~0.1 s to
         // remove, which holds up the attach behind it) would be the largest part of such a
         // command's cost.
@@ -235,8 +235,8 @@ impl Intake {
             cost::trap::calibrate(&mut probes)
         };
         let duty = duty_cycling(&mut probes, sampling)?;
-        let (reader, logger) = intake(&mut probes, sampling, python_frames)?;
-        Ok(Intake {
+        let (reader, logger) = reader_and_log(&mut probes, sampling, python_frames)?;
+        Ok(Loaded {
             probes: Some(probes),
             reader,
             logger,
@@ -246,8 +246,8 @@ impl Intake {
     }
 
     /// No probes: every event is an early record.
-    fn probeless() -> anyhow::Result<Intake> {
-        Ok(Intake {
+    fn probeless() -> anyhow::Result<Loaded> {
+        Ok(Loaded {
             probes: None,
             reader: SampleReader::idle()?,
             logger: None,
@@ -259,7 +259,7 @@ impl Intake {
 
 /// What a recording is made of before any target is attached.
 struct Parts {
-    intake: Intake,
+    loaded: Loaded,
     targets: Targets,
     cache: crate::targets::AllocatorCache,
     roster: Roster,
@@ -304,10 +304,10 @@ impl Recording {
             .as_ref()
             .map(|run| run.pid)
             .or(child.as_ref().map(|c| c.pid));
-        let intake = Intake::load(config, early.as_ref(), followed_only, sampling)?;
-        let probeless = intake.probes.is_none();
+        let loaded = Loaded::load(config, early.as_ref(), followed_only, sampling)?;
+        let probeless = loaded.probes.is_none();
         let parts = Parts {
-            intake,
+            loaded,
             targets,
             cache,
             roster: Roster::new(followed_only),
@@ -349,52 +349,44 @@ impl Recording {
         sampling: &SamplingConfig,
         recent: Option<std::time::Duration>,
     ) -> anyhow::Result<Recording> {
-        let Intake {
+        let Loaded {
             probes,
             reader,
             logger,
             duty,
             trap,
-        } = parts.intake;
+        } = parts.loaded;
         let aggregator = aggregator(sampling, recent, duty.is_some());
         Ok(Recording {
             probes,
             probeless: false,
-            reader,
-            batch: Vec::new(),
-            aggregator,
-            processes: ProcessBook::default(),
-            symbolizer: Symbolizer::spawn(&sampling.debug_dirs)
-                .context("starting the symbolizer thread")?,
-            warmed_stacks: 0,
+            intake: Intake::new(reader, logger),
+            aggregation: Aggregation::new(
+                aggregator,
+                Symbolizer::spawn(&sampling.debug_dirs)
+                    .context("starting the symbolizer thread")?,
+            ),
             targets: parts.targets,
             cache: parts.cache,
             watcher: exits::Watcher::new(),
             roster: parts.roster,
-            counters: Counters::default(),
+            accounting: Default::default(),
             points: Vec::new(),
-            logger,
             clocks: Clocks::new(duty.is_some()),
             spawned: parts.spawned,
             command_exit: None,
             said_waiting: false,
-            last_counters: None,
-            counted_ns: 0,
-            trap,
-            cost: CostWindows::default(),
-            throttling: throttling::Throttling::new(
-                sampling.max_samples_per_sec,
-                sampling.min_samples_per_sec,
-                sampling.interval,
+            cost: CostControl::new(
+                trap,
+                crate::throttle::Throttling::new(
+                    sampling.max_samples_per_sec,
+                    sampling.min_samples_per_sec,
+                    sampling.interval,
+                ),
+                duty,
             ),
-            duty,
-            samples_taken: 0,
-            thread_states: None,
-            lost: Default::default(),
-            cutoff_ns: None,
             in_process: InProcess::none(sampling.interval),
             carriers: None,
-            forgets: 0,
             began: std::time::Instant::now(),
             ended: None,
         })
@@ -436,8 +428,12 @@ impl Recording {
     ) {
         for (pid, note) in notes {
             match note {
-                super::load::Note::NotLoaded(why) => self.processes.not_loaded(pid, why),
-                super::load::Note::Incomplete(what) => self.processes.incomplete(pid, what),
+                super::load::Note::NotLoaded(why) => {
+                    self.aggregation.processes.not_loaded(pid, why)
+                }
+                super::load::Note::Incomplete(what) => {
+                    self.aggregation.processes.incomplete(pid, what)
+                }
             }
         }
         let Some(FrontEnd {
@@ -454,15 +450,17 @@ impl Recording {
             if running {
                 // What it counted since it was loaded, until its probes are attached, has
                 // no samples.
-                self.counters.add_region_from_attach(pid, region);
+                self.accounting.counters.add_region_from_attach(pid, region);
             } else {
-                self.counters.add_region(pid, region);
+                self.accounting.counters.add_region(pid, region);
             }
         }
         // Its frames lead every sample's stack; a short-lived command is gone before its
         // own view of the library could be opened.
         if let Ok(file_id) = library.file_id() {
-            self.aggregator.hold_file(file_id, library.path());
+            self.aggregation
+                .aggregator
+                .hold_file(file_id, library.path());
         }
         self.in_process = InProcess::of_command(library, allocator, family, interval);
     }
@@ -478,7 +476,7 @@ impl Recording {
             let command_itself = Some(target.pid) == self.spawned;
             if !command_itself {
                 // A running process: its interpreter found before its first sample.
-                self.reader.examine(target.pid);
+                self.intake.reader().examine(target.pid);
             }
             let since = Since::now(if command_itself {
                 CoverageStart::Start
@@ -502,7 +500,7 @@ impl Recording {
             .release()
             .map_err(|e| BadInput(format!("cannot run {command}: {e}")))?;
         // Past exec now: its own name, executable and maps.
-        self.track(pid);
+        self.aggregation.track(pid);
         Ok(())
     }
 }

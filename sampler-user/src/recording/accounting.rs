@@ -1,27 +1,62 @@
-//! The recording's side of the kernel's exact counters ([`crate::collect::Counters`]):
+//! The recording's accounting: the kernel's exact counters ([`crate::collect::Counters`]),
 //! which targets are counted where, a target's last counts kept when it exits, and the
 //! samples the kernel could not deliver, kept for the next tally.
+//!
+//! Why its own component: every number the profile prints as exact, and every loss a bound
+//! must hold, is read here, at one moment per reading (`counted_ns`), so that the samples
+//! taken in (up to that moment) and the counts describe the same span.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Context as _;
 use log::info;
 use sampler_common::{ProcessCounters, HOST_SLOT};
 
 use super::Recording;
-use crate::collect::{self, monotonic_ns, Losses};
+use crate::{
+    collect::{self, monotonic_ns, Counters, Losses},
+    profile::LostCounts,
+};
+
+/// Exact counts and losses, as last read.
+#[derive(Default)]
+pub(super) struct Accounting {
+    /// The kernel's exact counters, with those of targets that exited.
+    pub(super) counters: Counters,
+    /// The counters and losses as last read.
+    pub(super) last: Option<(BTreeMap<u32, ProcessCounters>, Losses)>,
+    /// The kernel's count of the samples it could not deliver, as last read (cumulative).
+    pub(super) lost: LostCounts,
+    /// Entries of the kernel's thread-state map when the counters were last read.
+    pub(super) thread_states: Option<u64>,
+    /// When the exact counters were last read (CLOCK_MONOTONIC ns).
+    pub(super) counted_ns: u64,
+}
+
+impl Accounting {
+    /// Forgets the processes `gone` (their last counts, their lost samples).
+    pub(super) fn forget(&mut self, gone: &BTreeSet<u32>) {
+        for pid in gone {
+            self.counters.forget(*pid);
+            self.lost.remove(pid);
+        }
+        if let Some((counters, _)) = &mut self.last {
+            counters.retain(|pid, _| !gone.contains(pid));
+        }
+    }
+}
 
 impl Recording {
     /// A target exited: its probes go, its exact counters are kept and its slot reused.
     pub(super) async fn finalize(&mut self, pid: u32) -> anyhow::Result<()> {
         self.duty_exit(pid);
         self.catch_up().await?;
-        self.aggregator.mark_exited(pid);
+        self.aggregation.aggregator.mark_exited(pid);
         self.claim_regions(Some(pid));
-        if let Some(comm) = self.counters.region_comm(pid) {
-            self.processes.name_from_region(pid, &comm);
+        if let Some(comm) = self.accounting.counters.region_comm(pid) {
+            self.aggregation.processes.name_from_region(pid, &comm);
         }
-        if let Some(slot) = self.counters.release_region(pid) {
+        if let Some(slot) = self.accounting.counters.release_region(pid) {
             self.in_process.release(slot);
         }
         let Some(slot) = self.roster.leave(pid) else {
@@ -33,11 +68,13 @@ impl Recording {
         if slot == HOST_SLOT {
             // Counted by file-wide probes: nothing to detach.
             info!("pid {pid} exited: its counters are kept");
-            self.counters.keep_host(&mut probes.ebpf, pid)?;
+            self.accounting.counters.keep_host(&mut probes.ebpf, pid)?;
         } else {
             info!("pid {pid} exited: its probes go, its counters are kept");
             probes.remove(pid).close_in_background();
-            self.counters.keep_slot(&mut probes.ebpf, pid, slot)?;
+            self.accounting
+                .counters
+                .keep_slot(&mut probes.ebpf, pid, slot)?;
         }
         Ok(())
     }
@@ -45,7 +82,7 @@ impl Recording {
     /// Whether counting goes on: the probes are attached, or a probeless recording is not
     /// detached yet (its regions still count what their processes did).
     pub(super) fn counting(&self) -> bool {
-        self.probes.is_some() || (self.probeless && self.cutoff_ns.is_none())
+        self.probes.is_some() || (self.probeless && self.intake.cutoff_ns().is_none())
     }
 
     /// Catches up, then reads the kernel's exact counters per process and the loss counters
@@ -56,25 +93,26 @@ impl Recording {
         self.claim_regions(None);
         let mut lost = None;
         if self.counting() {
-            self.counted_ns = monotonic_ns();
+            self.accounting.counted_ns = monotonic_ns();
         }
         if let Some((counters, losses)) = self.exact_counts()? {
             if let Some(probes) = &self.probes {
-                self.thread_states = Some(collect::thread_states(&probes.ebpf)?);
+                self.accounting.thread_states = Some(collect::thread_states(&probes.ebpf)?);
                 lost = Some(collect::lost(&probes.ebpf)?);
             }
-            self.last_counters = Some((counters, losses));
+            self.accounting.last = Some((counters, losses));
         }
         if let Some(mut lost) = lost {
             lost.retain(|&pid, _| !self.roster.is_excluded(pid));
             for &pid in lost.keys() {
-                if !self.processes.tracks(pid) {
+                if !self.aggregation.processes.tracks(pid) {
                     self.first_seen(pid);
                 }
             }
-            self.lost = lost;
+            self.accounting.lost = lost;
         }
-        self.last_counters
+        self.accounting
+            .last
             .clone()
             .context("the kernel's counters were never read")
     }
@@ -86,7 +124,9 @@ impl Recording {
         &self,
     ) -> anyhow::Result<Option<(BTreeMap<u32, ProcessCounters>, Losses)>> {
         let Some(probes) = &self.probes else {
-            return Ok(self.counting().then(|| self.counters.read_in_process()));
+            return Ok(self
+                .counting()
+                .then(|| self.accounting.counters.read_in_process()));
         };
         let slots = self.roster.counter_slots();
         // File-wide: only targets (the kernel also counts, briefly, processes pending a
@@ -94,6 +134,9 @@ impl Recording {
         let target = |pid: u32| self.roster.counts(pid);
         let file_wide = self.targets.all || self.roster.followed_only();
         let host: Option<&dyn Fn(u32) -> bool> = if file_wide { Some(&target) } else { None };
-        self.counters.read(&probes.ebpf, &slots, host).map(Some)
+        self.accounting
+            .counters
+            .read(&probes.ebpf, &slots, host)
+            .map(Some)
     }
 }
