@@ -199,7 +199,7 @@ impl Recording {
         track_frees: bool,
     ) -> anyhow::Result<EarlyEnd> {
         let (released_ns, released) = run.released;
-        self.began = released;
+        self.command.began = released;
         if let Some(throttling) = self.cost.throttling.as_mut() {
             throttling.since(released_ns);
         }
@@ -342,7 +342,7 @@ impl Recording {
         let mut members = family.members();
         // Also those that claimed no slot: in another pid namespace (`unshare --pid`), or
         // that found the table full.
-        if let Some(command) = self.spawned {
+        if let Some(command) = self.command.pid {
             members.extend(crate::sys::process::descendants(command));
             members.sort_unstable();
             members.dedup();
@@ -359,7 +359,7 @@ impl Recording {
         if !self.targets.follow {
             // `--no-follow`: the command's own, not its children's (which carry the
             // library all the same).
-            records.retain(|record| Some(record.pid()) == self.spawned);
+            records.retain(|record| self.command.is(record.pid()));
         }
         let mut resolved = python.map(crate::python::early::Watcher::finish);
         let mut taken = early::events(records, track_frees, |index, record| {
@@ -431,7 +431,7 @@ impl Recording {
         let alive =
             |pid: u32| crate::sys::process::state_of(pid).is_some_and(|s| s != 'Z' && s != 'X');
         if !self.roster.running().into_iter().any(alive) {
-            self.ended = Some(at);
+            self.command.ended = Some(at);
         }
     }
 
@@ -440,7 +440,7 @@ impl Recording {
     /// of the command; none under `--no-follow` (their records are then dropped as their
     /// probes' samples would be).
     fn follow_members(&mut self, members: &[u32]) {
-        let Some(command) = self.spawned else {
+        let Some(command) = self.command.pid else {
             return;
         };
         if !self.targets.follow {

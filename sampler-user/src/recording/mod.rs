@@ -19,6 +19,7 @@
 mod accounting;
 mod aggregation;
 mod carriers;
+mod command;
 mod cost_control;
 mod discovery;
 mod duty_cycling;
@@ -36,7 +37,7 @@ pub use prepare::{prepare, Prepared};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use log::{info, warn};
+use log::warn;
 
 use crate::{
     collect::{monotonic_ns, Event},
@@ -103,8 +104,8 @@ pub struct Recording {
     /// Every probe point attached.
     points: Vec<AttachedPoint>,
     clocks: Clocks,
-    spawned: Option<u32>,
-    command_exit: Option<CommandExit>,
+    /// The command the recording started, if any, and how it ended.
+    command: command::Command,
     said_waiting: bool,
     /// What the probes cost, the throttle and duty cycling.
     cost: cost_control::CostControl,
@@ -112,12 +113,6 @@ pub struct Recording {
     in_process: in_process::InProcess,
     /// `--front-end in-process` with `--comm` or `--all`: only carriers are counted.
     carriers: Option<carriers::Carriers>,
-    /// When counting began: at the start, or when a command that ran while its probes
-    /// loaded was let go (see [`early`]).
-    began: std::time::Instant,
-    /// When the recording's targets were all gone, if that was before [`Recording::start`]
-    /// returned (see [`early`]).
-    ended: Option<std::time::Instant>,
 }
 
 impl Recording {
@@ -197,13 +192,13 @@ impl Recording {
     /// When counting began (a command that ran while its probes loaded: when it was let
     /// go, before [`Recording::start`] returned).
     pub fn began(&self) -> std::time::Instant {
-        self.began
+        self.command.began
     }
 
     /// When every target was gone, if they all exited while the probes were being
     /// attached (the recording's duration ends there, not when the loop noticed).
     pub fn ended_early(&self) -> Option<std::time::Instant> {
-        self.ended
+        self.command.ended
     }
 
     /// Forgets every process that exited (the agent, once their last period is sent):
@@ -276,7 +271,7 @@ impl Recording {
 
     /// How the command started for this recording ended (known once detached).
     pub fn command_exit(&self) -> Option<CommandExit> {
-        self.command_exit
+        self.command.exit
     }
 
     /// Entries of the kernel's per-thread state map at the last counter read.
@@ -486,22 +481,7 @@ impl Recording {
             .probes
             .take()
             .and_then(|probes| probes.close_in_background(nobody_left));
-        if let Some(pid) = self.spawned {
-            let exit = exits::reap(pid);
-            self.command_exit = match exit {
-                Some(exit) => Some(CommandExit::OnItsOwn(exit)),
-                None => {
-                    // SAFETY: kill(2) with our own child's pid, not reaped yet.
-                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
-                    exits::reap_within(pid, Duration::from_secs(2)).map(CommandExit::Stopped)
-                }
-            };
-            match self.command_exit {
-                Some(CommandExit::OnItsOwn(exit)) => info!("command {exit}"),
-                Some(CommandExit::Stopped(exit)) => info!("command stopped: {exit}"),
-                None => warn!("command (pid {pid}) still running 2 s after SIGTERM"),
-            }
-        }
+        self.command.reap_or_stop();
         self.aggregation.report();
         self.intake.report();
         Ok(Closing(closing))

@@ -373,8 +373,7 @@ impl Recording {
             accounting: Default::default(),
             points: Vec::new(),
             clocks: Clocks::new(duty.is_some()),
-            spawned: parts.spawned,
-            command_exit: None,
+            command: super::command::Command::new(parts.spawned),
             said_waiting: false,
             cost: CostControl::new(
                 trap,
@@ -387,8 +386,6 @@ impl Recording {
             ),
             in_process: InProcess::none(sampling.interval),
             carriers: None,
-            began: std::time::Instant::now(),
-            ended: None,
         })
     }
 
@@ -473,7 +470,7 @@ impl Recording {
         command: &str,
     ) -> anyhow::Result<()> {
         for target in initial {
-            let command_itself = Some(target.pid) == self.spawned;
+            let command_itself = self.command.is(target.pid);
             if !command_itself {
                 // A running process: its interpreter found before its first sample.
                 self.intake.reader().examine(target.pid);
