@@ -16,7 +16,9 @@ use std::{
 
 use serde_json::Value;
 
+pub mod awaited;
 pub mod browser;
+pub mod pythons;
 pub mod receivers;
 pub mod record;
 

@@ -636,7 +636,7 @@ fn under_all_the_kernel_tables_forget_gone_processes() {
         "--keep",
         "3",
     ]);
-    let log = drain(stderr);
+    let log = tests::awaited::LogWatch::start(stderr);
     // A process counted host-wide (its own pid entry in the kernel's counters), gone.
     let status = std::process::Command::new(fixture("workload", &[]))
         .arg("2000")
@@ -644,9 +644,12 @@ fn under_all_the_kernel_tables_forget_gone_processes() {
         .status()
         .unwrap();
     assert!(status.success());
-    std::thread::sleep(Duration::from_secs(3));
+    // Its period sent, the agent forgets it (and its kernel entries) at the next one.
+    let forgot = |l: &str| l.contains("kernel entries of gone processes");
+    let awaited = log.wait_for(Duration::from_secs(30), forgot);
     terminate(agent);
-    let log = log.join().unwrap();
+    let log = log.join();
+    assert!(awaited, "no kernel entry forgotten within 30 s:\n{log}");
     let forgotten: u64 = log
         .lines()
         .filter_map(|l| l.split("forgot ").nth(1))

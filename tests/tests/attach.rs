@@ -364,7 +364,7 @@ fn a_running_interpreter_says_what_it_leaves_out() {
     tests::require_bpf!();
     let dir = TempDir::new("attach-python");
     let script = "import time\nd = {}\nwhile True:\n    for i in range(1000):\n        d[i] = [str(i)] * 3\n    d.clear()\n    time.sleep(0.001)\n";
-    let mut python = Command::new("/usr/bin/python3")
+    let mut python = Command::new(tests::pythons::DEBIAN)
         .args(["-c", script])
         .spawn()
         .unwrap();

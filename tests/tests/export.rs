@@ -248,7 +248,19 @@ fn every_writes_rotating_snapshots_and_the_last_partial_period() {
         "-o",
         snapshots.to_str().unwrap(),
     ]);
-    std::thread::sleep(Duration::from_millis(3500));
+    // A third snapshot written (so --keep 2 deleted the first): four with the last, partial.
+    let mut seen = std::collections::BTreeSet::new();
+    let third = tests::wait_until(Duration::from_secs(30), || {
+        seen.extend(
+            std::fs::read_dir(&snapshots)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.file_name()),
+        );
+        seen.len() >= 3
+    });
+    assert!(third, "no third snapshot within 30 s: {seen:?}");
     // SAFETY: signalling our own child.
     unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
     assert!(recorder.wait().unwrap().success());

@@ -6,7 +6,7 @@
 //! bounds must hold it. `--python-frames off` must give native stacks only.
 
 use sampler_user::stacks::symbolize::{FrameInfo, FrameKind};
-use tests::{record::StackProfile, Record, TempDir};
+use tests::{pythons, record::StackProfile, Record, TempDir};
 
 /// The script. `# site:NAME` marks a site's line; `@N` is replaced with the count, `@WAIT`
 /// with a line that waits for one on stdin (`-p` attaches meanwhile) or does nothing.
@@ -288,7 +288,7 @@ fn check_sites(
 #[test]
 fn debian_python_sites_are_found_under_their_python_callers() {
     tests::require_bpf!();
-    check_interpreter("/usr/bin/python3", "comprehension.<locals>.<listcomp>");
+    check_interpreter(tests::pythons::DEBIAN, "comprehension.<locals>.<listcomp>");
 }
 
 /// Another version, whose interpreter is in libpython (pyenv's, on this machine's image;
@@ -298,13 +298,10 @@ fn debian_python_sites_are_found_under_their_python_callers() {
 fn pyenv_pythons_sites_are_found_under_their_python_callers() {
     tests::require_bpf!();
     let mut checked = 0;
-    for python in [
-        "/root/.pyenv/versions/3.12.1/bin/python3.12",
-        "/root/.pyenv/versions/3.13.0/bin/python3.13",
-    ] {
-        if std::path::Path::new(python).exists() {
+    for python in ["3.12.1", "3.13.0"].map(pythons::pyenv) {
+        if python.exists() {
             // PEP 709 (3.12): comprehensions run inline in their function.
-            check_interpreter(python, "comprehension");
+            check_interpreter(python.to_str().unwrap(), "comprehension");
             checked += 1;
         }
     }
@@ -318,9 +315,9 @@ fn pyenv_pythons_sites_are_found_under_their_python_callers() {
 #[test]
 fn python_frames_without_frees_tracked() {
     tests::require_bpf!();
-    let (stacks, stderr) = record("/usr/bin/python3", &["--alloc-only"]);
+    let (stacks, stderr) = record(tests::pythons::DEBIAN, &["--alloc-only"]);
     check_sites(
-        "/usr/bin/python3",
+        tests::pythons::DEBIAN,
         &stacks,
         &stderr,
         "comprehension.<locals>.<listcomp>",
@@ -335,7 +332,7 @@ fn python_frames_of_a_running_process() {
     tests::require_bpf!();
     let dir = TempDir::new("python-frames-attach");
     let script = script(&dir, N, true);
-    let mut python = std::process::Command::new("/usr/bin/python3")
+    let mut python = std::process::Command::new(tests::pythons::DEBIAN)
         .arg(&script)
         .stdin(std::process::Stdio::piped())
         .spawn()
@@ -361,7 +358,7 @@ fn python_frames_of_a_running_process() {
     assert!(status.success(), "{stderr}");
     let profile = tests::record::typed(&tests::read_profile(&out));
     check_sites(
-        "/usr/bin/python3 (-p)",
+        &format!("{} (-p)", pythons::DEBIAN),
         &profile.stacks,
         &stderr,
         "comprehension.<locals>.<listcomp>",
@@ -376,7 +373,7 @@ fn python_frames_of_a_short_lived_child() {
     let dir = TempDir::new("python-frames-child");
     let n = 5000;
     let script = script(&dir, n, false);
-    let command = format!("/usr/bin/python3 {}; true", script.display());
+    let command = format!("{} {}; true", pythons::DEBIAN, script.display());
     let recorded = Record::command("/bin/sh", &["-c", &command])
         .flags(&["-i", "16KiB", "--confidence", "0.9999"])
         .run();
@@ -406,7 +403,7 @@ fn python_frames_of_a_short_lived_child() {
 #[test]
 fn python_frames_can_be_left_out() {
     tests::require_bpf!();
-    let (stacks, _) = record("/usr/bin/python3", &["--python-frames", "off"]);
+    let (stacks, _) = record(tests::pythons::DEBIAN, &["--python-frames", "off"]);
     assert!(stacks
         .iter()
         .all(|s| s.frames.iter().all(|f| f.kind.is_none())));
@@ -420,7 +417,7 @@ fn python_frames_can_be_left_out() {
 #[test]
 fn python_frames_come_through_uprobes_too() {
     tests::require_bpf!();
-    let (stacks, _) = record("/usr/bin/python3", &["--no-preload"]);
+    let (stacks, _) = record(tests::pythons::DEBIAN, &["--no-preload"]);
     site(
         &stacks,
         "comprehension.<locals>.<listcomp>",
@@ -468,26 +465,19 @@ fn frame_layouts_are_the_interpreters_own() {
     };
     let mut checked = Vec::new();
     for (include, version, library) in [
-        ("/usr/include/python3.11", (3, 11), None),
+        (pythons::DEBIAN_INCLUDE.into(), (3, 11), None),
+        (pythons::pyenv_include("3.11.7"), (3, 11), None),
+        (pythons::pyenv_include("3.12.1"), (3, 12), None),
         (
-            "/root/.pyenv/versions/3.11.7/include/python3.11",
-            (3, 11),
-            None,
-        ),
-        (
-            "/root/.pyenv/versions/3.12.1/include/python3.12",
-            (3, 12),
-            None,
-        ),
-        (
-            "/root/.pyenv/versions/3.13.0/include/python3.13",
+            pythons::pyenv_include("3.13.0"),
             (3, 13),
-            Some("/root/.pyenv/versions/3.13.0/lib/libpython3.13.so.1.0"),
+            Some(pythons::pyenv_libpython("3.13.0")),
         ),
     ] {
-        if !std::path::Path::new(include).exists() {
+        if !include.exists() {
             continue;
         }
+        let include = include.to_str().unwrap().to_owned();
         let binary = tests::fixture_as(
             "py_offsets",
             &format!("py_offsets-{}", include.replace('/', "_")),
@@ -517,7 +507,7 @@ fn frame_layouts_are_the_interpreters_own() {
         checked.push(include);
     }
     assert!(
-        checked.contains(&"/usr/include/python3.11"),
+        checked.iter().any(|c| c == pythons::DEBIAN_INCLUDE),
         "Debian's headers (libpython3.11-dev, installed by cargo xtask setup): {checked:?}"
     );
 }
@@ -535,7 +525,7 @@ fn python_frames_in_pprof_and_folded() {
         let status = std::process::Command::new(tests::allocscope())
             .args(["record", "-i", "16KiB", "--value", "alloc-bytes", "-o"])
             .arg(&out)
-            .args(["--", "/usr/bin/python3"])
+            .args(["--", tests::pythons::DEBIAN])
             .arg(&script)
             .stderr(std::process::Stdio::null())
             .status()
@@ -585,7 +575,7 @@ fn a_chain_deeper_than_256_frames_says_it_was_cut() {
          return down(d - 1)\ndown(300)\n",
     )
     .unwrap();
-    let recorded = Record::command("/usr/bin/python3", &[script.to_str().unwrap()])
+    let recorded = Record::command(tests::pythons::DEBIAN, &[script.to_str().unwrap()])
         .flags(&["-i", "64KiB"])
         .run();
     let deepest = recorded
@@ -630,16 +620,21 @@ fn a_python_command_allocating_while_its_probes_load_keeps_its_python_frames() {
             .unwrap() as u32
             + 1
     };
-    let cases = [
-        ("/usr/bin/python3", true, "early_site.<locals>.<listcomp>"),
-        ("/usr/bin/python3", false, "early_site.<locals>.<listcomp>"),
+    let cases: [(std::path::PathBuf, bool, &str); 3] = [
         (
-            "/root/.pyenv/versions/3.13.0/bin/python3.13",
+            pythons::DEBIAN.into(),
             true,
-            "early_site",
+            "early_site.<locals>.<listcomp>",
         ),
+        (
+            pythons::DEBIAN.into(),
+            false,
+            "early_site.<locals>.<listcomp>",
+        ),
+        (pythons::pyenv("3.13.0"), true, "early_site"),
     ];
     for (python, pause, leaf) in cases {
+        let python: &str = python.to_str().unwrap();
         let dir = TempDir::new("python-early");
         let path = dir.path("early.py");
         let pause = if pause {

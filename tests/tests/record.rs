@@ -169,9 +169,14 @@ fn sigterm_and_sigint_still_write_the_complete_file() {
             "-o",
             out.to_str().unwrap(),
         ]);
-        // Progress lines may have been waiting in the pipe since before the attach: give the
-        // recording its own second of allocations.
-        std::thread::sleep(std::time::Duration::from_secs(1));
+        // Progress lines may have been waiting in the pipe since before the attach: the
+        // recording gets its own work (a third of a CPU second of allocations).
+        let ran = tests::awaited::until_it_ran(
+            target.pid(),
+            std::time::Duration::from_millis(300),
+            std::time::Duration::from_secs(30),
+        );
+        assert!(ran, "the target did not run while recorded");
         assert!(target.line().starts_with("progress"));
         // SAFETY: signalling our own child.
         unsafe { libc::kill(recorder.id() as i32, signal) };

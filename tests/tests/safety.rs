@@ -181,7 +181,13 @@ fn sighup_stops_and_saves_the_recording() {
         workload.to_str().unwrap(),
         "1000000",
     ]);
-    std::thread::sleep(Duration::from_millis(300));
+    // The command ran (some of its calls counted) before the hang-up.
+    let ran = tests::wait_until(Duration::from_secs(30), || {
+        tests::awaited::children(child.id())
+            .into_iter()
+            .any(|command| tests::awaited::cpu_time(command) >= Duration::from_millis(30))
+    });
+    assert!(ran, "the command did not run");
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) };
     let status = child.wait().unwrap();

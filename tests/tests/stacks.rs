@@ -251,7 +251,7 @@ fn cpp_callers_of_operator_new_are_found_through_libstdcxx() {
 fn python_stacks_reach_the_interpreter_entry() {
     tests::require_bpf!();
     // Debian's own python3 (built -O2 without frame pointers), not a fixture of ours.
-    let python = "/usr/bin/python3";
+    let python = tests::pythons::DEBIAN;
     assert!(
         std::path::Path::new(python).exists(),
         "Debian's python3 is missing (cargo xtask setup installs python3-minimal)"
@@ -397,7 +397,7 @@ fn record_pymalloc_calls(name: &str, flags: &[&str]) -> (Value, u32) {
     record(
         name,
         &flags,
-        &["/usr/bin/python3", script.to_str().unwrap()],
+        &[tests::pythons::DEBIAN, script.to_str().unwrap()],
     )
 }
 
@@ -482,7 +482,7 @@ fn debug_files_come_from_debuginfod_when_asked() {
         .join(format!("{}.debug", &id[2..]));
     std::fs::copy(&debug_file, served.join("debuginfo")).unwrap();
     let (mut server, line) = spawn_with_first_line(
-        Command::new("/usr/bin/python3")
+        Command::new(tests::pythons::DEBIAN)
             .args([
                 "-u",
                 "-m",
@@ -575,7 +575,7 @@ while True:
     let mut urls = Vec::new();
     for mode in ["silent", "endless", "garbage"] {
         let (child, line) =
-            spawn_with_first_line(Command::new("/usr/bin/python3").arg(&server).arg(mode));
+            spawn_with_first_line(Command::new(tests::pythons::DEBIAN).arg(&server).arg(mode));
         urls.push(format!("http://127.0.0.1:{}", line.trim()));
         servers.push(child);
     }
