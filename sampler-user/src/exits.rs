@@ -6,7 +6,7 @@ use std::os::fd::{FromRawFd as _, OwnedFd};
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 
 /// Opens a pidfd for `pid`.
-pub fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+pub(crate) fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
     // SAFETY: plain syscall with integer arguments.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
     if fd < 0 {
@@ -17,7 +17,7 @@ pub fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
 }
 
 /// Watches processes and reports each one's exit on a channel.
-pub struct Watcher {
+pub(crate) struct Watcher {
     sender: mpsc::UnboundedSender<u32>,
     /// The pids of processes that exited, in order.
     pub exited: mpsc::UnboundedReceiver<u32>,
@@ -25,14 +25,14 @@ pub struct Watcher {
 
 impl Watcher {
     /// A watcher with nothing watched yet.
-    pub fn new() -> Watcher {
+    pub(crate) fn new() -> Watcher {
         let (sender, exited) = mpsc::unbounded_channel();
         Watcher { sender, exited }
     }
 
     /// Reports `pid`'s exit once it happens. Fails with ESRCH if it is already gone. Must
     /// run inside the tokio runtime.
-    pub fn watch(&self, pid: u32) -> std::io::Result<()> {
+    pub(crate) fn watch(&self, pid: u32) -> std::io::Result<()> {
         // SAFETY: the OwnedFd keeps the pidfd open and unchanged for the AsyncFd's lifetime.
         let fd = unsafe { AsyncFd::register(pidfd_open(pid)?) }.map_err(std::io::Error::from)?;
         let sender = self.sender.clone();
@@ -44,7 +44,7 @@ impl Watcher {
     }
 
     /// Reports `pid` as exited now (it was gone before it could be watched).
-    pub fn report(&self, pid: u32) {
+    pub(crate) fn report(&self, pid: u32) {
         let _ = self.sender.send(pid);
     }
 }
@@ -57,7 +57,7 @@ impl Default for Watcher {
 
 /// How a child process ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChildExit {
+pub(crate) enum ChildExit {
     /// `exit(code)`.
     Code(i32),
     /// Killed by this signal.
@@ -67,7 +67,7 @@ pub enum ChildExit {
 impl ChildExit {
     /// The exit code a shell would report for it (`128 + N` for signal N), as `time` and
     /// `perf record -- CMD` pass it on.
-    pub fn shell_code(self) -> u8 {
+    pub(crate) fn shell_code(self) -> u8 {
         match self {
             ChildExit::Code(code) => code as u8,
             ChildExit::Signal(signal) => 128u8.wrapping_add(signal as u8),
@@ -85,7 +85,7 @@ impl std::fmt::Display for ChildExit {
 }
 
 /// Reaps our child `pid` if it has ended.
-pub fn reap(pid: u32) -> Option<ChildExit> {
+pub(crate) fn reap(pid: u32) -> Option<ChildExit> {
     let mut status = 0;
     // SAFETY: waitpid on our own child with a valid pointer to a local.
     let reaped = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
@@ -102,7 +102,7 @@ pub fn reap(pid: u32) -> Option<ChildExit> {
 }
 
 /// Reaps our child `pid`, waiting up to `timeout` for it to end.
-pub fn reap_within(pid: u32, timeout: std::time::Duration) -> Option<ChildExit> {
+pub(crate) fn reap_within(pid: u32, timeout: std::time::Duration) -> Option<ChildExit> {
     let deadline = std::time::Instant::now() + timeout;
     loop {
         if let Some(exit) = reap(pid) {

@@ -13,7 +13,7 @@ use std::{
 };
 
 /// Opens `path` for reading if it is a regular file (following symlinks), without blocking.
-pub fn open_regular(path: &Path) -> io::Result<File> {
+pub(crate) fn open_regular(path: &Path) -> io::Result<File> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -29,7 +29,7 @@ pub fn open_regular(path: &Path) -> io::Result<File> {
 }
 
 /// Reads the whole of the regular file at `path` (see [`open_regular`]).
-pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
+pub(crate) fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
     let mut file = open_regular(path)?;
     let size = file.metadata()?.len();
     let mut bytes = Vec::with_capacity(size as usize);
@@ -40,7 +40,7 @@ pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
 
 /// Maps the regular file at `path` read-only (see [`open_regular`]): for the ELF files read
 /// for an id or a section, which may be large, without copying them.
-pub fn map_regular(path: &Path) -> io::Result<memmap2::Mmap> {
+pub(crate) fn map_regular(path: &Path) -> io::Result<memmap2::Mmap> {
     let file = open_regular(path)?;
     // SAFETY: a private read-only mapping; a file replaced on disk is a new inode (package
     // managers rename), and a truncation under us is the one risk every ELF reader takes.
@@ -49,7 +49,7 @@ pub fn map_regular(path: &Path) -> io::Result<memmap2::Mmap> {
 
 /// Whether `path` names something that is not a regular file (following symlinks): a FIFO,
 /// a device, a socket or a directory. A missing path is not.
-pub fn exists_irregular(path: &Path) -> Option<&'static str> {
+pub(crate) fn exists_irregular(path: &Path) -> Option<&'static str> {
     let kind = std::fs::metadata(path).ok()?.file_type();
     (!kind.is_file()).then(|| describe(kind))
 }

@@ -4,37 +4,38 @@
 //! Data flows ① probe → ② collect → ③ stacks → ⑤ profile → ⑥ export, with ④ stats as pure
 //! functions the profile and exporters call.
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
 
-pub mod agent;
+pub(crate) mod agent;
 pub mod cli;
-pub mod collect;
+pub(crate) mod collect;
 pub mod commands;
 pub mod config;
 pub mod cost;
-pub mod diff;
+pub(crate) mod diff;
 pub mod duty;
-pub mod exits;
+pub(crate) mod exits;
 pub mod export;
 pub mod format;
 pub mod help;
-pub mod infile;
-pub mod inject;
-pub mod outfile;
-pub mod preflight;
-pub mod preload;
+pub(crate) mod infile;
+pub(crate) mod inject;
+pub(crate) mod outfile;
+pub(crate) mod preflight;
+pub(crate) mod preload;
 pub mod probe;
 pub mod profile;
 pub mod python;
-pub mod recording;
+pub(crate) mod recording;
 pub mod say;
 pub mod schema;
-pub mod signals;
-pub mod spawn;
+pub(crate) mod signals;
+pub(crate) mod spawn;
 pub mod stacks;
 pub mod stats;
 pub mod summary;
 pub mod sys;
 pub mod targets;
-pub mod text;
-pub mod throttle;
-pub mod units;
+pub(crate) mod text;
+pub(crate) mod throttle;
+pub(crate) mod units;

@@ -27,7 +27,7 @@ use std::{
 };
 
 /// Mode of every file allocscope creates (before the umask).
-pub const FILE_MODE: u32 = 0o600;
+pub(crate) const FILE_MODE: u32 = 0o600;
 
 /// Why a destination cannot be written.
 fn refused(path: &Path, why: &str) -> io::Error {
@@ -38,7 +38,7 @@ fn refused(path: &Path, why: &str) -> io::Error {
 }
 
 /// The directory a file at `path` is created in.
-pub fn directory_of(path: &Path) -> &Path {
+pub(crate) fn directory_of(path: &Path) -> &Path {
     match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
@@ -47,7 +47,7 @@ pub fn directory_of(path: &Path) -> &Path {
 
 /// Fails unless `path` is absent or a regular file (possibly behind a symlink, which the
 /// rename replaces, not its target).
-pub fn check_destination(path: &Path) -> io::Result<()> {
+pub(crate) fn check_destination(path: &Path) -> io::Result<()> {
     let link = match std::fs::symlink_metadata(path) {
         Ok(metadata) => metadata,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -103,7 +103,7 @@ fn write_temporary(
 
 /// Writes `path` atomically (temporary file, then rename), replacing a regular file there;
 /// refuses anything else (see the module doc). On error nothing is left behind.
-pub fn write_replacing(
+pub(crate) fn write_replacing(
     path: &Path,
     mut contents: impl FnMut(&mut dyn Write) -> io::Result<()>,
 ) -> io::Result<()> {
@@ -116,7 +116,7 @@ pub fn write_replacing(
 
 /// Writes a new file named `stem.extension` in `dir` (or `stem-1.extension`, `stem-2…` if
 /// that name is taken), never replacing anything; returns the path written.
-pub fn write_new(
+pub(crate) fn write_new(
     dir: &Path,
     stem: &str,
     extension: &str,
@@ -147,7 +147,7 @@ pub fn write_new(
 /// by the directory's owner (the kernel's `fs.protected_symlinks` rule, applied whatever
 /// the sysctl says). Every component is opened relative to the one before it, so nothing
 /// can be swapped between the check and the open.
-pub fn open_directory(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
+pub(crate) fn open_directory(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
     let start = if path.is_absolute() { "/" } else { "." };
     let base = open_at(None, Path::new(start), libc::O_PATH | libc::O_DIRECTORY)?;
     walk(base, path, 0, false)
@@ -155,14 +155,14 @@ pub fn open_directory(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
 
 /// [`open_directory`], creating the missing components (mode 0755) on the way, each in the
 /// directory just opened (never through a symlink that was not checked).
-pub fn create_directory(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
+pub(crate) fn create_directory(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
     let start = if path.is_absolute() { "/" } else { "." };
     let base = open_at(None, Path::new(start), libc::O_PATH | libc::O_DIRECTORY)?;
     walk(base, path, 0, true)
 }
 
 /// The path through which files are created in a directory opened by [`open_directory`].
-pub fn through(dir: &std::os::fd::OwnedFd) -> PathBuf {
+pub(crate) fn through(dir: &std::os::fd::OwnedFd) -> PathBuf {
     crate::sys::own::fd_path(dir)
 }
 
@@ -278,7 +278,7 @@ fn stat_at(dir: &std::os::fd::OwnedFd, name: &Path, flags: libc::c_int) -> io::R
 
 /// Proves that `dir` accepts new files (a temporary file, removed at once). An error names
 /// `dir`, not the temporary file (a name of ours the user never gave).
-pub fn check_writable_dir(dir: &Path) -> io::Result<()> {
+pub(crate) fn check_writable_dir(dir: &Path) -> io::Result<()> {
     temporary_in(dir, "write-test").map(drop).map_err(|e| {
         // tempfile appends ` at path "…"` (the temporary file's) to the system's error.
         let text = e.to_string();
@@ -290,7 +290,7 @@ pub fn check_writable_dir(dir: &Path) -> io::Result<()> {
 /// Opens `path` for writing from its start, creating it (mode [`FILE_MODE`]) if absent. An
 /// existing file is reused only if it is a regular file owned by this user with a single
 /// link; a symlink is never followed.
-pub fn open_log(path: &Path) -> io::Result<File> {
+pub(crate) fn open_log(path: &Path) -> io::Result<File> {
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

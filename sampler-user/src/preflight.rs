@@ -26,13 +26,13 @@ const CAP_BPF: u32 = 39;
 /// without it were refused the uprobe by kernel 6.18 here), and read the maps of processes
 /// whose capabilities exceed ours (CAP_SYS_PTRACE). Checked before anything else: without
 /// them every target would look like one without an allocator.
-pub fn capabilities_suffice(cap_eff: u64) -> bool {
+pub(crate) fn capabilities_suffice(cap_eff: u64) -> bool {
     let has = |cap: u32| cap_eff & (1 << cap) != 0;
     has(CAP_SYS_ADMIN) && has(CAP_SYS_PTRACE)
 }
 
 /// Fails unless this process may load BPF programs and attach uprobes.
-pub fn check_privileges() -> Result<(), BadInput> {
+pub(crate) fn check_privileges() -> Result<(), BadInput> {
     let cap_eff = crate::sys::own::effective_capabilities().unwrap_or(0);
     if capabilities_suffice(cap_eff) {
         Ok(())
@@ -47,7 +47,7 @@ pub fn check_privileges() -> Result<(), BadInput> {
 }
 
 /// Resolves `program` like execvp would (a path, or a name searched in PATH).
-pub fn resolve_command(program: &OsStr) -> Result<PathBuf, BadInput> {
+pub(crate) fn resolve_command(program: &OsStr) -> Result<PathBuf, BadInput> {
     let is_executable = |path: &Path| {
         path.metadata()
             .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
@@ -74,7 +74,7 @@ pub fn resolve_command(program: &OsStr) -> Result<PathBuf, BadInput> {
 /// executable itself, and those among the libraries the dynamic loader will map for it
 /// (LD_PRELOAD included). A script runs an interpreter found only at exec: the C library
 /// this process uses stands in until then (the targets' maps are re-read every second).
-pub fn allocators_for_command(
+pub(crate) fn allocators_for_command(
     program: &Path,
     cache: &mut AllocatorCache,
 ) -> Result<Vec<Allocator>, BadInput> {
@@ -107,7 +107,7 @@ pub fn allocators_for_command(
 /// Proves that the output can be written before anything is attached: a file's
 /// destination must be absent or a regular file and its directory must accept a new file;
 /// a snapshot directory is created if missing.
-pub fn check_output(output: &Output) -> Result<(), BadInput> {
+pub(crate) fn check_output(output: &Output) -> Result<(), BadInput> {
     match output {
         Output::File(path) => check_output_file(path),
         Output::Snapshots { dir, .. } => check_snapshot_dir(dir),
@@ -115,7 +115,7 @@ pub fn check_output(output: &Output) -> Result<(), BadInput> {
 }
 
 /// Fails unless a profile can be written to `path` (see [`outfile::check_destination`]).
-pub fn check_output_file(path: &Path) -> Result<(), BadInput> {
+pub(crate) fn check_output_file(path: &Path) -> Result<(), BadInput> {
     let cannot =
         |e: std::io::Error| BadInput(format!("cannot write output {}: {e}", path.display()));
     outfile::check_destination(path).map_err(cannot)?;
@@ -123,7 +123,7 @@ pub fn check_output_file(path: &Path) -> Result<(), BadInput> {
 }
 
 /// Creates the snapshot directory `dir` if missing and proves it accepts files.
-pub fn check_snapshot_dir(dir: &Path) -> Result<(), BadInput> {
+pub(crate) fn check_snapshot_dir(dir: &Path) -> Result<(), BadInput> {
     let pinned = outfile::create_directory(dir).map_err(|e| {
         BadInput(format!(
             "cannot create snapshot directory {}: {e}",

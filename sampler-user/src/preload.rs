@@ -34,50 +34,53 @@ use sampler_common::{
 use crate::sys::maps;
 
 mod early;
-pub mod place;
-pub use early::{EarlyCopy, EarlyRead, EarlyRecords};
+pub(crate) mod place;
+pub(crate) use early::{EarlyCopy, EarlyRecords};
 
 /// The library, built by build.rs.
 static LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libsampler_preload.so"));
 
 /// The library's bytes (what [`Library::create`] places).
-pub fn library_bytes() -> &'static [u8] {
+pub(crate) fn library_bytes() -> &'static [u8] {
     LIBRARY
 }
 
 /// The library, placed for one recording (see [`place`]).
 #[derive(Debug)]
-pub struct Library {
+pub(crate) struct Library {
     dir: place::RecordingDir,
 }
 
 impl Library {
     /// Places the library under [`place::ROOT`] for a new recording.
-    pub fn create() -> anyhow::Result<Library> {
+    pub(crate) fn create() -> anyhow::Result<Library> {
         Ok(Library {
             dir: place::place(Path::new(place::ROOT), LIBRARY)?,
         })
     }
 
     /// The path the command's `LD_PRELOAD` names, and allocscope opens it by.
-    pub fn path(&self) -> std::path::PathBuf {
+    pub(crate) fn path(&self) -> std::path::PathBuf {
         self.dir.library()
     }
 
     /// The file's identity, as the processes that map it show it.
-    pub fn file_id(&self) -> io::Result<maps::FileId> {
+    pub(crate) fn file_id(&self) -> io::Result<maps::FileId> {
         Ok(maps::FileId::of(&std::fs::metadata(self.path())?))
     }
 
     /// A new family table beside the library, at `interval`.
-    pub fn create_family(&self, interval: u64) -> anyhow::Result<Family> {
+    pub(crate) fn create_family(&self, interval: u64) -> anyhow::Result<Family> {
         Family::create(&self.dir, interval)
     }
 }
 
 /// `LD_PRELOAD` for a child: the library first (it must come before any allocator
 /// preloaded after it, which it then forwards to), then what the user had.
-pub fn ld_preload(library: &Library, existing: Option<&std::ffi::OsStr>) -> std::ffi::OsString {
+pub(crate) fn ld_preload(
+    library: &Library,
+    existing: Option<&std::ffi::OsStr>,
+) -> std::ffi::OsString {
     let mut value = std::ffi::OsString::from(library.path());
     if let Some(existing) = existing.filter(|e| !e.is_empty()) {
         value.push(" ");
@@ -88,7 +91,7 @@ pub fn ld_preload(library: &Library, existing: Option<&std::ffi::OsStr>) -> std:
 
 /// The family table of a command's tree (see [`sampler_common::preload::Family`]): its
 /// memfd, its header mapped here, and the slots whose regions were handed out.
-pub struct Family {
+pub(crate) struct Family {
     file: File,
     header: memmap2::MmapMut,
     /// Its regions, mapped whole once (sparse): a region is a view of it, not a mapping
@@ -158,7 +161,7 @@ impl Family {
     }
 
     /// Sets the interval regions claimed from now on start with.
-    pub fn set_interval(&self, interval: u64) -> anyhow::Result<()> {
+    pub(crate) fn set_interval(&self, interval: u64) -> anyhow::Result<()> {
         let scale = geometric::scale_q32(interval)
             .with_context(|| format!("sampling interval {interval} is out of range"))?;
         self.header().scale_q32.store(scale, Ordering::Release);
@@ -167,7 +170,7 @@ impl Family {
     }
 
     /// Processes that found the table full (each counts in a region of its own).
-    pub fn full(&self) -> u64 {
+    pub(crate) fn full(&self) -> u64 {
         self.header().full.load(Ordering::Relaxed)
     }
 
@@ -181,7 +184,7 @@ impl Family {
 
     /// Claims a slot for the command about to run as `pid` (paused before its exec), at
     /// the table's interval: the library finds it by its pid.
-    pub fn claim_for(&self, pid: u32) -> anyhow::Result<MappedRegion> {
+    pub(crate) fn claim_for(&self, pid: u32) -> anyhow::Result<MappedRegion> {
         let header = self.header();
         let sequence = header.sequence.fetch_add(1, Ordering::AcqRel) + 1;
         let slot = take_slot(&header.claims, sequence, pid).context("the family table is full")?;
@@ -198,7 +201,7 @@ impl Family {
 
     /// The region process `pid` counts in, if it claimed one: mapped, counting from its
     /// fork (or its start).
-    pub fn region_of(&self, pid: u32) -> Option<anyhow::Result<MappedRegion>> {
+    pub(crate) fn region_of(&self, pid: u32) -> Option<anyhow::Result<MappedRegion>> {
         let slot = find_claim(&self.header().claims, pid)?;
         Some(self.map_slot(slot).and_then(|map| {
             let mut mapped = MappedRegion::check(map)?;
@@ -221,7 +224,7 @@ impl Family {
     /// pages written are zeroed (allocscope has read them all already, for the counts).
     ///
     /// [`Region::maps_len`]: sampler_common::preload::Region::maps_len
-    pub fn release(&self, slot: usize) {
+    pub(crate) fn release(&self, slot: usize) {
         use sampler_common::preload::{Region, MAPS_BYTES};
         let maps = std::mem::offset_of!(Region, maps);
         match self.map_slot(slot) {
@@ -243,7 +246,7 @@ impl Family {
 
     /// The slots claimed by processes for which `gone` says yes, with their claim words
     /// (a claim not ready yet is a process that died while claiming).
-    pub fn claims_of_gone(&self, gone: impl Fn(u32) -> bool) -> Vec<(usize, u64)> {
+    pub(crate) fn claims_of_gone(&self, gone: impl Fn(u32) -> bool) -> Vec<(usize, u64)> {
         (0..FAMILY_SLOTS)
             .filter_map(|slot| {
                 let word = self.header().claims[slot].load(Ordering::Acquire);
@@ -255,7 +258,7 @@ impl Family {
 
     /// Whether slot `slot` still holds claim `word` (only allocscope frees a slot, so a
     /// claim seen twice is the same process's).
-    pub fn holds(&self, slot: usize, word: u64) -> bool {
+    pub(crate) fn holds(&self, slot: usize, word: u64) -> bool {
         self.header().claims[slot].load(Ordering::Acquire) == word
     }
 }
@@ -289,7 +292,7 @@ impl Backing {
 }
 
 /// A process's counter region, mapped here (it stays readable after the process exits).
-pub struct MappedRegion {
+pub(crate) struct MappedRegion {
     map: Backing,
     /// Its slot in the family table, if it is one (given back once its process is gone).
     slot: Option<usize>,
@@ -335,7 +338,7 @@ impl MappedRegion {
     /// The process's maps as its library read them at set-up (see
     /// [`sampler_common::preload::Region::maps`]) and when, once per reading (an exec
     /// writes them again): for a process gone before its maps could be read from /proc.
-    pub fn new_maps(&mut self) -> Option<(String, u64)> {
+    pub(crate) fn new_maps(&mut self) -> Option<(String, u64)> {
         let written_ns = self.region().maps_ns.load(Ordering::Acquire);
         if written_ns <= self.maps_offered_ns {
             return None;
@@ -349,7 +352,7 @@ impl MappedRegion {
 
     /// Maps the region of running process `pid`, whose mapped file `library` (at `path`,
     /// through the process's view) is the front end; counts from now on.
-    pub fn of_process(pid: u32, library: &Path) -> anyhow::Result<MappedRegion> {
+    pub(crate) fn of_process(pid: u32, library: &Path) -> anyhow::Result<MappedRegion> {
         let vmas = maps::read(pid).with_context(|| format!("reading the maps of pid {pid}"))?;
         let [pointer_at] = symbol_addresses(pid, &vmas, library, [REGION_SYMBOL])?;
         let mut word = [0u8; 8];
@@ -395,7 +398,7 @@ impl MappedRegion {
     }
 
     /// The process's name as its library wrote it at set-up (after its latest exec).
-    pub fn comm(&self) -> Option<String> {
+    pub(crate) fn comm(&self) -> Option<String> {
         let bytes = self.region().comm_bytes();
         let len = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
         (len > 0).then(|| String::from_utf8_lossy(&bytes[..len]).into_owned())
@@ -403,23 +406,23 @@ impl MappedRegion {
 
     /// When the library last set up in the process (after its latest exec that carried
     /// it, or its fork), CLOCK_MONOTONIC ns (0: not yet).
-    pub fn set_up_ns(&self) -> u64 {
+    pub(crate) fn set_up_ns(&self) -> u64 {
         self.region().set_up_ns.load(Ordering::Acquire)
     }
 
     /// Counts from now on: for a process the library was loaded into while it ran, whose
     /// calls before its probes are attached would have no samples.
-    pub fn count_from_now(&mut self) {
+    pub(crate) fn count_from_now(&mut self) {
         self.baseline = self.region().totals();
     }
 
     /// Its slot in the family table, if it is one.
-    pub fn slot(&self) -> Option<usize> {
+    pub(crate) fn slot(&self) -> Option<usize> {
         self.slot
     }
 
     /// Calls and bytes counted since this mapping was made (for a command: since its start).
-    pub fn counts(&self) -> (u64, u64) {
+    pub(crate) fn counts(&self) -> (u64, u64) {
         let (calls, bytes) = self.region().totals();
         (
             calls.wrapping_sub(self.baseline.0),
@@ -427,14 +430,9 @@ impl MappedRegion {
         )
     }
 
-    /// Sampled blocks the library could not remember (their frees go unseen).
-    pub fn untracked(&self) -> u64 {
-        self.region().untracked.load(Ordering::Relaxed)
-    }
-
     /// Sets the mean interval of countdowns drawn from now on (each thread redraws at its
     /// next call: legal, the choice does not depend on the countdown).
-    pub fn set_interval(&self, interval: u64) -> anyhow::Result<()> {
+    pub(crate) fn set_interval(&self, interval: u64) -> anyhow::Result<()> {
         let scale = geometric::scale_q32(interval)
             .with_context(|| format!("sampling interval {interval} is out of range"))?;
         let region = self.region();
@@ -454,7 +452,7 @@ impl MappedRegion {
 /// says so ([`DORMANT_SANDBOXED`], [`DORMANT_PRODUCER`]), or it has not set up yet (no
 /// region published, and not a sandboxed process's child), which under a seccomp filter
 /// or beside another producer's file (the caller's to check) means it will be. False when its memory cannot be read.
-pub fn dormant(pid: u32, vmas: &[maps::Vma], library: &Path) -> bool {
+pub(crate) fn dormant(pid: u32, vmas: &[maps::Vma], library: &Path) -> bool {
     let Ok([flag_at, region_at]) =
         symbol_addresses(pid, vmas, library, [DORMANT_SYMBOL, REGION_SYMBOL])
     else {

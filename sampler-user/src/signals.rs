@@ -51,14 +51,15 @@ static CAPTURE: extern "C" fn() = {
 };
 
 /// Whether signal `signal` was ignored when allocscope started.
-pub fn ignored_at_start(signal: i32) -> bool {
+#[cfg(test)]
+fn ignored_at_start(signal: i32) -> bool {
     (1..=SIGNALS).contains(&signal) && IGNORED.load(Ordering::Relaxed) & (1 << (signal - 1)) != 0
 }
 
 /// In a forked child, before `exec`: every signal's disposition back to what allocscope
 /// found (ignored, or the default), and the blocked mask likewise. Async-signal-safe (only
 /// `sigaction`, `sigemptyset`, `sigaddset` and `sigprocmask` on locals).
-pub fn restore() {
+pub(crate) fn restore() {
     if !CAPTURED.load(Ordering::Acquire) {
         return;
     }

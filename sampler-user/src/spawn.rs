@@ -24,7 +24,7 @@ use std::{
 
 /// A forked child waiting for [`PausedChild::release`] before it execs the command.
 #[derive(Debug)]
-pub struct PausedChild {
+pub(crate) struct PausedChild {
     /// The child's pid (stays the same through exec).
     pub pid: u32,
     go: Option<OwnedFd>,
@@ -43,7 +43,7 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 
 /// Where a spawned command's standard streams go instead of ours.
 #[derive(Debug)]
-pub struct Redirect {
+pub(crate) struct Redirect {
     /// Standard input (e.g. /dev/null).
     pub stdin: OwnedFd,
     /// Standard output and error.
@@ -135,7 +135,7 @@ impl Exec {
 /// streams redirected when `redirect` is given and `env` set in its environment (over
 /// ours). A file the kernel cannot execute (a script without `#!`) is run by `/bin/sh`, as
 /// `execvp` would. Call before any thread is started.
-pub fn spawn_paused(
+pub(crate) fn spawn_paused(
     program: &Path,
     argv: &[OsString],
     redirect: Option<Redirect>,
@@ -197,7 +197,7 @@ pub fn spawn_paused(
 impl PausedChild {
     /// Lets the child exec and waits until it has (`Ok`) or failed to (`Err` with the
     /// reason; the child then exits with status 127).
-    pub fn release(mut self) -> io::Result<()> {
+    pub(crate) fn release(mut self) -> io::Result<()> {
         let go = self
             .go
             .take()

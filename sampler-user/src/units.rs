@@ -28,7 +28,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 
 /// A whole size as a user would type it: `64KiB`, `2MiB`, `4096` (the largest binary unit
 /// that divides it); [`parse_size`] reads it back.
-pub fn size_flag(bytes: u64) -> String {
+pub(crate) fn size_flag(bytes: u64) -> String {
     for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
         if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{}{unit}", bytes >> shift);

@@ -41,7 +41,7 @@ impl Backoff {
 }
 
 /// A random word from the kernel (jitter).
-pub fn random_word() -> u64 {
+pub(crate) fn random_word() -> u64 {
     let bytes = super::pyroscope::random_bytes();
     u64::from_le_bytes(bytes[..8].try_into().unwrap_or_default())
 }

@@ -145,7 +145,7 @@ fn label(pair: &str) -> Result<(String, String), BadInput> {
 }
 
 /// This host's name (`host.name`, `hostname`).
-pub fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     crate::sys::host::name().unwrap_or_default()
 }
 

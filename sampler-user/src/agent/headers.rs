@@ -13,16 +13,16 @@ use std::{os::unix::fs::MetadataExt as _, path::Path};
 use crate::config::BadInput;
 
 /// Bytes a headers file may hold (a few headers; a 3 GB file was read whole).
-pub const MAX_FILE_BYTES: u64 = 64 * 1024;
+pub(crate) const MAX_FILE_BYTES: u64 = 64 * 1024;
 
 /// The variable the headers may come from.
-pub const ENV: &str = "ALLOCSCOPE_HEADERS";
+pub(crate) const ENV: &str = "ALLOCSCOPE_HEADERS";
 
 /// Headers, in order, names as given.
-pub type Headers = Vec<(String, String)>;
+pub(crate) type Headers = Vec<(String, String)>;
 
 /// The headers of `file` (if given) then of [`ENV`] (if set).
-pub fn load(file: Option<&Path>) -> Result<Headers, BadInput> {
+pub(crate) fn load(file: Option<&Path>) -> Result<Headers, BadInput> {
     let mut headers = Vec::new();
     if let Some(file) = file {
         let shown = file.display();
@@ -65,7 +65,7 @@ pub fn load(file: Option<&Path>) -> Result<Headers, BadInput> {
 }
 
 /// `Name: value` lines.
-pub fn parse_file(text: &str) -> Result<Headers, String> {
+pub(crate) fn parse_file(text: &str) -> Result<Headers, String> {
     text.lines()
         .enumerate()
         .map(|(n, line)| (n + 1, line.trim()))
@@ -80,7 +80,7 @@ pub fn parse_file(text: &str) -> Result<Headers, String> {
 }
 
 /// `Name=value,Name=value`.
-pub fn parse_env(text: &str) -> Result<Headers, String> {
+pub(crate) fn parse_env(text: &str) -> Result<Headers, String> {
     text.split(',')
         .map(str::trim)
         .filter(|pair| !pair.is_empty())

@@ -7,24 +7,24 @@
 //! ever making the recording wait. `status` is what an operator reads; `headers` and
 //! `config` are the flags. docs/agent.md has the receivers' setups.
 
-pub mod backoff;
-pub mod config;
-pub mod headers;
-pub mod otlp;
-pub mod payload;
-pub mod period;
-pub mod pyroscope;
-pub mod sender;
-pub mod sink;
-pub mod spool;
-pub mod status;
+pub(crate) mod backoff;
+pub(crate) mod config;
+pub(crate) mod headers;
+pub(crate) mod otlp;
+pub(crate) mod payload;
+pub(crate) mod period;
+pub(crate) mod pyroscope;
+pub(crate) mod sender;
+pub(crate) mod sink;
+pub(crate) mod spool;
+pub(crate) mod status;
 
 use prost::Message as _;
 
 use self::{period::ProcessPeriod, pyroscope::Identity, sink::Sink};
 
 /// The request each sink gets for one period (same order as `sinks`).
-pub fn encode(
+pub(crate) fn encode(
     sinks: &[Sink],
     periods: &[ProcessPeriod],
     identity: &Identity,

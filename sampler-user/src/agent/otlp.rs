@@ -26,7 +26,7 @@ use super::{payload, period::ProcessPeriod, pyroscope::Identity};
 use crate::export::pprof::proto as pprof;
 
 /// The request for one period that started at `start_unix_ns`.
-pub fn export_request(
+pub(crate) fn export_request(
     periods: &[ProcessPeriod],
     identity: &Identity,
     start_unix_ns: i64,

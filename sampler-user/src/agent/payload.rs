@@ -12,7 +12,7 @@ use crate::export::pprof::{self, proto};
 use super::period::ProcessPeriod;
 
 /// Label keys of the bounds, in the order [`bounded`] adds them.
-pub const BOUND_LABELS: [&str; 4] = [
+pub(crate) const BOUND_LABELS: [&str; 4] = [
     "alloc_space_lower",
     "alloc_space_upper",
     "inuse_space_lower",
@@ -20,7 +20,7 @@ pub const BOUND_LABELS: [&str; 4] = [
 ];
 
 /// The period's pprof message for `period`, which started at `start_unix_ns`.
-pub fn bounded(period: &ProcessPeriod, start_unix_ns: i64) -> proto::Profile {
+pub(crate) fn bounded(period: &ProcessPeriod, start_unix_ns: i64) -> proto::Profile {
     let profile = &period.profile;
     let mut message = pprof::build(profile);
     message.time_nanos = start_unix_ns;

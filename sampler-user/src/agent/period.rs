@@ -11,7 +11,7 @@ use crate::profile::{Profile, StackProfile};
 
 /// A process's part of one period.
 #[derive(Clone, Debug)]
-pub struct ProcessPeriod {
+pub(crate) struct ProcessPeriod {
     /// The process.
     pub pid: u32,
     /// Its name (`comm`, sanitized by the profile).
@@ -32,7 +32,7 @@ pub struct ProcessPeriod {
 /// Splits `profile` (built with a period, see `Recording::profile`) into one
 /// [`ProcessPeriod`] per process with something to say: a stack that allocated in the period
 /// or holds memory at its end. `period_seconds`: the period's length.
-pub fn split(profile: &Profile, period_seconds: f64) -> Vec<ProcessPeriod> {
+pub(crate) fn split(profile: &Profile, period_seconds: f64) -> Vec<ProcessPeriod> {
     profile
         .processes
         .iter()
@@ -101,7 +101,7 @@ fn period_stack(stack: &StackProfile) -> Option<StackProfile> {
 /// The container id a cgroup path names: the 64-hex-digit id of Docker
 /// (`/docker/<id>`, `docker-<id>.scope`), containerd (`cri-containerd-<id>.scope`), CRI-O
 /// (`crio-<id>.scope`) and Podman (`libpod-<id>.scope`), the last one on the path.
-pub fn container_id(cgroup: &str) -> Option<String> {
+pub(crate) fn container_id(cgroup: &str) -> Option<String> {
     cgroup.rsplit('/').find_map(|part| {
         let part = part.strip_suffix(".scope").unwrap_or(part);
         let id = part.rsplit(['-', ':']).next().unwrap_or(part);

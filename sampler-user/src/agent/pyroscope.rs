@@ -16,17 +16,17 @@ use super::{payload, period::ProcessPeriod};
 
 /// `push.v1` and `types.v1` messages, field numbers as Grafana publishes them
 /// (grafana/pyroscope `api/push/v1/push.proto`, `api/types/v1/types.proto`).
-pub mod proto {
+pub(crate) mod proto {
     #![allow(missing_docs)]
 
     #[derive(Clone, PartialEq, prost::Message)]
-    pub struct PushRequest {
+    pub(crate) struct PushRequest {
         #[prost(message, repeated, tag = "1")]
         pub series: Vec<RawProfileSeries>,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
-    pub struct RawProfileSeries {
+    pub(crate) struct RawProfileSeries {
         #[prost(message, repeated, tag = "1")]
         pub labels: Vec<LabelPair>,
         #[prost(message, repeated, tag = "2")]
@@ -34,7 +34,7 @@ pub mod proto {
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
-    pub struct RawSample {
+    pub(crate) struct RawSample {
         #[prost(bytes = "vec", tag = "1")]
         pub raw_profile: Vec<u8>,
         #[prost(string, tag = "2")]
@@ -42,7 +42,7 @@ pub mod proto {
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
-    pub struct LabelPair {
+    pub(crate) struct LabelPair {
         #[prost(string, tag = "1")]
         pub name: String,
         #[prost(string, tag = "2")]
@@ -51,7 +51,7 @@ pub mod proto {
 }
 
 /// The path of the push call under the server's URL.
-pub const PUSH_PATH: &str = "push.v1.PusherService/Push";
+pub(crate) const PUSH_PATH: &str = "push.v1.PusherService/Push";
 
 /// What every series of this agent is labelled with besides its process.
 #[derive(Clone, Debug, Default)]
@@ -66,7 +66,11 @@ pub struct Identity {
 
 /// The encoded `PushRequest` of one period: a series per process. `start_unix_ns`: when
 /// the period started.
-pub fn push_request(periods: &[ProcessPeriod], identity: &Identity, start_unix_ns: i64) -> Vec<u8> {
+pub(crate) fn push_request(
+    periods: &[ProcessPeriod],
+    identity: &Identity,
+    start_unix_ns: i64,
+) -> Vec<u8> {
     let series = periods
         .iter()
         .map(|period| {
@@ -128,7 +132,7 @@ fn gzipped(bytes: &[u8]) -> Vec<u8> {
 }
 
 /// A version-4 UUID from the kernel's random bytes (each profile's id).
-pub fn random_uuid() -> String {
+pub(crate) fn random_uuid() -> String {
     let mut bytes = random_bytes();
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
@@ -144,7 +148,7 @@ pub fn random_uuid() -> String {
 }
 
 /// 16 random bytes from the kernel (profile ids).
-pub fn random_bytes() -> [u8; 16] {
+pub(crate) fn random_bytes() -> [u8; 16] {
     let mut bytes = [0u8; 16];
     // SAFETY: getrandom writes at most `bytes.len()` bytes into the buffer it is given.
     let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };

@@ -49,10 +49,10 @@ pub struct SenderConfig {
 }
 
 /// One period's requests, one per sink (same order).
-pub type Batch = Vec<Vec<u8>>;
+pub(crate) type Batch = Vec<Vec<u8>>;
 
 /// The handle the recording loop holds.
-pub struct Sender {
+pub(crate) struct Sender {
     queue: Option<mpsc::Sender<Batch>>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// The status both sides update.
@@ -70,7 +70,7 @@ struct SinkState {
 impl Sender {
     /// Opens the spools (an unusable spool directory is an error now, before anything is
     /// attached) and starts the thread.
-    pub fn start(config: SenderConfig) -> anyhow::Result<Sender> {
+    pub(crate) fn start(config: SenderConfig) -> anyhow::Result<Sender> {
         let mut sinks = Vec::new();
         for sink in &config.sinks {
             let spool = match &config.spool_dir {
@@ -124,7 +124,7 @@ impl Sender {
     }
 
     /// Hands over one period's requests; never waits (a full queue drops the period).
-    pub fn send(&self, batch: Batch) {
+    pub(crate) fn send(&self, batch: Batch) {
         let Some(queue) = &self.queue else { return };
         if queue.try_send(batch).is_err() {
             warn!("the sender is behind: a period's profiles were dropped");
@@ -135,7 +135,7 @@ impl Sender {
     }
 
     /// Closes the queue and waits for the thread (which flushes for at most its flush time).
-    pub fn finish(mut self) {
+    pub(crate) fn finish(mut self) {
         self.queue = None;
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();

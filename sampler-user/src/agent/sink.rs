@@ -27,7 +27,7 @@ pub enum Sink {
 }
 
 /// OTLP/HTTP's path for profiles when the URL gives none.
-pub const OTLP_HTTP_PATH: &str = "/v1development/profiles";
+pub(crate) const OTLP_HTTP_PATH: &str = "/v1development/profiles";
 
 impl Sink {
     /// `--pyroscope URL`.
@@ -111,7 +111,7 @@ fn http_url(url: &str) -> Result<&str, String> {
 
 /// Why a delivery failed.
 #[derive(Debug)]
-pub struct Failure {
+pub(crate) struct Failure {
     /// Worth trying again later.
     pub retry: bool,
     /// What happened.
@@ -120,7 +120,7 @@ pub struct Failure {
 
 /// Delivers requests: one HTTP client (rustls, the system's roots) and, per gRPC sink, a
 /// channel made on first use.
-pub struct Transport {
+pub(crate) struct Transport {
     http: reqwest::Client,
     headers: Headers,
     timeout: Duration,
@@ -129,7 +129,7 @@ pub struct Transport {
 
 impl Transport {
     /// A transport sending `headers` with every request, each given `timeout`.
-    pub fn new(headers: Headers, timeout: Duration) -> anyhow::Result<Transport> {
+    pub(crate) fn new(headers: Headers, timeout: Duration) -> anyhow::Result<Transport> {
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
@@ -148,7 +148,7 @@ impl Transport {
     }
 
     /// Delivers one encoded request to `sink`.
-    pub async fn deliver(&mut self, sink: &Sink, request: &[u8]) -> Result<(), Failure> {
+    pub(crate) async fn deliver(&mut self, sink: &Sink, request: &[u8]) -> Result<(), Failure> {
         match sink {
             Sink::Pyroscope(base) => {
                 let url = format!("{base}/{}", super::pyroscope::PUSH_PATH);

@@ -29,7 +29,7 @@ struct Entry {
 
 /// A sink's queue of undelivered requests.
 #[derive(Debug)]
-pub struct Spool {
+pub(crate) struct Spool {
     /// The directory (pinned descriptor) and its name for messages.
     dir: Option<(OwnedFd, PathBuf)>,
     bound: u64,
@@ -44,7 +44,7 @@ pub struct Spool {
 
 impl Spool {
     /// A spool in memory.
-    pub fn in_memory(bound: u64) -> Spool {
+    pub(crate) fn in_memory(bound: u64) -> Spool {
         Spool {
             dir: None,
             bound,
@@ -62,7 +62,7 @@ impl Spool {
     /// another user may write could swap `dir` for a link to a directory of their choosing
     /// (the agent made a 1777 one 0700 and posted a root-only file). What an earlier run
     /// left there is queued first.
-    pub fn on_disk(dir: &Path, bound: u64) -> anyhow::Result<Spool> {
+    pub(crate) fn on_disk(dir: &Path, bound: u64) -> anyhow::Result<Spool> {
         let absolute = std::path::absolute(dir)
             .with_context(|| format!("the spool directory {}", dir.display()))?;
         let pinned = crate::preload::place::trusted_directory(&absolute, true)
@@ -101,22 +101,22 @@ impl Spool {
     }
 
     /// Requests queued.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
     /// Whether nothing is queued.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
     /// Bytes queued.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
 
     /// Queues `request` last, dropping the oldest to stay within the bound.
-    pub fn push(&mut self, request: &[u8]) -> anyhow::Result<()> {
+    pub(crate) fn push(&mut self, request: &[u8]) -> anyhow::Result<()> {
         let size = request.len() as u64;
         if size > self.bound {
             self.dropped += 1;
@@ -159,12 +159,12 @@ impl Spool {
     }
 
     /// Whether requests live on disk (they survive a restart) or in memory only.
-    pub fn on_disk_at(&self) -> Option<&Path> {
+    pub(crate) fn on_disk_at(&self) -> Option<&Path> {
         self.dir.as_ref().map(|(_, shown)| shown.as_path())
     }
 
     /// The oldest request.
-    pub fn front(&self) -> anyhow::Result<Option<Vec<u8>>> {
+    pub(crate) fn front(&self) -> anyhow::Result<Option<Vec<u8>>> {
         let Some(entry) = self.entries.front() else {
             return Ok(None);
         };
@@ -181,7 +181,7 @@ impl Spool {
     }
 
     /// Removes the oldest request (delivered, or refused for good).
-    pub fn pop(&mut self) {
+    pub(crate) fn pop(&mut self) {
         if let Some(entry) = self.entries.pop_front() {
             self.bytes -= entry.size;
             if let Some((pinned, _)) = &self.dir {

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 /// The whole file.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct Status {
+pub(crate) struct Status {
     /// allocscope's version.
     pub version: &'static str,
     /// The agent's pid.
@@ -40,7 +40,7 @@ pub struct Status {
 
 /// One sink's state.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct SinkStatus {
+pub(crate) struct SinkStatus {
     /// `pyroscope http://…`, `otlp-grpc http://…`.
     pub sink: String,
     /// Requests delivered.
@@ -71,7 +71,7 @@ pub struct SinkStatus {
 }
 
 /// Now, in Unix seconds.
-pub fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -79,14 +79,14 @@ pub fn unix_now() -> u64 {
 
 impl Status {
     /// Refreshes the agent's own figures and the time.
-    pub fn refresh_own(&mut self) {
+    pub(crate) fn refresh_own(&mut self) {
         self.updated_unix = unix_now();
         self.cpu_seconds = crate::sys::own::cpu_ns().map(|ns| ns as f64 / 1e9);
         self.rss_bytes = crate::sys::own::rss_bytes();
     }
 
     /// Writes the file (atomically).
-    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+    pub(crate) fn write(&self, path: &Path) -> std::io::Result<()> {
         let text = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
         crate::outfile::write_replacing(path, |out| out.write_all(&text))
     }

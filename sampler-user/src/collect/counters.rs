@@ -7,7 +7,7 @@
 //! those to what the running ones count now. The loss counters (`LOSSES`) and the samples
 //! the kernel could not deliver (`LOST`) are read here too.
 
-pub use crate::schema::Losses;
+pub(crate) use crate::schema::Losses;
 
 use sampler_common::kernel;
 use std::collections::BTreeMap;
@@ -22,7 +22,7 @@ use sampler_common::{LossCounter, LostKey, LostSamples, ProcessCounters};
 /// The exact counters of every target so far: read from the kernel for those running, kept
 /// here for those that exited.
 #[derive(Debug, Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     /// Last counts of processes that exited (their slot or entry is gone).
     finished: BTreeMap<u32, ProcessCounters>,
     /// Processes that count their calls themselves (the in-process front end): their
@@ -35,7 +35,7 @@ pub struct Counters {
 
 impl Counters {
     /// Forgets the kept counts and region of `pid` (gone, its last period sent).
-    pub fn forget(&mut self, pid: u32) {
+    pub(crate) fn forget(&mut self, pid: u32) {
         self.finished.remove(&pid);
         self.regions.remove(&pid);
     }
@@ -43,7 +43,7 @@ impl Counters {
     /// Every target's exact counters now (running and exited), and the loss counters.
     /// `slots` are the (pid, slot) of processes with a counter slot of their own; `host`,
     /// for file-wide probes, says which pids of `HOST_COUNTERS` are targets.
-    pub fn read(
+    pub(crate) fn read(
         &self,
         ebpf: &Ebpf,
         slots: &[(u32, u32)],
@@ -74,7 +74,7 @@ impl Counters {
 
     /// What the regions count, and the kept counts of processes gone, with no kernel
     /// counters at all (a recording that never attached: nothing was lost in a kernel).
-    pub fn read_in_process(&self) -> (BTreeMap<u32, ProcessCounters>, Losses) {
+    pub(crate) fn read_in_process(&self) -> (BTreeMap<u32, ProcessCounters>, Losses) {
         (
             combine([&self.finished, &self.in_process()]),
             Losses::default(),
@@ -83,20 +83,24 @@ impl Counters {
 
     /// Process `pid` counts its own calls in `region` (from now on): its counts are added
     /// to whatever the kernel counts for it (a small-object layer's probes).
-    pub fn add_region(&mut self, pid: u32, region: crate::preload::MappedRegion) {
+    pub(crate) fn add_region(&mut self, pid: u32, region: crate::preload::MappedRegion) {
         self.regions.insert(pid, region);
     }
 
     /// Like [`Counters::add_region`], for a running process the front end was just loaded
     /// into: its counts start when its probes are attached (what it counted before that
     /// has no samples).
-    pub fn add_region_from_attach(&mut self, pid: u32, region: crate::preload::MappedRegion) {
+    pub(crate) fn add_region_from_attach(
+        &mut self,
+        pid: u32,
+        region: crate::preload::MappedRegion,
+    ) {
         self.regions.insert(pid, region);
         self.counting_from_attach.insert(pid);
     }
 
     /// `pid`'s probes are attached: a region waiting for that counts from now.
-    pub fn probes_attached(&mut self, pid: u32) {
+    pub(crate) fn probes_attached(&mut self, pid: u32) {
         if self.counting_from_attach.remove(&pid) {
             if let Some(region) = self.regions.get_mut(&pid) {
                 region.count_from_now();
@@ -106,7 +110,7 @@ impl Counters {
 
     /// `pid` is gone: the counts of its region are kept, and the region's slot in the family
     /// table returned, to be given back.
-    pub fn release_region(&mut self, pid: u32) -> Option<usize> {
+    pub(crate) fn release_region(&mut self, pid: u32) -> Option<usize> {
         let slot = self.regions.get(&pid)?.slot()?;
         let region = self.regions.remove(&pid)?;
         let (calls, bytes) = region.counts();
@@ -115,28 +119,28 @@ impl Counters {
     }
 
     /// The name `pid`'s library wrote into its region after its latest exec, if any.
-    pub fn region_comm(&self, pid: u32) -> Option<String> {
+    pub(crate) fn region_comm(&self, pid: u32) -> Option<String> {
         self.regions.get(&pid)?.comm()
     }
 
     /// When `pid`'s library last set up (see [`crate::preload::MappedRegion::set_up_ns`]).
-    pub fn region_set_up_ns(&self, pid: u32) -> Option<u64> {
+    pub(crate) fn region_set_up_ns(&self, pid: u32) -> Option<u64> {
         Some(self.regions.get(&pid)?.set_up_ns())
     }
 
     /// Whether `pid` counts its own calls.
-    pub fn has_region(&self, pid: u32) -> bool {
+    pub(crate) fn has_region(&self, pid: u32) -> bool {
         self.regions.contains_key(&pid)
     }
 
     /// `pid`'s maps as its in-process front end read them, when newly written (see
     /// [`crate::preload::MappedRegion::new_maps`]).
-    pub fn new_maps(&mut self, pid: u32) -> Option<(String, u64)> {
+    pub(crate) fn new_maps(&mut self, pid: u32) -> Option<(String, u64)> {
         self.regions.get_mut(&pid)?.new_maps()
     }
 
     /// The regions, to set their interval.
-    pub fn regions(&self) -> impl Iterator<Item = (u32, &crate::preload::MappedRegion)> {
+    pub(crate) fn regions(&self) -> impl Iterator<Item = (u32, &crate::preload::MappedRegion)> {
         self.regions.iter().map(|(&pid, region)| (pid, region))
     }
 
@@ -153,7 +157,7 @@ impl Counters {
 
     /// A process counted per pid (`HOST_COUNTERS`) exited: its last counts are kept and its
     /// entry goes, so that a later process given the same pid starts from zero.
-    pub fn keep_host(&mut self, ebpf: &mut Ebpf, pid: u32) -> anyhow::Result<()> {
+    pub(crate) fn keep_host(&mut self, ebpf: &mut Ebpf, pid: u32) -> anyhow::Result<()> {
         let last = read_host_counter(
             &PerCpuHashMap::try_from(map(ebpf, kernel::maps::HOST_COUNTERS)?)?,
             pid,
@@ -168,7 +172,7 @@ impl Counters {
 
     /// A process with a counter slot exited: its last counts are kept, and the slot is
     /// zeroed for another process.
-    pub fn keep_slot(&mut self, ebpf: &mut Ebpf, pid: u32, slot: u32) -> anyhow::Result<()> {
+    pub(crate) fn keep_slot(&mut self, ebpf: &mut Ebpf, pid: u32, slot: u32) -> anyhow::Result<()> {
         let last = read_counters(
             &PerCpuArray::try_from(map(ebpf, kernel::maps::COUNTERS)?)?,
             &[(pid, slot)],
@@ -190,14 +194,14 @@ impl Counters {
 
 /// Entries of the kernel's thread-state map (threads that called since they were last
 /// forgotten).
-pub fn thread_states(ebpf: &Ebpf) -> anyhow::Result<u64> {
+pub(crate) fn thread_states(ebpf: &Ebpf) -> anyhow::Result<u64> {
     let threads: aya::maps::HashMap<_, u32, sampler_common::ThreadState> =
         aya::maps::HashMap::try_from(map(ebpf, kernel::maps::THREADS)?)?;
     Ok(threads.keys().filter(Result::is_ok).count() as u64)
 }
 
 /// Every process's samples the kernel could not deliver (`LOST`).
-pub fn lost(ebpf: &Ebpf) -> anyhow::Result<BTreeMap<u32, Vec<LostBatch>>> {
+pub(crate) fn lost(ebpf: &Ebpf) -> anyhow::Result<BTreeMap<u32, Vec<LostBatch>>> {
     read_lost(&PerCpuHashMap::try_from(map(ebpf, kernel::maps::LOST)?)?)
 }
 

@@ -9,7 +9,7 @@ use sampler_common::{
 };
 
 use super::{CopiedStack, Event, Freed, Sample};
-pub use crate::preload::EarlyCopy;
+pub(crate) use crate::preload::EarlyCopy;
 use crate::python::PythonStack;
 
 /// What the early records say: the events in the order they were written, and the
@@ -17,7 +17,7 @@ use crate::python::PythonStack;
 /// kernel's live map, so that their frees from now on are seen. `track_frees`: the
 /// recording tracks frees (else no block is tracked and frees are dropped).
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Early {
+pub(crate) struct Early {
     /// Samples and frees, in the order the records were claimed.
     pub events: Vec<Event>,
     /// Blocks sampled and not freed in the records.
@@ -29,7 +29,7 @@ pub struct Early {
 /// Turns `records` (in claim order) into events and the blocks left live; `python` gives
 /// a sample's Python frames, resolved (called with the record's index for those whose
 /// library read frames).
-pub fn events(
+pub(crate) fn events(
     records: Vec<EarlyCopy>,
     track_frees: bool,
     mut python: impl FnMut(usize, &EarlyCopy) -> Option<PythonStack>,

@@ -17,7 +17,7 @@ use super::counters::map_mut;
 
 /// Removes the entries of the processes in `gone` from the kernel's per-pid counters,
 /// lost-sample counts, exclusions and live-block table; returns how many entries went.
-pub fn forget_in_kernel(ebpf: &mut Ebpf, gone: &BTreeSet<u32>) -> anyhow::Result<usize> {
+pub(crate) fn forget_in_kernel(ebpf: &mut Ebpf, gone: &BTreeSet<u32>) -> anyhow::Result<usize> {
     let mut removed = 0;
     {
         let mut host: PerCpuHashMap<_, u32, ProcessCounters> =

@@ -23,12 +23,12 @@ use sampler_common::{
 use tokio::sync::mpsc;
 
 mod counters;
-pub mod early;
-pub mod forget;
+pub(crate) mod early;
+pub(crate) mod forget;
 
-pub use counters::{lost, thread_states, Counters, Losses, LostBatch};
+pub(crate) use counters::{lost, thread_states, Counters, Losses, LostBatch};
 
-pub use crate::sys::clock::monotonic_ns;
+pub(crate) use crate::sys::clock::monotonic_ns;
 
 /// A decoded sample, owned.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -141,7 +141,7 @@ pub enum Event {
 }
 
 /// Decodes one ring-buffer record; `None` for a record of the wrong size or content.
-pub fn decode(bytes: &[u8]) -> Option<Event> {
+pub(crate) fn decode(bytes: &[u8]) -> Option<Event> {
     let kind = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
     if kind == EventKind::Free as u32 {
         decode_free(bytes)
@@ -190,7 +190,7 @@ fn decode_process(bytes: &[u8]) -> Option<Event> {
 
 /// A kernel `comm` (NUL-padded, any bytes) as text: up to its first NUL, invalid UTF-8
 /// replaced (still the target's: sanitize before a terminal sees it).
-pub fn comm_name(comm: &[u8; 16]) -> String {
+pub(crate) fn comm_name(comm: &[u8; 16]) -> String {
     let name = comm.split(|&b| b == 0).next().unwrap_or_default();
     String::from_utf8_lossy(name).into_owned()
 }
@@ -302,7 +302,7 @@ fn batches_in_flight(ring_bytes: usize) -> usize {
 /// copies and decodes every record at once (so the kernel can reuse the space) and sends
 /// them over a bounded channel. Nothing the recording does (symbolization, exports, the
 /// terminal) delays intake.
-pub struct SampleReader {
+pub(crate) struct SampleReader {
     deliveries: mpsc::Receiver<Delivery>,
     shared: Arc<Shared>,
     /// Samples whose Python frames were lost (`None`: Python frames off).
@@ -358,7 +358,7 @@ impl Shared {
 
 impl SampleReader {
     /// Starts the intake thread on the `SAMPLES` ring buffer taken from the loaded object.
-    pub fn new(
+    pub(crate) fn new(
         ring: RingBuf<MapData>,
         ring_bytes: usize,
         python: Option<crate::python::Frames>,
@@ -385,7 +385,7 @@ impl SampleReader {
     /// A reader of no ring buffer: a recording whose probes were never attached (its
     /// command's tree was gone before they loaded) has every event already; `read` waits
     /// forever and catching up is immediate.
-    pub fn idle() -> anyhow::Result<SampleReader> {
+    pub(crate) fn idle() -> anyhow::Result<SampleReader> {
         let (sender, deliveries) = mpsc::channel(1);
         Ok(SampleReader {
             deliveries,
@@ -397,7 +397,7 @@ impl SampleReader {
     }
 
     /// Waits for the next records and moves them into `out`.
-    pub async fn read(&mut self, out: &mut Vec<Event>) -> anyhow::Result<()> {
+    pub(crate) async fn read(&mut self, out: &mut Vec<Event>) -> anyhow::Result<()> {
         match self.deliveries.recv().await {
             Some(Delivery::Events(events)) => out.extend(events),
             Some(Delivery::CaughtUp(_)) => {}
@@ -407,7 +407,7 @@ impl SampleReader {
     }
 
     /// Moves every record that was in the ring buffer when called into `out`.
-    pub async fn catch_up(&mut self, out: &mut Vec<Event>) -> anyhow::Result<()> {
+    pub(crate) async fn catch_up(&mut self, out: &mut Vec<Event>) -> anyhow::Result<()> {
         if self.thread.is_none() {
             return Ok(());
         }
@@ -425,7 +425,7 @@ impl SampleReader {
 
     /// Has the intake thread look for an interpreter in running process `pid` now (before
     /// its probes are attached): its Python frames are then read from its first sample.
-    pub fn examine(&self, pid: u32) {
+    pub(crate) fn examine(&self, pid: u32) {
         if self.python_missing.is_none() {
             return;
         }
@@ -439,7 +439,7 @@ impl SampleReader {
     /// [`Self::examine`] for each of `pids`, and waits (at most `longest`) until the intake
     /// thread has: for processes running already, whose samples come through the probes
     /// next.
-    pub fn examine_now(&self, pids: &[u32], longest: std::time::Duration) {
+    pub(crate) fn examine_now(&self, pids: &[u32], longest: std::time::Duration) {
         if self.python_missing.is_none() || pids.is_empty() {
             return;
         }
@@ -460,13 +460,13 @@ impl SampleReader {
     }
 
     /// Records that did not decode so far.
-    pub fn malformed(&self) -> u64 {
+    pub(crate) fn malformed(&self) -> u64 {
         self.shared.malformed.load(Ordering::Relaxed)
     }
 
     /// Samples that arrived without the Python frames the kernel read for them (the ring
     /// buffer had no room for those): their stacks show the evaluator's native frames.
-    pub fn python_frames_missing(&self) -> u64 {
+    pub(crate) fn python_frames_missing(&self) -> u64 {
         self.python_missing
             .as_ref()
             .map_or(0, |missing| missing.load(Ordering::Relaxed))

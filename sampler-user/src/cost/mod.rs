@@ -13,8 +13,8 @@
 
 pub use crate::schema::{Overhead, ProcessOverhead, Trap, TrapSource};
 
-pub mod trap;
-pub mod windows;
+pub(crate) mod trap;
+pub(crate) mod windows;
 
 use crate::probe::runs::ProgramRuns;
 

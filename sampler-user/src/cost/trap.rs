@@ -48,7 +48,7 @@ fn time_calls() -> f64 {
 }
 
 /// The trap cost on this machine, or the modelled one if it cannot be measured (logged).
-pub fn calibrate(probes: &mut Probes) -> Trap {
+pub(crate) fn calibrate(probes: &mut Probes) -> Trap {
     match measure(probes) {
         Ok(trap) => {
             log::debug!("uprobe trap calibrated: {:.0} ns per hit", trap.ns);

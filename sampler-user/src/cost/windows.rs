@@ -13,15 +13,15 @@ use std::os::fd::OwnedFd;
 use crate::probe::runs::{self, ProgramRuns};
 
 /// One statistics window opens every this many seconds (and at the start).
-pub const PERIOD: u32 = 10;
+pub(crate) const PERIOD: u32 = 10;
 
 /// A window stays open until it has seen this many allocation calls (or for [`PERIOD`]
 /// seconds): a slow process costs little per second, and its figure needs calls.
-pub const MIN_CALLS: u64 = 1000;
+pub(crate) const MIN_CALLS: u64 = 1000;
 
 /// The statistics windows so far.
 #[derive(Default)]
-pub struct CostWindows {
+pub(crate) struct CostWindows {
     /// Keeps the statistics on while a window is open.
     stats: Option<OwnedFd>,
     /// The open window's start: program runs and the targets' calls.
@@ -40,7 +40,7 @@ pub struct CostWindows {
 
 /// What a tick of the once-a-second clock asks of the windows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CostStep {
+pub(crate) enum CostStep {
     /// Nothing: no window is open, none opens now.
     Idle,
     /// Open a window.
@@ -51,12 +51,12 @@ pub enum CostStep {
 
 impl CostWindows {
     /// Whether any window measured something.
-    pub fn measured(&self) -> bool {
+    pub(crate) fn measured(&self) -> bool {
         self.calls > 0
     }
 
     /// The programs' runs over the windows, scaled to `calls` allocation calls.
-    pub fn runs_for(&self, calls: u64) -> ProgramRuns {
+    pub(crate) fn runs_for(&self, calls: u64) -> ProgramRuns {
         if self.calls == 0 {
             return ProgramRuns::default();
         }
@@ -64,13 +64,13 @@ impl CostWindows {
     }
 
     /// The runs and calls the windows measured.
-    pub fn totals(&self) -> (ProgramRuns, u64) {
+    pub(crate) fn totals(&self) -> (ProgramRuns, u64) {
         (self.runs, self.calls)
     }
 
     /// Counts a tick (the first comes at once): a window opens at the start and every
     /// [`PERIOD`] seconds.
-    pub fn tick(&mut self) -> CostStep {
+    pub(crate) fn tick(&mut self) -> CostStep {
         self.ticks += 1;
         if self.opened.is_some() {
             CostStep::Check
@@ -83,7 +83,7 @@ impl CostWindows {
 
     /// Whether the open window, with `calls` counted so far, is done: it has seen
     /// [`MIN_CALLS`] calls over at least a second, or is [`PERIOD`] seconds old.
-    pub fn done(&self, calls: u64) -> bool {
+    pub(crate) fn done(&self, calls: u64) -> bool {
         let (Some((_, calls_then)), Some(at)) = (self.opened, self.opened_at) else {
             return false;
         };
@@ -96,7 +96,7 @@ impl CostWindows {
 impl CostWindows {
     /// Opens a window (unless one is open or the kernel refused statistics): `runs` are the
     /// programs' runs now, `calls` the targets' allocation calls counted so far.
-    pub fn open(&mut self, runs: impl FnOnce() -> ProgramRuns, calls: u64) {
+    pub(crate) fn open(&mut self, runs: impl FnOnce() -> ProgramRuns, calls: u64) {
         if self.opened.is_some() || self.refused {
             return;
         }
@@ -112,7 +112,7 @@ impl CostWindows {
     /// Closes the open window, adding what it measured: `runs` are the programs' runs now
     /// (read before the statistics go off: the kernel stops counting then), `calls` the
     /// targets' allocation calls counted so far.
-    pub fn close(&mut self, runs: ProgramRuns, calls: u64) {
+    pub(crate) fn close(&mut self, runs: ProgramRuns, calls: u64) {
         let Some((runs_then, calls_then)) = self.opened.take() else {
             return;
         };
@@ -125,7 +125,8 @@ impl CostWindows {
     }
 
     /// Whether a window is open.
-    pub fn is_open(&self) -> bool {
+    #[cfg(test)]
+    fn is_open(&self) -> bool {
         self.opened.is_some()
     }
 }

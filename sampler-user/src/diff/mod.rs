@@ -16,7 +16,7 @@
 //! Allocations are compared per second (recordings differ in length); in-use bytes as they
 //! were at each recording's end, when both tracked frees.
 
-pub mod render;
+pub(crate) mod render;
 
 use std::collections::BTreeMap;
 
@@ -32,14 +32,14 @@ use crate::{
 
 /// A stack's identity across recordings: the command ([`ANY_COMMAND`] unless matched by
 /// command), then frames leaf first.
-pub type Key = Vec<String>;
+pub(crate) type Key = Vec<String>;
 
 /// The first word of a [`Key`] when stacks are matched whatever their command.
-pub const ANY_COMMAND: &str = "*";
+pub(crate) const ANY_COMMAND: &str = "*";
 
 /// One stack's (or function's) values in both recordings, and their changes.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Compared {
+pub(crate) struct Compared {
     /// The command ([`ANY_COMMAND`] unless matched by command), then the frames, leaf
     /// first (a function: that and the leaf).
     pub key: Key,
@@ -65,22 +65,22 @@ pub struct Compared {
 
 impl Compared {
     /// The change in allocations relative to the base, in percent (infinite: new).
-    pub fn alloc_percent(&self) -> f64 {
+    pub(crate) fn alloc_percent(&self) -> f64 {
         percent(self.alloc_change.estimate, self.base_alloc_per_second)
     }
 
     /// The change in in-use bytes relative to the base, in percent.
-    pub fn inuse_percent(&self) -> Option<f64> {
+    pub(crate) fn inuse_percent(&self) -> Option<f64> {
         Some(percent(self.inuse_change?.estimate, self.base_inuse?))
     }
 
     /// Whether either change is significant.
-    pub fn significant(&self) -> bool {
+    pub(crate) fn significant(&self) -> bool {
         self.alloc_change.significant || self.inuse_change.is_some_and(|c| c.significant)
     }
 
     /// The largest significant growth in percent (`None`: none grew significantly).
-    pub fn significant_growth_percent(&self) -> Option<f64> {
+    pub(crate) fn significant_growth_percent(&self) -> Option<f64> {
         let alloc = (self.alloc_change.significant && self.alloc_change.estimate > 0.0)
             .then(|| self.alloc_percent());
         let inuse = self
@@ -103,7 +103,7 @@ fn percent(change: f64, base: f64) -> f64 {
 
 /// What `diff` found.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Diff {
+pub(crate) struct Diff {
     /// Schema tag, [`SCHEMA`].
     pub schema: String,
     /// The simultaneous confidence of every bound.
@@ -121,7 +121,7 @@ pub struct Diff {
 }
 
 /// Schema tag of `diff`'s JSON.
-pub const SCHEMA: &str = "allocscope/diff-v1";
+pub(crate) const SCHEMA: &str = "allocscope/diff-v1";
 
 /// Values of one side, summed per key.
 #[derive(Clone, Debug, Default)]
@@ -219,7 +219,7 @@ fn absent(profile: &Profile) -> Spread {
 
 /// Compares `new` with `base` at `confidence` (simultaneous over every comparison made);
 /// `by_command`: a stack is matched within its command only.
-pub fn diff(base: &Profile, new: &Profile, confidence: f64, by_command: bool) -> Diff {
+pub(crate) fn diff(base: &Profile, new: &Profile, confidence: f64, by_command: bool) -> Diff {
     let (base_stacks, base_functions) = sides(base, by_command);
     let (new_stacks, new_functions) = sides(new, by_command);
     let tracked = !base.alloc_only && !new.alloc_only;
@@ -331,7 +331,7 @@ impl Sides<'_> {
 }
 
 /// The stacks (or functions) whose significant growth exceeds `percent`.
-pub fn grown_beyond(diff: &Diff, percent: f64) -> Vec<&Compared> {
+pub(crate) fn grown_beyond(diff: &Diff, percent: f64) -> Vec<&Compared> {
     diff.stacks
         .iter()
         .chain(&diff.functions)

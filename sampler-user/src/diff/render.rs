@@ -12,11 +12,11 @@ use crate::{
 };
 
 /// Rows of each table.
-pub const ROWS: usize = 20;
+pub(crate) const ROWS: usize = 20;
 
 /// The printed table: significant changes (growth first) per stack and per function, and
 /// how many were within the noise.
-pub fn table(diff: &Diff, base: &str, new: &str) -> String {
+pub(crate) fn table(diff: &Diff, base: &str, new: &str) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -107,14 +107,14 @@ fn finish(mut line: String, c: &Compared) -> String {
 }
 
 /// The diff as JSON.
-pub fn json(diff: &Diff, out: &mut dyn Write) -> std::io::Result<()> {
+pub(crate) fn json(diff: &Diff, out: &mut dyn Write) -> std::io::Result<()> {
     serde_json::to_writer_pretty(&mut *out, diff)?;
     writeln!(out)
 }
 
 /// Differential folded stacks: `command;root;…;leaf base new`, bytes allocated per second
 /// in each recording (rounded).
-pub fn folded(diff: &Diff, out: &mut dyn Write) -> std::io::Result<()> {
+pub(crate) fn folded(diff: &Diff, out: &mut dyn Write) -> std::io::Result<()> {
     for c in &diff.stacks {
         let mut path = vec![sanitize(&c.commands.join(","))];
         path.extend(c.frames.iter().rev().map(frame_name));
@@ -132,7 +132,7 @@ pub fn folded(diff: &Diff, out: &mut dyn Write) -> std::io::Result<()> {
 /// A profile whose values are the changes (new − base): `alloc_space` in bytes allocated
 /// per second, `inuse_space` in bytes; objects are not compared (0). `new` gives the
 /// recording's metadata.
-pub fn difference_profile(diff: &Diff, new: &Profile) -> Profile {
+pub(crate) fn difference_profile(diff: &Diff, new: &Profile) -> Profile {
     let value = |v: f64| Estimate {
         samples: 0,
         estimate: v,

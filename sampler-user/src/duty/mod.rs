@@ -15,7 +15,7 @@
 
 mod cycling;
 pub mod estimate;
-pub mod plan;
-pub mod sums;
+pub(crate) mod plan;
+pub(crate) mod sums;
 
 pub use cycling::{DutyCycling, SLOT};

@@ -22,11 +22,11 @@
 
 /// Most slots per stratum: one on slot in 1000 at most (the cost of a probe-heavy target
 /// is then ~0.1% of a fully probed one's; beyond, estimates would rest on too little).
-pub const MAX_SLOTS: u32 = 1000;
+pub(crate) const MAX_SLOTS: u32 = 1000;
 
 /// One stratum of the plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Stratum {
+pub(crate) struct Stratum {
     /// Slots in it (1: always on, not sampled in time).
     pub slots: u32,
     /// Which of them is on (0-based).
@@ -35,7 +35,7 @@ pub struct Stratum {
 
 impl Stratum {
     /// A stratum of `slots` slots, its on slot drawn from `random` (uniform over u64).
-    pub fn draw(slots: u32, random: u64) -> Stratum {
+    pub(crate) fn draw(slots: u32, random: u64) -> Stratum {
         let slots = slots.clamp(1, MAX_SLOTS);
         Stratum {
             slots,
@@ -47,7 +47,7 @@ impl Stratum {
 
 /// What to do at the start of a slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlotStart {
+pub(crate) struct SlotStart {
     /// The stratum that just ended (`None` in the first slot).
     pub ended: Option<Stratum>,
     /// The previous slot was on: close the gate and take the probes out (unless this one
@@ -59,7 +59,7 @@ pub struct SlotStart {
 
 /// The slot plan as it unfolds.
 #[derive(Clone, Debug)]
-pub struct Plan {
+pub(crate) struct Plan {
     stratum: Stratum,
     /// Slot of the current stratum we are in; `None` before the first slot.
     slot: Option<u32>,
@@ -75,7 +75,7 @@ impl Default for Plan {
 impl Plan {
     /// A plan whose first stratum is one slot, on: the cost is measured before any is
     /// skipped.
-    pub fn new() -> Plan {
+    pub(crate) fn new() -> Plan {
         Plan {
             stratum: Stratum {
                 slots: 1,
@@ -87,23 +87,23 @@ impl Plan {
     }
 
     /// The stratum being played.
-    pub fn stratum(&self) -> Stratum {
+    pub(crate) fn stratum(&self) -> Stratum {
         self.stratum
     }
 
     /// Strata completed.
-    pub fn strata(&self) -> u64 {
+    pub(crate) fn strata(&self) -> u64 {
         self.strata
     }
 
     /// Whether the current slot is on.
-    pub fn is_on(&self) -> bool {
+    pub(crate) fn is_on(&self) -> bool {
         self.slot == Some(self.stratum.on_slot)
     }
 
     /// Moves to the next slot. When a stratum ends, the next one is `next()` (called only
     /// then: a controller's choice from what was measured so far).
-    pub fn advance(&mut self, next: impl FnOnce() -> Stratum) -> SlotStart {
+    pub(crate) fn advance(&mut self, next: impl FnOnce() -> Stratum) -> SlotStart {
         let was_on = self.is_on();
         let mut ended = None;
         let slot = match self.slot {
@@ -132,7 +132,7 @@ const AIM: f64 = 0.85;
 /// Slots per stratum for the next window, from `current` and the added `share` of the
 /// targets' own CPU time measured over the last one (infinite when they did no work of
 /// their own: all of their time went to the probes).
-pub fn next_slots(budget: f64, current: u32, share: f64) -> u32 {
+pub(crate) fn next_slots(budget: f64, current: u32, share: f64) -> u32 {
     if budget.is_nan() || budget <= 0.0 || share.is_nan() {
         return current.clamp(1, MAX_SLOTS);
     }

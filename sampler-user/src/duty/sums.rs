@@ -62,7 +62,7 @@ struct StackSums {
 
 /// The duty-cycled sums of a recording.
 #[derive(Clone, Debug, Default)]
-pub struct DutySums {
+pub(crate) struct DutySums {
     /// Per target: every stratum closed so far, with its work and nothing observed.
     zero: BTreeMap<u32, DutyPair>,
     /// Per stack (by id; `None`: a stack of no sample yet).
@@ -76,7 +76,7 @@ pub struct DutySums {
 impl DutySums {
     /// A sample of `stack`, of process `pid` (taken in the current stratum's on slot: the
     /// kernel samples nothing outside one).
-    pub fn add(&mut self, stack: StackId, pid: u32, obs: SampleObs) {
+    pub(crate) fn add(&mut self, stack: StackId, pid: u32, obs: SampleObs) {
         let id = stack as usize;
         if self.stacks.len() <= id {
             self.stacks.resize(id + 1, None);
@@ -94,7 +94,11 @@ impl DutySums {
 
     /// Closes the current stratum as `observed`, with every target's exact counters now
     /// (cumulative: what they grew by since the last close is this stratum's).
-    pub fn close(&mut self, observed: &StratumObserved, counters: &BTreeMap<u32, ProcessCounters>) {
+    pub(crate) fn close(
+        &mut self,
+        observed: &StratumObserved,
+        counters: &BTreeMap<u32, ProcessCounters>,
+    ) {
         for stack in self.stacks.iter_mut().flatten() {
             let work = observed.of(stack.pid);
             add(
@@ -137,7 +141,7 @@ impl DutySums {
     }
 
     /// `stack`'s totals with the current stratum, as `open` so far, added.
-    pub fn stack(&self, stack: StackId, open: &StratumObserved) -> Option<DutyPair> {
+    pub(crate) fn stack(&self, stack: StackId, open: &StratumObserved) -> Option<DutyPair> {
         let sums = self.stacks.get(stack as usize)?.as_ref()?;
         Some(with(
             &sums.closed,
@@ -149,7 +153,12 @@ impl DutySums {
 
     /// `pid`'s totals of bytes and calls with the current stratum, as `open` so far, added
     /// (its exact counters now are `counters`).
-    pub fn process(&self, pid: u32, counters: ProcessCounters, open: &StratumObserved) -> DutyPair {
+    pub(crate) fn process(
+        &self,
+        pid: u32,
+        counters: ProcessCounters,
+        open: &StratumObserved,
+    ) -> DutyPair {
         let closed = self
             .processes
             .get(&pid)

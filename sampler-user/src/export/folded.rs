@@ -12,7 +12,7 @@ use crate::{
 };
 
 /// Writes one line per distinct folded stack (stacks whose names coincide are summed).
-pub fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::Result<()> {
+pub(crate) fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::Result<()> {
     for (path, amount) in lines(profile, value) {
         writeln!(out, "{path} {amount}")?;
     }
@@ -20,7 +20,7 @@ pub fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::R
 }
 
 /// The folded lines as (path, value), sorted by path, without zero values.
-pub fn lines(profile: &Profile, value: Value) -> Vec<(String, u64)> {
+pub(crate) fn lines(profile: &Profile, value: Value) -> Vec<(String, u64)> {
     let processes = profile.process_labels();
     let mut lines: BTreeMap<String, f64> = BTreeMap::new();
     for stack in &profile.stacks {

@@ -1,11 +1,11 @@
 //! ⑥ One exporter per format, each over `&Profile`.
 
-pub mod folded;
-pub mod html;
-pub mod json;
+pub(crate) mod folded;
+pub(crate) mod html;
+pub(crate) mod json;
 pub mod pprof;
-pub mod speedscope;
-pub mod svg;
+pub(crate) mod speedscope;
+pub(crate) mod svg;
 
 use std::{
     io::Write,

@@ -19,7 +19,7 @@ use crate::{
 };
 
 /// The schema URL the format asks files to name.
-pub const SCHEMA_URL: &str = "https://www.speedscope.app/file-format-schema.json";
+pub(crate) const SCHEMA_URL: &str = "https://www.speedscope.app/file-format-schema.json";
 
 #[derive(Serialize)]
 struct File {
@@ -72,7 +72,7 @@ fn values(profile: &Profile) -> Vec<Value> {
 }
 
 /// Writes `profile` as a speedscope file; `value` is the profile shown first.
-pub fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::Result<()> {
+pub(crate) fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::Result<()> {
     serde_json::to_writer(&mut *out, &file(profile, value))?;
     writeln!(out)
 }

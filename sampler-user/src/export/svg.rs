@@ -10,7 +10,7 @@ use super::{folded, Value};
 use crate::{format, profile::Profile, text};
 
 /// Writes `profile` as an SVG flame graph of `value`.
-pub fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::Result<()> {
+pub(crate) fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::Result<()> {
     let targets: Vec<String> = profile
         .processes
         .iter()

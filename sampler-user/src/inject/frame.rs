@@ -40,7 +40,7 @@ const SIGINFO: usize = 128;
 /// Below the original stack pointer: the red zone (128 bytes) and a margin.
 const BELOW_SP: u64 = 256;
 /// `FP_XSTATE_MAGIC1`, in the `sw_reserved` bytes (464..) of the legacy area.
-pub const XSTATE_MAGIC1: u32 = 0x4650_5853;
+pub(super) const XSTATE_MAGIC1: u32 = 0x4650_5853;
 /// `FP_XSTATE_MAGIC2`, right after the extended state in a signal frame.
 const XSTATE_MAGIC2: u32 = 0x4650_5845;
 /// AMX tile configuration and data: never touched by the C library, and restoring them
@@ -49,7 +49,7 @@ const AMX: u64 = (1 << 17) | (1 << 18);
 
 /// A thread's extended register state, as `PTRACE_GETREGSET` (`NT_X86_XSTATE`) gives it.
 #[derive(Clone, Debug)]
-pub struct Xstate {
+pub(super) struct Xstate {
     bytes: Vec<u8>,
     /// The state components it holds (XCR0 when it was saved).
     features: u64,
@@ -60,7 +60,7 @@ impl Xstate {
     /// word of its `sw_reserved` bytes is the XCR0 the state was saved under) and writes
     /// there what a signal frame says instead: the magic word, the sizes, the components.
     /// `None` when it is too short to be one.
-    pub fn parse(buffer: &[u8]) -> Option<Xstate> {
+    pub(super) fn parse(buffer: &[u8]) -> Option<Xstate> {
         // The legacy area (512 bytes) and the XSAVE header (64).
         if buffer.len() < 576 {
             return None;
@@ -81,14 +81,14 @@ impl Xstate {
     }
 
     /// The components `XRSTOR` restores (`EDX:EAX`).
-    pub fn restore_mask(&self) -> u64 {
+    pub(super) fn restore_mask(&self) -> u64 {
         self.features & !AMX
     }
 }
 
 /// What the thread's signal mask, segments and registers are, to put back.
 #[derive(Clone, Debug)]
-pub struct Thread {
+pub(super) struct Thread {
     pub registers: Registers,
     pub cs: u64,
     pub ss: u64,
@@ -97,7 +97,7 @@ pub struct Thread {
 
 /// The block, to write at `start`.
 #[derive(Debug)]
-pub struct Block {
+pub(super) struct Block {
     pub start: u64,
     pub bytes: Vec<u8>,
     /// Where the stack pointer is when a function called with it returns into
@@ -110,7 +110,7 @@ pub struct Block {
 }
 
 /// The block for `thread`, whose stack pointer was `sp`, returning into `restore_rt`.
-pub fn block(thread: &Thread, xstate: &Xstate, restore_rt: u64) -> Block {
+pub(super) fn block(thread: &Thread, xstate: &Xstate, restore_rt: u64) -> Block {
     let sp = thread.registers.rsp;
     let xstate_len = xstate.bytes.len() + 4;
     let xstate_at = (sp - BELOW_SP - xstate_len as u64) & !63;

@@ -40,7 +40,7 @@ use thread::Stopped;
 
 /// A library loaded into a process.
 #[derive(Debug)]
-pub struct Loaded {
+pub(crate) struct Loaded {
     /// The thread that loaded it.
     pub tid: u32,
     /// How long that thread was stopped (the set-up).
@@ -64,7 +64,7 @@ impl std::fmt::Display for Loaded {
 
 /// Why allocscope's sampler was not loaded into a process.
 #[derive(Debug, thiserror::Error)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// The kernel refused to trace it (Yama, privileges).
     #[error("ptrace refused: {0}")]
     Ptrace(io::Error),
@@ -101,7 +101,7 @@ const LOADING_WITHIN: Duration = Duration::from_secs(10);
 const RTLD_NOW: u64 = 2;
 
 /// Loads `library` into process `pid`.
-pub fn load(pid: u32, library: &Path) -> Result<Loaded, Refused> {
+pub(crate) fn load(pid: u32, library: &Path) -> Result<Loaded, Refused> {
     if crate::sys::process::seccomp_mode(pid).is_some_and(|m| m != 0) {
         return Err(Refused::Seccomp);
     }

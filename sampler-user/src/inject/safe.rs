@@ -45,7 +45,7 @@ fn holds_locks(path: &std::path::Path) -> bool {
 
 /// Why a thread was not taken.
 #[derive(Debug, PartialEq, Eq)]
-pub enum NotNow {
+pub(super) enum NotNow {
     /// In a system call an allocator makes while it may hold its lock.
     MemoryCall(u64),
     /// Running code of the C library, the loader or an allocator.
@@ -54,7 +54,7 @@ pub enum NotNow {
 
 /// Whether a thread stopped with `ip`, in system call `syscall` (`orig_rax`: negative when
 /// none), may call `dlopen`, in a process mapped as `vmas`.
-pub fn check(ip: u64, syscall: u64, vmas: &[Vma]) -> Result<(), NotNow> {
+pub(super) fn check(ip: u64, syscall: u64, vmas: &[Vma]) -> Result<(), NotNow> {
     if (syscall as i64) >= 0 {
         return if MEMORY_CALLS.contains(&syscall) {
             Err(NotNow::MemoryCall(syscall))

@@ -19,7 +19,7 @@
 
 /// The registers the stub restores (x86-64, as `PTRACE_GETREGS` gives them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Registers {
+pub(super) struct Registers {
     pub rax: u64,
     pub rbx: u64,
     pub rcx: u64,
@@ -52,7 +52,7 @@ const SYSCALL_LEN: u64 = 2;
 
 /// Where the thread resumes, in user space, with no tracer: a system call the stop
 /// interrupted is restarted as the kernel would have on resuming it.
-pub fn resumed(regs: &Registers) -> Registers {
+pub(super) fn resumed(regs: &Registers) -> Registers {
     let mut out = *regs;
     if (regs.orig_rax as i64) < 0 {
         return out;
@@ -72,16 +72,16 @@ pub fn resumed(regs: &Registers) -> Registers {
 }
 
 /// Value of the result word until `dlopen` returns.
-pub const PENDING: u64 = u64::MAX;
+pub(super) const PENDING: u64 = u64::MAX;
 
 /// Offsets within the page.
-pub const CODE: usize = 0;
+pub(super) const CODE: usize = 0;
 const SAVED: usize = 1024;
 /// The result word (`dlopen`'s handle, 0 when it failed).
-pub const RESULT: usize = 1024 + 8 * 20;
+pub(super) const RESULT: usize = 1024 + 8 * 20;
 /// The NUL-terminated path of the library.
-pub const PATH: usize = 2048;
-pub const PAGE: usize = 4096;
+pub(super) const PATH: usize = 2048;
+pub(super) const PAGE: usize = 4096;
 
 /// Register order in the saved area and the restore sequence: (index for `mov r64`, value).
 fn order(regs: &Registers) -> [(u8, u64); 15] {
@@ -107,7 +107,7 @@ fn order(regs: &Registers) -> [(u8, u64); 15] {
 /// The thread's extended register state: where it was saved (64-byte aligned, on the
 /// thread's stack above the call: see [`super::frame`]) and the components to restore.
 #[derive(Clone, Copy, Debug)]
-pub struct Extended {
+pub(super) struct Extended {
     pub at: u64,
     pub mask: u64,
 }
@@ -115,7 +115,7 @@ pub struct Extended {
 /// The page: code at [`CODE`], `regs` (where the thread resumes: see [`resumed`]) saved,
 /// [`RESULT`] set to [`PENDING`], `path` at [`PATH`]; the code restores `extended` too.
 /// `None` when the path does not fit.
-pub fn page(regs: &Registers, extended: Extended, path: &[u8]) -> Option<Vec<u8>> {
+pub(super) fn page(regs: &Registers, extended: Extended, path: &[u8]) -> Option<Vec<u8>> {
     if path.contains(&0) || PATH + path.len() + 1 > PAGE {
         return None;
     }

@@ -76,7 +76,7 @@ const NT_X86_XSTATE: u64 = 0x202;
 const ENTRY_RAX: u64 = (-38i64) as u64;
 
 impl Stopped {
-    pub fn stop(tid: u32) -> io::Result<Stopped> {
+    pub(super) fn stop(tid: u32) -> io::Result<Stopped> {
         ptrace(
             libc::PTRACE_SEIZE,
             tid,
@@ -115,7 +115,7 @@ impl Stopped {
     }
 
     /// Where the thread resumes once the call returns (see [`stub::resumed`]).
-    pub fn resume_registers(&self) -> stub::Registers {
+    pub(super) fn resume_registers(&self) -> stub::Registers {
         stub::resumed(&self.saved)
     }
 
@@ -132,7 +132,7 @@ impl Stopped {
 
     /// What a signal frame needs of the thread: its extended state (`None` where the
     /// kernel gives none a frame can hold) and its signal mask.
-    pub fn state(&self, pid: u32) -> anyhow::Result<(frame::Thread, frame::Xstate)> {
+    pub(super) fn state(&self, pid: u32) -> anyhow::Result<(frame::Thread, frame::Xstate)> {
         let mut buffer = vec![0u8; 64 * 1024];
         let mut iov = libc::iovec {
             iov_base: buffer.as_mut_ptr().cast(),
@@ -165,7 +165,7 @@ impl Stopped {
     /// Has the thread call the C library's `mmap` (at `mmap`) for one page, readable,
     /// writable and executable, returning into `block`'s signal frame; stops it as the
     /// system call returns, and puts it back. The page's address.
-    pub fn map_page(&mut self, mmap: u64, block: &frame::Block) -> anyhow::Result<u64> {
+    pub(super) fn map_page(&mut self, mmap: u64, block: &frame::Block) -> anyhow::Result<u64> {
         let mut regs = self.raw;
         regs.rip = mmap;
         regs.rdi = 0;
@@ -225,7 +225,7 @@ impl Stopped {
 
     /// Sets the thread up to call `function(first, second)` returning to `back`, its stack
     /// pointer `sp` (below the block: see [`frame::Block::call_sp`]), and lets it go.
-    pub fn call(
+    pub(super) fn call(
         &mut self,
         mem: &File,
         function: u64,

@@ -27,7 +27,7 @@ const WRITERS_WAIT: Duration = Duration::from_millis(100);
 /// stack, owned ([`EarlyRecord`]'s first word is an atomic, and the rest follows it in the
 /// table).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct EarlyCopy {
+pub(crate) struct EarlyCopy {
     /// The probe's arguments, the thread, the registers.
     pub head: EarlyHead,
     /// Python frames the library read, leaf first (none unless `head.py_head` is set).
@@ -38,7 +38,7 @@ pub struct EarlyCopy {
 
 impl EarlyCopy {
     /// Process id.
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.head.pid as u32
     }
 }
@@ -46,7 +46,7 @@ impl EarlyCopy {
 /// What was read: the complete records in claim order, and how many samples found no
 /// record free or none complete.
 #[derive(Debug, Default)]
-pub struct EarlyRead {
+pub(crate) struct EarlyRead {
     /// Complete records, in the order they were claimed.
     pub records: Vec<EarlyCopy>,
     /// Samples and frees that came when every record was taken: they waited for
@@ -59,7 +59,7 @@ pub struct EarlyRead {
 impl Family {
     /// Asks the command's tree to keep early records, each sample with `stack_bytes` of
     /// stack, until [`Self::end_early`]: before the command runs.
-    pub fn keep_early(&self, stack_bytes: u32) {
+    pub(crate) fn keep_early(&self, stack_bytes: u32) {
         let header = self.header();
         header
             .early_stack_bytes
@@ -68,14 +68,14 @@ impl Family {
     }
 
     /// Whether early records are being kept.
-    pub fn keeps_early(&self) -> bool {
+    pub(crate) fn keeps_early(&self) -> bool {
         self.header().early_state.load(Ordering::Acquire) != EARLY_OFF
     }
 
     /// Holds the writers (a thread about to write a record waits) and reads every record
     /// written; the caller then makes the probes ready for what the records leave open (the
     /// live blocks) and calls [`Self::end_early`].
-    pub fn hold_early(&self) -> anyhow::Result<EarlyRead> {
+    pub(crate) fn hold_early(&self) -> anyhow::Result<EarlyRead> {
         let header = self.header();
         header.early_state.store(EARLY_HOLD, Ordering::SeqCst);
         let deadline = Instant::now() + WRITERS_WAIT;
@@ -102,7 +102,7 @@ impl Family {
 
     /// The early records, read-only, for a reader that looks at them while they are being
     /// written (only complete ones are read).
-    pub fn early_records(&self) -> anyhow::Result<EarlyRecords> {
+    pub(crate) fn early_records(&self) -> anyhow::Result<EarlyRecords> {
         // SAFETY: a shared read-only mapping of our own memfd's early records (within its
         // size); a record is read only once complete.
         let records = unsafe {
@@ -124,7 +124,7 @@ impl Family {
 
     /// The processes with a claim in the table (the command's tree, as far as it loaded
     /// the library).
-    pub fn members(&self) -> Vec<u32> {
+    pub(crate) fn members(&self) -> Vec<u32> {
         self.header()
             .claims
             .iter()
@@ -135,20 +135,20 @@ impl Family {
     }
 
     /// Ends early records: the command's tree fires the probes from now on.
-    pub fn end_early(&self) {
+    pub(crate) fn end_early(&self) {
         self.header().early_state.store(EARLY_OFF, Ordering::SeqCst);
     }
 }
 
 /// A family table's early records, mapped read-only: sendable to another thread.
-pub struct EarlyRecords {
+pub(crate) struct EarlyRecords {
     header: memmap2::Mmap,
     records: memmap2::Mmap,
 }
 
 impl EarlyRecords {
     /// Records claimed so far (at most [`EARLY_SLOTS`]).
-    pub fn claimed(&self) -> usize {
+    pub(crate) fn claimed(&self) -> usize {
         // SAFETY: the header's mapping, page-aligned, as long as the header; read through
         // its atomics only.
         let header = unsafe {
@@ -161,13 +161,13 @@ impl EarlyRecords {
     }
 
     /// Record `index`, if complete.
-    pub fn get(&self, index: usize) -> Option<EarlyCopy> {
+    pub(crate) fn get(&self, index: usize) -> Option<EarlyCopy> {
         self.copy(index, true)
     }
 
     /// Record `index` without its stack (empty), if complete: for a reader of its head
     /// and Python frames only, which need not copy up to 64 KiB a record.
-    pub fn get_without_stack(&self, index: usize) -> Option<EarlyCopy> {
+    pub(crate) fn get_without_stack(&self, index: usize) -> Option<EarlyCopy> {
         self.copy(index, false)
     }
 

@@ -41,13 +41,13 @@ use std::{
 use anyhow::{bail, Context as _};
 
 /// The directory everything is placed under.
-pub const ROOT: &str = "/run/allocscope";
+pub(crate) const ROOT: &str = "/run/allocscope";
 
 /// The library's name in a recording's directory.
-pub const LIBRARY_NAME: &str = "libsampler_preload.so";
+pub(crate) const LIBRARY_NAME: &str = "libsampler_preload.so";
 
 /// How long a gone recording's directory is kept for the processes it left running.
-pub const STALE_AFTER: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const STALE_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 /// How often gone recordings' directories are looked for: a day's recordings leave
 /// thousands (a test suite's, a build's), and reading them all took ~30 ms of every
@@ -59,7 +59,7 @@ const SWEPT: &CStr = c".swept";
 
 /// A recording's directory, with the library linked into it.
 #[derive(Debug)]
-pub struct RecordingDir {
+pub(crate) struct RecordingDir {
     /// Its path.
     pub path: PathBuf,
     dir: OwnedFd,
@@ -67,12 +67,12 @@ pub struct RecordingDir {
 
 impl RecordingDir {
     /// The library's path in it (what `LD_PRELOAD` names).
-    pub fn library(&self) -> PathBuf {
+    pub(crate) fn library(&self) -> PathBuf {
         self.path.join(LIBRARY_NAME)
     }
 
     /// Creates the family table's file in it: new, mode 0600, never through a link.
-    pub fn create_family(&self) -> io::Result<(File, PathBuf)> {
+    pub(crate) fn create_family(&self) -> io::Result<(File, PathBuf)> {
         let name = sampler_common::preload::FAMILY_FILE;
         let file = open_at(
             &self.dir,
@@ -87,7 +87,7 @@ impl RecordingDir {
 /// Places `library` (its bytes) under `root`: the content-addressed file checked or
 /// written, old recordings' directories removed, and a new recording directory made with
 /// the library linked into it.
-pub fn place(root: &Path, library: &[u8]) -> anyhow::Result<RecordingDir> {
+pub(crate) fn place(root: &Path, library: &[u8]) -> anyhow::Result<RecordingDir> {
     let root_dir = trusted_directory(root, true)?;
     let name = format!("libsampler_preload-{:016x}.so", fnv1a(library));
     content_file(&root_dir, &name, library)

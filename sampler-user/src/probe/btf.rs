@@ -28,14 +28,14 @@ const KIND_DECL_TAG: u32 = 17;
 const KIND_ENUM64: u32 = 19;
 
 /// Byte offset of `pid` in the running kernel's `struct task_struct`, if its BTF says.
-pub fn task_pid_offset() -> Option<u32> {
+pub(crate) fn task_pid_offset() -> Option<u32> {
     let data = std::fs::read("/sys/kernel/btf/vmlinux").ok()?;
     member_offset(&data, "task_struct", "pid")
 }
 
 /// Byte offset of member `member` of struct `name` in the BTF blob `data` (the first struct
 /// of that name with such a member; a bit-field member or a malformed blob: `None`).
-pub fn member_offset(data: &[u8], name: &str, member: &str) -> Option<u32> {
+pub(crate) fn member_offset(data: &[u8], name: &str, member: &str) -> Option<u32> {
     let u16_at = |at: usize| Some(u16::from_le_bytes(data.get(at..at + 2)?.try_into().ok()?));
     let u32_at = |at: usize| Some(u32::from_le_bytes(data.get(at..at + 4)?.try_into().ok()?));
     if u16_at(0)? != MAGIC {

@@ -33,25 +33,26 @@ use sampler_common::usdt::{
 use super::usdt::{parse_arguments, Producer, Site};
 
 /// The provider name Go runtime sites are reported under.
-pub const PROVIDER: &str = "go runtime";
+pub(crate) const PROVIDER: &str = "go runtime";
 
 /// What a Go runtime's description adds where the linker turned heap profiling off.
-pub const PROFILING_OFF: &str = "heap profiling off unless the program sets runtime.MemProfileRate";
+pub(crate) const PROFILING_OFF: &str =
+    "heap profiling off unless the program sets runtime.MemProfileRate";
 
 /// Whether `allocator`, as a process's allocators are described to users
 /// ([`super::allocator::Allocator::describe`]), is a Go runtime: `go runtime (go1.19.8) (…)`.
-pub fn describes(allocator: &str) -> bool {
+pub(crate) fn describes(allocator: &str) -> bool {
     allocator
         .strip_prefix(PROVIDER)
         .is_some_and(|rest| rest.starts_with(" ("))
 }
 
 /// The oldest and newest Go releases whose runtime layout is known here.
-pub const KNOWN: (GoVersion, GoVersion) = (GoVersion(1, 18), GoVersion(1, 27));
+pub(crate) const KNOWN: (GoVersion, GoVersion) = (GoVersion(1, 18), GoVersion(1, 27));
 
 /// A Go release, `go1.N` (patch releases keep the layout).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct GoVersion(pub u32, pub u32);
+pub(crate) struct GoVersion(pub u32, pub u32);
 
 impl std::fmt::Display for GoVersion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -61,7 +62,7 @@ impl std::fmt::Display for GoVersion {
 
 /// What a Go executable offers.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum GoRuntime {
+pub(crate) enum GoRuntime {
     /// Its runtime's sampled-allocation and sampled-free paths, as producer sites.
     Probed {
         /// The full version string (`go1.19.8`).
@@ -78,7 +79,7 @@ pub enum GoRuntime {
 }
 
 /// The runtime of `elf` if it is a Go executable (`None`: not Go).
-pub fn runtime(elf: &[u8]) -> Option<GoRuntime> {
+pub(crate) fn runtime(elf: &[u8]) -> Option<GoRuntime> {
     let file = object::File::parse(elf).ok()?;
     let buildinfo = file.section_by_name(".go.buildinfo")?;
     let version = buildinfo.data().ok().and_then(build_version);
@@ -331,7 +332,7 @@ fn byte_at(file: &object::File, address: u64) -> Option<u8> {
 /// The Go version (`go1.19.8`) in a `.go.buildinfo` section written inline (Go ≥ 1.18):
 /// a 32-byte header (magic, pointer size, flags with bit 2 set) then the version as a
 /// uvarint-prefixed string.
-pub fn build_version(section: &[u8]) -> Option<String> {
+pub(crate) fn build_version(section: &[u8]) -> Option<String> {
     const MAGIC: &[u8] = b"\xff Go buildinf:";
     const INLINE: u8 = 2;
     if !section.starts_with(MAGIC) || section.get(15)? & INLINE == 0 {
@@ -357,7 +358,7 @@ pub fn build_version(section: &[u8]) -> Option<String> {
 }
 
 /// `go1.19.8`, `go1.23rc1`, `go1.22.0 X:boringcrypto` → its release.
-pub fn parse_version(version: &str) -> Option<GoVersion> {
+pub(crate) fn parse_version(version: &str) -> Option<GoVersion> {
     let rest = version.strip_prefix("go")?;
     let mut parts = rest.split(|c: char| !c.is_ascii_digit());
     let major = parts.next()?.parse().ok()?;

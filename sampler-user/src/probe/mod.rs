@@ -9,14 +9,14 @@
 
 pub mod allocator;
 pub mod attach;
-pub mod btf;
+pub(crate) mod btf;
 #[cfg(test)]
 mod contract;
-pub mod go;
+pub(crate) mod go;
 pub mod prologue;
-pub mod runs;
-pub mod session;
-pub mod usdt;
+pub(crate) mod runs;
+pub(crate) mod session;
+pub(crate) mod usdt;
 
 /// Whether this kernel optimises a uprobe on a 5-byte nop into a call to a user trampoline
 /// and a syscall (Linux ≥ 6.18 on x86-64): the `uprobe` syscall exists. Called outside a

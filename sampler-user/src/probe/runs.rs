@@ -100,14 +100,14 @@ impl ProgramRuns {
 
 /// Turns BPF run-time statistics on until the descriptor is dropped; `None` (with the reason
 /// logged) when the kernel refuses.
-pub fn enable() -> Option<OwnedFd> {
+pub(crate) fn enable() -> Option<OwnedFd> {
     aya::sys::enable_stats(aya::sys::Stats::RunTime)
         .map_err(|e| log::info!("BPF run-time statistics unavailable: {e}"))
         .ok()
 }
 
 /// `run_cnt` and `run_time_ns` of the program behind `fd`, from its fdinfo.
-pub fn of_fd(fd: impl std::os::fd::AsFd) -> io::Result<Runs> {
+pub(crate) fn of_fd(fd: impl std::os::fd::AsFd) -> io::Result<Runs> {
     let text = crate::sys::own::fdinfo(fd.as_fd())?;
     parse_fdinfo(&text).ok_or_else(|| {
         io::Error::new(
@@ -118,7 +118,7 @@ pub fn of_fd(fd: impl std::os::fd::AsFd) -> io::Result<Runs> {
 }
 
 /// `run_cnt` and `run_time_ns` of a BPF program's fdinfo text.
-pub fn parse_fdinfo(text: &str) -> Option<Runs> {
+pub(crate) fn parse_fdinfo(text: &str) -> Option<Runs> {
     let field = |name: &str| {
         text.lines()
             .find_map(|line| line.strip_prefix(name)?.trim().parse::<u64>().ok())

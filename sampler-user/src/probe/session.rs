@@ -25,16 +25,16 @@ use std::{
 use aya::{maps::Map, Ebpf};
 
 /// `BPF_TRACE_UPROBE_SESSION` in enum bpf_attach_type (not in aya-obj 0.3's bindings).
-pub const BPF_TRACE_UPROBE_SESSION: u32 = 57;
+pub(crate) const BPF_TRACE_UPROBE_SESSION: u32 = 57;
 /// `BPF_TRACE_UPROBE_MULTI` in enum bpf_attach_type.
-pub const BPF_TRACE_UPROBE_MULTI: u32 = 48;
+pub(crate) const BPF_TRACE_UPROBE_MULTI: u32 = 48;
 const BPF_PROG_TYPE_KPROBE: u32 = 2;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
 
 /// A program loaded for `uprobe_multi` links (a session's, or a plain one's); links to it
 /// are made per allocator file and process.
-pub struct MultiProgram {
+pub(crate) struct MultiProgram {
     program: OwnedFd,
     attach_type: u32,
 }
@@ -117,13 +117,13 @@ fn map_fds(ebpf: &Ebpf) -> HashMap<String, i32> {
 
 /// The eBPF object parsed and relocated against the maps aya created, once: programs are
 /// loaded from it for `uprobe_multi` links (each parse of the 2 MB object costs ~4 ms).
-pub struct Relocated {
+pub(crate) struct Relocated {
     obj: aya_obj::Object,
 }
 
 impl Relocated {
     /// Parses `object` and points its map references at `ebpf`'s maps.
-    pub fn new(ebpf: &Ebpf, object: &[u8]) -> io::Result<Relocated> {
+    pub(crate) fn new(ebpf: &Ebpf, object: &[u8]) -> io::Result<Relocated> {
         let mut obj = aya_obj::Object::parse(object).map_err(io::Error::other)?;
         let fds = map_fds(ebpf);
         let maps: Vec<(String, aya_obj::Map)> = obj
@@ -152,7 +152,7 @@ impl Relocated {
     /// Loads program `name` for links of `attach_type` ([`BPF_TRACE_UPROBE_SESSION`] or
     /// [`BPF_TRACE_UPROBE_MULTI`]). Its links carry each function's cookie
     /// ([`sampler_common::cookie`]: target slot, function, moved arguments, outer malloc).
-    pub fn load(&self, name: &str, attach_type: u32) -> io::Result<MultiProgram> {
+    pub(crate) fn load(&self, name: &str, attach_type: u32) -> io::Result<MultiProgram> {
         load(&self.obj, name, attach_type)
     }
 }
@@ -208,14 +208,14 @@ fn load(obj: &aya_obj::Object, name: &str, attach_type: u32) -> io::Result<Multi
 
 impl MultiProgram {
     /// The loaded program's descriptor.
-    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         use std::os::fd::AsFd as _;
         self.program.as_fd()
     }
 
     /// Links the program at `offsets` of the file at `path` (each with its cookie), in
     /// process `pid` only (0: every process). Closing the returned link detaches it.
-    pub fn link(
+    pub(crate) fn link(
         &self,
         path: &Path,
         pid: u32,
@@ -228,7 +228,7 @@ impl MultiProgram {
     /// [`Self::link`], raising each site's USDT semaphore (`semaphores`: one file offset
     /// per site, 0 for none) while the link is attached, as the kernel does for a uprobe's
     /// reference counter.
-    pub fn link_with_semaphores(
+    pub(crate) fn link_with_semaphores(
         &self,
         path: &Path,
         pid: u32,

@@ -45,7 +45,7 @@ const NOP_NOP5: [u8; 6] = [0x90, 0x0f, 0x1f, 0x44, 0x00, 0x00];
 const NT_STAPSDT: u32 = 3;
 
 /// Every USDT site of an ELF file (none if it is not one, or has none).
-pub fn sites(elf: &[u8]) -> Vec<Site> {
+pub(crate) fn sites(elf: &[u8]) -> Vec<Site> {
     let Ok(file) = object::File::parse(elf) else {
         return Vec::new();
     };
@@ -165,7 +165,7 @@ fn parse_desc(desc: &[u8]) -> Option<Note> {
 /// The sites of allocscope's in-process front end in `sites`: its `alloc` and `free`
 /// probes (with the argument layout this build's eBPF programs read), or `None` when the
 /// file is not (or not this version of) the library.
-pub fn front_end(sites: &[Site]) -> Option<FrontEnd> {
+pub(crate) fn front_end(sites: &[Site]) -> Option<FrontEnd> {
     use sampler_common::preload::{PROBE_ALLOC, PROBE_FREE, PROBE_READY, PROVIDER};
     let own = |name: &str, arguments: &str| -> Vec<Site> {
         sites
@@ -185,11 +185,11 @@ pub fn front_end(sites: &[Site]) -> Option<FrontEnd> {
 }
 
 /// The argument layout the `usdt` program reads at an `alloc` site.
-pub const ALLOC_ARGUMENTS: &str = "8@%rdi 8@%rsi 8@%rdx 8@%rcx 8@%r8";
+pub(crate) const ALLOC_ARGUMENTS: &str = "8@%rdi 8@%rsi 8@%rdx 8@%rcx 8@%r8";
 /// The argument layout the `usdt` program reads at a `free` site.
-pub const FREE_ARGUMENTS: &str = "8@%rdi";
+pub(crate) const FREE_ARGUMENTS: &str = "8@%rdi";
 
-pub use sampler_common::preload::PRODUCER_PROVIDERS;
+pub(crate) use sampler_common::preload::PRODUCER_PROVIDERS;
 
 /// Another program's allocation probes: `alloc(ptr, size, weight)` and `free(ptr)` sites of
 /// one provider, each with where its arguments are.
@@ -208,7 +208,7 @@ pub struct Producer {
 
 /// The allocation probes of another producer among `sites` (the first provider of
 /// [`PRODUCER_PROVIDERS`] with at least one `alloc` site whose arguments parse), or `None`.
-pub fn producer(sites: &[Site]) -> Option<Producer> {
+pub(crate) fn producer(sites: &[Site]) -> Option<Producer> {
     PRODUCER_PROVIDERS.iter().find_map(|&provider| {
         let specs: Vec<(Site, UsdtSpec)> = sites
             .iter()
@@ -247,7 +247,7 @@ pub fn producer(sites: &[Site]) -> Option<Producer> {
 /// Parses a note's argument string (`8@%rdi -4@-20(%rbp) 8@$42`), x86-64: `None` if an
 /// argument is not one the eBPF program can read (a register it does not know, an index
 /// register, more than [`MAX_ARGUMENTS`] is fine: only the first are kept).
-pub fn parse_arguments(text: &str) -> Option<Vec<UsdtArgument>> {
+pub(crate) fn parse_arguments(text: &str) -> Option<Vec<UsdtArgument>> {
     text.split_whitespace()
         .take(MAX_ARGUMENTS)
         .map(parse_argument)

@@ -12,10 +12,10 @@ use crate::stats::{
 };
 
 /// Threads kept apart per stack; later ones are summed into [`Breakdown::other_threads`].
-pub const MAX_THREADS: usize = 16;
+pub(crate) const MAX_THREADS: usize = 16;
 
 /// The power-of-two size class of `size`: `k` holds sizes in `(2^(k-1), 2^k]` (0 holds 1).
-pub fn size_class(size: u64) -> u8 {
+pub(crate) fn size_class(size: u64) -> u8 {
     if size <= 1 {
         0
     } else {

@@ -15,11 +15,11 @@ use crate::stats::{
 
 /// Stacks given a timeline in the profile (by bytes allocated, and by bytes in use),
 /// besides every growing one: the file stays small with thousands of stacks.
-pub const TIMELINE_STACKS: usize = 50;
+pub(super) const TIMELINE_STACKS: usize = 50;
 
 /// The estimators' parameters.
 #[derive(Clone, Copy, Debug)]
-pub struct Estimating {
+pub(super) struct Estimating {
     /// Confidence of every bound.
     pub confidence: f64,
     /// The interval an empty set's upper bound assumes.
@@ -32,7 +32,7 @@ impl Estimating {
     }
 
     /// Growth from `sums` on the tally's grid (`None`: no grid, or fewer than three ticks).
-    pub fn growth(&self, sums: &GrowthSums, tally: &Tally) -> Option<GrowthValues> {
+    pub(super) fn growth(&self, sums: &GrowthSums, tally: &Tally) -> Option<GrowthValues> {
         let grid = tally.timeline.as_ref()?.grid();
         let growth = sums.slope(tally.ticks, grid.tick_seconds(), self.confidence)?;
         Some(GrowthValues {
@@ -48,7 +48,11 @@ impl Estimating {
     }
 
     /// Lifetime shares and quantiles (`None`: no sampled block was freed).
-    pub fn lifetimes(&self, lifetimes: &Lifetimes, live: &SampleSet) -> Option<LifetimeValues> {
+    pub(super) fn lifetimes(
+        &self,
+        lifetimes: &Lifetimes,
+        live: &SampleSet,
+    ) -> Option<LifetimeValues> {
         let freed_samples = lifetimes.samples();
         if freed_samples == 0 {
             return None;
@@ -69,7 +73,7 @@ impl Estimating {
     }
 
     /// Bytes and objects per size class.
-    pub fn sizes(&self, breakdown: &Breakdown) -> Vec<SizeClassValues> {
+    pub(super) fn sizes(&self, breakdown: &Breakdown) -> Vec<SizeClassValues> {
         breakdown
             .sizes
             .iter()
@@ -87,7 +91,7 @@ impl Estimating {
     }
 
     /// Bytes and objects per thread of `pid`, largest first, named from `names`.
-    pub fn threads(
+    pub(super) fn threads(
         &self,
         breakdown: &Breakdown,
         pid: u32,

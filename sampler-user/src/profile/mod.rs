@@ -3,7 +3,7 @@
 //! its types in [`crate::schema`]).
 
 mod aggregator;
-pub mod breakdown;
+pub(crate) mod breakdown;
 mod build;
 mod groups;
 mod insight;
@@ -11,7 +11,7 @@ mod parallel;
 mod processes;
 mod sites;
 mod tally;
-pub mod timeline;
+pub(crate) mod timeline;
 
 pub use crate::schema::*;
 pub use aggregator::{Aggregator, LostCounts, OpenStratum, Readings, LOST_FRAME};

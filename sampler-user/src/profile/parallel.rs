@@ -9,7 +9,7 @@ const MAX_THREADS: usize = 4;
 
 /// `items` mapped by `f`, in order; on up to [`MAX_THREADS`] threads (one per CPU) when
 /// there are more than [`PER_THREAD`] items. A panic in `f` is resumed here.
-pub fn map<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+pub(super) fn map<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
     let threads = std::thread::available_parallelism()
         .map_or(1, usize::from)
         .clamp(1, MAX_THREADS)

@@ -39,7 +39,7 @@ pub struct ProcessBook {
 /// The mark of a Go process whose runtime's heap profiling was off (`MemProfileRate` 0)
 /// when last looked at, among its `incomplete` notes: the profile's build says what it
 /// means, knowing the samples (`profile::build`).
-pub const GO_RATE_ZERO: &str = "go: MemProfileRate 0";
+pub(super) const GO_RATE_ZERO: &str = "go: MemProfileRate 0";
 
 /// What a tally adds to a process's description: sampled blocks whose frees could not be
 /// tracked, samples lost without a stack, and the duty cycle's sums.

@@ -9,14 +9,14 @@
 //! the recording, and the series always spans all of it. Growth is not estimated from
 //! these points (their errors are correlated): see [`crate::stats::growth`].
 
-pub use crate::schema::SeriesValues;
+pub(crate) use crate::schema::SeriesValues;
 
 use statrs::distribution::{ContinuousCDF as _, Normal};
 
 use crate::stats::{growth::TickGrid, SampleSet};
 
 /// Points a series holds at most.
-pub const CAPACITY: usize = 64;
+pub(crate) const CAPACITY: usize = 64;
 
 /// One point: the in-use bytes at its end and the bytes allocated over it, with variances.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -29,7 +29,7 @@ struct Point {
 
 /// One stack's series: its points from point `first` on.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Series {
+pub(crate) struct Series {
     first: u64,
     points: Vec<Point>,
     /// The stack's all-time sums at the last point (bytes, variance).

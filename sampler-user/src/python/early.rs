@@ -27,7 +27,7 @@ use crate::preload::{EarlyCopy, EarlyRecords};
 const POLL: Duration = Duration::from_millis(2);
 
 /// Frames resolved so far, by record index, and the resolver that knows the processes.
-pub struct Resolved {
+pub(crate) struct Resolved {
     frames: Frames,
     stacks: HashMap<usize, Option<PythonStack>>,
     /// Processes whose maps were read.
@@ -74,26 +74,26 @@ impl Resolved {
     }
 
     /// Record `index`'s frames (resolved now if they were not).
-    pub fn take(&mut self, index: usize, record: &EarlyCopy) -> Option<PythonStack> {
+    pub(crate) fn take(&mut self, index: usize, record: &EarlyCopy) -> Option<PythonStack> {
         self.resolve(index, record);
         self.stacks.remove(&index).flatten()
     }
 
     /// Samples whose frames could not be believed.
-    pub fn missing(&self) -> u64 {
+    pub(crate) fn missing(&self) -> u64 {
         self.frames.missing().load(Ordering::Relaxed)
     }
 }
 
 /// The resolving thread (stopped when dropped).
-pub struct Watcher {
+pub(crate) struct Watcher {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Resolved>>,
 }
 
 impl Watcher {
     /// Starts resolving `records` as they are completed.
-    pub fn start(records: EarlyRecords) -> std::io::Result<Watcher> {
+    pub(crate) fn start(records: EarlyRecords) -> std::io::Result<Watcher> {
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
@@ -114,7 +114,7 @@ impl Watcher {
     }
 
     /// Stops the thread and returns what it resolved (nothing if it panicked).
-    pub fn finish(mut self) -> Resolved {
+    pub(crate) fn finish(mut self) -> Resolved {
         self.stop.store(true, Ordering::Release);
         self.thread
             .take()

@@ -4,7 +4,7 @@
 
 /// The source line of code unit `index` (instruction offset in bytes / 2), or `None` when
 /// the table says the instruction has no location or does not cover it.
-pub fn line_of(table: &[u8], first_line: i64, index: u64) -> Option<u32> {
+pub(crate) fn line_of(table: &[u8], first_line: i64, index: u64) -> Option<u32> {
     let mut bytes = table.iter().copied();
     let mut line = first_line;
     let mut start = 0u64;

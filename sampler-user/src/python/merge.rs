@@ -11,7 +11,7 @@ use super::layout::OWNED_BY_CSTACK;
 /// groups that one C call of the evaluator ran, leaf first. `is_entry_flag`: 3.11's
 /// `is_entry` (a marked frame is its group's last), else 3.12+'s `owner` (a frame owned by
 /// the C stack is a shim between groups, not a Python frame).
-pub fn groups<F: Clone>(frames: &[(F, u8)], is_entry_flag: bool) -> Vec<Vec<F>> {
+pub(crate) fn groups<F: Clone>(frames: &[(F, u8)], is_entry_flag: bool) -> Vec<Vec<F>> {
     let mut groups = Vec::new();
     let mut current = Vec::new();
     for (frame, marker) in frames {
@@ -41,7 +41,7 @@ pub fn groups<F: Clone>(frames: &[(F, u8)], is_entry_flag: bool) -> Vec<Vec<F>> 
 /// rootward (how it was entered: `Py_BytesMain`) stay. Groups left over (the native stack
 /// was cut short, or an evaluator frame was not recognised) go at the root end, so no
 /// Python frame is lost.
-pub fn merge<F: Clone>(
+pub(crate) fn merge<F: Clone>(
     native: &[F],
     groups: Vec<Vec<F>>,
     is_eval: impl Fn(&F) -> bool,

@@ -11,11 +11,11 @@
 //! where the evaluator's native frames were ([`merge`]).
 
 pub mod detect;
-pub mod early;
+pub(crate) mod early;
 pub mod layout;
-pub mod linetable;
-pub mod merge;
-pub mod objects;
+pub(crate) mod linetable;
+pub(crate) mod merge;
+pub(crate) mod objects;
 
 use std::{collections::HashMap, ops::Range, sync::Arc};
 

@@ -12,7 +12,7 @@ use super::{
 };
 
 /// A target's memory.
-pub trait Memory {
+pub(crate) trait Memory {
     /// Fills `buffer` from `address`; false when any of it cannot be read.
     fn read(&self, address: u64, buffer: &mut [u8]) -> bool;
 
@@ -25,7 +25,7 @@ pub trait Memory {
 }
 
 /// A live process's memory, read with `process_vm_readv` (no ptrace stop, nothing written).
-pub struct ProcessMemory(pub u32);
+pub(crate) struct ProcessMemory(pub u32);
 
 impl Memory for ProcessMemory {
     fn read(&self, address: u64, buffer: &mut [u8]) -> bool {
@@ -52,7 +52,7 @@ const MAX_LINETABLE: u64 = 1 << 20;
 
 /// A code object, as read.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Code {
+pub(crate) struct Code {
     /// `co_qualname`.
     pub qualname: Arc<str>,
     /// `co_filename`.
@@ -69,19 +69,19 @@ pub struct Code {
 
 impl Code {
     /// Whether `instruction` points into this code object's bytecode.
-    pub fn holds(&self, instruction: u64) -> bool {
+    pub(crate) fn holds(&self, instruction: u64) -> bool {
         instruction >= self.bytecode && instruction < self.bytecode + self.units * 2
     }
 
     /// The line of the instruction at `instruction` (an address in its bytecode).
-    pub fn line_at(&self, instruction: u64) -> Option<u32> {
+    pub(crate) fn line_at(&self, instruction: u64) -> Option<u32> {
         let index = instruction.checked_sub(self.bytecode)? / 2;
         linetable::line_of(&self.linetable, self.first_line, index)
     }
 }
 
 /// Reads the code object at `address`; `code_type` is the process's `&PyCode_Type`.
-pub fn read_code(
+pub(crate) fn read_code(
     memory: &impl Memory,
     layout: &Layout,
     code_type: u64,

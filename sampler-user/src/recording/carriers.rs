@@ -38,7 +38,7 @@ pub(super) struct Carriers {
 impl Carriers {
     /// The mode, if `targets` and `sampling` ask for it: `--front-end in-process` with
     /// `--comm` or `--all`.
-    pub fn for_targets(
+    pub(super) fn for_targets(
         targets: &Targets,
         sampling: &SamplingConfig,
     ) -> Result<Option<Carriers>, BadInput> {
@@ -63,24 +63,24 @@ impl Carriers {
     /// producers and Go runtimes (sites reached only by sampled blocks), no allocator. A Go
     /// process is taken as it is: its heap is its runtime's (a cgo program's `malloc` is
     /// not counted in this mode).
-    pub fn probes(allocator: &Allocator) -> bool {
+    pub(super) fn probes(allocator: &Allocator) -> bool {
         allocator.file.reports_itself() || allocator.file.is_go_runtime()
     }
 
     /// Whether a process with `allocators` counts its own calls.
-    pub fn carried(allocators: &[Allocator]) -> bool {
+    pub(super) fn carried(allocators: &[Allocator]) -> bool {
         allocators.iter().any(Self::probes)
     }
 
     /// The library loaded into `--comm`'s matches, as an allocator.
-    pub fn allocator(&self) -> Option<&Allocator> {
+    pub(super) fn allocator(&self) -> Option<&Allocator> {
         self.library.as_ref().map(|(_, allocator)| allocator)
     }
 
     /// The allocators of `pid` (named `comm`, `found` its allocators now), the library
     /// loaded into it first if it does not carry it; one it cannot be loaded into has none
     /// ([`FindError::Gone`], said once). A Python process is said to leave pymalloc out.
-    pub fn loaded_into(
+    pub(super) fn loaded_into(
         &mut self,
         pid: u32,
         comm: &str,
@@ -129,12 +129,12 @@ impl Carriers {
     }
 
     /// `pid` exec'd: a new program, looked at afresh.
-    pub fn forget(&mut self, pid: u32) {
+    pub(super) fn forget(&mut self, pid: u32) {
         self.refused.remove(&pid);
     }
 
     /// Forgets the refused processes that are gone (their pids may come back as others).
-    pub fn sweep(&mut self) {
+    pub(super) fn sweep(&mut self) {
         self.refused.retain(|&pid| crate::sys::process::exists(pid));
     }
 }

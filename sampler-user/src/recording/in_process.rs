@@ -43,7 +43,7 @@ pub(super) struct InProcess {
 impl InProcess {
     /// Without a front end; regions found in processes (a library another recording's
     /// command loaded) are set to `interval`.
-    pub fn none(interval: u64) -> InProcess {
+    pub(super) fn none(interval: u64) -> InProcess {
         InProcess {
             interval,
             ..InProcess::default()
@@ -51,7 +51,7 @@ impl InProcess {
     }
 
     /// The command's front end: `library` as `allocator`, its tree counting in `family`.
-    pub fn of_command(
+    pub(super) fn of_command(
         library: Library,
         allocator: Allocator,
         family: Family,
@@ -65,12 +65,12 @@ impl InProcess {
     }
 
     /// The family table the command's tree counts in, if any.
-    pub fn family(&self) -> Option<&Family> {
+    pub(super) fn family(&self) -> Option<&Family> {
         self.family.as_ref()
     }
 
     /// The library as an allocator, if the command carries it.
-    pub fn allocator(&self) -> Option<&Allocator> {
+    pub(super) fn allocator(&self) -> Option<&Allocator> {
         self.library.as_ref().map(|(_, allocator)| allocator)
     }
 
@@ -79,7 +79,7 @@ impl InProcess {
     /// there, else found through the library among `allocators`. Without it the process's
     /// counts would be missing, which the summary would show as zero calls: said loudly
     /// instead. `target`: `pid` is a running target.
-    pub fn map(
+    pub(super) fn map(
         &mut self,
         pid: u32,
         allocators: &[Allocator],
@@ -142,7 +142,7 @@ impl InProcess {
     }
 
     /// Whether `pid`'s region is awaited (see [`Self::map`]).
-    pub fn awaits(&self, pid: u32) -> bool {
+    pub(super) fn awaits(&self, pid: u32) -> bool {
         self.awaiting.contains(&pid)
     }
 
@@ -152,7 +152,7 @@ impl InProcess {
 
     /// Maps the regions of the processes that had not claimed theirs when last looked for
     /// (see [`Self::map`]); `gone`: `pid` has exited, and is looked for one last time.
-    pub fn claim_regions(
+    pub(super) fn claim_regions(
         &mut self,
         gone: Option<u32>,
         counters: &mut Counters,
@@ -183,7 +183,7 @@ impl InProcess {
     /// Gives back the family table's slots of processes that are gone and that no target
     /// holds (a target's goes when it is finalized): those found at the previous look,
     /// whose events have been read since, then notes today's.
-    pub fn sweep(&mut self, counters: &Counters, roster: &Roster) {
+    pub(super) fn sweep(&mut self, counters: &Counters, roster: &Roster) {
         let Some(family) = self.family.as_ref() else {
             return;
         };
@@ -211,7 +211,7 @@ impl InProcess {
     }
 
     /// A target exited and its region was read one last time: its family slot is free.
-    pub fn release(&self, slot: usize) {
+    pub(super) fn release(&self, slot: usize) {
         if let Some(family) = &self.family {
             family.release(slot);
         }
@@ -219,7 +219,7 @@ impl InProcess {
 
     /// Sets the mean interval of every region (those mapped in `counters`, and those new
     /// processes claim from now on).
-    pub fn set_interval(&mut self, interval: u64, counters: &Counters) {
+    pub(super) fn set_interval(&mut self, interval: u64, counters: &Counters) {
         self.interval = interval;
         if let Some(family) = &self.family {
             if let Err(e) = family.set_interval(interval) {
@@ -238,7 +238,7 @@ impl InProcess {
     /// the loader honours it (a dynamically linked program: the kernel mapped a dynamic
     /// loader; not set-user-ID: no secure-execution auxv flag) and the path leads to the
     /// library's file in that process's root.
-    pub fn will_load(&self, pid: u32) -> Option<Allocator> {
+    pub(super) fn will_load(&self, pid: u32) -> Option<Allocator> {
         let (library, allocator) = self.library.as_ref()?;
         if !crate::sys::process::has_dynamic_loader(pid)
             || crate::sys::process::secure_execution(pid) != Some(false)

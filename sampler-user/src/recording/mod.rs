@@ -32,7 +32,7 @@ mod roster;
 mod start;
 
 use prepare::FrontEnd;
-pub use prepare::{prepare, Prepared};
+pub(crate) use prepare::{prepare, Prepared};
 
 use std::time::Duration;
 
@@ -51,7 +51,7 @@ use crate::{
 
 /// How the command started for a recording (`-- CMD`) ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CommandExit {
+pub(crate) enum CommandExit {
     /// Before the recording stopped: its status is the recording's exit code.
     OnItsOwn(exits::ChildExit),
     /// Stopped (SIGTERM) because the recording stopped first.
@@ -60,7 +60,7 @@ pub enum CommandExit {
 
 /// Something the caller must act on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Happening {
+pub(crate) enum Happening {
     /// A target exited (its samples so far stay; its frames resolve with its last maps).
     Exited(u32),
     /// The last target exited, and no new one can come (`-p`, `-- CMD`).
@@ -85,7 +85,7 @@ impl Since {
 }
 
 /// Probes attached to the targets, samples flowing into an [`Aggregator`].
-pub struct Recording {
+pub(crate) struct Recording {
     probes: Option<Probes>,
     /// Never attached: the command's tree exited while the probes loaded, and every event
     /// is an early record, every count a region's (see [`early::load_unless_gone`]).
@@ -121,12 +121,12 @@ impl Recording {
     }
 
     /// Every process attached so far (host-wide: every one seen allocating).
-    pub fn pids(&self) -> &[u32] {
+    pub(crate) fn pids(&self) -> &[u32] {
         self.roster.pids()
     }
 
     /// What is being recorded, for people: "pid 12, 13 and the processes they start".
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let pids = || crate::text::pid_list(&self.roster.running());
         let what = if self.targets.all {
             "every process".to_owned()
@@ -146,7 +146,7 @@ impl Recording {
     /// and snapshots, top's snapshots): counters read, frames resolved, probe points and
     /// thread states included; with `period_seconds`, values over the current period too.
     /// Once detached, it covers exactly what the final counters cover.
-    pub async fn profile(
+    pub(crate) async fn profile(
         &mut self,
         mut settings: Settings,
         period_seconds: Option<f64>,
@@ -191,19 +191,19 @@ impl Recording {
 
     /// When counting began (a command that ran while its probes loaded: when it was let
     /// go, before [`Recording::start`] returned).
-    pub fn began(&self) -> std::time::Instant {
+    pub(crate) fn began(&self) -> std::time::Instant {
         self.command.began
     }
 
     /// When every target was gone, if they all exited while the probes were being
     /// attached (the recording's duration ends there, not when the loop noticed).
-    pub fn ended_early(&self) -> Option<std::time::Instant> {
+    pub(crate) fn ended_early(&self) -> Option<std::time::Instant> {
         self.command.ended
     }
 
     /// Forgets every process that exited (the agent, once their last period is sent):
     /// a recording that runs for days keeps only what its running processes need.
-    pub fn forget_gone(&mut self) -> usize {
+    pub(crate) fn forget_gone(&mut self) -> usize {
         // Duty cycling's strata sum over the whole recording (and is not the agent's).
         if self.cost.duty.is_some() {
             return 0;
@@ -233,7 +233,7 @@ impl Recording {
     }
 
     /// Starts a new period for per-period values (`--every` snapshots).
-    pub fn start_period(&mut self) {
+    pub(crate) fn start_period(&mut self) {
         self.aggregation
             .aggregator
             .start_period(&self.accounting.lost);
@@ -241,7 +241,7 @@ impl Recording {
 
     /// The samples so far, per stack and process, frames resolved (`top`'s picture);
     /// `leak_age`: blocks older than this count as leak suspects.
-    pub async fn tally(&mut self, leak_age: Option<Duration>) -> crate::profile::Tally {
+    pub(crate) async fn tally(&mut self, leak_age: Option<Duration>) -> crate::profile::Tally {
         let open_stratum = self.open_stratum();
         self.aggregation
             .tally(
@@ -254,7 +254,7 @@ impl Recording {
     }
 
     /// The largest sampling interval in force so far (the throttle may have raised it).
-    pub fn largest_interval(&self) -> u64 {
+    pub(crate) fn largest_interval(&self) -> u64 {
         self.cost.largest_interval()
     }
 
@@ -265,22 +265,22 @@ impl Recording {
 
     /// The probes' cost per allocation call of the targets, as the statistics windows so
     /// far measured it (the trap alone before the first window closes).
-    pub fn ns_per_call(&self) -> f64 {
+    pub(crate) fn ns_per_call(&self) -> f64 {
         self.cost.ns_per_call(self.file_wide())
     }
 
     /// How the command started for this recording ended (known once detached).
-    pub fn command_exit(&self) -> Option<CommandExit> {
+    pub(crate) fn command_exit(&self) -> Option<CommandExit> {
         self.command.exit
     }
 
     /// Entries of the kernel's per-thread state map at the last counter read.
-    pub fn thread_states(&self) -> Option<u64> {
+    pub(crate) fn thread_states(&self) -> Option<u64> {
         self.accounting.thread_states
     }
 
     /// Every probe point attached so far, as profiles report them.
-    pub fn probe_points(&self) -> Vec<ProbePoint> {
+    pub(crate) fn probe_points(&self) -> Vec<ProbePoint> {
         self.points
             .iter()
             .map(|point| ProbePoint {
@@ -296,7 +296,7 @@ impl Recording {
 
     /// Takes samples until a target exits. Cancel-safe: every record read is in the
     /// aggregator before the next await.
-    pub async fn next(&mut self) -> anyhow::Result<Happening> {
+    pub(crate) async fn next(&mut self) -> anyhow::Result<Happening> {
         loop {
             tokio::select! {
                 read = self.intake.read() => {
@@ -457,7 +457,7 @@ impl Recording {
     }
 
     /// Moves every sample waiting in the ring buffer into the aggregator.
-    pub async fn catch_up(&mut self) -> anyhow::Result<()> {
+    pub(crate) async fn catch_up(&mut self) -> anyhow::Result<()> {
         self.intake.catch_up().await?;
         self.take_batch();
         Ok(())
@@ -468,7 +468,7 @@ impl Recording {
     /// recording, as it would if we died: see [`spawn`]); its exit is kept for
     /// [`Self::command_exit`]. Reads the counters one last time first; later calls return
     /// those values.
-    pub async fn detach(&mut self) -> anyhow::Result<Closing> {
+    pub(crate) async fn detach(&mut self) -> anyhow::Result<Closing> {
         if !self.counting() {
             return Ok(Closing(None));
         }
@@ -533,7 +533,7 @@ impl Clocks {
 /// link, so they close while the profile is built and written; dropping this waits for
 /// them (a process exiting first would wait as long, in the kernel).
 #[must_use = "dropping it waits for the links to close"]
-pub struct Closing(Option<std::thread::JoinHandle<()>>);
+pub(crate) struct Closing(Option<std::thread::JoinHandle<()>>);
 
 impl Drop for Closing {
     fn drop(&mut self) {

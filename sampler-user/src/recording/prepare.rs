@@ -44,7 +44,7 @@ pub(super) struct FrontEnd {
 /// Runs every check that can fail on bad input (privileges, targets, then the caller's own
 /// `check`), then for `-- CMD` forks the paused child, its stdin and output redirected when
 /// `redirect` is given. Must run before any other thread than `main` exists.
-pub fn prepare(
+pub(crate) fn prepare(
     targets: &Targets,
     sampling: &SamplingConfig,
     check: impl FnOnce() -> Result<(), BadInput>,

@@ -42,7 +42,7 @@ pub(super) struct Roster {
 }
 
 impl Roster {
-    pub fn new(followed_only: bool) -> Roster {
+    pub(super) fn new(followed_only: bool) -> Roster {
         Roster {
             followed_only,
             ..Roster::default()
@@ -50,32 +50,32 @@ impl Roster {
     }
 
     /// Whether targets are counted in the kernel's followed set.
-    pub fn followed_only(&self) -> bool {
+    pub(super) fn followed_only(&self) -> bool {
         self.followed_only
     }
 
     /// Whether `pid` is a running target.
-    pub fn is_running(&self, pid: u32) -> bool {
+    pub(super) fn is_running(&self, pid: u32) -> bool {
         self.running.contains_key(&pid)
     }
 
     /// Whether no target is running.
-    pub fn none_running(&self) -> bool {
+    pub(super) fn none_running(&self) -> bool {
         self.running.is_empty()
     }
 
     /// The running targets, in pid order.
-    pub fn running(&self) -> Vec<u32> {
+    pub(super) fn running(&self) -> Vec<u32> {
         self.running.keys().copied().collect()
     }
 
     /// Every process ever a target, in order.
-    pub fn pids(&self) -> &[u32] {
+    pub(super) fn pids(&self) -> &[u32] {
         &self.pids
     }
 
     /// Notes a process seen host-wide (not attached, not counted per slot).
-    pub fn seen(&mut self, pid: u32) {
+    pub(super) fn seen(&mut self, pid: u32) {
         if !self.pids.contains(&pid) {
             self.pids.push(pid);
         }
@@ -84,7 +84,7 @@ impl Roster {
     /// `pid`'s counter slot, and whether it is new: its own if it runs as a target, else a
     /// free one. Fails when [`MAX_TARGETS`] are taken; [`Self::enter`] makes it `pid`'s,
     /// [`Self::give_back`] returns it unused.
-    pub fn slot_for(&mut self, pid: u32) -> anyhow::Result<(u32, bool)> {
+    pub(super) fn slot_for(&mut self, pid: u32) -> anyhow::Result<(u32, bool)> {
         if let Some(&slot) = self.running.get(&pid) {
             return Ok((slot, false));
         }
@@ -100,7 +100,7 @@ impl Roster {
     }
 
     /// Returns a slot from [`Self::slot_for`] that was not used.
-    pub fn give_back(&mut self, slot: u32) {
+    pub(super) fn give_back(&mut self, slot: u32) {
         if slot != HOST_SLOT {
             self.free_slots.push(slot);
         }
@@ -108,7 +108,7 @@ impl Roster {
 
     /// Makes `pid` a running target counted in `slot`, covered as `coverage` from
     /// `from_ns`.
-    pub fn enter(&mut self, pid: u32, slot: u32, coverage: Coverage, from_ns: u64) {
+    pub(super) fn enter(&mut self, pid: u32, slot: u32, coverage: Coverage, from_ns: u64) {
         self.running.insert(pid, slot);
         self.seen(pid);
         self.excluded.remove(&pid);
@@ -118,7 +118,10 @@ impl Roster {
     /// Forgets every target that is gone (their last period sent: the agent): not running
     /// as a target, and (a process only seen host-wide, which nothing watches) not
     /// `alive`; returns them.
-    pub fn forget_gone(&mut self, alive: impl Fn(u32) -> bool) -> std::collections::BTreeSet<u32> {
+    pub(super) fn forget_gone(
+        &mut self,
+        alive: impl Fn(u32) -> bool,
+    ) -> std::collections::BTreeSet<u32> {
         let gone: std::collections::BTreeSet<u32> = self
             .pids
             .iter()
@@ -132,14 +135,14 @@ impl Roster {
 
     /// `pid` exited: no longer running; returns its slot, which is free again (unless it
     /// was [`HOST_SLOT`]).
-    pub fn leave(&mut self, pid: u32) -> Option<u32> {
+    pub(super) fn leave(&mut self, pid: u32) -> Option<u32> {
         let slot = self.running.remove(&pid)?;
         self.give_back(slot);
         Some(slot)
     }
 
     /// The running targets counted in slots of their own, as (pid, slot).
-    pub fn counter_slots(&self) -> Vec<(u32, u32)> {
+    pub(super) fn counter_slots(&self) -> Vec<(u32, u32)> {
         self.running
             .iter()
             .filter(|(_, &slot)| slot != HOST_SLOT)
@@ -149,49 +152,49 @@ impl Roster {
 
     /// Whether a process the kernel counts file-wide is a target: not left out and, in the
     /// followed set, taken (the kernel also counts, briefly, processes pending a decision).
-    pub fn counts(&self, pid: u32) -> bool {
+    pub(super) fn counts(&self, pid: u32) -> bool {
         !self.excluded.contains(&pid) && (!self.followed_only || self.running.contains_key(&pid))
     }
 
     /// Whether `pid` is left out.
-    pub fn is_excluded(&self, pid: u32) -> bool {
+    pub(super) fn is_excluded(&self, pid: u32) -> bool {
         self.excluded.contains(&pid)
     }
 
     /// Leaves `pid` out; whether it was not already.
-    pub fn exclude(&mut self, pid: u32) -> bool {
+    pub(super) fn exclude(&mut self, pid: u32) -> bool {
         self.excluded.insert(pid)
     }
 
     /// The processes left out.
-    pub fn excluded(&self) -> Vec<u32> {
+    pub(super) fn excluded(&self) -> Vec<u32> {
         self.excluded.iter().copied().collect()
     }
 
     /// Forgets that `pid` was left out (it exited: its pid may come back as another).
-    pub fn forget_excluded(&mut self, pid: u32) {
+    pub(super) fn forget_excluded(&mut self, pid: u32) {
         self.excluded.remove(&pid);
     }
 
     /// How `pid` is covered, if it is a target.
-    pub fn coverage(&self, pid: u32) -> Option<&Coverage> {
+    pub(super) fn coverage(&self, pid: u32) -> Option<&Coverage> {
         self.coverage.get(&pid).map(|(c, _)| c)
     }
 
     /// `pid` exec'd: the files it uses are late if probed after `ns`.
-    pub fn covered_from(&mut self, pid: u32, ns: u64) {
+    pub(super) fn covered_from(&mut self, pid: u32, ns: u64) {
         if let Some((_, from_ns)) = self.coverage.get_mut(&pid) {
             *from_ns = ns;
         }
     }
 
     /// Whether `file` is probed for every process.
-    pub fn probes_host_file(&self, file: &FileId) -> bool {
+    pub(super) fn probes_host_file(&self, file: &FileId) -> bool {
         self.host_files.contains_key(file)
     }
 
     /// `file` is probed for every process since `ns`.
-    pub fn host_file_probed(&mut self, file: FileId, ns: u64) {
+    pub(super) fn host_file_probed(&mut self, file: FileId, ns: u64) {
         self.host_files.insert(file, ns);
     }
 
@@ -199,7 +202,7 @@ impl Roster {
     /// after it was covered from: `followed_only`, files probed for every process later
     /// (or not at all); per process, `allocators` it gained after being attached (a
     /// library loaded later, found by the next look, probed just now).
-    pub fn note_late(&mut self, pid: u32, allocators: &[Allocator], now_ns: u64) {
+    pub(super) fn note_late(&mut self, pid: u32, allocators: &[Allocator], now_ns: u64) {
         let Some((coverage, from_ns)) = self.coverage.get_mut(&pid) else {
             return;
         };
@@ -226,7 +229,7 @@ impl Roster {
 
     /// Of the processes `alive` (with their executables, `None`: a kernel thread or gone),
     /// those a scan has not looked at since they started or exec'd; forgets the others.
-    pub fn unscanned(&mut self, alive: Vec<(u32, Option<FileId>)>) -> Vec<u32> {
+    pub(super) fn unscanned(&mut self, alive: Vec<(u32, Option<FileId>)>) -> Vec<u32> {
         let pids: HashSet<u32> = alive.iter().map(|(pid, _)| *pid).collect();
         self.scanned.retain(|pid, _| pids.contains(pid));
         alive

@@ -271,7 +271,7 @@ impl Recording {
     /// Attaches the probes, then lets a spawned command run (a command counted in-process
     /// alone runs at once, while they load: see [`super::early`]). `recent` keeps per-stack
     /// samples for rates over that window (`top`). Must run inside the tokio runtime.
-    pub fn start(
+    pub(crate) fn start(
         prepared: Prepared,
         sampling: &SamplingConfig,
         recent: Option<std::time::Duration>,

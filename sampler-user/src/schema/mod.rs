@@ -54,7 +54,7 @@ pub struct ThrottleRecord {
     /// The smallest interval it set (0 in files written before it existed).
     #[serde(default)]
     pub smallest_interval_bytes: u64,
-    /// The changes, the first [`crate::throttle::LISTED_CHANGES`] of them: seconds since
+    /// The changes, the first 1000 of them (`throttle`'s `LISTED_CHANGES`): seconds since
     /// the start, and the interval from then on (each thread takes it at its next sample;
     /// every sample carries its own).
     pub changes: Vec<IntervalChange>,

@@ -9,11 +9,11 @@ use iced_x86::{Decoder, DecoderOptions, FlowControl};
 /// Longest x86-64 call encoding checked: `call qword ptr [base+index*scale+disp32]` with a
 /// REX prefix and a segment override fits in 9 bytes; calls longer than that (redundant
 /// prefixes) are not emitted by compilers.
-pub const LONGEST_CALL: usize = 9;
+pub(crate) const LONGEST_CALL: usize = 9;
 
 /// Whether `code`, the bytes that end just before a return address, ends with a call
 /// instruction (direct or indirect, any length up to [`LONGEST_CALL`]).
-pub fn follows_call(code: &[u8]) -> bool {
+pub(crate) fn follows_call(code: &[u8]) -> bool {
     (2..=LONGEST_CALL.min(code.len())).any(|length| {
         let bytes = &code[code.len() - length..];
         let mut decoder = Decoder::new(64, bytes, DecoderOptions::NONE);

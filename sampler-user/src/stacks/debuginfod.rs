@@ -25,11 +25,11 @@ use std::{
 use anyhow::Context as _;
 
 /// The longest one request may take, connecting and reading its whole body.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The most bytes kept of a debug file for a module of `module_bytes`: 64 times the module
 /// (DWARF is seldom 20 times its code), at least 64 MiB, at most 4 GiB.
-pub fn max_bytes(module_bytes: u64) -> u64 {
+pub(crate) fn max_bytes(module_bytes: u64) -> u64 {
     module_bytes.saturating_mul(64).clamp(64 << 20, 4 << 30)
 }
 
@@ -42,7 +42,7 @@ struct Server {
 }
 
 /// Fetches debug files by build id into a build-id tree.
-pub struct Fetcher {
+pub(crate) struct Fetcher {
     http: debuginfod::reqwest::blocking::Client,
     servers: Vec<Server>,
     cache: PathBuf,
@@ -62,7 +62,7 @@ impl std::fmt::Debug for Fetcher {
 }
 
 /// The servers of a `DEBUGINFOD_URLS` value (space-separated; empty: none). Pure.
-pub fn servers_of(urls: &str) -> Vec<String> {
+pub(crate) fn servers_of(urls: &str) -> Vec<String> {
     urls.split_whitespace()
         .map(|url| url.trim_end_matches('/').to_owned())
         .filter(|url| !url.is_empty())
@@ -71,7 +71,7 @@ pub fn servers_of(urls: &str) -> Vec<String> {
 
 /// The shared debuginfod cache directory, from the environment as debuginfod clients read
 /// it. Pure.
-pub fn cache_dir(
+pub(crate) fn cache_dir(
     cache_path: Option<&str>,
     xdg_cache_home: Option<&str>,
     home: Option<&str>,
@@ -86,7 +86,7 @@ impl Fetcher {
     /// A fetcher for the servers in `DEBUGINFOD_URLS`, linking into `tree`; `None` when the
     /// variable is unset or empty. `local` are the directories searched before (not fetched
     /// for). Blocking: call it outside the async runtime (the symbolizer's thread).
-    pub fn from_env(local: &[PathBuf], tree: &Path) -> anyhow::Result<Option<Fetcher>> {
+    pub(crate) fn from_env(local: &[PathBuf], tree: &Path) -> anyhow::Result<Option<Fetcher>> {
         let servers = servers_of(&std::env::var("DEBUGINFOD_URLS").unwrap_or_default());
         if servers.is_empty() {
             return Ok(None);
@@ -122,7 +122,7 @@ impl Fetcher {
     /// Makes the debug file of build id `hex` (of a module of `module_bytes`) available in
     /// the tree, fetching it unless a local directory has it; each build id is tried once.
     /// Failures are logged, not fatal: the frames keep their module and offset.
-    pub fn ensure(&mut self, hex: &str, module_bytes: u64) {
+    pub(crate) fn ensure(&mut self, hex: &str, module_bytes: u64) {
         if hex.len() < 4
             || !hex.bytes().all(|b| b.is_ascii_hexdigit())
             || !self.tried.insert(hex.to_owned())
@@ -241,7 +241,7 @@ fn carries_build_id(path: &Path, hex: &str) -> bool {
 }
 
 /// Where a build id's debug file lives under a debug directory. Pure.
-pub fn build_id_path(hex: &str) -> PathBuf {
+pub(crate) fn build_id_path(hex: &str) -> PathBuf {
     let (head, rest) = hex.split_at(2.min(hex.len()));
     Path::new(".build-id")
         .join(head)

@@ -6,7 +6,7 @@
 //! starts with a mangling's prefix is a mangled name.
 
 /// `name`, demangled if it is a C++ or Rust mangled name.
-pub fn demangle(name: &str) -> String {
+pub(crate) fn demangle(name: &str) -> String {
     if name.starts_with("_R") || name.starts_with("_ZN") {
         if let Ok(rust) = rustc_demangle::try_demangle(name) {
             return format!("{rust:#}");

@@ -44,7 +44,7 @@ impl StackTable {
 
 /// Keeps the entries of `per_stack` (indexed by old stack id) whose stack `remap` keeps,
 /// in order: entry `i` of the result belongs to new id `i`.
-pub fn retain_remapped<T>(per_stack: &mut Vec<T>, remap: &[Option<StackId>]) {
+pub(crate) fn retain_remapped<T>(per_stack: &mut Vec<T>, remap: &[Option<StackId>]) {
     let mut old = 0;
     per_stack.retain(|_| {
         let keep = remap.get(old).is_none_or(Option::is_some);

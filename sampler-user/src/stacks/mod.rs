@@ -18,16 +18,16 @@
 
 pub use crate::schema::Unwinding;
 
-pub mod call_site;
-pub mod debuginfod;
-pub mod demangle;
-pub mod forget;
-pub mod image;
+pub(crate) mod call_site;
+pub(crate) mod debuginfod;
+pub(crate) mod demangle;
+pub(crate) mod forget;
+pub(crate) mod image;
 mod modules;
-pub mod python;
+pub(crate) mod python;
 pub mod site;
 pub mod symbolize;
-pub mod unwind;
+pub(crate) mod unwind;
 
 use std::{
     collections::{HashMap, HashSet},

@@ -20,14 +20,14 @@ use super::image::{Image, SectionBytes};
 use crate::collect::CopiedStack;
 
 /// Most frames taken from one stack.
-pub const MAX_FRAMES: usize = 512;
+pub(crate) const MAX_FRAMES: usize = 512;
 
 /// How far above the copy a failed read still means "the stack goes on beyond the window"
 /// rather than a wild address (a stack is at most a few megabytes).
 const STACK_BEYOND_WINDOW: u64 = 8 << 20;
 
 /// One module to add to a process's unwinder: where it is mapped and its file.
-pub struct Mapped {
+pub(crate) struct Mapped {
     /// Address range of its executable mapping.
     pub range: Range<u64>,
     /// Load bias (the process address of the file's virtual address 0).
@@ -57,7 +57,7 @@ impl ModuleSectionInfo<SectionBytes> for ElfSections {
 
 /// The unwinders of all processes and the rule cache they share.
 #[derive(Default)]
-pub struct Unwinders {
+pub(crate) struct Unwinders {
     processes: HashMap<u32, (u64, UnwinderX86_64<SectionBytes>)>,
     cache: CacheX86_64,
 }
@@ -72,19 +72,19 @@ impl std::fmt::Debug for Unwinders {
 
 impl Unwinders {
     /// Drops `pid`'s unwinder (it is gone).
-    pub fn forget(&mut self, pid: u32) {
+    pub(crate) fn forget(&mut self, pid: u32) {
         self.processes.remove(&pid);
     }
 
     /// Whether `pid`'s unwinder was built from generation `maps` of its maps.
-    pub fn is_current(&self, pid: u32, maps: u64) -> bool {
+    pub(crate) fn is_current(&self, pid: u32, maps: u64) -> bool {
         self.processes
             .get(&pid)
             .is_some_and(|(built, _)| *built == maps)
     }
 
     /// (Re)builds `pid`'s unwinder from its modules as of generation `maps` of its maps.
-    pub fn rebuild(&mut self, pid: u32, maps: u64, modules: Vec<Mapped>) {
+    pub(crate) fn rebuild(&mut self, pid: u32, maps: u64, modules: Vec<Mapped>) {
         let mut unwinder = UnwinderX86_64::new();
         for mapped in modules {
             unwinder.add_module(Module::new(
@@ -101,7 +101,7 @@ impl Unwinders {
     /// walk ended. At a return (`at_return`) the instruction pointer is the direct caller's
     /// return address and is the first frame; at an entry it is the allocator's own code
     /// and is left out. `trampoline` is where the process's uprobe area is.
-    pub fn unwind(
+    pub(crate) fn unwind(
         &mut self,
         pid: u32,
         copied: &CopiedStack,
@@ -123,7 +123,12 @@ impl Unwinders {
 /// The word at stack address `slot`, `value`, or, when it is the kernel's uretprobe
 /// trampoline (a return probe hijacked this return), the return address the slot held when
 /// the probed function was entered (`returns`: slot and original, newest first). Pure.
-pub fn original_return(value: u64, slot: u64, trampoline: u64, returns: &[(u64, u64)]) -> u64 {
+pub(crate) fn original_return(
+    value: u64,
+    slot: u64,
+    trampoline: u64,
+    returns: &[(u64, u64)],
+) -> u64 {
     if value.wrapping_sub(trampoline) >= TRAMPOLINE_AREA {
         return value;
     }

@@ -17,7 +17,7 @@ use statrs::{
 /// The `alpha` quantile of the gamma distribution with `shape` and scale 1: the `x` with
 /// `P(shape, x) = alpha`. 0 for `alpha` ≤ 0, infinity for `alpha` ≥ 1; NaN for a shape
 /// that is not positive and finite.
-pub fn quantile(shape: f64, alpha: f64) -> f64 {
+pub(crate) fn quantile(shape: f64, alpha: f64) -> f64 {
     if !(shape > 0.0 && shape.is_finite()) || alpha.is_nan() {
         return f64::NAN;
     }

@@ -4,15 +4,15 @@
 //! bounds. Model and formulas: docs/design.md §3–§4, after the .NET "Randomized Allocation
 //! Sampling" note (weighted and negative-binomial estimators) and jemalloc #1751.
 
-pub mod difference;
+pub(crate) mod difference;
 pub mod estimate;
-pub mod gamma;
-pub mod growth;
-pub mod lifetime;
-pub mod negbin;
-pub mod peak;
-pub mod rate;
-pub mod runtime;
+pub(crate) mod gamma;
+pub(crate) mod growth;
+pub(crate) mod lifetime;
+pub(crate) mod negbin;
+pub(crate) mod peak;
+pub(crate) mod rate;
+pub(crate) mod runtime;
 #[cfg(any(test, feature = "simulation"))]
 pub mod simulate;
 

@@ -15,11 +15,11 @@ use statrs::{
 };
 
 /// From this many successes on, [`cdf`] uses the Camp-Paulson approximation.
-pub const CAMP_PAULSON_MIN_SUCCESSES: f64 = 100.0;
+pub(crate) const CAMP_PAULSON_MIN_SUCCESSES: f64 = 100.0;
 
 /// Camp-Paulson approximation of `P(X ≤ k)`, `X ~ NegBin(successes, p)`: through
 /// `P(X ≤ k) = 1 - P(Bin(k + s, p) ≤ s - 1)` and the binomial's F-distribution form.
-pub fn camp_paulson_cdf(successes: f64, p: f64, k: f64) -> f64 {
+pub(crate) fn camp_paulson_cdf(successes: f64, p: f64, k: f64) -> f64 {
     if p >= 1.0 {
         return 1.0;
     }
@@ -37,7 +37,7 @@ pub fn camp_paulson_cdf(successes: f64, p: f64, k: f64) -> f64 {
 
 /// `P(X ≤ k)` for `X ~ NegBin(successes, p)`; `successes > 0` (real values allowed: the
 /// moment-matched distribution of mixed intervals has a fractional shape), `0 < p ≤ 1`.
-pub fn cdf(successes: f64, p: f64, k: f64) -> f64 {
+pub(crate) fn cdf(successes: f64, p: f64, k: f64) -> f64 {
     if p >= 1.0 {
         return 1.0;
     }
@@ -60,7 +60,7 @@ thread_local! {
 /// Smallest `k` (whole failures) with `P(X ≤ k) ≥ alpha`. `successes > 0`, `0 < p ≤ 1`,
 /// `0 < alpha < 1`; returns 0 for degenerate input rather than NaN. Remembered per thread
 /// (up to [`MEMO_ENTRIES`], then forgotten at once): a pure function of its arguments.
-pub fn quantile(successes: f64, p: f64, alpha: f64) -> f64 {
+pub(crate) fn quantile(successes: f64, p: f64, alpha: f64) -> f64 {
     let key = [successes.to_bits(), p.to_bits(), alpha.to_bits()];
     if let Some(known) = MEMO.with(|memo| memo.borrow().get(&key).copied()) {
         return known;

@@ -25,13 +25,17 @@ const GROUPS_SHOWN: usize = 6;
 const NOTES_SHOWN: usize = 5;
 
 /// Whether `profile` is summarized by command (`each`: every process asked for).
-pub fn grouped(profile: &Profile, each: bool) -> bool {
+pub(super) fn grouped(profile: &Profile, each: bool) -> bool {
     !each && profile.processes.len() > GROUPED_ABOVE && !profile.commands.is_empty()
 }
 
 /// The commands' lines, then the notes', for [`grouped`] profiles; `kinds` gives a
 /// process's notes, each as its kind (the same text for the same kind of note).
-pub fn lines(out: &mut String, profile: &Profile, kinds: impl Fn(&ProcessProfile) -> Vec<String>) {
+pub(super) fn lines(
+    out: &mut String,
+    profile: &Profile,
+    kinds: impl Fn(&ProcessProfile) -> Vec<String>,
+) {
     let groups = &profile.commands;
     let _ = writeln!(
         out,

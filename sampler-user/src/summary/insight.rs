@@ -16,7 +16,7 @@ const ENOUGH_SAMPLES: f64 = 100.0;
 /// When the largest stack's bounds are wider than ±20%: what they are, and what would
 /// narrow them (a longer recording, or the interval that would give it about
 /// [`ENOUGH_SAMPLES`] samples in the same time).
-pub fn wide_bounds_hint(out: &mut String, profile: &Profile) {
+pub(super) fn wide_bounds_hint(out: &mut String, profile: &Profile) {
     let Some(top) = profile.stacks.iter().find(|s| !s.lost) else {
         return;
     };
@@ -52,7 +52,7 @@ pub fn wide_bounds_hint(out: &mut String, profile: &Profile) {
 }
 
 /// A signed rate with its bounds: `+4.0 MiB/s [+3.4 MiB/s, +4.5 MiB/s]`.
-pub fn growth_rate(growth: &GrowthValues) -> String {
+pub(super) fn growth_rate(growth: &GrowthValues) -> String {
     let e = &growth.bytes_per_second;
     let signed = |v: f64| format!("{}/s", signed_bytes(v));
     format!(
@@ -64,7 +64,7 @@ pub fn growth_rate(growth: &GrowthValues) -> String {
 }
 
 /// A process's growth line.
-pub fn process_growth(out: &mut String, process: &ProcessProfile) {
+pub(super) fn process_growth(out: &mut String, process: &ProcessProfile) {
     if let Some(growth) = &process.growth {
         let _ = writeln!(
             out,
@@ -82,7 +82,7 @@ pub fn process_growth(out: &mut String, process: &ProcessProfile) {
 /// The sites whose in-use bytes grow (lower bound above zero), by what they hold (live at
 /// the end, else at the peak): a leak reached through several stacks is one row. A profile
 /// without sites (written before them) lists its growing stacks instead.
-pub fn growing_rows(out: &mut String, profile: &Profile, top: usize) {
+pub(super) fn growing_rows(out: &mut String, profile: &Profile, top: usize) {
     if profile.sites.is_empty() {
         return growing_stacks(out, profile, top);
     }
@@ -205,7 +205,7 @@ fn share(e: &Estimate) -> String {
 }
 
 /// The stacks that allocate the most bytes freed within a millisecond.
-pub fn temporary_rows(out: &mut String, profile: &Profile, top: usize) {
+pub(super) fn temporary_rows(out: &mut String, profile: &Profile, top: usize) {
     let mut temporary: Vec<(&StackProfile, &crate::profile::LifetimeValues)> = profile
         .stacks
         .iter()

@@ -2,7 +2,7 @@
 //! agent's `host.name`).
 
 /// `MemAvailable` of /proc/meminfo, in bytes.
-pub fn memory_available() -> Option<u64> {
+pub(crate) fn memory_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     super::process::status_field(&text, "MemAvailable")?
         .trim_end_matches("kB")
@@ -13,7 +13,7 @@ pub fn memory_available() -> Option<u64> {
 }
 
 /// This host's name (the kernel's, `hostname`).
-pub fn name() -> Option<String> {
+pub(crate) fn name() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_owned())

@@ -8,12 +8,12 @@
 use std::{fs::File, io, os::unix::fs::FileExt as _};
 
 /// Reads `out.len()` bytes of `pid`'s memory at `address`.
-pub fn read_at(pid: u32, address: u64, out: &mut [u8]) -> io::Result<()> {
+pub(crate) fn read_at(pid: u32, address: u64, out: &mut [u8]) -> io::Result<()> {
     File::open(super::process::path(pid, "mem"))?.read_exact_at(out, address)
 }
 
 /// The 8 bytes at `address` in `pid`'s memory (a variable of the program's), if readable.
-pub fn word_of(pid: u32, address: u64) -> Option<u64> {
+pub(crate) fn word_of(pid: u32, address: u64) -> Option<u64> {
     let mut bytes = [0u8; 8];
     read_at(pid, address, &mut bytes).ok()?;
     Some(u64::from_ne_bytes(bytes))
@@ -21,7 +21,7 @@ pub fn word_of(pid: u32, address: u64) -> Option<u64> {
 
 /// `pid`'s memory opened for reading and writing (ptrace access mode: the caller may trace
 /// it).
-pub fn open_writable(pid: u32) -> io::Result<File> {
+pub(crate) fn open_writable(pid: u32) -> io::Result<File> {
     File::options()
         .read(true)
         .write(true)

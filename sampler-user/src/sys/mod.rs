@@ -19,10 +19,10 @@
 //! - [`clock`]: the monotonic clock and processes' CPU clocks.
 //! - [`proc_events`]: the netlink proc connector's forks, execs and exits.
 
-pub mod clock;
-pub mod host;
+pub(crate) mod clock;
+pub(crate) mod host;
 pub mod maps;
-pub mod memory;
-pub mod own;
-pub mod proc_events;
+pub(crate) mod memory;
+pub(crate) mod own;
+pub(crate) mod proc_events;
 pub mod process;

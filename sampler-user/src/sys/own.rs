@@ -6,36 +6,36 @@ use std::{io, os::fd::AsRawFd, path::PathBuf};
 
 /// Our own executable, whatever its path (run again as a helper: the file that runs now, even
 /// if it was replaced on disk since).
-pub const EXE: &str = "/proc/self/exe";
+pub(crate) const EXE: &str = "/proc/self/exe";
 
 /// The path of our descriptor `fd` (`/proc/self/fd/N`): opens the file it holds.
-pub fn fd_path(fd: &impl AsRawFd) -> PathBuf {
+pub(crate) fn fd_path(fd: &impl AsRawFd) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
 /// The kernel's description of our descriptor `fd` (`/proc/self/fdinfo/N`).
-pub fn fdinfo(fd: impl std::os::fd::AsFd) -> io::Result<String> {
+pub(crate) fn fdinfo(fd: impl std::os::fd::AsFd) -> io::Result<String> {
     std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_fd().as_raw_fd()))
 }
 
 /// Our pid namespace's file (its inode names the namespace).
-pub fn pid_namespace() -> io::Result<std::fs::Metadata> {
+pub(crate) fn pid_namespace() -> io::Result<std::fs::Metadata> {
     std::fs::metadata("/proc/self/ns/pid")
 }
 
 /// Our effective capability set (`CapEff` of our status).
-pub fn effective_capabilities() -> Option<u64> {
+pub(crate) fn effective_capabilities() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     u64::from_str_radix(super::process::status_field(&status, "CapEff")?, 16).ok()
 }
 
 /// Our CPU time so far (user and system, all threads), in nanoseconds.
-pub fn cpu_ns() -> Option<u64> {
+pub(crate) fn cpu_ns() -> Option<u64> {
     super::clock::process_cpu_ns(std::process::id())
 }
 
 /// Our resident set size, in bytes.
-pub fn rss_bytes() -> Option<u64> {
+pub(crate) fn rss_bytes() -> Option<u64> {
     super::process::rss_of(std::process::id())
 }
 

@@ -35,7 +35,7 @@ const EVENT_AT: usize = 36;
 
 /// One process event of interest (`at_ns`: when, CLOCK_MONOTONIC).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Event {
+pub(crate) enum Event {
     /// A new process (not a thread).
     Fork {
         /// Its parent's pid.
@@ -63,7 +63,7 @@ pub enum Event {
 
 /// Reads one connector message (a `proc_event` behind its netlink and connector headers);
 /// `None` for anything else (threads' forks and exits, other kinds, short messages).
-pub fn parse(message: &[u8]) -> Option<Event> {
+pub(crate) fn parse(message: &[u8]) -> Option<Event> {
     let word = |at: usize| {
         Some(u32::from_ne_bytes(
             message
@@ -96,7 +96,7 @@ pub fn parse(message: &[u8]) -> Option<Event> {
 
 /// A process of the tree, as its events told it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Member {
+pub(crate) struct Member {
     /// Its latest exec: when, and the program's name if it could be read then.
     pub exec: Option<(u64, Option<String>)>,
     /// When it exited, if it did.
@@ -106,7 +106,7 @@ pub struct Member {
 /// The command's tree: its root and every process forked from it, with their execs and
 /// exits.
 #[derive(Debug, Default)]
-pub struct Tree {
+pub(crate) struct Tree {
     /// By pid.
     pub members: BTreeMap<u32, Member>,
     /// Events were lost (the socket overflowed): the tree may be incomplete.
@@ -115,7 +115,7 @@ pub struct Tree {
 
 impl Tree {
     /// A tree of `root` alone.
-    pub fn new(root: u32) -> Self {
+    pub(crate) fn new(root: u32) -> Self {
         let mut members = BTreeMap::new();
         members.insert(root, Member::default());
         Self {
@@ -126,7 +126,7 @@ impl Tree {
 
     /// Takes in `event`; at an exec of a member, its program's name is what `named` reads
     /// now (while it most likely lives).
-    pub fn apply(&mut self, event: Event, named: impl FnOnce(u32) -> Option<String>) {
+    pub(crate) fn apply(&mut self, event: Event, named: impl FnOnce(u32) -> Option<String>) {
         match event {
             Event::Fork { parent, child, .. } if self.members.contains_key(&parent) => {
                 self.members.insert(child, Member::default());
@@ -147,13 +147,13 @@ impl Tree {
 
     /// Whether every member has exited, no event lost: the tree is complete and gone (a
     /// fork needs a living member, so none can join it any more).
-    pub fn all_exited(&self) -> bool {
+    pub(crate) fn all_exited(&self) -> bool {
         !self.lost && self.members.values().all(|m| m.exited_ns.is_some())
     }
 
     /// The members that exited after an exec: each with the time and name of its latest
     /// exec (the candidates for a process that dropped the library unseen).
-    pub fn gone_after_exec(&self) -> Vec<(u32, u64, Option<&str>)> {
+    pub(crate) fn gone_after_exec(&self) -> Vec<(u32, u64, Option<&str>)> {
         self.members
             .iter()
             .filter(|(_, m)| m.exited_ns.is_some())
@@ -166,7 +166,7 @@ impl Tree {
 }
 
 /// A listening connector socket and the thread reading it (stopped when dropped).
-pub struct Watch {
+pub(crate) struct Watch {
     stop: Arc<AtomicBool>,
     /// Set once [`Tree::all_exited`] holds.
     gone: Arc<AtomicBool>,
@@ -184,7 +184,7 @@ impl Drop for Watch {
 impl Watch {
     /// Listens for process events, following the tree of `root` (a paused child, not let
     /// go yet). Fails where the connector is unavailable (not root, a kernel without it).
-    pub fn start(root: u32) -> io::Result<Self> {
+    pub(crate) fn start(root: u32) -> io::Result<Self> {
         let socket = listen()?;
         // SAFETY: eventfd with constant flags; the result is checked.
         let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -221,12 +221,12 @@ impl Watch {
     }
 
     /// Whether the whole tree has exited (every member's exit read, no event lost).
-    pub fn gone(&self) -> bool {
+    pub(crate) fn gone(&self) -> bool {
         self.gone.load(Ordering::Acquire)
     }
 
     /// Stops listening (after the events queued so far are read) and returns the tree.
-    pub fn finish(mut self) -> Tree {
+    pub(crate) fn finish(mut self) -> Tree {
         self.stop_reader();
         let reader = self.reader.take();
         reader.and_then(|r| r.join().ok()).unwrap_or_default()

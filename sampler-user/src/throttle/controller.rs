@@ -2,11 +2,11 @@
 
 /// Interval changes a profile lists (at most one a second: over 15 minutes of changes);
 /// later ones are counted.
-pub const LISTED_CHANGES: usize = 1000;
+pub(super) const LISTED_CHANGES: usize = 1000;
 
 /// The largest interval the throttle sets: the kernel's (4 GiB; one constant, so the
 /// throttle never chooses an interval the probes refuse).
-pub use sampler_common::geometric::MAX_INTERVAL;
+pub(super) use sampler_common::geometric::MAX_INTERVAL;
 
 /// Weight of the newest second in the allocation-rate EWMA.
 const EWMA_WEIGHT: f64 = 0.5;
@@ -21,11 +21,11 @@ const DEADBAND: f64 = 1.2;
 /// interval for up to a second before the ceiling answers.
 const STEP_DOWN: f64 = 16.0;
 /// The smallest interval the band lowers to when no `--interval` was given.
-pub const SMALLEST_INTERVAL: u64 = 4096;
+pub(crate) const SMALLEST_INTERVAL: u64 = 4096;
 
 /// The controller's state.
 #[derive(Clone, Debug)]
-pub struct Throttle {
+pub(super) struct Throttle {
     target: f64,
     /// The band's lower end, samples per second (0: a ceiling only).
     minimum: f64,
@@ -37,13 +37,14 @@ pub struct Throttle {
 
 impl Throttle {
     /// Aims at `target` samples per second, the interval never below `floor` (the user's).
-    pub fn new(target: f64, floor: u64) -> Throttle {
+    #[cfg(test)]
+    pub(super) fn new(target: f64, floor: u64) -> Throttle {
         Throttle::band(0.0, target, floor, floor)
     }
 
     /// Keeps the rate between `minimum` and `target` samples per second, from `start`,
     /// never below `floor` (the default when no `--interval` is given).
-    pub fn band(minimum: f64, target: f64, floor: u64, start: u64) -> Throttle {
+    pub(super) fn band(minimum: f64, target: f64, floor: u64, start: u64) -> Throttle {
         Throttle {
             target,
             minimum: minimum.min(target),
@@ -55,14 +56,15 @@ impl Throttle {
     }
 
     /// The interval in force.
-    pub fn interval(&self) -> u64 {
+    #[cfg(test)]
+    pub(super) fn interval(&self) -> u64 {
         self.interval
     }
 
     /// Takes the last `seconds`: `bytes` allocated (exact counters) and `samples` drawn
     /// (delivered or lost) at the interval in force; returns the new interval if it
     /// changes.
-    pub fn update(&mut self, seconds: f64, bytes: u64, samples: u64) -> Option<u64> {
+    pub(super) fn update(&mut self, seconds: f64, bytes: u64, samples: u64) -> Option<u64> {
         if seconds <= 0.0 || self.target <= 0.0 {
             return None;
         }

@@ -10,7 +10,7 @@ use super::controller::{Throttle, LISTED_CHANGES};
 use crate::schema::{IntervalChange, ThrottleRecord};
 
 /// The throttle's state in a recording.
-pub struct Throttling {
+pub(crate) struct Throttling {
     controller: Throttle,
     target: u32,
     minimum: u32,
@@ -28,7 +28,7 @@ impl Throttling {
     /// Aims at `target` samples per second from the user's `interval` up (`None`: off);
     /// with a `minimum` (no `--interval` given), keeps the rate between the two, the
     /// interval from `interval` down to [`super::SMALLEST_INTERVAL`] too.
-    pub fn new(target: u32, minimum: u32, interval: u64) -> Option<Throttling> {
+    pub(crate) fn new(target: u32, minimum: u32, interval: u64) -> Option<Throttling> {
         (target > 0).then(|| {
             let now = crate::sys::clock::monotonic_ns();
             let floor = if minimum > 0 {
@@ -53,20 +53,20 @@ impl Throttling {
 
     /// Counts from `ns` (CLOCK_MONOTONIC) on: a command that ran before the recording was
     /// assembled (`crate::recording`'s early run) had its samples since then.
-    pub fn since(&mut self, ns: u64) {
+    pub(crate) fn since(&mut self, ns: u64) {
         self.last_ns = ns;
         self.started_ns = ns;
     }
 
     /// The largest interval set so far.
-    pub fn largest(&self) -> u64 {
+    pub(crate) fn largest(&self) -> u64 {
         self.largest
     }
 
     /// Once a second, at `now` (CLOCK_MONOTONIC ns): the targets' `bytes` and the `samples`
     /// drawn so far (cumulative; `lost` of them for want of ring-buffer room); the new
     /// interval, if the controller changes it.
-    pub fn tick(&mut self, now: u64, bytes: u64, samples: u64, lost: u64) -> Option<u64> {
+    pub(crate) fn tick(&mut self, now: u64, bytes: u64, samples: u64, lost: u64) -> Option<u64> {
         let seconds = now.saturating_sub(self.last_ns) as f64 / 1e9;
         if seconds < SHORTEST_TICK {
             // The tick right after the start: its rate would be a guess from a few
@@ -109,7 +109,7 @@ impl Throttling {
     }
 
     /// What it did, if it ever changed the interval.
-    pub fn record(&self) -> Option<ThrottleRecord> {
+    pub(crate) fn record(&self) -> Option<ThrottleRecord> {
         (!self.changes.is_empty()).then(|| ThrottleRecord {
             max_samples_per_second: self.target,
             min_samples_per_second: self.minimum,

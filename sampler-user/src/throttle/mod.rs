@@ -29,5 +29,5 @@
 mod controller;
 mod in_recording;
 
-pub use controller::{Throttle, LISTED_CHANGES, MAX_INTERVAL, SMALLEST_INTERVAL};
-pub use in_recording::Throttling;
+pub(crate) use controller::SMALLEST_INTERVAL;
+pub(crate) use in_recording::Throttling;

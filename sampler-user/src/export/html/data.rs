@@ -20,7 +20,7 @@ use crate::{
 
 /// The page's data (`kind` "profile" or "diff").
 #[derive(Debug, Serialize)]
-pub struct Data {
+pub(crate) struct Data {
     /// "profile" or "diff".
     pub kind: &'static str,
     /// The page's title.
@@ -53,7 +53,7 @@ pub struct Data {
 
 /// A value the flame graph and table can show.
 #[derive(Debug, Serialize)]
-pub struct Metric {
+pub(crate) struct Metric {
     pub key: &'static str,
     pub label: &'static str,
     /// "bytes", "count" or "bytes/s".
@@ -66,7 +66,7 @@ pub struct Metric {
 /// error below, error above]` (`null`: the stack has no such value; an error above that
 /// is `null` is unbounded). A diff's values are `[change, below, above, width, base, new]`.
 #[derive(Debug, Serialize)]
-pub struct StackData {
+pub(crate) struct StackData {
     pub f: Vec<u32>,
     /// The index in `f` of its site ([`crate::stacks::site`]): the frame its rows are named by.
     pub site: usize,
@@ -86,7 +86,7 @@ pub struct StackData {
 
 /// A series of a chart: a process's total or one stack's.
 #[derive(Debug, Serialize)]
-pub struct Series {
+pub(crate) struct Series {
     pub name: String,
     /// In-use bytes, lower, upper per point.
     pub inuse: [Vec<f64>; 3],
@@ -96,7 +96,7 @@ pub struct Series {
 
 /// A bar of the size histogram.
 #[derive(Debug, Serialize)]
-pub struct SizeBar {
+pub(crate) struct SizeBar {
     pub from: u64,
     pub to: u64,
     pub bytes: f64,
@@ -108,7 +108,8 @@ pub struct SizeBar {
 /// sum of its stacks' estimates, their errors added in quadrature, `z` of them each side,
 /// the lower not below zero unless the value is `signed`. The script's rule, written here
 /// to be tested.
-pub fn node_bounds(stacks: &[[f64; 3]], z: f64, signed: bool) -> (f64, f64, f64) {
+#[cfg(test)]
+fn node_bounds(stacks: &[[f64; 3]], z: f64, signed: bool) -> (f64, f64, f64) {
     let estimate: f64 = stacks.iter().map(|s| s[0]).sum();
     let below = stacks.iter().map(|s| s[1] * s[1]).sum::<f64>().sqrt();
     let above = stacks.iter().map(|s| s[2] * s[2]).sum::<f64>().sqrt();
@@ -207,7 +208,7 @@ pub(super) struct Names {
 }
 
 impl Names {
-    pub fn of(&mut self, name: String) -> u32 {
+    pub(super) fn of(&mut self, name: String) -> u32 {
         if let Some(&i) = self.index.get(&name) {
             return i;
         }
@@ -246,7 +247,7 @@ fn triple(estimate: &Estimate, confidence: f64) -> Vec<f64> {
 }
 
 /// The page's data for `profile`, opening on `value`.
-pub fn profile_data(profile: &Profile, value: Value) -> Data {
+pub(crate) fn profile_data(profile: &Profile, value: Value) -> Data {
     let confidence = profile.sampling.confidence;
     let labels = profile.process_labels();
     let metrics = metrics(profile);

@@ -21,8 +21,8 @@ mod diff;
 
 use std::io::Write;
 
-pub use data::{node_bounds, profile_data, Data};
-pub use diff::diff_data;
+pub(crate) use data::{profile_data, Data};
+pub(crate) use diff::diff_data;
 
 use super::Value;
 use crate::profile::Profile;
@@ -30,17 +30,17 @@ use crate::profile::Profile;
 use crate::stats::difference::Spread;
 
 /// The page: `{{TITLE}}`, `{{STYLE}}`, `{{DATA}}` and `{{SCRIPT}}` are filled in.
-pub const TEMPLATE: &str = include_str!("report.html");
+pub(crate) const TEMPLATE: &str = include_str!("report.html");
 const STYLE: &str = include_str!("report.css");
 const SCRIPT: &str = include_str!("report.js");
 
 /// Writes `profile` as an HTML report opening on `value`.
-pub fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::Result<()> {
+pub(crate) fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::Result<()> {
     page(&profile_data(profile, value), out)
 }
 
 /// Writes the page for `data`.
-pub fn page(data: &Data, out: &mut dyn Write) -> std::io::Result<()> {
+pub(crate) fn page(data: &Data, out: &mut dyn Write) -> std::io::Result<()> {
     let json = serde_json::to_string(data)?;
     // Inside <script>, `</script` ends the element early and `<!--` followed by `<script`
     // makes the parser skip the real end (the page went blank): no `<` may appear. It only
