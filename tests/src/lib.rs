@@ -404,11 +404,19 @@ pub fn wait_until(timeout: Duration, mut predicate: impl FnMut() -> bool) -> boo
 }
 
 /// Starts `allocscope ARGS` with stderr piped and returns once it printed "recording".
+pub fn start_recording(args: &[&str]) -> (Child, BufReader<std::process::ChildStderr>) {
+    let (child, stderr, _said) = start_recording_said(args);
+    (child, stderr)
+}
+
+/// [`start_recording`], with what allocscope said up to its "recording" line.
 #[expect(
     clippy::zombie_processes,
     reason = "the child is returned; the caller waits for it"
 )]
-pub fn start_recording(args: &[&str]) -> (Child, BufReader<std::process::ChildStderr>) {
+pub fn start_recording_said(
+    args: &[&str],
+) -> (Child, BufReader<std::process::ChildStderr>, String) {
     let mut child = Command::new(allocscope())
         .args(args)
         .stdin(Stdio::null())
@@ -425,7 +433,7 @@ pub fn start_recording(args: &[&str]) -> (Child, BufReader<std::process::ChildSt
         }
         seen.push_str(&line);
         if line.starts_with("allocscope: recording ") {
-            return (child, stderr);
+            return (child, stderr, seen);
         }
     }
 }
