@@ -13,8 +13,16 @@
 //! before it runs (user space decides on each fork and exec it hears of); `--comm` and
 //! `--all` also scan /proc every second for processes running before; every target's maps
 //! are re-read for allocators loaded late. A process that exits is finalized by
-//! [`counters`]: its probes detach, its exact counters are read and its counter slot is
+//! [`accounting`]: its probes detach, its exact counters are read and its counter slot is
 //! reused; its frames still resolve (the files stay open, see [`crate::stacks`]).
+//!
+//! The loop's components own their state and their `impl`: [`intake`] (events until the
+//! cutoff), [`aggregation`] (samples per stack, processes, symbols), [`accounting`] (exact
+//! counts and losses), [`cost_control`] (the trap, the statistics windows, the throttle,
+//! duty cycling) and [`command`] (the command started). Discovery's state (roster, cache,
+//! probe points, the in-process tree, carriers) is `Recording`'s own: each of its steps
+//! attaches probes, tracks in the aggregation and moves counter slots at once (design.md
+//! §0 and §12).
 
 mod accounting;
 mod aggregation;
