@@ -6,52 +6,41 @@
 
 use std::process::Command;
 
-use serde_json::Value;
-use tests::{allocscope, files_under, fixture, read_profile, spawn_with_first_line, TempDir};
+use sampler_user::schema::{FrameInfo, StackEnd, Unwinding};
+use tests::{
+    allocscope, files_under, fixture, read_profile,
+    record::{Profile, StackProfile},
+    spawn_with_first_line, typed, Record, TempDir,
+};
 
 const CONFIDENCE: &str = "0.9999";
 
-/// Records `binary args` with `flags`; returns the profile and the target's pid.
-fn record(name: &str, flags: &[&str], command: &[&str]) -> (Value, u32) {
-    let dir = TempDir::new(name);
-    let out = dir.path("profile.json");
-    let output = Command::new(allocscope())
-        .arg("record")
-        .args(flags)
-        .args(["--confidence", CONFIDENCE, "-o"])
-        .arg(&out)
-        .arg("--")
-        .args(command)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "allocscope failed:\n{stderr}");
-    let profile = read_profile(&out);
-    let pid = profile["processes"][0]["pid"].as_u64().unwrap() as u32;
-    (profile, pid)
+/// Records `command` (program and arguments) with `flags`; returns the profile and the
+/// program's pid.
+fn record(flags: &[&str], command: &[&str]) -> (Profile, u32) {
+    let recorded = Record::command(command[0], &command[1..])
+        .flags(flags)
+        .flags(&["--confidence", CONFIDENCE])
+        .run();
+    let pid = recorded.profile.processes[0].pid;
+    (recorded.profile, pid)
 }
 
-fn function(frame: &Value) -> &str {
-    frame["function"].as_str().unwrap_or("?")
+fn function(frame: &FrameInfo) -> &str {
+    frame.function.as_deref().unwrap_or("?")
 }
 
-fn names(stack: &Value) -> Vec<&str> {
-    stack["frames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(function)
-        .collect()
+fn names(stack: &StackProfile) -> Vec<&str> {
+    stack.frames.iter().map(function).collect()
 }
 
 /// The stacks of `pid` whose frames hold `chain` (prefixes of demangled names), in this
 /// order, one right after the other, starting at the first frame that matches `chain[0]`.
-fn stacks_through<'p>(profile: &'p Value, pid: u32, chain: &[&str]) -> Vec<&'p Value> {
-    profile["stacks"]
-        .as_array()
-        .unwrap()
+fn stacks_through<'p>(profile: &'p Profile, pid: u32, chain: &[&str]) -> Vec<&'p StackProfile> {
+    profile
+        .stacks
         .iter()
-        .filter(|stack| stack["pid"] == pid)
+        .filter(|stack| stack.pid == pid)
         .filter(|stack| {
             let names = names(stack);
             names
@@ -66,12 +55,11 @@ fn stacks_through<'p>(profile: &'p Value, pid: u32, chain: &[&str]) -> Vec<&'p V
         .collect()
 }
 
-fn all_stacks(profile: &Value) -> String {
-    profile["stacks"]
-        .as_array()
-        .unwrap()
+fn all_stacks(profile: &Profile) -> String {
+    profile
+        .stacks
         .iter()
-        .map(|s| format!("{} samples, end {}: {:?}", s["samples"], s["end"], names(s)))
+        .map(|s| format!("{} samples, end {:?}: {:?}", s.samples, s.end, names(s)))
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -79,14 +67,9 @@ fn all_stacks(profile: &Value) -> String {
 /// Asserts the summed bounds of `stacks` hold `truth` bytes (a conservative check: the sum
 /// of the lower bounds is below any sum of estimates the truth could produce, the sum of the
 /// upper bounds above).
-fn assert_bytes_within(stacks: &[&Value], truth: u64, what: &str, profile: &Value) {
-    let sum = |field: &str| -> f64 {
-        stacks
-            .iter()
-            .map(|s| s["alloc_bytes"][field].as_f64().unwrap())
-            .sum()
-    };
-    let (lower, upper) = (sum("lower"), sum("upper"));
+fn assert_bytes_within(stacks: &[&StackProfile], truth: u64, what: &str, profile: &Profile) {
+    let lower: f64 = stacks.iter().map(|s| s.alloc_bytes.lower).sum();
+    let upper: f64 = stacks.iter().map(|s| s.alloc_bytes.upper).sum();
     assert!(
         lower <= truth as f64 && truth as f64 <= upper,
         "{what}: truth {truth} outside [{lower}, {upper}]\n{}",
@@ -122,7 +105,7 @@ fn c_without_frame_pointers_every_site_reaches_main() {
     // At the allocator's return (frees tracked) and at its entry (alloc-only): the stack
     // is copied from different places, and both must unwind whole.
     for flags in [&["-i", "64KiB"][..], &["-i", "64KiB", "--alloc-only"]] {
-        let (profile, pid) = record("deep", flags, &command);
+        let (profile, pid) = record(flags, &command);
         for (site, chain, bytes) in DEEP_SITES {
             let stacks = stacks_through(&profile, pid, &chain);
             assert!(
@@ -130,11 +113,10 @@ fn c_without_frame_pointers_every_site_reaches_main() {
                 "{flags:?}: no stack of {site} through {chain:?}\n{}",
                 all_stacks(&profile)
             );
-            let all_of_site: Vec<&Value> = profile["stacks"]
-                .as_array()
-                .unwrap()
+            let all_of_site: Vec<&StackProfile> = profile
+                .stacks
                 .iter()
-                .filter(|s| s["pid"] == pid && names(s)[0] == site)
+                .filter(|s| s.pid == pid && names(s)[0] == site)
                 .collect();
             assert_eq!(
                 stacks.len(),
@@ -144,11 +126,11 @@ fn c_without_frame_pointers_every_site_reaches_main() {
             );
             assert_bytes_within(&stacks, calls * bytes, site, &profile);
             for stack in stacks {
-                assert_eq!(stack["unwound"], "dwarf");
+                assert_eq!(stack.unwound, Some(Unwinding::Dwarf));
                 assert!(
-                    stack["end"] == "root" || stack["end"] == "unwind_failed",
-                    "{site}: {}",
-                    stack["end"]
+                    matches!(stack.end, Some(StackEnd::Root | StackEnd::UnwindFailed)),
+                    "{site}: {:?}",
+                    stack.end
                 );
             }
         }
@@ -163,33 +145,37 @@ fn frame_pointer_walks_through_data_show_no_false_frames() {
     // frame shown must still be a real one.
     let deep = fixture("deep", &["-fomit-frame-pointer"]);
     let (profile, pid) = record(
-        "deep-fp",
         &["-i", "64KiB", "--unwind", "fp"],
         &[deep.to_str().unwrap(), "20000"],
     );
-    let stacks = profile["stacks"].as_array().unwrap();
-    for stack in stacks.iter().filter(|s| s["pid"] == pid) {
-        assert_eq!(stack["unwound"], "frame_pointers");
+    let stacks = &profile.stacks;
+    for stack in stacks.iter().filter(|s| s.pid == pid) {
+        assert_eq!(stack.unwound, Some(Unwinding::FramePointers));
         // Every frame is code in a mapped file (a stale return address left on the stack
         // by an earlier call may still pass: it is one, just not of this call).
-        for frame in stack["frames"].as_array().unwrap() {
+        for frame in &stack.frames {
             assert!(
-                frame["module"].is_string(),
-                "{frame}\n{}",
+                frame.module.is_some(),
+                "{frame:?}\n{}",
                 all_stacks(&profile)
             );
         }
     }
     // The kernel's walk reads "ion Sele" as site_table's caller: it is in no mapping, so the
     // stack ends there, without it, and says so.
-    let table: Vec<&Value> = stacks
+    let table: Vec<&StackProfile> = stacks
         .iter()
-        .filter(|s| s["pid"] == pid && names(s)[0] == "site_table")
+        .filter(|s| s.pid == pid && names(s)[0] == "site_table")
         .collect();
     assert!(!table.is_empty(), "{}", all_stacks(&profile));
     for stack in table {
         assert_eq!(names(stack), ["site_table"], "{}", all_stacks(&profile));
-        assert_eq!(stack["end"], "unmapped", "{}", all_stacks(&profile));
+        assert_eq!(
+            stack.end,
+            Some(StackEnd::Unmapped),
+            "{}",
+            all_stacks(&profile)
+        );
     }
 }
 
@@ -219,7 +205,6 @@ fn cpp_callers_of_operator_new_are_found_through_libstdcxx() {
     let deep = fixture("deep_cpp", &["-fomit-frame-pointer"]);
     let calls: u64 = 20_000;
     let (profile, pid) = record(
-        "deep-cpp",
         &["-i", "64KiB"],
         &[deep.to_str().unwrap(), &calls.to_string()],
     );
@@ -264,23 +249,17 @@ fn python_stacks_reach_the_interpreter_entry() {
          def main():\n    for _ in range(40):\n        grow(2000)\nmain()\n",
     )
     .unwrap();
-    let (profile, pid) = record(
-        "python",
-        &["-i", "64KiB"],
-        &[python, script.to_str().unwrap()],
-    );
-    let stacks: Vec<&Value> = profile["stacks"]
-        .as_array()
-        .unwrap()
+    let (profile, pid) = record(&["-i", "64KiB"], &[python, script.to_str().unwrap()]);
+    let stacks: Vec<&StackProfile> = profile
+        .stacks
         .iter()
-        .filter(|s| s["pid"] == pid && s["lost"] != true)
+        .filter(|s| s.pid == pid && !s.lost)
         .collect();
-    let samples =
-        |stacks: &[&Value]| -> u64 { stacks.iter().map(|s| s["samples"].as_u64().unwrap()).sum() };
-    let whole: Vec<&Value> = stacks
+    let samples = |stacks: &[&StackProfile]| -> u64 { stacks.iter().map(|s| s.samples).sum() };
+    let whole: Vec<&StackProfile> = stacks
         .iter()
         .copied()
-        .filter(|s| names(s).contains(&"Py_BytesMain") && s["end"] == "root")
+        .filter(|s| names(s).contains(&"Py_BytesMain") && s.end == Some(StackEnd::Root))
         .collect();
     // bytearray(3000) × 80,000 = 240 MB, nearly all of the script's allocation. Debian's
     // main tail-calls Py_BytesMain: no frame of main's own remains on the stack.
@@ -348,14 +327,13 @@ fn a_stripped_program_is_named_from_its_debug_file_by_build_id() {
     let command = [stripped.to_str().unwrap(), "5000"];
     let chain = ["site_table", "load_table", "phase_load", "main"];
     // Without the debug directory the program's own functions have no names.
-    let (bare, pid) = record("stripped", &["-i", "64KiB"], &command);
+    let (bare, pid) = record(&["-i", "64KiB"], &command);
     assert!(
         stacks_through(&bare, pid, &chain[..1]).is_empty(),
         "{}",
         all_stacks(&bare)
     );
     let (profile, pid) = record(
-        "stripped-debug",
         &["-i", "64KiB", "--debug-dir", debug_dir.to_str().unwrap()],
         &command,
     );
@@ -366,9 +344,11 @@ fn a_stripped_program_is_named_from_its_debug_file_by_build_id() {
     );
     // A frame that stays unresolved still names its module, whose build id the profile
     // lists, so `go tool pprof` can symbolize it later.
-    let modules = bare["modules"].as_array().unwrap();
+    let modules = &bare.modules;
     assert!(
-        modules.iter().any(|m| m["build_id"] == id.as_str()),
+        modules
+            .iter()
+            .any(|m| m.build_id.as_deref() == Some(id.as_str())),
         "{modules:#?}"
     );
 }
@@ -376,7 +356,7 @@ fn a_stripped_program_is_named_from_its_debug_file_by_build_id() {
 /// Records a script that calls `PyObject_Malloc(200)` and `PyObject_Malloc(2000)`
 /// (`CALLS` times each, freeing each block) through ctypes, from Debian's python3, with
 /// `flags`; returns the profile, the pid and the stacks through ctypes' call.
-fn record_pymalloc_calls(name: &str, flags: &[&str]) -> (Value, u32) {
+fn record_pymalloc_calls(name: &str, flags: &[&str]) -> (Profile, u32) {
     let dir = TempDir::new(&format!("{name}-script"));
     let script = dir.path("script.py");
     std::fs::write(
@@ -394,11 +374,7 @@ fn record_pymalloc_calls(name: &str, flags: &[&str]) -> (Value, u32) {
     )
     .unwrap();
     let flags = [&["-i", "64KiB"], flags].concat();
-    record(
-        name,
-        &flags,
-        &[tests::pythons::DEBIAN, script.to_str().unwrap()],
-    )
+    record(&flags, &[tests::pythons::DEBIAN, script.to_str().unwrap()])
 }
 
 /// Calls of each size in [`record_pymalloc_calls`]'s script.
@@ -411,20 +387,20 @@ fn pythons_object_allocator_is_counted_once() {
     // sees them) and passes larger ones to malloc: with uprobes, the first must be counted
     // at PyObject_Malloc, the second once, at malloc.
     let (profile, pid) = record_pymalloc_calls("pymalloc-recording", &["--no-preload"]);
-    let allocators = profile["processes"][0]["allocators"].to_string();
+    let allocators = profile.processes[0].allocators.join(", ");
     assert!(
         allocators.contains("pymalloc") && allocators.contains("glibc"),
         "{allocators}"
     );
     // Debian's python3 links pymalloc into the executable: with uprobes the profile says
     // the interpreter's own calls are missed (issue #29, item 5), here and in the summary.
-    let incomplete = profile["processes"][0]["incomplete"].to_string();
+    let incomplete = profile.processes[0].incomplete.join("\n");
     assert!(
         incomplete.contains("pymalloc is linked into /usr/bin/python3"),
         "{incomplete}"
     );
     let through_ctypes = stacks_through(&profile, pid, &["ffi_call"]);
-    let (large, small): (Vec<&Value>, Vec<&Value>) = through_ctypes
+    let (large, small): (Vec<&StackProfile>, Vec<&StackProfile>) = through_ctypes
         .iter()
         .partition(|s| names(s)[0] == "PyObject_Malloc");
     // Small: the caller of PyObject_Malloc (libffi) is the leaf.
@@ -450,14 +426,10 @@ fn pythons_object_allocator_is_counted_once_in_process() {
     // call is counted there at its own size, small or large, and the malloc pymalloc makes
     // for a large one is not counted again (twice would put the estimate at 2x).
     let (profile, pid) = record_pymalloc_calls("pymalloc-in-process", &[]);
-    let process = &profile["processes"][0];
-    assert_eq!(process["front_end"], "in-process", "{process}");
-    assert!(
-        process.get("incomplete").is_none(),
-        "counted whole: {process}"
-    );
-    let exact_calls = process["exact"]["calls"].as_u64().unwrap();
-    assert!(exact_calls >= 2 * PYMALLOC_CALLS, "{process}");
+    let process = &profile.processes[0];
+    assert_eq!(process.front_end, "in-process", "{process:#?}");
+    assert!(process.incomplete.is_empty(), "counted whole: {process:#?}");
+    assert!(process.exact.calls >= 2 * PYMALLOC_CALLS, "{process:#?}");
     let through_ctypes = stacks_through(&profile, pid, &["ffi_call"]);
     assert_bytes_within(
         &through_ctypes,
@@ -517,8 +489,8 @@ fn debug_files_come_from_debuginfod_when_asked() {
     let _ = server.wait();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
-    let profile = read_profile(&out);
-    let pid = profile["processes"][0]["pid"].as_u64().unwrap() as u32;
+    let profile = typed(&read_profile(&out));
+    let pid = profile.processes[0].pid;
     let chain = ["site_table", "load_table", "phase_load", "main"];
     assert!(
         !stacks_through(&profile, pid, &chain).is_empty(),
