@@ -537,6 +537,11 @@ pub fn read_profile(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// Reads a JSON profile into allocscope's own types.
+pub fn read_typed(path: &Path) -> record::Profile {
+    typed(&read_profile(path))
+}
+
 /// The stacks of `pid` whose leaf frame (the allocator's direct caller) is `function`.
 pub fn site(profile: &Value, pid: u32, function: &str) -> Vec<Value> {
     profile["stacks"]

@@ -9,23 +9,17 @@ use std::{
     time::Duration,
 };
 
-use serde_json::Value;
 use tests::{
-    allocscope, assert_estimate_bounds_exact, check_workload_profile, drain, fixture, fixture_as,
-    interrupt, process, read_profile, run, site, start_recording, typed, wait_until, Fixture,
-    TempDir, Workload,
+    assert_bounds_exact, check_workload_profile, drain, fixture, fixture_as, interrupt, read_typed,
+    record::{process_of, site_of, Profile},
+    run, start_recording, wait_until, Fixture, Record, TempDir, Workload,
 };
 
 const CONFIDENCE: &str = "0.9999";
 const ROUNDS: u64 = 2000;
 
-fn pids(profile: &Value) -> Vec<u32> {
-    profile["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["pid"].as_u64().unwrap() as u32)
-        .collect()
+fn pids(profile: &Profile) -> Vec<u32> {
+    profile.processes.iter().map(|p| p.pid).collect()
 }
 
 /// Waits for the recorder to exit by itself and checks it succeeded.
@@ -37,30 +31,14 @@ fn finish(mut recorder: std::process::Child) {
 #[test]
 fn statically_linked_allocator_is_found_in_the_executable() {
     tests::require_bpf!();
-    let dir = TempDir::new("static");
-    let out = dir.path("static.json");
     let workload = fixture_as("workload", "workload-static", &["-static"]);
-    let output = Command::new(allocscope())
-        .args([
-            "record",
-            "--interval",
-            "64KiB",
-            "--confidence",
-            CONFIDENCE,
-            "-o",
-        ])
-        .arg(&out)
-        .arg("--")
-        .arg(&workload)
-        .arg(ROUNDS.to_string())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "allocscope failed:\n{stderr}");
-    let profile = read_profile(&out);
-    let pid = pids(&profile)[0];
-    check_workload_profile(&typed(&profile), pid, ROUNDS);
-    let allocators = process(&profile, pid)["allocators"].to_string();
+    let recorded = Record::command(&workload, &[&ROUNDS.to_string()])
+        .flags(&["--interval", "64KiB", "--confidence", CONFIDENCE])
+        .run();
+    let profile = &recorded.profile;
+    let pid = pids(profile)[0];
+    check_workload_profile(profile, pid, ROUNDS);
+    let allocators = process_of(profile, pid).allocators.join(", ");
     assert!(
         allocators.contains("static, in") && allocators.contains("workload-static"),
         "{allocators}"
@@ -71,7 +49,6 @@ fn statically_linked_allocator_is_found_in_the_executable() {
 fn a_programs_own_malloc_wrapping_glibcs_is_counted_once() {
     tests::require_bpf!();
     const WRAPPED_ROUNDS: u64 = 50_000;
-    let dir = TempDir::new("wrapper");
     let wrapper = fixture("wrapper", &[]);
     // Every way returns are observed: sessions, classic return probes, none. Uprobes: the
     // nesting of two probed mallocs is what is checked (with the in-process front end the
@@ -82,38 +59,28 @@ fn a_programs_own_malloc_wrapping_glibcs_is_counted_once() {
         &["--no-preload", "--no-sessions"],
         &["--no-preload", "--alloc-only"],
     ] {
-        let out = dir.path("wrapper.json");
-        let output = Command::new(allocscope())
-            .args(["record", "--interval", "64KiB", "--confidence", CONFIDENCE])
-            .args(mode)
-            .arg("-o")
-            .arg(&out)
-            .arg("--")
-            .arg(&wrapper)
-            .arg(WRAPPED_ROUNDS.to_string())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "{mode:?}: {stderr}");
-        let profile = read_profile(&out);
-        let pid = pids(&profile)[0];
-        let process = process(&profile, pid);
+        let recorded = Record::command(&wrapper, &[&WRAPPED_ROUNDS.to_string()])
+            .flags(&["--interval", "64KiB", "--confidence", CONFIDENCE])
+            .flags(mode)
+            .run();
+        let profile = &recorded.profile;
+        let pid = pids(profile)[0];
+        let process = process_of(profile, pid);
         // Both mallocs are probed, yet each allocation counts once (stdio adds one).
-        let calls = process["exact"]["calls"].as_u64().unwrap();
+        let calls = process.exact.calls;
         assert!(
             (11 * WRAPPED_ROUNDS..=11 * WRAPPED_ROUNDS + 2).contains(&calls),
             "{mode:?}: {calls} calls counted"
         );
-        assert_estimate_bounds_exact(process);
+        assert_bounds_exact(process);
         for (function, bytes) in [("small", 10 * 100), ("big", 20_000)] {
             let truth = (bytes * WRAPPED_ROUNDS) as f64;
-            let stacks = site(&profile, pid, function);
+            let stacks = site_of(profile, pid, function);
             assert_eq!(stacks.len(), 1, "{mode:?}: {function}: {stacks:?}");
-            let estimate = &stacks[0]["alloc_bytes"];
+            let estimate = &stacks[0].alloc_bytes;
             assert!(
-                estimate["lower"].as_f64().unwrap() <= truth
-                    && truth <= estimate["upper"].as_f64().unwrap(),
-                "{mode:?}: {function}: {estimate} does not bound {truth}"
+                estimate.lower <= truth && truth <= estimate.upper,
+                "{mode:?}: {function}: {estimate:?} does not bound {truth}"
             );
         }
     }
@@ -184,27 +151,27 @@ fn glibc_jemalloc_tcmalloc_and_mimalloc_processes_in_one_session() {
     }
     interrupt(recorder);
     let said = drained.join().unwrap();
-    let profile = read_profile(&out);
+    let profile = read_typed(&out);
     for (family, workload) in &workloads {
         let pid = workload.pid();
         // Every site of each process within bounds and attributed to that process.
-        check_workload_profile(&typed(&profile), pid, ROUNDS);
-        let allocators = process(&profile, pid)["allocators"].as_array().unwrap();
+        check_workload_profile(&profile, pid, ROUNDS);
+        let allocators = &process_of(&profile, pid).allocators;
         assert!(
-            allocators[0].as_str().unwrap().starts_with(family),
+            allocators[0].starts_with(family),
             "pid {pid} should use {family} first: {allocators:?}\n{said}"
         );
     }
     let probed = |file: &str, function: &str| {
-        profile["probes"].as_array().unwrap().iter().any(|p| {
-            p["file"].as_str().unwrap().contains(file)
-                && p["function"].as_str().unwrap().starts_with(function)
-        })
+        profile
+            .probes
+            .iter()
+            .any(|p| p.file.contains(file) && p.function.starts_with(function))
     };
     assert!(
         probed("libjemalloc.so.2", "mallocx"),
-        "{:#}",
-        profile["probes"]
+        "{:#?}",
+        profile.probes
     );
     assert!(probed("libjemalloc.so.2", "sdallocx"));
     assert!(probed("libtcmalloc.so", "malloc"));
@@ -213,22 +180,15 @@ fn glibc_jemalloc_tcmalloc_and_mimalloc_processes_in_one_session() {
     // mimalloc's malloc moves the size to rsi before reusing rdi: the probe follows it to
     // the first emulated instruction instead of single-stepping the entry (the sizes read
     // there are checked above: exact bytes and every site's bounds).
-    let mimalloc_malloc = profile["probes"]
-        .as_array()
-        .unwrap()
+    let mimalloc_malloc = profile
+        .probes
         .iter()
-        .find(|p| {
-            p["file"].as_str().unwrap().contains("libmimalloc.so")
-                && p["function"].as_str().unwrap().starts_with("malloc")
-        })
+        .find(|p| p.file.contains("libmimalloc.so") && p.function.starts_with("malloc"))
         .expect("mimalloc's malloc probed");
-    assert_eq!(mimalloc_malloc["emulated"], true, "{mimalloc_malloc:#}");
+    assert!(mimalloc_malloc.emulated, "{mimalloc_malloc:#?}");
     assert!(
-        mimalloc_malloc["instruction"]
-            .as_str()
-            .unwrap()
-            .contains("(rdi in rsi)"),
-        "{mimalloc_malloc:#}"
+        mimalloc_malloc.instruction.contains("(rdi in rsi)"),
+        "{mimalloc_malloc:#?}"
     );
     assert!(probed("libmimalloc.so", "mi_cfree"));
 }
@@ -263,30 +223,33 @@ fn threads_by_the_thousand_keep_their_attribution_and_leave_no_state() {
     // Every worker has exited; the process lives on.
     interrupt(recorder);
     let said = drained.join().unwrap();
-    let profile = read_profile(&out);
+    let profile = read_typed(&out);
     let calls = threads * per_thread;
-    let process = process(&profile, pid);
+    let process = process_of(&profile, pid);
     // Besides the workers' calls, glibc allocates a thread's TLS vector at its creation.
-    let exact = process["exact"]["calls"].as_u64().unwrap();
+    let exact = process.exact.calls;
     assert!(
         (calls..calls + 3 * threads).contains(&exact),
         "exact calls {exact}, expected {calls} and a few per thread"
     );
-    assert_estimate_bounds_exact(process);
-    let stacks = site(&profile, pid, "thread_site");
+    assert_bounds_exact(process);
+    let stacks = site_of(&profile, pid, "thread_site");
     assert_eq!(stacks.len(), 1, "{stacks:#?}");
-    assert_eq!(stacks[0]["frames"][1]["function"], "worker");
-    let truth = (calls * 512) as f64;
-    let bytes = &stacks[0]["alloc_bytes"];
     assert!(
-        bytes["lower"].as_f64().unwrap() <= truth && truth <= bytes["upper"].as_f64().unwrap(),
-        "thread_site: true {truth} outside {bytes}"
+        tests::record::frame_is(stacks[0], 1, "worker"),
+        "{stacks:#?}"
     );
-    let losses = &profile["losses"];
-    assert_eq!(losses["thread_state_full"], 0, "{losses}");
-    assert_eq!(losses["ringbuf_full"], 0, "{losses}");
+    let truth = (calls * 512) as f64;
+    let bytes = &stacks[0].alloc_bytes;
+    assert!(
+        bytes.lower <= truth && truth <= bytes.upper,
+        "thread_site: true {truth} outside {bytes:?}"
+    );
+    let losses = &profile.losses;
+    assert_eq!(losses.thread_state_full, 0, "{losses:?}");
+    assert_eq!(losses.ringbuf_full, 0, "{losses:?}");
     // Each thread's countdown went with the thread: what is left is the main thread's.
-    let states = profile["thread_states"].as_u64().unwrap();
+    let states = profile.thread_states.unwrap();
     assert!(
         states <= 2,
         "{states} thread states left after 4000 threads\n{said}"
@@ -296,28 +259,20 @@ fn threads_by_the_thousand_keep_their_attribution_and_leave_no_state() {
 #[test]
 fn attaching_mid_run_the_estimates_cover_what_the_counters_cover() {
     tests::require_bpf!();
-    let dir = TempDir::new("midrun");
-    let out = dir.path("midrun.json");
     let mut workload = Workload::start(100, &["--forever"]);
     workload.go();
-    let pid = workload.pid().to_string();
     // Classic return probes: the most links to remove, the longest detach, during which
     // the probes still fire (what used to inflate the estimates by a third).
-    let output = run(&[
-        "record",
-        "-p",
-        &pid,
-        "--duration",
-        "2",
-        "--no-sessions",
-        "--confidence",
-        CONFIDENCE,
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    assert!(output.status.success(), "{output:?}");
-    let profile = read_profile(&out);
-    assert_estimate_bounds_exact(process(&profile, workload.pid()));
+    let recorded = Record::pid(workload.pid())
+        .flags(&[
+            "--duration",
+            "2",
+            "--no-sessions",
+            "--confidence",
+            CONFIDENCE,
+        ])
+        .run();
+    assert_bounds_exact(recorded.process(workload.pid()));
 }
 
 #[test]
@@ -372,30 +327,25 @@ fn a_process_in_its_own_mount_namespace_and_root_is_profiled_and_symbolized() {
     assert_eq!(target.line(), "done");
     assert_eq!(neighbour.line(), "done");
     finish(recorder);
-    let profile = read_profile(&out);
+    let profile = read_typed(&out);
     // Probed in its own libc, and symbolized from its own files.
-    check_workload_profile(&typed(&profile), pid, ROUNDS);
-    check_workload_profile(&typed(&profile), neighbour.pid(), ROUNDS);
+    check_workload_profile(&profile, pid, ROUNDS);
+    check_workload_profile(&profile, neighbour.pid(), ROUNDS);
     // Two files by one path: two modules, told apart, each with its file's build id.
     let shown = host_libc_path.to_str().unwrap();
-    let libcs: Vec<&Value> = profile["modules"]
-        .as_array()
-        .unwrap()
+    let libcs: Vec<_> = profile
+        .modules
         .iter()
-        .filter(|m| m["path"].as_str().unwrap().starts_with(shown))
+        .filter(|m| m.path.starts_with(shown))
         .collect();
-    assert_eq!(libcs.len(), 2, "{:#}", profile["modules"]);
-    assert_ne!(libcs[0]["path"], libcs[1]["path"]);
-    assert!(
-        libcs.iter().all(|m| m["build_id"].is_string()),
-        "{libcs:#?}"
-    );
+    assert_eq!(libcs.len(), 2, "{:#?}", profile.modules);
+    assert_ne!(libcs[0].path, libcs[1].path);
+    assert!(libcs.iter().all(|m| m.build_id.is_some()), "{libcs:#?}");
     let host_libc = std::fs::metadata("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
-    let probed: Vec<PathBuf> = profile["probes"]
-        .as_array()
-        .unwrap()
+    let probed: Vec<PathBuf> = profile
+        .probes
         .iter()
-        .map(|p| PathBuf::from(p["file"].as_str().unwrap()))
+        .map(|p| PathBuf::from(&p.file))
         .collect();
     assert!(!probed.is_empty());
     use std::os::unix::fs::MetadataExt as _;
@@ -458,7 +408,7 @@ fn bad_targets_are_refused_or_left_out() {
         "{stderr}"
     );
     assert_eq!(stderr.matches("left out").count(), 2, "{stderr}");
-    assert_eq!(pids(&read_profile(&out)), vec![workload.pid()]);
+    assert_eq!(pids(&read_typed(&out)), vec![workload.pid()]);
     // A comm regex that does not compile: exit 2 before anything is attached.
     let output = run(&["record", "--comm", "(", "-o", "/tmp/x.json"]);
     assert_eq!(output.status.code(), Some(2));
