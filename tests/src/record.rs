@@ -28,6 +28,8 @@ pub struct Record {
 pub struct Recorded {
     pub profile: Profile,
     pub stderr: String,
+    /// The command's stdout (allocscope passes it through).
+    pub stdout: String,
     pub code: Option<i32>,
     /// The file allocscope wrote (kept until this is dropped).
     pub file: PathBuf,
@@ -93,7 +95,7 @@ impl Record {
             .arg(&out)
             .args(&self.target)
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -110,6 +112,7 @@ impl Record {
         Recorded {
             profile,
             stderr,
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
             code: output.status.code(),
             file: out,
             _dir: dir,
