@@ -438,16 +438,6 @@ pub fn start_recording_said(
     }
 }
 
-/// The process `pid` of a profile (panics, listing them, if it is missing).
-pub fn process(profile: &Value, pid: u32) -> &Value {
-    profile["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == pid)
-        .unwrap_or_else(|| panic!("pid {pid} missing from {:#}", profile["processes"]))
-}
-
 /// Stops the recorder with SIGINT (as Ctrl-C) and checks it wrote its file.
 pub fn interrupt(mut recorder: Child) {
     // SAFETY: kill(2) on our own child.
@@ -540,17 +530,6 @@ pub fn read_profile(path: &Path) -> Value {
 /// Reads a JSON profile into allocscope's own types.
 pub fn read_typed(path: &Path) -> record::Profile {
     typed(&read_profile(path))
-}
-
-/// The stacks of `pid` whose leaf frame (the allocator's direct caller) is `function`.
-pub fn site(profile: &Value, pid: u32, function: &str) -> Vec<Value> {
-    profile["stacks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["pid"] == pid && s["frames"][0]["function"] == function)
-        .cloned()
-        .collect()
 }
 
 /// Known per-round allocations of the workload fixture: (site, calls, bytes per call).
@@ -649,16 +628,5 @@ pub fn assert_bounds_exact(process: &record::ProcessProfile) {
         total.lower <= exact && exact <= total.upper,
         "pid {}: estimate {total:?} does not bound the exact {exact} bytes",
         process.pid
-    );
-}
-
-/// [`assert_bounds_exact`] on a process read as JSON.
-pub fn assert_estimate_bounds_exact(process: &Value) {
-    let exact = process["exact"]["bytes"].as_f64().unwrap();
-    let total = &process["alloc_bytes"];
-    assert!(
-        total["lower"].as_f64().unwrap() <= exact && exact <= total["upper"].as_f64().unwrap(),
-        "pid {}: estimate {total} does not bound the exact {exact} bytes",
-        process["pid"]
     );
 }

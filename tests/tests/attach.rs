@@ -12,8 +12,9 @@ use std::{
     time::Duration,
 };
 
-use serde_json::Value;
-use tests::{allocscope, fixture, fixture_as, process, read_profile, start_recording, TempDir};
+use tests::{
+    allocscope, fixture, fixture_as, read_typed, record::process_of, start_recording, TempDir,
+};
 
 /// The attach fixture, started, after its "ready" line.
 struct Target {
@@ -100,20 +101,15 @@ fn attached_and_detached_many_times_the_program_stays_whole() {
             record_for(pid, "0.05s", &out, &[])
         };
         assert!(ok, "round {round}: {err}");
-        let profile = read_profile(&out);
-        let me = process(&profile, pid);
-        assert_eq!(me["front_end"], "in-process", "round {round}: {me:#}");
-        assert!(me["exact"]["calls"].as_u64().unwrap() > 0, "round {round}");
+        let profile = read_typed(&out);
+        let me = process_of(&profile, pid);
+        assert_eq!(me.front_end, "in-process", "round {round}: {me:#?}");
+        assert!(me.exact.calls > 0, "round {round}");
         if round == 0 {
             // Loaded now, by one thread stopped briefly (said with -v).
             assert!(err.contains("in-process sampler loaded (thread"), "{err}");
             assert!(err.contains("ms; loaded in"), "{err}");
-            let est = &me["alloc_bytes"];
-            let exact = me["exact"]["bytes"].as_f64().unwrap();
-            assert!(
-                est["lower"].as_f64().unwrap() <= exact && exact <= est["upper"].as_f64().unwrap(),
-                "exact {exact} outside {est}"
-            );
+            tests::assert_bounds_exact(me);
         } else {
             // Found loaded by an earlier recording: counted on in its region.
             assert!(
@@ -284,16 +280,10 @@ fn where_the_sampler_cannot_be_loaded_uprobes_count_and_say_why() {
     let out = dir.path("static.json");
     let (ok, err) = record_for(pid, "0.5s", &out, &[]);
     assert!(ok, "{err}");
-    let profile = read_profile(&out);
-    let me = process(&profile, pid);
-    assert!(
-        me["front_end"]
-            .as_str()
-            .unwrap()
-            .starts_with("uprobes (no dlopen"),
-        "{me:#}"
-    );
-    assert!(me["exact"]["calls"].as_u64().unwrap() > 0);
+    let profile = read_typed(&out);
+    let me = process_of(&profile, pid);
+    assert!(me.front_end.starts_with("uprobes (no dlopen"), "{me:#?}");
+    assert!(me.exact.calls > 0);
     assert!(err.contains("counted by uprobes (no dlopen"), "{err}");
     child.kill().unwrap();
     child.wait().unwrap();
@@ -314,14 +304,15 @@ fn where_the_sampler_cannot_be_loaded_uprobes_count_and_say_why() {
     let out = dir.path("traced.json");
     let (ok, err) = record_for(pid, "0.5s", &out, &[]);
     assert!(ok, "{err}");
-    let me: Value = process(&read_profile(&out), pid).clone();
+    let profile = read_typed(&out);
+    let me = process_of(&profile, pid);
     // The tracer is this thread.
     // SAFETY: gettid has no preconditions.
     let expected = format!("uprobes (traced by pid {} already)", unsafe {
         libc::gettid()
     });
-    assert_eq!(me["front_end"], expected.as_str(), "{me:#}");
-    assert!(me["exact"]["calls"].as_u64().unwrap() > 0);
+    assert_eq!(me.front_end, expected, "{me:#?}");
+    assert!(me.exact.calls > 0);
     // Asked for in-process: an error before anything is attached.
     let out = dir.path("refused.json");
     let (ok, err) = record_for(pid, "0.5s", &out, &["--front-end", "in-process"]);
@@ -353,8 +344,8 @@ fn top_and_record_count_the_loaded_process_in_process() {
     tests::interrupt(recorder);
     let rest = rest.join().unwrap();
     assert!(rest.contains("counted in-process"), "{rest}");
-    let me: Value = process(&read_profile(&out), target.pid()).clone();
-    assert_eq!(me["front_end"], "in-process");
+    let profile = read_typed(&out);
+    assert_eq!(process_of(&profile, target.pid()).front_end, "in-process");
     let (said, code) = target.stop();
     assert_eq!((said.trim(), code), ("ok 1", Some(0)));
 }
@@ -374,11 +365,12 @@ fn a_running_interpreter_says_what_it_leaves_out() {
     python.kill().unwrap();
     python.wait().unwrap();
     assert!(ok, "{err}");
-    let me: Value = process(&read_profile(&out), python.id()).clone();
-    assert_eq!(me["front_end"], "in-process", "{me:#}");
-    assert!(me["exact"]["calls"].as_u64().unwrap() > 0);
-    let incomplete = me["incomplete"].to_string();
-    assert!(incomplete.contains("pymalloc's small objects"), "{me:#}");
+    let profile = read_typed(&out);
+    let me = process_of(&profile, python.id());
+    assert_eq!(me.front_end, "in-process", "{me:#?}");
+    assert!(me.exact.calls > 0);
+    let incomplete = me.incomplete.join("\n");
+    assert!(incomplete.contains("pymalloc's small objects"), "{me:#?}");
     assert!(
         err.contains("incomplete: pymalloc's small objects"),
         "{err}"
@@ -436,10 +428,10 @@ fn loaded_into_glibc_jemalloc_tcmalloc_and_mimalloc_processes_every_site_is_boun
     }
     tests::interrupt(recorder);
     let said = drained.join().unwrap();
-    let profile = read_profile(&out);
+    let profile = read_typed(&out);
     for workload in &workloads {
         let pid = workload.pid();
-        assert_eq!(process(&profile, pid)["front_end"], "in-process", "{said}");
-        tests::check_workload_profile(&tests::typed(&profile), pid, ROUNDS);
+        assert_eq!(process_of(&profile, pid).front_end, "in-process", "{said}");
+        tests::check_workload_profile(&profile, pid, ROUNDS);
     }
 }

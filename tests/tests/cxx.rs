@@ -9,10 +9,10 @@
 
 use std::{path::PathBuf, process::Command};
 
-use serde_json::Value;
 use tests::{
-    allocscope, assert_estimate_bounds_exact, fixture_as, process, read_profile, start_recording,
-    Fixture, TempDir,
+    allocscope, assert_bounds_exact, fixture_as, read_typed,
+    record::{process_of, Profile},
+    start_recording, Fixture, TempDir,
 };
 
 const ROUNDS: u64 = 20_000;
@@ -58,11 +58,11 @@ fn builds() -> Vec<(&'static str, PathBuf)> {
 /// The exact counts of the one process of `profile`, checked against the rounds it ran
 /// while counted: every `new` counted once (a few more calls from the C++ runtime's own
 /// start), and the estimate's bounds around the exact bytes.
-fn check_counts(profile: &Value, pid: u32, allocator: &str) {
-    let me = process(profile, pid);
-    assert_eq!(me["front_end"], "in-process", "{allocator}: {me:#}");
-    let calls = me["exact"]["calls"].as_u64().unwrap();
-    let mut bytes = me["exact"]["bytes"].as_u64().unwrap();
+fn check_counts(profile: &Profile, pid: u32, allocator: &str) {
+    let me = process_of(profile, pid);
+    assert_eq!(me.front_end, "in-process", "{allocator}: {me:#?}");
+    let calls = me.exact.calls;
+    let mut bytes = me.exact.bytes;
     // libstdc++'s `new` asks `malloc` for the block too large to succeed: a failed call,
     // counted as `malloc`'s are (an allocator's own `new` throws before it is counted).
     if allocator == "glibc" {
@@ -78,7 +78,7 @@ fn check_counts(profile: &Value, pid: u32, allocator: &str) {
         "{allocator}: {bytes} bytes counted for {}",
         ROUNDS * BYTES
     );
-    assert_estimate_bounds_exact(me);
+    assert_bounds_exact(me);
 }
 
 #[test]
@@ -119,9 +119,8 @@ fn a_cpp_program_is_counted_by_record_under_each_allocator() {
             String::from_utf8_lossy(&native.stdout).contains("bad_alloc caught"),
             allocator != "mimalloc"
         );
-        let profile = read_profile(&out);
-        let pid = profile["processes"][0]["pid"].as_u64().unwrap() as u32;
-        check_counts(&profile, pid, allocator);
+        let profile = read_typed(&out);
+        check_counts(&profile, profile.processes[0].pid, allocator);
     }
 }
 
@@ -156,11 +155,8 @@ fn a_running_cpp_program_is_counted_once_loaded_into() {
         // The program exited: the recording ends with it.
         assert!(recorder.wait_with_output().unwrap().status.success());
         let said = said.join().unwrap();
-        let profile = read_profile(&out);
-        assert!(
-            !profile["processes"].as_array().unwrap().is_empty(),
-            "{said}"
-        );
+        let profile = read_typed(&out);
+        assert!(!profile.processes.is_empty(), "{said}");
         check_counts(&profile, program.pid(), allocator);
     }
 }

@@ -15,10 +15,10 @@ use std::{
     time::Duration,
 };
 
-use serde_json::Value;
 use tests::{
-    allocscope, check_workload_profile, fixture, fixture_as, process, read_profile,
-    start_recording, typed, wait_until, TempDir, Workload,
+    allocscope, check_workload_profile, fixture, fixture_as, read_typed,
+    record::{process_of, Profile},
+    start_recording, wait_until, TempDir, Workload,
 };
 
 const ROUNDS: u64 = 2000;
@@ -110,17 +110,13 @@ fn start(args: &[&str]) -> (std::process::Child, Log) {
 }
 
 /// Only the library's own probes (sampled blocks) were attached: no allocator's entry.
-fn only_library_probed(profile: &Value) {
-    let probes = profile["probes"].as_array().unwrap();
+fn only_library_probed(profile: &Profile) {
+    let probes = &profile.probes;
     assert!(!probes.is_empty());
     for probe in probes {
         assert!(
-            probe["file"]
-                .as_str()
-                .unwrap()
-                .contains("libsampler_preload")
-                && probe["function"].as_str().unwrap().contains("(USDT)"),
-            "an allocator was probed: {probe:#}"
+            probe.file.contains("libsampler_preload") && probe.function.contains("(USDT)"),
+            "an allocator was probed: {probe:#?}"
         );
     }
 }
@@ -190,11 +186,11 @@ fn record_comm_loads_the_sampler_into_each_match_and_probes_nothing_else() {
     );
     tests::interrupt(recorder);
     let said = log.text();
-    let profile = read_profile(&out);
+    let profile = read_typed(&out);
     for workload in [&before, &carrier, &after] {
         let pid = workload.pid();
-        assert_eq!(process(&profile, pid)["front_end"], "in-process", "{said}");
-        check_workload_profile(&typed(&profile), pid, ROUNDS);
+        assert_eq!(process_of(&profile, pid).front_end, "in-process", "{said}");
+        check_workload_profile(&profile, pid, ROUNDS);
     }
     // The preloaded one was counted as it was, not loaded into a second time.
     assert!(
@@ -204,17 +200,11 @@ fn record_comm_loads_the_sampler_into_each_match_and_probes_nothing_else() {
         )),
         "{said}"
     );
-    let listed = |pid: u32| {
-        profile["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|p| p["pid"] == pid)
-    };
+    let listed = |pid: u32| profile.processes.iter().any(|p| p.pid == pid);
     assert!(
         !listed(unmatched.pid()) && !listed(static_match.pid()),
-        "{:#}",
-        profile["processes"]
+        "{:#?}",
+        profile.processes
     );
     only_library_probed(&profile);
 }
@@ -254,18 +244,14 @@ fn the_agent_picks_up_a_service_started_with_the_library_preloaded() {
     assert!(agent.wait().unwrap().success(), "{}", log.text());
     let mut files = tests::files_under(&out);
     files.sort();
-    let last = read_profile(files.last().expect("no period written"));
-    let me = process(&last, service.pid());
-    assert_eq!(me["front_end"], "in-process", "{me:#}");
-    check_workload_profile(&typed(&last), service.pid(), ROUNDS);
+    let last = read_typed(files.last().expect("no period written"));
+    let me = process_of(&last, service.pid());
+    assert_eq!(me.front_end, "in-process", "{me:#?}");
+    check_workload_profile(&last, service.pid(), ROUNDS);
     for file in &files {
-        let profile = read_profile(file);
+        let profile = read_typed(file);
         assert!(
-            profile["processes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|p| p["pid"] != plain.pid()),
+            profile.processes.iter().all(|p| p.pid != plain.pid()),
             "a process without the sampler was counted: {}",
             file.display()
         );
@@ -290,8 +276,8 @@ fn under_all_with_uprobes_a_carrier_is_counted_once() {
     carrier.go();
     assert_eq!(carrier.line(), "done");
     tests::interrupt(recorder);
-    let profile = read_profile(&out);
-    let me = process(&profile, carrier.pid());
-    assert_eq!(me["front_end"], "in-process", "{}", log.text());
-    check_workload_profile(&typed(&profile), carrier.pid(), ROUNDS);
+    let profile = read_typed(&out);
+    let me = process_of(&profile, carrier.pid());
+    assert_eq!(me.front_end, "in-process", "{}", log.text());
+    check_workload_profile(&profile, carrier.pid(), ROUNDS);
 }

@@ -174,6 +174,7 @@ fn unknown_frees_double_frees_and_a_full_live_map_are_harmless_and_counted() {
         "the target survived its double free"
     );
     assert!(recorder.wait().unwrap().success());
+    // Every number in the file as written (a reader's view): none negative, none infinite.
     let profile = read_profile(&out);
     let mut all = Vec::new();
     numbers(&profile, &mut all);
@@ -182,20 +183,19 @@ fn unknown_frees_double_frees_and_a_full_live_map_are_harmless_and_counted() {
         "a negative or non-finite number"
     );
     // 2000 kept blocks, at most 500 tracked at once: the rest counted, never silent.
-    let untracked = profile["processes"][0]["untracked_samples"]
-        .as_u64()
-        .unwrap();
-    let full = profile["losses"]["live_map_full"].as_u64().unwrap();
+    let profile = typed(&profile);
+    let untracked = profile.processes[0].untracked_samples;
+    let full = profile.losses.live_map_full;
     assert_eq!(untracked, full);
     assert!((1500..=2000).contains(&full), "live map full {full} times");
-    let kept = &tests::site(&profile, target.pid(), "kept_block")[0];
-    let live = kept["inuse_bytes"]["estimate"].as_f64().unwrap();
+    let kept = site_of(&profile, target.pid(), "kept_block")[0];
+    let live = kept.inuse_bytes.expect("frees tracked").estimate;
     assert!(
         live <= 500.0 * 64.0 && live >= (2000 - full) as f64 * 64.0 - 1.0,
         "live {live}"
     );
     // Frees of blocks allocated before attach took nothing away from anything.
-    assert!(tests::site(&profile, target.pid(), "early_block").is_empty());
+    assert!(site_of(&profile, target.pid(), "early_block").is_empty());
     let mut text = String::new();
     std::io::Read::read_to_string(&mut { stderr }, &mut text).unwrap();
     assert!(text.contains("incomplete:"), "{text}");

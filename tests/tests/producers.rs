@@ -6,9 +6,11 @@
 //! saying there are no exact counts. The fixture's probes are `sys/sdt.h`'s, their argument
 //! locations chosen by the compiler.
 
-use serde_json::Value;
+use sampler_user::stats::Estimate;
 use tests::{
-    drain, fixture_as, interrupt, process, read_profile, start_recording, Fixture, TempDir,
+    drain, fixture_as, interrupt, read_typed,
+    record::{process_of, Profile, StackProfile},
+    start_recording, Fixture, TempDir,
 };
 
 const ROUNDS: u64 = 20;
@@ -21,31 +23,24 @@ const SITES: [(&str, u64, u64, bool); 2] = [
 ];
 
 /// The stacks of `pid` through `function`.
-fn through<'a>(profile: &'a Value, pid: u32, function: &str) -> Vec<&'a Value> {
-    profile["stacks"]
-        .as_array()
-        .unwrap()
+fn through<'a>(profile: &'a Profile, pid: u32, function: &str) -> Vec<&'a StackProfile> {
+    profile
+        .stacks
         .iter()
         .filter(|s| {
-            s["pid"] == pid
-                && s["frames"]
-                    .as_array()
-                    .unwrap()
+            s.pid == pid
+                && s.frames
                     .iter()
-                    .any(|f| f["function"] == function)
+                    .any(|f| f.function.as_deref() == Some(function))
         })
         .collect()
 }
 
-/// Sums an estimate field (estimate, lower, upper) over stacks.
-fn summed(stacks: &[&Value], field: &str) -> (f64, f64, f64) {
+/// Sums an estimate (estimate, lower, upper) over stacks.
+fn summed(stacks: &[&StackProfile], field: fn(&StackProfile) -> Estimate) -> (f64, f64, f64) {
     stacks.iter().fold((0.0, 0.0, 0.0), |(e, l, u), s| {
-        let v = &s[field];
-        (
-            e + v["estimate"].as_f64().unwrap(),
-            l + v["lower"].as_f64().unwrap(),
-            u + v["upper"].as_f64().unwrap_or(f64::INFINITY),
-        )
+        let v = field(s);
+        (e + v.estimate, l + v.lower, u + v.upper)
     })
 }
 
@@ -73,10 +68,10 @@ fn recorded_through_its_probes(binary_name: &str, flags: &[&str], provider: &str
     // Stopped while the producer runs: the blocks it keeps are live.
     interrupt(recorder);
     let log = log.join().unwrap();
-    let profile = read_profile(&out);
-    let totals = process(&profile, pid);
+    let profile = read_typed(&out);
+    let totals = process_of(&profile, pid);
     assert_eq!(
-        totals["front_end"],
+        totals.front_end,
         format!("in-process ({provider})"),
         "{log}"
     );
@@ -87,20 +82,20 @@ fn recorded_through_its_probes(binary_name: &str, flags: &[&str], provider: &str
     for (function, blocks, size, kept) in SITES {
         let stacks = through(&profile, pid, function);
         assert!(!stacks.is_empty(), "no stack through {function}:\n{log}");
-        let samples: u64 = stacks.iter().map(|s| s["samples"].as_u64().unwrap()).sum();
+        let samples: u64 = stacks.iter().map(|s| s.samples).sum();
         let truth_bytes = (ROUNDS * blocks * size) as f64;
         let truth_objects = (ROUNDS * blocks) as f64;
-        let (estimate, lower, upper) = summed(&stacks, "alloc_bytes");
+        let (estimate, lower, upper) = summed(&stacks, |s| s.alloc_bytes);
         assert!(
             lower <= truth_bytes && truth_bytes <= upper,
             "{function}: {truth_bytes} bytes outside [{lower}, {upper}] (estimate {estimate}, {samples} samples)"
         );
-        let (estimate, lower, upper) = summed(&stacks, "alloc_objects");
+        let (estimate, lower, upper) = summed(&stacks, |s| s.alloc_objects);
         assert!(
             lower <= truth_objects && truth_objects <= upper,
             "{function}: {truth_objects} objects outside [{lower}, {upper}] (estimate {estimate})"
         );
-        let (live, lower, upper) = summed(&stacks, "inuse_bytes");
+        let (live, lower, upper) = summed(&stacks, |s| s.inuse_bytes.expect("frees tracked"));
         if kept {
             assert!(
                 lower <= truth_bytes && truth_bytes <= upper,

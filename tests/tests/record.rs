@@ -6,8 +6,8 @@ use std::{process::Command, time::Duration};
 
 use sampler_user::{cost::TrapSource, profile::CoverageStart};
 use tests::{
-    allocscope, check_workload_profile, fixture, read_profile, start_recording, typed, wait_until,
-    Record, TempDir, Workload, INT3,
+    allocscope, check_workload_profile, fixture, read_typed, record::site_of, start_recording,
+    wait_until, Record, TempDir, Workload, INT3,
 };
 
 /// 0.9999 keeps the chance that any of the 7 sites × 2 recordings misses by bad luck near
@@ -131,24 +131,11 @@ fn attached_pid_is_profiled_and_a_bystander_is_not_probed() {
     let status = recorder.wait().unwrap();
     assert!(status.success(), "allocscope exited with {status}");
     assert_eq!(bystander.malloc_first_byte(), original);
-    let profile = read_profile(&out);
-    check_workload_profile(&typed(&profile), target.pid(), ROUNDS);
-    let pids: Vec<u64> = profile["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["pid"].as_u64().unwrap())
-        .collect();
-    assert_eq!(
-        pids,
-        vec![u64::from(target.pid())],
-        "only the target appears"
-    );
-    assert!(profile["stacks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|s| s["pid"] == target.pid()));
+    let profile = read_typed(&out);
+    check_workload_profile(&profile, target.pid(), ROUNDS);
+    let pids: Vec<u32> = profile.processes.iter().map(|p| p.pid).collect();
+    assert_eq!(pids, vec![target.pid()], "only the target appears");
+    assert!(profile.stacks.iter().all(|s| s.pid == target.pid()));
 }
 
 #[test]
@@ -185,12 +172,13 @@ fn sigterm_and_sigint_still_write_the_complete_file() {
             status.success(),
             "signal {signal}: allocscope exited with {status}"
         );
-        let profile = read_profile(&out);
+        let profile = read_typed(&out);
         assert!(
-            profile["processes"][0]["samples"].as_u64().unwrap() > 10,
-            "{profile:#}"
+            profile.processes[0].samples > 10,
+            "{:#?}",
+            profile.processes
         );
-        assert!(!tests::site(&profile, target.pid(), "site_periodic_big").is_empty());
+        assert!(!site_of(&profile, target.pid(), "site_periodic_big").is_empty());
         // The target was detached and keeps running.
         assert_ne!(target.malloc_first_byte(), INT3);
         assert!(target.line().starts_with("progress"));
@@ -284,41 +272,22 @@ fn duration_limits_the_recording() {
 #[test]
 fn sessions_and_classic_return_probes_agree() {
     tests::require_bpf!();
-    let dir = TempDir::new("returns");
     for (mode, extra) in [("Sessions", &[][..]), ("Classic", &["--no-sessions"][..])] {
-        let out = dir.path(&format!("{mode}.json"));
-        let output = Command::new(allocscope())
-            .args([
-                "record",
-                "-v",
-                "--no-preload",
-                "--interval",
-                "64KiB",
-                "--confidence",
-                CONFIDENCE,
-            ])
-            .args(extra)
-            .arg("-o")
-            .arg(&out)
-            .arg("--")
-            .arg(fixture("workload", &[]))
-            .arg(ROUNDS.to_string())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "{mode}: {stderr}");
+        let recorded = Record::command(fixture("workload", &[]), &[&ROUNDS.to_string()])
+            .flags(&["-v", "--no-preload", "--interval", "64KiB"])
+            .flags(&["--confidence", CONFIDENCE])
+            .flags(extra)
+            .run();
+        let stderr = &recorded.stderr;
         assert!(
             stderr.contains(&format!("allocation returns observed by: {mode}")),
             "{mode} expected (kernel without uprobe sessions?):\n{stderr}"
         );
-        let profile = read_profile(&out);
-        let pid = profile["processes"][0]["pid"].as_u64().unwrap() as u32;
-        check_workload_profile(&typed(&profile), pid, ROUNDS);
+        let process = recorded.only_process();
+        check_workload_profile(&recorded.profile, process.pid, ROUNDS);
         // The workload frees every block: nothing allocated since attach is live at exit
         // but the stdio buffer.
-        let live = profile["processes"][0]["inuse_bytes"]["estimate"]
-            .as_f64()
-            .unwrap();
+        let live = process.inuse_bytes.expect("frees tracked").estimate;
         assert!(live < 1e6, "{mode}: {live} bytes live");
     }
 }
@@ -328,28 +297,13 @@ fn sessions_and_classic_return_probes_agree() {
 #[test]
 fn calls_from_the_same_frame_are_not_taken_for_nested_ones() {
     tests::require_bpf!();
-    let dir = TempDir::new("nesting");
     let rounds = 20_000u64;
     for extra in [&["--alloc-only"][..], &[][..], &["--no-sessions"][..]] {
-        let out = dir.path("nesting.json");
-        let output = Command::new(allocscope())
-            .args(["record", "-i", "64KiB"])
-            .args(extra)
-            .arg("-o")
-            .arg(&out)
-            .arg("--")
-            .arg(fixture("nesting", &[]))
-            .arg(rounds.to_string())
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let calls = read_profile(&out)["processes"][0]["exact"]["calls"]
-            .as_u64()
-            .unwrap();
+        let recorded = Record::command(fixture("nesting", &[]), &[&rounds.to_string()])
+            .flags(&["-i", "64KiB"])
+            .flags(extra)
+            .run();
+        let calls = recorded.only_process().exact.calls;
         // Three calls a round, plus stdio's buffer.
         assert!(
             (3 * rounds..3 * rounds + 10).contains(&calls),
