@@ -231,12 +231,11 @@ fn is_fresh(binary: &Path, newest_input: Option<std::time::SystemTime>) -> bool 
     }
 }
 
-/// A fixture process whose stdout is read line by line.
+/// The workload fixture (tests/fixtures/workload.c) started with `--wait`: a [`Fixture`]
+/// that said where its malloc is, ready to be let go.
 pub struct Workload {
-    /// The process.
-    pub child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
+    /// The process, driven line by line.
+    pub fixture: Fixture,
     /// Address of libc's malloc in it (printed by the workload).
     pub malloc: u64,
 }
@@ -250,60 +249,35 @@ impl Workload {
     /// Starts `command ROUNDS --wait [extra]` (a workload binary, perhaps under another
     /// name, environment or root) and waits for it to be ready.
     pub fn start_with(mut command: Command, rounds: u64, extra: &[&str]) -> Workload {
-        let mut child = command
-            .arg(rounds.to_string())
-            .arg("--wait")
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("starting the workload");
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut workload = Workload {
-            child,
-            stdin,
-            stdout,
-            malloc: 0,
-        };
-        let line = workload.line();
+        command.arg(rounds.to_string()).arg("--wait").args(extra);
+        let mut fixture = Fixture::spawn(command);
+        let line = fixture.line();
         let address = line
             .strip_prefix("malloc 0x")
             .unwrap_or_else(|| panic!("malloc address line expected, got {line:?}"));
-        workload.malloc = u64::from_str_radix(address.trim(), 16).unwrap();
-        assert!(workload.line().starts_with("ready"));
-        workload
+        let malloc = u64::from_str_radix(address.trim(), 16).unwrap();
+        fixture.expect("ready");
+        Workload { fixture, malloc }
     }
 
     /// Process id.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.fixture.pid()
     }
 
     /// Lets the workload start allocating.
     pub fn go(&mut self) {
-        let mut stdin = self.stdin.take().expect("go() called once");
-        stdin.write_all(b"go\n").unwrap();
+        self.fixture.go();
     }
 
     /// Next line of its stdout (panics at EOF).
     pub fn line(&mut self) -> String {
-        let mut line = String::new();
-        let n = self.stdout.read_line(&mut line).unwrap();
-        assert!(n > 0, "workload closed its stdout");
-        line.trim_end().to_owned()
+        self.fixture.line()
     }
 
     /// The first byte of malloc as the process sees it: 0xCC while a uprobe is installed.
     pub fn malloc_first_byte(&self) -> u8 {
         first_byte(self.pid(), self.malloc)
-    }
-}
-
-impl Drop for Workload {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -323,14 +297,19 @@ impl Fixture {
 
     /// Starts a fixture already built (e.g. by [`fixture_as`], with other flags).
     pub fn start_binary(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> Fixture {
-        let name = binary.display();
-        let mut child = Command::new(binary)
-            .args(args)
-            .envs(env.iter().copied())
+        let mut command = Command::new(binary);
+        command.args(args).envs(env.iter().copied());
+        Fixture::spawn(command)
+    }
+
+    /// Starts `command` (any program, with its arguments, environment, name or root) with
+    /// its stdin and stdout piped to the test.
+    pub fn spawn(mut command: Command) -> Fixture {
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+            .unwrap_or_else(|e| panic!("starting {command:?}: {e}"));
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
         Fixture {

@@ -217,7 +217,10 @@ fn kill_9_leaves_the_target_running_unprobed() {
     for _ in 0..3 {
         assert!(target.line().starts_with("progress"));
     }
-    assert!(target.child.try_wait().unwrap().is_none(), "target died");
+    assert!(
+        target.fixture.child.try_wait().unwrap().is_none(),
+        "target died"
+    );
 }
 
 #[test]
@@ -263,7 +266,10 @@ fn duration_limits_the_recording() {
     );
     let bytes: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
     assert!(bytes > 0.0);
-    assert!(target.child.try_wait().unwrap().is_none(), "target died");
+    assert!(
+        target.fixture.child.try_wait().unwrap().is_none(),
+        "target died"
+    );
 }
 
 /// Frees are tracked by default; with uprobes (`--no-preload`), on this kernel (≥ 6.13)
