@@ -379,7 +379,7 @@ impl Recording {
 
     /// The allocators of `pid`; for a program that has just exec'd and whose libraries
     /// the dynamic loader has not mapped yet, those it is about to map (the in-process
-    /// front end first when it will load it: see [`Self::will_load_front_end`]).
+    /// front end first when it will load it: see [`super::in_process::InProcess::will_load`]).
     fn allocators_of(&mut self, pid: u32) -> Result<Vec<Allocator>, FindError> {
         let (mut found, before_loader) = match self.cache.of_pid(pid) {
             Err(FindError::NoAllocator(why)) => {

@@ -92,7 +92,7 @@ impl Since {
     }
 }
 
-/// Probes attached to the targets, samples flowing into an [`Aggregator`].
+/// Probes attached to the targets, samples flowing into an [`crate::profile::Aggregator`].
 pub(crate) struct Recording {
     probes: Option<Probes>,
     /// Never attached: the command's tree exited while the probes loaded, and every event
@@ -473,7 +473,7 @@ impl Recording {
 
     /// Detaches every probe (the targets stop paying for them now). A command started for
     /// this recording and still running is stopped with SIGTERM (it stops with the
-    /// recording, as it would if we died: see [`spawn`]); its exit is kept for
+    /// recording, as it would if we died: see [`crate::spawn`]); its exit is kept for
     /// [`Self::command_exit`]. Reads the counters one last time first; later calls return
     /// those values.
     pub(crate) async fn detach(&mut self) -> anyhow::Result<Closing> {

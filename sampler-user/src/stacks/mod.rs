@@ -75,7 +75,7 @@ pub enum Frame {
     },
     /// A Python function at a line ([`crate::python`]).
     Python {
-        /// The function, interned in the table's [`PythonFunctions`].
+        /// The function, interned in the table's `PythonFunctions`.
         function: u32,
         /// The line (0: unknown).
         line: u32,

@@ -23,8 +23,8 @@
 //!
 //! The kernel draws each countdown at the interval in force and every sample carries the
 //! interval its countdown was drawn at; the countdown is memoryless, so a change mid-way
-//! leaves every estimator unbiased (the simulation in [`crate::stats::simulate`] checks
-//! it with a step change).
+//! leaves every estimator unbiased (the simulation in `stats::simulate`, feature
+//! `simulation`, checks it with a step change).
 
 mod controller;
 mod in_recording;

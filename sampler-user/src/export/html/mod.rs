@@ -8,7 +8,7 @@
 //! `allocscope diff` reads them ([`Spread`]); a flame-graph node or a function sums its
 //! stacks and adds the errors in quadrature (stacks are sampled independently), so a node
 //! of one stack shows exactly that stack's bounds, and a sum's bounds are those of
-//! [`Spread::add`] ([`node_bounds`] is the script's rule, tested here and in the browser).
+//! [`Spread::add`] (`data::node_bounds` is the script's rule, tested here and in the browser).
 //!
 //! The script and style are compact vanilla JS and CSS written for this report
 //! ([`TEMPLATE`], `report.js`, `report.css`): no library to vendor, and the page stays
