@@ -33,14 +33,13 @@ pub fn is_kernel_thread(pid: u32) -> bool {
         .is_some_and(|flags| flags & PF_KTHREAD != 0)
 }
 
-/// The `flags` field of a /proc/PID/stat line (the name in parentheses may hold anything,
-/// `)` and spaces included: the fields start after its last `) `).
 /// The state letter of a `/proc/PID/stat` line (`R`, `S`, `Z`…).
 pub fn stat_state(stat: &str) -> Option<char> {
     stat.rsplit_once(") ")?.1.chars().next()
 }
 
-/// The flags field of a `/proc/PID/stat` line.
+/// The `flags` field of a `/proc/PID/stat` line (the name in parentheses may hold anything,
+/// `)` and spaces included: the fields start after its last `) `).
 pub fn stat_flags(stat: &str) -> Option<u64> {
     // After the name: state, ppid, pgrp, session, tty, tpgid, flags.
     let fields = stat.rsplit_once(") ")?.1;
