@@ -64,20 +64,7 @@ pub fn children(pid: u32) -> Vec<u32> {
 
 /// The CPU time `pid` has used (all its threads); zero once it is gone.
 pub fn cpu_time(pid: u32) -> Duration {
-    let mut clock: libc::clockid_t = 0;
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: both calls write only into the variables they are given.
-    let read = unsafe {
-        libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) == 0
-            && libc::clock_gettime(clock, &mut now) == 0
-    };
-    if !read {
-        return Duration::ZERO;
-    }
-    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+    sampler_user::sys::clock::process_cpu_ns(pid).map_or(Duration::ZERO, Duration::from_nanos)
 }
 
 /// Waits, for at most `timeout`, until `pid` has run `cpu` more on the CPU than it had when

@@ -17,13 +17,13 @@ fn read(clock: libc::clockid_t) -> Option<u64> {
 }
 
 /// CLOCK_MONOTONIC in nanoseconds.
-pub(crate) fn monotonic_ns() -> u64 {
+pub fn monotonic_ns() -> u64 {
     read(libc::CLOCK_MONOTONIC).unwrap_or(0)
 }
 
 /// The CPU time of process `pid` (all its threads, those gone included) in nanoseconds;
 /// `None` once it is gone.
-pub(crate) fn process_cpu_ns(pid: u32) -> Option<u64> {
+pub fn process_cpu_ns(pid: u32) -> Option<u64> {
     let mut clock: libc::clockid_t = 0;
     // SAFETY: clock_getcpuclockid writes the clock id into the variable it is given.
     if unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) } != 0 {

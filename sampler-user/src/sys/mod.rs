@@ -19,7 +19,7 @@
 //! - [`clock`]: the monotonic clock and processes' CPU clocks.
 //! - [`proc_events`]: the netlink proc connector's forks, execs and exits.
 
-pub(crate) mod clock;
+pub mod clock;
 pub(crate) mod host;
 pub mod maps;
 pub(crate) mod memory;
