@@ -133,6 +133,8 @@ pub enum EventKind {
     Process = 3,
     /// A [`crate::python::PyStackRecord`] (the Python frames of the sample after it).
     PythonStack = 4,
+    /// A [`GoStatsEvent`].
+    GoStats = 5,
 }
 
 /// [`ProcessEvent::what`]: a followed process forked a new process (`pid`, from `parent`).
@@ -171,6 +173,42 @@ pub struct ProcessEvent {
     /// The process's name then (`comm`, NUL-padded; a new process's is its parent's): what
     /// `--comm` matches, known even if the process is gone before user space looks.
     pub comm: [u8; 16],
+}
+
+/// The most bytes of a Go runtime's statistics read at its process's exit
+/// ([`GoStatsEvent::bytes`]; go1.19's ring of three deltas is 3,528).
+pub const GO_STATS_MAX: usize = 8192;
+
+/// Where a Go process keeps its runtime's allocation statistics (`runtime.memstats`'s
+/// ring of `heapStatsDelta`): read by the exit probe when its last thread exits, before
+/// its memory is gone (user space reads them while it lives).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GoStatsAt {
+    /// The statistics' user address.
+    pub address: u64,
+    /// How many bytes to read (at most [`GO_STATS_MAX`]).
+    pub len: u32,
+    /// Explicit padding.
+    pub pad: u32,
+}
+
+/// A Go process's runtime statistics as its exit left them ([`GoStatsAt`]).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct GoStatsEvent {
+    /// [`EventKind::GoStats`].
+    pub kind: u32,
+    /// The process.
+    pub pid: u32,
+    /// Bytes read into [`Self::bytes`] (0: the read failed).
+    pub len: u32,
+    /// Explicit padding.
+    pub pad: u32,
+    /// `bpf_ktime_get_ns()` at the exit.
+    pub timestamp_ns: u64,
+    /// The statistics' bytes.
+    pub bytes: [u8; GO_STATS_MAX],
 }
 
 /// [`AllocEvent::flags`]: the stack was taken at the allocator's return, so `stack[0]` is
@@ -495,6 +533,8 @@ mod pod {
     unsafe impl aya::Pod for super::LostSamples {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Rate {}
+    // SAFETY: as above (the padding is an explicit field).
+    unsafe impl aya::Pod for super::GoStatsAt {}
     // SAFETY: as above (an i64 then four bytes and explicit padding: 16 bytes, no gap).
     unsafe impl aya::Pod for crate::usdt::UsdtArgument {}
     // SAFETY: as above (three 16-byte arguments then two u32s: no gap).

@@ -45,6 +45,8 @@ pub mod maps {
     pub const PY_SCRATCH: &str = "PY_SCRATCH";
     /// One interpreter frame's words per CPU.
     pub const PY_FRAME_SCRATCH: &str = "PY_FRAME_SCRATCH";
+    /// Where each Go process keeps its runtime's statistics, read at its exit.
+    pub const GO_STATS: &str = "GO_STATS";
     /// Every map above.
     pub const ALL: &[&str] = &[
         SAMPLES,
@@ -66,6 +68,7 @@ pub mod maps {
         PY_PROCESSES,
         PY_SCRATCH,
         PY_FRAME_SCRATCH,
+        GO_STATS,
     ];
 }
 

@@ -17,9 +17,10 @@ pub mod python;
 pub mod usdt;
 
 pub use event::{
-    AllocEvent, AllocFn, EventKind, FreeEvent, LiveKey, LossCounter, LostKey, LostSamples,
-    NestingMarker, PendingSample, ProcessCounters, ProcessEvent, Rate, ReturnSlots, SampleRecord,
-    StackCopy, ThreadState, FLAG_RUNTIME_RATE, FLAG_STACK_AT_RETURN, FLAG_STACK_COPY, FLAG_TRACKED,
-    FLAG_WEIGHTED, FOLLOWED_PENDING, FOLLOWED_TARGET, HOST_SLOT, MAX_STACK_COPY, MAX_STACK_DEPTH,
-    MAX_TARGETS, PROCESS_EXEC, PROCESS_FORK, RETURN_SLOTS, STACK_PAGE, UPROBE_TRAMPOLINE,
+    AllocEvent, AllocFn, EventKind, FreeEvent, GoStatsAt, GoStatsEvent, LiveKey, LossCounter,
+    LostKey, LostSamples, NestingMarker, PendingSample, ProcessCounters, ProcessEvent, Rate,
+    ReturnSlots, SampleRecord, StackCopy, ThreadState, FLAG_RUNTIME_RATE, FLAG_STACK_AT_RETURN,
+    FLAG_STACK_COPY, FLAG_TRACKED, FLAG_WEIGHTED, FOLLOWED_PENDING, FOLLOWED_TARGET, GO_STATS_MAX,
+    HOST_SLOT, MAX_STACK_COPY, MAX_STACK_DEPTH, MAX_TARGETS, PROCESS_EXEC, PROCESS_FORK,
+    RETURN_SLOTS, STACK_PAGE, UPROBE_TRAMPOLINE,
 };

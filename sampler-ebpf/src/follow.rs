@@ -9,7 +9,7 @@
 //! process allocates goes unseen while user space catches up. User space hears of each fork
 //! and exec to decide, and to note how each process is covered. A thread's exit drops its
 //! sampling state (its countdown), so threads created and destroyed by the thousand do not
-//! fill the map.
+//! fill the map. A Go process's exit leaves its runtime's final statistics to user space.
 
 use aya_ebpf::helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns};
 use sampler_common::{
@@ -60,6 +60,11 @@ pub fn on_exec() {
             let _ = crate::maps::PY_PROCESSES.remove(pid);
         }
     }
+    // A Go runtime's statistics are the old program's: not read at the new one's exit.
+    // SAFETY: a lookup whose value is not read.
+    if unsafe { crate::maps::GO_STATS.get(pid) }.is_some() {
+        let _ = crate::maps::GO_STATS.remove(pid);
+    }
     // SAFETY: the value is copied out at once.
     let standing = unsafe { FOLLOWED.get(pid) }.copied();
     let watch = crate::config::watch_execs();
@@ -89,7 +94,44 @@ pub fn on_exit(group_dead: bool) {
     }
     if group_dead {
         forget_front_end(pid);
+        go_stats_at_exit(pid);
     }
+}
+
+/// A Go process's runtime statistics, read as its last thread exits (the tracepoint runs
+/// before the thread lets go of the process's memory): its final totals, which user space
+/// can no longer read once the process is gone. One read per Go process.
+#[inline(always)]
+fn go_stats_at_exit(pid: u32) {
+    use sampler_common::{GoStatsEvent, GO_STATS_MAX};
+    // SAFETY: the value is copied out at once.
+    let Some(at) = (unsafe { crate::maps::GO_STATS.get(pid) }).copied() else {
+        return;
+    };
+    let _ = crate::maps::GO_STATS.remove(pid);
+    let Some(mut entry) = SAMPLES.reserve::<GoStatsEvent>(0) else {
+        count_loss(sampler_common::LossCounter::ProcessEventLost);
+        return;
+    };
+    let event = entry.as_mut_ptr();
+    let len = (at.len as usize).min(GO_STATS_MAX);
+    // SAFETY: `event` is the reserved record, written field by field before it is sent;
+    // the read is a bounds-checked helper into its byte array of GO_STATS_MAX bytes.
+    let read = unsafe {
+        (*event).kind = EventKind::GoStats as u32;
+        (*event).pid = pid;
+        (*event).pad = 0;
+        (*event).timestamp_ns = bpf_ktime_get_ns();
+        let bytes = core::ptr::addr_of_mut!((*event).bytes).cast::<core::ffi::c_void>();
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            bytes,
+            len as u32,
+            at.address as *const core::ffi::c_void,
+        )
+    };
+    // SAFETY: as above.
+    unsafe { (*event).len = if read == 0 { len as u32 } else { 0 } };
+    entry.submit(0);
 }
 
 /// `allocscope:ready` fired in the current process, or its parent carried the front end.

@@ -131,6 +131,12 @@ pub static PY_SCRATCH: PerCpuArray<sampler_common::python::PyStackRecord> =
 pub static PY_FRAME_SCRATCH: PerCpuArray<[u64; sampler_common::python::PY_FRAME_WORDS]> =
     PerCpuArray::with_max_entries(1, 0);
 
+/// pid → where its Go runtime keeps its allocation statistics, read when it exits (set by
+/// user space for a Go process whose layout it knows). LRU: bounded.
+#[map]
+pub static GO_STATS: LruHashMap<u32, sampler_common::GoStatsAt> =
+    LruHashMap::with_max_entries(4096, 0);
+
 /// Calls seen by the bare reference probe of the benchmark (index 0).
 #[map]
 pub static BARE_CALLS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);

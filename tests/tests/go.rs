@@ -21,6 +21,8 @@ struct Truth {
     sampled: Vec<(String, u64)>,
     /// TotalAlloc since the process started.
     total: u64,
+    /// TotalAlloc over the allocation loop alone.
+    looped: u64,
 }
 
 impl Truth {
@@ -29,6 +31,7 @@ impl Truth {
             sites: Vec::new(),
             sampled: Vec::new(),
             total: 0,
+            looped: 0,
         };
         for line in text.lines() {
             let words: Vec<&str> = line.split_whitespace().collect();
@@ -42,6 +45,7 @@ impl Truth {
                     .sampled
                     .push(((*name).to_owned(), count.parse().unwrap())),
                 ["total", bytes] => truth.total = bytes.parse().unwrap(),
+                ["allocating", bytes] => truth.looped = bytes.parse().unwrap(),
                 _ => {}
             }
         }
@@ -129,10 +133,25 @@ fn recorded_from_the_start(program: &std::path::Path, tag: &str) {
     check(&recorded.profile, process.pid, &truth, &recorded.stderr);
     let total = truth.total as f64;
     assert_holds(&process.alloc_bytes, total, "TotalAlloc", &recorded.stderr);
+    // The runtime's own totals, read by the kernel as the program exited: its last
+    // ReadMemStats flushed every P's counts, and what it allocated after (writing the
+    // counts) is not published by then: TotalAlloc to the byte, give or take a span.
+    assert_eq!(
+        process.exact_source.as_deref(),
+        Some("runtime.memstats, read at its exit"),
+        "{process:#?}"
+    );
+    assert_near(
+        process.exact.bytes,
+        truth.total,
+        "TotalAlloc",
+        &recorded.stderr,
+    );
+    assert!(process.exact.calls > 300_000, "{:?}", process.exact);
     assert!(
         recorded
             .stderr
-            .contains("no exact counts (sampled by the Go runtime"),
+            .contains(" objects (the Go runtime's runtime.memstats"),
         "{}",
         recorded.stderr
     );
@@ -151,6 +170,15 @@ fn recorded_from_the_start(program: &std::path::Path, tag: &str) {
         );
     }
     assert!(!process.allocators[0].contains("heap profiling off"));
+}
+
+/// `exact` within 256 KiB of `truth` (the allocations of the Ps' cached spans that the
+/// runtime had not published when it was read).
+fn assert_near(exact: u64, truth: u64, what: &str, said: &str) {
+    assert!(
+        exact.abs_diff(truth) <= 256 << 10,
+        "the runtime's exact {exact} bytes against {what} {truth}\n{said}"
+    );
 }
 
 /// A running Go program, found by pid, by name and among all processes.
@@ -200,7 +228,19 @@ fn a_running_go_program_is_attached_by_pid_comm_and_all() {
         interrupt(recorder);
         let said = said.join().unwrap();
         let profile = typed(&read_profile(&out));
-        check(&profile, fixture.pid(), &Truth::parse(&counts), &said);
+        let truth = Truth::parse(&counts);
+        check(&profile, fixture.pid(), &truth, &said);
+        // Its runtime's totals from attach to detach: the loop's, with the little the
+        // program allocated around it (its ReadMemStats, the counts' text).
+        let process = tests::record::process_of(&profile, fixture.pid());
+        let source = process.exact_source.as_deref();
+        assert_eq!(source, Some("runtime.memstats, read at the end"), "{mode}");
+        assert_near(
+            process.exact.bytes,
+            truth.looped,
+            "the loop's TotalAlloc",
+            &said,
+        );
     }
 }
 

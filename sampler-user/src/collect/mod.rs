@@ -138,6 +138,13 @@ pub enum Event {
     /// A sample's Python frames, as read (paired with the sample on the intake thread,
     /// never handed on).
     PythonFrames(crate::python::RawStack),
+    /// A Go process's runtime statistics as its exit left them (empty: unreadable).
+    GoStats {
+        /// The process.
+        pid: u32,
+        /// The statistics' bytes.
+        bytes: Vec<u8>,
+    },
 }
 
 /// Decodes one ring-buffer record; `None` for a record of the wrong size or content.
@@ -151,6 +158,8 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Event> {
         decode_alloc(bytes)
     } else if kind == EventKind::PythonStack as u32 {
         crate::python::decode(bytes).map(Event::PythonFrames)
+    } else if kind == EventKind::GoStats as u32 {
+        decode_go_stats(bytes)
     } else {
         None
     }
@@ -167,6 +176,16 @@ fn decode_free(bytes: &[u8]) -> Option<Event> {
         timestamp_ns: event.timestamp_ns,
         address: event.address,
     }))
+}
+
+fn decode_go_stats(bytes: &[u8]) -> Option<Event> {
+    let word = |at: usize| Some(u32::from_ne_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
+    let (pid, len) = (word(4)?, word(8)? as usize);
+    let head = std::mem::offset_of!(sampler_common::GoStatsEvent, bytes);
+    Some(Event::GoStats {
+        pid,
+        bytes: bytes.get(head..head + len)?.to_vec(),
+    })
 }
 
 fn decode_process(bytes: &[u8]) -> Option<Event> {

@@ -336,6 +336,7 @@ pub(crate) mod tests {
                     calls: 300,
                     bytes: 30000,
                 },
+                exact_source: None,
                 samples: 20,
                 alloc_bytes: estimate(30000.0, 20),
                 alloc_objects: estimate(300.0, 20),

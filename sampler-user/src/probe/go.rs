@@ -212,6 +212,7 @@ fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String
             sites,
             detail: None,
             rate_at: (file.kind() == object::ObjectKind::Executable).then_some(rate),
+            go_memstats: Some(super::go_memstats::layout(file)),
         },
         profiling_off,
     ))

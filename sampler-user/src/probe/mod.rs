@@ -13,6 +13,7 @@ pub(crate) mod btf;
 #[cfg(test)]
 mod contract;
 pub(crate) mod go;
+pub(crate) mod go_memstats;
 pub mod prologue;
 pub(crate) mod runs;
 pub(crate) mod session;

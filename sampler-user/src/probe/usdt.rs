@@ -204,6 +204,9 @@ pub struct Producer {
     /// Where a Go runtime keeps `MemProfileRate` in every process of this file (a
     /// position-dependent executable's fixed address), for a look at whether it samples.
     pub rate_at: Option<u64>,
+    /// Where a Go runtime keeps its exact allocation totals, or why they cannot be read
+    /// (`None`: not a Go runtime).
+    pub go_memstats: Option<Result<super::go_memstats::Layout, String>>,
 }
 
 /// The allocation probes of another producer among `sites` (the first provider of
@@ -240,6 +243,7 @@ pub(crate) fn producer(sites: &[Site]) -> Option<Producer> {
                 sites: specs,
                 detail: None,
                 rate_at: None,
+                go_memstats: None,
             })
     })
 }

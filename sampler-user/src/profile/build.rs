@@ -310,10 +310,10 @@ impl Context<'_> {
                     .collect()
             },
             allocators,
-            exact: ExactCounts {
-                calls: exact.calls,
-                bytes: exact.bytes,
-            },
+            exact: exact_of(known, exact),
+            exact_source: known
+                .and_then(|p| p.go_totals.as_ref())
+                .map(|t| t.1.clone()),
             samples: set.samples(),
             alloc_bytes: alloc.bytes,
             alloc_objects: alloc.objects,
@@ -337,6 +337,18 @@ impl Context<'_> {
                 .as_ref()
                 .and_then(|t| t.values(&totals.ids, self.settings.confidence)),
         }
+    }
+}
+
+/// A process's exact counts: a Go runtime's own totals where they were read (its
+/// allocations are not calls our probes counted), our counters' otherwise.
+fn exact_of(known: Option<&super::tally::ProcessTally>, exact: ProcessCounters) -> ExactCounts {
+    match known.and_then(|p| p.go_totals.as_ref()) {
+        Some((totals, _)) => *totals,
+        None => ExactCounts {
+            calls: exact.calls,
+            bytes: exact.bytes,
+        },
     }
 }
 
@@ -725,6 +737,7 @@ mod tests {
             cgroup: None,
             allocators: vec![format!("{} (/usr/lib/libc.so.6)", Family::Glibc)],
             duty: None,
+            go_totals: None,
             not_loaded: None,
             incomplete: Vec::new(),
         }

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use super::tally::ProcessTally;
 use crate::duty::sums::DutyPair;
 use crate::probe::allocator::Allocator;
+use crate::probe::go_memstats::{self, Totals};
+use crate::schema::ExactCounts;
 use crate::sys::maps::FileId;
 
 /// The targets' descriptions, by pid.
@@ -31,6 +33,8 @@ pub struct ProcessBook {
     incomplete: BTreeMap<u32, Vec<String>>,
     /// A Go process's `runtime.MemProfileRate`: where it is, and its value when last read.
     go_rates: BTreeMap<u32, (u64, Option<u64>)>,
+    /// A Go process's runtime totals, read from its memory ([`GoTotals`]).
+    go_totals: BTreeMap<u32, GoTotals>,
     /// Processes found gone by a refresh: not looked for again (a build's thousands of
     /// exited processes cost every refresh two failed opens each).
     ended: std::collections::BTreeSet<u32>,
@@ -40,6 +44,47 @@ pub struct ProcessBook {
 /// when last looked at, among its `incomplete` notes: the profile's build says what it
 /// means, knowing the samples (`profile::build`).
 pub(super) const GO_RATE_ZERO: &str = "go: MemProfileRate 0";
+
+/// A Go process's own exact totals (`runtime.memstats`, [`go_memstats`]): the first
+/// reading, where its recorded time starts, and the latest.
+#[derive(Debug)]
+struct GoTotals {
+    layout: go_memstats::Layout,
+    first: Totals,
+    last: Totals,
+    /// The latest is what its exit left (read by the kernel as its last thread exited).
+    at_exit: bool,
+    /// It is gone: the latest reading is its last while it ran.
+    gone: bool,
+    /// It exec'd another program: the latest reading is the Go program's last.
+    replaced: bool,
+}
+
+impl GoTotals {
+    /// Reads `pid`'s totals now (`None`: gone, or not readable).
+    fn read(layout: &go_memstats::Layout, pid: u32) -> Option<Totals> {
+        let mut ring = vec![0u8; layout.len()];
+        crate::sys::memory::read_at(pid, layout.address, &mut ring).ok()?;
+        layout.totals(&ring)
+    }
+
+    /// The totals over the recording, and how they were read.
+    fn recorded(&self) -> (ExactCounts, String) {
+        let since = self.last.since(self.first);
+        let when = if self.at_exit {
+            "at its exit"
+        } else if self.gone || self.replaced {
+            "last while it ran: its last moments are not counted"
+        } else {
+            "at the end"
+        };
+        let exact = ExactCounts {
+            calls: since.objects,
+            bytes: since.bytes,
+        };
+        (exact, format!("{}, read {when}", go_memstats::SOURCE))
+    }
+}
 
 /// What a tally adds to a process's description: sampled blocks whose frees could not be
 /// tracked, samples lost without a stack, and the duty cycle's sums.
@@ -64,6 +109,7 @@ impl ProcessBook {
         self.allocators.remove(&pid);
         self.rss.remove(&pid);
         self.go_rates.remove(&pid);
+        self.go_totals.remove(&pid);
         self.cpu.remove(&pid);
         self.not_loaded.remove(&pid);
         self.incomplete.remove(&pid);
@@ -193,8 +239,12 @@ impl ProcessBook {
     pub fn name_after_exec(&mut self, pid: u32, command: &str) {
         self.inherited.remove(&pid);
         self.commands.insert(pid, command.to_owned());
-        // A new program: a Go runtime's variable, if any, is found again with its files.
+        // A new program: a Go runtime's variable, if any, is found again with its files;
+        // the old one's totals stand as last read (the kernel forgot where they were).
         self.go_rates.remove(&pid);
+        if let Some(totals) = self.go_totals.get_mut(&pid) {
+            totals.replaced = true;
+        }
     }
 
     /// Whether `pid` is tracked already.
@@ -216,6 +266,9 @@ impl ProcessBook {
             }
             let Some(ns) = crate::sys::clock::process_cpu_ns(pid) else {
                 self.ended.insert(pid);
+                if let Some(totals) = self.go_totals.get_mut(&pid) {
+                    totals.gone = true;
+                }
                 continue;
             };
             // A fork's first reading (nothing was read at its fork) is where its time starts.
@@ -236,6 +289,35 @@ impl ProcessBook {
         }
     }
 
+    /// Reads the Go runtime totals of the processes still alive (before the counters are
+    /// read: both cover the same time).
+    pub fn read_go_totals(&mut self) {
+        for (&pid, totals) in &mut self.go_totals {
+            if totals.at_exit || totals.gone || totals.replaced {
+                continue;
+            }
+            match GoTotals::read(&totals.layout, pid) {
+                Some(now) => totals.last = now,
+                None => totals.gone = true,
+            }
+        }
+    }
+
+    /// `pid`'s Go runtime statistics as its exit left them (`bytes` empty: the kernel
+    /// could not read them; the last reading while it ran stands).
+    pub fn go_stats_at_exit(&mut self, pid: u32, bytes: &[u8]) {
+        let Some(totals) = self.go_totals.get_mut(&pid).filter(|t| !t.replaced) else {
+            return;
+        };
+        match totals.layout.totals(bytes) {
+            Some(at_exit) => {
+                totals.last = at_exit;
+                totals.at_exit = true;
+            }
+            None => totals.gone = true,
+        }
+    }
+
     /// Whether `pid` was seen carrying an in-process front end.
     pub fn carries_front_end(&self, pid: u32) -> bool {
         self.allocators.get(&pid).is_some_and(|all| {
@@ -248,18 +330,42 @@ impl ProcessBook {
     /// them, by the first path it was seen at: /lib and /usr/lib are one file) to those
     /// probed in it before: a process attached at exec, before its libraries are mapped,
     /// gains its C library a moment later.
-    pub fn add_allocators(&mut self, pid: u32, allocators: &[Allocator]) {
+    /// A Go runtime whose exact totals it can read is read now (where its recorded time
+    /// starts); returns where they are (address, length) for the kernel to read them at
+    /// its exit.
+    pub fn add_allocators(&mut self, pid: u32, allocators: &[Allocator]) -> Option<(u64, usize)> {
         let described = self.allocators.entry(pid).or_default();
+        let mut watch = None;
         for allocator in allocators {
             let rate_at = allocator.file.producer.as_ref().and_then(|p| p.rate_at);
             if let Some(at) = rate_at {
                 let now = crate::sys::memory::word_of(pid, at);
                 self.go_rates.insert(pid, (at, now));
             }
+            let layout = allocator
+                .file
+                .producer
+                .as_ref()
+                .and_then(|p| p.go_memstats.as_ref());
+            if let (Some(Ok(layout)), false) = (layout, self.go_totals.contains_key(&pid)) {
+                if let Some(first) = GoTotals::read(layout, pid) {
+                    watch = Some((layout.address, layout.len()));
+                    let totals = GoTotals {
+                        layout: layout.clone(),
+                        first,
+                        last: first,
+                        at_exit: false,
+                        gone: false,
+                        replaced: false,
+                    };
+                    self.go_totals.insert(pid, totals);
+                }
+            }
             if !described.iter().any(|(file, _)| *file == allocator.file_id) {
                 described.push((allocator.file_id.clone(), allocator.describe()));
             }
         }
+        watch
     }
 
     /// Every process tracked, described, with what `samples` says of its samples.
@@ -290,6 +396,7 @@ impl ProcessBook {
                         .map(|files| files.iter().map(|(_, name)| name.clone()).collect())
                         .unwrap_or_default(),
                     duty,
+                    go_totals: self.go_totals.get(&pid).map(GoTotals::recorded),
                     not_loaded: self.not_loaded.get(&pid).cloned(),
                     incomplete: self
                         .incomplete

@@ -78,6 +78,9 @@ pub struct ProcessTally {
     pub allocators: Vec<String>,
     /// Duty cycling: its bytes and calls over time-sampled strata, from the exact counters.
     pub duty: Option<DutyPair>,
+    /// A Go process's own exact totals over the recording (its runtime's TotalAlloc and
+    /// Mallocs), and where they come from.
+    pub go_totals: Option<(crate::schema::ExactCounts, String)>,
     /// Why the in-process sampler was not loaded into it (`-p`).
     pub not_loaded: Option<String>,
     /// What its counts leave out, beyond what its allocators say.

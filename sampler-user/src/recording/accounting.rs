@@ -96,6 +96,7 @@ impl Recording {
         let mut lost = None;
         if self.counting() {
             self.accounting.counted_ns = monotonic_ns();
+            self.aggregation.processes.read_go_totals();
         }
         if let Some((counters, losses)) = self.exact_counts()? {
             if let Some(probes) = &self.probes {

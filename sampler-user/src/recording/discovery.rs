@@ -142,7 +142,7 @@ impl Recording {
         } else {
             self.roster.note_late(pid, &fresh, monotonic_ns());
         }
-        self.aggregation.processes.add_allocators(pid, allocators);
+        self.add_allocators(pid, allocators);
         Ok(())
     }
 
@@ -188,7 +188,7 @@ impl Recording {
             self.cache.remember(pid, allocators);
             self.probe_files(allocators)?;
             self.roster.note_late(pid, allocators, monotonic_ns());
-            self.aggregation.processes.add_allocators(pid, allocators);
+            self.add_allocators(pid, allocators);
         }
         Ok(())
     }
@@ -518,7 +518,7 @@ impl Recording {
         let Ok(allocators) = self.cache.of_pid(pid) else {
             return Ok(());
         };
-        self.aggregation.processes.add_allocators(pid, &allocators);
+        self.add_allocators(pid, &allocators);
         // One that counts its own calls: its region mapped before its samples can come,
         // and the file-wide probes told to leave its calls to it.
         if Carriers::carried(&allocators) {

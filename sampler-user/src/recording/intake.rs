@@ -60,7 +60,10 @@ impl Intake {
             batch.retain(|event| match event {
                 Event::Alloc(sample) => sample.timestamp_ns <= cutoff,
                 Event::Free(freed) => freed.timestamp_ns <= cutoff,
-                Event::Process { .. } | Event::Maps { .. } | Event::PythonFrames(_) => true,
+                Event::Process { .. }
+                | Event::Maps { .. }
+                | Event::PythonFrames(_)
+                | Event::GoStats { .. } => true,
             });
         }
         self.samples += batch

@@ -414,6 +414,17 @@ impl Recording {
         }
     }
 
+    /// Describes `pid`'s allocators; a Go runtime whose totals can be read has the kernel
+    /// read them at its exit too (its memory is gone by the time user space looks).
+    fn add_allocators(&mut self, pid: u32, allocators: &[crate::probe::allocator::Allocator]) {
+        let watch = self.aggregation.processes.add_allocators(pid, allocators);
+        if let (Some((address, len)), Some(probes)) = (watch, self.probes.as_mut()) {
+            if let Err(e) = probes.watch_go_stats(pid, address, len) {
+                warn!("pid {pid}: its Go runtime's totals will not be read at its exit: {e}");
+            }
+        }
+    }
+
     /// Takes the intake's batch in at once (see [`Self::route`]).
     fn take_batch(&mut self) {
         let batch = self.intake.take();
@@ -437,6 +448,9 @@ impl Recording {
                     read_ns,
                     ref text,
                 } => self.aggregation.aggregator.offer_maps(pid, read_ns, text),
+                Event::GoStats { pid, ref bytes } => {
+                    self.aggregation.processes.go_stats_at_exit(pid, bytes)
+                }
                 Event::Alloc(ref sample) => {
                     // A process counted in-process may be gone before its maps are read
                     // from /proc: its library's own copy stands in (the newer one wins).
@@ -459,7 +473,10 @@ impl Recording {
         batch.retain(|event| match event {
             Event::Alloc(sample) => !roster.is_excluded(sample.pid),
             Event::Free(freed) => !roster.is_excluded(freed.pid),
-            Event::Process { .. } | Event::Maps { .. } | Event::PythonFrames(_) => false,
+            Event::Process { .. }
+            | Event::Maps { .. }
+            | Event::PythonFrames(_)
+            | Event::GoStats { .. } => false,
         });
         self.aggregation.aggregator.add_all(batch);
     }

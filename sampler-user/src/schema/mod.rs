@@ -169,6 +169,11 @@ pub struct ProcessProfile {
     pub front_end: String,
     /// Exact counters.
     pub exact: ExactCounts,
+    /// Where `exact` comes from when it is not allocscope's own counting: a Go program's
+    /// runtime (`runtime.memstats, read at its exit`: its `TotalAlloc` and `Mallocs` over the
+    /// recording, the objects as `calls`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact_source: Option<String>,
     /// Samples received.
     pub samples: u64,
     /// Estimated allocated bytes (check against `exact.bytes`).

@@ -311,6 +311,14 @@ fn header(out: &mut String, profile: &Profile) {
 /// What the summary says of a process's exact counts.
 fn exact_counts(process: &ProcessProfile) -> String {
     // Another program's allocator reports samples with their weights, no totals.
+    if let Some(source) = &process.exact_source {
+        // A Go runtime's own totals: heap objects, not calls.
+        return format!(
+            "exact {} in {} objects (the Go runtime's {source})",
+            bytes(process.exact.bytes as f64),
+            process.exact.calls,
+        );
+    }
     if process.front_end == crate::probe::go::PROVIDER {
         return "no exact counts (sampled by the Go runtime at its runtime.MemProfileRate)".into();
     }

@@ -621,6 +621,7 @@ mod tests {
                     cgroup: None,
                     allocators: Vec::new(),
                     duty: None,
+                    go_totals: None,
                     not_loaded: None,
                     incomplete: Vec::new(),
                 }],

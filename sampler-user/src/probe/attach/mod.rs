@@ -598,6 +598,25 @@ impl Probes {
             .map_err(|e| AttachError::map(kernel::maps::FRONT_END, e))
     }
 
+    /// Has the kernel read `pid`'s Go runtime statistics (`len` bytes at `address`) when
+    /// its last thread exits, before its memory is gone.
+    pub fn watch_go_stats(
+        &mut self,
+        pid: u32,
+        address: u64,
+        len: usize,
+    ) -> Result<(), AttachError> {
+        let mut map: BpfHashMap<&mut MapData, u32, sampler_common::GoStatsAt> =
+            self.map_mut(kernel::maps::GO_STATS)?;
+        let at = sampler_common::GoStatsAt {
+            address,
+            len: len.min(sampler_common::GO_STATS_MAX) as u32,
+            pad: 0,
+        };
+        map.insert(pid, at, 0)
+            .map_err(|e| AttachError::map(kernel::maps::GO_STATS, e))
+    }
+
     /// Whether the kernel knows that `pid` carries the front end (its library's `ready`
     /// probe fired, or its parent carried it at its fork): the kernel's exec probe keeps
     /// that true (it forgets it at an exec), so nothing needs telling.

@@ -292,7 +292,10 @@ impl Aggregator {
                 self.free(freed.pid, freed.address, Some(freed.timestamp_ns));
             }
             // Control events are the recording's (discovery, `offer_maps`): none come here.
-            Event::Process { .. } | Event::Maps { .. } | Event::PythonFrames(_) => {}
+            Event::Process { .. }
+            | Event::Maps { .. }
+            | Event::PythonFrames(_)
+            | Event::GoStats { .. } => {}
         }
     }
 
