@@ -187,6 +187,8 @@ pub const GO_STATS_MAX: usize = 8192;
 pub struct GoStatsAt {
     /// The statistics' user address.
     pub address: u64,
+    /// `runtime.MemProfileRate`'s user address (0: not read).
+    pub rate_address: u64,
     /// How many bytes to read (at most [`GO_STATS_MAX`]).
     pub len: u32,
     /// Explicit padding.
@@ -207,6 +209,8 @@ pub struct GoStatsEvent {
     pub pad: u32,
     /// `bpf_ktime_get_ns()` at the exit.
     pub timestamp_ns: u64,
+    /// `runtime.MemProfileRate` then (`u64::MAX`: not read).
+    pub rate: u64,
     /// The statistics' bytes.
     pub bytes: [u8; GO_STATS_MAX],
 }

@@ -122,6 +122,10 @@ fn go_stats_at_exit(pid: u32) {
         (*event).pid = pid;
         (*event).pad = 0;
         (*event).timestamp_ns = bpf_ktime_get_ns();
+        (*event).rate = match at.rate_address {
+            0 => u64::MAX,
+            rate => aya_ebpf::helpers::bpf_probe_read_user(rate as *const u64).unwrap_or(u64::MAX),
+        };
         let bytes = core::ptr::addr_of_mut!((*event).bytes).cast::<core::ffi::c_void>();
         aya_ebpf::helpers::generated::bpf_probe_read_user(
             bytes,

@@ -185,14 +185,31 @@ pub fn go_fixture(name: &str) -> PathBuf {
 /// source change) into `target/fixtures/NAME` (Debian's) or `NAME-TAG`: without cgo (a
 /// static executable, like most Go services), offline, its build cache under `target/`.
 pub fn go_fixture_with(name: &str, (tag, go): (&str, &Path)) -> PathBuf {
-    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let source = workspace().join("tests/fixtures/go").join(name);
-    let target = workspace().join("target");
     let file = if tag == "debian" {
         name.to_owned()
     } else {
         format!("{name}-{tag}")
     };
+    build_go(name, (tag, go), &file, &[])
+}
+
+/// [`go_fixture`] built as a position-independent executable (`-buildmode=pie`, as several
+/// distributions build their Go packages): `target/fixtures/NAME-pie`.
+pub fn go_fixture_pie(name: &str) -> PathBuf {
+    let file = format!("{name}-pie");
+    build_go(
+        name,
+        ("debian", Path::new("go")),
+        &file,
+        &["-buildmode=pie"],
+    )
+}
+
+/// Builds `tests/fixtures/go/NAME/` with `(tag, go)` and `flags` into `target/fixtures/FILE`.
+fn build_go(name: &str, (tag, go): (&str, &Path), file: &str, flags: &[&str]) -> PathBuf {
+    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let source = workspace().join("tests/fixtures/go").join(name);
+    let target = workspace().join("target");
     let binary = target.join("fixtures").join(file);
     std::fs::create_dir_all(binary.parent().unwrap()).unwrap();
     let newest_input = std::fs::read_dir(&source)
@@ -201,7 +218,9 @@ pub fn go_fixture_with(name: &str, (tag, go): (&str, &Path)) -> PathBuf {
         .max();
     if !is_fresh(&binary, newest_input) {
         let status = Command::new(go)
-            .args(["build", "-o"])
+            .arg("build")
+            .args(flags)
+            .arg("-o")
             .arg(&binary)
             .arg(".")
             .current_dir(&source)

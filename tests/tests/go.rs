@@ -8,7 +8,7 @@
 //! empty.
 
 use tests::{
-    go_fixture, go_fixture_with, go_toolchains, interrupt, read_profile,
+    go_fixture, go_fixture_pie, go_fixture_with, go_toolchains, interrupt, read_profile,
     record::{assert_holds, site_of},
     start_recording, typed, Fixture, Record, TempDir,
 };
@@ -303,4 +303,50 @@ fn a_go_program_without_heap_profiling_is_said_to_be() {
             .any(|why| why.contains("the program set runtime.MemProfileRate to 0")),
         "{process:#?}\n{said}"
     );
+}
+
+/// A position-independent Go executable (as several distributions build them): its
+/// variables are found at its load bias. Its exact totals equal TotalAlloc; a program that
+/// turns its sampler off and exits within a moment is told from the rate its exit left
+/// (read by the kernel then), its estimates unbounded above rather than wrongly bounded.
+#[test]
+fn a_position_independent_go_program_is_read_at_its_load_bias() {
+    tests::require_bpf!();
+    let program = go_fixture_pie("goalloc");
+    let dir = TempDir::new("go-pie");
+    let counts = dir.path("counts.txt");
+    let out = counts.to_str().unwrap();
+    let recorded = Record::command(&program, &["-rounds", "100000", "-out", out]).run();
+    let truth = Truth::parse(&std::fs::read_to_string(&counts).unwrap());
+    let process = recorded.only_process();
+    assert!(process.samples > 100, "{process:#?}");
+    assert_near(
+        process.exact.bytes,
+        truth.total,
+        "TotalAlloc",
+        &recorded.stderr,
+    );
+    // Its runtime sampled while it started, then the program set the rate to 0.
+    let recorded =
+        Record::command(&program, &["-rate", "0", "-rounds", "20000", "-out", out]).run();
+    let process = recorded.only_process();
+    let truth = Truth::parse(&std::fs::read_to_string(&counts).unwrap());
+    assert_near(
+        process.exact.bytes,
+        truth.total,
+        "TotalAlloc",
+        &recorded.stderr,
+    );
+    let said = process.incomplete.join("\n");
+    assert!(
+        said.contains("the program set runtime.MemProfileRate to 0"),
+        "{said}\n{}",
+        recorded.stderr
+    );
+    assert!(
+        process.alloc_bytes.upper.is_infinite(),
+        "{:?}",
+        process.alloc_bytes
+    );
+    assert!(process.alloc_bytes.lower <= truth.total as f64);
 }

@@ -144,6 +144,8 @@ pub enum Event {
         pid: u32,
         /// The statistics' bytes.
         bytes: Vec<u8>,
+        /// Its `runtime.MemProfileRate` then (`None`: not read).
+        rate: Option<u64>,
     },
 }
 
@@ -179,12 +181,16 @@ fn decode_free(bytes: &[u8]) -> Option<Event> {
 }
 
 fn decode_go_stats(bytes: &[u8]) -> Option<Event> {
+    use sampler_common::GoStatsEvent;
     let word = |at: usize| Some(u32::from_ne_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
     let (pid, len) = (word(4)?, word(8)? as usize);
-    let head = std::mem::offset_of!(sampler_common::GoStatsEvent, bytes);
+    let at = std::mem::offset_of!(GoStatsEvent, rate);
+    let rate = u64::from_ne_bytes(bytes.get(at..at + 8)?.try_into().ok()?);
+    let head = std::mem::offset_of!(GoStatsEvent, bytes);
     Some(Event::GoStats {
         pid,
         bytes: bytes.get(head..head + len)?.to_vec(),
+        rate: (rate != u64::MAX).then_some(rate),
     })
 }
 

@@ -211,7 +211,9 @@ fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String
             provider: PROVIDER.to_owned(),
             sites,
             detail: None,
-            rate_at: (file.kind() == object::ObjectKind::Executable).then_some(rate),
+            rate_at: Some(rate),
+            pie_segments: (file.kind() != object::ObjectKind::Executable)
+                .then(|| crate::sys::maps::loadable_segments(file)),
             go_memstats: Some(super::go_memstats::layout(file)),
         },
         profiling_off,

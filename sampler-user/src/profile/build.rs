@@ -271,7 +271,7 @@ impl Context<'_> {
         let (set, live) = (&totals.all, &totals.live);
         let estimating = self.estimating();
         let mut alloc = self.estimate(set);
-        let inuse = self.tracking().then(|| self.estimate(live));
+        let mut inuse = self.tracking().then(|| self.estimate(live));
         let known = self.tally.processes.iter().find(|p| p.pid == pid);
         let duty = known.and_then(|p| p.duty.as_ref());
         let ns = self.tally.duty_ns_per_call;
@@ -284,6 +284,15 @@ impl Context<'_> {
             alloc.objects = Estimate { samples, ..objects };
         }
         let allocators: Vec<String> = known.map(|p| p.allocators.clone()).unwrap_or_default();
+        let (incomplete, unsampled) =
+            super::incomplete::incomplete_of(known, &allocators, set.samples());
+        if unsampled {
+            // Its sampler was off for some or all of its time: no upper bound.
+            for estimates in std::iter::once(&mut alloc).chain(inuse.as_mut()) {
+                estimates.bytes.upper = f64::INFINITY;
+                estimates.objects.upper = f64::INFINITY;
+            }
+        }
         ProcessProfile {
             pid,
             command: known.map(|p| p.command.clone()).unwrap_or_default(),
@@ -296,19 +305,7 @@ impl Context<'_> {
                 (front_end, Some(why)) if front_end == uprobes() => format!("{front_end} ({why})"),
                 (front_end, _) => front_end,
             },
-            incomplete: {
-                let noted = known.map(|p| p.incomplete.clone()).unwrap_or_default();
-                let rate_zero = noted.iter().any(|n| n == super::processes::GO_RATE_ZERO);
-                incomplete_reasons(&allocators)
-                    .into_iter()
-                    .chain(
-                        noted
-                            .into_iter()
-                            .filter(|n| n != super::processes::GO_RATE_ZERO),
-                    )
-                    .chain(go_unsampled(&allocators, set.samples(), rate_zero))
-                    .collect()
-            },
+            incomplete,
             allocators,
             exact: exact_of(known, exact),
             exact_source: known
@@ -319,7 +316,13 @@ impl Context<'_> {
             alloc_objects: alloc.objects,
             inuse_bytes: inuse.map(|e| e.bytes),
             inuse_objects: inuse.map(|e| e.objects),
-            peak: self.peak(pid, totals),
+            peak: self.peak(pid, totals).map(|mut peak| {
+                if unsampled {
+                    peak.inuse_bytes.upper = f64::INFINITY;
+                    peak.inuse_objects.upper = f64::INFINITY;
+                }
+                peak
+            }),
             untracked_samples: known.map_or(0, |p| p.untracked_samples),
             lost_samples: known.map_or(0, |p| p.lost_samples),
             rss_bytes: known.and_then(|p| p.rss_bytes),
@@ -590,55 +593,6 @@ fn modules_of(
         .collect()
 }
 
-/// What the probes are known to miss in a process, from the allocators probed in it: with
-/// uprobes, CPython's pymalloc linked into the executable (a statically linked, LTO-built
-/// interpreter such as Debian's python3) is reached by the interpreter's own calls without
-/// passing its exported entry points (inlined), so most small objects are not seen (Debian's
-/// python3 on a dict/JSON script: 547 MiB seen of 1145 MiB).
-pub fn incomplete_reasons(allocators: &[String]) -> Vec<String> {
-    let in_executable = format!("{} (static, in ", crate::probe::allocator::Family::Pymalloc);
-    allocators
-        .iter()
-        .filter_map(|a| a.strip_prefix(&in_executable))
-        .map(|rest| {
-            format!(
-                "pymalloc is linked into {}: the interpreter's own calls reach it without \
-                 passing the probed entry points (an LTO build inlines them), so small \
-                 objects are undercounted; record it in-process (`-- CMD`, without \
-                 --no-preload) to count them all",
-                rest.trim_end_matches(')')
-            )
-        })
-        .collect()
-}
-
-/// Why a Go process shows no samples, where its runtime's heap profiling was off: the
-/// program set `runtime.MemProfileRate` to 0 (`rate_zero`: so it read when last looked
-/// at), or the linker turned it off in a program that never calls `runtime.MemProfile`
-/// (through `runtime/pprof` or `net/http/pprof`) and the program did not turn it on.
-fn go_unsampled(allocators: &[String], samples: u64, rate_zero: bool) -> Option<String> {
-    use crate::probe::go;
-    let linker = allocators
-        .iter()
-        .any(|a| go::describes(a) && a.contains(go::PROFILING_OFF));
-    if samples > 0 {
-        return None;
-    }
-    if rate_zero && !linker {
-        return Some(
-            "its Go runtime sampled nothing: the program set runtime.MemProfileRate to 0 \
-             (so it read when last looked at); its Go heap is not seen"
-                .to_owned(),
-        );
-    }
-    linker.then(|| {
-        "its Go runtime sampled nothing: heap profiling is off in this program (the Go \
-         linker turns it off where nothing calls runtime.MemProfile, as runtime/pprof does) \
-         and the program did not set runtime.MemProfileRate; its Go heap is not seen"
-            .to_owned()
-    })
-}
-
 /// The front end of a process counted in-process until it exec'd a program without the
 /// library, and by uprobes from then on.
 pub const IN_PROCESS_THEN_UPROBES: &str = "in-process, then uprobes";
@@ -872,23 +826,6 @@ mod tests {
         assert!(profile.stacks[0].inuse_bytes.is_none());
         assert!(profile.processes[0].inuse_bytes.is_none());
         assert_eq!(profile.leaks_older_than_seconds, None);
-    }
-
-    #[test]
-    fn pymalloc_in_the_executable_makes_a_uprobe_count_incomplete() {
-        let debian = [
-            "pymalloc (static, in /usr/bin/python3.11)".to_owned(),
-            "glibc (/usr/lib/x86_64-linux-gnu/libc.so.6)".to_owned(),
-        ];
-        let reasons = incomplete_reasons(&debian);
-        assert_eq!(reasons.len(), 1);
-        assert!(reasons[0].contains("/usr/bin/python3.11"), "{reasons:?}");
-        // A shared libpython's entry points are what its callers go through; the in-process
-        // front end counts every call.
-        let shared = ["pymalloc (/usr/lib/libpython3.11.so.1.0)".to_owned()];
-        assert!(incomplete_reasons(&shared).is_empty());
-        let in_process = ["in-process (allocscope preload) (/memfd:allocscope-preload)".to_owned()];
-        assert!(incomplete_reasons(&in_process).is_empty());
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod aggregator;
 pub(crate) mod breakdown;
 mod build;
 mod groups;
+mod incomplete;
 mod insight;
 mod parallel;
 mod processes;
@@ -15,6 +16,7 @@ pub(crate) mod timeline;
 
 pub use crate::schema::*;
 pub use aggregator::{Aggregator, LostCounts, OpenStratum, Readings, LOST_FRAME};
-pub use build::{incomplete_reasons, target_uses, Settings, Snapshot, IN_PROCESS_THEN_UPROBES};
+pub use build::{target_uses, Settings, Snapshot, IN_PROCESS_THEN_UPROBES};
+pub use incomplete::incomplete_reasons;
 pub use processes::ProcessBook;
 pub use tally::{ProcessTally, StackTally, Tally};

@@ -86,6 +86,23 @@ impl GoTotals {
     }
 }
 
+/// What `pid` adds to the virtual addresses of `allocator`'s file, a producer's: 0 for a
+/// position-dependent executable, its load bias for a position-independent one (from its
+/// mapping of the file); `None` if the file is not mapped (gone, or another program now).
+fn bias_of(
+    pid: u32,
+    allocator: &Allocator,
+    producer: &crate::probe::usdt::Producer,
+) -> Option<u64> {
+    let Some(segments) = &producer.pie_segments else {
+        return Some(0);
+    };
+    let vmas = crate::sys::maps::read(pid).ok()?;
+    vmas.iter()
+        .filter(|v| v.file_id == allocator.file_id)
+        .find_map(|v| crate::sys::maps::load_bias(segments, v.start, v.offset))
+}
+
 /// What a tally adds to a process's description: sampled blocks whose frees could not be
 /// tracked, samples lost without a stack, and the duty cycle's sums.
 #[derive(Debug, Default)]
@@ -303,9 +320,12 @@ impl ProcessBook {
         }
     }
 
-    /// `pid`'s Go runtime statistics as its exit left them (`bytes` empty: the kernel
-    /// could not read them; the last reading while it ran stands).
-    pub fn go_stats_at_exit(&mut self, pid: u32, bytes: &[u8]) {
+    /// `pid`'s Go runtime statistics and rate as its exit left them (`bytes` empty: the
+    /// kernel could not read them; the last reading while it ran stands).
+    pub fn go_stats_at_exit(&mut self, pid: u32, bytes: &[u8], rate: Option<u64>) {
+        if let (Some((_, last)), Some(rate)) = (self.go_rates.get_mut(&pid), rate) {
+            *last = Some(rate);
+        }
         let Some(totals) = self.go_totals.get_mut(&pid).filter(|t| !t.replaced) else {
             return;
         };
@@ -331,27 +351,40 @@ impl ProcessBook {
     /// probed in it before: a process attached at exec, before its libraries are mapped,
     /// gains its C library a moment later.
     /// A Go runtime whose exact totals it can read is read now (where its recorded time
-    /// starts); returns where they are (address, length) for the kernel to read them at
-    /// its exit.
-    pub fn add_allocators(&mut self, pid: u32, allocators: &[Allocator]) -> Option<(u64, usize)> {
+    /// starts); returns where they and its rate are for the kernel to read them at its
+    /// exit.
+    pub fn add_allocators(
+        &mut self,
+        pid: u32,
+        allocators: &[Allocator],
+    ) -> Option<sampler_common::GoStatsAt> {
         let described = self.allocators.entry(pid).or_default();
         let mut watch = None;
         for allocator in allocators {
-            let rate_at = allocator.file.producer.as_ref().and_then(|p| p.rate_at);
-            if let Some(at) = rate_at {
+            let producer = allocator.file.producer.as_ref();
+            let bias = producer.and_then(|p| bias_of(pid, allocator, p));
+            let rate_at = producer.and_then(|p| p.rate_at);
+            if let (Some(at), Some(bias)) = (rate_at, bias) {
+                let at = at.wrapping_add(bias);
                 let now = crate::sys::memory::word_of(pid, at);
                 self.go_rates.insert(pid, (at, now));
             }
-            let layout = allocator
-                .file
-                .producer
-                .as_ref()
-                .and_then(|p| p.go_memstats.as_ref());
-            if let (Some(Ok(layout)), false) = (layout, self.go_totals.contains_key(&pid)) {
-                if let Some(first) = GoTotals::read(layout, pid) {
-                    watch = Some((layout.address, layout.len()));
+            let layout = producer.and_then(|p| p.go_memstats.as_ref());
+            if let (Some(Ok(layout)), Some(bias)) = (layout, bias) {
+                let layout = go_memstats::Layout {
+                    address: layout.address.wrapping_add(bias),
+                    ..layout.clone()
+                };
+                let first = GoTotals::read(&layout, pid);
+                if let (Some(first), false) = (first, self.go_totals.contains_key(&pid)) {
+                    watch = Some(sampler_common::GoStatsAt {
+                        address: layout.address,
+                        rate_address: self.go_rates.get(&pid).map_or(0, |r| r.0),
+                        len: layout.len() as u32,
+                        pad: 0,
+                    });
                     let totals = GoTotals {
-                        layout: layout.clone(),
+                        layout,
                         first,
                         last: first,
                         at_exit: false,

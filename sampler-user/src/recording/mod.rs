@@ -418,8 +418,8 @@ impl Recording {
     /// read them at its exit too (its memory is gone by the time user space looks).
     fn add_allocators(&mut self, pid: u32, allocators: &[crate::probe::allocator::Allocator]) {
         let watch = self.aggregation.processes.add_allocators(pid, allocators);
-        if let (Some((address, len)), Some(probes)) = (watch, self.probes.as_mut()) {
-            if let Err(e) = probes.watch_go_stats(pid, address, len) {
+        if let (Some(at), Some(probes)) = (watch, self.probes.as_mut()) {
+            if let Err(e) = probes.watch_go_stats(pid, at) {
                 warn!("pid {pid}: its Go runtime's totals will not be read at its exit: {e}");
             }
         }
@@ -448,9 +448,14 @@ impl Recording {
                     read_ns,
                     ref text,
                 } => self.aggregation.aggregator.offer_maps(pid, read_ns, text),
-                Event::GoStats { pid, ref bytes } => {
-                    self.aggregation.processes.go_stats_at_exit(pid, bytes)
-                }
+                Event::GoStats {
+                    pid,
+                    ref bytes,
+                    rate,
+                } => self
+                    .aggregation
+                    .processes
+                    .go_stats_at_exit(pid, bytes, rate),
                 Event::Alloc(ref sample) => {
                     // A process counted in-process may be gone before its maps are read
                     // from /proc: its library's own copy stands in (the newer one wins).

@@ -17,14 +17,17 @@ use crate::{
 };
 
 /// `12.3 MiB [11.0 MiB, 13.5 MiB]`, or `< 370.0 KiB` when there are no samples; an
-/// infinite upper bound reads `no upper bound`.
+/// infinite upper bound reads `no upper bound` (`unknown` without samples: nothing
+/// sampled the process at all).
 pub fn estimate_bytes(estimate: &Estimate) -> String {
     let upper = if estimate.upper.is_finite() {
         bytes(estimate.upper)
     } else {
         "no upper bound".to_owned()
     };
-    if estimate.samples == 0 && estimate.estimate == 0.0 {
+    if estimate.samples == 0 && estimate.estimate == 0.0 && !estimate.upper.is_finite() {
+        "unknown (no samples, no upper bound)".to_owned()
+    } else if estimate.samples == 0 && estimate.estimate == 0.0 {
         format!("< {upper} (no samples)")
     } else {
         format!(

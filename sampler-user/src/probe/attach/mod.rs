@@ -598,21 +598,16 @@ impl Probes {
             .map_err(|e| AttachError::map(kernel::maps::FRONT_END, e))
     }
 
-    /// Has the kernel read `pid`'s Go runtime statistics (`len` bytes at `address`) when
-    /// its last thread exits, before its memory is gone.
+    /// Has the kernel read `pid`'s Go runtime statistics and rate (`at`) when its last
+    /// thread exits, before its memory is gone.
     pub fn watch_go_stats(
         &mut self,
         pid: u32,
-        address: u64,
-        len: usize,
+        mut at: sampler_common::GoStatsAt,
     ) -> Result<(), AttachError> {
         let mut map: BpfHashMap<&mut MapData, u32, sampler_common::GoStatsAt> =
             self.map_mut(kernel::maps::GO_STATS)?;
-        let at = sampler_common::GoStatsAt {
-            address,
-            len: len.min(sampler_common::GO_STATS_MAX) as u32,
-            pad: 0,
-        };
+        at.len = at.len.min(sampler_common::GO_STATS_MAX as u32);
         map.insert(pid, at, 0)
             .map_err(|e| AttachError::map(kernel::maps::GO_STATS, e))
     }
