@@ -286,6 +286,7 @@ impl Context<'_> {
         let allocators: Vec<String> = known.map(|p| p.allocators.clone()).unwrap_or_default();
         let (incomplete, unsampled) =
             super::incomplete::incomplete_of(known, &allocators, set.samples());
+        let (exact, exact_source) = exact_of(known, exact);
         if unsampled {
             // Its sampler was off for some or all of its time: no upper bound.
             for estimates in std::iter::once(&mut alloc).chain(inuse.as_mut()) {
@@ -307,10 +308,8 @@ impl Context<'_> {
             },
             incomplete,
             allocators,
-            exact: exact_of(known, exact),
-            exact_source: known
-                .and_then(|p| p.go_totals.as_ref())
-                .map(|t| t.1.clone()),
+            exact,
+            exact_source,
             samples: set.samples(),
             alloc_bytes: alloc.bytes,
             alloc_objects: alloc.objects,
@@ -343,15 +342,28 @@ impl Context<'_> {
     }
 }
 
-/// A process's exact counts: a Go runtime's own totals where they were read (its
-/// allocations are not calls our probes counted), our counters' otherwise.
-fn exact_of(known: Option<&super::tally::ProcessTally>, exact: ProcessCounters) -> ExactCounts {
+/// A process's exact counts and where they come from: a Go runtime's own totals where they
+/// were read (its allocations are not calls our probes counted; a cgo program's malloc
+/// calls are, added), our counters' otherwise.
+fn exact_of(
+    known: Option<&super::tally::ProcessTally>,
+    exact: ProcessCounters,
+) -> (ExactCounts, Option<String>) {
+    let counted = ExactCounts {
+        calls: exact.calls,
+        bytes: exact.bytes,
+    };
     match known.and_then(|p| p.go_totals.as_ref()) {
-        Some((totals, _)) => *totals,
-        None => ExactCounts {
-            calls: exact.calls,
-            bytes: exact.bytes,
-        },
+        // A cgo program's malloc calls, counted by us, beside its Go heap.
+        Some((totals, source)) if exact.calls > 0 => (
+            ExactCounts {
+                calls: totals.calls + counted.calls,
+                bytes: totals.bytes + counted.bytes,
+            },
+            Some(format!("{source}, and its malloc calls counted")),
+        ),
+        Some((totals, source)) => (*totals, Some(source.clone())),
+        None => (counted, None),
     }
 }
 
