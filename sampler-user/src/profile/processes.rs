@@ -350,13 +350,16 @@ impl ProcessBook {
     /// them, by the first path it was seen at: /lib and /usr/lib are one file) to those
     /// probed in it before: a process attached at exec, before its libraries are mapped,
     /// gains its C library a moment later.
-    /// A Go runtime whose exact totals it can read is read now (where its recorded time
-    /// starts); returns where they and its rate are for the kernel to read them at its
+    /// A Go runtime whose exact totals it can read is read now: where its recorded time
+    /// starts, unless it was recorded `from_start` (from its exec, probes in place: its
+    /// runtime counted from zero then, which it may be well past by the time it is looked
+    /// at). Returns where the totals and its rate are, for the kernel to read them at its
     /// exit.
     pub fn add_allocators(
         &mut self,
         pid: u32,
         allocators: &[Allocator],
+        from_start: bool,
     ) -> Option<sampler_common::GoStatsAt> {
         let described = self.allocators.entry(pid).or_default();
         let mut watch = None;
@@ -375,8 +378,10 @@ impl ProcessBook {
                     address: layout.address.wrapping_add(bias),
                     ..layout.clone()
                 };
-                let first = GoTotals::read(&layout, pid);
-                if let (Some(first), false) = (first, self.go_totals.contains_key(&pid)) {
+                let now = GoTotals::read(&layout, pid);
+                if let (Some(now), false) = (now, self.go_totals.contains_key(&pid)) {
+                    // Its runtime counted from zero at its exec, where its recording began.
+                    let first = if from_start { Totals::default() } else { now };
                     watch = Some(sampler_common::GoStatsAt {
                         address: layout.address,
                         rate_address: self.go_rates.get(&pid).map_or(0, |r| r.0),
@@ -386,7 +391,7 @@ impl ProcessBook {
                     let totals = GoTotals {
                         layout,
                         first,
-                        last: first,
+                        last: now,
                         at_exit: false,
                         gone: false,
                         replaced: false,

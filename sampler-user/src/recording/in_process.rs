@@ -132,7 +132,7 @@ impl InProcess {
                 }
                 counters.add_region(pid, region);
                 if let Some(library) = self.allocator() {
-                    processes.add_allocators(pid, std::slice::from_ref(library));
+                    processes.add_allocators(pid, std::slice::from_ref(library), false);
                 }
             }
             Err(e) => warn!(

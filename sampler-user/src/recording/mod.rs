@@ -417,7 +417,15 @@ impl Recording {
     /// Describes `pid`'s allocators; a Go runtime whose totals can be read has the kernel
     /// read them at its exit too (its memory is gone by the time user space looks).
     fn add_allocators(&mut self, pid: u32, allocators: &[crate::probe::allocator::Allocator]) {
-        let watch = self.aggregation.processes.add_allocators(pid, allocators);
+        use crate::schema::CoverageStart;
+        // Recorded from its exec with nothing probed late: its runtime's counts are ours.
+        let from_start = self.roster.coverage(pid).is_some_and(|c| {
+            matches!(c.since, CoverageStart::Start | CoverageStart::Exec) && c.late.is_empty()
+        });
+        let watch = self
+            .aggregation
+            .processes
+            .add_allocators(pid, allocators, from_start);
         if let (Some(at), Some(probes)) = (watch, self.probes.as_mut()) {
             if let Err(e) = probes.watch_go_stats(pid, at) {
                 warn!("pid {pid}: its Go runtime's totals will not be read at its exit: {e}");
