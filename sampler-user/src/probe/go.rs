@@ -141,11 +141,7 @@ impl Layout {
 /// The runtime's sites in `file`, and whether the linker turned heap profiling off; or
 /// what is missing.
 fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String> {
-    let find = |names: &[&str]| {
-        file.symbols()
-            .find(|s| s.name().is_ok_and(|n| names.contains(&n)) && s.address() != 0)
-            .map(|s| (s.address(), s.size()))
-    };
+    let find = |names: &[&str]| symbol_in(file, names);
     let symbol = |names: &[&str]| {
         find(names).ok_or_else(|| {
             format!(
@@ -218,6 +214,14 @@ fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String
         },
         profiling_off,
     ))
+}
+
+/// The address and size of the first defined symbol of `file` named one of `names` (the
+/// runtime renames some between releases).
+pub(super) fn symbol_in(file: &object::File, names: &[&str]) -> Option<(u64, u64)> {
+    file.symbols()
+        .find(|s| s.name().is_ok_and(|n| names.contains(&n)) && s.address() != 0)
+        .map(|s| (s.address(), s.size()))
 }
 
 /// Where in the function at `(address, size)` the probe goes: Go's prologue first compares

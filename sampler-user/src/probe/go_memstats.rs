@@ -19,7 +19,7 @@
 
 use std::borrow::Cow;
 
-use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+use object::{Object as _, ObjectSection as _};
 
 /// Where a Go runtime's allocation counts are and how to sum them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,17 +100,15 @@ impl Totals {
 
 /// Where `file`'s runtime keeps its counts, or why they cannot be read.
 pub(crate) fn layout(file: &object::File) -> Result<Layout, String> {
-    let symbol = |names: &[&str]| {
-        file.symbols()
-            .find(|s| s.name().is_ok_and(|n| names.contains(&n)) && s.address() != 0)
-    };
-    let memstats = symbol(&["runtime.memstats"]).ok_or("no runtime.memstats symbol")?;
-    let classes = symbol(&[
+    let symbol = |names: &[&str]| super::go::symbol_in(file, names);
+    let (memstats, memstats_size) =
+        symbol(&["runtime.memstats"]).ok_or("no runtime.memstats symbol")?;
+    let (classes, classes_size) = symbol(&[
         "runtime.class_to_size",
         "internal/runtime/gc.SizeClassToSize",
     ])
     .ok_or("no size class table")?;
-    let class_sizes: Vec<u32> = data_at(file, classes.address(), classes.size())
+    let class_sizes: Vec<u32> = super::allocator::code_at(file, classes, classes_size)
         .ok_or("its size class table is not in the file")?
         .chunks_exact(2)
         .map(|pair| u32::from(u16::from_le_bytes([pair[0], pair[1]])))
@@ -125,7 +123,7 @@ pub(crate) fn layout(file: &object::File) -> Result<Layout, String> {
     let stats = member("runtime.consistentHeapStats", "stats")?;
     let delta = "runtime.heapStatsDelta";
     let layout = Layout {
-        address: memstats.address() + heap_stats + stats,
+        address: memstats + heap_stats + stats,
         delta_size: types
             .size(delta)
             .ok_or_else(|| format!("no {delta} in its DWARF"))? as u32,
@@ -136,22 +134,13 @@ pub(crate) fn layout(file: &object::File) -> Result<Layout, String> {
         class_sizes,
     };
     let end = layout.small_counts as usize + 8 * layout.class_sizes.len();
-    if end > layout.delta_size as usize || memstats.size() < u64::from(layout.delta_size * RING) {
+    if end > layout.delta_size as usize || memstats_size < u64::from(layout.delta_size * RING) {
         return Err(format!(
             "{delta} does not hold its {} size classes' counts",
             layout.class_sizes.len()
         ));
     }
     Ok(layout)
-}
-
-/// `size` bytes of `file` at virtual `address`, if the file holds them.
-fn data_at<'a>(file: &object::File<'a>, address: u64, size: u64) -> Option<&'a [u8]> {
-    file.sections()
-        .find(|s| (s.address()..s.address() + s.size()).contains(&address))?
-        .data_range(address, size)
-        .ok()
-        .flatten()
 }
 
 /// The structures of a Go executable's DWARF that [`layout`] asks about: each one's size

@@ -373,13 +373,13 @@ impl ProcessBook {
                 self.go_rates.insert(pid, (at, now));
             }
             let layout = producer.and_then(|p| p.go_memstats.as_ref());
-            if let (Some(Ok(layout)), Some(bias)) = (layout, bias) {
+            let known = self.go_totals.contains_key(&pid);
+            if let (Some(Ok(layout)), Some(bias), false) = (layout, bias, known) {
                 let layout = go_memstats::Layout {
                     address: layout.address.wrapping_add(bias),
                     ..layout.clone()
                 };
-                let now = GoTotals::read(&layout, pid);
-                if let (Some(now), false) = (now, self.go_totals.contains_key(&pid)) {
+                if let Some(now) = GoTotals::read(&layout, pid) {
                     // Its runtime counted from zero at its exec, where its recording began.
                     let first = if from_start { Totals::default() } else { now };
                     watch = Some(sampler_common::GoStatsAt {
