@@ -94,6 +94,8 @@ impl Carriers {
         if !self.load(pid, comm) {
             return Err(FindError::Gone);
         }
+        // Read again: the library is mapped now.
+        crate::sys::moment::renew();
         let found = cache.of_pid(pid)?;
         if let Some(what) = super::load::left_out_when_loaded(&found) {
             processes.incomplete(pid, what.into());

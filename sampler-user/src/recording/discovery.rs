@@ -105,6 +105,8 @@ impl Recording {
         let attached = self
             .probes_mut()?
             .add(Scope::Process { pid, slot }, allocators);
+        // Its loader may have mapped more since it was read (attaching takes milliseconds).
+        crate::sys::moment::renew();
         let points = match attached {
             Ok(points) => {
                 self.accounting.counters.probes_attached(pid);
@@ -153,7 +155,7 @@ impl Recording {
     /// now (for every process: this recording's new processes may use them at once), and
     /// noted late in its coverage. `allocators`: `None` when it was gone before they could
     /// be read.
-    fn admit(
+    pub(super) fn admit(
         &mut self,
         pid: u32,
         allocators: Option<&[Allocator]>,
@@ -315,7 +317,7 @@ impl Recording {
 
     /// `--comm`: makes `pid` a target when `comm`, its name (`None`: read it now), matches
     /// and it is not excluded. Returns whether it is a target now.
-    fn consider_comm(&mut self, pid: u32, comm: Option<&str>, mut since: Since) -> bool {
+    pub(super) fn consider_comm(&mut self, pid: u32, comm: Option<&str>, mut since: Since) -> bool {
         let standing = || self.probes.as_ref()?.standing(pid);
         if self.roster.followed_only()
             && since.start == CoverageStart::Attach
@@ -363,7 +365,7 @@ impl Recording {
 
     /// The allocators of `pid` ([`Self::allocators_of`]); with only carriers counted, after
     /// loading the library into it (see [`Carriers::loaded_into`]).
-    fn carried(&mut self, pid: u32, comm: &str) -> Result<Vec<Allocator>, FindError> {
+    pub(super) fn carried(&mut self, pid: u32, comm: &str) -> Result<Vec<Allocator>, FindError> {
         let found = self.allocators_of(pid)?;
         match self.carriers.as_mut() {
             Some(carriers) => carriers.loaded_into(
@@ -380,7 +382,7 @@ impl Recording {
     /// The allocators of `pid`; for a program that has just exec'd and whose libraries
     /// the dynamic loader has not mapped yet, those it is about to map (the in-process
     /// front end first when it will load it: see [`super::in_process::InProcess::will_load`]).
-    fn allocators_of(&mut self, pid: u32) -> Result<Vec<Allocator>, FindError> {
+    pub(super) fn allocators_of(&mut self, pid: u32) -> Result<Vec<Allocator>, FindError> {
         let (mut found, before_loader) = match self.cache.of_pid(pid) {
             Err(FindError::NoAllocator(why)) => {
                 let exe = crate::sys::process::exe_path(pid);
@@ -430,6 +432,7 @@ impl Recording {
         // later: the ring buffer is drained on its own thread meanwhile.
         for _ in 0..100 {
             std::thread::sleep(std::time::Duration::from_millis(1));
+            crate::sys::moment::renew();
             match self.cache.of_pid(pid) {
                 Err(FindError::NoAllocator(_)) => continue,
                 settled => return Some(settled),
@@ -511,7 +514,7 @@ impl Recording {
         Ok(())
     }
 
-    fn consider_host(&mut self, pid: u32) -> anyhow::Result<()> {
+    pub(super) fn consider_host(&mut self, pid: u32) -> anyhow::Result<()> {
         if self.excludes(pid)? {
             return Ok(());
         }
@@ -527,126 +530,10 @@ impl Recording {
         self.probe_files(&allocators)
     }
 
-    /// A followed process forked (`parent` ≠ 0), or a process exec'd (a followed one, or
-    /// any with `--comm` and `--all`); `comm`: its name then.
-    pub(super) fn on_process(&mut self, pid: u32, parent: u32, timestamp_ns: u64, comm: &str) {
-        let since = Since {
-            start: if parent == 0 {
-                CoverageStart::Exec
-            } else {
-                CoverageStart::Fork
-            },
-            timestamp_ns,
-        };
-        if self.roster.followed_only() {
-            self.on_followed(pid, parent, comm, since);
-            return;
-        }
-        if self.targets.exclude_pids.contains(&pid) {
-            return;
-        }
-        if parent == 0 && !self.roster.is_running(pid) {
-            // Not a target (yet): a new program for `--all` to look at now.
-            if let Err(e) = self.consider_host(pid) {
-                warn!("looking at new process {pid}: {e:#}");
-            }
-            return;
-        }
-        match self.allocators_of(pid) {
-            Ok(allocators) => {
-                if let Err(e) = self.attach(pid, &allocators, since) {
-                    debug!("followed pid {pid}: {e:#}");
-                } else if parent == 0 {
-                    // An exec: a new name and executable, maybe new allocators.
-                    self.aggregation.track(pid);
-                }
-            }
-            Err(FindError::Gone | FindError::KernelThread) => {}
-            Err(e) => warn!("followed pid {pid}: {e}"),
-        }
-    }
-
-    /// `followed_only`: a process the kernel already counts (a new process of a target,
-    /// as a target; one that exec'd, as a target still or pending) is made a target or
-    /// dropped. A new process of a target is one (unless excluded), and so is a target that
-    /// exec'd; another that exec'd is one if `--comm` matches its new name.
-    fn on_followed(&mut self, pid: u32, parent: u32, comm: &str, since: Since) {
-        let target = if parent != 0 {
-            self.roster.is_running(parent)
-        } else {
-            self.roster.is_running(pid)
-        };
-        if target && !self.targets.excludes(pid, comm) {
-            if let Some(carriers) = self.carriers.as_mut().filter(|_| parent == 0) {
-                carriers.forget(pid);
-            }
-            let mut gone = false; // Its maps unreadable: gone (see `note_unseen_exec`).
-            let mut allocators = match self.carriers {
-                Some(_) if parent == 0 => self.carried_after_exec(pid, comm),
-                // A fork's maps are a copy of its parent's: its allocators are not read again.
-                _ => match (parent != 0)
-                    .then(|| self.cache.inherited(parent))
-                    .flatten()
-                {
-                    Some(inherited) => Some(inherited),
-                    None => self
-                        .allocators_of(pid)
-                        .map_err(|e| {
-                            gone = matches!(e, FindError::Gone | FindError::Zombie);
-                        })
-                        .ok(),
-                },
-            };
-            if parent != 0 {
-                if self.aggregation.track_fork(pid, parent)
-                    && self.torn(pid, parent, allocators.as_deref())
-                {
-                    allocators = None;
-                }
-            } else {
-                if gone {
-                    self.note_unseen_exec(pid, comm, since.timestamp_ns);
-                }
-                // A new name (as the kernel told it) and executable: tracked afresh, its
-                // new files noted from now.
-                self.aggregation.aggregator.track(pid);
-                self.aggregation
-                    .processes
-                    .track_named(pid, Some(comm.to_owned()));
-                self.roster.covered_from(pid, since.timestamp_ns);
-            }
-            if let Err(e) = self.admit(pid, allocators.as_deref(), since) {
-                warn!("followed pid {pid}: {e:#}");
-            }
-            self.aggregation.processes.name_if_unknown(pid, comm);
-        } else if !self.consider_comm(pid, Some(comm), since) {
-            self.reject(pid);
-        }
-    }
-
-    /// Only carriers counted: the allocators of target `pid` after an exec (the library
-    /// loaded again if the new program does not carry it); one it cannot be loaded into
-    /// is said to be counted only until then.
-    fn carried_after_exec(&mut self, pid: u32, comm: &str) -> Option<Vec<Allocator>> {
-        match self.carried(pid, comm) {
-            Ok(allocators) => Some(allocators),
-            Err(_) => {
-                self.aggregation.processes.incomplete(
-                    pid,
-                    format!(
-                        "counted until it exec'd {}, which the in-process sampler could not be loaded into",
-                        text::printable(comm)
-                    ),
-                );
-                None
-            }
-        }
-    }
-
     /// `followed_only`: `pid`, counted by the kernel pending a decision (or a new process
     /// of a target that is excluded), is not a target: the kernel forgets it, and what it
     /// sent is dropped.
-    fn reject(&mut self, pid: u32) {
+    pub(super) fn reject(&mut self, pid: u32) {
         if self.roster.is_running(pid) {
             return;
         }

@@ -34,6 +34,7 @@ mod duty_cycling;
 mod early;
 mod in_process;
 mod intake;
+mod lineage;
 mod load;
 mod prepare;
 mod roster;

@@ -140,12 +140,18 @@ pub fn read(pid: u32) -> io::Result<Vec<Vma>> {
 /// the same library at another address (looked for at the old one, a workload exec'd by a
 /// shell's child was taken for one without its front end in one run of two, and the kernel
 /// counted its first calls a second time).
+/// Read now, never as held by a [`super::moment`]: it checks for a change.
 pub fn maps_file(pid: u32, id: &FileId) -> bool {
-    read(pid).is_ok_and(|vmas| vmas.iter().any(|vma| vma.file_id == *id))
+    read_now(pid).is_ok_and(|text| parse(&text).iter().any(|vma| vma.file_id == *id))
 }
 
-/// The text of `/proc/PID/maps` (empty for a process that exited and was not reaped).
+/// The text of `/proc/PID/maps` (empty for a process that exited and was not reaped), read
+/// once per [`super::moment`].
 pub fn read_text(pid: u32) -> io::Result<String> {
+    super::moment::text(pid, "maps", || read_now(pid))
+}
+
+fn read_now(pid: u32) -> io::Result<String> {
     std::fs::read_to_string(super::process::path(pid, "maps"))
 }
 

@@ -13,6 +13,7 @@
 //! - [`process`]: per-process facts (`stat`, `status`, `comm`, `cgroup`, `environ`, `auxv`,
 //!   the executable), the process list and liveness.
 //! - [`maps`]: `/proc/PID/maps`, parsed, and the files behind its mappings.
+//! - [`moment`]: one event's readings of a process's /proc files, each read once.
 //! - [`memory`]: another process's memory (`/proc/PID/mem`), its threads, its root.
 //! - [`own`]: allocscope's own process (its executable, descriptors, namespace, CPU, RSS).
 //! - [`host`]: the machine (memory, host name).
@@ -23,6 +24,7 @@ pub mod clock;
 pub(crate) mod host;
 pub mod maps;
 pub(crate) mod memory;
+pub mod moment;
 pub(crate) mod own;
 pub(crate) mod proc_events;
 pub mod process;

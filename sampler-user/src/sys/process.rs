@@ -14,9 +14,10 @@ pub(super) fn path(pid: u32, what: &str) -> PathBuf {
     }
 }
 
-/// `pid`'s file `what` (`stat`, `status`, `comm`…) as text.
-fn text_of(pid: u32, what: &str) -> Option<String> {
-    std::fs::read_to_string(path(pid, what)).ok()
+/// `pid`'s file `what` (`stat`, `status`, `comm`…) as text (read once per
+/// [`super::moment`]).
+fn text_of(pid: u32, what: &'static str) -> Option<String> {
+    super::moment::text(pid, what, || std::fs::read_to_string(path(pid, what))).ok()
 }
 
 /// Whether a process `pid` exists (its /proc directory: an exited process not yet reaped
