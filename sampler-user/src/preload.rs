@@ -267,10 +267,19 @@ impl Family {
 /// its thread slots) stays untouched, not allocated on a disk by a write of zeros.
 fn zero_written(bytes: &mut [u8]) {
     for page in bytes.chunks_mut(4096) {
-        if page.iter().any(|&byte| byte != 0) {
+        if !all_zero(page) {
             page.fill(0);
         }
     }
+}
+
+/// Whether every byte of `bytes` is 0, read a word at a time: a byte-wise `any` (which
+/// stops at the first non-zero byte, so is not vectorized) took ~20 µs of each of a shell
+/// loop's ~1,200 slots given back.
+fn all_zero(bytes: &[u8]) -> bool {
+    // SAFETY: any bytes are valid u64s; align_to splits off what is not aligned.
+    let (head, words, tail) = unsafe { bytes.align_to::<u64>() };
+    head.iter().chain(tail).all(|&byte| byte == 0) && words.iter().fold(0, |or, &w| or | w) == 0
 }
 
 /// Where a region is mapped here: its slot of the family table, or a mapping of its own
@@ -506,6 +515,20 @@ pub(crate) fn symbol_addresses<const N: usize>(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_pages_that_hold_a_byte_are_zeroed_wherever_the_byte_is() {
+        // Unaligned on purpose: a byte in the part before the first whole word counts too.
+        let mut buffer = vec![0u8; 3 * 4096 + 9];
+        for at in [1, 4096 + 2048, 2 * 4096 + 4095, 3 * 4096 + 8] {
+            let bytes = &mut buffer[1..];
+            bytes[at - 1] = 7;
+            assert!(!super::all_zero(bytes));
+            super::zero_written(bytes);
+            assert!(super::all_zero(bytes), "a byte at {} left", at - 1);
+        }
+        assert!(super::all_zero(&[]));
+    }
+
     use object::{
         elf::{FileHeader64, DT_NEEDED},
         read::elf::{Dyn as _, FileHeader as _},
