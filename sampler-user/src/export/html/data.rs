@@ -10,6 +10,7 @@ use super::super::Value;
 use crate::{
     format::{frame_name, sanitize},
     profile::{Profile, SeriesValues, StackProfile},
+    schema::{CommandGroup, ProcessProfile},
     stacks::symbolize::FrameInfo,
     stats::{
         difference::{self, Spread},
@@ -228,9 +229,35 @@ pub(super) fn site_in_path(frames: &[FrameInfo]) -> usize {
             .min(frames.len())
 }
 
-/// A stack's path, root first: `command (pid)`, then its frames from the outermost.
-fn path(names: &mut Names, command: &str, pid: u32, stack: &StackProfile) -> Vec<u32> {
-    path_of_frames(names, &format!("{command} ({pid})"), &stack.frames)
+/// A stack's path, root first: its process's root (see [`roots`]), then its frames from
+/// the outermost.
+fn path(names: &mut Names, roots: &HashMap<u32, String>, stack: &StackProfile) -> Vec<u32> {
+    let unknown = || format!("? ({})", stack.pid);
+    let root = roots.get(&stack.pid).cloned().unwrap_or_else(unknown);
+    path_of_frames(names, &root, &stack.frames)
+}
+
+/// Each process's root in the flame graph and the stacks table: `command (pid)`; where the
+/// profile groups its processes by command (as the summary does, above 8 processes),
+/// `command ×N` for a command N > 1 processes ran, so that a build's 300 `cc1`s are one
+/// tower whose same frames merge, not 300 roots a pixel wide.
+fn roots(profile: &Profile) -> HashMap<u32, String> {
+    let groups: HashMap<&str, u64> = profile
+        .commands
+        .iter()
+        .map(|g| (g.command.as_str(), g.processes))
+        .collect();
+    profile
+        .processes
+        .iter()
+        .map(|p| {
+            let root = match groups.get(p.command.as_str()) {
+                Some(&n) if n > 1 => format!("{} ×{n}", p.command),
+                _ => format!("{} ({})", p.command, p.pid),
+            };
+            (p.pid, root)
+        })
+        .collect()
 }
 
 /// `root`, then `frames` (leaf first) from the outermost.
@@ -249,62 +276,59 @@ fn triple(estimate: &Estimate, confidence: f64) -> Vec<f64> {
 /// The page's data for `profile`, opening on `value`.
 pub(crate) fn profile_data(profile: &Profile, value: Value) -> Data {
     let confidence = profile.sampling.confidence;
-    let labels = profile.process_labels();
+    let roots = roots(profile);
     let metrics = metrics(profile);
     let mut names = Names::default();
     let stacks = profile
         .stacks
         .iter()
-        .map(|stack| {
-            let command = labels.get(&stack.pid).map_or("?", |(c, _)| *c);
-            StackData {
-                f: path(&mut names, command, stack.pid, stack),
-                site: site_in_path(&stack.frames),
-                s: stack.samples,
-                v: metrics
-                    .iter()
-                    .map(|(_, of)| of(stack).map(|e| triple(&e, confidence)))
-                    .collect(),
-                life: stack.lifetimes.as_ref().map(|l| {
-                    let mut out = Vec::new();
-                    for share in [
-                        &l.freed_within_1ms,
-                        &l.freed_within_1s,
-                        &l.freed_later,
-                        &l.still_in_use,
-                    ] {
-                        out.extend([share.estimate, share.lower, share.upper].map(Some));
-                    }
-                    out.extend([l.p50_seconds, l.p90_seconds]);
-                    out
-                }),
-                sizes: stack
-                    .sizes
-                    .iter()
-                    .map(|c| {
-                        let e = c.alloc_bytes;
-                        [
-                            c.from_bytes as f64,
-                            c.to_bytes as f64,
-                            e.estimate,
-                            e.lower,
-                            e.upper,
-                        ]
-                    })
-                    .collect(),
-                threads: stack
-                    .threads
-                    .iter()
-                    .map(|t| {
-                        let name = match (t.name.is_empty(), t.tid) {
-                            (false, Some(tid)) => format!("{} ({tid})", text::printable(&t.name)),
-                            (_, Some(tid)) => format!("tid {tid}"),
-                            (_, None) => "other threads".to_owned(),
-                        };
-                        (name, t.alloc_bytes.estimate)
-                    })
-                    .collect(),
-            }
+        .map(|stack| StackData {
+            f: path(&mut names, &roots, stack),
+            site: site_in_path(&stack.frames),
+            s: stack.samples,
+            v: metrics
+                .iter()
+                .map(|(_, of)| of(stack).map(|e| triple(&e, confidence)))
+                .collect(),
+            life: stack.lifetimes.as_ref().map(|l| {
+                let mut out = Vec::new();
+                for share in [
+                    &l.freed_within_1ms,
+                    &l.freed_within_1s,
+                    &l.freed_later,
+                    &l.still_in_use,
+                ] {
+                    out.extend([share.estimate, share.lower, share.upper].map(Some));
+                }
+                out.extend([l.p50_seconds, l.p90_seconds]);
+                out
+            }),
+            sizes: stack
+                .sizes
+                .iter()
+                .map(|c| {
+                    let e = c.alloc_bytes;
+                    [
+                        c.from_bytes as f64,
+                        c.to_bytes as f64,
+                        e.estimate,
+                        e.lower,
+                        e.upper,
+                    ]
+                })
+                .collect(),
+            threads: stack
+                .threads
+                .iter()
+                .map(|t| {
+                    let name = match (t.name.is_empty(), t.tid) {
+                        (false, Some(tid)) => format!("{} ({tid})", text::printable(&t.name)),
+                        (_, Some(tid)) => format!("tid {tid}"),
+                        (_, None) => "other threads".to_owned(),
+                    };
+                    (name, t.alloc_bytes.estimate)
+                })
+                .collect(),
         })
         .collect();
     let first = metrics
@@ -339,15 +363,22 @@ fn value_key(value: Value) -> &'static str {
     }
 }
 
-/// "allocscope: sqlite3 (1234), …".
+/// "allocscope: sqlite3 (1234), …", or by command where the profile groups its processes:
+/// "allocscope: cc1 ×33, as ×33, …".
 pub(super) fn title(profile: &Profile) -> String {
-    let targets: Vec<String> = profile
-        .processes
-        .iter()
-        .take(8)
-        .map(|p| format!("{} ({})", text::printable(&p.command), p.pid))
-        .collect();
-    let more = profile.processes.len().saturating_sub(targets.len());
+    let targets: Vec<String> = if profile.commands.is_empty() {
+        let label = |p: &ProcessProfile| format!("{} ({})", text::printable(&p.command), p.pid);
+        profile.processes.iter().take(8).map(label).collect()
+    } else {
+        let label = |g: &CommandGroup| format!("{} ×{}", text::printable(&g.command), g.processes);
+        profile.commands.iter().take(8).map(label).collect()
+    };
+    let listed = if profile.commands.is_empty() {
+        profile.processes.len()
+    } else {
+        profile.commands.len()
+    };
+    let more = listed.saturating_sub(targets.len());
     let more = if more > 0 {
         format!(" and {more} more")
     } else {
@@ -436,6 +467,43 @@ fn sizes(profile: &Profile) -> Vec<SizeBar> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_commands_processes_share_one_root_where_the_profile_groups_them() {
+        use crate::schema::ExactCounts;
+        let mut profile = crate::export::tests::synthetic();
+        let mut other = profile.processes[0].clone();
+        other.pid = 43;
+        profile.processes.push(other);
+        let copies = profile.stacks.to_vec();
+        profile
+            .stacks
+            .extend(copies.into_iter().map(|s| StackProfile { pid: 43, ..s }));
+        let command = profile.processes[0].command.clone();
+        let root_of =
+            |data: &Data, stack: usize| data.frames[data.stacks[stack].f[0] as usize].clone();
+        // Stack `copy` is pid 43's copy of pid 42's first stack.
+        let copy = profile.stacks.len() / 2;
+
+        let apart = profile_data(&profile, Value::AllocBytes);
+        assert_eq!(root_of(&apart, 0), format!("{command} (42)"));
+        assert_eq!(root_of(&apart, copy), format!("{command} (43)"));
+
+        profile.commands = vec![CommandGroup {
+            command: command.clone(),
+            processes: 2,
+            samples: 0,
+            exact: ExactCounts { calls: 0, bytes: 0 },
+            alloc_bytes: profile.processes[0].alloc_bytes,
+            inuse_bytes: None,
+            largest: vec![42, 43],
+        }];
+        let grouped = profile_data(&profile, Value::AllocBytes);
+        assert_eq!(grouped.title, format!("allocscope: {command} ×2"));
+        assert_eq!(root_of(&grouped, 0), format!("{command} ×2"));
+        // One path: the flame graph merges the two processes' same frames.
+        assert_eq!(grouped.stacks[0].f, grouped.stacks[copy].f);
+    }
 
     #[test]
     fn a_node_of_one_stack_shows_its_bounds_and_a_sum_adds_in_quadrature() {
