@@ -91,7 +91,14 @@ impl AllocatorCache {
                 FindError::Gone
             });
         }
-        let executable = executable_of(pid, &vmas);
+        // Looked at after the maps: the exit clears the link first, and a maps read the exit
+        // overtook ends short, without the mappings at the top (a preloaded library, mapped
+        // before the C library and so above it): taken as read, a carrier of the front end
+        // looked like a program probed through its C library alone.
+        let Some(exe) = crate::sys::process::exe_metadata(pid) else {
+            return Err(FindError::Gone);
+        };
+        let executable = executable_of(&exe, &vmas);
         Ok(allocator::find(
             pid,
             &vmas,
@@ -167,10 +174,9 @@ impl AllocatorCache {
     }
 }
 
-/// The mapped path of `pid`'s executable: the file of `/proc/PID/exe` among its mappings.
-fn executable_of(pid: u32, vmas: &[Vma]) -> Option<PathBuf> {
-    let metadata = crate::sys::process::exe_metadata(pid)?;
-    let id = FileId::of(&metadata);
+/// The mapped path of the executable `exe` (`/proc/PID/exe`) among a process's mappings.
+fn executable_of(exe: &std::fs::Metadata, vmas: &[Vma]) -> Option<PathBuf> {
+    let id = FileId::of(exe);
     vmas.iter()
         .find(|vma| vma.file_id == id)
         .and_then(|vma| vma.path.clone())

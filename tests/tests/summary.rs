@@ -147,6 +147,33 @@ fn quick_children_of_a_shell_are_unwound_against_their_own_maps() {
     );
 }
 
+#[test]
+fn a_shell_loops_pipelines_are_counted_in_process_throughout() {
+    tests::require_bpf!();
+    // Each pipeline's processes exit while allocscope reads the others': a maps read that an
+    // exit overtook ended short, without the library (mapped above the C library), and the
+    // process was taken for one probed through its C library alone: "in-process, then
+    // uprobes", and the C library probed for every process from then on. Before the fix, 3
+    // of 6 such recordings had one or two (of ~600 processes); after, none of 17.
+    let script = r#"for i in $(seq 150); do echo a b | sed s/a/c/ | sort | awk '{print $1}' >/dev/null; done"#;
+    let recorded = Record::command("sh", &["-c", script]).run();
+    let profile = &recorded.profile;
+    assert!(
+        profile.processes.len() >= 600,
+        "{}",
+        profile.processes.len()
+    );
+    let other: Vec<_> = profile
+        .processes
+        .iter()
+        .filter(|p| {
+            p.front_end != "in-process" || p.coverage.as_ref().is_some_and(|c| !c.late.is_empty())
+        })
+        .map(|p| (p.pid, &p.command, &p.front_end, &p.coverage))
+        .collect();
+    assert!(other.is_empty(), "{other:#?}");
+}
+
 /// The rows of the summary's table under `heading`: their chains (after `pid N  `).
 fn table<'a>(stderr: &'a str, heading: &str) -> Vec<&'a str> {
     stderr
