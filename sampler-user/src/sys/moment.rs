@@ -79,7 +79,7 @@ pub fn during<T>(pid: u32, f: impl FnOnce() -> T) -> T {
 }
 
 /// Forgets the open moment's readings: the process may have changed since (allocscope
-/// loaded its library, told the kernel about it, or waited).
+/// loaded its library into it or attached its probes, or waited for its loader).
 pub fn renew() {
     MOMENT.with(|moment| {
         if let Some(moment) = moment.borrow_mut().as_mut() {
@@ -97,11 +97,15 @@ pub(super) fn text(
     let held = MOMENT.with(|moment| {
         let moment = moment.borrow();
         let moment = moment.as_ref().filter(|m| m.pid == pid)?;
-        // A process found gone has no other file either.
+        // A process found gone has no other file either (by a file every process has:
+        // `cgroup` is absent on a kernel built without cgroups).
+        let gone = |w: &str, r: &Result<String, Failure>| {
+            w != "cgroup" && r.as_ref().is_err_and(|f| f.gone())
+        };
         let (_, reading) = moment
             .readings
             .iter()
-            .find(|(w, r)| *w == what || r.as_ref().is_err_and(|f| f.gone()))?;
+            .find(|(w, r)| *w == what || gone(w, r))?;
         Some(reading.clone())
     });
     if let Some(reading) = held {
@@ -170,6 +174,14 @@ mod tests {
                 io::ErrorKind::NotFound
             );
             assert_eq!(reads.get(), 0);
+        });
+        // Not by a file only some kernels have.
+        during(6, || {
+            let absent = text(6, "cgroup", || {
+                Err(io::Error::from_raw_os_error(libc::ENOENT))
+            });
+            assert!(absent.is_err());
+            assert_eq!(counted(&reads, 6, "maps").unwrap(), "maps 1");
         });
     }
 
