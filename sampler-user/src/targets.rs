@@ -94,11 +94,13 @@ impl AllocatorCache {
         // Looked at after the maps: the exit clears the link first, and a maps read the exit
         // overtook ends short, without the mappings at the top (a preloaded library, mapped
         // before the C library and so above it): taken as read, a carrier of the front end
-        // looked like a program probed through its C library alone.
-        let Some(exe) = crate::sys::process::exe_metadata(pid) else {
-            return Err(FindError::Gone);
+        // looked like a program probed through its C library alone. (Refused otherwise, the
+        // executable is not named.)
+        let exe = match crate::sys::process::exe_metadata(pid) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(FindError::Gone),
+            exe => exe.ok(),
         };
-        let executable = executable_of(&exe, &vmas);
+        let executable = exe.and_then(|exe| executable_of(&exe, &vmas));
         Ok(allocator::find(
             pid,
             &vmas,

@@ -289,7 +289,7 @@ impl Recording {
         let alive = crate::sys::process::all_pids()
             .into_iter()
             .map(|pid| {
-                let exe = crate::sys::process::exe_metadata(pid);
+                let exe = crate::sys::process::exe_metadata(pid).ok();
                 (pid, exe.as_ref().map(FileId::of))
             })
             .collect();

@@ -265,9 +265,10 @@ pub fn exe_path(pid: u32) -> PathBuf {
     path(pid, "exe")
 }
 
-/// The metadata of `pid`'s executable (through [`exe_path`]), while it lives.
-pub fn exe_metadata(pid: u32) -> Option<std::fs::Metadata> {
-    std::fs::metadata(exe_path(pid)).ok()
+/// The metadata of `pid`'s executable (through [`exe_path`]), while it lives (`NotFound`
+/// once its exit began: the link is cleared first).
+pub fn exe_metadata(pid: u32) -> std::io::Result<std::fs::Metadata> {
+    std::fs::metadata(exe_path(pid))
 }
 
 /// The absolute path `file` as `pid` sees it, through its root (`/proc/PID/root/FILE`): a
