@@ -23,17 +23,25 @@ use crate::{
 impl Recording {
     /// Maps `pid`'s in-process region if it carries the front end (see
     /// [`super::in_process::InProcess::map`]).
-    fn map_front_end(&mut self, pid: u32, allocators: &[Allocator]) {
+    fn map_front_end(&mut self, pid: u32, allocators: &[Allocator], forked_from: u32) {
         // File-wide probes must leave its calls to its front end. Allocscope's library says
         // so itself when it starts (`allocscope:ready`), and a fork inherits it in the
         // kernel: nothing to read then (most processes; a lookup, not two /proc reads).
         // This covers one that started before the probes were attached, and another
         // producer's.
         let serves = |found: &[Allocator]| found.iter().any(|a| a.file.reports_itself());
-        let known = self.probes.as_ref().is_some_and(|p| p.knows_front_end(pid));
+        let knows = |pid| self.probes.as_ref().is_some_and(|p| p.knows_front_end(pid));
+        let known = knows(pid);
+        // A fork of a parent the kernel knows to carry it was marked at its fork (the
+        // kernel copies the mark); unmarked now, it exec'd since (the kernel forgets at
+        // exec), and its exec event, next, decides. Looked at now, its maps may not show
+        // the library yet (its loader has not mapped it), and a mark its library's start
+        // set meanwhile would be taken back.
+        let exec_pending = !known && forked_from != 0 && knows(forked_from);
         // Under a seccomp filter, a program it exec'd since `allocators` were found has a
         // dormant library (see `sampler-preload`'s `sandbox`): its maps say.
         let carries = !known
+            && !exec_pending
             && serves(allocators)
             && (crate::sys::process::seccomp_mode(pid) == Some(0)
                 || self.cache.of_pid(pid).is_ok_and(|found| serves(&found)));
@@ -99,7 +107,7 @@ impl Recording {
         };
         // Its own counts start before the probes that sample it: a sample taken before the
         // region's baseline would count in the estimate and not in the exact count.
-        self.map_front_end(pid, allocators);
+        self.map_front_end(pid, allocators, since.parent);
         // The ring buffer is not read meanwhile: the time is logged, to be kept short.
         let started = std::time::Instant::now();
         let attached = self
@@ -185,7 +193,7 @@ impl Recording {
                 since.start
             );
         }
-        self.map_front_end(pid, allocators.unwrap_or_default());
+        self.map_front_end(pid, allocators.unwrap_or_default(), since.parent);
         if let Some(allocators) = allocators {
             self.cache.remember(pid, allocators);
             self.probe_files(allocators)?;
@@ -525,7 +533,7 @@ impl Recording {
         // One that counts its own calls: its region mapped before its samples can come,
         // and the file-wide probes told to leave its calls to it.
         if Carriers::carried(&allocators) {
-            self.map_front_end(pid, &allocators);
+            self.map_front_end(pid, &allocators, 0);
         }
         self.probe_files(&allocators)
     }

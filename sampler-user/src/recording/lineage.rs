@@ -28,6 +28,7 @@ impl Recording {
                 CoverageStart::Fork
             },
             timestamp_ns,
+            parent,
         };
         if self.roster.followed_only() {
             self.on_followed(pid, parent, comm, since);

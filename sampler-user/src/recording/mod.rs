@@ -82,6 +82,8 @@ pub(crate) enum Happening {
 struct Since {
     start: CoverageStart,
     timestamp_ns: u64,
+    /// A fork's parent (0: not a fork).
+    parent: u32,
 }
 
 impl Since {
@@ -89,6 +91,7 @@ impl Since {
         Since {
             start,
             timestamp_ns: monotonic_ns(),
+            parent: 0,
         }
     }
 }
