@@ -309,8 +309,12 @@ impl Watch {
         let (counters, losses) = recording.counters().await?;
         let elapsed = self.started.elapsed().as_secs_f64();
         let tally = recording.tally(Some(self.config.leaks_older_than)).await;
-        let calls: u64 = counters.values().map(|c| c.calls).sum();
-        let bytes: u64 = counters.values().map(|c| c.bytes).sum();
+        // A Go runtime's own totals (read with the counters) are its exact counts: its
+        // allocations are not calls the counters see (a cgo program's malloc calls are).
+        let go = tally.processes.iter().filter_map(|p| p.go_totals.as_ref());
+        let (go_calls, go_bytes) = go.fold((0, 0), |(c, b), (t, _)| (c + t.calls, b + t.bytes));
+        let calls: u64 = counters.values().map(|c| c.calls).sum::<u64>() + go_calls;
+        let bytes: u64 = counters.values().map(|c| c.bytes).sum::<u64>() + go_bytes;
         let samples: u64 = tally.stacks.iter().map(|s| s.all.samples()).sum();
         let window = self.config.window.as_secs_f64();
         self.counters

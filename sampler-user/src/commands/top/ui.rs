@@ -124,16 +124,17 @@ fn header_rates(picture: &Picture) -> Line<'static> {
     ])
 }
 
-/// Whether the calls of any process shown are counted exactly: a Go runtime and another
-/// program's sampling allocator report their samples only (the exact rate is then "n/a",
-/// not 0).
+/// Whether the calls of any process shown are counted exactly: another program's sampling
+/// allocator reports its samples only, and so does a Go runtime whose own totals cannot be
+/// read (an executable without DWARF): the exact rate is then "n/a", not 0.
 fn counts_calls(picture: &Picture) -> bool {
     let processes = &picture.tally.processes;
     processes.is_empty()
         || processes.iter().any(|p| {
-            p.allocators
-                .iter()
-                .any(|a| !crate::probe::go::describes(a) && !a.contains(" probes ("))
+            p.go_totals.is_some()
+                || p.allocators
+                    .iter()
+                    .any(|a| !crate::probe::go::describes(a) && !a.contains(" probes ("))
         })
 }
 
@@ -233,7 +234,8 @@ fn draw_sparklines(frame: &mut Frame, area: Rect, picture: &Picture) {
             frame,
         );
     } else {
-        // The history is of exact counts, which a program's own sampler does not give.
+        // The history is of exact counts, which a program's own sampler does not give (nor
+        // a Go runtime whose totals cannot be read).
         let text = "alloc B/s: not counted exactly here (the sampled rate is above)";
         frame.render_widget(Paragraph::new(text), left);
     }
@@ -786,6 +788,32 @@ mod tests {
         // Wider: every column.
         let wide = text(&render(&mut app, 120, 30));
         assert!(wide.contains("LIVE OBJ"), "{wide}");
+    }
+
+    #[test]
+    fn a_go_process_has_an_exact_rate_where_its_runtime_totals_are_read() {
+        let header = |picture: &Picture| -> String {
+            let line = header_rates(picture);
+            line.spans.iter().map(|s| s.content.as_ref()).collect()
+        };
+        let mut picture = picture();
+        picture.tally.processes[0].allocators = vec!["go runtime (go1.19.8) (/opt/app/app)".into()];
+        // Built without DWARF: its runtime's totals are not read, its calls are not counted.
+        assert!(
+            header(&picture).contains("exact n/a"),
+            "{}",
+            header(&picture)
+        );
+        let totals = crate::schema::ExactCounts {
+            calls: 10,
+            bytes: 1000,
+        };
+        picture.tally.processes[0].go_totals = Some((totals, "runtime.memstats".into()));
+        let shown = header(&picture);
+        assert!(
+            shown.contains("exact ") && !shown.contains("n/a"),
+            "{shown}"
+        );
     }
 
     #[test]
