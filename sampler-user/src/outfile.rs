@@ -85,6 +85,9 @@ fn temporary_in(dir: &Path, name: &str) -> io::Result<tempfile::NamedTempFile> {
         .tempfile_in(dir)
 }
 
+/// Bytes written to the file at once.
+const WRITE_BUFFER: usize = 1 << 20;
+
 /// Writes a new temporary file beside `path` with `contents`, flushed to disk.
 fn write_temporary(
     path: &Path,
@@ -93,7 +96,7 @@ fn write_temporary(
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let mut temp = temporary_in(directory_of(path), &name)?;
     {
-        let mut out = BufWriter::new(temp.as_file_mut());
+        let mut out = BufWriter::with_capacity(WRITE_BUFFER, temp.as_file_mut());
         contents(&mut out)?;
         out.flush()?;
     }
