@@ -139,6 +139,15 @@ fn header_pid(screen: &str) -> u32 {
         .unwrap_or_else(|| panic!("no pid in the header:\n{screen}"))
 }
 
+/// The time the view has run, from its header (`… · 1:05 · …`).
+fn elapsed_seconds(screen: &str) -> Option<u32> {
+    let header = screen.lines().next()?;
+    header.split(" · ").find_map(|field| {
+        let (minutes, seconds) = field.trim().split_once(':')?;
+        Some(minutes.parse::<u32>().ok()? * 60 + seconds.parse::<u32>().ok()?)
+    })
+}
+
 fn exit_status(dir: &TempDir) -> Option<String> {
     std::fs::read_to_string(dir.path("exit"))
         .ok()
@@ -500,8 +509,8 @@ fn top_shows_a_go_program_through_its_runtime() {
     });
     // (The rows above are led by the program's functions: the runtime's allocation frames
     // are left out; the runtime's own allocations, a GC worker's, keep theirs.)
-    let screen = tmux.wait_for("a full window", Duration::from_secs(20), |s| {
-        s.contains("0:04")
+    let screen = tmux.wait_for("4 s of rates", Duration::from_secs(20), |s| {
+        elapsed_seconds(s).is_some_and(|seconds| seconds >= 4)
     });
     let header = screen
         .lines()
