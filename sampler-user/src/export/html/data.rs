@@ -366,17 +366,18 @@ fn value_key(value: Value) -> &'static str {
 /// "allocscope: sqlite3 (1234), …", or by command where the profile groups its processes:
 /// "allocscope: cc1 ×33, as ×33, …".
 pub(super) fn title(profile: &Profile) -> String {
-    let targets: Vec<String> = if profile.commands.is_empty() {
+    // What the title lists (at most 8), and how many there are.
+    let (targets, listed): (Vec<String>, usize) = if profile.commands.is_empty() {
         let label = |p: &ProcessProfile| format!("{} ({})", text::printable(&p.command), p.pid);
-        profile.processes.iter().take(8).map(label).collect()
+        let processes = &profile.processes;
+        (
+            processes.iter().take(8).map(label).collect(),
+            processes.len(),
+        )
     } else {
         let label = |g: &CommandGroup| format!("{} ×{}", text::printable(&g.command), g.processes);
-        profile.commands.iter().take(8).map(label).collect()
-    };
-    let listed = if profile.commands.is_empty() {
-        profile.processes.len()
-    } else {
-        profile.commands.len()
+        let commands = &profile.commands;
+        (commands.iter().take(8).map(label).collect(), commands.len())
     };
     let more = listed.saturating_sub(targets.len());
     let more = if more > 0 {
