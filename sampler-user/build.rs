@@ -3,8 +3,9 @@
 //!   loads (`cargo xtask setup` installs what this needs);
 //! * the in-process front end (sampler-preload, a shared library) in release mode with
 //!   frame pointers (the kernel's frame-pointer walk starts inside it), in two segments
-//!   rather than three (read-only data with the code) and without `libgcc_s.so.1` (see
-//!   [`no_libgcc_s`]), which `preload` hands to the commands it starts.
+//!   rather than three (read-only data with the code), without the standard library
+//!   (`panic=abort`: it needs no unwinder, so no `libgcc_s.so.1`), which `preload` hands
+//!   to the commands it starts.
 use std::{path::PathBuf, process::Command};
 
 use anyhow::{bail, Context as _};
@@ -31,7 +32,6 @@ fn build_preload() -> anyhow::Result<()> {
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     let target_dir = out.join("preload-target");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let no_libgcc_s = no_libgcc_s(&out)?;
     let flags = [
         "-C",
         "force-frame-pointers=yes",
@@ -42,6 +42,9 @@ fn build_preload() -> anyhow::Result<()> {
         // short process's start under `record`, docs/performance.md). RELRO is kept.
         "-C",
         "link-arg=-Wl,--no-rosegment",
+        // No standard library, so panics abort (see the library's own docs).
+        "-C",
+        "panic=abort",
     ]
     .join("\x1f");
     let status = Command::new(cargo)
@@ -55,10 +58,6 @@ fn build_preload() -> anyhow::Result<()> {
             "--target-dir",
         ])
         .arg(&target_dir)
-        // The library's link only (not its dependencies' build scripts).
-        .arg("--")
-        .arg("-L")
-        .arg(format!("native={}", no_libgcc_s.display()))
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_TARGET_DIR")
         .env_remove("CARGO_BUILD_TARGET")
@@ -72,20 +71,4 @@ fn build_preload() -> anyhow::Result<()> {
     std::fs::copy(&built, out.join("libsampler_preload.so"))
         .with_context(|| format!("copying {}", built.display()))?;
     Ok(())
-}
-
-/// A directory whose `libgcc_s.so` is an empty linker script: searched first, it stands
-/// for the `-lgcc_s` rustc passes, so the library does not depend on `libgcc_s.so.1`
-/// (sampler-preload's `unwind` module defines the unwinder's functions the standard
-/// library calls, and forwards them to the process's own).
-fn no_libgcc_s(out: &std::path::Path) -> anyhow::Result<PathBuf> {
-    let dir = out.join("no-libgcc_s");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let script = dir.join("libgcc_s.so");
-    std::fs::write(
-        &script,
-        "/* Nothing: sampler-preload defines what it needs of it (build.rs). */\n",
-    )
-    .with_context(|| format!("writing {}", script.display()))?;
-    Ok(dir)
 }

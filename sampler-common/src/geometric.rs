@@ -118,7 +118,7 @@ pub fn scale_q32(interval: u64) -> Option<u64> {
     // log1p keeps full precision for tiny p, where 1 - p would round (the libm crate's:
     // the in-process front end uses this and must not need the C library's libm).
     let c = 1.0 / -libm::log1p(-p);
-    Some((c * 4_294_967_296.0).round() as u64)
+    Some(libm::round(c * 4_294_967_296.0) as u64)
 }
 
 #[cfg(test)]

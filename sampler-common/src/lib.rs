@@ -1,11 +1,11 @@
 //! Types and code shared by the eBPF programs and the `allocscope` user side.
 //!
 //! Everything here is `no_std` and free of floating point (except behind `cfg(test)` and the
-//! `user` feature) because the very same code runs inside the BPF verifier's sandbox: the
+//! `float` feature, which `user` implies) because the very same code runs inside the BPF verifier's sandbox: the
 //! `#[repr(C)]` structs are the wire format of maps and ring-buffer records, and
 //! [`geometric::draw`] is the sampling decision's random source on both sides, so the unit
 //! tests here test exactly what the kernel runs.
-#![cfg_attr(not(any(test, feature = "float")), no_std)]
+#![cfg_attr(not(test), no_std)]
 #![deny(missing_docs)]
 
 pub mod cookie;

@@ -12,12 +12,17 @@
 //! by `malloc` and `delete` by `free`, which is what those runtimes do (a failed `new` then
 //! ends the process with a message instead of throwing `std::bad_alloc`).
 //!
-//! The functions use the `C-unwind` ABI: a `std::bad_alloc` thrown by the allocator's
-//! `new` unwinds through them to the program's handler, as it would without them (such a
-//! call is not counted: the count is taken once the allocator returned).
+//! A `std::bad_alloc` thrown by the allocator's `new` unwinds to the program's handler, as it
+//! would without the library (such a call is not counted: the count is taken once the
+//! allocator returned). The library is built with `panic=abort` (no standard library, see
+//! the crate's docs), where an exception entering a Rust frame ends the process; so the four
+//! forms that throw are [`throwing_new!`] trampolines, whose only frame while the
+//! allocator's `new` runs is described to the unwinder (call-frame information) with
+//! [`personality`], which leaves the thread's calls counted again as the exception passes.
+//! The other forms never throw and are plain functions.
 
 use core::{
-    ffi::c_void,
+    ffi::{c_int, c_void},
     sync::atomic::{AtomicU8, AtomicUsize, Ordering},
 };
 
@@ -76,9 +81,6 @@ fn state() -> u8 {
 #[cold]
 #[inline(never)]
 fn resolve() -> u8 {
-    // Before a `std::bad_alloc` may unwind through these functions (see `unwind`); what
-    // a failed lookup allocates is the library's.
-    crate::thread::busy(crate::unwind::find);
     for (name, next) in NAMES.iter().zip(&NEXT) {
         next.store(crate::next::lookup(name), Ordering::Relaxed);
     }
@@ -110,15 +112,15 @@ fn object_of(address: usize) -> Option<usize> {
     found.then_some(info.dli_fbase as usize)
 }
 
-/// A `new` form with its arguments after the size (`$arg: $ty`), index `$i` of [`NAMES`],
-/// served by `$fallback(size, align)` when no definition was found.
+/// A nothrow `new` form with its arguments after the size (`$arg: $ty`), index `$i` of
+/// [`NAMES`], served by `$fallback(size, align)` when no definition was found.
 macro_rules! new_form {
     ($name:ident, $i:expr, ($($arg:ident: $ty:ty),*), $fallback:expr) => {
         /// # Safety
         /// The C++ contract of this `operator new` form.
         #[no_mangle]
-        pub unsafe extern "C-unwind" fn $name(size: usize $(, $arg: $ty)*) -> *mut c_void {
-            type Form = unsafe extern "C-unwind" fn(usize $(, $ty)*) -> *mut c_void;
+        pub unsafe extern "C" fn $name(size: usize $(, $arg: $ty)*) -> *mut c_void {
+            type Form = unsafe extern "C" fn(usize $(, $ty)*) -> *mut c_void;
             let state = if crate::ensure_ready() { state() } else { MALLOC };
             // None found (or not this form: the allocator's `malloc` serves it, counted).
             if state == MALLOC || NEXT[$i].load(Ordering::Relaxed) == 0 {
@@ -132,10 +134,8 @@ macro_rules! new_form {
                 // SAFETY: forwarding the caller's arguments to the next definition.
                 return unsafe { next(size $(, $arg)*) };
             }
-            // SAFETY: likewise. Counted once it returned: a `std::bad_alloc` it throws
-            // unwinds past this frame, and a call counted before it would have no sample.
-            // What it calls underneath (jemalloc's aligned `new` calls `aligned_alloc`,
-            // which reaches ours) is part of this call: not counted again.
+            // SAFETY: likewise. Counted once it returned (as the throwing forms are). What
+            // it calls underneath is part of this call: not counted again.
             let pointer = crate::thread::busy(|| unsafe { next(size $(, $arg)*) });
             crate::counted(size as u64, AllocFn::New, || pointer)
         }
@@ -148,8 +148,8 @@ macro_rules! delete_form {
         /// # Safety
         /// The C++ contract of this `operator delete` form.
         #[no_mangle]
-        pub unsafe extern "C-unwind" fn $name(pointer: *mut c_void $(, $arg: $ty)*) {
-            type Form = unsafe extern "C-unwind" fn(*mut c_void $(, $ty)*);
+        pub unsafe extern "C" fn $name(pointer: *mut c_void $(, $arg: $ty)*) {
+            type Form = unsafe extern "C" fn(*mut c_void $(, $ty)*);
             let state = if crate::next::ready() { state() } else { MALLOC };
             let address = NEXT[$i].load(Ordering::Relaxed);
             // None found, or not this form (a `new` served by `malloc` then), or an arena
@@ -203,14 +203,143 @@ fn from_malloc(size: usize, align: Option<usize>) -> *mut c_void {
     }
 }
 
+/// What a throwing `new` form's trampoline does next: jump to `target` with the caller's
+/// arguments (`counted` 0: the call is not counted here), or call it and then [`leave`]
+/// (`counted` 1: this thread's calls are uncounted meanwhile). Returned in two registers.
+#[repr(C)]
+struct Enter {
+    target: usize,
+    counted: usize,
+}
+
+/// A throwing `new` form's first step: where the call goes (see [`Enter`]).
+extern "C" fn enter(form: usize) -> Enter {
+    let state = if crate::ensure_ready() {
+        state()
+    } else {
+        MALLOC
+    };
+    let next = NEXT[form].load(Ordering::Relaxed);
+    if state == MALLOC || next == 0 {
+        // None found (or not this form: the allocator's `malloc` serves it, counted).
+        let fallback: extern "C" fn(usize, usize) -> *mut c_void = if ALIGNED.contains(&form) {
+            new_aligned_by_malloc
+        } else {
+            new_by_malloc
+        };
+        return Enter {
+            target: fallback as usize,
+            counted: 0,
+        };
+    }
+    // Forwarded only (a C++ runtime's `new`, which calls `malloc`), or made where this
+    // thread's calls are not counted (inside an allocator call counted already).
+    let counted = state == COUNTED && crate::thread::mark_busy();
+    Enter {
+        target: next,
+        counted: usize::from(counted),
+    }
+}
+
+/// A counted throwing `new` form's last step, once the allocator returned `pointer`: what
+/// it called underneath (jemalloc's aligned `new` calls `aligned_alloc`, which reaches
+/// ours) was part of this call; the call itself is counted now.
+extern "C" fn leave(pointer: *mut c_void, size: usize) -> *mut c_void {
+    crate::thread::unmark_busy();
+    crate::counted(size as u64, AllocFn::New, || pointer)
+}
+
+/// The personality routine of the [`throwing_new!`] trampolines' frames (the Itanium C++
+/// ABI's, which GCC's unwinder and LLVM's call alike): an exception passing a counted call
+/// (the cleanup phase; also a forced unwind, as a thread's cancellation) leaves this
+/// thread's calls counted again, as [`leave`] would have. Nothing is caught, no landing
+/// pad is run, no unwinder function is called.
+extern "C" fn personality(
+    _version: c_int,
+    actions: c_int,
+    _class: u64,
+    _exception: *mut c_void,
+    _context: *mut c_void,
+) -> c_int {
+    const UA_CLEANUP_PHASE: c_int = 2;
+    const URC_CONTINUE_UNWIND: c_int = 8;
+    if actions & UA_CLEANUP_PHASE != 0 {
+        crate::thread::unmark_busy();
+    }
+    URC_CONTINUE_UNWIND
+}
+
+/// The aligned throwing forms (their second argument is the alignment).
+const ALIGNED: [usize; 2] = [4, 5];
+
+extern "C" fn new_by_malloc(size: usize, _: usize) -> *mut c_void {
+    by_malloc(size, &[])
+}
+
+extern "C" fn new_aligned_by_malloc(size: usize, align: usize) -> *mut c_void {
+    by_malloc(size, &[align])
+}
+
+/// A `new` form that may throw (`$arg`: the alignment, for the aligned ones), index `$i`
+/// of [`NAMES`]: a trampoline that asks [`enter`] where to go; a counted call is made from
+/// its own frame (frame pointer kept, for stack walks; call-frame information with
+/// [`personality`], for an exception) and finished by [`leave`]; any other jumps there
+/// with the caller's arguments, leaving no frame.
+macro_rules! throwing_new {
+    ($name:ident, $i:expr, ($($arg:ident: $ty:ty),*)) => {
+        /// # Safety
+        /// The C++ contract of this `operator new` form.
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(size: usize $(, $arg: $ty)*) -> *mut c_void {
+            core::arch::naked_asm!(
+                ".cfi_startproc",
+                ".cfi_personality 0x1b, {personality}",
+                "push rbp",
+                ".cfi_def_cfa_offset 16",
+                ".cfi_offset rbp, -16",
+                "mov rbp, rsp",
+                ".cfi_def_cfa_register rbp",
+                // The arguments: size at rbp-8, alignment (if any) at rbp-16.
+                "push rdi",
+                "push rsi",
+                "mov edi, {form}",
+                "call {enter}",
+                "mov rdi, [rbp - 8]",
+                "mov rsi, [rbp - 16]",
+                "test rdx, rdx",
+                "jz 2f",
+                "call rax",
+                "mov rdi, rax",
+                "mov rsi, [rbp - 8]",
+                "call {leave}",
+                ".cfi_remember_state",
+                "leave",
+                ".cfi_def_cfa rsp, 8",
+                "ret",
+                ".cfi_restore_state",
+                "2:",
+                "leave",
+                ".cfi_def_cfa rsp, 8",
+                "jmp rax",
+                ".cfi_endproc",
+                form = const $i,
+                enter = sym enter,
+                leave = sym leave,
+                personality = sym personality,
+            )
+        }
+    };
+}
+
 type Nothrow = *const c_void;
 
-new_form!(_Znwm, 0, (), by_malloc);
-new_form!(_Znam, 1, (), by_malloc);
+throwing_new!(_Znwm, 0, ());
+throwing_new!(_Znam, 1, ());
 new_form!(_ZnwmRKSt9nothrow_t, 2, (nothrow: Nothrow), by_malloc_nothrow);
 new_form!(_ZnamRKSt9nothrow_t, 3, (nothrow: Nothrow), by_malloc_nothrow);
-new_form!(_ZnwmSt11align_val_t, 4, (align: usize), by_malloc);
-new_form!(_ZnamSt11align_val_t, 5, (align: usize), by_malloc);
+throwing_new!(_ZnwmSt11align_val_t, 4, (align: usize));
+throwing_new!(_ZnamSt11align_val_t, 5, (align: usize));
 new_form!(_ZnwmSt11align_val_tRKSt9nothrow_t, 6, (align: usize, nothrow: Nothrow), by_malloc_nothrow);
 new_form!(_ZnamSt11align_val_tRKSt9nothrow_t, 7, (align: usize, nothrow: Nothrow), by_malloc_nothrow);
 delete_form!(_ZdlPv, 8, ());

@@ -15,6 +15,13 @@
 //! allocator defines them itself); the others (`malloc_usable_size`, `mallinfo`…) are not defined here and
 //! reach it directly. Never panics: an impossible state ends the process with a message
 //! (`fatal`) rather than unwinding into C.
+//!
+//! Built `no_std` with `panic=abort` for allocscope (sampler-user's build script): it needs
+//! nothing of Rust's standard library but what `core` and the `libc` crate give, and std's
+//! panic machinery alone (its backtrace printer: gimli, addr2line, an inflater) was four
+//! fifths of the library's code, paged in by every process it is loaded into
+//! (docs/performance.md). A plain `cargo build` or `cargo test` (panics unwind) links std.
+#![cfg_attr(panic = "abort", no_std)]
 
 mod cxx;
 mod early;
@@ -27,7 +34,6 @@ mod route;
 mod sandbox;
 mod table;
 mod thread;
-mod unwind;
 mod usdt;
 
 use core::ffi::{c_int, c_void};
@@ -46,6 +52,44 @@ pub(crate) fn fatal(message: &[u8]) -> ! {
         libc::abort()
     }
 }
+
+/// A panic cannot happen (the code is written not to), and if it did, it must not unwind
+/// into the program's C frames: the process ends with a message, as [`fatal`].
+#[cfg(all(panic = "abort", not(test)))]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    fatal(b"allocscope: internal error in the in-process front end\n")
+}
+
+/// The personality routine `core`'s own code names (it is built with unwinding panics):
+/// never called, since nothing unwinds through `core`'s frames here (panics abort, and no
+/// C++ code runs beneath them); were it called, it would let the exception pass. Hidden: a
+/// Rust program or library in the process keeps its own.
+#[cfg(all(panic = "abort", not(test)))]
+extern "C" fn core_personality(
+    _version: core::ffi::c_int,
+    _actions: core::ffi::c_int,
+    _class: u64,
+    _exception: *mut c_void,
+    _context: *mut c_void,
+) -> core::ffi::c_int {
+    const URC_CONTINUE_UNWIND: core::ffi::c_int = 8;
+    URC_CONTINUE_UNWIND
+}
+
+#[cfg(all(panic = "abort", not(test)))]
+core::arch::global_asm!(
+    ".globl rust_eh_personality",
+    ".hidden rust_eh_personality",
+    ".set rust_eh_personality, {personality}",
+    personality = sym core_personality,
+);
+
+// Without std nothing names the C library to the linker: its functions are all this
+// library calls (and it must be initialised before this library's constructor runs).
+#[cfg(all(panic = "abort", not(test)))]
+#[link(name = "c")]
+extern "C" {}
 
 /// CLOCK_MONOTONIC now, in nanoseconds: the clock of the kernel's samples
 /// (`bpf_ktime_get_ns`), for what the library timestamps itself.
@@ -174,7 +218,7 @@ fn weight(size: u64, interval: u64) -> u64 {
     // The libm crate's functions, not f64's: those would make every process the library
     // is loaded into load the C library's libm.
     let p = -libm::expm1(size as f64 * libm::log1p(-1.0 / interval as f64));
-    (size as f64 / p).round() as u64
+    libm::round(size as f64 / p) as u64
 }
 
 #[cold]

@@ -293,9 +293,20 @@ fn first_call(t: &Thread, size: u64) -> bool {
     count(size)
 }
 
+/// Leaves this thread's allocation calls uncounted until [`unmark_busy`] (those a counted
+/// C++ `operator new` makes underneath, see `cxx`); false, changing nothing, where they
+/// are uncounted already.
+pub fn mark_busy() -> bool {
+    with(|t| !t.busy.replace(true))
+}
+
+/// Ends [`mark_busy`].
+pub fn unmark_busy() {
+    with(|t| t.busy.set(false));
+}
+
 /// Runs `f` with this thread's allocation calls uncounted (the library's own, or those an
-/// allocator call counted already makes underneath). Restored however `f` ends: a C++
-/// `operator new` may throw through it.
+/// allocator call counted already makes underneath).
 pub fn busy<R>(f: impl FnOnce() -> R) -> R {
     struct Restore(bool);
     impl Drop for Restore {

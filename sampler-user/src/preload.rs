@@ -536,7 +536,7 @@ mod tests {
 
     use object::{
         elf::{FileHeader64, DT_NEEDED},
-        read::elf::{Dyn as _, FileHeader as _},
+        read::elf::{Dyn as _, FileHeader as _, Sym as _},
         Endianness,
     };
 
@@ -559,10 +559,48 @@ mod tests {
             .collect()
     }
 
+    /// The names the embedded library leaves for other files to define.
+    fn undefined() -> Vec<String> {
+        let data = super::LIBRARY.to_vec();
+        let header = FileHeader64::<Endianness>::parse(&*data).unwrap();
+        let endian = header.endian().unwrap();
+        let sections = header.sections(endian, &*data).unwrap();
+        let symbols = sections
+            .symbols(endian, &*data, object::elf::SHT_DYNSYM)
+            .unwrap();
+        symbols
+            .iter()
+            .filter(|s| s.is_undefined(endian) && s.st_name(endian) != 0)
+            .map(|s| String::from_utf8_lossy(symbols.symbol_name(endian, s).unwrap()).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_library_is_built_without_the_standard_library() {
+        // std's panic machinery was four fifths of its code (build.rs): paged in by every
+        // process it is loaded into. Without std nothing needs an unwinder, and the
+        // personality routine `core` names is the library's own, hidden.
+        assert!(
+            super::LIBRARY.len() < 160 * 1024,
+            "{} bytes",
+            super::LIBRARY.len()
+        );
+        let undefined = undefined();
+        assert!(undefined
+            .iter()
+            .any(|n| n == "malloc_usable_size" || n == "dlsym"));
+        assert!(
+            !undefined
+                .iter()
+                .any(|n| n.starts_with("_Unwind_") || n.starts_with("rust_")),
+            "{undefined:?}"
+        );
+    }
+
     #[test]
     fn the_library_loads_nothing_beyond_the_c_library() {
-        // The unwinder is the process's own (build.rs): libgcc_s.so.1 would cost every short
-        // process its loading and its constructor.
+        // No libgcc_s.so.1 (no unwinder needed): it would cost every short process its
+        // loading and its constructor.
         let needed = needed();
         assert!(needed.iter().any(|n| n == "libc.so.6"), "{needed:?}");
         assert!(
