@@ -14,7 +14,7 @@ use core::sync::atomic::AtomicU64;
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"alscope1");
 
 /// Layout version of [`Region`]; allocscope refuses any other.
-pub const REGION_VERSION: u64 = 5;
+pub const REGION_VERSION: u64 = 6;
 
 /// Per-thread counter slots. A thread beyond them counts in [`Region::overflow`] with
 /// atomic adds (exact, slower).
@@ -349,7 +349,10 @@ pub unsafe fn set_up_region(region: *mut Region, pid: u32, interval: u64, genera
     }
 }
 
-/// The shared region, one per process (a fork gets a fresh one).
+/// The shared region, one per process (a fork gets a fresh one). What the library writes
+/// as it sets up (the header, the name, the maps' length, the first thread's counts) is on
+/// the first page: a short process's set-up touches one page of its region, not three
+/// (each first touch a page fault; on a disk, of a file's hole).
 #[repr(C)]
 #[derive(Debug)]
 pub struct Region {
@@ -374,19 +377,7 @@ pub struct Region {
     /// Odd while an exiting thread moves its counts into [`Self::retired`]: a reader
     /// retries until it reads the same even value before and after.
     pub retired_sequence: AtomicU64,
-    /// Counts of threads that exited.
-    pub retired: Counts,
-    /// Counts of threads that found no free slot.
-    pub overflow: Counts,
-    /// One slot per live thread.
-    pub slots: [Counts; THREAD_SLOTS],
-    /// The process's `/proc/self/maps` as the library read it at its first sampled call
-    /// since its set-up (a process that takes no sample needs none: reading them cost
-    /// every short process ~50 µs), [`Self::maps_len`] bytes in little-endian words, cut
-    /// at a line when longer: what allocscope knows of a process that exits before it
-    /// could read its maps itself.
-    pub maps: [AtomicU64; MAPS_BYTES / 8],
-    /// Bytes of [`Self::maps`] written (0: none yet); stored after them.
+    /// Bytes of [`Self::maps`] written (0: none yet); stored after the maps are.
     pub maps_len: AtomicU64,
     /// When the maps were read (CLOCK_MONOTONIC ns, the samples' clock).
     pub maps_ns: AtomicU64,
@@ -402,6 +393,18 @@ pub struct Region {
     /// When the library last set up in the process (after its latest exec that carried
     /// it, or at its fork), CLOCK_MONOTONIC ns: an exec after it did not carry the library.
     pub set_up_ns: AtomicU64,
+    /// Counts of threads that exited.
+    pub retired: Counts,
+    /// Counts of threads that found no free slot.
+    pub overflow: Counts,
+    /// One slot per live thread.
+    pub slots: [Counts; THREAD_SLOTS],
+    /// The process's `/proc/self/maps` as the library read it at its first sampled call
+    /// since its set-up (a process that takes no sample needs none: reading them cost
+    /// every short process ~50 µs), [`Self::maps_len`] bytes in little-endian words, cut
+    /// at a line when longer: what allocscope knows of a process that exits before it
+    /// could read its maps itself.
+    pub maps: [AtomicU64; MAPS_BYTES / 8],
 }
 
 impl Region {
@@ -534,6 +537,21 @@ mod tests {
             assert!(take_slot(&claims, 9, 1).is_some());
         }
         assert_eq!(take_slot(&claims, 9, 1), None);
+    }
+
+    #[test]
+    fn what_the_library_writes_at_set_up_is_on_a_regions_first_page() {
+        use core::mem::{offset_of, size_of};
+        for end in [
+            offset_of!(Region, generation) + 8,
+            offset_of!(Region, maps_len) + 8,
+            offset_of!(Region, comm) + 16,
+            offset_of!(Region, set_up_ns) + 8,
+            // The first thread's slot (sampler-preload's thread.rs tries slot 0 first).
+            offset_of!(Region, slots) + size_of::<Counts>(),
+        ] {
+            assert!(end <= PAGE, "{end}");
+        }
     }
 
     #[test]

@@ -255,10 +255,15 @@ fn first_call(t: &Thread, size: u64) -> bool {
     let region = region::current();
     // No system call (a sandbox may forbid gettid): the TLS block's address is as unique.
     let tid = id();
+    // Slot 0 first, on the region's first page with its header (the process's first
+    // thread, most often its only one, then touches no other page of it); the others
+    // spread from a hash of the thread's id, so that many starting at once do not all try
+    // the same slots.
     let start = ((tid >> 6) as usize).wrapping_mul(0x9e37_79b9) % THREAD_SLOTS;
+    let order = core::iter::once(0).chain((0..THREAD_SLOTS).map(|i| (start + i) % THREAD_SLOTS));
     let mut claimed = None;
-    for i in 0..THREAD_SLOTS {
-        let slot = &region.slots[(start + i) % THREAD_SLOTS];
+    for index in order {
+        let slot = &region.slots[index];
         if slot.owner.load(Ordering::Relaxed) == 0
             && slot
                 .owner
