@@ -70,14 +70,29 @@ pub fn in_family_namespace() -> bool {
 }
 
 /// Whether this process is in the pid namespace the family table was made in (the inode
-/// of `/proc/self/ns/pid`; not when it cannot be read).
+/// of `/proc/self/ns/pid`; not when it cannot be read). Read as the link's text
+/// (`pid:[INODE]`): following the link to `stat` it made the kernel set up the namespace's
+/// file, ~10 µs of a new process's start against ~8 µs.
 fn same_pid_namespace(family: *mut Family) -> bool {
-    // SAFETY: all-zero is a valid `stat`.
-    let mut stat: libc::stat = unsafe { core::mem::zeroed() };
-    // SAFETY: stat with a NUL-terminated path, filling the struct we own.
-    let statted = unsafe { libc::stat(c"/proc/self/ns/pid".as_ptr(), &mut stat) } == 0;
+    let mut link = [0u8; 64];
+    // SAFETY: readlink with a NUL-terminated path into a buffer we own, within its length.
+    let len = unsafe {
+        libc::readlink(
+            c"/proc/self/ns/pid".as_ptr(),
+            link.as_mut_ptr().cast(),
+            link.len(),
+        )
+    };
+    let inode = usize::try_from(len)
+        .ok()
+        .and_then(|len| namespace_inode(&link[..len.min(link.len())]));
     // SAFETY: a checked header mapping; the field is written before any process runs.
-    statted && unsafe { (*family).pid_namespace } == stat.st_ino
+    inode.is_some_and(|inode| unsafe { (*family).pid_namespace } == inode)
+}
+
+/// The inode in a namespace link's text (`pid:[4026531836]`).
+fn namespace_inode(link: &[u8]) -> Option<u64> {
+    parse_u64(link.strip_prefix(b"pid:[")?.strip_suffix(b"]")?)
 }
 
 /// The family table's header, if this process counts in one.
@@ -512,6 +527,22 @@ pub fn after_fork() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_namespace_links_inode_is_read_or_refused() {
+        assert_eq!(namespace_inode(b"pid:[4026531836]"), Some(4026531836));
+        assert_eq!(namespace_inode(b"pid:[]"), None);
+        assert_eq!(namespace_inode(b"net:[4026531836]"), None);
+        assert_eq!(namespace_inode(b"pid:[4026531836"), None);
+        // What the kernel says here is what allocscope compares with (the link's inode).
+        let link = std::fs::read_link("/proc/self/ns/pid").unwrap();
+        let inode =
+            std::os::unix::fs::MetadataExt::ino(&std::fs::metadata("/proc/self/ns/pid").unwrap());
+        assert_eq!(
+            namespace_inode(link.as_os_str().as_encoded_bytes()),
+            Some(inode)
+        );
+    }
 
     #[test]
     fn numbers_parse_or_are_refused() {
