@@ -192,13 +192,21 @@ impl ProcessBook {
     /// time counted from then). Returns whether it was taken as that copy.
     pub fn track_fork(&mut self, pid: u32, parent: u32) -> bool {
         let comm = crate::sys::process::comm_of(pid);
-        // Past an exec already (its fork told late): read as any other.
+        // Past an exec already (its fork told late): not a copy of its parent.
         let exec_since = comm
             .as_deref()
             .is_some_and(|c| self.command(parent) != Some(c));
-        let copy = self.tracks(parent) && !self.tracks(pid) && !exec_since;
-        if copy {
+        let new_child = self.tracks(parent) && !self.tracks(pid);
+        let copy = new_child && !exec_since;
+        if new_child {
+            // Only its name read now. One past an exec is read at its exec event, which
+            // follows (its executable, RSS, CPU time; reading them here too cost ~10 µs of
+            // allocscope's time per process of a shell loop, most of whose forks are told
+            // after their exec); one renamed without an exec, at the next refresh.
             self.ended.remove(&pid);
+            if exec_since {
+                self.cgroups.remove(&pid);
+            }
             if let Some(comm) = comm.filter(|c| !c.is_empty()) {
                 self.commands.insert(pid, comm);
             }
