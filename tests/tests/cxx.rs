@@ -4,7 +4,8 @@
 //! and by `record -p` (its library loaded into the running process). A real C++ program
 //! (tests/fixtures/cxx_new.cpp, linked against each allocator as a service would be) is
 //! recorded both ways: every call counted, the estimate's bounds holding the exact bytes,
-//! and its output (a `std::bad_alloc` thrown through the library and caught) as natively;
+//! and its output (a `std::bad_alloc` thrown through the library and caught, by `new[]` and
+//! by the aligned `new[]`) as natively;
 //! the throw comes first, so the counts also show the library counting on after it.
 
 use std::{path::PathBuf, process::Command};
@@ -63,10 +64,13 @@ fn check_counts(profile: &Profile, pid: u32, allocator: &str) {
     assert_eq!(me.front_end, "in-process", "{allocator}: {me:#?}");
     let calls = me.exact.calls;
     let mut bytes = me.exact.bytes;
-    // libstdc++'s `new` asks `malloc` for the block too large to succeed: a failed call,
-    // counted as `malloc`'s are (an allocator's own `new` throws before it is counted).
+    // libstdc++'s `new` asks `malloc` (and its aligned `new`, `aligned_alloc`) for the
+    // blocks too large to succeed: failed calls, counted as `malloc`'s are (an allocator's
+    // own `new` throws before it is counted).
     if allocator == "glibc" {
-        bytes = bytes.checked_sub(HUGE).expect("the failed malloc counted");
+        bytes = bytes
+            .checked_sub(2 * HUGE)
+            .expect("the failed malloc and aligned_alloc counted");
     }
     assert!(
         (ROUNDS * CALLS..ROUNDS * CALLS + 2_000).contains(&calls),
@@ -116,7 +120,7 @@ fn a_cpp_program_is_counted_by_record_under_each_allocator() {
             "{allocator}"
         );
         assert_eq!(
-            String::from_utf8_lossy(&native.stdout).contains("bad_alloc caught"),
+            String::from_utf8_lossy(&native.stdout).contains("aligned bad_alloc caught"),
             allocator != "mimalloc"
         );
         let profile = read_typed(&out);
@@ -149,6 +153,7 @@ fn a_running_cpp_program_is_counted_once_loaded_into() {
         program.go();
         if allocator != "mimalloc" {
             assert_eq!(program.line(), "bad_alloc caught", "{allocator}");
+            assert_eq!(program.line(), "aligned bad_alloc caught", "{allocator}");
         }
         assert!(program.line().starts_with("done "), "{allocator}");
         assert!(program.child.wait().unwrap().success(), "{allocator}");
