@@ -262,12 +262,15 @@ extern "C" fn personality(
     _context: *mut c_void,
 ) -> c_int {
     const UA_CLEANUP_PHASE: c_int = 2;
-    const URC_CONTINUE_UNWIND: c_int = 8;
     if actions & UA_CLEANUP_PHASE != 0 {
         crate::thread::unmark_busy();
     }
     URC_CONTINUE_UNWIND
 }
+
+/// What a personality routine returns for a frame that neither handles an exception nor
+/// has a cleanup to run: the unwinder goes on to the next frame.
+pub(crate) const URC_CONTINUE_UNWIND: c_int = 8;
 
 /// The aligned throwing forms (their second argument is the alignment).
 const ALIGNED: [usize; 2] = [4, 5];

@@ -73,8 +73,7 @@ extern "C" fn core_personality(
     _exception: *mut c_void,
     _context: *mut c_void,
 ) -> core::ffi::c_int {
-    const URC_CONTINUE_UNWIND: core::ffi::c_int = 8;
-    URC_CONTINUE_UNWIND
+    cxx::URC_CONTINUE_UNWIND
 }
 
 #[cfg(all(panic = "abort", not(test)))]

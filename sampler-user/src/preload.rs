@@ -536,7 +536,7 @@ mod tests {
 
     use object::{
         elf::{FileHeader64, DT_NEEDED},
-        read::elf::{Dyn as _, FileHeader as _, Sym as _},
+        read::elf::{Dyn as _, FileHeader as _},
         Endianness,
     };
 
@@ -561,17 +561,12 @@ mod tests {
 
     /// The names the embedded library leaves for other files to define.
     fn undefined() -> Vec<String> {
+        use object::{Object as _, ObjectSymbol as _};
         let data = super::LIBRARY.to_vec();
-        let header = FileHeader64::<Endianness>::parse(&*data).unwrap();
-        let endian = header.endian().unwrap();
-        let sections = header.sections(endian, &*data).unwrap();
-        let symbols = sections
-            .symbols(endian, &*data, object::elf::SHT_DYNSYM)
-            .unwrap();
-        symbols
-            .iter()
-            .filter(|s| s.is_undefined(endian) && s.st_name(endian) != 0)
-            .map(|s| String::from_utf8_lossy(symbols.symbol_name(endian, s).unwrap()).into_owned())
+        let file = object::File::parse(&*data).unwrap();
+        file.dynamic_symbols()
+            .filter(|s| s.is_undefined())
+            .filter_map(|s| s.name().ok().map(str::to_owned))
             .collect()
     }
 
