@@ -18,5 +18,5 @@ pub use crate::schema::*;
 pub use aggregator::{Aggregator, LostCounts, OpenStratum, Readings, LOST_FRAME};
 pub use build::{target_uses, Settings, Snapshot, IN_PROCESS_THEN_UPROBES};
 pub use incomplete::incomplete_reasons;
-pub use processes::ProcessBook;
+pub use processes::{Forked, ProcessBook};
 pub use tally::{ProcessTally, StackTally, Tally};

@@ -103,6 +103,17 @@ fn bias_of(
         .find_map(|v| crate::sys::maps::load_bias(segments, v.start, v.offset))
 }
 
+/// What a new process of a tracked one was found to be when its fork was told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forked {
+    /// Still its parent's copy (no exec since its fork).
+    Copy,
+    /// Past an exec already (its fork told late): its exec event follows.
+    Execd,
+    /// Anything else (its parent untracked, or itself tracked already).
+    Other,
+}
+
 /// What a tally adds to a process's description: sampled blocks whose frees could not be
 /// tracked, samples lost without a stack, and the duty cycle's sums.
 #[derive(Debug, Default)]
@@ -189,8 +200,8 @@ impl ProcessBook {
     /// of a tracked parent, still running its parent's program, is a copy of it (its
     /// executable and cgroup), only its name read: most children exec at once, and are
     /// read then ([`Self::track`]); one that does not is read at the next refresh (its CPU
-    /// time counted from then). Returns whether it was taken as that copy.
-    pub fn track_fork(&mut self, pid: u32, parent: u32) -> bool {
+    /// time counted from then). Returns what it was found to be.
+    pub fn track_fork(&mut self, pid: u32, parent: u32) -> Forked {
         let comm = crate::sys::process::comm_of(pid);
         // Past an exec already (its fork told late): not a copy of its parent.
         let exec_since = comm
@@ -230,7 +241,13 @@ impl ProcessBook {
                 self.cgroups.insert(pid, cgroup);
             }
         }
-        copy
+        if copy {
+            Forked::Copy
+        } else if new_child {
+            Forked::Execd
+        } else {
+            Forked::Other
+        }
     }
 
     /// Names `pid` `command` (as the kernel reported it at an exec or fork) if it could not

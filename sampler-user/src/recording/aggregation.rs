@@ -10,7 +10,7 @@ use std::time::Duration;
 use log::info;
 
 use crate::{
-    profile::{Aggregator, LostCounts, OpenStratum, ProcessBook, Readings, Tally},
+    profile::{Aggregator, Forked, LostCounts, OpenStratum, ProcessBook, Readings, Tally},
     stacks::symbolize::Symbolizer,
 };
 
@@ -53,9 +53,9 @@ impl Aggregation {
     /// Whether it is its parent's copy (no exec since its fork).
     pub(super) fn track_fork(&mut self, pid: u32, parent: u32) -> bool {
         // Its parent's copy (no exec since its fork): its parent's maps too.
-        let copy = self.processes.track_fork(pid, parent);
-        self.aggregator.track_fork(pid, parent, copy);
-        copy
+        let forked = self.processes.track_fork(pid, parent);
+        self.aggregator.track_fork(pid, parent, forked);
+        forked == Forked::Copy
     }
 
     /// The samples so far, per stack and process, frames resolved, at `now_ns`; `lost`:

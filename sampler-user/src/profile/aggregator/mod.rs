@@ -14,7 +14,11 @@ use sampler_common::ProcessCounters;
 
 mod tallies;
 
-use super::{breakdown::Breakdown, processes::ProcessBook, timeline::Timeline};
+use super::{
+    breakdown::Breakdown,
+    processes::{Forked, ProcessBook},
+    timeline::Timeline,
+};
 use crate::{
     collect::{Event, LostBatch, Sample},
     duty::sums::{DutyPair, DutySums, StratumObserved},
@@ -171,15 +175,20 @@ impl Aggregator {
 
     /// Starts tracking `pid`, a new process of `parent` (forked, not exec'd yet): it may
     /// already be gone, a few milliseconds of work being all it did, and its memory
-    /// started as a copy of its parent's, whose maps stand in for its own. `unchanged`: it
-    /// still runs its parent's program, and the parent's maps are taken without reading
-    /// its own (any reading of its own later replaces them).
-    pub fn track_fork(&mut self, pid: u32, parent: u32, unchanged: bool) {
-        if unchanged && self.stacks.inherit(pid, parent) {
-            return;
+    /// started as a copy of its parent's, whose maps stand in for its own. `forked`: one
+    /// that still runs its parent's program takes its parent's maps without reading its
+    /// own (any reading of its own later replaces them); one past an exec already is left
+    /// to its exec event, which follows and reads the new program's maps (reading them
+    /// here too was a third of what a shell loop's process cost allocscope in maps reads).
+    pub fn track_fork(&mut self, pid: u32, parent: u32, forked: Forked) {
+        match forked {
+            Forked::Copy if self.stacks.inherit(pid, parent) => {}
+            Forked::Execd => {}
+            Forked::Copy | Forked::Other => {
+                self.track(pid);
+                self.stacks.inherit(pid, parent);
+            }
         }
-        self.track(pid);
-        self.stacks.inherit(pid, parent);
     }
 
     /// Takes `pid`'s maps as the intake thread read them at its first sample (see
