@@ -45,8 +45,6 @@
 
 pub use crate::schema::{Estimate, Posterior};
 
-use statrs::distribution::{ContinuousCDF as _, Normal};
-
 use super::negbin;
 
 /// From this many samples on, the normal interval may replace the negative-binomial one.
@@ -421,7 +419,7 @@ impl SampleSet {
     fn own_estimate(&self, tail: f64, window: Window, interval: u64) -> Estimates {
         let (mut lower, mut upper) = self.negbin_bounds(tail, window, interval);
         let z = if tail > 0.0 {
-            Normal::standard().inverse_cdf(1.0 - tail)
+            super::memo::normal_quantile(1.0 - tail)
         } else {
             f64::INFINITY
         };
@@ -521,7 +519,7 @@ fn gamma_interval(estimate: f64, variance: f64, max_weight: f64, tail: f64) -> (
     // gamma ([`super::gamma`]) times the scale, which is exact. A huge shape is a normal
     // distribution for every practical purpose (and strains the gamma's numerics), and so
     // is the fallback.
-    let z = Normal::standard().inverse_cdf(1.0 - tail);
+    let z = super::memo::normal_quantile(1.0 - tail);
     let quantile = |mean: f64, variance: f64, alpha: f64| -> f64 {
         if mean <= 0.0 {
             return 0.0;

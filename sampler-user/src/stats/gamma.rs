@@ -9,15 +9,23 @@
 //! root, within about 1% of the quantile from shape 1 on) starts a Newton iteration kept
 //! inside a bracket, which converges in two to four evaluations.
 
-use statrs::{
-    distribution::{ContinuousCDF, Normal},
-    function::gamma::{gamma_lr, ln_gamma},
-};
+use statrs::function::gamma::{gamma_lr, ln_gamma};
 
 /// The `alpha` quantile of the gamma distribution with `shape` and scale 1: the `x` with
 /// `P(shape, x) = alpha`. 0 for `alpha` ≤ 0, infinity for `alpha` ≥ 1; NaN for a shape
 /// that is not positive and finite.
 pub(crate) fn quantile(shape: f64, alpha: f64) -> f64 {
+    super::memo::remembered(&MEMO, [shape, alpha], || compute_quantile(shape, alpha))
+}
+
+thread_local! {
+    /// Quantiles computed so far on this thread ([`super::memo`]): the same shapes recur
+    /// across a profile's stacks (the same sample sizes in each of a build's processes).
+    static MEMO: super::memo::Memo<2> = std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// [`quantile`], computed.
+fn compute_quantile(shape: f64, alpha: f64) -> f64 {
     if !(shape > 0.0 && shape.is_finite()) || alpha.is_nan() {
         return f64::NAN;
     }
@@ -64,7 +72,7 @@ pub(crate) fn quantile(shape: f64, alpha: f64) -> f64 {
 /// tail's `P(a, x) ≈ x^a / Γ(a + 1)`, whose quantile is `(alpha Γ(a + 1))^(1/a)`.
 fn first_guess(shape: f64, alpha: f64) -> f64 {
     if shape >= 0.5 {
-        let z = Normal::standard().inverse_cdf(alpha);
+        let z = super::memo::normal_quantile(alpha);
         let c = 1.0 / (9.0 * shape);
         let cube = 1.0 - c + z * c.sqrt();
         if cube > 0.0 {
@@ -82,7 +90,7 @@ fn first_guess(shape: f64, alpha: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use statrs::distribution::Gamma;
+    use statrs::distribution::{ContinuousCDF as _, Gamma};
 
     use super::*;
 

@@ -9,6 +9,7 @@ pub mod estimate;
 pub(crate) mod gamma;
 pub(crate) mod growth;
 pub(crate) mod lifetime;
+pub(crate) mod memo;
 pub(crate) mod negbin;
 pub(crate) mod peak;
 pub(crate) mod rate;

@@ -47,33 +47,21 @@ pub(crate) fn cdf(successes: f64, p: f64, k: f64) -> f64 {
     checked_beta_reg(successes, k + 1.0, p).unwrap_or(f64::NAN)
 }
 
-/// Quantiles computed so far on this thread, by their exact arguments: a profile's stacks
-/// with the same number of samples at the same interval ask for the same bound (a build's
-/// 6,000 samples in 100 processes: a quarter of allocscope's CPU was these bisections).
-const MEMO_ENTRIES: usize = 1 << 16;
-
 thread_local! {
-    static MEMO: std::cell::RefCell<std::collections::HashMap<[u64; 3], f64>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
+    /// Quantiles computed so far on this thread, by their exact arguments: a profile's
+    /// stacks with the same number of samples at the same interval ask for the same bound
+    /// (a build's 6,000 samples in 100 processes: a quarter of allocscope's CPU was these
+    /// bisections).
+    static MEMO: super::memo::Memo<3> = std::cell::RefCell::new(std::collections::HashMap::new());
 }
 
 /// Smallest `k` (whole failures) with `P(X ≤ k) ≥ alpha`. `successes > 0`, `0 < p ≤ 1`,
 /// `0 < alpha < 1`; returns 0 for degenerate input rather than NaN. Remembered per thread
-/// (up to [`MEMO_ENTRIES`], then forgotten at once): a pure function of its arguments.
+/// ([`super::memo`]): a pure function of its arguments.
 pub(crate) fn quantile(successes: f64, p: f64, alpha: f64) -> f64 {
-    let key = [successes.to_bits(), p.to_bits(), alpha.to_bits()];
-    if let Some(known) = MEMO.with(|memo| memo.borrow().get(&key).copied()) {
-        return known;
-    }
-    let value = compute_quantile(successes, p, alpha);
-    MEMO.with(|memo| {
-        let mut memo = memo.borrow_mut();
-        if memo.len() >= MEMO_ENTRIES {
-            memo.clear();
-        }
-        memo.insert(key, value);
-    });
-    value
+    super::memo::remembered(&MEMO, [successes, p, alpha], || {
+        compute_quantile(successes, p, alpha)
+    })
 }
 
 /// [`quantile`], computed.
