@@ -225,8 +225,9 @@ pub struct SamplingArgs {
     pub max_stacks: u32,
 
     /// Size of the kernel's ring buffer carrying samples to allocscope (a power of two,
-    /// 64KiB to 256MiB; default 32MiB with `--unwind dwarf`, 4MiB with `fp`). Samples that
-    /// find it full lose their stack but stay in the totals.
+    /// 64KiB to 256MiB; default with `--unwind dwarf` 8MiB, up to 32MiB for intervals below
+    /// 512KiB; 4MiB with `fp`). Samples that find it full lose their stack but stay in the
+    /// totals.
     #[arg(long, value_name = "BYTES", help_heading = "Sampling")]
     pub ring_buffer: Option<String>,
 

@@ -377,7 +377,7 @@ impl SamplingArgs {
             )));
         }
         let unwind = self.unwind()?;
-        let ring_buffer = self.ring_buffer(unwind)?;
+        let ring_buffer = self.ring_buffer(unwind, interval)?;
         let max_overhead = self.max_overhead()?;
         if max_overhead.is_some() && self.front_end == Some(crate::cli::FrontEndArg::InProcess) {
             return Err(BadInput(
@@ -448,9 +448,15 @@ impl SamplingArgs {
         })
     }
 
-    /// `--ring-buffer`, or its default for `unwind`: a stack copy makes a sample's record up
-    /// to ~30 times larger, so room for more in flight.
-    fn ring_buffer(&self, unwind: Unwind) -> Result<u32, BadInput> {
+    /// `--ring-buffer`, or its default for `unwind` and `interval`: a stack copy makes a
+    /// sample's record up to ~30 times larger, so room for more in flight, the more the
+    /// smaller the interval. Its pages are the kernel's from the start and mapped twice into
+    /// allocscope, so its size is twice over in allocscope's RSS whatever the work: 32 MiB
+    /// was 64 of the 134 MiB a shell loop's recording peaked at. At the default interval
+    /// (throttled to 5,000 samples/s) 8 MiB holds ~0.1 s of the largest records at that
+    /// rate; a burst of every block sampled (1 MiB blocks, ~60,000 samples/s of ~8 KB
+    /// stacks) lost nothing even at 4 MiB: the reader's thread only copies them out.
+    fn ring_buffer(&self, unwind: Unwind, interval: u64) -> Result<u32, BadInput> {
         Ok(match (&self.ring_buffer, unwind) {
             (Some(text), _) => parse_size(text)
                 .ok()
@@ -461,7 +467,12 @@ impl SamplingArgs {
                     ))
                 })? as u32,
             (None, Unwind::FramePointers) => 4 << 20,
-            (None, Unwind::Cfi { .. }) => 32 << 20,
+            (None, Unwind::Cfi { .. }) => {
+                let scale = (512 << 10) / interval.max(1);
+                ((8u64 << 20) * scale.max(1))
+                    .next_power_of_two()
+                    .min(32 << 20) as u32
+            }
         })
     }
 
@@ -884,12 +895,22 @@ mod tests {
                 .unwrap_err()
                 .contains("--max-tracked")
         );
+        let ring_buffer = |args: &[&str]| record(args).unwrap().sampling.ring_buffer;
+        assert_eq!(ring_buffer(&["-p", "1", "-o", "x"]), 8 << 20);
+        // Smaller intervals, more samples in flight: up to the 32 MiB it always was.
         assert_eq!(
-            record(&["-p", "1", "-o", "x"])
-                .unwrap()
-                .sampling
-                .ring_buffer,
+            ring_buffer(&["-p", "1", "-o", "x", "-i", "256KiB"]),
+            16 << 20
+        );
+        assert_eq!(
+            ring_buffer(&["-p", "1", "-o", "x", "-i", "64KiB"]),
             32 << 20
+        );
+        assert_eq!(ring_buffer(&["-p", "1", "-o", "x", "-i", "1"]), 32 << 20);
+        assert_eq!(ring_buffer(&["-p", "1", "-o", "x", "-i", "4MiB"]), 8 << 20);
+        assert_eq!(
+            ring_buffer(&["-p", "1", "-o", "x", "--ring-buffer", "64KiB"]),
+            64 << 10
         );
         assert_eq!(
             record(&["-p", "1", "-o", "x", "--unwind", "fp"])
