@@ -54,7 +54,7 @@
 //!
 //! No stratum with a slot on (none at all) bounds nothing: the upper bound is infinite.
 
-use statrs::distribution::{ContinuousCDF as _, Normal, StudentsT};
+use statrs::distribution::{ContinuousCDF as _, StudentsT};
 
 use crate::stats::estimate::Estimate;
 
@@ -424,7 +424,7 @@ fn bounds(total: f64, variance: f64, groups: u64, tail: f64) -> (f64, f64) {
         return (total, total);
     }
     let quantile = if groups == 0 {
-        Normal::standard().inverse_cdf(1.0 - tail)
+        crate::stats::memo::normal_quantile(1.0 - tail)
     } else {
         StudentsT::new(0.0, 1.0, groups as f64)
             .map(|t| t.inverse_cdf(1.0 - tail))

@@ -11,8 +11,6 @@
 
 pub(crate) use crate::schema::SeriesValues;
 
-use statrs::distribution::{ContinuousCDF as _, Normal};
-
 use crate::stats::{growth::TickGrid, SampleSet};
 
 /// Points a series holds at most.
@@ -158,7 +156,7 @@ impl Timeline {
             }
         }
         let tail = (1.0 - confidence.clamp(0.0, 1.0)) / 2.0;
-        let z = Normal::standard().inverse_cdf(1.0 - tail.max(1e-12));
+        let z = crate::stats::memo::normal_quantile(1.0 - tail.max(1e-12));
         let seconds = self.stride as f64 * self.grid.tick_seconds();
         let mut values = SeriesValues {
             seconds_per_point: seconds,

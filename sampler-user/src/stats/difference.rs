@@ -18,8 +18,6 @@
 //! chance that any unchanged stack is flagged is at most `α = 1 − C` (the simulation
 //! below measures it).
 
-use statrs::distribution::{ContinuousCDF as _, Normal};
-
 use super::Estimate;
 
 /// An estimate as a diff reads it: the point and one standard error on each side.
@@ -36,7 +34,7 @@ pub(crate) struct Spread {
 /// `z` for a two-sided interval at `confidence`.
 pub(crate) fn z(confidence: f64) -> f64 {
     let tail = ((1.0 - confidence) / 2.0).clamp(1e-300, 0.5);
-    Normal::standard().inverse_cdf(1.0 - tail)
+    super::memo::normal_quantile(1.0 - tail)
 }
 
 impl Spread {

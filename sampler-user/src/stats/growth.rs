@@ -42,8 +42,6 @@
 //! running, the in-use bytes of what it allocates since then rise over its blocks' usual
 //! lifetime before they level off, and that rise is real growth of those bytes.
 
-use statrs::distribution::{ContinuousCDF as _, Normal};
-
 use super::estimate::SampleObs;
 
 /// The ticks at which in-use bytes are sampled: `start + (i + 1) · tick`.
@@ -182,7 +180,7 @@ impl GrowthSums {
         };
         let tail = (1.0 - confidence.clamp(0.0, 1.0)) / 2.0;
         let z = if tail > 0.0 {
-            Normal::standard().inverse_cdf(1.0 - tail)
+            super::memo::normal_quantile(1.0 - tail)
         } else {
             f64::INFINITY
         };
