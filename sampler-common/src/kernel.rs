@@ -100,6 +100,8 @@ pub mod programs {
     pub const FREE: &str = "free_enter";
     /// The in-process front end's USDT probes.
     pub const USDT: &str = "usdt";
+    /// Other programs' samplers' probes (`otel_memory`, `ddheap`, a Go runtime's).
+    pub const PRODUCER: &str = "producer";
     /// `task_newtask` tracepoint (kernels without BTF for the raw one).
     pub const NEW_TASK: &str = "task_newtask";
     /// `task_newtask` raw tracepoint.
@@ -125,6 +127,7 @@ pub mod programs {
         RETURN,
         FREE,
         USDT,
+        PRODUCER,
         NEW_TASK,
         NEW_TASK_RAW,
         EXEC,

@@ -8,6 +8,8 @@
 //!   `alloc_return` return probe; and `free_enter`;
 //! * `usdt` on the in-process front end's probes (sampler-preload): the process counted and
 //!   sampled the call itself; only sampled blocks and their frees arrive here;
+//! * `producer` on another program's sampler's probes (`otel_memory`, `ddheap`, a Go
+//!   runtime's), loaded when such a process is found;
 //! * `task_newtask`, `process_exec`, `process_exit`: processes followed through fork and
 //!   exec (`--follow`), and thread exits (their sampling state is dropped);
 //! * `bare_count_enter`, the reference the benchmark compares against.
@@ -120,16 +122,11 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
 ///   own countdown sampled; the registers are pinned by the probe's definition
 ///   (`sampler_common::preload::PROBE_ALLOC`);
 /// * `allocscope:free(ptr)`: a sampled block is being freed.
-///
-/// Another program's probes (`otel_memory`, `ddheap`) come here too, the cookie giving the
-/// index of their argument spec ([`sampler_common::usdt`]).
 #[uprobe]
 pub fn usdt(ctx: ProbeContext) -> u32 {
     let cookie = sample::cookie(&ctx);
     if sampler_common::cookie::is_front_end_ready(cookie) {
         follow::carries_front_end((aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32);
-    } else if sampler_common::cookie::is_producer(cookie) {
-        sample::on_producer(&ctx, sampler_common::cookie::function(cookie));
     } else if sampler_common::cookie::is_front_end_free(cookie) {
         sample::on_free(arg(&ctx, 0));
     } else {
@@ -142,6 +139,18 @@ pub fn usdt(ctx: ProbeContext) -> u32 {
             arg(&ctx, 4),
         );
     }
+    0
+}
+
+/// Another program's sampler's probes (`otel_memory`, `ddheap`, a Go runtime's sampled
+/// blocks and frees), the cookie giving the index of their argument spec
+/// ([`sampler_common::usdt`]). A program of its own, loaded when such a process is first
+/// found: the verifier checks its code (a Go sample's stack walk among it, ~50 ms) only
+/// in recordings that need it, not at every start.
+#[uprobe]
+pub fn producer(ctx: ProbeContext) -> u32 {
+    let cookie = sample::cookie(&ctx);
+    sample::on_producer(&ctx, sampler_common::cookie::function(cookie));
     0
 }
 

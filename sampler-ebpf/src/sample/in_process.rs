@@ -20,15 +20,16 @@ pub fn on_usdt_alloc<C: EbpfContext>(
 ) {
     let function = AllocFn::from_u32((how & 0xff) as u32).unwrap_or(AllocFn::Malloc);
     let untracked = how & preload::ALLOC_UNTRACKED != 0;
-    in_process_sample(ctx, address, size, offset, interval, function, untracked, 0);
+    in_process_sample::<C, false>(ctx, address, size, offset, interval, function, untracked, 0);
 }
 
 /// A block sampled in the process (by allocscope's library or another producer): the
 /// duty cycle's gate and the exclusions apply, the block is remembered as live (unless the
-/// process could not track its free: counted), and the sample goes out with `flags`.
+/// process could not track its free: counted), and the sample goes out with `flags`, its
+/// stack walked here when `WALK` (a Go runtime's: [`emit_walking_frames`]).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn in_process_sample<C: EbpfContext>(
+pub(super) fn in_process_sample<C: EbpfContext, const WALK: bool>(
     ctx: &C,
     address: u64,
     size: u64,
@@ -65,7 +66,11 @@ pub(super) fn in_process_sample<C: EbpfContext>(
         flags,
         returns: ReturnSlots::default(),
     };
-    emit(ctx, &sample);
+    if WALK {
+        emit_walking_frames(ctx, &sample);
+    } else {
+        emit(ctx, &sample);
+    }
 }
 
 /// A probe of another program's allocator (`otel_memory`/`ddheap` `alloc(ptr, size,
@@ -127,7 +132,7 @@ fn on_runtime_alloc(ctx: &ProbeContext, address: u64, size: u64, rate: u64) {
     if last == address {
         return;
     }
-    in_process_sample(
+    in_process_sample::<_, true>(
         ctx,
         address,
         size,
@@ -174,7 +179,7 @@ pub(super) fn on_producer_alloc(ctx: &ProbeContext, address: u64, size: u64, wei
         return;
     }
     // The weight travels as the interval; the sampled byte's offset is unknown.
-    in_process_sample(
+    in_process_sample::<_, false>(
         ctx,
         address,
         size,

@@ -41,7 +41,7 @@ mod python;
 
 use arguments::usdt_argument;
 pub use arguments::{arguments, cookie};
-use emit::{emit, Sample};
+use emit::{emit, emit_walking_frames, Sample};
 pub use in_process::{on_producer, on_usdt_alloc};
 pub use live::on_free;
 use live::{free_tracked, is_live, track_live};

@@ -15,7 +15,8 @@ use crate::{
 };
 
 /// Attaches, waits for SIGINT or SIGTERM, prints the number of calls seen.
-pub fn run(pid: u32) -> anyhow::Result<()> {
+/// With `at`, the program goes at those file offsets of the process's executable instead.
+pub fn run(pid: u32, at: &[u64]) -> anyhow::Result<()> {
     preflight::check_privileges()?;
     if pid == std::process::id() {
         return Err(BadInput(format!("pid {pid} is allocscope itself")).into());
@@ -24,8 +25,20 @@ pub fn run(pid: u32) -> anyhow::Result<()> {
         .of_pid(pid)
         .map_err(|e| BadInput(format!("pid {pid}: {e}")))?;
     let target = Target { pid, allocators };
-    let probes = attach::attach_reference(&target).context("attaching the reference probe")?;
-    crate::say!("allocscope: reference probe recording pid {pid} (counting malloc calls)");
+    let probes = if at.is_empty() {
+        attach::attach_reference(&target)
+    } else {
+        let executable = crate::sys::process::executable_of(pid)
+            .ok_or_else(|| BadInput(format!("pid {pid}: its executable cannot be read")))?;
+        attach::attach_reference_at(pid, &executable, at)
+    }
+    .context("attaching the reference probe")?;
+    let what = if at.is_empty() {
+        "malloc calls"
+    } else {
+        "calls at the offsets"
+    };
+    crate::say!("allocscope: reference probe recording pid {pid} (counting {what})");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -45,6 +58,6 @@ pub fn run(pid: u32) -> anyhow::Result<()> {
             .context("BARE_CALLS missing")?,
     )?;
     let total: u64 = calls.get(&0, 0)?.iter().sum();
-    crate::say!("allocscope: reference probe saw {total} malloc calls");
+    crate::say!("allocscope: reference probe saw {total} {what}");
     Ok(())
 }

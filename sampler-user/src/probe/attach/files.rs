@@ -88,6 +88,24 @@ impl Probes {
         Ok(base)
     }
 
+    /// Loads the producers' program at the first process with such probes (see the eBPF
+    /// program's docs); `provider` names them in the error.
+    fn load_producers(&mut self, provider: &str) -> Result<(), AttachError> {
+        if self.producers.is_none() && self.front_end.is_some() {
+            self.producers = super::load::load_multi(
+                &self.relocated,
+                kernel::programs::PRODUCER,
+                session::BPF_TRACE_UPROBE_MULTI,
+            );
+        }
+        if self.producers.is_none() {
+            return Err(AttachError::MissingProgram(format!(
+                "{provider} probes need uprobe_multi links (kernel ≥ 6.6)"
+            )));
+        }
+        Ok(())
+    }
+
     /// Another program's allocation probes (`otel_memory`, `ddheap`): each site's argument
     /// spec goes into the kernel's table (once per file), then every site is attached as
     /// one link, `free` sites first (frees tracked), semaphores raised while attached.
@@ -97,12 +115,7 @@ impl Probes {
         allocator: &Allocator,
         producer: &crate::probe::usdt::Producer,
     ) -> Result<Vec<AttachedPoint>, AttachError> {
-        if self.front_end.is_none() {
-            return Err(AttachError::MissingProgram(format!(
-                "{} probes need uprobe_multi links (kernel ≥ 6.6)",
-                producer.provider
-            )));
-        }
+        self.load_producers(&producer.provider)?;
         let tracking = self.config.track_frees.is_some();
         let mut sites: Vec<&(crate::probe::usdt::Site, sampler_common::usdt::UsdtSpec)> = producer
             .sites
@@ -135,7 +148,7 @@ impl Probes {
         if offsets.is_empty() {
             return Ok(Vec::new());
         }
-        let program = self.front_end.as_ref().expect("checked above");
+        let program = self.producers.as_ref().expect("checked above");
         let link = program
             .link_with_semaphores(
                 &allocator.path,

@@ -124,6 +124,7 @@ impl Probes {
             relocated,
             uprobes: None,
             front_end,
+            producers: None,
             links: HashMap::new(),
             probed: HashSet::new(),
             specs: HashMap::new(),

@@ -347,6 +347,9 @@ pub struct Probes {
     /// where the kernel removes classic uprobes one after another (~0.1 s each here, under
     /// a lock: parallel closes do not overlap), which is most of a short command's cost.
     front_end: Option<session::MultiProgram>,
+    /// Other programs' samplers' program (`otel_memory`, `ddheap`, Go's runtime), loaded
+    /// at the first process that has such probes.
+    producers: Option<session::MultiProgram>,
     links: HashMap<u32, Vec<Link>>,
     probed: HashSet<(u32, crate::sys::maps::FileId)>,
     /// Producers' files → the index of their first argument spec in the kernel's table.
@@ -377,7 +380,7 @@ mod reference;
 
 pub use files::program_name;
 use files::{load_failed, loaded_uprobe, program, uprobe};
-pub use reference::attach_reference;
+pub use reference::{attach_reference, attach_reference_at};
 
 impl Probes {
     /// Attaches the probes of `allocators` in `scope`, skipping files already probed
@@ -530,6 +533,7 @@ impl Probes {
                 uprobes.and_then(|u| u.frees.as_ref()),
             ),
             (kernel::programs::USDT, self.front_end.as_ref()),
+            (kernel::programs::PRODUCER, self.producers.as_ref()),
         ];
         for (name, program) in multi {
             if let Some(counted) = program.and_then(|p| runs::of_fd(p.fd()).ok()) {

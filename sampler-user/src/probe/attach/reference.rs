@@ -28,22 +28,7 @@ impl Probes {
 /// Attaches the benchmark's reference probe (counts calls, nothing else) to malloc of the
 /// target's first allocator.
 pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
-    let config = KernelConfig {
-        interval: 512 * 1024,
-        log: false,
-        track_frees: None,
-        ring_buffer: 4 << 20,
-        stack_bytes: 0,
-        sessions: false,
-        usdt_nop5: false,
-        host: false,
-        follow: false,
-        followed_only: false,
-        watch_execs: false,
-        duty_cycled: false,
-        lazy_uprobes: true,
-        python_frames: false,
-    };
+    let config = reference_config();
     let mut ebpf = EbpfLoader::new().load(SAMPLER_OBJECT)?;
     let allocator = target
         .allocators
@@ -63,12 +48,49 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         target.pid,
         "malloc",
     )?;
-    Ok(Probes {
+    Ok(reference_probes(ebpf, config))
+}
+
+/// Attaches the reference program at each of `offsets` of the file at `path`, in process
+/// `pid` only: the yardstick for probes that are not on malloc (Go's runtime).
+pub fn attach_reference_at(pid: u32, path: &Path, offsets: &[u64]) -> Result<Probes, AttachError> {
+    let mut ebpf = EbpfLoader::new().load(SAMPLER_OBJECT)?;
+    for offset in offsets {
+        let symbol = format!("offset {offset:#x}");
+        attach_reference_program(&mut ebpf, path, path, *offset, pid, &symbol)?;
+    }
+    Ok(reference_probes(ebpf, reference_config()))
+}
+
+/// The kernel configuration of a reference probe (nothing but the count runs).
+fn reference_config() -> KernelConfig {
+    KernelConfig {
+        interval: 512 * 1024,
+        log: false,
+        track_frees: None,
+        ring_buffer: 4 << 20,
+        stack_bytes: 0,
+        sessions: false,
+        usdt_nop5: false,
+        host: false,
+        follow: false,
+        followed_only: false,
+        watch_execs: false,
+        duty_cycled: false,
+        lazy_uprobes: true,
+        python_frames: false,
+    }
+}
+
+/// The loaded reference program as `Probes`, the links held by `ebpf`.
+fn reference_probes(ebpf: Ebpf, config: KernelConfig) -> Probes {
+    Probes {
         ebpf,
         config,
         relocated: None,
         uprobes: None,
         front_end: None,
+        producers: None,
         links: HashMap::new(),
         probed: HashSet::new(),
         specs: HashMap::new(),
@@ -77,7 +99,7 @@ pub fn attach_reference(target: &Target) -> Result<Probes, AttachError> {
         sizes: [0; AllocFn::FUNCTION_SLOTS],
         _tracepoints: Vec::new(),
         _raw_tracepoints: Vec::new(),
-    })
+    }
 }
 
 /// Attaches the reference program (it counts, nothing else) at `offset` of the file at
@@ -95,7 +117,13 @@ pub(super) fn attach_reference_program(
         cookie: None,
     };
     let scope = Scope::Process { pid, slot: 0 };
-    loaded_uprobe(ebpf, kernel::programs::BARE)?
+    // Loaded once, attached at as many places as asked.
+    let program = if uprobe(ebpf, kernel::programs::BARE)?.fd().is_ok() {
+        uprobe(ebpf, kernel::programs::BARE)?
+    } else {
+        loaded_uprobe(ebpf, kernel::programs::BARE)?
+    };
+    program
         .attach(point, path, scope.uprobe_scope())
         .map_err(|source| AttachError::Attach {
             symbol: symbol.to_owned(),
