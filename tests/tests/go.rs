@@ -170,6 +170,26 @@ fn recorded_from_the_start(program: &std::path::Path, tag: &str) {
         );
     }
     assert!(!process.allocators[0].contains("heap profiling off"));
+    // What it cost: each sample (and each free of one) a hit of the runtime's probes,
+    // charged the trap and the program's time, over the runtime's own allocations (it
+    // said "+0.0% CPU" once, the hits not being calls counted by allocscope).
+    let overhead = recorded.profile.overhead.as_ref().expect("overhead");
+    assert!(overhead.runs >= process.samples, "{overhead:#?}");
+    assert!(
+        overhead.program_ns_per_run.is_some_and(|ns| ns > 0.0),
+        "{overhead:#?}"
+    );
+    let cost = &overhead.processes[0];
+    let per_hit = overhead.trap.ns + overhead.program_ns_per_run.unwrap_or(0.0);
+    assert!(
+        cost.added_cpu_seconds >= process.samples as f64 * overhead.trap.ns / 1e9,
+        "{overhead:#?}"
+    );
+    assert!(
+        cost.added_cpu_seconds <= overhead.runs as f64 * per_hit * 1.5 / 1e9,
+        "{overhead:#?}"
+    );
+    assert!(overhead.ns_per_call > 0.0, "{overhead:#?}");
 }
 
 /// `exact` within 256 KiB of `truth` (the allocations of the Ps' cached spans that the

@@ -27,6 +27,13 @@ pub struct TargetUse {
     pub calls: u64,
     /// Its CPU time while recorded, probes included.
     pub cpu_seconds: Option<f64>,
+    /// Hits of another sampler's probes (a Go runtime's): its sampled blocks and their
+    /// frees, counted from the samples, each charged the trap and the producer program's
+    /// time per run (they come per sample, not per call: see [`ProgramRuns::producers`]).
+    pub runtime_hits: u64,
+    /// Allocations that sampler counted itself (a Go runtime's objects), 0 if none: the
+    /// calls its hits are spread over in the per-call figure.
+    pub runtime_calls: u64,
 }
 
 /// The cost of `runs` (since attach; `stats` false when the kernel kept no run times) to
@@ -42,38 +49,27 @@ pub fn measure(
     let calls: u64 = targets.iter().map(|t| t.calls).sum();
     let Charge {
         program_ns_per_run,
-        added_ns,
+        added_ns: per_call_added_ns,
         part,
     } = charge(trap, runs, stats, file_wide, calls);
-    let targets_added_ns = added_ns * part;
-    let ns_per_call = if calls > 0 {
-        targets_added_ns / calls as f64
+    let counted_ns_per_call = if calls > 0 {
+        per_call_added_ns * part / calls as f64
     } else {
         0.0
     };
-    let mut capped = false;
-    let processes: Vec<ProcessOverhead> = targets
-        .iter()
-        .map(|t| {
-            let modelled = t.calls as f64 * ns_per_call / 1e9;
-            // A process cannot have been added more CPU time than it used (read in clock
-            // ticks: a tenth of a second or more).
-            let added = match t.cpu_seconds {
-                Some(cpu) if modelled > cpu && cpu >= 0.1 => {
-                    capped = true;
-                    cpu
-                }
-                _ => modelled,
-            };
-            ProcessOverhead {
-                pid: t.pid,
-                calls_per_second: t.calls as f64 / seconds.max(1e-9),
-                added_cpu_seconds: added,
-                cpu_seconds: t.cpu_seconds,
-                share: t.cpu_seconds.and_then(|cpu| share(added, cpu)),
-            }
-        })
-        .collect();
+    let ns_per_runtime_hit = ns_per_runtime_hit(trap, runs, stats, program_ns_per_run);
+    let runtime_hits: u64 = targets.iter().map(|t| t.runtime_hits).sum();
+    let runtime_added_ns = runtime_hits as f64 * ns_per_runtime_hit;
+    let added_ns = per_call_added_ns + runtime_added_ns;
+    let targets_added_ns = per_call_added_ns * part + runtime_added_ns;
+    let all_calls = calls + targets.iter().map(|t| t.runtime_calls).sum::<u64>();
+    let ns_per_call = if all_calls > 0 {
+        targets_added_ns / all_calls as f64
+    } else {
+        0.0
+    };
+    let (processes, capped) =
+        per_process(targets, (counted_ns_per_call, ns_per_runtime_hit), seconds);
     let targets_cpu_seconds = targets
         .iter()
         .any(|t| t.cpu_seconds.is_some())
@@ -91,12 +87,16 @@ pub fn measure(
         .map(|p| p.added_cpu_seconds)
         .sum();
     let total = runs.total();
+    // Shown: the mean over every run the windows measured, another sampler's among them.
+    let measured_runs = total.runs + runs.producers.runs;
+    let program_ns_per_run = (stats && measured_runs > 0)
+        .then(|| (total.run_ns + runs.producers.run_ns) as f64 / measured_runs as f64);
     Overhead {
         trap,
-        runs: total.runs,
+        runs: total.runs + runtime_hits,
         program_ns_per_run,
-        runs_per_call: if calls > 0 {
-            total.runs as f64 * part / calls as f64
+        runs_per_call: if all_calls > 0 {
+            (total.runs as f64 * part + runtime_hits as f64) / all_calls as f64
         } else {
             0.0
         },
@@ -109,6 +109,56 @@ pub fn measure(
         processes,
         statistics_seconds: 0.0,
     }
+}
+
+/// Each target's cost: its counted calls at `ns_per_call`, its runtime's probe hits at
+/// `ns_per_hit`; and whether a target's was capped at its CPU time.
+fn per_process(
+    targets: &[TargetUse],
+    (ns_per_call, ns_per_hit): (f64, f64),
+    seconds: f64,
+) -> (Vec<ProcessOverhead>, bool) {
+    let mut capped = false;
+    let processes = targets
+        .iter()
+        .map(|t| {
+            let modelled =
+                (t.calls as f64 * ns_per_call + t.runtime_hits as f64 * ns_per_hit) / 1e9;
+            // A process cannot have been added more CPU time than it used (read in clock
+            // ticks: a tenth of a second or more).
+            let added = match t.cpu_seconds {
+                Some(cpu) if modelled > cpu && cpu >= 0.1 => {
+                    capped = true;
+                    cpu
+                }
+                _ => modelled,
+            };
+            ProcessOverhead {
+                pid: t.pid,
+                calls_per_second: (t.calls + t.runtime_calls) as f64 / seconds.max(1e-9),
+                added_cpu_seconds: added,
+                cpu_seconds: t.cpu_seconds,
+                share: t.cpu_seconds.and_then(|cpu| share(added, cpu)),
+            }
+        })
+        .collect();
+    (processes, capped)
+}
+
+/// What a hit of another sampler's probes costs (its targets' own, scoped to them or to
+/// their files): the trap and the producer program's time per run where the windows
+/// measured it, else the other programs' (`program_ns_per_run`), else the trap alone.
+fn ns_per_runtime_hit(
+    trap: Trap,
+    runs: ProgramRuns,
+    stats: bool,
+    program_ns_per_run: Option<f64>,
+) -> f64 {
+    let producer_ns = (stats && runs.producers.runs > 0)
+        .then(|| runs.producers.run_ns as f64 / runs.producers.runs as f64)
+        .or(program_ns_per_run)
+        .unwrap_or(0.0);
+    trap.ns + producer_ns
 }
 
 /// Nanoseconds `runs` add per allocation call of targets that made `calls` of them (see
@@ -172,6 +222,8 @@ mod tests {
             pid: 1,
             calls: 1_000_000,
             cpu_seconds: Some(0.5),
+            runtime_hits: 0,
+            runtime_calls: 0,
         }];
         let o = measure(trap, runs(1_000_000, 0, 300), true, false, 1.0, &targets);
         assert!((o.targets_added_cpu_seconds - 0.5).abs() < 1e-9, "{o:?}");
@@ -201,6 +253,7 @@ mod tests {
                 runs: frees,
                 run_ns: frees * ns_per_run,
             },
+            producers: Runs::default(),
         }
     }
 
@@ -217,6 +270,8 @@ mod tests {
             pid: 7,
             calls: 1_000_000,
             cpu_seconds: Some(3.6),
+            runtime_hits: 0,
+            runtime_calls: 0,
         };
         let o = measure(
             TRAP,
@@ -237,6 +292,50 @@ mod tests {
     }
 
     #[test]
+    fn a_runtimes_sampler_is_charged_per_hit_not_per_call() {
+        // A Go program: 20,000 samples and 18,000 of their frees seen at 700 + 1,000 ns,
+        // 4.5M objects allocated by its runtime, none through malloc; a C program beside
+        // it whose 1M calls hit at 700 + 100 ns. The producer program's windows' runs do
+        // not dilute the C program's per-call figure.
+        let mut measured = runs(1_000_000, 0, 100);
+        measured.producers = Runs {
+            runs: 10_000,
+            run_ns: 10_000 * 1_000,
+        };
+        let go = TargetUse {
+            pid: 1,
+            calls: 0,
+            cpu_seconds: Some(2.5),
+            runtime_hits: 38_000,
+            runtime_calls: 4_500_000,
+        };
+        let c = TargetUse {
+            pid: 2,
+            calls: 1_000_000,
+            cpu_seconds: Some(2.0),
+            runtime_hits: 0,
+            runtime_calls: 0,
+        };
+        let o = measure(TRAP, measured, true, false, 2.0, &[go, c]);
+        let go_added = 38_000.0 * 1700e-9;
+        assert!(
+            (o.processes[0].added_cpu_seconds - go_added).abs() < 1e-12,
+            "{o:?}"
+        );
+        assert!(
+            (o.processes[1].added_cpu_seconds - 0.8).abs() < 1e-12,
+            "{o:?}"
+        );
+        assert!((o.added_cpu_seconds - (0.8 + go_added)).abs() < 1e-12);
+        assert_eq!(o.runs, 1_000_000 + 38_000);
+        let share = o.processes[0].share.unwrap();
+        assert!((share - go_added / (2.5 - go_added)).abs() < 1e-12);
+        assert!((o.processes[0].calls_per_second - 2_250_000.0).abs() < 1e-6);
+        // Per call: over both programs' allocations.
+        assert!((o.ns_per_call - (0.8 + go_added) * 1e9 / 5_500_000.0).abs() < 1e-9);
+    }
+
+    #[test]
     fn file_wide_probes_charge_targets_their_part() {
         // Targets made a quarter of the allocation calls that hit the probes.
         let targets = [
@@ -244,11 +343,15 @@ mod tests {
                 pid: 1,
                 calls: 100,
                 cpu_seconds: Some(1.0),
+                runtime_hits: 0,
+                runtime_calls: 0,
             },
             TargetUse {
                 pid: 2,
                 calls: 150,
                 cpu_seconds: None,
+                runtime_hits: 0,
+                runtime_calls: 0,
             },
         ];
         let o = measure(TRAP, runs(1000, 0, 100), true, true, 1.0, &targets);
@@ -267,6 +370,8 @@ mod tests {
             pid: 1,
             calls: 10,
             cpu_seconds: Some(0.001),
+            runtime_hits: 0,
+            runtime_calls: 0,
         };
         let o = measure(TRAP, runs(10, 0, 50), false, false, 1.0, &[target]);
         assert_eq!(o.program_ns_per_run, None);

@@ -52,13 +52,18 @@ pub(crate) enum CostStep {
 impl CostWindows {
     /// Whether any window measured something.
     pub(crate) fn measured(&self) -> bool {
-        self.calls > 0
+        self.calls > 0 || self.runs.producers.runs > 0
     }
 
     /// The programs' runs over the windows, scaled to `calls` allocation calls.
     pub(crate) fn runs_for(&self, calls: u64) -> ProgramRuns {
         if self.calls == 0 {
-            return ProgramRuns::default();
+            // Another sampler's probes (a Go runtime's) are charged per hit, counted from
+            // the samples: the windows give their time per run only, calls or not.
+            return ProgramRuns {
+                producers: self.runs.producers,
+                ..ProgramRuns::default()
+            };
         }
         self.runs.scaled(calls as f64 / self.calls as f64)
     }

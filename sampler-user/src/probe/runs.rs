@@ -52,10 +52,15 @@ pub struct ProgramRuns {
     pub returns: Runs,
     /// Entries of `free`.
     pub frees: Runs,
+    /// Another sampler's probes (`otel_memory`, `ddheap`, a Go runtime's): hit per
+    /// sampled block and its free, not per call, so kept out of [`Self::total`] (their
+    /// hits are counted from the samples themselves, see [`crate::cost::measure`]).
+    #[serde(default)]
+    pub producers: Runs,
 }
 
 impl ProgramRuns {
-    /// Every run.
+    /// Every run of the probes hit per allocation call (not [`Self::producers`]).
     pub fn total(&self) -> Runs {
         let mut total = self.allocations;
         total.add(self.returns);
@@ -69,6 +74,7 @@ impl ProgramRuns {
             allocations: self.allocations.since(earlier.allocations),
             returns: self.returns.since(earlier.returns),
             frees: self.frees.since(earlier.frees),
+            producers: self.producers.since(earlier.producers),
         }
     }
 
@@ -77,6 +83,7 @@ impl ProgramRuns {
         self.allocations.add(other.allocations);
         self.returns.add(other.returns);
         self.frees.add(other.frees);
+        self.producers.add(other.producers);
     }
 
     /// Every group's runs and time multiplied by `factor` (rounded).
@@ -85,6 +92,7 @@ impl ProgramRuns {
             allocations: self.allocations.scaled(factor),
             returns: self.returns.scaled(factor),
             frees: self.frees.scaled(factor),
+            producers: self.producers.scaled(factor),
         }
     }
 
@@ -93,6 +101,7 @@ impl ProgramRuns {
         match program {
             kernel::programs::RETURN => self.returns.add(runs),
             kernel::programs::FREE => self.frees.add(runs),
+            kernel::programs::PRODUCER => self.producers.add(runs),
             _ => self.allocations.add(runs),
         }
     }

@@ -50,21 +50,25 @@ pub struct Snapshot {
 }
 
 /// The targets of `tally` (every process with samples, every one tracked), with their
-/// exact calls and CPU time: what the cost is measured over.
+/// exact calls and CPU time: what the cost is measured over, with another sampler's probe
+/// hits (a Go runtime's).
 pub fn target_uses(tally: &Tally, counters: &BTreeMap<u32, ProcessCounters>) -> Vec<TargetUse> {
     let mut pids: Vec<u32> = tally.processes.iter().map(|p| p.pid).collect();
     pids.extend(tally.stacks.iter().map(|s| s.pid));
     pids.sort_unstable();
     pids.dedup();
     pids.into_iter()
-        .map(|pid| TargetUse {
-            pid,
-            calls: counters.get(&pid).map_or(0, |c| c.calls),
-            cpu_seconds: tally
-                .processes
-                .iter()
-                .find(|p| p.pid == pid)
-                .and_then(|p| p.cpu_seconds),
+        .map(|pid| {
+            let process = tally.processes.iter().find(|p| p.pid == pid);
+            TargetUse {
+                pid,
+                calls: counters.get(&pid).map_or(0, |c| c.calls),
+                cpu_seconds: process.and_then(|p| p.cpu_seconds),
+                runtime_hits: process.map_or(0, |p| p.runtime_hits),
+                runtime_calls: process
+                    .and_then(|p| p.go_totals.as_ref())
+                    .map_or(0, |(exact, _)| exact.calls),
+            }
         })
         .collect()
 }
@@ -700,6 +704,7 @@ mod tests {
             cpu_seconds: Some(0.5),
             untracked_samples: 0,
             lost_samples: 0,
+            runtime_hits: 0,
             cgroup: None,
             allocators: vec![format!("{} (/usr/lib/libc.so.6)", Family::Glibc)],
             duty: None,

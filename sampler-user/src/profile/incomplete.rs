@@ -133,6 +133,7 @@ mod tests {
             cpu_seconds: None,
             untracked_samples: 0,
             lost_samples: 0,
+            runtime_hits: 0,
             cgroup: None,
             allocators: go.to_vec(),
             duty: None,

@@ -122,6 +122,8 @@ pub struct ProcessSamples {
     pub untracked: u64,
     /// Samples lost without a stack.
     pub lost: u64,
+    /// Hits of another sampler's probes (a Go runtime's): its samples and their frees.
+    pub runtime_hits: u64,
     /// Duty cycling: its bytes and calls over time-sampled strata.
     pub duty: Option<DutyPair>,
 }
@@ -439,6 +441,7 @@ impl ProcessBook {
                 let ProcessSamples {
                     untracked,
                     lost,
+                    runtime_hits,
                     duty,
                 } = samples(pid);
                 ProcessTally {
@@ -452,6 +455,7 @@ impl ProcessBook {
                         .map(|&(first, last)| last.saturating_sub(first) as f64 / 1e9),
                     untracked_samples: untracked,
                     lost_samples: lost,
+                    runtime_hits,
                     cgroup: self.cgroups.get(&pid).cloned(),
                     allocators: self
                         .allocators

@@ -71,6 +71,9 @@ pub struct ProcessTally {
     pub untracked_samples: u64,
     /// Samples lost without a stack (the ring buffer was full).
     pub lost_samples: u64,
+    /// Hits of another sampler's probes (a Go runtime's): its samples and their frees
+    /// seen, what the cost is charged for ([`crate::cost::TargetUse::runtime_hits`]).
+    pub runtime_hits: u64,
     /// Its cgroup (v2 path): a container, a systemd unit.
     pub cgroup: Option<String>,
     /// Its allocators as probed ("jemalloc (/usr/lib/…)"); host-wide (`--all`), those it

@@ -16,7 +16,7 @@ pub(super) struct Intake {
     reader: SampleReader,
     batch: Vec<Event>,
     logger: Option<Logger>,
-    /// Samples taken in so far.
+    /// Samples allocscope's countdown drew, taken in so far (see [`Self::samples`]).
     samples: u64,
     /// Once detaching: events after this moment (CLOCK_MONOTONIC ns) are dropped.
     cutoff_ns: Option<u64>,
@@ -68,12 +68,15 @@ impl Intake {
         }
         self.samples += batch
             .iter()
-            .filter(|event| matches!(event, Event::Alloc(_)))
+            .filter(|event| matches!(event, Event::Alloc(sample) if sample.weight.is_none()))
             .count() as u64;
         batch
     }
 
-    /// Samples taken in so far.
+    /// Samples taken in so far that allocscope's countdown drew, the throttle's to govern:
+    /// not a producer's or a Go runtime's, weighed by their own samplers' rates (counted,
+    /// a Go program's 10,000 samples a second, against the bytes of calls counted here,
+    /// none, had the throttle lower the interval to its floor for nothing).
     pub(super) fn samples(&self) -> u64 {
         self.samples
     }

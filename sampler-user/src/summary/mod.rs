@@ -658,6 +658,8 @@ mod tests {
             pid: 1,
             calls: 1_000_000,
             cpu_seconds: Some(cpu),
+            runtime_hits: 0,
+            runtime_calls: 0,
         };
         let heavy = cost::measure(trap, runs, true, false, 1.0, &[target(1.2)]);
         assert_eq!(

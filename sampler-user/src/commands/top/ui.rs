@@ -620,6 +620,7 @@ mod tests {
                     cpu_seconds: None,
                     untracked_samples: 0,
                     lost_samples: 0,
+                    runtime_hits: 0,
                     cgroup: None,
                     allocators: Vec::new(),
                     duty: None,

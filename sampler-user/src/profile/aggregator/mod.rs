@@ -51,6 +51,8 @@ pub struct Aggregator {
     live: HashMap<(u32, u64), LiveBlock>,
     /// Per pid: sampled blocks whose frees could not be tracked.
     untracked: BTreeMap<u32, u64>,
+    /// Per pid: another sampler's samples and their frees seen, each a hit of its probes.
+    runtime_hits: BTreeMap<u32, u64>,
     /// Frees are tracked: a sample with an address the kernel does not track (its live map
     /// full, or the in-process sampler's table) is untracked, whatever probe took it.
     frees_tracked: bool,
@@ -277,6 +279,7 @@ impl Aggregator {
         });
         for pid in gone {
             self.untracked.remove(pid);
+            self.runtime_hits.remove(pid);
             self.lost_at_period_start.remove(pid);
         }
         self.thread_names.retain(|(pid, _), _| !gone.contains(pid));
@@ -327,6 +330,9 @@ impl Aggregator {
         };
         self.per_stack[id].add(obs);
         self.per_stack_period[id].add(obs);
+        if sample.weight.is_some() {
+            *self.runtime_hits.entry(sample.pid).or_default() += 1;
+        }
         if let Some(breakdown) = self.breakdowns.get_mut(id) {
             breakdown.add(obs, sample.tid);
             let key = (sample.pid, sample.tid);
@@ -378,6 +384,9 @@ impl Aggregator {
         // A lost free's time is unknown: the block's own allocation is the latest it is known
         // to have been live at (only a fall, so never a peak).
         let at_ns = freed_ns.unwrap_or(block.allocated_ns);
+        if freed_ns.is_some() && block.obs.weight.is_some() {
+            *self.runtime_hits.entry(pid).or_default() += 1;
+        }
         self.peaks.after_change(pid, block.obs, false, at_ns);
         let grid = self.timeline.as_ref().map(Timeline::grid);
         let breakdown = self.breakdowns.get_mut(block.stack as usize);

@@ -45,6 +45,7 @@ impl Aggregator {
         });
         let processes = book.tally(|pid| ProcessSamples {
             untracked: self.untracked.get(&pid).copied().unwrap_or(0),
+            runtime_hits: self.runtime_hits.get(&pid).copied().unwrap_or(0),
             lost: lost
                 .get(&pid)
                 .map_or(0, |batches| batches.iter().map(|b| b.samples).sum()),
