@@ -80,20 +80,11 @@ pub enum Command {
         /// Process to probe.
         #[arg(short, long = "pid")]
         pid: u32,
-        /// File offsets in the process's executable to probe instead of malloc (repeat):
-        /// the Go benchmark's yardstick at the runtime's two probe sites.
-        #[arg(long = "at", value_name = "FILE_OFFSET", value_parser = parse_offset)]
-        at: Vec<u64>,
+        /// Probe where `record` would probe the process's own sampler (a Go runtime's
+        /// sampled blocks and frees) instead of malloc: the Go benchmark's yardstick.
+        #[arg(long)]
+        producer: bool,
     },
-}
-
-/// A file offset, decimal or `0x` hexadecimal.
-fn parse_offset(text: &str) -> Result<u64, String> {
-    let parsed = match text.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => text.parse(),
-    };
-    parsed.map_err(|e| format!("{text:?} is not an offset: {e}"))
 }
 
 /// What to profile: shared by `record` and `top`.

@@ -64,7 +64,7 @@ fn allocscope() -> ExitCode {
             init_logging(false);
             exit_code(generate::run(args))
         }
-        Command::ReferenceProbe { pid, at } => exit_code(reference::run(pid, &at)),
+        Command::ReferenceProbe { pid, producer } => exit_code(reference::run(pid, producer)),
         Command::HoldLinks => {
             sampler_user::probe::attach::handoff::hold();
             ExitCode::SUCCESS

@@ -15,8 +15,9 @@ use crate::{
 };
 
 /// Attaches, waits for SIGINT or SIGTERM, prints the number of calls seen.
-/// With `at`, the program goes at those file offsets of the process's executable instead.
-pub fn run(pid: u32, at: &[u64]) -> anyhow::Result<()> {
+/// With `producer`, the program goes where `record` probes the process's own sampler (a
+/// Go runtime's) instead.
+pub fn run(pid: u32, producer: bool) -> anyhow::Result<()> {
     preflight::check_privileges()?;
     if pid == std::process::id() {
         return Err(BadInput(format!("pid {pid} is allocscope itself")).into());
@@ -25,18 +26,22 @@ pub fn run(pid: u32, at: &[u64]) -> anyhow::Result<()> {
         .of_pid(pid)
         .map_err(|e| BadInput(format!("pid {pid}: {e}")))?;
     let target = Target { pid, allocators };
-    let probes = if at.is_empty() {
-        attach::attach_reference(&target)
+    let probes = if producer {
+        let (allocator, sampler) = target
+            .allocators
+            .iter()
+            .find_map(|a| Some((a, a.file.producer.as_ref()?)))
+            .ok_or_else(|| BadInput(format!("pid {pid}: no sampler of its own to probe")))?;
+        let offsets: Vec<u64> = sampler.sites.iter().map(|(s, _)| s.file_offset).collect();
+        attach::attach_reference_at(pid, &allocator.path, &offsets)
     } else {
-        let executable = crate::sys::process::executable_of(pid)
-            .ok_or_else(|| BadInput(format!("pid {pid}: its executable cannot be read")))?;
-        attach::attach_reference_at(pid, &executable, at)
+        attach::attach_reference(&target)
     }
     .context("attaching the reference probe")?;
-    let what = if at.is_empty() {
-        "malloc calls"
+    let what = if producer {
+        "hits of its sampler's probes"
     } else {
-        "calls at the offsets"
+        "malloc calls"
     };
     crate::say!("allocscope: reference probe recording pid {pid} (counting {what})");
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -1,10 +1,12 @@
 //! The Go benchmark (`cargo xtask bench --go`, #43): what recording a Go program through its
-//! runtime's own sampler costs it, built by Debian's Go and by the current release. The program (tests/fixtures/go/goalloc, built here with
-//! the system's Go) allocates ~10 GB in 1, 2, 4 and 8 KiB blocks at the runtime's
-//! default rate (512 KiB) and times its own allocating; per round it runs natively and
-//! attached (`allocscope record -p`, its "go" sent once allocscope is recording), in an
-//! order rotated every round. heaptrack is not compared: it probes `malloc`, which a Go
-//! program's heap never calls (it would record nothing).
+//! runtime's own sampler costs it, built by Debian's Go and by the current release. The
+//! program (tests/fixtures/go/goalloc, built here with the system's Go) allocates ~10 GB in
+//! 1, 2, 4 and 8 KiB blocks at the runtime's default rate (512 KiB) and times its own
+//! allocating; per round it runs natively, under the bare probe (`allocscope
+//! reference-probe --producer -p`: a program that only counts, where `record` probes the
+//! runtime, so the traps' own cost) and attached (`allocscope record -p`), its "go" sent
+//! once the probes are in, in an order rotated every round. heaptrack is not compared: it
+//! probes `malloc`, which a Go program's heap never calls (it would record nothing).
 
 use std::io::{BufRead as _, BufReader, Write as _};
 
@@ -31,7 +33,30 @@ pub(super) fn go(args: &BenchArgs, allocscope: &Path, out_dir: &Path) -> anyhow:
     Ok(())
 }
 
-/// `rounds` rounds (after a warm-up) natively and attached, of `program` built by `name`.
+/// How a round's run is probed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Native,
+    /// The reference program (it counts, nothing else) where `record` probes the runtime:
+    /// what the traps alone cost.
+    Bare,
+    Attached,
+}
+
+const MODES: [Mode; 3] = [Mode::Native, Mode::Bare, Mode::Attached];
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Native => "native",
+            Mode::Bare => "bare probe",
+            Mode::Attached => "attached",
+        }
+    }
+}
+
+/// `rounds` rounds (after a warm-up) natively, under the bare probe and attached, of
+/// `program` built by `name`, in an order rotated every round.
 fn one_toolchain(
     args: &BenchArgs,
     allocscope: &Path,
@@ -40,44 +65,61 @@ fn one_toolchain(
     name: &str,
 ) -> anyhow::Result<()> {
     let profile = out_dir.join("go.json");
-    let mut seconds: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    eprintln!("{name}\nround  mode       allocating (s)");
+    let mut seconds: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    eprintln!("{name}\nround  mode        allocating (s)");
     for round in 0..=args.rounds {
-        for mode in [round % 2, (round + 1) % 2] {
-            let elapsed = run(program, (mode == 1).then_some((allocscope, &profile)))?;
+        for turn in 0..MODES.len() {
+            let index = (round + turn) % MODES.len();
+            let mode = MODES[index];
+            let elapsed = run(program, mode, allocscope, &profile)?;
             let shown = if round == 0 {
                 "warm".into()
             } else {
                 round.to_string()
             };
-            eprintln!(
-                "{shown:>5}  {:<10} {elapsed:>8.3}",
-                ["native", "attached"][mode]
-            );
+            eprintln!("{shown:>5}  {:<11} {elapsed:>8.3}", mode.name());
             if round > 0 {
-                seconds[mode].push(elapsed);
+                seconds[index].push(elapsed);
             }
         }
     }
     let text = std::fs::read_to_string(&profile)?;
     let recorded: serde_json::Value = serde_json::from_str(&text)?;
-    let samples = recorded["processes"][0]["samples"].as_f64().unwrap_or(0.0);
-    let ratios: Vec<f64> = seconds[1]
-        .iter()
-        .zip(&seconds[0])
-        .map(|(attached, native)| attached / native)
-        .collect();
-    let (native, attached) = (median(seconds[0].clone()), median(seconds[1].clone()));
-    let ratio = median(ratios);
+    let process = &recorded["processes"][0];
+    let samples = process["samples"].as_f64().unwrap_or(0.0);
+    let ratio_to_native = |index: usize| {
+        median(
+            seconds[index]
+                .iter()
+                .zip(&seconds[0])
+                .map(|(probed, native)| probed / native)
+                .collect(),
+        )
+    };
+    let native = median(seconds[0].clone());
+    let (bare, attached) = (ratio_to_native(1), ratio_to_native(2));
+    let over_bare = median(
+        seconds[2]
+            .iter()
+            .zip(&seconds[1])
+            .map(|(ours, bare)| ours / bare)
+            .collect(),
+    );
+    let said = process["overhead"]["share"]
+        .as_f64()
+        .or_else(|| recorded["overhead"]["share"].as_f64())
+        .map_or_else(|| "n/a".to_owned(), |s| format!("+{:.1}%", s * 100.0));
     println!(
         "{name}: a Go program allocating ~10 GB at MemProfileRate 512 KiB: native median \
-         {native:.3} s ({:.1} GB/s), attached median {attached:.3} s, median ratio {:.3}× \
-         (target ≤ 1.02×); {samples} samples in the last run ({:.0}/s): {:.1} µs of the \
-         program's time per sample",
+         {native:.3} s ({:.1} GB/s); median ratios to native: bare probe {bare:.3}×, \
+         attached {attached:.3}× (target ≤ 1.02×), attached to bare {over_bare:.3}×; \
+         {samples} samples in the last run ({:.0}/s): {:.1} µs of the program's time per \
+         sample attached, {:.1} µs under the bare probe; the last run's overhead line: \
+         {said} CPU",
         10.1 / native,
-        ratio,
         samples / native,
-        (ratio - 1.0) * native * 1e6 / samples.max(1.0)
+        (attached - 1.0) * native * 1e6 / samples.max(1.0),
+        (bare - 1.0) * native * 1e6 / samples.max(1.0),
     );
     Ok(())
 }
@@ -102,9 +144,9 @@ fn build(out_dir: &Path, go: &Path, n: usize) -> anyhow::Result<PathBuf> {
     Ok(binary)
 }
 
-/// One run of the program, attached by `recorder` (allocscope and its output) or not: the
+/// One run of the program in `mode` (`allocscope`, writing `profile` when attached): the
 /// seconds it says its allocating took.
-fn run(program: &Path, recorder: Option<(&Path, &PathBuf)>) -> anyhow::Result<f64> {
+fn run(program: &Path, mode: Mode, allocscope: &Path, profile: &Path) -> anyhow::Result<f64> {
     let mut child = Command::new(program)
         .args(["-rate", "524288", "-rounds", ROUNDS_OF_ALLOCATION, "-wait"])
         .stdin(Stdio::piped())
@@ -114,12 +156,25 @@ fn run(program: &Path, recorder: Option<(&Path, &PathBuf)>) -> anyhow::Result<f6
     let mut line = String::new();
     stdout.read_line(&mut line)?;
     anyhow::ensure!(line.starts_with("ready"), "the program said {line:?}");
-    let mut allocscope = None;
-    if let Some((allocscope_path, profile)) = recorder {
-        let mut spawned = Command::new(allocscope_path)
-            .args(["record", "-o"])
-            .arg(profile)
-            .args(["-p", &child.id().to_string()])
+    let pid = child.id().to_string();
+    let mut command = Command::new(allocscope);
+    let ready = match mode {
+        Mode::Native => None,
+        Mode::Bare => {
+            command.args(["reference-probe", "--producer", "-p", &pid]);
+            Some("allocscope: reference probe recording ")
+        }
+        Mode::Attached => {
+            command
+                .args(["record", "-o"])
+                .arg(profile)
+                .args(["-p", &pid]);
+            Some("allocscope: recording ")
+        }
+    };
+    let mut probe = None;
+    if let Some(ready) = ready {
+        let mut spawned = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -128,12 +183,12 @@ fn run(program: &Path, recorder: Option<(&Path, &PathBuf)>) -> anyhow::Result<f6
         loop {
             let mut said = String::new();
             anyhow::ensure!(stderr.read_line(&mut said)? > 0, "allocscope ended early");
-            if said.starts_with("allocscope: recording ") {
+            if said.starts_with(ready) {
                 break;
             }
         }
         std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-        allocscope = Some(spawned);
+        probe = Some(spawned);
     }
     child.stdin.as_mut().context("stdin")?.write_all(b"go\n")?;
     let mut elapsed = None;
@@ -144,8 +199,13 @@ fn run(program: &Path, recorder: Option<(&Path, &PathBuf)>) -> anyhow::Result<f6
         }
     }
     child.wait()?;
-    if let Some(mut allocscope) = allocscope {
-        allocscope.wait()?;
+    if let Some(mut probe) = probe {
+        if mode == Mode::Bare {
+            // It counts until told to stop.
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(probe.id() as libc::pid_t, libc::SIGTERM) };
+        }
+        probe.wait()?;
     }
     elapsed.context("the program did not say how long it took")
 }
