@@ -20,6 +20,7 @@ pub struct Record {
     flags: Vec<OsString>,
     target: Vec<OsString>,
     input: Vec<u8>,
+    env: Vec<(OsString, OsString)>,
 }
 
 /// What a recording left: its profile, its stderr (the summary and the log) and its exit
@@ -45,6 +46,7 @@ impl Record {
             flags: Vec::new(),
             target,
             input: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -54,12 +56,19 @@ impl Record {
             flags: Vec::new(),
             target: vec!["-p".into(), pid.to_string().into()],
             input: Vec::new(),
+            env: Vec::new(),
         }
     }
 
     /// Adds `record` flags (`--interval`, `--alloc-only`, …).
     pub fn flags(mut self, flags: &[&str]) -> Record {
         self.flags.extend(flags.iter().map(OsString::from));
+        self
+    }
+
+    /// Sets an environment variable of allocscope (and so of the command).
+    pub fn env(mut self, name: &str, value: &str) -> Record {
+        self.env.push((name.into(), value.into()));
         self
     }
 
@@ -94,6 +103,7 @@ impl Record {
             .arg("-o")
             .arg(&out)
             .args(&self.target)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

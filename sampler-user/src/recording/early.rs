@@ -111,6 +111,7 @@ where
     std::thread::Builder::new()
         .name("load-probes".into())
         .spawn(move || {
+            delay_for_tests();
             let _ = sender.send(load());
         })
         .map_err(|e| anyhow::anyhow!("starting the thread that loads the probes: {e}"))?;
@@ -126,6 +127,18 @@ where
             debug!("the command's tree exited while the probes loaded: nothing attached");
             return Ok(None);
         }
+    }
+}
+
+/// For the tests of a command gone before its probes load (tests/tests/preload.rs): with
+/// `ALLOCSCOPE_LOAD_DELAY_MS=N` the load starts N ms late, whatever else the machine is
+/// running (the load takes ~45 ms here, a busy CI's short command longer).
+fn delay_for_tests() {
+    let delay = std::env::var("ALLOCSCOPE_LOAD_DELAY_MS")
+        .ok()
+        .and_then(|ms| ms.parse::<u64>().ok());
+    if let Some(ms) = delay {
+        std::thread::sleep(std::time::Duration::from_millis(ms.min(60_000)));
     }
 }
 
