@@ -145,7 +145,7 @@ pub fn usdt(ctx: ProbeContext) -> u32 {
 /// Another program's sampler's probes (`otel_memory`, `ddheap`, a Go runtime's sampled
 /// blocks and frees), the cookie giving the index of their argument spec
 /// ([`sampler_common::usdt`]). A program of its own, loaded when such a process is first
-/// found: the verifier checks its code (a Go sample's stack walk among it, ~50 ms) only
+/// found: the verifier checks its code (a Go sample's stack walk among it, ~40 ms) only
 /// in recordings that need it, not at every start.
 #[uprobe]
 pub fn producer(ctx: ProbeContext) -> u32 {

@@ -52,13 +52,15 @@ pub struct ProcessOverhead {
 pub struct Overhead {
     /// The trap per probe hit.
     pub trap: Trap,
-    /// Probe hits counted by the kernel (every process's, on every probe).
+    /// Probe hits counted by the kernel (every process's, on every probe), and those of
+    /// another sampler's probes (a Go runtime's: its samples and their frees seen).
     pub runs: u64,
     /// Mean nanoseconds inside our programs per hit (`None`: statistics unavailable, and
     /// the programs' own time is left out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub program_ns_per_run: Option<f64>,
-    /// Probe hits per allocation call of the targets (frees and returns included).
+    /// Probe hits per allocation call of the targets (frees and returns included; a Go
+    /// runtime's own allocations count as calls).
     pub runs_per_call: f64,
     /// Nanoseconds added per allocation call: `runs_per_call × (trap + program)`.
     pub ns_per_call: f64,
