@@ -87,14 +87,15 @@ pub fn measure(
         .map(|p| p.added_cpu_seconds)
         .sum();
     let total = runs.total();
-    // Shown: the mean over every run the windows measured, another sampler's among them.
+    // Shown: the mean over every run the windows measured, another sampler's among them
+    // (the per-call figure above took the per-call programs' alone).
     let measured_runs = total.runs + runs.producers.runs;
-    let program_ns_per_run = (stats && measured_runs > 0)
+    let shown_ns_per_run = (stats && measured_runs > 0)
         .then(|| (total.run_ns + runs.producers.run_ns) as f64 / measured_runs as f64);
     Overhead {
         trap,
         runs: total.runs + runtime_hits,
-        program_ns_per_run,
+        program_ns_per_run: shown_ns_per_run,
         runs_per_call: if all_calls > 0 {
             (total.runs as f64 * part + runtime_hits as f64) / all_calls as f64
         } else {

@@ -85,29 +85,21 @@ fn one_toolchain(
     }
     let text = std::fs::read_to_string(&profile)?;
     let recorded: serde_json::Value = serde_json::from_str(&text)?;
-    let process = &recorded["processes"][0];
-    let samples = process["samples"].as_f64().unwrap_or(0.0);
-    let ratio_to_native = |index: usize| {
+    let samples = recorded["processes"][0]["samples"].as_f64().unwrap_or(0.0);
+    // The median of the rounds' ratios of mode `of` to mode `to` (indices into MODES).
+    let ratio = |of: usize, to: usize| {
         median(
-            seconds[index]
+            seconds[of]
                 .iter()
-                .zip(&seconds[0])
-                .map(|(probed, native)| probed / native)
+                .zip(&seconds[to])
+                .map(|(a, b)| a / b)
                 .collect(),
         )
     };
     let native = median(seconds[0].clone());
-    let (bare, attached) = (ratio_to_native(1), ratio_to_native(2));
-    let over_bare = median(
-        seconds[2]
-            .iter()
-            .zip(&seconds[1])
-            .map(|(ours, bare)| ours / bare)
-            .collect(),
-    );
-    let said = process["overhead"]["share"]
+    let (bare, attached, over_bare) = (ratio(1, 0), ratio(2, 0), ratio(2, 1));
+    let said = recorded["overhead"]["share"]
         .as_f64()
-        .or_else(|| recorded["overhead"]["share"].as_f64())
         .map_or_else(|| "n/a".to_owned(), |s| format!("+{:.1}%", s * 100.0));
     println!(
         "{name}: a Go program allocating ~10 GB at MemProfileRate 512 KiB: native median \

@@ -118,12 +118,10 @@ pub(super) fn attach_reference_program(
     };
     let scope = Scope::Process { pid, slot: 0 };
     // Loaded once, attached at as many places as asked.
-    let program = if uprobe(ebpf, kernel::programs::BARE)?.fd().is_ok() {
-        uprobe(ebpf, kernel::programs::BARE)?
-    } else {
-        loaded_uprobe(ebpf, kernel::programs::BARE)?
-    };
-    program
+    if uprobe(ebpf, kernel::programs::BARE)?.fd().is_err() {
+        loaded_uprobe(ebpf, kernel::programs::BARE)?;
+    }
+    uprobe(ebpf, kernel::programs::BARE)?
         .attach(point, path, scope.uprobe_scope())
         .map_err(|source| AttachError::Attach {
             symbol: symbol.to_owned(),
