@@ -53,6 +53,38 @@ fn five_hundred_processes_are_summarized_by_command_within_25_lines() {
         "{}",
         recorded.stderr
     );
+    // The tables take a command's processes' alike stacks together: the stack that
+    // allocated most is one row for the workloads that share it, with all their samples.
+    let top = &profile.command_stacks[0];
+    assert_eq!(top.command, "workload", "{:#?}", profile.command_stacks);
+    let workloads: Vec<u32> = profile
+        .processes
+        .iter()
+        .filter(|p| p.command == "workload")
+        .map(|p| p.pid)
+        .collect();
+    let members: Vec<_> = profile
+        .stacks
+        .iter()
+        .filter(|s| s.frames == profile.stacks[top.stack].frames && workloads.contains(&s.pid))
+        .collect();
+    assert!(top.processes >= 2, "{top:#?}");
+    assert_eq!(top.processes, members.len() as u64);
+    assert_eq!(top.samples, members.iter().map(|s| s.samples).sum::<u64>());
+    let first_row = recorded
+        .stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("top stacks by estimated allocated bytes:"))
+        .nth(1)
+        .unwrap_or_default();
+    assert!(
+        first_row.contains(&format!(
+            "{} samples  workload ×{}  ",
+            top.samples, top.processes
+        )),
+        "{first_row}\n{}",
+        recorded.stderr
+    );
     // Each group adds up to its processes: counts exactly, the estimate as the sum of
     // theirs (one estimator over their samples together), every process in one group.
     let mut grouped = 0;

@@ -54,6 +54,7 @@ pub(crate) fn split(profile: &Profile, period_seconds: f64) -> Vec<ProcessPeriod
                 leaks_older_than_seconds: profile.leaks_older_than_seconds,
                 processes: vec![process.clone()],
                 commands: Vec::new(),
+                command_stacks: Vec::new(),
                 losses: profile.losses,
                 modules: profile.modules.clone(),
                 stacks,

@@ -355,6 +355,7 @@ pub(crate) mod tests {
                 timeline: None,
             }],
             commands: Vec::new(),
+            command_stacks: Vec::new(),
             losses: Losses::default(),
             modules: vec![Module {
                 path: "/bin/app".into(),

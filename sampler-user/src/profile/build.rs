@@ -13,9 +13,9 @@ use super::{
     StackTally, Tally,
 };
 use crate::schema::{
-    uprobes, Coverage, DutyRecord, ExactCounts, LeakValues, Module, PeakValues, PeriodValues,
-    ProbePoint, ProcessProfile, Profile, Sampling, SiteProfile, StackProfile, ThrottleRecord,
-    SCHEMA,
+    uprobes, CommandStackProfile, Coverage, DutyRecord, ExactCounts, LeakValues, Module,
+    PeakValues, PeriodValues, ProbePoint, ProcessProfile, Profile, Sampling, SiteProfile,
+    StackProfile, ThrottleRecord, GROUPED_ABOVE, SCHEMA,
 };
 use crate::{
     collect::Losses,
@@ -246,6 +246,40 @@ impl Context<'_> {
         sites
     }
 
+    /// The merged stacks of each command's processes (`merged`) estimated, largest
+    /// estimated bytes first; `stacks`: every stack as built, in the tally's order (each
+    /// one's `stack` is its largest member's index there).
+    fn command_stacks(
+        &self,
+        merged: Vec<super::command_stacks::Merged>,
+        stacks: &[(Option<usize>, StackProfile)],
+    ) -> Vec<CommandStackProfile> {
+        let built: Vec<&StackProfile> = stacks.iter().map(|(_, s)| s).collect();
+        let estimating = self.estimating();
+        let mut out = super::parallel::map(merged, |m| {
+            let (processes, largest, peak_bytes) =
+                super::command_stacks::members_of(&m.members, &built);
+            let tracking = self.tracking() && !m.lost;
+            CommandStackProfile {
+                processes,
+                largest_pid: built[largest].pid,
+                stack: largest,
+                samples: m.all.samples(),
+                alloc_bytes: self.estimate(&m.all).bytes,
+                inuse_bytes: tracking.then(|| self.estimate(&m.live).bytes),
+                peak_bytes: peak_bytes.filter(|_| tracking),
+                lifetimes: m
+                    .lifetimes
+                    .as_ref()
+                    .and_then(|lifetimes| estimating.lifetimes(lifetimes, &m.live)),
+                lost: m.lost,
+                command: m.command,
+            }
+        });
+        out.sort_by(|a, b| b.alloc_bytes.estimate.total_cmp(&a.alloc_bytes.estimate));
+        out
+    }
+
     /// `processes` by command name, each group estimated from its processes' samples
     /// together (`per_pid`).
     fn commands(
@@ -405,12 +439,37 @@ impl Profile {
             fillings: fillings(&per_pid),
         };
         let sites = context.sites(&tallied);
-        let mut stacks = context.stacks(tallied);
-        stacks.sort_by(|a, b| {
+        let merged = (tally.processes.len() > GROUPED_ABOVE
+            && !tallied.iter().any(|s| s.duty.is_some()))
+        .then(|| {
+            let commands: HashMap<u32, &str> = tally
+                .processes
+                .iter()
+                .map(|p| (p.pid, p.command.as_str()))
+                .collect();
+            super::command_stacks::merge(&tallied, |pid| commands.get(&pid).copied())
+        });
+        let stacks = context.stacks(tallied);
+        // Their `stack`: an index in the tally's order until the stacks are sorted.
+        let mut command_stacks = merged
+            .map(|merged| context.command_stacks(merged, &stacks))
+            .unwrap_or_default();
+        let mut stacks: Vec<(usize, (Option<usize>, StackProfile))> =
+            stacks.into_iter().enumerate().collect();
+        stacks.sort_by(|(_, a), (_, b)| {
             b.1.alloc_bytes
                 .estimate
                 .total_cmp(&a.1.alloc_bytes.estimate)
         });
+        let mut sorted_at = vec![0; stacks.len()];
+        for (at, (tallied_at, _)) in stacks.iter().enumerate() {
+            sorted_at[*tallied_at] = at;
+        }
+        for command_stack in &mut command_stacks {
+            command_stack.stack = sorted_at[command_stack.stack];
+        }
+        let mut stacks: Vec<(Option<usize>, StackProfile)> =
+            stacks.into_iter().map(|(_, stack)| stack).collect();
         context.add_timelines(&mut stacks);
         let stacks: Vec<StackProfile> = stacks.into_iter().map(|(_, stack)| stack).collect();
         let processes: Vec<ProcessProfile> = per_pid
@@ -440,6 +499,7 @@ impl Profile {
             leaks_older_than_seconds: leak_age,
             processes,
             commands,
+            command_stacks,
             sites,
             losses: Losses {
                 stacks_cut_to_leaf: tally.cut_samples,
@@ -867,5 +927,71 @@ mod tests {
             "otel_memory probes (/usr/bin/producer)".to_owned(),
         ];
         assert_eq!(front_end_of(&producer), "in-process (otel_memory)");
+    }
+
+    /// Above [`GROUPED_ABOVE`] processes, a command's processes' alike stacks are taken
+    /// together: one estimate over their samples (the sum of theirs, with narrower bounds
+    /// than their bounds summed), the peak summed; another command's stack with the same
+    /// frames stays apart, and no command stacks are built for fewer processes.
+    #[test]
+    fn a_commands_processes_alike_stacks_are_taken_together() {
+        let pids: Vec<u32> = (10..10 + GROUPED_ABOVE as u32 + 2).collect();
+        let mut stacks: Vec<StackTally> = pids
+            .iter()
+            .map(|&pid| stack(pid, "parse", &[(4096, 7), (512, u64::from(pid))]))
+            .collect();
+        stacks.push(stack(pids[0], "other", &[(64, 0)]));
+        stacks.push(stack(99, "parse", &[(4096, 1)]));
+        let mut processes: Vec<ProcessTally> = pids.iter().map(|&pid| process(pid)).collect();
+        processes.push(ProcessTally {
+            command: "tool".into(),
+            ..process(99)
+        });
+        let tally = Tally {
+            stacks,
+            processes,
+            ..Tally::default()
+        };
+        let profile = Profile::build(snapshot(tally.clone()));
+        let parse = &profile.command_stacks[0];
+        assert_eq!(
+            (parse.command.as_str(), parse.processes, parse.samples),
+            ("app", pids.len() as u64, 2 * pids.len() as u64)
+        );
+        let frames = &profile.stacks[parse.stack].frames;
+        assert_eq!(profile.stacks[parse.stack].pid, parse.largest_pid);
+        let members: Vec<&StackProfile> = profile
+            .stacks
+            .iter()
+            .filter(|s| s.frames == *frames && pids.contains(&s.pid))
+            .collect();
+        assert_eq!(members.len(), pids.len());
+        let sum = |f: fn(&StackProfile) -> f64| members.iter().map(|s| f(s)).sum::<f64>();
+        let estimate = parse.alloc_bytes.estimate;
+        assert!((estimate - sum(|s| s.alloc_bytes.estimate)).abs() < 1e-6 * estimate);
+        assert!(parse.alloc_bytes.upper < sum(|s| s.alloc_bytes.upper));
+        assert!(parse.alloc_bytes.lower > sum(|s| s.alloc_bytes.lower));
+        let peak = parse.peak_bytes.unwrap();
+        assert!((peak.upper - sum(|s| s.peak_bytes.unwrap().upper)).abs() < 1e-6 * peak.upper);
+        assert!(parse.inuse_bytes.is_some());
+        let of = |command: &str, name: &str| {
+            profile
+                .command_stacks
+                .iter()
+                .filter(|s| s.command == command)
+                .filter(|s| profile.stacks[s.stack].frames[0].function.as_deref() == Some(name))
+                .map(|s| (s.processes, s.largest_pid))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(of("tool", "parse"), [(1, 99)]);
+        assert_eq!(of("app", "other"), [(1, pids[0])]);
+        assert_eq!(profile.command_stacks.len(), 3);
+
+        let few = Tally {
+            stacks: tally.stacks[..3].to_vec(),
+            processes: tally.processes[..3].to_vec(),
+            ..Tally::default()
+        };
+        assert!(Profile::build(snapshot(few)).command_stacks.is_empty());
     }
 }

@@ -79,7 +79,7 @@ pub(super) fn by_command(
 }
 
 /// The sum of `estimates`, their bounds summed.
-fn summed<'a>(
+pub(super) fn summed<'a>(
     estimates: impl Iterator<Item = &'a crate::stats::Estimate>,
 ) -> crate::stats::Estimate {
     let mut sum = crate::stats::Estimate {

@@ -5,6 +5,7 @@
 mod aggregator;
 pub(crate) mod breakdown;
 mod build;
+mod command_stacks;
 mod groups;
 mod incomplete;
 mod insight;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 /// A resolved frame. One return address can resolve to several (inlined calls).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct FrameInfo {
     /// Function name, demangled; `None` when unknown.
     pub function: Option<Arc<str>>,

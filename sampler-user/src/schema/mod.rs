@@ -143,6 +143,43 @@ pub struct CommandGroup {
 /// How many processes a [`CommandGroup`] names as its largest.
 pub const GROUP_LARGEST: usize = 3;
 
+/// Above this many processes, a recording is shown by command (the summary, `top`, the
+/// HTML report) and [`Profile::command_stacks`] are built.
+pub const GROUPED_ABOVE: usize = 8;
+
+/// One stack as the processes of one command share it: the same frames (module, file
+/// offset, name) in each, their samples taken together. What the summary's tables show of
+/// a recording of many processes: a build's `cc1` stack once, ×33, not once per process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CommandStackProfile {
+    /// Command name, as its processes' `command`.
+    pub command: String,
+    /// How many of its processes have samples on this stack.
+    pub processes: u64,
+    /// The one with the most estimated bytes on it.
+    pub largest_pid: u32,
+    /// Its stack's index in [`Profile::stacks`]: the frames (the same in each process).
+    pub stack: usize,
+    /// Samples behind the estimates.
+    pub samples: u64,
+    /// Bytes allocated from it by all of them: one estimate over their samples together.
+    pub alloc_bytes: Estimate,
+    /// Bytes live at the end, likewise (null when frees were not tracked).
+    pub inuse_bytes: Option<Estimate>,
+    /// Bytes live when each process's live total was highest: the processes' estimates and
+    /// bounds summed (each process's peak is its own moment; null when frees were not
+    /// tracked).
+    pub peak_bytes: Option<Estimate>,
+    /// How long its sampled blocks lived, over their samples together (frees tracked, once
+    /// one was freed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifetimes: Option<LifetimeValues>,
+    /// The processes' samples lost without a stack, not a call stack (see
+    /// [`StackProfile::lost`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lost: bool,
+}
+
 /// One process's totals.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProcessProfile {
@@ -512,6 +549,11 @@ pub struct Profile {
     /// files written before it existed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub commands: Vec<CommandGroup>,
+    /// Above [`GROUPED_ABOVE`] processes (not duty-cycled): the stacks of each command's
+    /// processes taken together, largest estimated bytes first (absent otherwise, and in
+    /// files written before it existed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command_stacks: Vec<CommandStackProfile>,
     /// Events the kernel side could not deliver or count.
     pub losses: Losses,
     /// Every module (executable or library) a frame points into, with its build id.

@@ -17,8 +17,7 @@ use crate::{
     text,
 };
 
-/// Up to this many processes, each is listed.
-pub const GROUPED_ABOVE: usize = 8;
+pub use crate::schema::GROUPED_ABOVE;
 /// Commands shown; the rest are summed in one line.
 const GROUPS_SHOWN: usize = 6;
 /// Kinds of note shown; the rest are counted.

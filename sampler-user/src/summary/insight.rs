@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::{row_chains, stack_row};
+use super::{row_chains, stack_row, Row};
 use crate::{
     format::signed_bytes,
     profile::{GrowthValues, ProcessProfile, Profile, SiteProfile, StackProfile},
@@ -15,12 +15,13 @@ const ENOUGH_SAMPLES: f64 = 100.0;
 
 /// When the largest stack's bounds are wider than ±20%: what they are, and what would
 /// narrow them (a longer recording, or the interval that would give it about
-/// [`ENOUGH_SAMPLES`] samples in the same time).
-pub(super) fn wide_bounds_hint(out: &mut String, profile: &Profile) {
-    let Some(top) = profile.stacks.iter().find(|s| !s.lost) else {
+/// [`ENOUGH_SAMPLES`] samples in the same time). `rows`: the allocated table's, largest
+/// first (a command's stacks, or each process's).
+pub(super) fn wide_bounds_hint<R: Row>(out: &mut String, profile: &Profile, rows: &[R]) {
+    let Some(top) = rows.iter().find(|s| !s.lost()) else {
         return;
     };
-    let e = &top.alloc_bytes;
+    let e = top.alloc_bytes();
     if e.estimate <= 0.0 || !e.upper.is_finite() {
         return;
     }
@@ -38,7 +39,7 @@ pub(super) fn wide_bounds_hint(out: &mut String, profile: &Profile) {
         out,
         "bounds are wide (±{:.0}% on the largest stack, from {} samples): record longer",
         half_width * 100.0,
-        top.samples
+        top.samples()
     );
     if suggested < interval {
         let _ = write!(
@@ -204,12 +205,12 @@ fn share(e: &Estimate) -> String {
     )
 }
 
-/// The stacks that allocate the most bytes freed within a millisecond.
-pub(super) fn temporary_rows(out: &mut String, profile: &Profile, top: usize) {
-    let mut temporary: Vec<(&StackProfile, &crate::profile::LifetimeValues)> = profile
-        .stacks
+/// The stacks (of processes, or of commands) that allocate the most bytes freed within a
+/// millisecond.
+pub(super) fn temporary_rows<R: Row>(out: &mut String, stacks: &[R], top: usize) {
+    let mut temporary: Vec<(&R, &crate::profile::LifetimeValues)> = stacks
         .iter()
-        .filter_map(|s| Some((s, s.lifetimes.as_ref()?)))
+        .filter_map(|s| Some((s, s.lifetimes()?)))
         .filter(|(_, l)| l.temporary_bytes.samples > 0)
         .collect();
     if temporary.is_empty() {
@@ -225,7 +226,7 @@ pub(super) fn temporary_rows(out: &mut String, profile: &Profile, top: usize) {
         "temporary allocations (freed within 1 ms), by bytes; share of the stack's bytes, \
          lifetimes p50/p90:"
     );
-    let shown: Vec<&StackProfile> = temporary.iter().take(top).map(|(s, _)| *s).collect();
+    let shown: Vec<&R> = temporary.iter().take(top).map(|(s, _)| *s).collect();
     for ((stack, l), chain) in temporary.iter().take(top).zip(row_chains(&shown)) {
         let detail = format!(
             "{} temporary  {} / {}",
@@ -233,7 +234,7 @@ pub(super) fn temporary_rows(out: &mut String, profile: &Profile, top: usize) {
             lifetime(l.p50_seconds),
             lifetime(l.p90_seconds)
         );
-        stack_row(out, &l.temporary_bytes, &detail, stack, &chain);
+        stack_row(out, &l.temporary_bytes, &detail, *stack, &chain);
     }
 }
 
@@ -248,14 +249,14 @@ mod tests {
         let mut profile = crate::export::tests::synthetic();
         profile.sampling.mean_interval_bytes = 512 << 10;
         let mut out = String::new();
-        wide_bounds_hint(&mut out, &profile);
+        wide_bounds_hint(&mut out, &profile, &profile.stacks);
         assert_eq!(out, "");
         let top = &mut profile.stacks[0];
         top.samples = 10;
         top.alloc_bytes.estimate = 10.0 * f64::from(512 << 10);
         top.alloc_bytes.lower = top.alloc_bytes.estimate * 0.5;
         top.alloc_bytes.upper = top.alloc_bytes.estimate * 1.5;
-        wide_bounds_hint(&mut out, &profile);
+        wide_bounds_hint(&mut out, &profile, &profile.stacks);
         assert!(
             out.starts_with("bounds are wide (±50% on the largest stack, from 10 samples)")
                 && out.contains("--interval 32KiB"),

@@ -10,7 +10,10 @@ use crate::{
     collect::Losses,
     cost::{Overhead, TrapSource},
     format::{bytes, frame_name, percent},
-    profile::{Coverage, DutyRecord, ProcessProfile, Profile, StackProfile, LOST_FRAME},
+    profile::{
+        CommandStackProfile, Coverage, DutyRecord, FrameInfo, LifetimeValues, ProcessProfile,
+        Profile, StackProfile, LOST_FRAME,
+    },
     stacks::StackEnd,
     stats::Estimate,
     text,
@@ -217,25 +220,54 @@ pub fn render(profile: &Profile, top: usize, each: bool) -> String {
     if let Some(age) = profile.leaks_older_than_seconds {
         leak_rows(&mut out, profile, age, top);
     }
+    // Many processes: each command's alike stacks taken together, per-process growth and
+    // leaks aside (a process's own).
+    let by_command = groups::grouped(profile, each) && !profile.command_stacks.is_empty();
+    let commands = command_rows(profile);
     if !profile.alloc_only {
         if profile.opens_on() == crate::profile::Opening::Peak {
             let heading = "top stacks by estimated live bytes at the peak (each process's \
                            highest live heap):";
-            live_rows(&mut out, profile, top, heading, |s| s.peak_bytes);
+            if by_command {
+                live_rows(&mut out, &commands, top, heading, |r| r.stack.peak_bytes);
+            } else {
+                live_rows(&mut out, &profile.stacks, top, heading, |s| s.peak_bytes);
+            }
         }
         let heading = "top stacks by estimated live bytes:";
-        live_rows(&mut out, profile, top, heading, |s| s.inuse_bytes);
+        if by_command {
+            live_rows(&mut out, &commands, top, heading, |r| r.stack.inuse_bytes);
+        } else {
+            live_rows(&mut out, &profile.stacks, top, heading, |s| s.inuse_bytes);
+        }
         insight::growing_rows(&mut out, profile, top);
-        insight::temporary_rows(&mut out, profile, top);
+        if by_command {
+            insight::temporary_rows(&mut out, &commands, top);
+        } else {
+            insight::temporary_rows(&mut out, &profile.stacks, top);
+        }
     }
     let _ = writeln!(out, "top stacks by estimated allocated bytes:");
-    let shown: Vec<&StackProfile> = profile.stacks.iter().take(top).collect();
-    for (stack, chain) in shown.iter().zip(row_chains(&shown)) {
-        let detail = format!("{:>6} samples", stack.samples);
-        stack_row(&mut out, &stack.alloc_bytes, &detail, stack, &chain);
+    if by_command {
+        allocated_rows(&mut out, &commands, top);
+    } else {
+        allocated_rows(&mut out, &profile.stacks, top);
     }
-    insight::wide_bounds_hint(&mut out, profile);
+    if by_command {
+        insight::wide_bounds_hint(&mut out, profile, &commands);
+    } else {
+        insight::wide_bounds_hint(&mut out, profile, &profile.stacks);
+    }
     out
+}
+
+/// The top `top` of `rows` (sorted by bytes allocated) by bytes allocated.
+fn allocated_rows<R: Row>(out: &mut String, rows: &[R], top: usize) {
+    let shown: Vec<&R> = rows.iter().take(top).collect();
+    for (stack, chain) in shown.iter().zip(row_chains(&shown)) {
+        let detail = format!("{:>6} samples", stack.samples());
+        stack_row(out, stack.alloc_bytes(), &detail, *stack, &chain);
+    }
 }
 
 /// What was recorded and how: the interval, duration and confidence, each process's
@@ -489,21 +521,20 @@ fn leak_rows(out: &mut String, profile: &Profile, age: f64, top: usize) {
             "{:>6.0} blocks  oldest {:.0} s",
             leak.inuse_objects.estimate, leak.oldest_seconds
         );
-        stack_row(out, &leak.inuse_bytes, &detail, stack, &chain);
+        stack_row(out, &leak.inuse_bytes, &detail, *stack, &chain);
     }
 }
 
 /// The top `top` stacks by a live value (`of`: at the end, or at the peak) under
 /// `heading`; nothing when no stack has a sample of it.
-fn live_rows(
+fn live_rows<R: Row>(
     out: &mut String,
-    profile: &Profile,
+    stacks: &[R],
     top: usize,
     heading: &str,
-    of: fn(&StackProfile) -> Option<Estimate>,
+    of: fn(&R) -> Option<Estimate>,
 ) {
-    let mut rows: Vec<(&StackProfile, Estimate)> = profile
-        .stacks
+    let mut rows: Vec<(&R, Estimate)> = stacks
         .iter()
         .filter_map(|stack| Some((stack, of(stack)?)))
         .filter(|(_, value)| value.samples > 0)
@@ -513,10 +544,10 @@ fn live_rows(
         return;
     }
     let _ = writeln!(out, "{heading}");
-    let shown: Vec<&StackProfile> = rows.iter().take(top).map(|(s, _)| *s).collect();
+    let shown: Vec<&R> = rows.iter().take(top).map(|(s, _)| *s).collect();
     for ((stack, value), chain) in rows.iter().take(top).zip(row_chains(&shown)) {
         let detail = format!("{:>6} samples", value.samples);
-        stack_row(out, value, &detail, stack, &chain);
+        stack_row(out, value, &detail, *stack, &chain);
     }
 }
 
@@ -528,13 +559,13 @@ pub(super) const ROW_FRAMES: usize = 4;
 /// [`ROW_FRAMES`] frames, and `[via LEAF]` where the site is not the leaf; when another
 /// row of the same process reads the same, ` … ← ` and the first frame that tells them
 /// apart (or, when no frame's name does, the return address where they part).
-pub(super) fn row_chains(stacks: &[&StackProfile]) -> Vec<String> {
+pub(super) fn row_chains<R: Row>(stacks: &[&R]) -> Vec<String> {
     let names: Vec<Vec<String>> = stacks
         .iter()
-        .map(|s| s.frames.iter().map(frame_name).collect())
+        .map(|s| s.frames().iter().map(frame_name).collect())
         .collect();
     let sites = crate::stacks::site::sites();
-    let site: Vec<usize> = stacks.iter().map(|s| sites.site_of(&s.frames)).collect();
+    let site: Vec<usize> = stacks.iter().map(|s| sites.site_of(s.frames())).collect();
     // What a row reads: the frames from its site, and the ones before it.
     let shown = |i: usize| {
         let from = site[i].min(names[i].len());
@@ -552,10 +583,10 @@ pub(super) fn row_chains(stacks: &[&StackProfile]) -> Vec<String> {
             // Per row that reads alike: the first frame whose name differs, else the first
             // whose address does.
             let alike: Vec<(Option<usize>, Option<usize>)> = (0..stacks.len())
-                .filter(|&j| j != i && stacks[j].pid == stacks[i].pid)
+                .filter(|&j| j != i && stacks[j].owner() == stacks[i].owner())
                 .filter(|&j| shown(j) == (head, via))
                 .map(|j| {
-                    let (a, b) = (&stacks[i].frames, &stacks[j].frames);
+                    let (a, b) = (stacks[i].frames(), stacks[j].frames());
                     let by_name = (site[i] + ROW_FRAMES..names[i].len())
                         .find(|&k| names[j].get(k) != Some(&names[i][k]));
                     let by_address =
@@ -576,7 +607,7 @@ pub(super) fn row_chains(stacks: &[&StackProfile]) -> Vec<String> {
                 let _ = write!(
                     chain,
                     " (at {:#x} in frame {})",
-                    stacks[i].frames[k].address,
+                    stacks[i].frames()[k].address,
                     k + 1
                 );
             }
@@ -585,21 +616,113 @@ pub(super) fn row_chains(stacks: &[&StackProfile]) -> Vec<String> {
         .collect()
 }
 
-/// One table row: the estimate with its bounds, `detail`, the pid and `chain` (the frames
-/// shown, see [`row_chains`]).
-pub(super) fn stack_row(
+/// One table row: the estimate with its bounds, `detail`, whose it is and `chain` (the
+/// frames shown, see [`row_chains`]).
+pub(super) fn stack_row<R: Row>(
     out: &mut String,
     estimate: &Estimate,
     detail: &str,
-    stack: &StackProfile,
+    stack: &R,
     chain: &str,
 ) {
     let _ = writeln!(
         out,
-        "  {:>38}  {detail}  pid {}  {chain}",
+        "  {:>38}  {detail}  {}  {chain}",
         estimate_bytes(estimate),
-        stack.pid,
+        stack.who(),
     );
+}
+
+/// Whose a table row is: rows of one owner that read alike are told apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Owner<'a> {
+    Process(u32),
+    Command(&'a str),
+}
+
+/// What a table shows of a stack: one process's ([`StackProfile`]), or one command's
+/// processes' taken together ([`CommandStackProfile`], as a [`CommandRow`]).
+pub(super) trait Row {
+    fn frames(&self) -> &[FrameInfo];
+    fn owner(&self) -> Owner<'_>;
+    /// `pid 42`, or `sort ×300` (the processes of a command with samples on it).
+    fn who(&self) -> String;
+    fn samples(&self) -> u64;
+    fn alloc_bytes(&self) -> &Estimate;
+    fn lifetimes(&self) -> Option<&LifetimeValues>;
+    /// The lost samples' pseudo-stack, not a call stack.
+    fn lost(&self) -> bool;
+}
+
+impl Row for StackProfile {
+    fn frames(&self) -> &[FrameInfo] {
+        &self.frames
+    }
+    fn owner(&self) -> Owner<'_> {
+        Owner::Process(self.pid)
+    }
+    fn who(&self) -> String {
+        format!("pid {}", self.pid)
+    }
+    fn samples(&self) -> u64 {
+        self.samples
+    }
+    fn alloc_bytes(&self) -> &Estimate {
+        &self.alloc_bytes
+    }
+    fn lifetimes(&self) -> Option<&LifetimeValues> {
+        self.lifetimes.as_ref()
+    }
+    fn lost(&self) -> bool {
+        self.lost
+    }
+}
+
+/// A command's stack as a row: with the frames of the stack it names.
+pub(super) struct CommandRow<'a> {
+    stack: &'a CommandStackProfile,
+    frames: &'a [FrameInfo],
+}
+
+/// The profile's command stacks as rows (one naming no stack of the profile left out).
+fn command_rows(profile: &Profile) -> Vec<CommandRow<'_>> {
+    profile
+        .command_stacks
+        .iter()
+        .filter_map(|stack| {
+            let frames = &profile.stacks.get(stack.stack)?.frames;
+            Some(CommandRow { stack, frames })
+        })
+        .collect()
+}
+
+impl Row for CommandRow<'_> {
+    fn frames(&self) -> &[FrameInfo] {
+        self.frames
+    }
+    fn owner(&self) -> Owner<'_> {
+        Owner::Command(&self.stack.command)
+    }
+    fn who(&self) -> String {
+        let name = text::printable(&self.stack.command);
+        if self.stack.processes == 1 {
+            format!("{name} (pid {})", self.stack.largest_pid)
+        } else {
+            format!("{name} ×{}", self.stack.processes)
+        }
+    }
+    fn samples(&self) -> u64 {
+        self.stack.samples
+    }
+    fn alloc_bytes(&self) -> &Estimate {
+        &self.stack.alloc_bytes
+    }
+    fn lifetimes(&self) -> Option<&LifetimeValues> {
+        self.stack.lifetimes.as_ref()
+    }
+    fn lost(&self) -> bool {
+        self.stack.lost
+    }
 }
 
 #[cfg(test)]
@@ -637,6 +760,71 @@ mod tests {
         assert_eq!(chains[1], "leaf ← a ← b ← c … ← from_y");
         assert_eq!(chains[2], "leaf ← a ← b ← c … ← from_x (at 0x7 in frame 5)");
         assert!(!chains[3].contains('…'), "{}", chains[3]);
+    }
+
+    /// Above the grouping threshold the tables show each command's stacks (`app ×9`, or
+    /// `app (pid 42)` for one process's), and the wide-bounds hint reads their first row;
+    /// `--verbose` keeps each process's stacks.
+    #[test]
+    fn many_processes_tables_show_a_commands_stacks_taken_together() {
+        use crate::profile::{CommandGroup, CommandStackProfile, ExactCounts};
+        let mut profile = crate::export::tests::synthetic();
+        let one = profile.processes[0].clone();
+        profile.processes = (0..9)
+            .map(|i| ProcessProfile {
+                pid: 42 + i,
+                ..one.clone()
+            })
+            .collect();
+        profile.commands = vec![CommandGroup {
+            command: one.command.clone(),
+            processes: 9,
+            samples: 90,
+            exact: ExactCounts { calls: 9, bytes: 9 },
+            alloc_bytes: one.alloc_bytes,
+            inuse_bytes: None,
+            largest: vec![42, 43, 44],
+        }];
+        let summed = Estimate {
+            samples: 90,
+            estimate: 9e6,
+            lower: 8e6,
+            upper: 1e7,
+        };
+        let command_stack =
+            |stack: usize, processes: u64, alloc_bytes: Estimate| CommandStackProfile {
+                command: one.command.clone(),
+                processes,
+                largest_pid: 42,
+                stack,
+                samples: alloc_bytes.samples,
+                alloc_bytes,
+                inuse_bytes: None,
+                peak_bytes: None,
+                lifetimes: None,
+                lost: false,
+            };
+        let alone = profile.stacks[1].alloc_bytes;
+        profile.command_stacks = vec![command_stack(0, 9, summed), command_stack(1, 1, alone)];
+        let out = render(&profile, 10, false);
+        let rows: Vec<&str> = out
+            .lines()
+            .skip_while(|l| !l.starts_with("top stacks by estimated allocated bytes:"))
+            .skip(1)
+            .collect();
+        let name = &one.command;
+        assert!(
+            rows[0].contains(&format!("    90 samples  {name} ×9  ")),
+            "{out}"
+        );
+        assert!(rows[1].contains(&format!("  {name} (pid 42)  ")), "{out}");
+        assert!(!out.contains("bounds are wide"), "{out}");
+        // Each process's stacks with --verbose.
+        let each = render(&profile, 10, true);
+        assert!(
+            each.contains("  pid 42  ") && !each.contains(" ×9  "),
+            "{each}"
+        );
     }
 
     #[test]
