@@ -9,13 +9,14 @@ use sampler_common::ProcessCounters;
 
 use super::{
     breakdown::Breakdown,
+    command_stacks,
     insight::{Estimating, TIMELINE_STACKS},
     StackTally, Tally,
 };
 use crate::schema::{
-    uprobes, CommandStackProfile, Coverage, DutyRecord, ExactCounts, LeakValues, Module,
-    PeakValues, PeriodValues, ProbePoint, ProcessProfile, Profile, Sampling, SiteProfile,
-    StackProfile, ThrottleRecord, GROUPED_ABOVE, SCHEMA,
+    uprobes, Coverage, DutyRecord, ExactCounts, LeakValues, Module, PeakValues, PeriodValues,
+    ProbePoint, ProcessProfile, Profile, Sampling, SiteProfile, StackProfile, ThrottleRecord,
+    GROUPED_ABOVE, SCHEMA,
 };
 use crate::{
     collect::Losses,
@@ -246,40 +247,6 @@ impl Context<'_> {
         sites
     }
 
-    /// The merged stacks of each command's processes (`merged`) estimated, largest
-    /// estimated bytes first; `stacks`: every stack as built, in the tally's order (each
-    /// one's `stack` is its largest member's index there).
-    fn command_stacks(
-        &self,
-        merged: Vec<super::command_stacks::Merged>,
-        stacks: &[(Option<usize>, StackProfile)],
-    ) -> Vec<CommandStackProfile> {
-        let built: Vec<&StackProfile> = stacks.iter().map(|(_, s)| s).collect();
-        let estimating = self.estimating();
-        let mut out = super::parallel::map(merged, |m| {
-            let (processes, largest, peak_bytes) =
-                super::command_stacks::members_of(&m.members, &built);
-            let tracking = self.tracking() && !m.lost;
-            CommandStackProfile {
-                processes,
-                largest_pid: built[largest].pid,
-                stack: largest,
-                samples: m.all.samples(),
-                alloc_bytes: self.estimate(&m.all).bytes,
-                inuse_bytes: tracking.then(|| self.estimate(&m.live).bytes),
-                peak_bytes: peak_bytes.filter(|_| tracking),
-                lifetimes: m
-                    .lifetimes
-                    .as_ref()
-                    .and_then(|lifetimes| estimating.lifetimes(lifetimes, &m.live)),
-                lost: m.lost,
-                command: m.command,
-            }
-        });
-        out.sort_by(|a, b| b.alloc_bytes.estimate.total_cmp(&a.alloc_bytes.estimate));
-        out
-    }
-
     /// `processes` by command name, each group estimated from its processes' samples
     /// together (`per_pid`).
     fn commands(
@@ -441,35 +408,15 @@ impl Profile {
         let sites = context.sites(&tallied);
         let merged = (tally.processes.len() > GROUPED_ABOVE
             && !tallied.iter().any(|s| s.duty.is_some()))
-        .then(|| {
-            let commands: HashMap<u32, &str> = tally
-                .processes
-                .iter()
-                .map(|p| (p.pid, p.command.as_str()))
-                .collect();
-            super::command_stacks::merge(&tallied, |pid| commands.get(&pid).copied())
-        });
+        .then(|| command_stacks::merge(&tallied, &tally.processes));
         let stacks = context.stacks(tallied);
-        // Their `stack`: an index in the tally's order until the stacks are sorted.
+        let estimating = context.estimating();
         let mut command_stacks = merged
-            .map(|merged| context.command_stacks(merged, &stacks))
+            .map(|merged| {
+                command_stacks::estimate(merged, &stacks, &estimating, context.tracking())
+            })
             .unwrap_or_default();
-        let mut stacks: Vec<(usize, (Option<usize>, StackProfile))> =
-            stacks.into_iter().enumerate().collect();
-        stacks.sort_by(|(_, a), (_, b)| {
-            b.1.alloc_bytes
-                .estimate
-                .total_cmp(&a.1.alloc_bytes.estimate)
-        });
-        let mut sorted_at = vec![0; stacks.len()];
-        for (at, (tallied_at, _)) in stacks.iter().enumerate() {
-            sorted_at[*tallied_at] = at;
-        }
-        for command_stack in &mut command_stacks {
-            command_stack.stack = sorted_at[command_stack.stack];
-        }
-        let mut stacks: Vec<(Option<usize>, StackProfile)> =
-            stacks.into_iter().map(|(_, stack)| stack).collect();
+        let mut stacks = command_stacks::sorted(stacks, &mut command_stacks);
         context.add_timelines(&mut stacks);
         let stacks: Vec<StackProfile> = stacks.into_iter().map(|(_, stack)| stack).collect();
         let processes: Vec<ProcessProfile> = per_pid

@@ -12,9 +12,12 @@
 
 use std::collections::HashMap;
 
-use super::tally::StackTally;
+use super::{
+    insight::Estimating,
+    tally::{ProcessTally, StackTally},
+};
 use crate::{
-    schema::{Estimate, FrameInfo, StackProfile},
+    schema::{CommandStackProfile, Estimate, FrameInfo, StackProfile},
     stats::{lifetime::Lifetimes, SampleSet},
 };
 
@@ -30,13 +33,14 @@ pub(super) struct Merged {
     pub members: Vec<usize>,
 }
 
-/// `tallied`'s stacks merged per (command, frames), in order of first appearance;
-/// `command_of` names a pid's command (stacks of a pid it does not know stay apart, under
-/// an empty name of their own pid's).
-pub(super) fn merge<'a>(
-    tallied: &[StackTally],
-    command_of: impl Fn(u32) -> Option<&'a str>,
-) -> Vec<Merged> {
+/// `tallied`'s stacks merged per (command, frames), in order of first appearance; a pid
+/// not among `processes` has the empty name.
+pub(super) fn merge(tallied: &[StackTally], processes: &[ProcessTally]) -> Vec<Merged> {
+    let commands: HashMap<u32, &str> = processes
+        .iter()
+        .map(|p| (p.pid, p.command.as_str()))
+        .collect();
+    let command_of = |pid| commands.get(&pid).copied();
     let mut at: HashMap<(String, &[FrameInfo], bool), usize> = HashMap::new();
     let mut merged: Vec<Merged> = Vec::new();
     for (index, stack) in tallied.iter().enumerate() {
@@ -83,4 +87,60 @@ pub(super) fn members_of(
     let peaks: Vec<Estimate> = of.iter().filter_map(|s| s.peak_bytes).collect();
     let peak = (!peaks.is_empty()).then(|| super::groups::summed(peaks.iter()));
     (pids.len() as u64, largest, peak)
+}
+
+/// The merged stacks estimated, largest estimated bytes first; `stacks`: every stack as
+/// built, in the tally's order (each one's `stack` is its largest member's index there,
+/// until [`sorted`]); `tracking`: frees were tracked.
+pub(super) fn estimate(
+    merged: Vec<Merged>,
+    stacks: &[(Option<usize>, StackProfile)],
+    estimating: &Estimating,
+    tracking: bool,
+) -> Vec<CommandStackProfile> {
+    let built: Vec<&StackProfile> = stacks.iter().map(|(_, s)| s).collect();
+    let mut out = super::parallel::map(merged, |m| {
+        let (processes, largest, peak_bytes) = members_of(&m.members, &built);
+        let tracking = tracking && !m.lost;
+        CommandStackProfile {
+            processes,
+            largest_pid: built[largest].pid,
+            stack: largest,
+            samples: m.all.samples(),
+            alloc_bytes: estimating.estimate(&m.all).bytes,
+            inuse_bytes: tracking.then(|| estimating.estimate(&m.live).bytes),
+            peak_bytes: peak_bytes.filter(|_| tracking),
+            lifetimes: m
+                .lifetimes
+                .as_ref()
+                .and_then(|lifetimes| estimating.lifetimes(lifetimes, &m.live)),
+            lost: m.lost,
+            command: m.command,
+        }
+    });
+    out.sort_by(|a, b| b.alloc_bytes.estimate.total_cmp(&a.alloc_bytes.estimate));
+    out
+}
+
+/// `stacks` (in the tally's order) sorted by estimated bytes allocated, largest first, and
+/// `command_stacks`' indices moved with them.
+pub(super) fn sorted(
+    stacks: Vec<(Option<usize>, StackProfile)>,
+    command_stacks: &mut [CommandStackProfile],
+) -> Vec<(Option<usize>, StackProfile)> {
+    let mut stacks: Vec<(usize, (Option<usize>, StackProfile))> =
+        stacks.into_iter().enumerate().collect();
+    stacks.sort_by(|(_, a), (_, b)| {
+        b.1.alloc_bytes
+            .estimate
+            .total_cmp(&a.1.alloc_bytes.estimate)
+    });
+    let mut sorted_at = vec![0; stacks.len()];
+    for (at, (tallied_at, _)) in stacks.iter().enumerate() {
+        sorted_at[*tallied_at] = at;
+    }
+    for command_stack in command_stacks {
+        command_stack.stack = sorted_at[command_stack.stack];
+    }
+    stacks.into_iter().map(|(_, stack)| stack).collect()
 }

@@ -27,7 +27,7 @@ pub(super) struct Estimating {
 }
 
 impl Estimating {
-    fn estimate(&self, set: &SampleSet) -> Estimates {
+    pub(super) fn estimate(&self, set: &SampleSet) -> Estimates {
         set.estimate(self.confidence, Window::RECORDING, self.largest_interval)
     }
 
