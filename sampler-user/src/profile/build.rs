@@ -247,6 +247,27 @@ impl Context<'_> {
         sites
     }
 
+    /// Every stack's estimates, largest estimated bytes first, with their timelines; and
+    /// above [`GROUPED_ABOVE`] processes (not duty-cycled) each command's stacks taken
+    /// together.
+    fn all_stacks(
+        &self,
+        tallied: Vec<StackTally>,
+    ) -> (Vec<StackProfile>, Vec<crate::schema::CommandStackProfile>) {
+        let processes = &self.tally.processes;
+        let merged = (processes.len() > GROUPED_ABOVE && !tallied.iter().any(|s| s.duty.is_some()))
+            .then(|| command_stacks::merge(&tallied, processes));
+        let stacks = self.stacks(tallied);
+        let estimating = self.estimating();
+        let mut command_stacks = merged
+            .map(|merged| command_stacks::estimate(merged, &stacks, &estimating, self.tracking()))
+            .unwrap_or_default();
+        let mut stacks = command_stacks::sorted(stacks, &mut command_stacks);
+        self.add_timelines(&mut stacks);
+        let stacks = stacks.into_iter().map(|(_, stack)| stack).collect();
+        (stacks, command_stacks)
+    }
+
     /// `processes` by command name, each group estimated from its processes' samples
     /// together (`per_pid`).
     fn commands(
@@ -406,19 +427,7 @@ impl Profile {
             fillings: fillings(&per_pid),
         };
         let sites = context.sites(&tallied);
-        let merged = (tally.processes.len() > GROUPED_ABOVE
-            && !tallied.iter().any(|s| s.duty.is_some()))
-        .then(|| command_stacks::merge(&tallied, &tally.processes));
-        let stacks = context.stacks(tallied);
-        let estimating = context.estimating();
-        let mut command_stacks = merged
-            .map(|merged| {
-                command_stacks::estimate(merged, &stacks, &estimating, context.tracking())
-            })
-            .unwrap_or_default();
-        let mut stacks = command_stacks::sorted(stacks, &mut command_stacks);
-        context.add_timelines(&mut stacks);
-        let stacks: Vec<StackProfile> = stacks.into_iter().map(|(_, stack)| stack).collect();
+        let (stacks, command_stacks) = context.all_stacks(tallied);
         let processes: Vec<ProcessProfile> = per_pid
             .iter()
             .map(|(&pid, totals)| {
