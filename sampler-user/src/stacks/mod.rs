@@ -245,12 +245,14 @@ impl StackTable {
     }
 
     /// Takes `pid`'s maps as read at `read_ns` by the intake thread ([`Event::Maps`]) when
-    /// they are newer than what the table has.
+    /// they are newer than what the table has; read at 0 (a read its exit overtook, short),
+    /// only when the table has none.
     ///
     /// [`Event::Maps`]: crate::collect::Event::Maps
     pub fn offer_maps(&mut self, pid: u32, read_ns: u64, text: &str) {
         let entry = self.maps.entry(pid).or_default();
-        if read_ns > entry.read_ns && !text.is_empty() {
+        let stand_in = read_ns == 0 && entry.vmas.is_empty();
+        if (read_ns > entry.read_ns || stand_in) && !text.is_empty() {
             entry.read_ns = read_ns;
             entry.take(text);
         }
@@ -891,6 +893,33 @@ mod tests {
         // Newer: one re-read.
         table.normalize(pid, 0x10, crate::collect::monotonic_ns());
         assert!(table.maps[&pid].read_ns > first_read);
+    }
+
+    /// A maps read its process's exit overtook ends short, without the libraries; the
+    /// intake thread offers it as read at 0: a stand-in where nothing is known, never over
+    /// a whole copy (the library's own, read at its sample).
+    #[test]
+    fn a_maps_read_the_exit_overtook_does_not_replace_a_whole_copy() {
+        let exe = "55d000000000-55d000010000 r-xp 00002000 08:01 100 /usr/bin/sort\n";
+        let libc = "7f0000000000-7f0000100000 r-xp 00026000 08:01 200 /usr/lib/libc.so.6\n";
+        let whole = format!("{exe}{libc}");
+        let paths = |table: &StackTable, pid: u32| -> Vec<String> {
+            table.maps[&pid]
+                .vmas
+                .iter()
+                .filter_map(|v| Some(v.path.as_ref()?.display().to_string()))
+                .collect()
+        };
+        let mut table = StackTable::default();
+        table.offer_maps(7, 100, &whole);
+        table.offer_maps(7, 0, exe);
+        assert_eq!(paths(&table, 7), ["/usr/bin/sort", "/usr/lib/libc.so.6"]);
+        assert_eq!(table.maps[&7].read_ns, 100);
+        table.offer_maps(8, 0, exe);
+        assert_eq!(paths(&table, 8), ["/usr/bin/sort"]);
+        // Any copy read at a time replaces the stand-in.
+        table.offer_maps(8, 50, &whole);
+        assert_eq!(paths(&table, 8).len(), 2);
     }
 
     impl ModuleTable {
