@@ -1,0 +1,55 @@
+//! The maps of a process read on the intake thread, at its first sample: a process that
+//! lives a few milliseconds may be gone by the time its samples are unwound, and its
+//! mappings with it.
+
+use super::{monotonic_ns, Event};
+
+/// Reads a process's maps on the intake thread, at its first sample since its exec (the
+/// sample comes from its allocator, so its libraries are mapped by then), and sends them
+/// ahead of the sample: see [`Event::Maps`].
+#[derive(Default)]
+pub(super) struct MapsReader {
+    /// Processes whose maps were sent since their last exec.
+    pub sent: std::collections::HashSet<u32>,
+    /// Python frames (unless `--python-frames off`): told of every maps read.
+    pub python: Option<crate::python::Frames>,
+}
+
+impl MapsReader {
+    /// Most processes remembered; beyond, the set starts over (a few maps read again).
+    const MAX_REMEMBERED: usize = 1 << 16;
+
+    pub(super) fn before(&mut self, event: &Event, out: &mut Vec<Event>) {
+        match *event {
+            Event::Alloc(ref sample) => {
+                if self.sent.len() >= Self::MAX_REMEMBERED {
+                    self.sent.clear();
+                }
+                if self.sent.insert(sample.pid) {
+                    let read_ns = monotonic_ns();
+                    if let Ok(text) = crate::sys::maps::read_text(sample.pid) {
+                        // A read its exit overtook ends short, without the libraries (see
+                        // `StackTable::refresh`): sent as read at 0, a stand-in that any
+                        // other copy replaces (its library's own, read at its sample; as
+                        // newer, it had replaced that one, and a shell loop's quick
+                        // processes' frames ended in no file).
+                        let exiting = crate::sys::process::executable_of(sample.pid).is_none();
+                        let read_ns = if exiting { 0 } else { read_ns };
+                        if let Some(python) = &mut self.python {
+                            python.found_maps(sample.pid, &crate::sys::maps::parse(&text));
+                        }
+                        out.push(Event::Maps {
+                            pid: sample.pid,
+                            read_ns,
+                            text,
+                        });
+                    }
+                }
+            }
+            Event::Process { pid, parent: 0, .. } => {
+                self.sent.remove(&pid);
+            }
+            _ => {}
+        }
+    }
+}
