@@ -940,6 +940,12 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(of("tool", "parse"), [(1, 99)]);
+        // A pid no process line knows keeps its stacks apart.
+        let mut unknown = tally.clone();
+        unknown.stacks.push(stack(500, "parse", &[(64, 0)]));
+        unknown.stacks.push(stack(501, "parse", &[(64, 0)]));
+        let apart = Profile::build(snapshot(unknown)).command_stacks;
+        assert_eq!(apart.iter().filter(|s| s.command.is_empty()).count(), 2);
         assert_eq!(of("app", "other"), [(1, pids[0])]);
         assert_eq!(profile.command_stacks.len(), 3);
 

@@ -33,22 +33,24 @@ pub(super) struct Merged {
     pub members: Vec<usize>,
 }
 
-/// `tallied`'s stacks merged per (command, frames), in order of first appearance; a pid
-/// not among `processes` has the empty name.
+/// `tallied`'s stacks merged per (command, frames), in order of first appearance; the
+/// stacks of a pid not among `processes` stay apart (its own, under the empty name).
 pub(super) fn merge(tallied: &[StackTally], processes: &[ProcessTally]) -> Vec<Merged> {
     let commands: HashMap<u32, &str> = processes
         .iter()
         .map(|p| (p.pid, p.command.as_str()))
         .collect();
-    let command_of = |pid| commands.get(&pid).copied();
-    let mut at: HashMap<(String, &[FrameInfo], bool), usize> = HashMap::new();
+    let mut at: HashMap<(&str, u32, &[FrameInfo], bool), usize> = HashMap::new();
     let mut merged: Vec<Merged> = Vec::new();
     for (index, stack) in tallied.iter().enumerate() {
-        let command = command_of(stack.pid).map_or_else(String::new, str::to_owned);
-        let key = (command.clone(), stack.frames.as_slice(), stack.lost);
+        let (command, unknown) = match commands.get(&stack.pid) {
+            Some(&command) => (command, 0),
+            None => ("", stack.pid),
+        };
+        let key = (command, unknown, stack.frames.as_slice(), stack.lost);
         let slot = *at.entry(key).or_insert_with(|| {
             merged.push(Merged {
-                command,
+                command: command.to_owned(),
                 lost: stack.lost,
                 ..Merged::default()
             });

@@ -221,43 +221,32 @@ pub fn render(profile: &Profile, top: usize, each: bool) -> String {
     }
     // Many processes: each command's alike stacks taken together, per-process growth and
     // leaks aside (a process's own).
-    let by_command = groups::grouped(profile, each) && !profile.command_stacks.is_empty();
-    let commands = command_rows(profile);
+    if groups::grouped(profile, each) && !profile.command_stacks.is_empty() {
+        stack_tables(&mut out, profile, &command_rows(profile), top);
+    } else {
+        stack_tables(&mut out, profile, &profile.stacks, top);
+    }
+    out
+}
+
+/// The tables of `rows` (a profile's stacks, or its command stacks, sorted by bytes
+/// allocated): live at the peak and at the end, the growing sites (each process's),
+/// temporary allocations, allocated bytes, and the hint when the largest's bounds are wide.
+fn stack_tables<R: Row>(out: &mut String, profile: &Profile, rows: &[R], top: usize) {
     if !profile.alloc_only {
         if profile.opens_on() == crate::profile::Opening::Peak {
             let heading = "top stacks by estimated live bytes at the peak (each process's \
                            highest live heap):";
-            if by_command {
-                live_rows(&mut out, &commands, top, heading, |r| r.stack.peak_bytes);
-            } else {
-                live_rows(&mut out, &profile.stacks, top, heading, |s| s.peak_bytes);
-            }
+            live_rows(out, rows, top, heading, R::peak_bytes);
         }
         let heading = "top stacks by estimated live bytes:";
-        if by_command {
-            live_rows(&mut out, &commands, top, heading, |r| r.stack.inuse_bytes);
-        } else {
-            live_rows(&mut out, &profile.stacks, top, heading, |s| s.inuse_bytes);
-        }
-        insight::growing_rows(&mut out, profile, top);
-        if by_command {
-            insight::temporary_rows(&mut out, &commands, top);
-        } else {
-            insight::temporary_rows(&mut out, &profile.stacks, top);
-        }
+        live_rows(out, rows, top, heading, R::inuse_bytes);
+        insight::growing_rows(out, profile, top);
+        insight::temporary_rows(out, rows, top);
     }
     let _ = writeln!(out, "top stacks by estimated allocated bytes:");
-    if by_command {
-        allocated_rows(&mut out, &commands, top);
-    } else {
-        allocated_rows(&mut out, &profile.stacks, top);
-    }
-    if by_command {
-        insight::wide_bounds_hint(&mut out, profile, &commands);
-    } else {
-        insight::wide_bounds_hint(&mut out, profile, &profile.stacks);
-    }
-    out
+    allocated_rows(out, rows, top);
+    insight::wide_bounds_hint(out, profile, rows);
 }
 
 /// The top `top` of `rows` (sorted by bytes allocated) by bytes allocated.

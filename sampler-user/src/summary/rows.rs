@@ -24,6 +24,10 @@ pub(crate) trait Row {
     fn who(&self) -> String;
     fn samples(&self) -> u64;
     fn alloc_bytes(&self) -> &Estimate;
+    /// Bytes live at the end (`None`: frees not tracked).
+    fn inuse_bytes(&self) -> Option<Estimate>;
+    /// Bytes live at each process's peak (`None`: frees not tracked).
+    fn peak_bytes(&self) -> Option<Estimate>;
     fn lifetimes(&self) -> Option<&LifetimeValues>;
     /// The lost samples' pseudo-stack, not a call stack.
     fn lost(&self) -> bool;
@@ -45,6 +49,12 @@ impl Row for StackProfile {
     fn alloc_bytes(&self) -> &Estimate {
         &self.alloc_bytes
     }
+    fn inuse_bytes(&self) -> Option<Estimate> {
+        self.inuse_bytes
+    }
+    fn peak_bytes(&self) -> Option<Estimate> {
+        self.peak_bytes
+    }
     fn lifetimes(&self) -> Option<&LifetimeValues> {
         self.lifetimes.as_ref()
     }
@@ -55,7 +65,7 @@ impl Row for StackProfile {
 
 /// A command's stack as a row: with the frames of the stack it names.
 pub(crate) struct CommandRow<'a> {
-    pub stack: &'a CommandStackProfile,
+    stack: &'a CommandStackProfile,
     frames: &'a [FrameInfo],
 }
 
@@ -91,6 +101,12 @@ impl Row for CommandRow<'_> {
     }
     fn alloc_bytes(&self) -> &Estimate {
         &self.stack.alloc_bytes
+    }
+    fn inuse_bytes(&self) -> Option<Estimate> {
+        self.stack.inuse_bytes
+    }
+    fn peak_bytes(&self) -> Option<Estimate> {
+        self.stack.peak_bytes
     }
     fn lifetimes(&self) -> Option<&LifetimeValues> {
         self.stack.lifetimes.as_ref()
