@@ -27,13 +27,12 @@ impl MapsReader {
                 }
                 if self.sent.insert(sample.pid) {
                     let read_ns = monotonic_ns();
-                    if let Ok(text) = crate::sys::maps::read_text(sample.pid) {
-                        // A read its exit overtook ends short, without the libraries (see
-                        // `StackTable::refresh`): sent as read at 0, a stand-in that any
-                        // other copy replaces (its library's own, read at its sample; as
-                        // newer, it had replaced that one, and a shell loop's quick
-                        // processes' frames ended in no file).
-                        let exiting = crate::sys::process::executable_of(sample.pid).is_none();
+                    if let Ok((text, exiting)) = crate::sys::maps::read_text_until_exit(sample.pid)
+                    {
+                        // A read the exit overtook may be short: sent as read at 0, a
+                        // stand-in that any other copy replaces (its library's own, read at
+                        // its sample; as newer, it had replaced that one, and a shell loop's
+                        // quick processes' frames ended in no file).
                         let read_ns = if exiting { 0 } else { read_ns };
                         if let Some(python) = &mut self.python {
                             python.found_maps(sample.pid, &crate::sys::maps::parse(&text));

@@ -224,15 +224,12 @@ impl StackTable {
             return;
         }
         let read_ns = crate::collect::monotonic_ns();
-        match maps::read_text(pid) {
+        match maps::read_text_until_exit(pid) {
             // A process that exited but was not reaped yet has no maps left.
-            Ok(text) if text.is_empty() => entry.gone = true,
-            Ok(text) => {
-                // Each chunk of a maps file holds the memory anew, refused once the exit
-                // began: a read the exit overtook ends short, without the libraries (last,
-                // at the top). The exit clears the exe link first: such a read stands in
-                // only until another copy comes (its library's, read by itself).
-                let exiting = crate::sys::process::executable_of(pid).is_none();
+            Ok((text, _)) if text.is_empty() => entry.gone = true,
+            Ok((text, exiting)) => {
+                // A read the exit overtook may be short: it stands in only until another
+                // copy comes (its library's, read by itself).
                 entry.read_ns = if exiting { 0 } else { read_ns };
                 entry.gone = exiting;
                 entry.take(&text);

@@ -151,6 +151,17 @@ pub fn read_text(pid: u32) -> io::Result<String> {
     super::moment::text(pid, "maps", || read_now(pid))
 }
 
+/// [`read_text`], and whether the process's exit may have cut it short. Each chunk of a
+/// maps file holds the memory anew, refused once the exit began: a read the exit overtook
+/// ends short, without the libraries (last, at the top). The exit clears the exe link
+/// first, so it is looked at after the read (not held by the moment). An empty text (a
+/// process not yet reaped) is exiting without a look.
+pub fn read_text_until_exit(pid: u32) -> io::Result<(String, bool)> {
+    let text = read_text(pid)?;
+    let exiting = text.is_empty() || super::process::executable_of(pid).is_none();
+    Ok((text, exiting))
+}
+
 fn read_now(pid: u32) -> io::Result<String> {
     std::fs::read_to_string(super::process::path(pid, "maps"))
 }
