@@ -4,14 +4,17 @@
 //! runtime's own, the process's total against `runtime.MemStats.TotalAlloc`, a leaking
 //! site's in-use bytes against what it holds, a method and a function inlined into it named
 //! as Go names them, from the start (`-- CMD`) and attached to a running program (`-p`,
-//! `--comm`, `--all`); a program whose heap profiling is off is said to be, not shown as
-//! empty.
+//! `--comm`, `--all`; by pid its heap profile is read, no probe in it); a program whose
+//! heap profiling is off is said to be, not shown as empty.
 
 use tests::{
     go_fixture, go_fixture_pie, go_fixture_with, go_toolchains, interrupt, read_profile,
     record::{assert_holds, site_of},
     start_recording, typed, Fixture, Record, TempDir,
 };
+
+/// What a Go runtime read, not probed, says of itself.
+const READ: &str = "its heap profile read every 100 ms, no probe in the process";
 
 /// What the fixture counted itself: each site's (function, bytes, objects) and the
 /// runtime's TotalAlloc over the same time.
@@ -255,6 +258,21 @@ fn a_running_go_program_is_attached_by_pid_comm_and_all() {
         let process = tests::record::process_of(&profile, fixture.pid());
         let source = process.exact_source.as_deref();
         assert_eq!(source, Some("runtime.memstats, read at the end"), "{mode}");
+        // By pid, its runtime's heap profile is read (no probe in it: its stacks are the
+        // runtime's own tracebacks); found by name or among all, it is probed.
+        let read = mode == "-p";
+        let unwound = format!(
+            "{:?}",
+            site_of(&profile, fixture.pid(), "main.churn")[0].unwound
+        );
+        let expected = if read { "GoRuntime" } else { "FramePointers" };
+        assert_eq!(unwound, format!("Some({expected})"), "{mode}");
+        assert_eq!(
+            process.allocators[0].ends_with(READ),
+            read,
+            "{mode}: {:?}",
+            process.allocators
+        );
         assert_near(
             process.exact.bytes,
             truth.looped,
@@ -262,6 +280,69 @@ fn a_running_go_program_is_attached_by_pid_comm_and_all() {
             &said,
         );
     }
+}
+
+/// A running Go program read, not probed (`-p`), that exits while recorded: its samples
+/// until the last reading are in, and its process says what its last moments took with
+/// them rather than show them as nothing.
+#[test]
+fn a_go_program_read_until_it_exits_says_what_its_exit_took() {
+    tests::require_bpf!();
+    let program = go_fixture("goalloc");
+    let mut fixture = Fixture::start_binary(
+        &program,
+        &["-rate", "524288", "-rounds", "3000000", "-wait"],
+        &[],
+    );
+    fixture.expect("ready");
+    let dir = TempDir::new("go-read-exit");
+    let out = dir.path("exit.json");
+    let pid = fixture.pid().to_string();
+    let (mut recorder, stderr) =
+        start_recording(&["record", "-o", out.to_str().unwrap(), "-p", &pid]);
+    let said = tests::drain(stderr);
+    fixture.go();
+    let mut counts = String::new();
+    loop {
+        let line = fixture.line();
+        if line == "done" {
+            break;
+        }
+        counts.push_str(&line);
+        counts.push('\n');
+    }
+    let truth = Truth::parse(&counts);
+    // Its only target gone, the recording ends by itself.
+    let status = recorder.wait().unwrap();
+    let said = said.join().unwrap();
+    assert!(status.success(), "{status}\n{said}");
+    let profile = typed(&read_profile(&out));
+    let process = tests::record::process_of(&profile, fixture.pid());
+    assert!(
+        process.allocators[0].ends_with(READ),
+        "{:?}",
+        process.allocators
+    );
+    // Read until its last reading: most of its ~1 s loop is in, never more than it did.
+    assert!(
+        process.samples > 1000,
+        "{} samples\n{said}",
+        process.samples
+    );
+    let looped = truth.looped as f64;
+    assert!(
+        process.alloc_bytes.lower <= looped,
+        "{:?} against {looped}\n{said}",
+        process.alloc_bytes
+    );
+    assert!(
+        process
+            .incomplete
+            .iter()
+            .any(|why| why.contains("after the last reading, ended with it")),
+        "{:?}\n{said}",
+        process.incomplete
+    );
 }
 
 /// Heap profiling off, by the linker's choice in a program that never asks for a heap

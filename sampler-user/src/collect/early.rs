@@ -62,6 +62,7 @@ pub(crate) fn events(
                         pid,
                         timestamp_ns: record.head.timestamp_ns,
                         address,
+                        read: false,
                     }));
                 }
             }
@@ -105,6 +106,7 @@ fn sample(copy: &EarlyCopy, track_frees: bool) -> Option<Sample> {
         weight: None,
         python_sent: record.py_head != 0,
         python: None,
+        runtime_traceback: false,
     })
 }
 

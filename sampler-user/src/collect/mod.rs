@@ -27,6 +27,7 @@ mod maps_reader;
 use maps_reader::MapsReader;
 pub(crate) mod early;
 pub(crate) mod forget;
+pub(crate) mod go_profile;
 
 pub(crate) use counters::{lost, thread_states, Counters, Losses, LostBatch};
 
@@ -75,6 +76,10 @@ pub struct Sample {
     pub python_sent: bool,
     /// The Python frames running at the call.
     pub python: Option<Box<crate::python::PythonStack>>,
+    /// `stack` is a Go runtime's own traceback (its heap profile's,
+    /// [`go_profile`]): an inlined call's caller has an entry of its own, at its inline
+    /// mark, which follows no call instruction.
+    pub runtime_traceback: bool,
 }
 
 /// A copy of the top of a sampled thread's user stack, with the registers it was taken with.
@@ -106,6 +111,9 @@ pub struct Freed {
     pub timestamp_ns: u64,
     /// The block's address.
     pub address: u64,
+    /// Told by a reading of a Go runtime's heap profile ([`go_profile`]), not a probe: at
+    /// the reading's time, the block's lifetime unknown (both ends rounded to readings).
+    pub read: bool,
 }
 
 /// A decoded ring-buffer record.
@@ -179,6 +187,7 @@ fn decode_free(bytes: &[u8]) -> Option<Event> {
         pid: event.pid,
         timestamp_ns: event.timestamp_ns,
         address: event.address,
+        read: false,
     }))
 }
 
@@ -269,6 +278,7 @@ fn decode_alloc(bytes: &[u8]) -> Option<Event> {
         weight: weight_of(&event),
         python_sent: event.flags & sampler_common::python::FLAG_PYTHON != 0,
         python: None,
+        runtime_traceback: false,
     }))
 }
 
@@ -727,6 +737,7 @@ mod tests {
             pid: 3,
             timestamp_ns: 9,
             address: 0x77,
+            read: false,
         };
         assert_eq!(decode(&bytes_of(&free)), Some(Event::Free(freed)));
         assert_eq!(decode(&bytes_of(&free)[..8]), None);
@@ -810,6 +821,7 @@ mod tests {
             weight: None,
             python_sent: false,
             python: None,
+            runtime_traceback: false,
         };
         let sample = Event::Alloc(ours.clone());
         let maps_sent = |reader: &mut MapsReader, event: &Event| {

@@ -39,6 +39,10 @@ pub(crate) const PROVIDER: &str = "go runtime";
 pub(crate) const PROFILING_OFF: &str =
     "heap profiling off unless the program sets runtime.MemProfileRate";
 
+/// What a Go runtime's description adds where its heap profile is read, not probed
+/// ([`super::go_buckets`]).
+pub(crate) const READ: &str = "its heap profile read every 100 ms, no probe in the process";
+
 /// Whether `allocator`, as a process's allocators are described to users
 /// ([`super::allocator::Allocator::describe`]), is a Go runtime: `go runtime (go1.19.8) (…)`.
 pub(crate) fn describes(allocator: &str) -> bool {
@@ -199,6 +203,13 @@ fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String
         }
         _ => {}
     }
+    // The runtime's structures, as its DWARF lays them out, for both readers.
+    let wanted: Vec<&str> = super::go_memstats::STRUCTURES
+        .iter()
+        .chain(&super::go_buckets::STRUCTURES)
+        .copied()
+        .collect();
+    let types = super::go_dwarf::Types::read(file, &wanted);
     let profiling_off = find(&["runtime.disableMemoryProfiling"])
         .and_then(|(at, _)| byte_at(file, at))
         .is_some_and(|b| b != 0);
@@ -210,7 +221,11 @@ fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String
             rate_at: Some(rate),
             pie_segments: (file.kind() != object::ObjectKind::Executable)
                 .then(|| crate::sys::maps::loadable_segments(file)),
-            go_memstats: Some(super::go_memstats::layout(file)),
+            go_memstats: Some(
+                (types.as_ref().map_err(Clone::clone))
+                    .and_then(|t| super::go_memstats::layout(file, t)),
+            ),
+            go_buckets: Some(types.and_then(|t| super::go_buckets::layout(file, &t).map(Box::new))),
         },
         profiling_off,
     ))

@@ -17,10 +17,6 @@
 //! no exact totals. Pure: the file's bytes in, a [`Layout`] out; a reading's bytes in,
 //! [`Totals`] out.
 
-use std::borrow::Cow;
-
-use object::{Object as _, ObjectSection as _};
-
 /// Where a Go runtime's allocation counts are and how to sum them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -47,6 +43,13 @@ pub(crate) const SOURCE: &str = "runtime.memstats";
 
 /// How many deltas the ring holds.
 const RING: u32 = 3;
+
+/// The structures [`layout`] asks the DWARF about.
+pub(crate) const STRUCTURES: [&str; 3] = [
+    "runtime.mstats",
+    "runtime.consistentHeapStats",
+    "runtime.heapStatsDelta",
+];
 
 /// The sums `ReadMemStats` would report, as published when read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -99,7 +102,10 @@ impl Totals {
 }
 
 /// Where `file`'s runtime keeps its counts, or why they cannot be read.
-pub(crate) fn layout(file: &object::File) -> Result<Layout, String> {
+pub(crate) fn layout(
+    file: &object::File,
+    types: &super::go_dwarf::Types,
+) -> Result<Layout, String> {
     let symbol = |names: &[&str]| super::go::symbol_in(file, names);
     let (memstats, memstats_size) =
         symbol(&["runtime.memstats"]).ok_or("no runtime.memstats symbol")?;
@@ -113,7 +119,6 @@ pub(crate) fn layout(file: &object::File) -> Result<Layout, String> {
         .chunks_exact(2)
         .map(|pair| u32::from(u16::from_le_bytes([pair[0], pair[1]])))
         .collect();
-    let types = Types::read(file)?;
     let member = |structure: &str, name: &str| {
         types
             .member(structure, name)
@@ -141,130 +146,6 @@ pub(crate) fn layout(file: &object::File) -> Result<Layout, String> {
         ));
     }
     Ok(layout)
-}
-
-/// The structures of a Go executable's DWARF that [`layout`] asks about: each one's size
-/// and members' offsets.
-struct Types {
-    /// `(structure, member or "" for its size, value)`.
-    found: Vec<(String, String, u64)>,
-}
-
-/// The structures [`layout`] needs.
-const STRUCTURES: [&str; 3] = [
-    "runtime.mstats",
-    "runtime.consistentHeapStats",
-    "runtime.heapStatsDelta",
-];
-
-impl Types {
-    fn read(file: &object::File) -> Result<Types, String> {
-        let section = |id: gimli::SectionId| -> Result<Cow<[u8]>, String> {
-            match file.section_by_name(id.name()) {
-                Some(section) => uncompressed(&section),
-                None => Ok(Cow::Borrowed(&[][..])),
-            }
-        };
-        if file.section_by_name(".debug_info").is_none() {
-            return Err("no DWARF (built with -ldflags=-w)".into());
-        }
-        let sections = gimli::DwarfSections::load(section)?;
-        let dwarf = sections.borrow(|s| gimli::EndianSlice::new(s, gimli::LittleEndian));
-        let mut found = Vec::new();
-        let mut units = dwarf.units();
-        let broken = |e: gimli::Error| format!("its DWARF does not parse: {e}");
-        while let Some(header) = units.next().map_err(broken)? {
-            let unit = dwarf.unit(header).map_err(broken)?;
-            Self::structures_of(&dwarf, &unit, &mut found).map_err(broken)?;
-            if STRUCTURES.iter().all(|s| {
-                found
-                    .iter()
-                    .any(|(name, member, _)| name == s && member.is_empty())
-            }) {
-                break;
-            }
-        }
-        Ok(Types { found })
-    }
-
-    /// Adds the sizes and members of [`STRUCTURES`] among `unit`'s top-level entries.
-    fn structures_of<R: gimli::Reader>(
-        dwarf: &gimli::Dwarf<R>,
-        unit: &gimli::Unit<R>,
-        found: &mut Vec<(String, String, u64)>,
-    ) -> gimli::Result<()> {
-        let name_of = |entry: &gimli::DebuggingInformationEntry<R>| -> gimli::Result<String> {
-            Ok(match entry.attr_value(gimli::DW_AT_name) {
-                Some(value) => dwarf
-                    .attr_string(unit, value)?
-                    .to_string_lossy()?
-                    .into_owned(),
-                None => String::new(),
-            })
-        };
-        let mut tree = unit.entries_tree(None)?;
-        let root = tree.root()?;
-        let mut children = root.children();
-        while let Some(node) = children.next()? {
-            let entry = node.entry();
-            if entry.tag() != gimli::DW_TAG_structure_type {
-                continue;
-            }
-            let structure = name_of(entry)?;
-            if !STRUCTURES.contains(&structure.as_str()) {
-                continue;
-            }
-            let size = entry.attr_value(gimli::DW_AT_byte_size);
-            if let Some(size) = size.and_then(|v| v.udata_value()) {
-                found.push((structure.clone(), String::new(), size));
-            }
-            let mut members = node.children();
-            while let Some(member) = members.next()? {
-                let entry = member.entry();
-                let at = entry.attr_value(gimli::DW_AT_data_member_location);
-                if let (gimli::DW_TAG_member, Some(at)) = (entry.tag(), at) {
-                    if let Some(offset) = at.udata_value() {
-                        found.push((structure.clone(), name_of(entry)?, offset));
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn member(&self, structure: &str, member: &str) -> Option<u64> {
-        self.found
-            .iter()
-            .find(|(s, m, _)| s == structure && m == member)
-            .map(|f| f.2)
-    }
-
-    fn size(&self, structure: &str) -> Option<u64> {
-        self.member(structure, "")
-    }
-}
-
-/// A section's bytes, inflated if the linker compressed it (Go compresses its DWARF with
-/// zlib, `SHF_COMPRESSED`).
-fn uncompressed<'a>(section: &object::Section<'a, '_>) -> Result<Cow<'a, [u8]>, String> {
-    use std::io::Read as _;
-    let compressed = section
-        .compressed_data()
-        .map_err(|e| format!("its DWARF cannot be read: {e}"))?;
-    match compressed.format {
-        object::CompressionFormat::None => Ok(Cow::Borrowed(compressed.data)),
-        object::CompressionFormat::Zlib => {
-            let size = usize::try_from(compressed.uncompressed_size).unwrap_or(usize::MAX);
-            // A section larger than a header says is refused, not inflated without end.
-            let mut out = Vec::with_capacity(size.min(1 << 30));
-            flate2::read::ZlibDecoder::new(compressed.data)
-                .take(size as u64)
-                .read_to_end(&mut out)
-                .map_err(|e| format!("its DWARF does not inflate: {e}"))?;
-            Ok(Cow::Owned(out))
-        }
-        other => Err(format!("its DWARF is compressed as {other:?}")),
-    }
 }
 
 #[cfg(test)]
@@ -324,7 +205,7 @@ mod tests {
     fn other_files_have_no_layout() {
         let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
         let file = object::File::parse(&*exe).unwrap();
-        let refused = super::layout(&file).unwrap_err();
+        let refused = super::layout(&file, &Default::default()).unwrap_err();
         assert_eq!(refused, "no runtime.memstats symbol");
     }
 }

@@ -13,6 +13,8 @@ pub(crate) mod btf;
 #[cfg(test)]
 mod contract;
 pub(crate) mod go;
+pub(crate) mod go_buckets;
+pub(crate) mod go_dwarf;
 pub(crate) mod go_memstats;
 pub mod prologue;
 pub(crate) mod runs;

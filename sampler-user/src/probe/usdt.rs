@@ -211,6 +211,25 @@ pub struct Producer {
     /// Where a Go runtime keeps its exact allocation totals, or why they cannot be read
     /// (`None`: not a Go runtime).
     pub go_memstats: Option<Result<super::go_memstats::Layout, String>>,
+    /// Where a Go runtime keeps its heap profile's buckets, read instead of probing it
+    /// where it can be, or why it cannot be (`None`: not a Go runtime).
+    pub go_buckets: Option<Result<Box<super::go_buckets::Layout>, String>>,
+}
+
+impl Producer {
+    /// What `pid` adds to the virtual addresses of this producer's file (`file`): 0 for a
+    /// position-dependent executable, its load bias for a position-independent one (from
+    /// its mapping of the file); `None` if the file is not mapped (gone, or another
+    /// program now).
+    pub(crate) fn bias_in(&self, pid: u32, file: &crate::sys::maps::FileId) -> Option<u64> {
+        let Some(segments) = &self.pie_segments else {
+            return Some(0);
+        };
+        let vmas = crate::sys::maps::read(pid).ok()?;
+        vmas.iter()
+            .filter(|v| &v.file_id == file)
+            .find_map(|v| crate::sys::maps::load_bias(segments, v.start, v.offset))
+    }
 }
 
 /// The allocation probes of another producer among `sites` (the first provider of
@@ -249,6 +268,7 @@ pub(crate) fn producer(sites: &[Site]) -> Option<Producer> {
                 rate_at: None,
                 pie_segments: None,
                 go_memstats: None,
+                go_buckets: None,
             })
     })
 }

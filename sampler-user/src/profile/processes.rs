@@ -86,23 +86,6 @@ impl GoTotals {
     }
 }
 
-/// What `pid` adds to the virtual addresses of `allocator`'s file, a producer's: 0 for a
-/// position-dependent executable, its load bias for a position-independent one (from its
-/// mapping of the file); `None` if the file is not mapped (gone, or another program now).
-fn bias_of(
-    pid: u32,
-    allocator: &Allocator,
-    producer: &crate::probe::usdt::Producer,
-) -> Option<u64> {
-    let Some(segments) = &producer.pie_segments else {
-        return Some(0);
-    };
-    let vmas = crate::sys::maps::read(pid).ok()?;
-    vmas.iter()
-        .filter(|v| v.file_id == allocator.file_id)
-        .find_map(|v| crate::sys::maps::load_bias(segments, v.start, v.offset))
-}
-
 /// What a new process of a tracked one was found to be when its fork was told.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Forked {
@@ -392,7 +375,7 @@ impl ProcessBook {
         let mut watch = None;
         for allocator in allocators {
             let producer = allocator.file.producer.as_ref();
-            let bias = producer.and_then(|p| bias_of(pid, allocator, p));
+            let bias = producer.and_then(|p| p.bias_in(pid, &allocator.file_id));
             let rate_at = producer.and_then(|p| p.rate_at);
             if let (Some(at), Some(bias)) = (rate_at, bias) {
                 let at = at.wrapping_add(bias);
@@ -431,6 +414,17 @@ impl ProcessBook {
             }
         }
         watch
+    }
+
+    /// `pid`'s Go runtime in `file` is read, not probed: said with its description.
+    pub fn read_not_probed(&mut self, pid: u32, file: &crate::sys::maps::FileId) {
+        let described = self.allocators.entry(pid).or_default();
+        for (_, name) in described.iter_mut().filter(|(f, _)| f == file) {
+            if !name.ends_with(crate::probe::go::READ) {
+                name.push_str("; ");
+                name.push_str(crate::probe::go::READ);
+            }
+        }
     }
 
     /// Every process tracked, described, with what `samples` says of its samples.

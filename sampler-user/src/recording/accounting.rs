@@ -51,6 +51,11 @@ impl Recording {
     pub(super) async fn finalize(&mut self, pid: u32) -> anyhow::Result<()> {
         self.duty_exit(pid);
         self.catch_up().await?;
+        let (read, notes) = self.go_readers.end(pid);
+        let ended = read.then(|| super::go_readers::ENDED_UNREAD.to_owned());
+        for note in notes.into_iter().chain(ended) {
+            self.aggregation.processes.incomplete(pid, note);
+        }
         self.aggregation.aggregator.mark_exited(pid);
         self.claim_regions(Some(pid));
         if let Some(comm) = self.accounting.counters.region_comm(pid) {

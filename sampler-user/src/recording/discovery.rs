@@ -101,6 +101,7 @@ impl Recording {
             Some(probes) => allocators
                 .iter()
                 .filter(|a| !probes.probes_file(pid, &a.file_id))
+                .filter(|a| !(a.file.is_go_runtime() && self.go_readers.reads(pid)))
                 .cloned()
                 .collect(),
             None => Vec::new(),
@@ -108,11 +109,25 @@ impl Recording {
         // Its own counts start before the probes that sample it: a sample taken before the
         // region's baseline would count in the estimate and not in the exact count.
         self.map_front_end(pid, allocators, since.parent);
+        // A Go runtime of a process running before is read, not probed (if it can be):
+        // one found as it is first attached, not one probed already (a command's).
+        let probed: Vec<Allocator> = allocators
+            .iter()
+            .filter(|a| {
+                let read = a.file.is_go_runtime()
+                    && (self.go_readers.reads(pid)
+                        || (new
+                            && since.start == CoverageStart::Attach
+                            && self.go_readers.start(pid, a)));
+                !read
+            })
+            .cloned()
+            .collect();
         // The ring buffer is not read meanwhile: the time is logged, to be kept short.
         let started = std::time::Instant::now();
         let attached = self
             .probes_mut()?
-            .add(Scope::Process { pid, slot }, allocators);
+            .add(Scope::Process { pid, slot }, &probed);
         // Its loader may have mapped more since it was read (attaching takes milliseconds).
         crate::sys::moment::renew();
         let points = match attached {

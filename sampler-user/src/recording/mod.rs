@@ -32,6 +32,7 @@ mod cost_control;
 mod discovery;
 mod duty_cycling;
 mod early;
+mod go_readers;
 mod in_process;
 mod intake;
 mod lineage;
@@ -125,6 +126,8 @@ pub(crate) struct Recording {
     in_process: in_process::InProcess,
     /// `--front-end in-process` with `--comm` or `--all`: only carriers are counted.
     carriers: Option<carriers::Carriers>,
+    /// Go processes read, not probed.
+    go_readers: go_readers::GoReaders,
 }
 
 impl Recording {
@@ -315,6 +318,7 @@ impl Recording {
                     read?;
                     self.take_batch_in_steps()?;
                 }
+                _ = self.clocks.go.tick(), if self.go_readers.any() => self.read_go_profiles()?,
                 _ = self.clocks.refresh.tick() => {
                     self.aggregation.refresh();
                     self.intake.flush_log();
@@ -430,6 +434,12 @@ impl Recording {
             .aggregation
             .processes
             .add_allocators(pid, allocators, from_start);
+        for allocator in allocators.iter().filter(|a| a.file.is_go_runtime()) {
+            if self.go_readers.reads(pid) {
+                let processes = &mut self.aggregation.processes;
+                processes.read_not_probed(pid, &allocator.file_id);
+            }
+        }
         if let (Some(at), Some(probes)) = (watch, self.probes.as_mut()) {
             if let Err(e) = probes.watch_go_stats(pid, at) {
                 warn!("pid {pid}: its Go runtime's totals will not be read at its exit: {e}");
@@ -498,6 +508,16 @@ impl Recording {
         self.aggregation.aggregator.add_all(batch);
     }
 
+    /// Reads the Go processes that are read, not probed, and takes their events in.
+    fn read_go_profiles(&mut self) -> anyhow::Result<()> {
+        let events = self.go_readers.read_all();
+        if !events.is_empty() {
+            self.intake.extend(events);
+            self.take_batch_in_steps()?;
+        }
+        Ok(())
+    }
+
     /// Moves every sample waiting in the ring buffer into the aggregator.
     pub(crate) async fn catch_up(&mut self) -> anyhow::Result<()> {
         self.intake.catch_up().await?;
@@ -513,6 +533,11 @@ impl Recording {
     pub(crate) async fn detach(&mut self) -> anyhow::Result<Closing> {
         if !self.counting() {
             return Ok(Closing(None));
+        }
+        // The Go processes read, a last time: what they did until now is in.
+        self.read_go_profiles()?;
+        for (pid, note) in self.go_readers.all_losses() {
+            self.aggregation.processes.incomplete(pid, note);
         }
         let (counters, _) = self.counters().await?;
         self.end_duty(&counters);
@@ -537,6 +562,8 @@ type Logger = aya_log::EbpfLogger<&'static dyn log::Log>;
 struct Clocks {
     /// Maps snapshots refreshed, eBPF log flushed.
     refresh: tokio::time::Interval,
+    /// Go processes' heap profiles read.
+    go: tokio::time::Interval,
     /// Targets looked for (discovery).
     scan: tokio::time::Interval,
     /// Cost windows and the throttle.
@@ -560,6 +587,7 @@ impl Clocks {
         duty.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Clocks {
             refresh: tokio::time::interval(Duration::from_millis(250)),
+            go: tokio::time::interval(go_readers::READ_EVERY),
             scan: tokio::time::interval(Duration::from_secs(1)),
             second: tokio::time::interval(Duration::from_secs(1)),
             // The clock's first tick is at once: a second ago, so that it runs then.

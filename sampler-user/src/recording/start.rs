@@ -386,6 +386,7 @@ impl Recording {
             ),
             in_process: InProcess::none(sampling.interval),
             carriers: None,
+            go_readers: super::go_readers::GoReaders::default(),
         })
     }
 

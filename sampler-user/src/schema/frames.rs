@@ -85,4 +85,8 @@ pub enum Unwinding {
     Dwarf,
     /// By the kernel, along frame pointers (`--unwind fp`).
     FramePointers,
+    /// By a Go runtime's own traceback, as its heap profile keeps it (read from outside,
+    /// no probe): an inlined call's caller's own entry is left out, the caller's frame
+    /// expanded from the call's return address as for any other stack.
+    GoRuntime,
 }

@@ -371,11 +371,12 @@ impl StackTable {
                 } else {
                     StackEnd::Unknown
                 };
-                let origin = StackOrigin {
-                    unwinding: Unwinding::FramePointers,
-                    end,
+                let unwinding = if sample.runtime_traceback {
+                    Unwinding::GoRuntime
+                } else {
+                    Unwinding::FramePointers
                 };
-                (addresses, origin)
+                (addresses, StackOrigin { unwinding, end })
             }
         };
         let (mut frames, origin) =
@@ -474,6 +475,11 @@ impl StackTable {
                     break;
                 }
             };
+            if !believed && origin.unwinding == Unwinding::GoRuntime {
+                // The runtime's entry for an inlined call's caller (its inline mark, plus
+                // one): the caller is expanded from the call's return address already.
+                continue;
+            }
             if !believed {
                 origin.end = StackEnd::NotAReturnAddress;
                 break;

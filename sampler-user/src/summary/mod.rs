@@ -405,6 +405,10 @@ fn process_lines(out: &mut String, process: &ProcessProfile) {
     if let Some(line) = process.coverage.as_ref().and_then(describe_coverage) {
         let _ = writeln!(out, "    {line}");
     }
+    let read = process.allocators.iter();
+    for allocator in read.filter(|a| a.ends_with(crate::probe::go::READ)) {
+        let _ = writeln!(out, "    front end: {}", text::printable(allocator));
+    }
     for reason in &process.incomplete {
         let _ = writeln!(out, "    incomplete: {}", text::printable(reason));
     }

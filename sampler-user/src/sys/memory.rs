@@ -19,6 +19,13 @@ pub(crate) fn word_of(pid: u32, address: u64) -> Option<u64> {
     Some(u64::from_ne_bytes(bytes))
 }
 
+/// `pid`'s memory opened for reading, to be read again and again (a Go runtime's heap
+/// profile): once the process is gone its reads fail, and never read a later process
+/// with its pid.
+pub(crate) fn open(pid: u32) -> io::Result<File> {
+    File::open(super::process::path(pid, "mem"))
+}
+
 /// `pid`'s memory opened for reading and writing (ptrace access mode: the caller may trace
 /// it).
 pub(crate) fn open_writable(pid: u32) -> io::Result<File> {

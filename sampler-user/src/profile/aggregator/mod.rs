@@ -20,7 +20,7 @@ use super::{
     timeline::Timeline,
 };
 use crate::{
-    collect::{Event, LostBatch, Sample},
+    collect::{Event, Freed, LostBatch, Sample},
     duty::sums::{DutyPair, DutySums, StratumObserved},
     stacks::{self, symbolize::FrameInfo, symbolize::Symbolizer, Frame, StackId, StackTable},
     stats::{growth::TickGrid, peak::Peaks, rate::RateTracker, SampleObs, SampleSet},
@@ -301,7 +301,7 @@ impl Aggregator {
             }
             Event::Free(freed) => {
                 self.advance(freed.timestamp_ns);
-                self.free(freed.pid, freed.address, Some(freed.timestamp_ns));
+                self.free(freed, Some(freed.timestamp_ns));
             }
             // Control events are the recording's (discovery, `offer_maps`): none come here.
             Event::Process { .. }
@@ -330,7 +330,7 @@ impl Aggregator {
         };
         self.per_stack[id].add(obs);
         self.per_stack_period[id].add(obs);
-        if sample.weight.is_some() {
+        if sample.weight.is_some() && !sample.runtime_traceback {
             *self.runtime_hits.entry(sample.pid).or_default() += 1;
         }
         if let Some(breakdown) = self.breakdowns.get_mut(id) {
@@ -352,7 +352,13 @@ impl Aggregator {
         }
         if sample.tracked {
             // A free of the previous block here was lost (ring buffer full): forget it.
-            self.free(sample.pid, sample.address, None);
+            let lost = Freed {
+                pid: sample.pid,
+                timestamp_ns: sample.timestamp_ns,
+                address: sample.address,
+                read: false,
+            };
+            self.free(&lost, None);
             self.peaks
                 .before_change(id, sample.pid, &self.per_stack_live[id]);
             self.per_stack_live[id].add(obs);
@@ -374,8 +380,9 @@ impl Aggregator {
     /// A tracked block was freed (at `freed_ns`; `None`: its free was lost, when is not
     /// known): its sample leaves the live sets (unknown blocks: nothing), and its lifetime
     /// goes into its stack's breakdown.
-    fn free(&mut self, pid: u32, address: u64, freed_ns: Option<u64>) {
-        let Some(block) = self.live.remove(&(pid, address)) else {
+    fn free(&mut self, freed: &Freed, freed_ns: Option<u64>) {
+        let pid = freed.pid;
+        let Some(block) = self.live.remove(&(pid, freed.address)) else {
             return;
         };
         let id = block.stack as usize;
@@ -384,12 +391,15 @@ impl Aggregator {
         // A lost free's time is unknown: the block's own allocation is the latest it is known
         // to have been live at (only a fall, so never a peak).
         let at_ns = freed_ns.unwrap_or(block.allocated_ns);
-        if freed_ns.is_some() && block.obs.weight.is_some() {
+        if freed_ns.is_some() && block.obs.weight.is_some() && !freed.read {
             *self.runtime_hits.entry(pid).or_default() += 1;
         }
         self.peaks.after_change(pid, block.obs, false, at_ns);
         let grid = self.timeline.as_ref().map(Timeline::grid);
         let breakdown = self.breakdowns.get_mut(block.stack as usize);
+        // A reading's free: when the block was allocated and freed is known only to the
+        // reading, no lifetime is made up.
+        let freed_ns = freed_ns.filter(|_| !freed.read);
         if let (Some(freed_ns), Some(grid), Some(breakdown)) = (freed_ns, grid, breakdown) {
             breakdown.freed(block.obs, block.allocated_ns, freed_ns, grid);
         }

@@ -1,0 +1,152 @@
+//! Go processes read, not probed: a process that was running before the recording (`-p`)
+//! and whose runtime's heap profile can be read ([`crate::probe::go_buckets`]) has no probe
+//! put in it; its buckets are read every [`READ_EVERY`] instead and what changed is taken
+//! in as the probes' events would be ([`crate::collect::go_profile`]).
+//!
+//! Why only those: a process that ends during the recording takes the samples since its
+//! last reading with it (up to [`READ_EVERY`]); a command allocscope starts, or a process
+//! followed from its fork, usually ends while recorded, and is probed as before.
+
+use std::collections::BTreeMap;
+
+use log::{debug, info};
+
+use crate::{
+    collect::{go_profile::GoProfile, Event},
+    probe::allocator::Allocator,
+};
+
+pub(crate) use crate::collect::go_profile::READ_EVERY;
+
+/// What a Go process read, not probed, that ended while recorded leaves out.
+pub(super) const ENDED_UNREAD: &str = "its Go heap profile was read every 100 ms: the \
+     samples of its last moments, after the last reading, ended with it";
+
+// The descriptions say the interval.
+const _: () = assert!(READ_EVERY.as_millis() == 100);
+
+/// The Go processes being read, by pid.
+#[derive(Default)]
+pub(super) struct GoReaders {
+    profiles: BTreeMap<u32, GoProfile>,
+    /// Processes that ended between two readings: their last interval is not in the
+    /// samples.
+    ended: Vec<u32>,
+    /// What the readings of processes no longer read left out, not yet noted.
+    left: Vec<(u32, String)>,
+}
+
+impl GoReaders {
+    /// Starts reading `pid`'s Go runtime `allocator` if it can be read; whether it is.
+    pub(super) fn start(&mut self, pid: u32, allocator: &Allocator) -> bool {
+        let Some(producer) = &allocator.file.producer else {
+            return false;
+        };
+        let (Some(Ok(layout)), Some(rate_at)) = (&producer.go_buckets, producer.rate_at) else {
+            return false;
+        };
+        let Some(bias) = producer.bias_in(pid, &allocator.file_id) else {
+            return false;
+        };
+        let mut layout = (**layout).clone();
+        layout.head = layout.head.wrapping_add(bias);
+        let rate_at = rate_at.wrapping_add(bias);
+        let mut profile = match GoProfile::open(pid, layout, rate_at) {
+            Ok(profile) => profile,
+            Err(e) => {
+                debug!("pid {pid}: its Go heap profile cannot be read ({e}): probed instead");
+                return false;
+            }
+        };
+        // The first reading is the baseline: what it finds was before the recording.
+        if let Err(e) = profile.read(crate::collect::monotonic_ns()) {
+            debug!("pid {pid}: its Go heap profile cannot be read ({e}): probed instead");
+            return false;
+        }
+        info!("pid {pid}: its Go runtime's heap profile is read every {READ_EVERY:?}, no probe");
+        self.profiles.insert(pid, profile);
+        true
+    }
+
+    /// Whether any process is read.
+    pub(super) fn any(&self) -> bool {
+        !self.profiles.is_empty()
+    }
+
+    /// Whether `pid` is read.
+    pub(super) fn reads(&self, pid: u32) -> bool {
+        self.profiles.contains_key(&pid)
+    }
+
+    /// Reads every process's profile now: the events since each one's last reading. A
+    /// process that cannot be read any more (gone) is dropped, noted as ended unread.
+    pub(super) fn read_all(&mut self) -> Vec<Event> {
+        let mut events = Vec::new();
+        let now = crate::collect::monotonic_ns();
+        let mut gone = Vec::new();
+        for (&pid, profile) in &mut self.profiles {
+            match profile.read(now) {
+                Ok(more) => events.extend(more),
+                Err(e) => {
+                    debug!("pid {pid}: its Go heap profile is not readable any more ({e})");
+                    gone.push(pid);
+                }
+            }
+        }
+        for pid in gone {
+            let notes = self.losses(pid);
+            self.left.extend(notes.into_iter().map(|n| (pid, n)));
+            self.profiles.remove(&pid);
+            self.ended.push(pid);
+        }
+        events
+    }
+
+    /// `pid` exited: it is read no more; whether it was read (its last interval is lost),
+    /// and what its readings left out.
+    pub(super) fn end(&mut self, pid: u32) -> (bool, Vec<String>) {
+        let mut notes = self.losses(pid);
+        notes.extend(
+            self.left
+                .extract_if(.., |(p, _)| *p == pid)
+                .map(|(_, note)| note),
+        );
+        let was = self.profiles.remove(&pid).is_some() || self.ended.contains(&pid);
+        if was && !self.ended.contains(&pid) {
+            self.ended.push(pid);
+        }
+        (was, notes)
+    }
+
+    /// What `pid`'s readings had to leave out, for its notes (once).
+    pub(super) fn losses(&mut self, pid: u32) -> Vec<String> {
+        let Some(profile) = self.profiles.get_mut(&pid) else {
+            return Vec::new();
+        };
+        let (buckets, untracked) = profile.take_losses();
+        let mut notes = Vec::new();
+        if buckets > 0 {
+            notes.push(format!(
+                "{buckets} of its Go heap profile's buckets (stacks) were not read (more \
+                 than {} or unreadable): their samples are missing",
+                crate::collect::go_profile::MAX_BUCKETS
+            ));
+        }
+        if untracked > 0 {
+            notes.push(format!(
+                "{untracked} sampled blocks' frees could not be followed (more than {} \
+                 live): they count as live",
+                crate::collect::go_profile::MAX_LIVE
+            ));
+        }
+        notes
+    }
+
+    /// Every process read, and what each one's readings left out.
+    pub(super) fn all_losses(&mut self) -> Vec<(u32, String)> {
+        let pids: Vec<u32> = self.profiles.keys().copied().collect();
+        pids.into_iter()
+            .flat_map(|pid| self.losses(pid).into_iter().map(move |n| (pid, n)))
+            .collect()
+    }
+}
