@@ -203,13 +203,7 @@ fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String
         }
         _ => {}
     }
-    // The runtime's structures, as its DWARF lays them out, for both readers.
-    let wanted: Vec<&str> = super::go_memstats::STRUCTURES
-        .iter()
-        .chain(&super::go_buckets::STRUCTURES)
-        .copied()
-        .collect();
-    let types = super::go_dwarf::Types::read(file, &wanted);
+    let (memstats, buckets) = readers(file);
     let profiling_off = find(&["runtime.disableMemoryProfiling"])
         .and_then(|(at, _)| byte_at(file, at))
         .is_some_and(|b| b != 0);
@@ -221,14 +215,33 @@ fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String
             rate_at: Some(rate),
             pie_segments: (file.kind() != object::ObjectKind::Executable)
                 .then(|| crate::sys::maps::loadable_segments(file)),
-            go_memstats: Some(
-                (types.as_ref().map_err(Clone::clone))
-                    .and_then(|t| super::go_memstats::layout(file, t)),
-            ),
-            go_buckets: Some(types.and_then(|t| super::go_buckets::layout(file, &t).map(Box::new))),
+            go_memstats: Some(memstats),
+            go_buckets: Some(buckets),
         },
         profiling_off,
     ))
+}
+
+/// Where `file`'s runtime keeps its exact totals and its heap profile's buckets (or why
+/// they cannot be read), from one reading of its DWARF.
+type Readers = (
+    Result<super::go_memstats::Layout, String>,
+    Result<Box<super::go_buckets::Layout>, String>,
+);
+
+fn readers(file: &object::File) -> Readers {
+    let wanted: Vec<&str> = super::go_memstats::STRUCTURES
+        .iter()
+        .chain(&super::go_buckets::STRUCTURES)
+        .copied()
+        .collect();
+    match super::go_dwarf::Types::read(file, &wanted) {
+        Ok(types) => (
+            super::go_memstats::layout(file, &types),
+            super::go_buckets::layout(file, &types).map(Box::new),
+        ),
+        Err(why) => (Err(why.clone()), Err(why)),
+    }
 }
 
 /// The address and size of the first defined symbol of `file` named one of `names` (the

@@ -95,34 +95,12 @@ impl Recording {
         crate::probe::allocator::behind_front_end(&mut allocators, known);
         let allocators = allocators.as_slice();
         let (slot, new) = self.roster.slot_for(pid)?;
-        // Files it has not been probed in yet (a path may differ, /lib or /usr/lib: the file
-        // is the same).
-        let fresh: Vec<Allocator> = match self.probes.as_ref() {
-            Some(probes) => allocators
-                .iter()
-                .filter(|a| !probes.probes_file(pid, &a.file_id))
-                .filter(|a| !(a.file.is_go_runtime() && self.go_readers.reads(pid)))
-                .cloned()
-                .collect(),
-            None => Vec::new(),
-        };
+        let fresh = self.not_probed_yet(pid, allocators);
         // Its own counts start before the probes that sample it: a sample taken before the
         // region's baseline would count in the estimate and not in the exact count.
         self.map_front_end(pid, allocators, since.parent);
-        // A Go runtime of a process running before is read, not probed (if it can be):
-        // one found as it is first attached, not one probed already (a command's).
-        let probed: Vec<Allocator> = allocators
-            .iter()
-            .filter(|a| {
-                let read = a.file.is_go_runtime()
-                    && (self.go_readers.reads(pid)
-                        || (new
-                            && since.start == CoverageStart::Attach
-                            && self.go_readers.start(pid, a)));
-                !read
-            })
-            .cloned()
-            .collect();
+        let probed =
+            self.read_or_probed(pid, allocators, new && since.start == CoverageStart::Attach);
         // The ring buffer is not read meanwhile: the time is logged, to be kept short.
         let started = std::time::Instant::now();
         let attached = self
@@ -169,6 +147,41 @@ impl Recording {
         }
         self.add_allocators(pid, allocators);
         Ok(())
+    }
+
+    /// Of `allocators` of `pid`, the files it has not been probed (or read) in yet (a path
+    /// may differ, /lib or /usr/lib: the file is the same).
+    fn not_probed_yet(&self, pid: u32, allocators: &[Allocator]) -> Vec<Allocator> {
+        let Some(probes) = self.probes.as_ref() else {
+            return Vec::new();
+        };
+        allocators
+            .iter()
+            .filter(|a| !probes.probes_file(pid, &a.file_id))
+            .filter(|a| !(a.file.is_go_runtime() && self.go_readers.reads(pid)))
+            .cloned()
+            .collect()
+    }
+
+    /// Of `allocators` of `pid`, those to probe: a Go runtime is read instead, not probed,
+    /// if it is already, or if it can be and `may_read` (a process running before, found
+    /// as it is first attached; not a command's, whose exit would take its last reading's
+    /// samples with it).
+    fn read_or_probed(
+        &mut self,
+        pid: u32,
+        allocators: &[Allocator],
+        may_read: bool,
+    ) -> Vec<Allocator> {
+        allocators
+            .iter()
+            .filter(|a| {
+                let read = a.file.is_go_runtime()
+                    && (self.go_readers.reads(pid) || (may_read && self.go_readers.start(pid, a)));
+                !read
+            })
+            .cloned()
+            .collect()
     }
 
     /// `--follow`, `--comm`: makes `pid` a target. The kernel counts it from now on if it
