@@ -5,7 +5,9 @@
 //! allocating; per round it runs natively, under the bare probe (`allocscope
 //! reference-probe --producer -p`: a program that only counts, where `record` probes the
 //! runtime, so the traps' own cost) and attached (`allocscope record -p`), its "go" sent
-//! once the probes are in, in an order rotated every round. heaptrack is not compared: it
+//! once the probes are in, in an order rotated every round. Attached by pid, the runtime is
+//! read, not probed (its heap profile from its memory every 100 ms): the bare probe says
+//! what probing it would cost. heaptrack is not compared: it
 //! probes `malloc`, which a Go program's heap never calls (it would record nothing).
 
 use std::io::{BufRead as _, BufReader, Write as _};
