@@ -128,11 +128,32 @@ struct ProcessMaps {
 impl ProcessMaps {
     /// Takes the executable mappings of a maps file's `text`.
     fn take(&mut self, text: &str) {
-        self.uprobe_area = maps::uprobe_area(text);
-        let vmas: Vec<Vma> = maps::parse(text)
+        self.take_vmas(text, Self::executable(text));
+    }
+
+    /// Takes `text`, a read its process's exit may have cut short, unless it lacks a
+    /// mapping the copy has (it then says less, not something newer); whether it did.
+    fn take_unless_shorter(&mut self, text: &str) -> bool {
+        let vmas = Self::executable(text);
+        let keeps_all = self.vmas.iter().all(|old| {
+            vmas.iter()
+                .any(|new| new.start == old.start && new.path == old.path)
+        });
+        if keeps_all {
+            self.take_vmas(text, vmas);
+        }
+        keeps_all
+    }
+
+    fn executable(text: &str) -> Vec<Vma> {
+        maps::parse(text)
             .into_iter()
             .filter(|vma| vma.executable && vma.path.is_some())
-            .collect();
+            .collect()
+    }
+
+    fn take_vmas(&mut self, text: &str, vmas: Vec<Vma>) {
+        self.uprobe_area = maps::uprobe_area(text);
         if vmas != self.vmas {
             self.vmas = vmas;
             self.module_ids.clear();
@@ -227,12 +248,17 @@ impl StackTable {
         match maps::read_text_until_exit(pid) {
             // A process that exited but was not reaped yet has no maps left.
             Ok((text, _)) if text.is_empty() => entry.gone = true,
-            Ok((text, exiting)) => {
-                // A read the exit overtook may be short: it stands in only until another
-                // copy comes (its library's, read by itself).
-                entry.read_ns = if exiting { 0 } else { read_ns };
-                entry.gone = exiting;
+            Ok((text, false)) => {
+                entry.read_ns = read_ns;
                 entry.take(&text);
+            }
+            // A read the exit overtook may be short: it replaces no mapping the copy has,
+            // and stands in only until another copy comes (its library's, read by itself).
+            Ok((text, true)) => {
+                entry.gone = true;
+                if entry.take_unless_shorter(&text) {
+                    entry.read_ns = 0;
+                }
             }
             // Keep the last snapshot, and its time: it is what the process had when it
             // died, and maps read earlier but offered later (its in-process front end's
@@ -242,14 +268,18 @@ impl StackTable {
     }
 
     /// Takes `pid`'s maps as read at `read_ns` by the intake thread ([`Event::Maps`]) when
-    /// they are newer than what the table has; read at 0 (a read its exit overtook, short),
-    /// only when the table has none.
+    /// they are newer than what the table has; read at 0 (a read its exit overtook, maybe
+    /// short), only where it lacks none of the table's mappings.
     ///
     /// [`Event::Maps`]: crate::collect::Event::Maps
     pub fn offer_maps(&mut self, pid: u32, read_ns: u64, text: &str) {
         let entry = self.maps.entry(pid).or_default();
-        let stand_in = read_ns == 0 && entry.vmas.is_empty();
-        if (read_ns > entry.read_ns || stand_in) && !text.is_empty() {
+        if text.is_empty() {
+            return;
+        }
+        if read_ns == 0 {
+            entry.take_unless_shorter(text);
+        } else if read_ns > entry.read_ns {
             entry.read_ns = read_ns;
             entry.take(text);
         }
@@ -923,6 +953,12 @@ mod tests {
         // Any copy read at a time replaces the stand-in.
         table.offer_maps(8, 50, &whole);
         assert_eq!(paths(&table, 8).len(), 2);
+        // A read the exit overtook that still has every mapping (and more) is taken over
+        // a copy read before the program's libraries were mapped.
+        table.offer_maps(9, 100, exe);
+        table.offer_maps(9, 0, &whole);
+        assert_eq!(paths(&table, 9).len(), 2);
+        assert_eq!(table.maps[&9].read_ns, 100, "its own time is not known");
     }
 
     impl ModuleTable {
