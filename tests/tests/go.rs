@@ -252,6 +252,7 @@ fn a_running_go_program_is_attached_by_pid_comm_and_all() {
         let said = said.join().unwrap();
         let profile = typed(&read_profile(&out));
         let truth = Truth::parse(&counts);
+        let said = format!("{mode} ({}):\n{said}", program.display());
         check(&profile, fixture.pid(), &truth, &said);
         // Its runtime's totals from attach to detach: the loop's, with the little the
         // program allocated around it (its ReadMemStats, the counts' text).

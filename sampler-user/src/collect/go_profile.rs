@@ -17,7 +17,7 @@
 //! before it can be read): said in its notes.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     fs::File,
     io,
     os::unix::fs::FileExt as _,
@@ -40,8 +40,10 @@ pub(crate) const MAX_BUCKETS: usize = 1 << 16;
 /// sample is sent untracked (its free unknown), as the kernel's live map does when full.
 pub(crate) const MAX_LIVE: usize = 1 << 20;
 
-/// Records read in one system call: those within this many bytes of each other.
-const GAP: u64 = 4096;
+/// Records read in one system call: those within this many bytes of each other. Less
+/// than a page: the bytes between two records are then on a page one of them is on, so a
+/// read never spans a page the process has not mapped.
+const GAP: u64 = 2048;
 
 /// The largest single read.
 const MAX_READ: u64 = 1 << 20;
@@ -81,9 +83,11 @@ pub(crate) struct GoProfile {
     next_address: u64,
     live: usize,
     /// Buckets beyond [`MAX_BUCKETS`] or unreadable, their samples not read.
-    unread_buckets: u64,
+    unreadable: HashSet<u64>,
     /// Samples sent untracked (more than [`MAX_LIVE`] live).
     untracked: u64,
+    /// Readings that failed since the last that did not.
+    failed: u32,
 }
 
 impl GoProfile {
@@ -107,23 +111,33 @@ impl GoProfile {
             started: false,
             next_address: 1 << 62,
             live: 0,
-            unread_buckets: 0,
+            unreadable: HashSet::new(),
             untracked: 0,
+            failed: 0,
         })
     }
 
-    /// The buckets left unread and the samples sent untracked since the last call.
-    pub(crate) fn take_losses(&mut self) -> (u64, u64) {
-        (
-            std::mem::take(&mut self.unread_buckets),
-            std::mem::take(&mut self.untracked),
-        )
+    /// The buckets left unread and the samples sent untracked.
+    pub(crate) fn losses(&self) -> (u64, u64) {
+        (self.unreadable.len() as u64, self.untracked)
     }
 
     /// Reads the profile now: the samples and frees since the last reading (none at the
     /// first: what came before the recording is its baseline). An error: the process is
     /// gone (or its memory unreadable).
     pub(crate) fn read(&mut self, now_ns: u64) -> io::Result<Vec<Event>> {
+        self.failed += 1;
+        let events = self.read_once(now_ns)?;
+        self.failed = 0;
+        Ok(events)
+    }
+
+    /// Readings that failed in a row, up to now.
+    pub(crate) fn failed(&self) -> u32 {
+        self.failed
+    }
+
+    fn read_once(&mut self, now_ns: u64) -> io::Result<Vec<Event>> {
         let mut word = [0u8; 8];
         self.memory.read_exact_at(&mut word, self.rate_at)?;
         let rate = i64::from_le_bytes(word);
@@ -144,21 +158,23 @@ impl GoProfile {
     }
 
     /// Adds the buckets the runtime made since the last reading: the list from `head`
-    /// until one already known.
+    /// until one already known (or one that could not be read: the list is not followed
+    /// past it).
     fn discover(&mut self, head: u64) -> io::Result<()> {
         let mut at = head;
         let mut new = Vec::new();
-        while at != 0 && !self.buckets.contains_key(&at) {
+        while at != 0 && !self.buckets.contains_key(&at) && !self.unreadable.contains(&at) {
             if self.buckets.len() + new.len() >= MAX_BUCKETS {
-                self.unread_buckets += 1;
+                self.unreadable(at);
                 break;
             }
             let mut bytes = vec![0u8; self.layout.header as usize];
             self.memory.read_exact_at(&mut bytes, at)?;
             let Some(header) = self.layout.header_of(&bytes) else {
-                // Not a bucket (read while the runtime wrote it, or not one at all): the
-                // list is not followed further until the next reading.
-                return Ok(());
+                // Not a bucket (not one at all: the runtime links a bucket in once it is
+                // whole); its samples are not read.
+                self.unreadable(at);
+                break;
             };
             new.push((at, header));
             at = header.allnext;
@@ -168,10 +184,18 @@ impl GoProfile {
                 Ok(bucket) => {
                     self.buckets.insert(at, bucket);
                 }
-                Err(_) => self.unread_buckets += 1,
+                Err(_) => self.unreadable(at),
             }
         }
         Ok(())
+    }
+
+    /// Notes the bucket at `at` as not read (each once; at most [`MAX_BUCKETS`] noted,
+    /// the count then a floor).
+    fn unreadable(&mut self, at: u64) {
+        if self.unreadable.len() < MAX_BUCKETS {
+            self.unreadable.insert(at);
+        }
     }
 
     /// A new bucket at `at`: its stack read, its counts zero (or, at the baseline, what
@@ -366,8 +390,9 @@ mod tests {
             started: true,
             next_address: 1 << 62,
             live: 0,
-            unread_buckets: 0,
+            unreadable: HashSet::new(),
             untracked: 0,
+            failed: 0,
         };
         let counts = Counts {
             allocs: 10,

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use log::{debug, info};
+use log::{debug, info, warn};
 
 use crate::{
     collect::{go_profile::GoProfile, Event},
@@ -21,6 +21,9 @@ pub(crate) use crate::collect::go_profile::READ_EVERY;
 /// What a Go process read, not probed, that ended while recorded leaves out.
 pub(super) const ENDED_UNREAD: &str = "its Go heap profile was read every 100 ms: the \
      samples of its last moments, after the last reading, ended with it";
+
+/// Readings in a row that may fail before a process still there is taken as gone.
+const FAILURES: u32 = 3;
 
 // The descriptions say the interval.
 const _: () = assert!(READ_EVERY.as_millis() == 100);
@@ -87,8 +90,18 @@ impl GoReaders {
         for (&pid, profile) in &mut self.profiles {
             match profile.read(now) {
                 Ok(more) => events.extend(more),
+                // Still there: read again next time (what changed meanwhile is not lost,
+                // the counts are totals), up to a few times in a row (then it is gone, or
+                // another program since an exec).
+                Err(e) if profile.failed() < FAILURES && crate::sys::process::exists(pid) => {
+                    debug!("pid {pid}: its Go heap profile was not read this time ({e})");
+                }
                 Err(e) => {
-                    debug!("pid {pid}: its Go heap profile is not readable any more ({e})");
+                    if crate::sys::process::exists(pid) {
+                        warn!("pid {pid}: its Go heap profile is read no more: {e}");
+                    } else {
+                        debug!("pid {pid}: its Go heap profile is not readable any more ({e})");
+                    }
                     gone.push(pid);
                 }
             }
@@ -118,12 +131,13 @@ impl GoReaders {
         (was, notes)
     }
 
-    /// What `pid`'s readings had to leave out, for its notes (once).
-    pub(super) fn losses(&mut self, pid: u32) -> Vec<String> {
-        let Some(profile) = self.profiles.get_mut(&pid) else {
+    /// What `pid`'s readings had to leave out, for its notes (asked once per process: at
+    /// its end, or at the recording's).
+    pub(super) fn losses(&self, pid: u32) -> Vec<String> {
+        let Some(profile) = self.profiles.get(&pid) else {
             return Vec::new();
         };
-        let (buckets, untracked) = profile.take_losses();
+        let (buckets, untracked) = profile.losses();
         let mut notes = Vec::new();
         if buckets > 0 {
             notes.push(format!(
@@ -143,7 +157,7 @@ impl GoReaders {
     }
 
     /// Every process read, and what each one's readings left out.
-    pub(super) fn all_losses(&mut self) -> Vec<(u32, String)> {
+    pub(super) fn all_losses(&self) -> Vec<(u32, String)> {
         let pids: Vec<u32> = self.profiles.keys().copied().collect();
         pids.into_iter()
             .flat_map(|pid| self.losses(pid).into_iter().map(move |n| (pid, n)))
