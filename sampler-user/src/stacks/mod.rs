@@ -132,8 +132,8 @@ impl ProcessMaps {
     }
 
     /// Takes `text`, a read its process's exit may have cut short, unless it lacks a
-    /// mapping the copy has (it then says less, not something newer); whether it did.
-    fn take_unless_shorter(&mut self, text: &str) -> bool {
+    /// mapping the copy has (it then says less, not something newer).
+    fn take_unless_shorter(&mut self, text: &str) {
         let vmas = Self::executable(text);
         let keeps_all = self.vmas.iter().all(|old| {
             vmas.iter()
@@ -142,7 +142,6 @@ impl ProcessMaps {
         if keeps_all {
             self.take_vmas(text, vmas);
         }
-        keeps_all
     }
 
     fn executable(text: &str) -> Vec<Vma> {
@@ -253,12 +252,11 @@ impl StackTable {
                 entry.take(&text);
             }
             // A read the exit overtook may be short: it replaces no mapping the copy has,
-            // and stands in only until another copy comes (its library's, read by itself).
+            // and keeps the copy's time (a copy read later, offered later, still replaces
+            // it; with none before, any copy read at a time does).
             Ok((text, true)) => {
                 entry.gone = true;
-                if entry.take_unless_shorter(&text) {
-                    entry.read_ns = 0;
-                }
+                entry.take_unless_shorter(&text);
             }
             // Keep the last snapshot, and its time: it is what the process had when it
             // died, and maps read earlier but offered later (its in-process front end's
