@@ -204,6 +204,19 @@ fn assert_near(exact: u64, truth: u64, what: &str, said: &str) {
     );
 }
 
+/// What the fixture prints of its counts, up to its "done".
+fn counts_until_done(fixture: &mut Fixture) -> String {
+    let mut counts = String::new();
+    loop {
+        let line = fixture.line();
+        if line == "done" {
+            return counts;
+        }
+        counts.push_str(&line);
+        counts.push('\n');
+    }
+}
+
 /// A running Go program, found by pid, by name and among all processes.
 #[test]
 fn a_running_go_program_is_attached_by_pid_comm_and_all() {
@@ -239,15 +252,7 @@ fn a_running_go_program_is_attached_by_pid_comm_and_all() {
         let (recorder, stderr) = start_recording(&args);
         let said = tests::drain(stderr);
         fixture.go();
-        let mut counts = String::new();
-        loop {
-            let line = fixture.line();
-            if line == "done" {
-                break;
-            }
-            counts.push_str(&line);
-            counts.push('\n');
-        }
+        let counts = counts_until_done(&mut fixture);
         interrupt(recorder);
         let said = said.join().unwrap();
         let profile = typed(&read_profile(&out));
@@ -303,15 +308,7 @@ fn a_go_program_read_until_it_exits_says_what_its_exit_took() {
         start_recording(&["record", "-o", out.to_str().unwrap(), "-p", &pid]);
     let said = tests::drain(stderr);
     fixture.go();
-    let mut counts = String::new();
-    loop {
-        let line = fixture.line();
-        if line == "done" {
-            break;
-        }
-        counts.push_str(&line);
-        counts.push('\n');
-    }
+    let counts = counts_until_done(&mut fixture);
     let truth = Truth::parse(&counts);
     // Its only target gone, the recording ends by itself.
     let status = recorder.wait().unwrap();
