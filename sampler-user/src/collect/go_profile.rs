@@ -146,8 +146,12 @@ impl GoProfile {
         }
         self.memory.read_exact_at(&mut word, self.layout.head)?;
         self.discover(u64::from_le_bytes(word))?;
-        let first = self.counts()?;
-        let second = self.counts()?;
+        // The records by address (bucket's), read twice in a row.
+        let mut records: Vec<(u64, u64)> =
+            self.buckets.iter().map(|(&a, b)| (b.record, a)).collect();
+        records.sort_unstable();
+        let first = self.counts(&records)?;
+        let second = self.counts(&records)?;
         let mut events = Vec::new();
         for ((address, a), (_, b)) in first.into_iter().zip(second) {
             let counts = a.least(b);
@@ -225,15 +229,13 @@ impl GoProfile {
         })
     }
 
-    /// Every known bucket's counts now, by address (in the order of the addresses).
-    fn counts(&self) -> io::Result<Vec<(u64, Counts)>> {
-        let mut records: Vec<(u64, u64)> =
-            self.buckets.iter().map(|(&a, b)| (b.record, a)).collect();
-        records.sort_unstable();
+    /// The counts now of the buckets whose `records` are given (record, bucket; sorted), by
+    /// bucket, in their order.
+    fn counts(&self, records: &[(u64, u64)]) -> io::Result<Vec<(u64, Counts)>> {
         let len = u64::from(self.layout.record);
         let mut out = Vec::with_capacity(records.len());
         let mut buffer = Vec::new();
-        for run in runs(&records, len) {
+        for run in runs(records, len) {
             let start = run[0].0;
             let end = run[run.len() - 1].0 + len;
             buffer.resize((end - start) as usize, 0);

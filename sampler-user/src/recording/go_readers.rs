@@ -32,11 +32,9 @@ const _: () = assert!(READ_EVERY.as_millis() == 100);
 #[derive(Default)]
 pub(super) struct GoReaders {
     profiles: BTreeMap<u32, GoProfile>,
-    /// Processes that ended between two readings: their last interval is not in the
-    /// samples.
-    ended: Vec<u32>,
-    /// What the readings of processes no longer read left out, not yet noted.
-    left: Vec<(u32, String)>,
+    /// Processes found gone by a reading, not yet ended, with what their readings left
+    /// out: their last interval is not in the samples.
+    gone: BTreeMap<u32, Vec<String>>,
 }
 
 impl GoReaders {
@@ -108,9 +106,8 @@ impl GoReaders {
         }
         for pid in gone {
             let notes = self.losses(pid);
-            self.left.extend(notes.into_iter().map(|n| (pid, n)));
             self.profiles.remove(&pid);
-            self.ended.push(pid);
+            self.gone.insert(pid, notes);
         }
         events
     }
@@ -118,17 +115,11 @@ impl GoReaders {
     /// `pid` exited: it is read no more; whether it was read (its last interval is lost),
     /// and what its readings left out.
     pub(super) fn end(&mut self, pid: u32) -> (bool, Vec<String>) {
-        let mut notes = self.losses(pid);
-        notes.extend(
-            self.left
-                .extract_if(.., |(p, _)| *p == pid)
-                .map(|(_, note)| note),
-        );
-        let was = self.profiles.remove(&pid).is_some() || self.ended.contains(&pid);
-        if was && !self.ended.contains(&pid) {
-            self.ended.push(pid);
+        if let Some(notes) = self.gone.remove(&pid) {
+            return (true, notes);
         }
-        (was, notes)
+        let notes = self.losses(pid);
+        (self.profiles.remove(&pid).is_some(), notes)
     }
 
     /// What `pid`'s readings had to leave out, for its notes (asked once per process: at

@@ -434,8 +434,8 @@ impl Recording {
             .aggregation
             .processes
             .add_allocators(pid, allocators, from_start);
-        for allocator in allocators.iter().filter(|a| a.file.is_go_runtime()) {
-            if self.go_readers.reads(pid) {
+        if self.go_readers.reads(pid) {
+            for allocator in allocators.iter().filter(|a| a.file.is_go_runtime()) {
                 let processes = &mut self.aggregation.processes;
                 processes.read_not_probed(pid, &allocator.file_id);
             }
