@@ -26,6 +26,9 @@ struct Truth {
     total: u64,
     /// TotalAlloc over the allocation loop alone.
     looped: u64,
+    /// TotalAlloc from the loop's start to the end (the counts written, the runtime's
+    /// own samples taken).
+    since_wait: u64,
 }
 
 impl Truth {
@@ -35,6 +38,7 @@ impl Truth {
             sampled: Vec::new(),
             total: 0,
             looped: 0,
+            since_wait: 0,
         };
         for line in text.lines() {
             let words: Vec<&str> = line.split_whitespace().collect();
@@ -49,6 +53,7 @@ impl Truth {
                     .push(((*name).to_owned(), count.parse().unwrap())),
                 ["total", bytes] => truth.total = bytes.parse().unwrap(),
                 ["allocating", bytes] => truth.looped = bytes.parse().unwrap(),
+                ["since_wait", bytes] => truth.since_wait = bytes.parse().unwrap(),
                 _ => {}
             }
         }
@@ -129,7 +134,7 @@ fn recorded_from_the_start(program: &std::path::Path, tag: &str) {
             counts.to_str().unwrap(),
         ],
     )
-    .flags(&["--confidence", "0.999"])
+    .flags(&["--confidence", "0.9999"])
     .run();
     let truth = Truth::parse(&std::fs::read_to_string(&counts).unwrap());
     let process = recorded.only_process();
@@ -161,17 +166,7 @@ fn recorded_from_the_start(program: &std::path::Path, tag: &str) {
     // A re-entered probe (a signal during its single-step, a stack growth) is not a sample:
     // counted twice, they made 1.1–1.8 times the runtime's own. The runtime may keep no
     // record of a sample (go1.23+, a new M's first allocations): a difference of one or two.
-    assert_eq!(truth.sampled.len(), 4);
-    for (site, own) in &truth.sampled {
-        let ours: u64 = site_of(&recorded.profile, process.pid, site)
-            .iter()
-            .map(|s| s.samples)
-            .sum();
-        assert!(
-            ours.abs_diff(*own) <= 2,
-            "{site} ({tag}): {ours} samples against the runtime's own {own}"
-        );
-    }
+    samples_match(&recorded.profile, process.pid, &truth, 2, tag);
     assert!(!process.allocators[0].contains("heap profiling off"));
     // What it cost: each sample (and each free of one) a hit of the runtime's probes,
     // charged the trap and the program's time, over the runtime's own allocations (it
@@ -217,6 +212,24 @@ fn counts_until_done(fixture: &mut Fixture) -> String {
     }
 }
 
+/// Each site's samples are the runtime's own (`-memprofile`), give or take `slack`.
+fn samples_match(
+    profile: &tests::record::Profile,
+    pid: u32,
+    truth: &Truth,
+    slack: u64,
+    context: &str,
+) {
+    assert_eq!(truth.sampled.len(), 4);
+    for (site, own) in &truth.sampled {
+        let ours: u64 = site_of(profile, pid, site).iter().map(|s| s.samples).sum();
+        assert!(
+            ours.abs_diff(*own) <= slack,
+            "{site} ({context}): {ours} samples against the runtime's own {own}"
+        );
+    }
+}
+
 /// A running Go program, found by pid, by name and among all processes.
 #[test]
 fn a_running_go_program_is_attached_by_pid_comm_and_all() {
@@ -230,7 +243,15 @@ fn a_running_go_program_is_attached_by_pid_comm_and_all() {
     for (n, (program, mode)) in runs.enumerate() {
         let mut fixture = Fixture::start_binary(
             &program,
-            &["-rate", "524288", "-rounds", "200000", "-wait", "-hold"],
+            &[
+                "-rate",
+                "524288",
+                "-rounds",
+                "200000",
+                "-wait",
+                "-hold",
+                "-memprofile",
+            ],
             &[],
         );
         fixture.expect("ready");
@@ -241,10 +262,13 @@ fn a_running_go_program_is_attached_by_pid_comm_and_all() {
             "--comm" => vec!["--comm", "^goalloc"],
             _ => vec!["--all"],
         };
+        // Six recordings, six bounds each: at 99.99 % a true count falls outside one of
+        // them by chance in about 0.4 % of runs (at 99.9 %, 3.5 %: seen once in CI, the
+        // reader's samples then the runtime's own, as checked below).
         let mut args = vec![
             "record",
             "--confidence",
-            "0.999",
+            "0.9999",
             "-o",
             out.to_str().unwrap(),
         ];
@@ -259,8 +283,8 @@ fn a_running_go_program_is_attached_by_pid_comm_and_all() {
         let truth = Truth::parse(&counts);
         let said = format!("{mode} ({}):\n{said}", program.display());
         check(&profile, fixture.pid(), &truth, &said);
-        // Its runtime's totals from attach to detach: the loop's, with the little the
-        // program allocated around it (its ReadMemStats, the counts' text).
+        // Its runtime's totals from attach to detach: from the loop on (the program
+        // allocates nothing while it waits), its own samples and counts' text included.
         let process = tests::record::process_of(&profile, fixture.pid());
         let source = process.exact_source.as_deref();
         assert_eq!(source, Some("runtime.memstats, read at the end"), "{mode}");
@@ -270,6 +294,15 @@ fn a_running_go_program_is_attached_by_pid_comm_and_all() {
         let unwound = format!(
             "{:?}",
             site_of(&profile, fixture.pid(), "main.churn")[0].unwound
+        );
+        // Read, the samples are the runtime's records themselves; probed, give or take
+        // the one or two the runtime may keep no record of (see above).
+        samples_match(
+            &profile,
+            fixture.pid(),
+            &truth,
+            if read { 0 } else { 2 },
+            mode,
         );
         let expected = if read { "GoRuntime" } else { "FramePointers" };
         assert_eq!(unwound, format!("Some({expected})"), "{mode}");
@@ -281,8 +314,8 @@ fn a_running_go_program_is_attached_by_pid_comm_and_all() {
         );
         assert_near(
             process.exact.bytes,
-            truth.looped,
-            "the loop's TotalAlloc",
+            truth.since_wait,
+            "TotalAlloc since the wait",
             &said,
         );
     }
