@@ -34,7 +34,7 @@ pub const FAMILY_SLOTS: usize = 1024;
 pub const FAMILY_MAGIC: u64 = u64::from_le_bytes(*b"alsfam01");
 
 /// Layout version of [`Family`].
-pub const FAMILY_VERSION: u64 = 4;
+pub const FAMILY_VERSION: u64 = 5;
 
 /// Name of the family table's file, beside the library in a recording's directory: the
 /// library finds it from the path it was loaded from (no descriptor, no variable).
@@ -135,6 +135,9 @@ pub struct Family {
     pub early_writers: AtomicU64,
     /// Early records claimed so far (beyond [`EARLY_SLOTS`]: samples that had to wait).
     pub early_next: AtomicU64,
+    /// Early records claimed but left unwritten because their bytes could not be given
+    /// storage (the table's file system full): their samples waited for the probes.
+    pub early_unbacked: AtomicU64,
     /// Bytes of stack an early sample copies (allocscope's `--stack-bytes`).
     pub early_stack_bytes: AtomicU64,
     /// The inode of allocscope's pid namespace (`/proc/self/ns/pid`), written at creation:

@@ -135,6 +135,13 @@ fn keep(family: &Family, fill: impl Fn(&mut EarlyHead, &mut [u8])) -> bool {
                     None => false,
                 };
                 family.early_writers.fetch_sub(1, Ordering::SeqCst);
+                if !kept {
+                    // No room for it (the table's file system full, or no mapping): said
+                    // so (allocscope does not count it lost), and the probes take it once
+                    // attached, as when every record is taken.
+                    family.early_unbacked.fetch_add(1, Ordering::Release);
+                    wait_until_off(family);
+                }
                 return kept;
             }
         }
@@ -173,6 +180,11 @@ impl MappedRecord {
     fn at(index: usize) -> Option<MappedRecord> {
         let fd = region::open_family()?;
         let offset = family_early_offset() + index * early_record_bytes();
+        if !region::back(fd, offset, early_record_bytes()) {
+            // SAFETY: closing what open_family opened.
+            unsafe { libc::close(fd) };
+            return None;
+        }
         // SAFETY: a shared mapping of one record of the family table (within its size,
         // checked by open_family).
         let mapped = unsafe {

@@ -390,10 +390,19 @@ fn map_slot(fd: i32, slot: usize) -> Option<*mut Region> {
     (mapped != libc::MAP_FAILED).then(|| mapped.cast())
 }
 
+/// Gives the family table's bytes `offset..offset + len` storage before they are written
+/// through a mapping: the table is a sparse file, and a write into a hole of a file system
+/// that is full (a small `/run`, a disk) raised SIGBUS in the program, where a refused
+/// `fallocate` only leaves those bytes unused. Bytes that have it already keep it.
+pub fn back(fd: i32, offset: usize, len: usize) -> bool {
+    // SAFETY: fallocate on our own descriptor, in the file's size (mode 0: the size stays).
+    unsafe { libc::fallocate(fd, 0, offset as libc::off_t, len as libc::off_t) == 0 }
+}
+
 /// Claims a free slot of `family` for this process, maps its region (all zeros: never
-/// used, or given back with its pages dropped) and sets it up at the table's interval (or
-/// `interval`, when not 0). `None` when the table is full (counted) or the region cannot
-/// be mapped (the slot is given back).
+/// used, or given back zeroed) and sets it up at the table's interval (or `interval`, when
+/// not 0). `None` when the table is full or its file system has no room for the region
+/// (counted), or the region cannot be mapped (the slot is given back).
 fn claim_slot(family: *mut Family, fd: i32, interval: u64) -> Option<*mut Region> {
     // SAFETY: a checked header mapping, never unmapped; its fields are atomics.
     let family = unsafe { &*family };
@@ -403,6 +412,11 @@ fn claim_slot(family: *mut Family, fd: i32, interval: u64) -> Option<*mut Region
         family.full.fetch_add(1, Ordering::Relaxed);
         return None;
     };
+    if !back(fd, family_region_offset(slot), region_bytes()) {
+        family.claims[slot].store(0, Ordering::Release);
+        family.full.fetch_add(1, Ordering::Relaxed);
+        return None;
+    }
     let Some(region) = map_slot(fd, slot) else {
         family.claims[slot].store(0, Ordering::Release);
         return None;

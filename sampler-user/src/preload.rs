@@ -102,6 +102,20 @@ pub(crate) struct Family {
     path: std::path::PathBuf,
 }
 
+/// Gives `file`'s bytes `offset..offset + len` storage before anyone writes them through a
+/// mapping. The family table is a sparse file; a write into one of its holes on a file
+/// system that is full (a small `/run` tmpfs, a disk) raises SIGBUS in the writer: every
+/// process of the command died of it, where a refused `fallocate` only leaves a slot
+/// unused (the library backs the slots it claims itself the same way).
+fn back(file: &File, offset: usize, len: usize) -> io::Result<()> {
+    let (offset, len) = (offset as libc::off_t, len as libc::off_t);
+    // SAFETY: fallocate on our own open file; mode 0 keeps its size.
+    match unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(file), 0, offset, len) } {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
 impl Drop for Family {
     /// The file goes when the recording ends: a program exec'd later counts in a region
     /// of its own (the processes still mapping the table keep it).
@@ -122,6 +136,8 @@ impl Family {
     fn create(dir: &place::RecordingDir, interval: u64) -> anyhow::Result<Family> {
         let (file, path) = dir.create_family().context("creating the family table")?;
         file.set_len(family_bytes() as u64)?;
+        back(&file, 0, family_header_bytes())
+            .context("giving the family table's header storage")?;
         // SAFETY: a shared mapping of our own file's header, sized above.
         let mut header = unsafe {
             memmap2::MmapOptions::new()
@@ -193,6 +209,10 @@ impl Family {
         let header = self.header();
         let sequence = header.sequence.fetch_add(1, Ordering::AcqRel) + 1;
         let slot = take_slot(&header.claims, sequence, pid).context("the family table is full")?;
+        if let Err(e) = back(&self.file, family_region_offset(slot), region_bytes()) {
+            header.claims[slot].store(0, Ordering::Release);
+            return Err(e).context(format!("giving the family table's slot {slot} storage"));
+        }
         let map = self.map_slot(slot)?;
         let interval = header.interval.load(Ordering::Acquire);
         // SAFETY: the slot's region, zero and unused (just claimed, its process not started),

@@ -865,6 +865,32 @@ def _():
     check(code == 0 and text == "64\n", f"exit {code}: {text!r} {err[-300:]!r}")
 
 
+@case("a full file system under /run/allocscope: every process runs as natively", "harm")
+def _():
+    # In a mount namespace of its own, /run/allocscope is a 2 MiB tmpfs that the command
+    # fills first; the programs it then starts must not die of a write (or a read) into a
+    # hole of the family table (SIGBUS, as every one of them did), nor lose their output.
+    script = ("dd if=/dev/zero of=/run/allocscope/filler bs=4k 2>/dev/null; "
+              "for i in 1 2 3; do /usr/bin/python3 -c "
+              "'print(sum(len(str(i)) for i in range(100000)))'; echo \"python $?\"; done; "
+              "sort /etc/services | head -c 300 | wc -c")
+    out = path("full.json")
+
+    def contained(command):
+        mount = "mount -t tmpfs -o size=2m,mode=0755 tmpfs /run/allocscope && exec "
+        return run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                    mount + command], timeout=120)
+
+    quoted = "'" + script.replace("'", "'\\''") + "'"
+    native = contained(f"sh -c {quoted}")
+    code, text, err = contained(f"{A} record -o {out} -- sh -c {quoted}")
+    check(native[0] == 0 and "python 0" in native[1], f"natively: {native!r}")
+    check((code, text) == native[:2], f"exit {code}: {text!r} {err[-600:]!r}, natively "
+                                      f"{native[:2]!r}")
+    check("no room" in err, f"the lack of room is not said: {err[-600:]!r}")
+    check(len(profile(out)["processes"]) >= 5, "processes missing from the profile")
+
+
 # ---------------------------------------------------------------- outputs and inputs (#39)
 
 @case("<!--<script> in a process name leaves the HTML report whole [#39.14]", "outputs")

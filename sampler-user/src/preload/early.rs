@@ -10,9 +10,8 @@ use std::{
 use anyhow::Context as _;
 use sampler_common::{
     preload::{
-        early_record_bytes, family_early_bytes, family_early_offset, EarlyHead, EarlyRecord,
-        EARLY_HOLD, EARLY_KEEP, EARLY_OFF, EARLY_PY_OFFSET, EARLY_SLOTS, EARLY_STACK_OFFSET,
-        MAX_PY_FRAMES,
+        early_record_bytes, family_early_offset, EarlyHead, EarlyRecord, EARLY_HOLD, EARLY_KEEP,
+        EARLY_OFF, EARLY_PY_OFFSET, EARLY_SLOTS, EARLY_STACK_OFFSET, MAX_PY_FRAMES,
     },
     python::PyFrameEntry,
 };
@@ -49,8 +48,8 @@ impl EarlyCopy {
 pub(crate) struct EarlyRead {
     /// Complete records, in the order they were claimed.
     pub records: Vec<EarlyCopy>,
-    /// Samples and frees that came when every record was taken: they waited for
-    /// allocscope and went to the probes.
+    /// Samples and frees that came when every record was taken, or whose record could not
+    /// be given storage: they waited for allocscope and went to the probes.
     pub waited: u64,
     /// Records claimed but never completed (their writer died).
     pub incomplete: u64,
@@ -97,29 +96,28 @@ impl Family {
                 None => read.incomplete += 1,
             }
         }
+        // Records left unwritten for want of storage: their samples went to the probes.
+        let unbacked = header.early_unbacked.load(Ordering::Acquire);
+        read.incomplete = read.incomplete.saturating_sub(unbacked);
+        read.waited += unbacked;
         Ok(read)
     }
 
     /// The early records, read-only, for a reader that looks at them while they are being
     /// written (only complete ones are read).
     pub(crate) fn early_records(&self) -> anyhow::Result<EarlyRecords> {
-        // SAFETY: a shared read-only mapping of our own memfd's early records (within its
-        // size); a record is read only once complete.
-        let records = unsafe {
-            memmap2::MmapOptions::new()
-                .offset(family_early_offset() as u64)
-                .len(family_early_bytes())
-                .map(&self.file)
-        }
-        .context("mapping the early records")?;
-        // SAFETY: as above, the header's page.
+        // SAFETY: as above, the header's page (given storage at creation).
         let header = unsafe {
             memmap2::MmapOptions::new()
                 .len(std::mem::size_of::<sampler_common::preload::Family>())
                 .map(&self.file)
         }
         .context("mapping the family table's header")?;
-        Ok(EarlyRecords { header, records })
+        let file = self
+            .file
+            .try_clone()
+            .context("the family table's descriptor")?;
+        Ok(EarlyRecords { header, file })
     }
 
     /// The processes with a claim in the table (the command's tree, as far as it loaded
@@ -140,10 +138,13 @@ impl Family {
     }
 }
 
-/// A family table's early records, mapped read-only: sendable to another thread.
+/// A family table's early records, read through its descriptor (`pread`), never mapped:
+/// a record whose writer could not give it storage is a hole, and touching a hole of a
+/// full tmpfs through a mapping raised SIGBUS (in allocscope), where a read gives zeros
+/// (not complete). Sendable to another thread.
 pub(crate) struct EarlyRecords {
     header: memmap2::Mmap,
-    records: memmap2::Mmap,
+    file: std::fs::File,
 }
 
 impl EarlyRecords {
@@ -171,47 +172,59 @@ impl EarlyRecords {
         self.copy(index, false)
     }
 
+    /// Record `index`: its first word (complete or not), then, once complete, the rest
+    /// (its writer finished it before it set that word; x86 keeps two reads in order).
     fn copy(&self, index: usize, with_stack: bool) -> Option<EarlyCopy> {
-        let at = index.checked_mul(early_record_bytes())?;
-        copy_record(self.records.get(at..at + early_record_bytes())?, with_stack)
+        use std::os::unix::fs::FileExt as _;
+        if index >= EARLY_SLOTS {
+            return None;
+        }
+        let at = (family_early_offset() + index * early_record_bytes()) as u64;
+        let mut complete = [0u8; 8];
+        self.file.read_exact_at(&mut complete, at).ok()?;
+        if u64::from_ne_bytes(complete) != 1 {
+            return None;
+        }
+        let mut head = vec![0u8; EARLY_STACK_OFFSET];
+        self.file.read_exact_at(&mut head, at).ok()?;
+        let mut copy = copy_record(&head)?;
+        if with_stack {
+            let len = (copy.head.stack_len as usize).min(early_record_bytes() - EARLY_STACK_OFFSET);
+            copy.stack = vec![0u8; len];
+            let from = at + EARLY_STACK_OFFSET as u64;
+            self.file.read_exact_at(&mut copy.stack, from).ok()?;
+        }
+        Some(copy)
     }
 }
 
-/// The record at the start of `bytes` (one record's room), if complete; its stack too if
-/// `with_stack`.
-fn copy_record(bytes: &[u8], with_stack: bool) -> Option<EarlyCopy> {
+/// The record whose head and Python frames are `bytes` (its first [`EARLY_STACK_OFFSET`]
+/// bytes), without its stack.
+fn copy_record(bytes: &[u8]) -> Option<EarlyCopy> {
     if bytes.len() < EARLY_STACK_OFFSET {
         return None;
     }
-    // SAFETY: `bytes` is a record's room in a page-aligned mapping (records start at
-    // multiples of whole pages), longer than the record; its first word is an atomic.
-    let record = unsafe { &*bytes.as_ptr().cast::<EarlyRecord>() };
-    if record.complete.load(Ordering::Acquire) != 1 {
-        return None;
-    }
-    // Plain integers, copied once the record is complete (its writer is done with it).
-    let head = record.head;
+    let at = std::mem::offset_of!(EarlyRecord, head);
+    let head = bytes.get(at..at + std::mem::size_of::<EarlyHead>())?;
+    // SAFETY: an EarlyHead's bytes, plain integers (any bytes are a value), unaligned.
+    let head = unsafe { std::ptr::read_unaligned(head.as_ptr().cast::<EarlyHead>()) };
     let python = if head.py_head == 0 {
         Vec::new()
     } else {
         let count = (head.py_count as usize).min(MAX_PY_FRAMES);
-        // SAFETY: the frames' room, 8-byte aligned, plain integers.
-        let frames = unsafe {
-            std::slice::from_raw_parts(
-                bytes.as_ptr().add(EARLY_PY_OFFSET).cast::<PyFrameEntry>(),
-                count,
-            )
-        };
-        frames.to_vec()
-    };
-    let stack_len = if with_stack {
-        (head.stack_len as usize).min(bytes.len() - EARLY_STACK_OFFSET)
-    } else {
-        0
+        let frames = bytes.get(EARLY_PY_OFFSET..)?;
+        (0..count)
+            .map(|i| {
+                let at = i * std::mem::size_of::<PyFrameEntry>();
+                let entry = frames.get(at..at + std::mem::size_of::<PyFrameEntry>())?;
+                // SAFETY: a PyFrameEntry's bytes, plain integers (any bytes are a value).
+                Some(unsafe { std::ptr::read_unaligned(entry.as_ptr().cast::<PyFrameEntry>()) })
+            })
+            .collect::<Option<Vec<_>>>()?
     };
     Some(EarlyCopy {
         head,
         python,
-        stack: bytes[EARLY_STACK_OFFSET..EARLY_STACK_OFFSET + stack_len].to_vec(),
+        stack: Vec::new(),
     })
 }

@@ -20,6 +20,11 @@ use crate::{
     profile::ProcessBook,
 };
 
+/// What a process whose in-process counters could not be read leaves out.
+const UNREAD: &str = "its in-process sampler's counters could not be read (it counted on its \
+     own, outside the family table, and was gone or not set up when looked at): its exact \
+     counts are missing";
+
 /// The command's in-process front end while recording (empty without one).
 #[derive(Default)]
 pub(super) struct InProcess {
@@ -135,9 +140,12 @@ impl InProcess {
                     processes.add_allocators(pid, std::slice::from_ref(library), false);
                 }
             }
-            Err(e) => warn!(
-                "pid {pid}: its in-process sampler's counters cannot be read ({e:#}): its exact counts are missing"
-            ),
+            // Said with its numbers (a short process that counted on its own is often gone
+            // before it is read: one line per kind in the summary, not one per process).
+            Err(e) => {
+                debug!("pid {pid}: its in-process sampler's counters cannot be read ({e:#})");
+                processes.incomplete(pid, UNREAD.to_owned());
+            }
         }
     }
 
@@ -202,10 +210,13 @@ impl InProcess {
         let full = family.full();
         if full > 0 && !self.said_full {
             self.said_full = true;
+            let processes = if full == 1 { "process" } else { "processes" };
             warn!(
-                "{full} processes found the in-process sampler's table full ({} at once): \
-                 each counts on its own, read while it lives",
-                sampler_common::preload::FAMILY_SLOTS
+                "{full} {processes} found no room in the in-process sampler's table (its {} \
+                 slots taken, or no space left on the file system of {}): each counts on \
+                 its own, read while it lives",
+                sampler_common::preload::FAMILY_SLOTS,
+                crate::preload::place::ROOT
             );
         }
     }
