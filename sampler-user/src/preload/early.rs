@@ -181,7 +181,8 @@ impl EarlyRecords {
         }
         let at = (family_early_offset() + index * early_record_bytes()) as u64;
         let mut complete = [0u8; 8];
-        self.file.read_exact_at(&mut complete, at).ok()?;
+        let word = std::mem::offset_of!(EarlyRecord, complete) as u64;
+        self.file.read_exact_at(&mut complete, at + word).ok()?;
         if u64::from_ne_bytes(complete) != 1 {
             return None;
         }

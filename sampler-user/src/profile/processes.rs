@@ -128,9 +128,12 @@ impl ProcessBook {
         self.incomplete.remove(&pid);
     }
 
-    /// What `pid`'s counts leave out (said with its numbers).
+    /// What `pid`'s counts leave out (said with its numbers, each reason once).
     pub fn incomplete(&mut self, pid: u32, why: String) {
-        self.incomplete.entry(pid).or_default().push(why);
+        let reasons = self.incomplete.entry(pid).or_default();
+        if !reasons.contains(&why) {
+            reasons.push(why);
+        }
     }
 
     /// The in-process sampler could not be loaded into `pid`, for reason `why`.
