@@ -395,8 +395,17 @@ fn map_slot(fd: i32, slot: usize) -> Option<*mut Region> {
 /// that is full (a small `/run`, a disk) raised SIGBUS in the program, where a refused
 /// `fallocate` only leaves those bytes unused. Bytes that have it already keep it.
 pub fn back(fd: i32, offset: usize, len: usize) -> bool {
-    // SAFETY: fallocate on our own descriptor, in the file's size (mode 0: the size stays).
-    unsafe { libc::fallocate(fd, 0, offset as libc::off_t, len as libc::off_t) == 0 }
+    // SAFETY: fallocate on our own descriptor, in the file's size. KEEP_SIZE: the size
+    // never changes, so the program's `RLIMIT_FSIZE` is never checked (exceeding it would
+    // raise SIGXFSZ in the program).
+    unsafe {
+        libc::fallocate(
+            fd,
+            libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        ) == 0
+    }
 }
 
 /// Claims a free slot of `family` for this process, maps its region (all zeros: never

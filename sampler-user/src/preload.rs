@@ -109,8 +109,15 @@ pub(crate) struct Family {
 /// unused (the library backs the slots it claims itself the same way).
 fn back(file: &File, offset: usize, len: usize) -> io::Result<()> {
     let (offset, len) = (offset as libc::off_t, len as libc::off_t);
-    // SAFETY: fallocate on our own open file; mode 0 keeps its size.
-    match unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(file), 0, offset, len) } {
+    // SAFETY: fallocate on our own open file, its size kept (no RLIMIT_FSIZE check).
+    match unsafe {
+        libc::fallocate(
+            std::os::fd::AsRawFd::as_raw_fd(file),
+            libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        )
+    } {
         0 => Ok(()),
         _ => Err(io::Error::last_os_error()),
     }

@@ -891,6 +891,14 @@ def _():
     check(len(profile(out)["processes"]) >= 5, "processes missing from the profile")
 
 
+@case("a program under ulimit -f 1 runs as natively (no SIGXFSZ from the library)", "harm")
+def _():
+    # The library gives its slot of the 180 MB family table storage with fallocate: with
+    # the file's size kept, the program's RLIMIT_FSIZE is never checked.
+    same_as_native(["bash", "-c", "ulimit -f 1; for i in 1 2; do /usr/bin/python3 -c "
+                    "'print(sum(len(str(i)) for i in range(100000)))'; echo $?; done"])
+
+
 # ---------------------------------------------------------------- outputs and inputs (#39)
 
 @case("<!--<script> in a process name leaves the HTML report whole [#39.14]", "outputs")
