@@ -135,8 +135,8 @@ pub struct Family {
     pub early_writers: AtomicU64,
     /// Early records claimed so far (beyond [`EARLY_SLOTS`]: samples that had to wait).
     pub early_next: AtomicU64,
-    /// Early records claimed but left unwritten because their bytes could not be given
-    /// storage (the table's file system full): their samples waited for the probes.
+    /// Early records claimed but left unwritten (their bytes could not be given storage,
+    /// the table's file system full, or not mapped): their samples waited for the probes.
     pub early_unbacked: AtomicU64,
     /// Bytes of stack an early sample copies (allocscope's `--stack-bytes`).
     pub early_stack_bytes: AtomicU64,

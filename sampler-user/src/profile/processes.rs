@@ -136,6 +136,13 @@ impl ProcessBook {
         }
     }
 
+    /// `why` no longer holds for `pid` (said by [`Self::incomplete`] before).
+    pub fn no_longer_incomplete(&mut self, pid: u32, why: &str) {
+        if let Some(reasons) = self.incomplete.get_mut(&pid) {
+            reasons.retain(|r| r != why);
+        }
+    }
+
     /// The in-process sampler could not be loaded into `pid`, for reason `why`.
     pub fn not_loaded(&mut self, pid: u32, why: String) {
         self.not_loaded.insert(pid, why);
@@ -510,5 +517,27 @@ mod tests {
         assert_eq!(fork.cpu_seconds, None, "never read: not guessed");
         let named = tally.iter().find(|p| p.pid == u32::MAX - 2).unwrap();
         assert_eq!(named.command, "gone");
+    }
+
+    #[test]
+    fn a_reason_is_said_once_and_goes_when_it_no_longer_holds() {
+        let mut book = ProcessBook::default();
+        let me = std::process::id();
+        book.track(me);
+        book.incomplete(me, "unread".into());
+        book.incomplete(me, "unread".into());
+        book.incomplete(me, "other".into());
+        let reasons = |book: &ProcessBook| {
+            let tally = book.tally(|_| ProcessSamples::default());
+            tally
+                .iter()
+                .find(|p| p.pid == me)
+                .unwrap()
+                .incomplete
+                .clone()
+        };
+        assert_eq!(reasons(&book), ["unread", "other"]);
+        book.no_longer_incomplete(me, "unread");
+        assert_eq!(reasons(&book), ["other"]);
     }
 }

@@ -136,6 +136,8 @@ impl InProcess {
                     warn!("pid {pid}: setting its in-process sampler's interval: {e:#}");
                 }
                 counters.add_region(pid, region);
+                // Read now, after a look that could not (its library not set up yet).
+                processes.no_longer_incomplete(pid, UNREAD);
                 if let Some(library) = self.allocator() {
                     processes.add_allocators(pid, std::slice::from_ref(library), false);
                 }
