@@ -263,8 +263,9 @@ fn a_running_go_program_is_attached_by_pid_comm_and_all() {
             _ => vec!["--all"],
         };
         // Six recordings, six bounds each: at 99.99 % a true count falls outside one of
-        // them by chance in about 0.4 % of runs (at 99.9 %, 3.5 %: seen once in CI, the
-        // reader's samples then the runtime's own, as checked below).
+        // them by chance in about 0.4 % of runs (at 99.9 %, 3.5 %: seen once in CI). That
+        // a miss is chance, not the reader, is checked below: its samples are the
+        // runtime's own.
         let mut args = vec![
             "record",
             "--confidence",
