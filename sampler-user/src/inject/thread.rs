@@ -3,24 +3,25 @@
 //!
 //! At every moment from its stop to its release the thread can be let go by the kernel
 //! (allocscope killed: its tracees are detached as they are), and must then resume as it
-//! was: before the page exists the thread is sent through [`super::frame`]'s signal frame,
-//! after it through the stub's code ([`super::stub`]). `ALLOCSCOPE_INJECT_PAUSE=STEP`
-//! makes allocscope wait at a step ([`pause_at`]) for tests that kill it there.
+//! was, through [`super::frame`]'s signal frames. A signal that arrives while it is stopped
+//! is delivered at the next step it is let run, so that all arrive, in order.
+//! `ALLOCSCOPE_INJECT_PAUSE=STEP` makes allocscope wait at a step ([`pause_at`]) for tests
+//! that kill it there.
 
-use std::{fs::File, io, os::unix::fs::FileExt as _, time::Duration};
+use std::{io, time::Duration};
 
 use anyhow::Context as _;
 use log::debug;
 
-use super::{frame, stub};
+use super::frame::{self, Registers};
 
 /// A thread stopped by `PTRACE_INTERRUPT`: let go as it was when dropped, unless a call was
 /// set up ([`Stopped::call`]).
 pub(super) struct Stopped {
     pub tid: u32,
-    pub saved: stub::Registers,
+    pub saved: Registers,
     raw: libc::user_regs_struct,
-    /// A signal that arrived meanwhile, delivered when the thread is let go.
+    /// A signal that arrived meanwhile (0: none), delivered when the thread next runs.
     pending: i32,
     /// Run since its stop (its `mmap`): it is put back where it resumes, not as it stopped.
     moved: bool,
@@ -60,13 +61,19 @@ fn wait_stop(tid: u32) -> io::Result<(i32, i32)> {
     Ok((libc::WSTOPSIG(status), status >> 16))
 }
 
-/// For the tests of the switch (tests/tests/attach.rs): with `ALLOCSCOPE_INJECT_PAUSE=STEP`
-/// allocscope says `paused at STEP` on stderr and waits there a minute, to be killed.
-/// Steps: `mmap-set`, `mmap-entry`, `mmap-exit`, `restored`, `call-set`.
+/// For the tests of the switch (tests/tests/attach.rs, xtask/torture): with
+/// `ALLOCSCOPE_INJECT_PAUSE=STEP` allocscope says `paused at STEP` on stderr and waits there
+/// a minute, to be killed; with `STEP:MS`, MS milliseconds, and goes on (signals sent
+/// meanwhile). Steps: `mmap-set`, `mmap-entry`, `mmap-exit`, `restored`, `call-set`.
 pub(super) fn pause_at(step: &str) {
-    if std::env::var_os("ALLOCSCOPE_INJECT_PAUSE").is_some_and(|s| s == step) {
+    let Some(asked) = std::env::var_os("ALLOCSCOPE_INJECT_PAUSE") else {
+        return;
+    };
+    let asked = asked.to_string_lossy();
+    let (at, millis) = asked.split_once(':').unwrap_or((&asked, "60000"));
+    if at == step {
         eprintln!("allocscope: paused at {step} (ALLOCSCOPE_INJECT_PAUSE)");
-        std::thread::sleep(Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(millis.parse().unwrap_or(60_000)));
     }
 }
 
@@ -85,7 +92,7 @@ impl Stopped {
         )?;
         let mut stopped = Stopped {
             tid,
-            saved: stub::Registers::default(),
+            saved: Registers::default(),
             // SAFETY: all-zero is a valid register set.
             raw: unsafe { std::mem::zeroed() },
             pending: 0,
@@ -103,6 +110,26 @@ impl Stopped {
         Ok(stopped)
     }
 
+    /// The thread's `fs` base (its thread pointer: a C library thread's control block,
+    /// at the top of its stack).
+    pub(super) fn fs_base(&self) -> u64 {
+        self.raw.fs_base
+    }
+
+    /// Has the system call the stop made return `EINTR` issued again (see
+    /// [`super::calls::issued_again`]): whether the thread resumes by itself or through the
+    /// resume frame, on its `syscall` instruction with the call's number.
+    pub(super) fn issue_again(&mut self) {
+        self.raw.rax = frame::ERESTARTNOINTR as u64;
+        self.saved.rax = self.raw.rax;
+    }
+
+    /// The signal that stopped it, if that was not allocscope's interrupt (it is delivered
+    /// when the thread next runs).
+    pub(super) fn pending_signal(&self) -> i32 {
+        self.pending
+    }
+
     fn get_registers(&self) -> io::Result<libc::user_regs_struct> {
         // SAFETY: all-zero is a valid register set.
         let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
@@ -114,15 +141,10 @@ impl Stopped {
         ptrace(libc::PTRACE_SETREGS, self.tid, 0, (&raw const *regs) as u64).map(drop)
     }
 
-    /// Where the thread resumes once the call returns (see [`stub::resumed`]).
-    pub(super) fn resume_registers(&self) -> stub::Registers {
-        stub::resumed(&self.saved)
-    }
-
     /// The registers to let it go with from any stop: where it resumes, no system call
     /// left for the kernel to restart.
     fn resumed_raw(&self) -> libc::user_regs_struct {
-        let resumed = self.resume_registers();
+        let resumed = frame::resumed(&self.saved);
         let mut regs = self.raw;
         regs.rax = resumed.rax;
         regs.rip = resumed.rip;
@@ -162,15 +184,20 @@ impl Stopped {
         Ok((thread, xstate))
     }
 
-    /// Has the thread call the C library's `mmap` (at `mmap`) for one page, readable,
-    /// writable and executable, returning into `block`'s signal frame; stops it as the
+    /// Has the thread call the C library's `mmap` (at `mmap`) for `len` bytes, readable and
+    /// writable (never executable), returning into `block`'s resume frame; stops it as the
     /// system call returns, and puts it back. The page's address.
-    pub(super) fn map_page(&mut self, mmap: u64, block: &frame::Block) -> anyhow::Result<u64> {
+    pub(super) fn map_page(
+        &mut self,
+        mmap: u64,
+        len: u64,
+        block: &frame::Block,
+    ) -> anyhow::Result<u64> {
         let mut regs = self.raw;
         regs.rip = mmap;
         regs.rdi = 0;
-        regs.rsi = stub::PAGE as u64;
-        regs.rdx = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64;
+        regs.rsi = len;
+        regs.rdx = (libc::PROT_READ | libc::PROT_WRITE) as u64;
         regs.rcx = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
         regs.r8 = u64::MAX;
         regs.r9 = 0;
@@ -180,7 +207,7 @@ impl Stopped {
         self.set_registers(&regs)?;
         self.moved = true;
         pause_at("mmap-set");
-        let exit = self.until_exit_of(libc::SYS_mmap as u64)?;
+        let exit = self.until_exit_of(libc::SYS_mmap as u64, block.sigreturn_sp)?;
         pause_at("mmap-exit");
         // Back to where it resumes, should anything below fail.
         self.set_registers(&self.resumed_raw())?;
@@ -195,46 +222,46 @@ impl Stopped {
         Ok(address as u64)
     }
 
-    /// Runs the thread to the exit of system call `number` (its first), a few stops at
-    /// most; its registers there.
-    fn until_exit_of(&mut self, number: u64) -> anyhow::Result<libc::user_regs_struct> {
-        for _ in 0..8 {
-            ptrace(libc::PTRACE_SYSCALL, self.tid, 0, 0)?;
+    /// Runs the thread to the exit of system call `number` made with stack pointer `sp` (its
+    /// own: a signal that arrives meanwhile is delivered, and its handler runs, system calls
+    /// and all, before the call is made); its registers there.
+    fn until_exit_of(&mut self, number: u64, sp: u64) -> anyhow::Result<libc::user_regs_struct> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while std::time::Instant::now() < deadline {
+            let deliver = std::mem::take(&mut self.pending);
+            ptrace(libc::PTRACE_SYSCALL, self.tid, 0, deliver as u64)?;
             let (signal, event) = wait_stop(self.tid)?;
             if signal != libc::SIGTRAP | 0x80 {
                 if event == 0 {
-                    // A signal on the way: kept for when the thread is let go.
+                    // A signal on the way: delivered as the thread runs on.
                     self.pending = signal;
                 }
                 continue;
             }
             let regs = self.get_registers()?;
+            // A handler's calls are made on the stack below the call's frame.
+            let ours = regs.orig_rax == number && (sp - 256..=sp + 8).contains(&regs.rsp);
             if regs.rax == ENTRY_RAX {
-                pause_at("mmap-entry");
+                if ours {
+                    pause_at("mmap-entry");
+                }
                 continue;
             }
-            anyhow::ensure!(
-                regs.orig_rax == number,
-                "the thread made system call {} instead of {number}",
-                regs.orig_rax as i64
-            );
-            return Ok(regs);
+            if ours {
+                return Ok(regs);
+            }
         }
-        anyhow::bail!("system call {number} did not return")
+        anyhow::bail!("system call {number} did not return within 2 s")
     }
 
-    /// Sets the thread up to call `function(first, second)` returning to `back`, its stack
-    /// pointer `sp` (below the block: see [`frame::Block::call_sp`]), and lets it go.
+    /// Sets the thread up to call `function(first, second)` with stack pointer `sp` (its
+    /// return address there: see [`frame::Block::call_sp`]), and lets it go.
     pub(super) fn call(
         &mut self,
-        mem: &File,
         function: u64,
         (first, second): (u64, u64),
-        back: u64,
         sp: u64,
     ) -> anyhow::Result<()> {
-        mem.write_all_at(&back.to_le_bytes(), sp)
-            .context("writing the return address")?;
         let mut regs = self.raw;
         regs.rip = function;
         regs.rdi = first;
@@ -269,8 +296,8 @@ impl Drop for Stopped {
     }
 }
 
-fn from_raw(r: &libc::user_regs_struct) -> stub::Registers {
-    stub::Registers {
+fn from_raw(r: &libc::user_regs_struct) -> Registers {
+    Registers {
         rax: r.rax,
         rbx: r.rbx,
         rcx: r.rcx,

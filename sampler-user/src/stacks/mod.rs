@@ -796,6 +796,8 @@ mod tests {
             end: 0x2000,
             offset: 0x400,
             executable: true,
+            writable: false,
+            stack: false,
             file_id: file("fe:01", 7),
             path: Some("/bin/x".into()),
         };

@@ -39,6 +39,10 @@ pub struct Vma {
     pub offset: u64,
     /// Whether the mapping is executable.
     pub executable: bool,
+    /// Whether it is writable.
+    pub writable: bool,
+    /// Whether it is the main thread's stack (`[stack]`).
+    pub stack: bool,
     /// The backing file's identity (inode 0: none).
     pub file_id: FileId,
     /// Backing file path, if the mapping has one (not `[heap]`, `[vdso]`, anonymous).
@@ -99,14 +103,16 @@ fn parse_line(line: &str) -> Option<Vma> {
     let offset = fields.next()?;
     let dev = fields.next()?;
     let inode = fields.next()?;
-    let path = fields.next().map(str::trim_start).unwrap_or("");
-    let path = (inode != "0" && path.starts_with('/'))
-        .then(|| PathBuf::from(path.trim_end_matches(" (deleted)")));
+    let name = fields.next().map(str::trim_start).unwrap_or("");
+    let path = (inode != "0" && name.starts_with('/'))
+        .then(|| PathBuf::from(name.trim_end_matches(" (deleted)")));
     Some(Vma {
         start: u64::from_str_radix(start, 16).ok()?,
         end: u64::from_str_radix(end, 16).ok()?,
         offset: u64::from_str_radix(offset, 16).ok()?,
         executable: perms.as_bytes().get(2) == Some(&b'x'),
+        writable: perms.as_bytes().get(1) == Some(&b'w'),
+        stack: inode == "0" && name.trim_end() == "[stack]",
         file_id: FileId {
             device: dev.to_owned(),
             inode: inode.parse().ok()?,

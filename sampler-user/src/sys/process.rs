@@ -3,7 +3,7 @@
 //! Every reader returns `None` (or empty) for a process that is gone: a target may exit at
 //! any moment, and that is not an error here.
 
-use std::path::PathBuf;
+use std::{os::fd::AsRawFd as _, path::PathBuf};
 
 /// `/proc/PID/WHAT` (`what` empty: the process's directory).
 pub(super) fn path(pid: u32, what: &str) -> PathBuf {
@@ -169,6 +169,27 @@ pub fn cgroup_of(pid: u32) -> Option<String> {
     cgroup_path(&text)
 }
 
+/// How many bytes `pid`'s memory cgroups (v2: its own and every parent) let it grow by:
+/// the least of `memory.max` − `memory.current` over those with a limit; `None` when none
+/// has one (or cgroup v2 is not mounted).
+pub fn memory_headroom(pid: u32) -> Option<u64> {
+    let group = cgroup_of(pid)?;
+    let mut dir = std::path::Path::new("/sys/fs/cgroup").join(group.trim_start_matches('/'));
+    let mut least: Option<u64> = None;
+    loop {
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+        let limit = read("memory.max").and_then(|m| m.trim().parse::<u64>().ok());
+        let current = read("memory.current").and_then(|c| c.trim().parse::<u64>().ok());
+        if let (Some(limit), Some(current)) = (limit, current) {
+            let room = limit.saturating_sub(current);
+            least = Some(least.map_or(room, |l| l.min(room)));
+        }
+        if !dir.pop() || !dir.starts_with("/sys/fs/cgroup") {
+            return least;
+        }
+    }
+}
+
 /// The unified-hierarchy path from the text of /proc/PID/cgroup (`0::/system.slice/x`), else
 /// the first controller's. Pure.
 pub fn cgroup_path(text: &str) -> Option<String> {
@@ -291,9 +312,114 @@ pub fn thread_status(pid: u32, tid: u32) -> std::io::Result<String> {
     std::fs::read_to_string(path(pid, &format!("task/{tid}/status")))
 }
 
+/// What thread `tid` of `pid` is doing (`/proc/PID/task/TID/syscall`): `running`, or the
+/// system call it is blocked in with its arguments (see `crate::inject`'s `calls`).
+pub fn thread_syscall(pid: u32, tid: u32) -> std::io::Result<String> {
+    std::fs::read_to_string(path(pid, &format!("task/{tid}/syscall")))
+}
+
+/// Whether descriptor `fd` of `pid` is a socket with a receive or send timeout (a call on
+/// it returns `EINTR` after a stop). Looked at through a copy of the descriptor
+/// (`pidfd_getfd`), closed at once.
+pub fn socket_has_timeout(pid: u32, fd: i32) -> std::io::Result<bool> {
+    use std::os::fd::{FromRawFd as _, OwnedFd};
+    let link = std::fs::read_link(path(pid, &format!("fd/{fd}")))?;
+    if !link.to_string_lossy().starts_with("socket:") {
+        return Ok(false);
+    }
+    let owned = |r: libc::c_long| {
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            // SAFETY: a descriptor the kernel just gave us, owned here alone.
+            Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
+        }
+    };
+    // SAFETY: a system call with integer arguments.
+    let pidfd = owned(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
+    // SAFETY: as above; the pidfd is ours and open.
+    let copy = owned(unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) })?;
+    for option in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+        let mut timeout = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        };
+        let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+        // SAFETY: getsockopt into our timeval, its length given.
+        let r = unsafe {
+            libc::getsockopt(
+                copy.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                (&raw mut timeout).cast(),
+                &mut len,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if timeout.tv_sec != 0 || timeout.tv_usec != 0 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Whether thread `tid` of `pid` has a signal pending that it does not block (its own or
+/// its process's), from its status.
+pub fn signal_pending(pid: u32, tid: u32) -> bool {
+    let Ok(status) = thread_status(pid, tid) else {
+        return false;
+    };
+    let mask = |name| {
+        status_field(&status, name)
+            .and_then(|m| u64::from_str_radix(m, 16).ok())
+            .unwrap_or(0)
+    };
+    (mask("SigPnd") | mask("ShdPnd")) & !mask("SigBlk") != 0
+}
+
+/// `pid`'s soft limit `name` (`Max address space`, `Max stack size`) from
+/// /proc/PID/limits: `Some(None)` when unlimited, `None` when it cannot be read.
+pub fn soft_limit(pid: u32, name: &str) -> Option<Option<u64>> {
+    limits_field(&std::fs::read_to_string(path(pid, "limits")).ok()?, name)
+}
+
+/// The soft limit `name` in a /proc/PID/limits text (`Max stack size  8388608  unlimited
+/// bytes`). Pure.
+pub fn limits_field(text: &str, name: &str) -> Option<Option<u64>> {
+    let line = text.lines().find(|l| l.starts_with(name))?;
+    let soft = line[name.len()..].split_whitespace().next()?;
+    if soft == "unlimited" {
+        return Some(None);
+    }
+    soft.parse().ok().map(Some)
+}
+
+/// `pid`'s address space in bytes (`VmSize`), from /proc/PID/status.
+pub fn address_space_of(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(path(pid, "status")).ok()?;
+    let kib = status_field(&status, "VmSize")?.strip_suffix(" kB")?.trim();
+    kib.parse::<u64>().ok().map(|k| k * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn soft_limits_are_read_unlimited_or_in_bytes() {
+        let text =
+            "Limit                     Soft Limit           Hard Limit           Units     \n\
+Max stack size            8388608              unlimited            bytes     \n\
+Max address space         unlimited            unlimited            bytes     \n";
+        assert_eq!(limits_field(text, "Max stack size"), Some(Some(8388608)));
+        assert_eq!(limits_field(text, "Max address space"), Some(None));
+        assert_eq!(limits_field(text, "Max open files"), None);
+        let own = soft_limit(std::process::id(), "Max stack size");
+        assert!(own.is_some(), "{own:?}");
+        assert!(address_space_of(std::process::id()).is_some_and(|b| b > 1 << 20));
+    }
 
     #[test]
     fn this_process_exists_and_a_pid_beyond_the_limit_does_not() {
