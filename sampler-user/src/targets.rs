@@ -24,6 +24,14 @@ pub enum FindError {
     /// A zombie: it has exited, and its parent has not collected its status yet.
     #[error("a zombie: it has exited (its parent has not reaped it), nothing is left to profile")]
     Zombie,
+    /// Its main thread has exited (`pthread_exit`) while others live on: the kernel gives
+    /// the process's maps, executable and probes through its main thread, so none is had.
+    #[error(
+        "its main thread has exited while {0} other thread(s) live on: allocscope cannot \
+         read or probe such a process (its maps, executable and probes are reached through \
+         the main thread)"
+    )]
+    MainThreadExited(usize),
     /// Its memory map is unreadable.
     #[error("cannot read its memory map: {0}")]
     Maps(std::io::Error),
@@ -83,8 +91,11 @@ impl AllocatorCache {
         if vmas.is_empty() {
             // Nothing mapped: a kernel thread, or a zombie (gone in all but name).
             let zombie = state_of(pid) == Some('Z');
+            let live = crate::sys::process::live_threads(pid);
             return Err(if is_kernel_thread(pid) {
                 FindError::KernelThread
+            } else if zombie && live > 0 {
+                FindError::MainThreadExited(live)
             } else if zombie {
                 FindError::Zombie
             } else {

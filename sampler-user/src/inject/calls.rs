@@ -176,6 +176,11 @@ const TIMER_ABSTIME: u64 = 1;
 const FUTEX_CMD: u64 = 127;
 const FUTEX_WAIT: u64 = 0;
 
+/// Whether `number` creates a process (`fork`, `vfork`, `clone`, `clone3`).
+pub(super) fn forks(number: u64) -> bool {
+    matches!(number, nr::CLONE | nr::CLONE3 | nr::FORK | nr::VFORK)
+}
+
 /// Whether `number` is a call an allocator makes holding its lock, or `fork`'s.
 pub(super) fn holds_locks(number: u64) -> bool {
     HOLDING_LOCKS.contains(&number)

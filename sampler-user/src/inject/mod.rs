@@ -25,11 +25,12 @@
 
 mod calls;
 mod frame;
+mod held;
 mod safe;
 mod thread;
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fs::File,
     io,
     os::unix::fs::FileExt as _,
@@ -51,7 +52,7 @@ use thread::Stopped;
 pub(crate) struct Loaded {
     /// The thread that loaded it.
     pub tid: u32,
-    /// How long that thread was stopped (the set-up).
+    /// How long that thread was stopped (the set-up; not the looking for it).
     pub stopped: Duration,
     /// From its release to the library's `dlopen` returning.
     pub loading: Duration,
@@ -142,12 +143,14 @@ pub(crate) fn load(pid: u32, library: &Path) -> Result<Loaded, Refused> {
         let failed = anyhow::anyhow!("the library's path does not fit a page");
         return Err(Refused::Failed(failed));
     }
+    let mut runtime = held::Runtime::of(pid, &vmas).map_err(Refused::Failed)?;
     let started = Instant::now();
-    let mut stopped = take_a_thread(pid, &vmas, started)?;
+    let mut stopped = take_a_thread(pid, (&vmas, &mut runtime), &mem, started)?;
     let tid = stopped.tid;
+    let stopped_at = stopped.at;
     let page = switch(&mut stopped, pid, &mem, &entry, path).map_err(Refused::Failed)?;
     let stop_ended = Instant::now();
-    let stopped = stop_ended - started;
+    let stopped = stop_ended - stopped_at;
     wait_until_unmapped(pid, &mem, page)?;
     let loading = stop_ended.elapsed();
     debug!("pid {pid}: thread {tid} stopped {stopped:?}, the library loaded in {loading:?}");
@@ -326,23 +329,34 @@ fn switch(
 /// [`SAFE_POINT_WITHIN`] has passed since `started`: a thread is looked at before it is
 /// stopped ([`calls`]) and once stopped ([`safe`]); one that is not at one is let go as it
 /// was.
-fn take_a_thread(pid: u32, vmas: &[Vma], started: Instant) -> Result<Stopped, Refused> {
+fn take_a_thread(
+    pid: u32,
+    (vmas, runtime): (&[Vma], &mut held::Runtime),
+    mem: &File,
+    started: Instant,
+) -> Result<Stopped, Refused> {
     let stack_limit = process::soft_limit(pid, "Max stack size").flatten();
     let mut not_now: BTreeMap<u32, String> = BTreeMap::new();
     // A thread let go after its stop is stopped again only this much later.
     let mut stopped_last: BTreeMap<u32, Instant> = BTreeMap::new();
+    // Threads seen creating processes: never stopped again (see `before_stop`).
+    let mut parents: BTreeSet<u32> = BTreeSet::new();
     loop {
         let mut tids = process::threads_of(pid).map_err(|e| Refused::Failed(e.into()))?;
-        tids.sort_by_key(|&t| (t != pid, t));
+        // The main thread last: signals sent to the process are sent to it.
+        tids.sort_by_key(|&t| (t == pid, t));
         for tid in tids {
-            if stopped_last
+            let recent = stopped_last
                 .get(&tid)
-                .is_some_and(|t| t.elapsed() < AGAIN_AFTER)
-            {
+                .is_some_and(|t| t.elapsed() < AGAIN_AFTER);
+            if recent || parents.contains(&tid) {
                 continue;
             }
             if let Err(why) = before_stop(pid, tid) {
-                not_now.insert(tid, why);
+                if why == PARENT {
+                    parents.insert(tid);
+                }
+                not_now.insert(tid, why.into());
                 continue;
             }
             let mut stopped = match Stopped::stop(tid) {
@@ -350,7 +364,16 @@ fn take_a_thread(pid: u32, vmas: &[Vma], started: Instant) -> Result<Stopped, Re
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
                 Err(e) => return Err(Refused::Ptrace(e)),
             };
-            match once_stopped(&mut stopped, pid, vmas, stack_limit) {
+            if calls::forks(stopped.saved.orig_rax)
+                || process::thread_has_children(pid, tid).unwrap_or(true)
+            {
+                // Let go at once.
+                drop(stopped);
+                parents.insert(tid);
+                not_now.insert(tid, PARENT.into());
+                continue;
+            }
+            match once_stopped(&mut stopped, pid, (vmas, &mut *runtime, mem), stack_limit) {
                 Ok(()) => return Ok(stopped),
                 Err(why) => {
                     debug!("pid {pid}: thread {tid} not now: {why}");
@@ -370,17 +393,29 @@ fn take_a_thread(pid: u32, vmas: &[Vma], started: Instant) -> Result<Stopped, Re
     }
 }
 
-/// Whether thread `tid` may be stopped now: alive, and not blocked in a call the stop
-/// would change or that may hold the allocator's locks.
-fn before_stop(pid: u32, tid: u32) -> Result<(), String> {
+/// Why a thread that creates processes is not taken: a signal the program ignores is
+/// dropped when it is sent, unless the thread it is sent to is traced; then it is queued,
+/// and another thread is woken for it, whose `epoll_wait` returns `EINTR` (seen: a thread
+/// forking in a loop, stopped, and the main thread's timed wait cut short by a child's
+/// `SIGCHLD`). For the same reason the main thread, to which signals sent to the process
+/// go, is tried last.
+const PARENT: &str = "it creates processes, whose exits a stop would make seen";
+
+/// Whether thread `tid` may be stopped now: alive, not a parent ([`PARENT`]), and not
+/// blocked in a call the stop would change or that may hold the allocator's locks.
+fn before_stop(pid: u32, tid: u32) -> Result<(), std::borrow::Cow<'static, str>> {
     let status = process::thread_status(pid, tid).map_err(|e| e.to_string())?;
     if process::status_field(&status, "State").is_some_and(|s| s.starts_with(['Z', 'X'])) {
         return Err("exited".into());
     }
+    if process::thread_has_children(pid, tid).unwrap_or(true) {
+        return Err(PARENT.into());
+    }
     let text = process::thread_syscall(pid, tid).map_err(|e| e.to_string())?;
     match calls::parse(&text) {
-        None => Err(format!("unreadable state {:?}", text.trim())),
+        None => Err(format!("unreadable state {:?}", text.trim()).into()),
         Some(calls::Doing::Running | calls::Doing::Faulting) => Ok(()),
+        Some(calls::Doing::Blocked { number, .. }) if calls::forks(number) => Err(PARENT.into()),
         Some(calls::Doing::Blocked { number, args }) => {
             let socket_timeout = calls::SOCKET_CALLS.contains(&number)
                 && process::socket_has_timeout(pid, args[0] as i32).unwrap_or(true);
@@ -392,17 +427,20 @@ fn before_stop(pid: u32, tid: u32) -> Result<(), String> {
     }
 }
 
-/// Whether the stopped thread may load the library here ([`safe`]); a call the stop cut
-/// short is set to be issued again.
+/// Whether the stopped thread may load the library here ([`safe`], [`held`]); a call the
+/// stop cut short is set to be issued again.
 fn once_stopped(
     stopped: &mut Stopped,
     pid: u32,
-    vmas: &[Vma],
+    (vmas, runtime, mem): (&[Vma], &mut held::Runtime, &File),
     stack_limit: Option<u64>,
 ) -> Result<(), safe::NotNow> {
     let regs = stopped.saved;
     safe::check(regs.rip, regs.orig_rax, vmas)?;
     safe::stack_room(regs.rsp, stopped.fs_base(), vmas, stack_limit)?;
+    runtime
+        .holds((regs.rip, regs.rsp, regs.rbp), mem, vmas)
+        .map_err(safe::NotNow::Holds)?;
     let signal = stopped.pending_signal() != 0 || process::signal_pending(pid, stopped.tid);
     if calls::issued_again(regs.orig_rax, regs.rax, signal) {
         stopped.issue_again();

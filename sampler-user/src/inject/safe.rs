@@ -54,6 +54,8 @@ pub(super) enum NotNow {
     ForeignStack,
     /// Only this many bytes free below its stack pointer.
     SmallStack(u64),
+    /// Its stack says it holds (or may hold) a lock `dlopen` needs.
+    Holds(super::held::Holds),
 }
 
 impl std::fmt::Display for NotNow {
@@ -68,6 +70,7 @@ impl std::fmt::Display for NotNow {
             NotNow::ForeignStack => {
                 f.write_str("on a stack not its own (an alternate signal stack)")
             }
+            NotNow::Holds(why) => write!(f, "{why}"),
             NotNow::SmallStack(room) => write!(
                 f,
                 "{} KiB free on its stack, {} KiB needed",

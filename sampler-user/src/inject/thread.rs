@@ -19,6 +19,8 @@ use super::frame::{self, Registers};
 /// set up ([`Stopped::call`]).
 pub(super) struct Stopped {
     pub tid: u32,
+    /// When it stopped.
+    pub at: std::time::Instant,
     pub saved: Registers,
     raw: libc::user_regs_struct,
     /// A signal that arrived meanwhile (0: none), delivered when the thread next runs.
@@ -92,6 +94,7 @@ impl Stopped {
         )?;
         let mut stopped = Stopped {
             tid,
+            at: std::time::Instant::now(),
             saved: Registers::default(),
             // SAFETY: all-zero is a valid register set.
             raw: unsafe { std::mem::zeroed() },
@@ -101,6 +104,7 @@ impl Stopped {
         };
         ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0)?;
         let (signal, event) = wait_stop(tid)?;
+        stopped.at = std::time::Instant::now();
         if !(signal == libc::SIGTRAP && event == libc::PTRACE_EVENT_STOP) {
             // Stopped to receive a signal: it gets it when let go.
             stopped.pending = signal;

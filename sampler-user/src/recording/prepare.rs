@@ -42,7 +42,7 @@ pub(super) struct FrontEnd {
 }
 
 /// Runs every check that can fail on bad input (privileges, targets, then the caller's own
-/// `check`), then for `-- CMD` forks the paused child, its stdin and output redirected when
+/// `check`), then loads the sampler into running targets (`-p`), or for `-- CMD` forks the paused child, its stdin and output redirected when
 /// `redirect` is given. Must run before any other thread than `main` exists.
 pub(crate) fn prepare(
     targets: &Targets,
@@ -54,7 +54,6 @@ pub(crate) fn prepare(
     let mut cache = AllocatorCache::default();
     let mut initial = processes(targets, &mut cache)?;
     let host_wide = targets.comm.is_some() || targets.all;
-    let (loaded, notes) = super::load::into_targets(targets, &mut initial, sampling, &mut cache)?;
     let mut front_end = None;
     let mut environment = Vec::new();
     // Resolved once: the file checked and probed is the file run.
@@ -79,6 +78,9 @@ pub(crate) fn prepare(
         initial.push(Target { pid: 0, allocators });
     }
     check()?;
+    // Only once every refusal that does not need the targets has passed: nothing is
+    // loaded into a process for a recording that cannot be written.
+    let (loaded, notes) = super::load::into_targets(targets, &mut initial, sampling, &mut cache)?;
     let mut child = None;
     let mut command = String::new();
     if let (Some(word), Some(program)) = (targets.command.first(), &program) {

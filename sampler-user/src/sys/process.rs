@@ -307,6 +307,20 @@ pub fn threads_of(pid: u32) -> std::io::Result<Vec<u32>> {
         .collect())
 }
 
+/// How many threads of `pid` other than its main thread have not exited.
+pub fn live_threads(pid: u32) -> usize {
+    threads_of(pid)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|&tid| tid != pid)
+        .filter(|&tid| {
+            thread_status(pid, tid).is_ok_and(|s| {
+                status_field(&s, "State").is_some_and(|st| !st.starts_with(['Z', 'X']))
+            })
+        })
+        .count()
+}
+
 /// The `status` text of thread `tid` of `pid`.
 pub fn thread_status(pid: u32, tid: u32) -> std::io::Result<String> {
     std::fs::read_to_string(path(pid, &format!("task/{tid}/status")))
@@ -377,6 +391,13 @@ pub fn signal_pending(pid: u32, tid: u32) -> bool {
             .unwrap_or(0)
     };
     (mask("SigPnd") | mask("ShdPnd")) & !mask("SigBlk") != 0
+}
+
+/// Whether thread `tid` of `pid` has child processes (`/proc/PID/task/TID/children`): a
+/// child's exit sends it `SIGCHLD`.
+pub fn thread_has_children(pid: u32, tid: u32) -> std::io::Result<bool> {
+    let text = std::fs::read_to_string(path(pid, &format!("task/{tid}/children")))?;
+    Ok(!text.trim().is_empty())
 }
 
 /// `pid`'s soft limit `name` (`Max address space`, `Max stack size`) from
