@@ -899,6 +899,273 @@ def _():
                     "'print(sum(len(str(i)) for i in range(100000)))'; echo $?; done"])
 
 
+# ---------------------------------------------------------------- never harm an attached target (#62)
+#
+# tests/fixtures/harm.c checks itself: each mode puts a thread where a stop could harm it,
+# and the program says "ok" (exit 0) at "stop" or "BAD …" (exit 1) at once. Each case runs
+# it natively and attached (`record -v -p`), and compares what it said and its exit status.
+
+
+class Harm:
+    """tests/fixtures/harm MODE, started and past its "ready" line."""
+
+    def __init__(self, mode):
+        self.p = subprocess.Popen([build("harm", extra=["-lpthread"]), mode],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ready = self.p.stdout.readline()
+        check(ready.startswith("ready "), f"harm {mode} said {ready!r}")
+        self.pid = int(ready.split()[1])
+
+    def maps(self):
+        try:
+            return open(f"/proc/{self.pid}/maps").read()
+        except OSError:
+            return ""
+
+    def stop(self):
+        """(what it said after "ready", its exit status)."""
+        try:
+            self.p.stdin.write("stop\n")
+            self.p.stdin.flush()
+        except BrokenPipeError:
+            pass
+        said = self.p.stdout.read()
+        return said, self.p.wait(timeout=30)
+
+
+def harm_native(mode, seconds=1.0):
+    h = Harm(mode)
+    time.sleep(seconds)
+    return h.stop()
+
+
+def harm_attached(mode, *extra, env=None, during=None, seconds=0.3):
+    """Attaches `record -v -p` to harm MODE (`during(harm, recorder)` while it runs): (what
+    the program said, its exit status, allocscope's exit status and stderr, the program's
+    maps when allocscope ended)."""
+    h = Harm(mode)
+    time.sleep(seconds)
+    out = path(f"harm-{mode}-{len(os.listdir(work))}.json")
+    r = subprocess.Popen([A, "record", "-v", "-p", str(h.pid), "-d", "0.5s", "-o", out, *extra],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    if during:
+        during(h, r)
+    try:
+        err = r.communicate(timeout=60)[1]
+    except subprocess.TimeoutExpired:
+        r.kill()
+        h.p.kill()
+        raise Fail(f"record -p of harm {mode} still running after 60 s")
+    maps = h.maps()
+    said, status = h.stop()
+    return said, status, r.returncode, err, maps
+
+
+def loaded(err):
+    return "in-process sampler loaded" in err
+
+
+def writable_and_executable(maps):
+    return [line for line in maps.splitlines() if line.split(" ")[1].startswith("rwx")]
+
+
+def same_as_native_attached(mode, **kw):
+    native = harm_native(mode)
+    said, status, code, err, maps = harm_attached(mode, **kw)
+    check(native == ("ok\n", 0), f"natively harm {mode} said {native}")
+    check((said, status) == native, f"attached: {said!r} exit {status}, natively {native}"
+                                    f" — {[x for x in err.splitlines() if 'not now' not in x][-4:]}")
+    check(code == 0, f"record exit {code}: {err[-300:]}")
+    check(not writable_and_executable(maps), f"{writable_and_executable(maps)}")
+    return err
+
+
+@case("a thread in epoll_wait(-1) is taken and sees only its event [#62.1]", "attach")
+def _():
+    err = same_as_native_attached("epoll")
+    check(loaded(err), f"not loaded: {err[-400:]}")
+
+
+@case("epoll_wait(…, 500) attached: no EINTR, never early [#62.2]", "attach")
+def _():
+    err = same_as_native_attached("epoll-timed")
+    check(loaded(err), f"not loaded: {err[-400:]}")
+
+
+@case("a handler blocked on an 8 KiB sigaltstack is never run on [#62.3]", "attach")
+def _():
+    err = same_as_native_attached("altstack")
+    # Loaded through the main thread between its waits, or refused with the reason.
+    check(loaded(err) or "on a stack not its own" in err, f"{err[-400:]}")
+
+
+@case("a thread on a 16 KiB stack is never the one that loads [#62.4]", "attach")
+def _():
+    err = same_as_native_attached("small-stack")
+    check(loaded(err) or "free on its stack" in err, f"{err[-400:]}")
+
+
+@case("the load's stack use is measured and within what is checked [#62.4]", "attach")
+def _():
+    said, status, code, err, _ = harm_attached("paint")
+    depth = [int(x.split()[1]) for x in said.splitlines() if x.startswith("depth ")]
+    check(status == 0 and loaded(err) and depth, f"{said!r} {err[-300:]}")
+    # STACK_NEEDED in sampler-user/src/inject/safe.rs: 56 KiB.
+    check(depth[0] < 56 * 1024, f"the load used {depth[0]} bytes of the thread's stack")
+    print(f"      the load used {depth[0]} bytes below the thread's stack pointer",
+          file=sys.stderr)
+
+
+@case("at RLIMIT_AS: not loaded, the program's next malloc still succeeds [#62.5]", "attach")
+def _():
+    exe = program("at_as_limit", r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+int main(void) {
+    FILE *f = fopen("/proc/self/status", "r"); char line[256]; long kb = 0;
+    while (fgets(line, sizeof line, f)) if (!strncmp(line, "VmSize:", 7)) kb = atol(line + 7);
+    fclose(f);
+    struct rlimit r = {(kb + 1024) * 1024, (kb + 1024) * 1024};
+    setrlimit(RLIMIT_AS, &r);
+    printf("ready %d\n", getpid()); fflush(stdout);
+    char buf[16];
+    if (!fgets(buf, sizeof buf, stdin)) return 2;
+    void *p = malloc(300 * 1024);
+    printf(p ? "ok\n" : "BAD malloc failed\n");
+    return p ? 0 : 1;
+}
+""")
+    def attached(attach):
+        t = subprocess.Popen([exe], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        pid = int(t.stdout.readline().split()[1])
+        err = run([A, "record", "-p", str(pid), "-d", "0.3s", "-o", path("as.json")])[2] \
+            if attach else ""
+        said = t.communicate("go\n", timeout=30)[0]
+        return said, t.returncode, err
+    native = attached(False)
+    said, status, err = attached(True)
+    check(native[:2] == ("ok\n", 0), f"natively {native}")
+    check((said, status) == native[:2], f"attached: {said!r} {status}: {err[-300:]}")
+    check("address-space limit (RLIMIT_AS" in err and not loaded(err), f"{err[-300:]}")
+
+
+@case("-o /dev/null with -p: refused before the sampler is loaded [#62.7]", "attach")
+def _():
+    h = Harm("epoll")
+    code, _, err = run([A, "record", "-p", str(h.pid), "-o", "/dev/null", "-d", "0.3s"])
+    maps = h.maps()
+    said, status = h.stop()
+    check(code == 2 and "not a regular file" in err, f"exit {code}: {err[-300:]}")
+    check("libsampler_preload" not in maps, "the sampler was loaded all the same")
+    check((said, status) == ("ok\n", 0), f"{said!r} {status}")
+
+
+@case("a process whose main thread exited is refused with that reason [#62.9]", "attach")
+def _():
+    h = Harm("main-exit")
+    time.sleep(0.3)
+    code, _, err = run([A, "record", "-p", str(h.pid), "-d", "0.3s", "-o", path("me.json")])
+    said, status = h.stop()
+    check(code == 2 and "main thread has exited" in err and "zombie" not in err,
+          f"exit {code}: {err[-300:]}")
+    check((said, status) == ("ok\n", 0), f"{said!r} {status}")
+
+
+@case("a second record -p beside the first: both in-process, no word of an exec [#62.10]",
+      "attach")
+def _():
+    t = subprocess.Popen([build("attach", extra=["-lpthread", "-ldl"]), "3", "churn"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    pid = int(t.stdout.readline().split()[1])
+    first = subprocess.Popen([A, "record", "-p", str(pid), "-d", "3s", "-o", path("one.json")],
+                             stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.2)
+    code, _, err = run([A, "record", "-p", str(pid), "-d", "1s", "-o", path("two.json")])
+    first_err = first.communicate(timeout=60)[1]
+    said = t.communicate("stop\n", timeout=30)[0]
+    for name, text, exit_code in [("first", first_err, first.returncode), ("second", err, code)]:
+        check(exit_code == 0 and "(counted in-process)" in text and "exec'd" not in text,
+              f"{name}: exit {exit_code}: {text[-300:]}")
+    check(said.strip() == "ok 1" and t.returncode == 0, f"{said!r} {t.returncode}")
+
+
+@case("four signals sent during the stop are all delivered [#62]", "attach")
+def _():
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def signals(h, r):
+        for line in r.stderr:
+            if "paused at mmap-set" in line:
+                break
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH, signal.SIGURG):
+            libc.syscall(234, h.pid, h.pid, int(sig))  # tgkill: to the stopped thread
+    env = dict(os.environ, ALLOCSCOPE_INJECT_PAUSE="mmap-set:300")
+    said, status, code, err, _ = harm_attached("signals", env=env, during=signals)
+    got = [line for line in said.splitlines() if line.startswith("signals")]
+    check(status == 0 and code == 0 and loaded(err), f"{said!r} {status} {code} {err[-300:]}")
+    # All four were pending at once: the kernel delivers them lowest first, each handler
+    # interrupting the one before, so they run in the reverse order, as natively.
+    check(got == ["signals 28 23 12 10"], f"{got}")
+
+
+@case("threads forking and in malloc at attach: no deadlock, no EINTR [#62]", "attach")
+def _():
+    for _ in range(5):
+        err = same_as_native_attached("malloc-busy")
+        check(loaded(err) or "safe point" in err, f"{err[-300:]}")
+
+
+@case("while a thread holds the loader's lock, no other is made to wait for it [#62]",
+      "attach")
+def _():
+    err = same_as_native_attached("loader-lock")
+    check("holds the loader's lock" in err and not loaded(err), f"{err[-400:]}")
+
+
+def memory_cgroup():
+    """A new memory cgroup under this process's own (the v1 memory hierarchy where there is
+    one, else v2): (its directory, the files of its limit and of what it is charged)."""
+    own = open("/proc/self/cgroup").read().splitlines()
+    v1 = [line.split(":", 2)[2] for line in own if "memory" in line.split(":")[1].split(",")]
+    if v1:
+        base, files = "/sys/fs/cgroup/memory" + v1[0], ("memory.limit_in_bytes",
+                                                       "memory.usage_in_bytes")
+    else:
+        mount = [line.split()[1] for line in open("/proc/self/mounts")
+                 if line.split()[2] == "cgroup2"]
+        check(mount, "no memory cgroup hierarchy")
+        base = mount[0] + [line.split(":", 2)[2] for line in own if line.startswith("0::")][0]
+        files = ("memory.max", "memory.current")
+    group = os.path.join(base, f"allocscope-torture-{os.getpid()}")
+    os.makedirs(group, exist_ok=True)
+    return group, files
+
+
+@case("a process in a memory cgroup at its limit: refused with the reason [#62]", "attach")
+def _():
+    group, (limit_file, charged_file) = memory_cgroup()
+    try:
+        h = Harm("epoll")
+        open(f"{group}/cgroup.procs", "w").write(str(h.pid))
+        time.sleep(0.1)
+        charged = int(open(f"{group}/{charged_file}").read())
+        open(f"{group}/{limit_file}", "w").write(str(charged + (4 << 20)))
+        code, _, err = run([A, "record", "-p", str(h.pid), "-d", "0.3s", "-o", path("cg.json")])
+        maps = h.maps()
+        said, status = h.stop()
+        check(code == 0 and "memory cgroup" in err and "libsampler_preload" not in maps,
+              f"exit {code}: {err[-300:]}")
+        check((said, status) == ("ok\n", 0), f"{said!r} {status}")
+    finally:
+        time.sleep(0.2)
+        os.rmdir(group)
+
+
 # ---------------------------------------------------------------- outputs and inputs (#39)
 
 @case("<!--<script> in a process name leaves the HTML report whole [#39.14]", "outputs")

@@ -84,6 +84,9 @@ pub(super) struct Runtime {
     pid: u32,
     unwinders: Unwinders,
     ranges: Ranges,
+    /// The loader's own lock and its write lock (`_rtld_global._dl_load_lock`, then
+    /// `_dl_load_write_lock`): where, when found.
+    loader_locks: Option<u64>,
 }
 
 /// Address ranges a decision is made from.
@@ -106,6 +109,10 @@ pub(super) enum Holds {
     Function(&'static str),
     /// The walk ended inside the C library: what it holds is unknown.
     Unknown,
+    /// Another thread holds the loader's lock: `dlopen` would wait for it, maybe for
+    /// ever (a thread blocked inside `dl_iterate_phdr`'s callback, waiting for the very
+    /// thread that would be loading).
+    LoaderLock(u32),
 }
 
 impl std::fmt::Display for Holds {
@@ -114,6 +121,7 @@ impl std::fmt::Display for Holds {
             Holds::Runtime => f.write_str("inside the loader or an allocator"),
             Holds::Function(name) => write!(f, "inside {name}, which holds the C library's locks"),
             Holds::Unknown => f.write_str("its stack could not be read past its C library"),
+            Holds::LoaderLock(tid) => write!(f, "thread {tid} holds the loader's lock"),
         }
     }
 }
@@ -121,9 +129,10 @@ impl std::fmt::Display for Holds {
 impl Runtime {
     /// Reads `pid`'s modules (mapped as `vmas`) for unwinding, and where its loader, its
     /// allocators and the C library's lock-holding functions are.
-    pub(super) fn of(pid: u32, vmas: &[Vma]) -> anyhow::Result<Runtime> {
+    pub(super) fn of(pid: u32, vmas: &[Vma], mem: &File) -> anyhow::Result<Runtime> {
         let mut modules = Vec::new();
         let mut ranges = Ranges::default();
+        let mut loader_locks = None;
         for vma in vmas.iter().filter(|v| v.executable) {
             let Some(path) = &vma.path else { continue };
             let file_path = vma.file_in(pid);
@@ -138,6 +147,12 @@ impl Runtime {
             };
             if is_runtime_file(path) {
                 ranges.runtime.push(vma.start..vma.end);
+            }
+            if path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("ld-"))
+            {
+                loader_locks = loader_locks.or_else(|| load_locks_in(&file_path, bias, mem));
             }
             let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
             if name
@@ -156,11 +171,27 @@ impl Runtime {
         }
         let mut unwinders = Unwinders::default();
         unwinders.rebuild(pid, 0, modules);
+        if loader_locks.is_none() {
+            log::debug!("pid {pid}: its loader's locks were not found: not looked at");
+        }
         Ok(Runtime {
             pid,
             unwinders,
             ranges,
+            loader_locks,
         })
+    }
+
+    /// A thread holding the loader's lock or its write lock, read from `mem` now.
+    pub(super) fn loader_lock_owner(&self, mem: &File) -> Option<u32> {
+        let at = self.loader_locks?;
+        let mut bytes = [0u8; 2 * MUTEX];
+        mem.read_exact_at(&mut bytes, at).ok()?;
+        [0, MUTEX]
+            .iter()
+            .map(|m| i32::from_le_bytes(bytes[m + 8..m + 12].try_into().unwrap_or_default()))
+            .find(|&owner| owner > 0)
+            .map(|owner| owner as u32)
     }
 
     /// Whether the thread stopped with `ip`, `sp`, `bp` holds a lock `dlopen` needs, its
@@ -191,6 +222,40 @@ impl Runtime {
         let (frames, _) = self.unwinders.unwind(self.pid, &copied, true, 0);
         holds(&frames, &self.ranges)
     }
+}
+
+/// `pthread_mutex_t` (x86-64): lock, count, owner, users, kind, …
+const MUTEX: usize = 40;
+/// Its `kind` for a recursive mutex, as the loader's locks are.
+const RECURSIVE: u32 = 1;
+
+/// Where the loader's lock is in the loader `ld` (loaded with `bias`) of the process whose
+/// memory is `mem`: in `_rtld_global`, after the namespaces' table and their count, three
+/// recursive mutexes (the load lock, the write lock, the TLS lock).
+fn load_locks_in(ld: &Path, bias: u64, mem: &File) -> Option<u64> {
+    use object::{Object as _, ObjectSymbol as _};
+    let data = std::fs::read(ld).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    let global = file
+        .dynamic_symbols()
+        .find(|s| s.name() == Ok("_rtld_global"))?;
+    let start = bias.wrapping_add(global.address());
+    let mut bytes = vec![0u8; usize::try_from(global.size()).ok()?.min(64 << 10)];
+    mem.read_exact_at(&mut bytes, start).ok()?;
+    Some(start + find_load_lock(&bytes)? as u64)
+}
+
+/// The offset of the load lock in `_rtld_global`'s bytes: the first place where a small
+/// namespace count (1–16) is followed by three recursive mutexes. Pure.
+fn find_load_lock(bytes: &[u8]) -> Option<usize> {
+    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default());
+    let kind =
+        |at: usize| u32::from_le_bytes(bytes[at + 16..at + 20].try_into().unwrap_or_default());
+    (8..bytes.len().checked_sub(3 * MUTEX)?)
+        .step_by(8)
+        .find(|&at| {
+            (1..=16).contains(&word(at - 8)) && (0..3).all(|i| kind(at + i * MUTEX) == RECURSIVE)
+        })
 }
 
 /// The address ranges of `libc`'s functions of [`HOLDING`] (loaded with `bias`).
@@ -275,6 +340,21 @@ mod tests {
         // A program callback called by the loader.
         let frames = [0x5555_0000_2000, 0x7f00_0041_0000, 0x5555_0000_1000];
         assert_eq!(holds(&frames, &ranges()), Err(Holds::Runtime));
+    }
+
+    #[test]
+    fn the_loaders_lock_is_found_after_the_namespaces_count() {
+        let mut bytes = vec![0u8; 4096];
+        let put = |b: &mut Vec<u8>, at: usize, v: &[u8]| b[at..at + v.len()].copy_from_slice(v);
+        // A recursive mutex's kind word elsewhere, with no count before it: not it.
+        put(&mut bytes, 200 + 16, &1u32.to_le_bytes());
+        put(&mut bytes, 2560, &1u64.to_le_bytes());
+        for i in 0..3 {
+            put(&mut bytes, 2568 + i * MUTEX + 16, &RECURSIVE.to_le_bytes());
+        }
+        assert_eq!(find_load_lock(&bytes), Some(2568));
+        assert_eq!(find_load_lock(&bytes[..2600]), None);
+        assert_eq!(find_load_lock(&[0u8; 16]), None);
     }
 
     #[test]

@@ -143,7 +143,7 @@ pub(crate) fn load(pid: u32, library: &Path) -> Result<Loaded, Refused> {
         let failed = anyhow::anyhow!("the library's path does not fit a page");
         return Err(Refused::Failed(failed));
     }
-    let mut runtime = held::Runtime::of(pid, &vmas).map_err(Refused::Failed)?;
+    let mut runtime = held::Runtime::of(pid, &vmas, &mem).map_err(Refused::Failed)?;
     let started = Instant::now();
     let mut stopped = take_a_thread(pid, (&vmas, &mut runtime), &mem, started)?;
     let tid = stopped.tid;
@@ -441,6 +441,9 @@ fn once_stopped(
     runtime
         .holds((regs.rip, regs.rsp, regs.rbp), mem, vmas)
         .map_err(safe::NotNow::Holds)?;
+    if let Some(owner) = runtime.loader_lock_owner(mem) {
+        return Err(safe::NotNow::Holds(held::Holds::LoaderLock(owner)));
+    }
     let signal = stopped.pending_signal() != 0 || process::signal_pending(pid, stopped.tid);
     if calls::issued_again(regs.orig_rax, regs.rax, signal) {
         stopped.issue_again();

@@ -169,22 +169,62 @@ pub fn cgroup_of(pid: u32) -> Option<String> {
     cgroup_path(&text)
 }
 
-/// How many bytes `pid`'s memory cgroups (v2: its own and every parent) let it grow by:
-/// the least of `memory.max` − `memory.current` over those with a limit; `None` when none
-/// has one (or cgroup v2 is not mounted).
+/// How many bytes `pid`'s memory cgroups (its own and every parent, in the v1 memory
+/// hierarchy or else in v2) let it grow by: the least, over those with a limit, of the
+/// limit less what is charged, the inactive page cache (which the kernel reclaims first)
+/// counted as free; `None` when none has a limit or none can be read.
 pub fn memory_headroom(pid: u32) -> Option<u64> {
-    let group = cgroup_of(pid)?;
-    let mut dir = std::path::Path::new("/sys/fs/cgroup").join(group.trim_start_matches('/'));
+    let text = text_of(pid, "cgroup")?;
+    let v1 = text.lines().find_map(|line| {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then(|| path.to_owned())
+    });
+    let (root, group, files) = match v1 {
+        Some(group) => (
+            PathBuf::from("/sys/fs/cgroup/memory"),
+            group,
+            [
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+                "total_inactive_file",
+            ],
+        ),
+        None => {
+            let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+            let root = mounts.lines().find_map(|line| {
+                let mut fields = line.split(' ');
+                let (_, at, kind) = (fields.next()?, fields.next()?, fields.next()?);
+                (kind == "cgroup2").then(|| PathBuf::from(at))
+            })?;
+            let group = cgroup_path(&text)?;
+            (
+                root,
+                group,
+                ["memory.max", "memory.current", "inactive_file"],
+            )
+        }
+    };
+    let mut dir = root.join(group.trim_start_matches('/'));
     let mut least: Option<u64> = None;
     loop {
         let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
-        let limit = read("memory.max").and_then(|m| m.trim().parse::<u64>().ok());
-        let current = read("memory.current").and_then(|c| c.trim().parse::<u64>().ok());
-        if let (Some(limit), Some(current)) = (limit, current) {
-            let room = limit.saturating_sub(current);
-            least = Some(least.map_or(room, |l| l.min(room)));
+        let number = |name: &str| read(name).and_then(|m| m.trim().parse::<u64>().ok());
+        let cache = read("memory.stat").and_then(|stat| {
+            stat.lines()
+                .find_map(|l| l.strip_prefix(files[2])?.trim().parse::<u64>().ok())
+        });
+        if let (Some(limit), Some(charged)) = (number(files[0]), number(files[1])) {
+            // v1 says "no limit" with a huge number.
+            if limit < 1 << 62 {
+                let room = (limit + cache.unwrap_or(0)).saturating_sub(charged);
+                least = Some(least.map_or(room, |l| l.min(room)));
+            }
         }
-        if !dir.pop() || !dir.starts_with("/sys/fs/cgroup") {
+        if !dir.pop() || !dir.starts_with(&root) || dir == root {
             return least;
         }
     }
