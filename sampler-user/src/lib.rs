@@ -20,6 +20,7 @@ pub mod format;
 pub mod help;
 pub(crate) mod infile;
 pub(crate) mod inject;
+pub mod interrupted;
 pub(crate) mod outfile;
 pub(crate) mod preflight;
 pub(crate) mod preload;

@@ -9,6 +9,7 @@ use sampler_user::{
     cli::{self, Command},
     commands::{agent, diff, generate, record, reference, report, top},
     config::BadInput,
+    interrupted,
 };
 
 /// The stack allocscope's own work runs on (the estimates, the symbolizer's callers and
@@ -86,14 +87,33 @@ fn allocscope() -> ExitCode {
 fn run_record(args: cli::RecordArgs) -> anyhow::Result<u8> {
     let started = std::time::Instant::now();
     let config = args.into_config()?;
+    interrupted::watch();
     let prepared = record::prepare(&config)?;
+    if let Some(code) = stopped_in_set_up() {
+        return Ok(code);
+    }
     log::debug!("checked and prepared in {:?}", started.elapsed());
     runtime()?.block_on(record::run(config, prepared))
 }
 
+/// Ctrl-C or SIGTERM during the set-up: said, with the exit status of that signal (the
+/// prepared command, never run, dies with allocscope).
+fn stopped_in_set_up() -> Option<u8> {
+    let name = interrupted::received()?;
+    eprintln!(
+        "allocscope: {name} during the set-up: stopped before recording began, nothing was \
+         recorded (a sampler loaded into a process stays there, dormant)"
+    );
+    interrupted::exit_status()
+}
+
 fn run_agent(args: cli::AgentArgs) -> anyhow::Result<()> {
     let config = args.into_config()?;
+    interrupted::watch();
     let prepared = agent::prepare(&config)?;
+    if stopped_in_set_up().is_some() {
+        return Ok(());
+    }
     runtime()?.block_on(agent::run(config, prepared))
 }
 
@@ -103,7 +123,11 @@ fn run_top(args: cli::TopArgs) -> anyhow::Result<()> {
     // status line, and printed once the terminal is restored.
     let log = top::LogBuffer::default();
     init_logging_to(config.sampling.verbose, Some(log.clone()));
+    interrupted::watch();
     let prepared = top::prepare(&config)?;
+    if stopped_in_set_up().is_some() {
+        return Ok(());
+    }
     let result = runtime()?.block_on(top::run(config, prepared, log.clone()));
     sampler_user::say_raw!("{}", log.take_all());
     result

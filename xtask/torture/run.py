@@ -1127,6 +1127,24 @@ def _():
     check("holds the loader's lock" in err and not loaded(err), f"{err[-400:]}")
 
 
+@case("Ctrl-C during the set-up: said, exit 130, the target as it was [#62.8]", "attach")
+def _():
+    # The altstack mode keeps allocscope looking for a thread for 2 s.
+    h = Harm("altstack")
+    time.sleep(0.3)
+    r = subprocess.Popen([A, "record", "-p", str(h.pid), "-o", path("int.json")],
+                         stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.4)
+    r.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    err = r.communicate(timeout=30)[1]
+    took = time.monotonic() - started
+    said, status = h.stop()
+    check(r.returncode == 130 and "SIGINT during the set-up" in err and took < 2,
+          f"exit {r.returncode} after {took:.1f} s: {err[-300:]}")
+    check((said, status) == ("ok\n", 0), f"{said!r} {status}")
+
+
 def memory_cgroup():
     """A new memory cgroup under this process's own (the v1 memory hierarchy where there is
     one, else v2): (its directory, the files of its limit and of what it is charged)."""

@@ -92,6 +92,10 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
         recording.describe()
     );
     let stop = loop {
+        // Received while the probes were attached, before tokio's handlers were set.
+        if let Some(name) = crate::interrupted::received() {
+            break Stop::Signal(name);
+        }
         tokio::select! {
             happened = recording.next() => match happened {
                 Ok(Happening::AllExited) => break Stop::TargetsExited,

@@ -325,7 +325,7 @@ fn switch(
     Ok(page)
 }
 
-/// Stops a thread of `pid` at a safe point, the main thread first, trying again until
+/// Stops a thread of `pid` at a safe point, the main thread last, trying again until
 /// [`SAFE_POINT_WITHIN`] has passed since `started`: a thread is looked at before it is
 /// stopped ([`calls`]) and once stopped ([`safe`]); one that is not at one is let go as it
 /// was.
@@ -342,6 +342,11 @@ fn take_a_thread(
     // Threads seen creating processes: never stopped again (see `before_stop`).
     let mut parents: BTreeSet<u32> = BTreeSet::new();
     loop {
+        if let Some(name) = crate::interrupted::received() {
+            return Err(Refused::Failed(anyhow::anyhow!(
+                "{name} while looking for a thread"
+            )));
+        }
         let mut tids = process::threads_of(pid).map_err(|e| Refused::Failed(e.into()))?;
         // The main thread last: signals sent to the process are sent to it.
         tids.sort_by_key(|&t| (t == pid, t));
@@ -365,7 +370,7 @@ fn take_a_thread(
                 Err(e) => return Err(Refused::Ptrace(e)),
             };
             if calls::forks(stopped.saved.orig_rax)
-                || process::thread_has_children(pid, tid).unwrap_or(true)
+                || process::thread_has_children(pid, tid).unwrap_or(false)
             {
                 // Let go at once.
                 drop(stopped);
@@ -408,7 +413,7 @@ fn before_stop(pid: u32, tid: u32) -> Result<(), std::borrow::Cow<'static, str>>
     if process::status_field(&status, "State").is_some_and(|s| s.starts_with(['Z', 'X'])) {
         return Err("exited".into());
     }
-    if process::thread_has_children(pid, tid).unwrap_or(true) {
+    if process::thread_has_children(pid, tid).unwrap_or(false) {
         return Err(PARENT.into());
     }
     let text = process::thread_syscall(pid, tid).map_err(|e| e.to_string())?;

@@ -434,7 +434,8 @@ pub fn signal_pending(pid: u32, tid: u32) -> bool {
 }
 
 /// Whether thread `tid` of `pid` has child processes (`/proc/PID/task/TID/children`): a
-/// child's exit sends it `SIGCHLD`.
+/// child's exit sends it `SIGCHLD`. An error where the kernel has no such file
+/// (`CONFIG_PROC_CHILDREN` off) or the thread is gone.
 pub fn thread_has_children(pid: u32, tid: u32) -> std::io::Result<bool> {
     let text = std::fs::read_to_string(path(pid, &format!("task/{tid}/children")))?;
     Ok(!text.trim().is_empty())
