@@ -16,6 +16,7 @@ use std::{fs::File, ops::Range, os::unix::fs::FileExt as _, path::Path};
 
 use anyhow::Context as _;
 
+use super::safe::{named, ALLOCATOR_FILES, C_LIBRARY_FILES, LOADER_FILES};
 use crate::{
     collect::CopiedStack,
     stacks::{
@@ -57,24 +58,6 @@ const HOLDING: &[&str] = &[
     "dladdr1",
     "dlinfo",
 ];
-
-/// Files whose every frame is the loader's or an allocator's.
-fn is_runtime_file(path: &Path) -> bool {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy())
-        .unwrap_or_default();
-    [
-        "ld-linux",
-        "ld64.so",
-        "libjemalloc",
-        "libtcmalloc",
-        "libmimalloc",
-        "libsampler_preload",
-    ]
-    .iter()
-    .any(|prefix| name.starts_with(prefix))
-}
 
 /// Most of a stack read to unwind it.
 const STACK_WINDOW: u64 = 128 << 10;
@@ -145,20 +128,13 @@ impl Runtime {
             let Some(bias) = image.bias(vma.start, vma.offset) else {
                 continue;
             };
-            if is_runtime_file(path) {
+            if named(path, LOADER_FILES) || named(path, ALLOCATOR_FILES) {
                 ranges.runtime.push(vma.start..vma.end);
             }
-            if path
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("ld-"))
-            {
+            if named(path, LOADER_FILES) {
                 loader_locks = loader_locks.or_else(|| load_locks_in(&file_path, bias, mem));
             }
-            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-            if name
-                .as_deref()
-                .is_some_and(|n| n.starts_with("libc.so") || n.starts_with("libc-"))
-            {
+            if named(path, C_LIBRARY_FILES) {
                 ranges.libc.push(vma.start..vma.end);
                 ranges.holding.extend(holding_functions(&file_path, bias)?);
             }

@@ -339,8 +339,9 @@ fn take_a_thread(
     let mut not_now: BTreeMap<u32, String> = BTreeMap::new();
     // A thread let go after its stop is stopped again only this much later.
     let mut stopped_last: BTreeMap<u32, Instant> = BTreeMap::new();
-    // Threads seen creating processes: never stopped again (see `before_stop`).
-    let mut parents: BTreeSet<u32> = BTreeSet::new();
+    // Threads seen creating processes: never stopped (see `before_stop`), looked for a few
+    // times before any is stopped, as a thread caught running may be forking.
+    let mut parents = parents_of(pid);
     loop {
         if let Some(name) = crate::interrupted::received() {
             return Err(Refused::Failed(anyhow::anyhow!(
@@ -350,6 +351,11 @@ fn take_a_thread(
         let mut tids = process::threads_of(pid).map_err(|e| Refused::Failed(e.into()))?;
         // The main thread last: signals sent to the process are sent to it.
         tids.sort_by_key(|&t| (t == pid, t));
+        if let Some(owner) = runtime.loader_lock_owner(mem) {
+            // Whichever thread loads would wait for it, maybe for ever.
+            not_now.insert(owner, held::Holds::LoaderLock(owner).to_string());
+            tids.clear();
+        }
         for tid in tids {
             let recent = stopped_last
                 .get(&tid)
@@ -397,6 +403,33 @@ fn take_a_thread(
         std::thread::sleep(Duration::from_millis(2));
     }
 }
+
+/// Looks at `pid`'s threads [`PARENT_LOOKS`] times, [`PARENT_LOOK_EVERY`] apart: those seen
+/// in a call that creates a process or with children.
+fn parents_of(pid: u32) -> BTreeSet<u32> {
+    let mut parents = BTreeSet::new();
+    for look in 0..PARENT_LOOKS {
+        if look > 0 {
+            std::thread::sleep(PARENT_LOOK_EVERY);
+        }
+        for tid in process::threads_of(pid).unwrap_or_default() {
+            let forking = process::thread_syscall(pid, tid)
+                .ok()
+                .and_then(|text| calls::parse(&text))
+                .is_some_and(|doing| {
+                    matches!(doing, calls::Doing::Blocked { number, .. } if calls::forks(number))
+                });
+            if forking || process::thread_has_children(pid, tid).unwrap_or(false) {
+                parents.insert(tid);
+            }
+        }
+    }
+    parents
+}
+
+/// How many times, and how far apart, threads are looked at for forks before any is stopped.
+const PARENT_LOOKS: usize = 8;
+const PARENT_LOOK_EVERY: Duration = Duration::from_millis(1);
 
 /// Why a thread that creates processes is not taken: a signal the program ignores is
 /// dropped when it is sent, unless the thread it is sent to is traced; then it is queued,

@@ -22,25 +22,37 @@ use crate::sys::maps::Vma;
 /// as measured here (tests/fixtures/harm.c `paint`); five times that, rounded up.
 pub(super) const STACK_NEEDED: u64 = 56 << 10;
 
-/// The files whose code may hold the allocator's or the loader's lock.
-fn holds_locks(path: &std::path::Path) -> bool {
+/// The loader's files.
+pub(super) const LOADER_FILES: &[&str] = &["ld-linux", "ld64.so"];
+/// Allocator libraries' files, allocscope's own library among them.
+pub(super) const ALLOCATOR_FILES: &[&str] = &[
+    "libjemalloc",
+    "libtcmalloc",
+    "libmimalloc",
+    "libsampler_preload",
+];
+/// The C library's files (its lock-holding functions are told apart by `super::held`).
+pub(super) const C_LIBRARY_FILES: &[&str] = &["libc.so", "libc-"];
+
+/// Whether the file at `path` is named with one of `prefixes`.
+pub(super) fn named(path: &std::path::Path, prefixes: &[&str]) -> bool {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy())
         .unwrap_or_default();
+    prefixes.iter().any(|prefix| name.starts_with(prefix))
+}
+
+/// The files whose code may hold the allocator's or the loader's lock.
+fn holds_locks(path: &std::path::Path) -> bool {
     [
-        "libc.so",
-        "libc-",
-        "ld-linux",
-        "ld64.so",
-        "libpthread",
-        "libjemalloc",
-        "libtcmalloc",
-        "libmimalloc",
-        "libsampler_preload",
+        C_LIBRARY_FILES,
+        &["libpthread"],
+        LOADER_FILES,
+        ALLOCATOR_FILES,
     ]
     .iter()
-    .any(|prefix| name.starts_with(prefix))
+    .any(|files| named(path, files))
 }
 
 /// Why a thread was not taken.
