@@ -442,8 +442,7 @@ const PARENT: &str = "it creates processes, whose exits a stop would make seen";
 /// Whether thread `tid` may be stopped now: alive, not a parent ([`PARENT`]), and not
 /// blocked in a call the stop would change or that may hold the allocator's locks.
 fn before_stop(pid: u32, tid: u32) -> Result<(), std::borrow::Cow<'static, str>> {
-    let status = process::thread_status(pid, tid).map_err(|e| e.to_string())?;
-    if process::status_field(&status, "State").is_some_and(|s| s.starts_with(['Z', 'X'])) {
+    if !process::thread_alive(pid, tid) {
         return Err("exited".into());
     }
     if process::thread_has_children(pid, tid).unwrap_or(false) {

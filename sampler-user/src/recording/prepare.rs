@@ -42,8 +42,9 @@ pub(super) struct FrontEnd {
 }
 
 /// Runs every check that can fail on bad input (privileges, targets, then the caller's own
-/// `check`), then loads the sampler into running targets (`-p`), or for `-- CMD` forks the paused child, its stdin and output redirected when
-/// `redirect` is given. Must run before any other thread than `main` exists.
+/// `check`), then loads the sampler into running targets (`-p`), or for `-- CMD` forks
+/// the paused child, its stdin and output redirected when `redirect` is given. Must run
+/// before any other thread than `main` exists.
 pub(crate) fn prepare(
     targets: &Targets,
     sampling: &SamplingConfig,

@@ -352,13 +352,14 @@ pub fn live_threads(pid: u32) -> usize {
     threads_of(pid)
         .unwrap_or_default()
         .into_iter()
-        .filter(|&tid| tid != pid)
-        .filter(|&tid| {
-            thread_status(pid, tid).is_ok_and(|s| {
-                status_field(&s, "State").is_some_and(|st| !st.starts_with(['Z', 'X']))
-            })
-        })
+        .filter(|&tid| tid != pid && thread_alive(pid, tid))
         .count()
+}
+
+/// Whether thread `tid` of `pid` has not exited (not a zombie, not dead, not gone).
+pub fn thread_alive(pid: u32, tid: u32) -> bool {
+    thread_status(pid, tid)
+        .is_ok_and(|s| status_field(&s, "State").is_some_and(|st| !st.starts_with(['Z', 'X'])))
 }
 
 /// The `status` text of thread `tid` of `pid`.
