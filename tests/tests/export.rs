@@ -232,7 +232,9 @@ fn every_writes_rotating_snapshots_and_the_last_partial_period() {
     tests::require_bpf!();
     let dir = TempDir::new("snapshots");
     let snapshots = dir.path("snaps");
-    let mut target = Workload::start(20, &["--forever"]);
+    // Batches of 20,000 rounds: its unread "progress" lines must not fill the pipe and
+    // stop it allocating (see record.rs, duration_limits_the_recording).
+    let mut target = Workload::start(20_000, &["--forever"]);
     target.go();
     let pid = target.pid().to_string();
     let (mut recorder, _stderr) = start_recording(&[

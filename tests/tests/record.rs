@@ -228,7 +228,10 @@ fn duration_limits_the_recording() {
     tests::require_bpf!();
     let dir = TempDir::new("duration");
     let out = dir.path("d.folded");
-    let mut target = Workload::start(20, &["--forever"]);
+    // Nobody reads its "progress" lines: batches of 20,000 rounds (~17 ms each natively)
+    // keep its stdout pipe (64 KiB, ~6,000 lines) from filling, which at 20 rounds a batch
+    // blocked it in write() 0.35 s after `go`, sometimes before the recording began.
+    let mut target = Workload::start(20_000, &["--forever"]);
     target.go();
     let pid = target.pid().to_string();
     let started = std::time::Instant::now();
