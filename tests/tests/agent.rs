@@ -662,3 +662,169 @@ fn under_all_the_kernel_tables_forget_gone_processes() {
         "{log}"
     );
 }
+
+/// A process seen in a period: the period's index, its calls and bytes in it.
+type Seen = (usize, u64, u64);
+
+/// A child killed when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Two minutes of a host that never stops starting processes: every period's file holds
+/// that period alone (its length, a steady process's counts of those seconds, each short
+/// process once, with exactly what it allocated), however long the agent has run.
+#[test]
+fn each_period_file_holds_its_period_alone_over_two_minutes() {
+    if !bpf_available("agent periods over minutes") {
+        return;
+    }
+    let dir = TempDir::new("agent-periods");
+    let out = dir.path("periods");
+    let workload = fixture("workload", &[]);
+    // Batches of 200 rounds (~0.2 s): its stdout is a null device, nothing blocks it.
+    let steady = Killed(
+        std::process::Command::new(&workload)
+            .args(["200", "--forever"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let (agent, stderr) = start_recording(&[
+        "agent",
+        "--all",
+        "--period",
+        "5s",
+        "--interval",
+        "64KiB",
+        "--spool-in-memory",
+        "--out-dir",
+        out.to_str().unwrap(),
+    ]);
+    let log = drain(stderr);
+    // The short processes under a name of their own (other tests run workloads too).
+    let short = dir.path("short");
+    std::os::unix::fs::symlink(&workload, &short).unwrap();
+    const SHORT_ROUNDS: u64 = 20;
+    let script = format!(
+        "while :; do {} {SHORT_ROUNDS} >/dev/null; done",
+        short.display()
+    );
+    let spawner = Killed(
+        std::process::Command::new("sh")
+            .args(["-c", &script])
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_secs(120));
+    drop(spawner);
+    terminate(agent);
+    let log = log.join().unwrap();
+    let mut files = tests::files_under(&out);
+    files.sort();
+    assert!(
+        files.len() >= 20,
+        "{} periods in 2 minutes:\n{log}",
+        files.len()
+    );
+    let profiles: Vec<serde_json::Value> = files.iter().map(|f| tests::read_profile(f)).collect();
+    // Every whole period is 5 s long (the first and the last, partial, may be shorter).
+    for (at, profile) in profiles[1..profiles.len() - 1].iter().enumerate() {
+        let seconds = profile["duration_seconds"].as_f64().unwrap();
+        assert!(
+            (4.0..6.5).contains(&seconds),
+            "period {}: {seconds} s",
+            at + 1
+        );
+    }
+    let process = |profile: &serde_json::Value, pid: u64| -> Option<serde_json::Value> {
+        profile["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .cloned()
+    };
+    // The steady process allocates at one rate (slowed at times by the other tests'
+    // agents): each whole period counts a share of about the same size, not all it did
+    // since the agent started (which would grow period after period, ~3x from the first
+    // half's middle to the second's).
+    let steady_pid = u64::from(steady.0.id());
+    let calls: Vec<u64> = profiles[1..profiles.len() - 1]
+        .iter()
+        .map(|p| process(p, steady_pid).map_or(0, |s| s["exact"]["calls"].as_u64().unwrap()))
+        .collect();
+    assert!(
+        calls.iter().all(|&c| c > 0),
+        "a period without it: {calls:?}"
+    );
+    let median = |half: &[u64]| {
+        let mut half = half.to_vec();
+        half.sort_unstable();
+        half[half.len() / 2] as f64
+    };
+    let (first, second) = calls.split_at(calls.len() / 2);
+    let growth = median(second) / median(first);
+    assert!(growth < 2.0, "per-period counts, not cumulative: {calls:?}");
+    // Each short process is in the period it ran in (two, if it ran across a boundary)
+    // and then no more; summed over those periods, its counts are exactly its calls. Pids
+    // come back (pid_max is 32,768 here): appearances apart are different processes.
+    let (round_calls, round_bytes) = tests::workload_round();
+    let mut runs: HashMap<u64, Vec<Vec<Seen>>> = HashMap::new();
+    for (at, profile) in profiles.iter().enumerate() {
+        for p in profile["processes"].as_array().unwrap() {
+            let pid = p["pid"].as_u64().unwrap();
+            if p["command"] != "short" {
+                continue;
+            }
+            let exact = &p["exact"];
+            let seen = (
+                at,
+                exact["calls"].as_u64().unwrap(),
+                exact["bytes"].as_u64().unwrap(),
+            );
+            let of_pid = runs.entry(pid).or_default();
+            match of_pid.last_mut() {
+                Some(run) if run.last().unwrap().0 + 1 == at => run.push(seen),
+                _ => of_pid.push(vec![seen]),
+            }
+        }
+    }
+    let processes: Vec<(u64, Vec<Seen>)> = runs
+        .into_iter()
+        .flat_map(|(pid, runs)| runs.into_iter().map(move |run| (pid, run)))
+        .collect();
+    assert!(
+        processes.len() > 100,
+        "{} short processes seen",
+        processes.len()
+    );
+    let mut exact = 0;
+    for (pid, periods) in &processes {
+        assert!(periods.len() <= 2, "pid {pid} in periods {periods:?}");
+        let calls: u64 = periods.iter().map(|p| p.1).sum();
+        let bytes: u64 = periods.iter().map(|p| p.2).sum();
+        // Its rounds, and what its start-up (the C library's buffers) allocates.
+        if calls >= SHORT_ROUNDS * round_calls {
+            let startup = calls - SHORT_ROUNDS * round_calls;
+            assert!(startup < 10, "pid {pid}: {calls} calls in {periods:?}");
+            assert!(
+                bytes >= SHORT_ROUNDS * round_bytes,
+                "pid {pid}: {bytes} bytes"
+            );
+            exact += 1;
+        }
+    }
+    // The agent sees a process from its exec: nearly all are counted whole (one killed
+    // at the end, or started before the agent, may not be).
+    assert!(
+        exact + 3 >= processes.len(),
+        "{exact} of {} short processes counted whole",
+        processes.len()
+    );
+}

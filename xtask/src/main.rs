@@ -1,5 +1,5 @@
-//! Project tasks: `cargo xtask setup | demo | test | bench | dist`. This file only dispatches; each
-//! task is a module.
+//! Project tasks: `cargo xtask setup | demo | test | check | bench | dist | torture |
+//! soak`. This file only dispatches; each task is a module.
 
 mod bench;
 mod contract;
@@ -12,6 +12,7 @@ mod os_layer;
 mod run;
 mod setup;
 mod sizes;
+mod soak;
 mod test;
 
 use clap::{Parser, Subcommand};
@@ -47,6 +48,9 @@ enum Task {
     /// Build the Debian package (target/dist/allocscope_VERSION_amd64.deb): the binary,
     /// the in-process library, the agent's systemd unit, man pages and completions.
     Dist,
+    /// Run the agent (`--all`) for a long time beside a shell starting processes without
+    /// end, and report its CPU and memory over time (a benchmark, not in CI).
+    Soak(soak::SoakArgs),
     /// Run the hostile and clumsy user's campaign (xtask/torture/run.py) against the
     /// release build and print a pass/fail table; names select cases by substring.
     Torture {
@@ -65,6 +69,7 @@ fn main() -> anyhow::Result<()> {
         Task::Bench(args) => bench::run(args),
         Task::Dist => dist::run().map(drop),
         Task::Torture { names } => torture(&names),
+        Task::Soak(args) => soak::run(args),
     }
 }
 

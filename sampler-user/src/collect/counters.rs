@@ -38,6 +38,13 @@ impl Counters {
     pub(crate) fn forget(&mut self, pid: u32) {
         self.finished.remove(&pid);
         self.regions.remove(&pid);
+        self.counting_from_attach.remove(&pid);
+    }
+
+    /// Every process whose counts or region are kept here.
+    pub(crate) fn known(&self) -> impl Iterator<Item = u32> + '_ {
+        let regions = self.regions.keys().chain(&self.counting_from_attach);
+        self.finished.keys().chain(regions).copied()
     }
 
     /// Every target's exact counters now (running and exited), and the loss counters.

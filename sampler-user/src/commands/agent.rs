@@ -91,7 +91,6 @@ pub async fn run(config: AgentConfig, prepared: Prepared) -> anyhow::Result<()> 
                 if let Err(e) = out.close(&profile, &period) {
                     log::warn!("{e:#}");
                 }
-                recording.start_period();
                 // The processes gone by now were in this period's profile for the last time.
                 let forgotten = recording.forget_gone();
                 if forgotten > 0 {
@@ -141,6 +140,7 @@ impl Period {
         self.at.elapsed().as_secs_f64()
     }
 
+    /// The period's own profile; the next period starts.
     async fn profile(
         &self,
         recording: &mut Recording,
@@ -148,7 +148,7 @@ impl Period {
         started: Instant,
     ) -> anyhow::Result<Profile> {
         let settings = sampling.settings(started.elapsed(), None);
-        recording.profile(settings, Some(self.seconds())).await
+        recording.period_profile(settings, self.seconds()).await
     }
 }
 
@@ -169,7 +169,7 @@ impl Out<'_> {
             status.last_period_unix = Some(agent::status::unix_now());
             status.last_period_processes = periods.len();
             status.periods_empty += u64::from(periods.is_empty());
-            status.samples_lost = profile.losses.ringbuf_full + profile.losses.lost_unrecorded;
+            status.samples_lost += profile.losses.ringbuf_full + profile.losses.lost_unrecorded;
         }
         // A period in which no process allocated or held anything has nothing to send; the
         // sender still gets an (empty) batch, and writes the status.

@@ -135,6 +135,11 @@ impl Context<'_> {
         !self.settings.alloc_only
     }
 
+    /// Whether peaks are estimated: frees tracked over the whole recording.
+    fn peaks(&self) -> bool {
+        self.tracking() && !self.tally.period_only
+    }
+
     /// One stack's estimates: since the start; over the period when asked; leak values
     /// when it has leaked samples and leaks are asked for (frees tracked).
     fn stack(&self, stack: StackTally) -> StackProfile {
@@ -152,8 +157,7 @@ impl Context<'_> {
             alloc.objects = alloc.objects.scaled(scale);
         }
         let inuse = (self.tracking() && !stack.lost).then(|| self.estimate(&stack.live));
-        let peak =
-            (self.tracking() && !stack.lost).then(|| self.at_peak(&stack.at_peak, stack.pid));
+        let peak = (self.peaks() && !stack.lost).then(|| self.at_peak(&stack.at_peak, stack.pid));
         let leak = self
             .leak_age
             .zip(stack.oldest_leaked_seconds)
@@ -234,7 +238,7 @@ impl Context<'_> {
                     alloc_bytes: self.estimate(&sums.all).bytes,
                     inuse_bytes: self.tracking().then(|| self.estimate(&sums.live).bytes),
                     peak_bytes: self
-                        .tracking()
+                        .peaks()
                         .then(|| self.at_peak(&sums.at_peak, stack.pid).bytes),
                     growth: self
                         .tracking()
@@ -670,7 +674,7 @@ fn front_end_of(allocators: &[String]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::{
         probe::allocator::Family,
@@ -678,7 +682,7 @@ mod tests {
         stats::SampleObs,
     };
 
-    fn stack(pid: u32, name: &str, samples: &[(u64, u64)]) -> StackTally {
+    pub(in crate::profile) fn stack(pid: u32, name: &str, samples: &[(u64, u64)]) -> StackTally {
         let mut all = SampleSet::default();
         for &(size, offset) in samples {
             all.add(SampleObs {
@@ -711,7 +715,7 @@ mod tests {
         }
     }
 
-    fn process(pid: u32) -> ProcessTally {
+    pub(in crate::profile) fn process(pid: u32) -> ProcessTally {
         ProcessTally {
             pid,
             command: "app".into(),
@@ -730,7 +734,7 @@ mod tests {
         }
     }
 
-    fn snapshot(tally: Tally) -> Snapshot {
+    pub(in crate::profile) fn snapshot(tally: Tally) -> Snapshot {
         Snapshot {
             tally,
             settings: Settings {

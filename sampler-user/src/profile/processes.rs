@@ -294,6 +294,23 @@ impl ProcessBook {
         self.commands.keys().copied().collect()
     }
 
+    /// Every process anything is kept for, tracked or not (a process seen host-wide and
+    /// never sampled has its allocators kept): what [`Self::forget`] may have to drop.
+    pub fn known(&self) -> std::collections::BTreeSet<u32> {
+        let mut known = self.ended.clone();
+        known.extend(self.commands.keys());
+        known.extend(self.executables.keys());
+        known.extend(self.cgroups.keys());
+        known.extend(self.allocators.keys());
+        known.extend(self.rss.keys());
+        known.extend(self.cpu.keys());
+        known.extend(self.not_loaded.keys());
+        known.extend(self.incomplete.keys());
+        known.extend(self.go_rates.keys());
+        known.extend(self.go_totals.keys());
+        known
+    }
+
     /// Re-reads the CPU time and RSS of the processes still alive, and the name of those
     /// that exec'd since.
     pub fn refresh(&mut self) {

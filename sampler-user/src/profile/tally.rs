@@ -117,4 +117,7 @@ pub struct Tally {
     /// since the recording's start (`None`: the start is not kept, duty-cycled, or the peak
     /// came before it: a command's samples taken while its probes loaded).
     pub peak_seconds: HashMap<u32, Option<f64>>,
+    /// One period of a long recording alone ([`super::period`]): no peaks, which
+    /// describe the whole recording.
+    pub period_only: bool,
 }

@@ -34,6 +34,17 @@ pub(super) struct Accounting {
 }
 
 impl Accounting {
+    /// Every process counted or kept here: the kernel's counters as last read (under
+    /// file-wide probes, every process that called an allocator, sampled or not).
+    pub(super) fn known(&self) -> BTreeSet<u32> {
+        let mut known: BTreeSet<u32> = self.counters.known().collect();
+        known.extend(self.lost.keys());
+        if let Some((counters, _)) = &self.last {
+            known.extend(counters.keys());
+        }
+        known
+    }
+
     /// Forgets the processes `gone` (their last counts, their lost samples).
     pub(super) fn forget(&mut self, gone: &BTreeSet<u32>) {
         for pid in gone {

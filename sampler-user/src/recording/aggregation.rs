@@ -89,11 +89,23 @@ impl Aggregation {
         self.symbolizer.warm(frames);
     }
 
+    /// Every process anything is kept for: sampled, tracked, or only described.
+    pub(super) fn known(&self) -> std::collections::BTreeSet<u32> {
+        let mut known = self.aggregator.known();
+        known.extend(self.processes.known());
+        known
+    }
+
     /// Forgets the processes `gone`; what the symbolizer parsed for them goes too, every
     /// few times (the next profile parses again what the running processes need: CPU each
     /// time, against memory that would otherwise follow every program that ever ran).
     pub(super) fn forget(&mut self, gone: &std::collections::BTreeSet<u32>) {
-        self.aggregator.forget(gone);
+        let remap = self.aggregator.forget(gone);
+        if !remap.is_empty() {
+            // Stacks are renumbered, in order: those warmed are the ones kept of the first.
+            let warmed = self.warmed_stacks.min(remap.len());
+            self.warmed_stacks = remap[..warmed].iter().flatten().count();
+        }
         for pid in gone {
             self.processes.forget(*pid);
         }

@@ -44,7 +44,7 @@ mod start;
 use prepare::FrontEnd;
 pub(crate) use prepare::{prepare, Prepared};
 
-use std::time::Duration;
+use std::{collections::BTreeSet, time::Duration};
 
 use anyhow::Context as _;
 use log::warn;
@@ -55,7 +55,7 @@ use crate::{
     cost::windows::CostStep,
     exits,
     probe::attach::{AttachedPoint, Probes},
-    profile::{CoverageStart, ProbePoint, Profile, Settings, Snapshot},
+    profile::{CoverageStart, PeriodStart, ProbePoint, Profile, Settings, Snapshot},
     targets::AllocatorCache,
 };
 
@@ -128,6 +128,11 @@ pub(crate) struct Recording {
     carriers: Option<carriers::Carriers>,
     /// Go processes read, not probed.
     go_readers: go_readers::GoReaders,
+    /// Where the current period started (the agent's periods).
+    period: crate::profile::PeriodStart,
+    /// The processes gone when the last period's counts were read: forgotten once it is
+    /// sent ([`Self::forget_gone`]).
+    gone_at_period: BTreeSet<u32>,
 }
 
 impl Recording {
@@ -163,9 +168,35 @@ impl Recording {
     /// Once detached, it covers exactly what the final counters cover.
     pub(crate) async fn profile(
         &mut self,
-        mut settings: Settings,
+        settings: Settings,
         period_seconds: Option<f64>,
     ) -> anyhow::Result<Profile> {
+        Ok(Profile::build(
+            self.snapshot(settings, period_seconds).await?,
+        ))
+    }
+
+    /// The profile of the current period alone, `seconds` long (the agent's periods):
+    /// allocations, counts and losses since the last call, what is held at its end; a new
+    /// period starts with the call.
+    pub(crate) async fn period_profile(
+        &mut self,
+        settings: Settings,
+        seconds: f64,
+    ) -> anyhow::Result<Profile> {
+        self.gone_at_period = self.gone_now();
+        let whole = self.snapshot(settings, None).await?;
+        let start = std::mem::replace(&mut self.period, PeriodStart::of(&whole));
+        self.start_period();
+        Ok(Profile::build(whole.period_only(&start, seconds)))
+    }
+
+    /// Everything a profile of the recording so far is built from (see [`Self::profile`]).
+    async fn snapshot(
+        &mut self,
+        mut settings: Settings,
+        period_seconds: Option<f64>,
+    ) -> anyhow::Result<Snapshot> {
         settings.largest_interval = settings.largest_interval.max(self.largest_interval());
         let (counters, losses) = self.counters().await?;
         let now_ns = self.intake.cutoff_ns().unwrap_or_else(monotonic_ns);
@@ -189,7 +220,7 @@ impl Recording {
             .iter()
             .filter_map(|t| Some((t.pid, self.roster.coverage(t.pid)?.clone())))
             .collect();
-        Ok(Profile::build(Snapshot {
+        Ok(Snapshot {
             tally,
             settings,
             counters,
@@ -201,7 +232,7 @@ impl Recording {
             thread_states: self.thread_states(),
             coverage,
             overhead: Some(overhead),
-        }))
+        })
     }
 
     /// When counting began (a command that ran while its probes loaded: when it was let
@@ -216,19 +247,39 @@ impl Recording {
         self.command.ended
     }
 
-    /// Forgets every process that exited (the agent, once their last period is sent):
-    /// a recording that runs for days keeps only what its running processes need.
+    /// Every process anything is kept for that is gone now. Looked for before a period's
+    /// counts are read, so that all these did is in that period.
+    fn gone_now(&self) -> BTreeSet<u32> {
+        let mut known = self.aggregation.known();
+        known.extend(self.accounting.known());
+        known.extend(self.roster.pids());
+        known.extend(self.roster.excluded());
+        let own = std::process::id();
+        known
+            .into_iter()
+            .filter(|&pid| pid != own && !crate::sys::process::exists(pid))
+            .collect()
+    }
+
+    /// Forgets every process that was gone when the last period's counts were read (the
+    /// agent, once that period is sent): a recording that runs for days keeps only what
+    /// its running processes need. One that exited since is forgotten after the next.
     pub(crate) fn forget_gone(&mut self) -> usize {
+        let dead = std::mem::take(&mut self.gone_at_period);
         // Duty cycling's strata sum over the whole recording (and is not the agent's).
         if self.cost.duty.is_some() {
             return 0;
         }
-        let alive = crate::sys::process::exists;
-        let gone = self.roster.forget_gone(alive);
+        let listed: BTreeSet<u32> = self.roster.pids().iter().copied().collect();
+        let mut gone = self.roster.forget_gone(|pid| !dead.contains(&pid));
+        // Host-wide, most processes are never targets (never sampled, or left alone):
+        // what is kept of them (their kernel counters, allocators, maps) goes when they
+        // do, or it would grow with every process that ever ran.
+        gone.extend(dead.iter().filter(|pid| !listed.contains(pid)));
         // Processes left alone (host mode) that exited: their exclusion goes too.
         let mut in_kernel = gone.clone();
         for pid in self.roster.excluded() {
-            if !alive(pid) && pid != std::process::id() {
+            if dead.contains(&pid) {
                 self.roster.forget_excluded(pid);
                 in_kernel.insert(pid);
             }
@@ -239,11 +290,13 @@ impl Recording {
                 Err(e) => log::warn!("forgetting gone processes in the kernel's tables: {e:#}"),
             }
         }
+        self.period.forget(&in_kernel);
         if gone.is_empty() {
             return 0;
         }
         self.aggregation.forget(&gone);
         self.accounting.forget(&gone);
+        self.points.retain(|point| !gone.contains(&point.pid));
         gone.len()
     }
 

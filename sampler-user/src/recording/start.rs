@@ -387,6 +387,8 @@ impl Recording {
             in_process: InProcess::none(sampling.interval),
             carriers: None,
             go_readers: super::go_readers::GoReaders::default(),
+            period: Default::default(),
+            gone_at_period: Default::default(),
         })
     }
 

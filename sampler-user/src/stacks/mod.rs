@@ -198,6 +198,13 @@ pub struct StackTable {
 type StackKey = (u32, Vec<Frame>, StackOrigin);
 
 impl StackTable {
+    /// Every process with maps or a stack here.
+    pub fn pids(&self) -> std::collections::BTreeSet<u32> {
+        let mut pids: std::collections::BTreeSet<u32> = self.maps.keys().copied().collect();
+        pids.extend(self.stacks.iter().map(|key| key.0));
+        pids
+    }
+
     /// Records `pid`'s current maps (call at attach, while it surely lives, and at its
     /// exec). What it had mapped before is forgotten: after an exec, a process gone before
     /// this read must not have its new program's addresses named by its old one's maps.

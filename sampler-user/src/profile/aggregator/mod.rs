@@ -247,12 +247,22 @@ impl Aggregator {
         self.stacks.mark_gone(pid);
     }
 
+    /// Every process with maps or stacks kept here (sampled ones, whether or not the
+    /// recording went on to track them).
+    pub fn known(&self) -> std::collections::BTreeSet<u32> {
+        let mut known = self.stacks.pids();
+        known.extend(self.untracked.keys());
+        known.extend(self.runtime_hits.keys());
+        known
+    }
+
     /// Forgets the processes in `gone` (exited, their last period sent: the agent): their
     /// stacks and every per-stack value, their live blocks, their counts. Not while
-    /// duty-cycled (its strata sum over the whole recording).
-    pub fn forget(&mut self, gone: &std::collections::BTreeSet<u32>) {
+    /// duty-cycled (its strata sum over the whole recording). Returns each old stack id's
+    /// new one (empty when nothing was forgotten: the ids stand).
+    pub fn forget(&mut self, gone: &std::collections::BTreeSet<u32>) -> Vec<Option<StackId>> {
         if gone.is_empty() || self.duty.is_some() {
-            return;
+            return Vec::new();
         }
         let remap = self.stacks.forget(gone);
         let retain = |v: &mut Vec<SampleSet>| stacks::forget::retain_remapped(v, &remap);
@@ -283,6 +293,7 @@ impl Aggregator {
             self.lost_at_period_start.remove(pid);
         }
         self.thread_names.retain(|(pid, _), _| !gone.contains(pid));
+        remap
     }
 
     /// Takes a batch of events, in order.

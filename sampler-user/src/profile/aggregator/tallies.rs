@@ -67,6 +67,7 @@ impl Aggregator {
             .collect();
         Tally {
             peak_seconds,
+            period_only: false,
             stacks,
             processes,
             recent_seconds,

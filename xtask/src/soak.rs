@@ -1,0 +1,392 @@
+//! `cargo xtask soak --agent 30m`: the agent over a long run beside a host that never stops
+//! starting processes, to show that its memory and CPU are bounded by what is live rather
+//! than by what ever ran, and that each period's file holds that period alone.
+//!
+//! It starts `allocscope agent --all --out-dir D --period P --status F`, then a shell loop
+//! that runs a short allocating program and `ls` over and over (~150 processes a second
+//! here), another that runs real programs one after another (python3, perl, sqlite3 and
+//! g++ on small inputs), and one long-lived program allocating the whole time. Every sample interval (a minute, or a
+//! tenth of a shorter run) it reads the agent's CPU time and resident size from /proc and
+//! the newest period file. At the end: the slope of RSS over the last third of the run
+//! (the last ten minutes of a 30-minute one) against its noise, and CPU per second in the
+//! last third against the first. A benchmark, not a test: it reports, and fails only when
+//! the agent dies or writes no period.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _};
+
+use crate::run::{cargo, fixture, is_root, status, workspace};
+
+#[derive(clap::Args)]
+pub struct SoakArgs {
+    /// How long to run the agent (`30m`, `2m`, `90s`).
+    #[arg(long, value_parser = parse_duration)]
+    agent: Duration,
+    /// The agent's period.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    period: Duration,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (number, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("not a duration: {text:?}"))?;
+    match unit {
+        "s" | "" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        "h" => Ok(Duration::from_secs(n * 3600)),
+        _ => Err(format!("not a duration: {text:?} (use s, m or h)")),
+    }
+}
+
+/// One reading of the agent.
+#[derive(Clone, Copy, Debug)]
+struct Reading {
+    /// Seconds since the agent started.
+    at: f64,
+    /// Its CPU time (user + system), seconds.
+    cpu: f64,
+    /// Its resident set, MB.
+    rss_mb: f64,
+}
+
+pub fn run(args: SoakArgs) -> anyhow::Result<()> {
+    if !is_root() {
+        bail!("the soak runs the agent with --all: run it as root");
+    }
+    status(cargo().args(["build", "--release"]))?;
+    let workload = fixture("workload")?;
+    let out = workspace().join("target/soak");
+    let _ = std::fs::remove_dir_all(&out);
+    let periods = out.join("periods");
+    std::fs::create_dir_all(&out)?;
+    let log = std::fs::File::create(out.join("agent.log"))?;
+    let status_file = out.join("status.json");
+    let mut agent = Guard(
+        Command::new(workspace().join("target/release/allocscope"))
+            .args(["agent", "--all", "--spool-in-memory", "--keep", "12"])
+            .arg("--period")
+            .arg(format!("{}s", args.period.as_secs()))
+            .arg("--out-dir")
+            .arg(&periods)
+            .arg("--status")
+            .arg(&status_file)
+            .stderr(log)
+            .spawn()
+            .context("starting the agent")?,
+    );
+    let loop_script = format!(
+        "while :; do {w} 20 >/dev/null; ls /usr >/dev/null; done",
+        w = workload.display()
+    );
+    let _spawner = Guard(Command::new("sh").args(["-c", &loop_script]).spawn()?);
+    let _programs = Guard(
+        Command::new("sh")
+            .args(["-c", &real_programs(&out)?])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let _steady = Guard(
+        Command::new(&workload)
+            .args(["2000", "--forever"])
+            .stdout(Stdio::null())
+            .spawn()?,
+    );
+    let started = Instant::now();
+    let forks_before = forks_since_boot()?;
+    let every = Duration::from_secs(60).min(args.agent / 10);
+    let mut readings = vec![read(agent.0.id(), 0.0)?];
+    println!(
+        "{:>7} {:>7} {:>8} {:>9} {:>7} {:>8} {:>9}",
+        "minute", "cpu %", "rss MB", "forks/s", "period", "stacks", "file MB"
+    );
+    while started.elapsed() < args.agent {
+        std::thread::sleep(every);
+        if let Some(exit) = agent.0.try_wait()? {
+            bail!(
+                "the agent exited: {exit}; see {}",
+                out.join("agent.log").display()
+            );
+        }
+        let reading = read(agent.0.id(), started.elapsed().as_secs_f64())?;
+        let last = readings[readings.len() - 1];
+        let newest = newest_period(&periods);
+        println!(
+            "{:>7.1} {:>7.1} {:>8.1} {:>9.0} {:>7} {:>8} {:>9}",
+            reading.at / 60.0,
+            100.0 * (reading.cpu - last.cpu) / (reading.at - last.at),
+            reading.rss_mb,
+            (forks_since_boot()? - forks_before) as f64 / reading.at,
+            newest
+                .as_ref()
+                .map_or("-".into(), |p| format!("{:.1}s", p.seconds)),
+            newest.as_ref().map_or("-".into(), |p| p.stacks.to_string()),
+            newest
+                .as_ref()
+                .map_or("-".into(), |p| format!("{:.2}", p.mb)),
+        );
+        readings.push(reading);
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+    let exit = agent.0.wait()?;
+    let verdict = Verdict::of(&readings);
+    println!(
+        "RSS slope over the last third: {:+.3} MB/min (noise ±{:.3}): {}",
+        verdict.rss_slope,
+        verdict.rss_noise,
+        if verdict.rss_flat() { "flat" } else { "RISING" }
+    );
+    println!(
+        "CPU in the last third / the first: {:.2}x ({:.1}% → {:.1}% of a core): {}",
+        verdict.cpu_ratio(),
+        verdict.cpu_first * 100.0,
+        verdict.cpu_last * 100.0,
+        if verdict.cpu_ratio() <= 1.2 {
+            "within 1.2x"
+        } else {
+            "ABOVE 1.2x"
+        }
+    );
+    println!(
+        "{} processes started, agent exit: {exit}; files under {}",
+        forks_since_boot()? - forks_before,
+        out.display()
+    );
+    let status: serde_json::Value = serde_json::from_slice(&std::fs::read(&status_file)?)?;
+    println!(
+        "periods {}, empty {}, dropped {}; samples lost {}",
+        status["periods"],
+        status["periods_empty"],
+        status["periods_dropped"],
+        status["samples_lost"]
+    );
+    if newest_period(&periods).is_none() {
+        bail!("no period file was written");
+    }
+    Ok(())
+}
+
+/// A shell loop running real programs on small inputs, one after another (files in `dir`).
+fn real_programs(dir: &Path) -> anyhow::Result<String> {
+    let mut sql = String::from("CREATE TABLE t(a INTEGER PRIMARY KEY, b TEXT);\nBEGIN;\n");
+    for i in 0..20_000 {
+        sql.push_str(&format!("INSERT INTO t(b) VALUES('row{i}');\n"));
+    }
+    sql.push_str("COMMIT;\nCREATE INDEX tb ON t(b);\n");
+    let batch = dir.join("batch.sql");
+    std::fs::write(&batch, sql)?;
+    let source = dir.join("unit.cpp");
+    std::fs::write(
+        &source,
+        "#include <map>\n#include <string>\nstd::map<int, std::string> m;\n",
+    )?;
+    let e2e = workspace().join("xtask/e2e");
+    let db = dir.join("db.sqlite");
+    Ok(format!(
+        "while :; do python3 {py}; perl {pl}; sqlite3 {db} < {batch}; rm -f {db}; \
+         g++ -O0 -c -o /dev/null {cpp}; sleep 0.5; done",
+        py = e2e.join("script.py").display(),
+        pl = e2e.join("script.pl").display(),
+        db = db.display(),
+        batch = batch.display(),
+        cpp = source.display(),
+    ))
+}
+
+/// The verdict over a run's readings.
+#[derive(Debug)]
+struct Verdict {
+    /// Least-squares slope of RSS over the last third, MB per minute.
+    rss_slope: f64,
+    /// Two standard errors of that slope.
+    rss_noise: f64,
+    /// CPU share of a core over the first and the last third.
+    cpu_first: f64,
+    cpu_last: f64,
+}
+
+impl Verdict {
+    fn of(readings: &[Reading]) -> Verdict {
+        let end = readings.last().map_or(0.0, |r| r.at);
+        let third = end / 3.0;
+        let last: Vec<&Reading> = readings.iter().filter(|r| r.at >= end - third).collect();
+        let (rss_slope, rss_noise) = slope(&last);
+        let cpu_over = |from: f64, to: f64| {
+            let inside: Vec<&Reading> = readings
+                .iter()
+                .filter(|r| r.at >= from && r.at <= to)
+                .collect();
+            match (inside.first(), inside.last()) {
+                (Some(a), Some(b)) if b.at > a.at => (b.cpu - a.cpu) / (b.at - a.at),
+                _ => f64::NAN,
+            }
+        };
+        Verdict {
+            rss_slope,
+            rss_noise,
+            cpu_first: cpu_over(0.0, third),
+            cpu_last: cpu_over(end - third, end),
+        }
+    }
+
+    fn rss_flat(&self) -> bool {
+        self.rss_slope.abs() <= self.rss_noise.max(0.01)
+    }
+
+    fn cpu_ratio(&self) -> f64 {
+        self.cpu_last / self.cpu_first
+    }
+}
+
+/// Least-squares slope of RSS (MB per minute) and two standard errors of it.
+fn slope(points: &[&Reading]) -> (f64, f64) {
+    let n = points.len() as f64;
+    if points.len() < 3 {
+        return (f64::NAN, f64::NAN);
+    }
+    let x: Vec<f64> = points.iter().map(|r| r.at / 60.0).collect();
+    let y: Vec<f64> = points.iter().map(|r| r.rss_mb).collect();
+    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
+    let sxx: f64 = x.iter().map(|x| (x - mx).powi(2)).sum();
+    let sxy: f64 = x.iter().zip(&y).map(|(x, y)| (x - mx) * (y - my)).sum();
+    let b = sxy / sxx;
+    let residual: f64 = x
+        .iter()
+        .zip(&y)
+        .map(|(x, y)| (y - my - b * (x - mx)).powi(2))
+        .sum();
+    let se = (residual / (n - 2.0) / sxx).sqrt();
+    (b, 2.0 * se)
+}
+
+fn read(pid: u32, at: f64) -> anyhow::Result<Reading> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .context("no ) in stat")?
+        .1
+        .split_whitespace()
+        .collect();
+    // SAFETY: sysconf has no preconditions.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let cpu = (fields[11].parse::<f64>()? + fields[12].parse::<f64>()?) / tick;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let rss_kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .context("no VmRSS")?
+        .trim()
+        .trim_end_matches(" kB")
+        .parse()?;
+    Ok(Reading {
+        at,
+        cpu,
+        rss_mb: rss_kb / 1024.0,
+    })
+}
+
+/// Processes started since boot (`/proc/stat`'s `processes`).
+fn forks_since_boot() -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    stat.lines()
+        .find_map(|l| l.strip_prefix("processes "))
+        .context("no processes line in /proc/stat")?
+        .trim()
+        .parse()
+        .context("parsing /proc/stat")
+}
+
+/// What the newest period file says of itself.
+struct PeriodFile {
+    seconds: f64,
+    stacks: usize,
+    mb: f64,
+}
+
+fn newest_period(dir: &Path) -> Option<PeriodFile> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    // The newest may be pruned between listing and reading: fall back to the one before.
+    files.iter().rev().find_map(|file| {
+        let text = std::fs::read(file).ok()?;
+        let profile: serde_json::Value = serde_json::from_slice(&text).ok()?;
+        Some(PeriodFile {
+            seconds: profile["duration_seconds"].as_f64()?,
+            stacks: profile["stacks"].as_array()?.len(),
+            mb: text.len() as f64 / 1e6,
+        })
+    })
+}
+
+/// A child killed when dropped.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn readings(rss: impl Fn(f64) -> f64, cpu_rate: impl Fn(f64) -> f64) -> Vec<Reading> {
+        let mut cpu = 0.0;
+        (0..=30)
+            .map(|minute| {
+                let at = minute as f64 * 60.0;
+                cpu += 60.0 * cpu_rate(at);
+                Reading {
+                    at,
+                    cpu,
+                    rss_mb: rss(at),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_flat_agent_is_flat_and_a_leaking_one_is_not() {
+        let wobble = |at: f64| {
+            if ((at / 60.0) as u64).is_multiple_of(2) {
+                0.3
+            } else {
+                -0.3
+            }
+        };
+        let flat = Verdict::of(&readings(|at| 80.0 + wobble(at), |_| 0.15));
+        assert!(flat.rss_flat(), "{flat:?}");
+        assert!((flat.cpu_ratio() - 1.0).abs() < 0.05, "{flat:?}");
+        let leaking = Verdict::of(&readings(
+            |at| 80.0 + at / 60.0 + wobble(at),
+            |at| 0.1 + at / 1e4,
+        ));
+        assert!(!leaking.rss_flat(), "{leaking:?}");
+        assert!((leaking.rss_slope - 1.0).abs() < 0.1, "{leaking:?}");
+        assert!(leaking.cpu_ratio() > 1.2, "{leaking:?}");
+    }
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        assert_eq!(parse_duration("30m"), Ok(Duration::from_secs(1800)));
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("3x").is_err());
+    }
+}
