@@ -84,24 +84,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
             .spawn()
             .context("starting the agent")?,
     );
-    let loop_script = format!(
-        "while :; do {w} 20 >/dev/null; ls /usr >/dev/null; done",
-        w = workload.display()
-    );
-    let _spawner = Guard(Command::new("sh").args(["-c", &loop_script]).spawn()?);
-    let _programs = Guard(
-        Command::new("sh")
-            .args(["-c", &real_programs(&out)?])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?,
-    );
-    let _steady = Guard(
-        Command::new(&workload)
-            .args(["2000", "--forever"])
-            .stdout(Stdio::null())
-            .spawn()?,
-    );
+    let _load = load(&workload, &out)?;
     let started = Instant::now();
     let forks_before = forks_since_boot()?;
     let every = Duration::from_secs(60).min(args.agent / 10);
@@ -120,44 +103,14 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
         }
         let reading = read(agent.0.id(), started.elapsed().as_secs_f64())?;
         let last = readings[readings.len() - 1];
-        let newest = newest_period(&periods);
-        println!(
-            "{:>7.1} {:>7.1} {:>8.1} {:>9.0} {:>7} {:>8} {:>9}",
-            reading.at / 60.0,
-            100.0 * (reading.cpu - last.cpu) / (reading.at - last.at),
-            reading.rss_mb,
-            (forks_since_boot()? - forks_before) as f64 / reading.at,
-            newest
-                .as_ref()
-                .map_or("-".into(), |p| format!("{:.1}s", p.seconds)),
-            newest.as_ref().map_or("-".into(), |p| p.stacks.to_string()),
-            newest
-                .as_ref()
-                .map_or("-".into(), |p| format!("{:.2}", p.mb)),
-        );
+        let forks_per_second = (forks_since_boot()? - forks_before) as f64 / reading.at;
+        print_row(&reading, &last, forks_per_second, newest_period(&periods));
         readings.push(reading);
     }
     // SAFETY: signalling our own child.
     unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
     let exit = agent.0.wait()?;
-    let verdict = Verdict::of(&readings);
-    println!(
-        "RSS slope over the last third: {:+.3} MB/min (noise ±{:.3}): {}",
-        verdict.rss_slope,
-        verdict.rss_noise,
-        if verdict.rss_flat() { "flat" } else { "RISING" }
-    );
-    println!(
-        "CPU in the last third / the first: {:.2}x ({:.1}% → {:.1}% of a core): {}",
-        verdict.cpu_ratio(),
-        verdict.cpu_first * 100.0,
-        verdict.cpu_last * 100.0,
-        if verdict.cpu_ratio() <= 1.2 {
-            "within 1.2x"
-        } else {
-            "ABOVE 1.2x"
-        }
-    );
+    Verdict::of(&readings).print();
     println!(
         "{} processes started, agent exit: {exit}; files under {}",
         forks_since_boot()? - forks_before,
@@ -175,6 +128,68 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
         bail!("no period file was written");
     }
     Ok(())
+}
+
+/// One line of the table: `reading` against the one before.
+fn print_row(reading: &Reading, last: &Reading, forks_per_second: f64, newest: Option<PeriodFile>) {
+    let newest = newest.as_ref();
+    println!(
+        "{:>7.1} {:>7.1} {:>8.1} {:>9.0} {:>7} {:>8} {:>9}",
+        reading.at / 60.0,
+        100.0 * (reading.cpu - last.cpu) / (reading.at - last.at),
+        reading.rss_mb,
+        forks_per_second,
+        newest.map_or("-".into(), |p| format!("{:.1}s", p.seconds)),
+        newest.map_or("-".into(), |p| p.stacks.to_string()),
+        newest.map_or("-".into(), |p| format!("{:.2}", p.mb)),
+    );
+}
+
+/// What the host does meanwhile: a shell starting short programs without pause, one
+/// running real programs one after another, one program allocating the whole time.
+fn load(workload: &Path, out: &Path) -> anyhow::Result<[Guard; 3]> {
+    let loop_script = format!(
+        "while :; do {w} 20 >/dev/null; ls /usr >/dev/null; done",
+        w = workload.display()
+    );
+    let spawner = Guard(Command::new("sh").args(["-c", &loop_script]).spawn()?);
+    let programs = Guard(
+        Command::new("sh")
+            .args(["-c", &real_programs(out)?])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let steady = Guard(
+        Command::new(workload)
+            .args(["2000", "--forever"])
+            .stdout(Stdio::null())
+            .spawn()?,
+    );
+    Ok([spawner, programs, steady])
+}
+
+impl Verdict {
+    fn print(&self) {
+        let verdict = self;
+        println!(
+            "RSS slope over the last third: {:+.3} MB/min (noise ±{:.3}): {}",
+            verdict.rss_slope,
+            verdict.rss_noise,
+            if verdict.rss_flat() { "flat" } else { "RISING" }
+        );
+        println!(
+            "CPU in the last third / the first: {:.2}x ({:.1}% → {:.1}% of a core): {}",
+            verdict.cpu_ratio(),
+            verdict.cpu_first * 100.0,
+            verdict.cpu_last * 100.0,
+            if verdict.cpu_ratio() <= 1.2 {
+                "within 1.2x"
+            } else {
+                "ABOVE 1.2x"
+            }
+        );
+    }
 }
 
 /// A shell loop running real programs on small inputs, one after another (files in `dir`).

@@ -8,7 +8,8 @@
 //! subtracts. What is a level at the period's end (live blocks, leak suspects, resident
 //! size) stays a level; what accumulates (allocations, calls, CPU time, lost samples) is
 //! counted from the period's start; what describes the whole recording (peaks, timelines,
-//! growth, the size, thread and lifetime breakdowns) is left out. Pure: tested without BPF.
+//! growth, the size, thread and lifetime breakdowns, the probes' cost) is left out. Pure:
+//! tested without BPF.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -116,7 +117,8 @@ impl Snapshot {
         self.losses = losses_since(&self.losses, &start.losses);
         self.period_seconds = None;
         self.settings.duration_seconds = seconds;
-        self.coverage.retain(|pid, _| with_stacks.contains(pid));
+        // What the probes cost is measured over the whole recording.
+        self.overhead = None;
         self
     }
 }
