@@ -20,7 +20,8 @@ fn terminate(mut agent: std::process::Child) {
     assert!(agent.wait().unwrap().success());
 }
 
-/// The workload allocating until dropped (its output discarded: nobody reads it).
+/// A child killed when dropped; [`Busy::start`]: the workload allocating until dropped
+/// (its output discarded: nobody reads it).
 struct Busy(std::process::Child);
 
 impl Busy {
@@ -666,16 +667,6 @@ fn under_all_the_kernel_tables_forget_gone_processes() {
 /// A process seen in a period: the period's index, its calls and bytes in it.
 type Seen = (usize, u64, u64);
 
-/// A child killed when dropped.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Two minutes of a host that never stops starting processes: every period's file holds
 /// that period alone (its length, a steady process's counts of those seconds, each short
 /// process once, with exactly what it allocated), however long the agent has run.
@@ -688,7 +679,7 @@ fn each_period_file_holds_its_period_alone_over_two_minutes() {
     let out = dir.path("periods");
     let workload = fixture("workload", &[]);
     // Batches of 200 rounds (~0.2 s): its stdout is a null device, nothing blocks it.
-    let steady = Killed(
+    let steady = Busy(
         std::process::Command::new(&workload)
             .args(["200", "--forever"])
             .stdout(std::process::Stdio::null())
@@ -715,7 +706,7 @@ fn each_period_file_holds_its_period_alone_over_two_minutes() {
         "while :; do {} {SHORT_ROUNDS} >/dev/null; done",
         short.display()
     );
-    let spawner = Killed(
+    let spawner = Busy(
         std::process::Command::new("sh")
             .args(["-c", &script])
             .spawn()

@@ -682,16 +682,22 @@ pub(super) mod tests {
         stats::SampleObs,
     };
 
-    pub(in crate::profile) fn stack(pid: u32, name: &str, samples: &[(u64, u64)]) -> StackTally {
-        let mut all = SampleSet::default();
+    /// Samples of `(size, offset)` each, at an interval of 1 KiB.
+    pub(in crate::profile) fn set(samples: &[(u64, u64)]) -> SampleSet {
+        let mut set = SampleSet::default();
         for &(size, offset) in samples {
-            all.add(SampleObs {
+            set.add(SampleObs {
                 size,
                 offset,
                 interval: 1024,
                 weight: None,
             });
         }
+        set
+    }
+
+    pub(in crate::profile) fn stack(pid: u32, name: &str, samples: &[(u64, u64)]) -> StackTally {
+        let all = set(samples);
         StackTally {
             pid,
             frames: vec![crate::stacks::symbolize::FrameInfo {

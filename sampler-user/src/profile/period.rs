@@ -157,23 +157,10 @@ fn losses_since(now: &Losses, start: &Losses) -> Losses {
 mod tests {
     use super::*;
     use crate::{
-        profile::build::tests::{process, snapshot, stack},
+        profile::build::tests::{process, set, snapshot, stack},
         schema::Profile,
-        stats::{estimate::Window, SampleObs, SampleSet},
+        stats::{estimate::Window, SampleSet},
     };
-
-    fn set(samples: &[(u64, u64)]) -> SampleSet {
-        let mut set = SampleSet::default();
-        for &(size, offset) in samples {
-            set.add(SampleObs {
-                size,
-                offset,
-                interval: 1024,
-                weight: None,
-            });
-        }
-        set
-    }
 
     /// A recording of pid 7 (stacks "busy" and "holder") and pid 8 (idle in the second
     /// period, nothing live), as it stands at the end of its second period.
