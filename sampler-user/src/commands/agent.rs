@@ -62,8 +62,6 @@ pub async fn run(config: AgentConfig, prepared: Prepared) -> anyhow::Result<()> 
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let started = Instant::now();
-    let mut timer =
-        tokio::time::interval_at(tokio::time::Instant::now() + config.period, config.period);
     let mut period = Period::begin();
     crate::say!(
         "allocscope: recording {} as an agent, sending every {} to {}",
@@ -81,11 +79,15 @@ pub async fn run(config: AgentConfig, prepared: Prepared) -> anyhow::Result<()> 
                 Ok(Happening::Exited(_)) => {}
                 Err(e) => break Some(e),
             },
-            _ = timer.tick() => {
-                let profile = match period.profile(&mut recording, &config.sampling, started).await {
-                    Ok(profile) => profile,
-                    Err(e) => break Some(e),
-                };
+            // A period lasts at least --period from the moment the last one was cut, however
+            // long building the last one took (a late tick must not cut a sliver of one).
+            _ = tokio::time::sleep_until((period.at + config.period).into()) => {
+                let cutting = Instant::now();
+                let (profile, next) =
+                    match period.profile(&mut recording, &config.sampling, started).await {
+                        Ok(cut) => cut,
+                        Err(e) => break Some(e),
+                    };
                 // A period that could not be written (a full disk under --out-dir) is said
                 // and the agent goes on: the sinks still get it.
                 if let Err(e) = out.close(&profile, &period) {
@@ -101,14 +103,15 @@ pub async fn run(config: AgentConfig, prepared: Prepared) -> anyhow::Result<()> 
                 // the agent's RSS is what it holds, not the largest period it ever built.
                 // SAFETY: malloc_trim only releases free memory of the allocator's arenas.
                 unsafe { libc::malloc_trim(0) };
-                period = Period::begin();
+                info!("period handled in {} ms", cutting.elapsed().as_millis());
+                period = next;
             }
             _ = sigint.recv() => { info!("stopping on SIGINT"); break None; }
             _ = sigterm.recv() => { info!("stopping on SIGTERM"); break None; }
         }
     };
     let _closing = recording.detach().await?;
-    let profile = period
+    let (profile, _) = period
         .profile(&mut recording, &config.sampling, started)
         .await?;
     out.close(&profile, &period)?;
@@ -136,19 +139,20 @@ impl Period {
         }
     }
 
-    fn seconds(&self) -> f64 {
-        self.at.elapsed().as_secs_f64()
-    }
-
-    /// The period's own profile; the next period starts.
+    /// The period's own profile, and the next period, which begins where this one was cut:
+    /// what happens while this one is built and sent is counted in the next, and so is
+    /// its time.
     async fn profile(
         &self,
         recording: &mut Recording,
         sampling: &SamplingConfig,
         started: Instant,
-    ) -> anyhow::Result<Profile> {
+    ) -> anyhow::Result<(Profile, Period)> {
         let settings = sampling.settings(started.elapsed(), None);
-        recording.period_profile(settings, self.seconds()).await
+        let next = Period::begin();
+        let seconds = next.at.duration_since(self.at).as_secs_f64();
+        let profile = recording.period_profile(settings, seconds).await?;
+        Ok((profile, next))
     }
 }
 
@@ -163,7 +167,7 @@ struct Out<'a> {
 impl Out<'_> {
     /// Sends one period's profiles and writes its file.
     fn close(&self, profile: &Profile, period: &Period) -> anyhow::Result<()> {
-        let periods = period::split(profile, period.seconds());
+        let periods = period::split(profile, profile.duration_seconds);
         if let Ok(mut status) = self.sender.status.lock() {
             status.periods += 1;
             status.last_period_unix = Some(agent::status::unix_now());
