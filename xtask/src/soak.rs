@@ -55,7 +55,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&out)?;
     let log = std::fs::File::create(out.join("agent.log"))?;
     let status_file = out.join("status.json");
-    let mut agent = Guard(
+    let mut agent = Guard::spawn(
         Command::new(workspace().join("target/release/allocscope"))
             .args(["agent", "--all", "--spool-in-memory", "--keep", "12"])
             .arg("--period")
@@ -64,10 +64,9 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
             .arg(&periods)
             .arg("--status")
             .arg(&status_file)
-            .stderr(log)
-            .spawn()
-            .context("starting the agent")?,
-    );
+            .stderr(log),
+    )
+    .context("starting the agent")?;
     let _load = load(&workload, &out)?;
     let started = Instant::now();
     let forks_before = forks_since_boot()?;
@@ -136,20 +135,18 @@ fn load(workload: &Path, out: &Path) -> anyhow::Result<[Guard; 3]> {
         "while :; do {w} 20 >/dev/null; ls /usr >/dev/null; done",
         w = workload.display()
     );
-    let spawner = Guard(Command::new("sh").args(["-c", &loop_script]).spawn()?);
-    let programs = Guard(
+    let spawner = Guard::spawn(Command::new("sh").args(["-c", &loop_script]))?;
+    let programs = Guard::spawn(
         Command::new("sh")
             .args(["-c", &real_programs(out)?])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?,
-    );
-    let steady = Guard(
+            .stderr(Stdio::null()),
+    )?;
+    let steady = Guard::spawn(
         Command::new(workload)
             .args(["2000", "--forever"])
-            .stdout(Stdio::null())
-            .spawn()?,
-    );
+            .stdout(Stdio::null()),
+    )?;
     Ok([spawner, programs, steady])
 }
 
@@ -333,11 +330,41 @@ fn newest_period(dir: &Path) -> Option<PeriodFile> {
 }
 
 /// A child killed when dropped.
+/// A child of the soak, in a process group of its own, that dies with it however it ends:
+/// dropped (its whole group killed), or the soak killed or interrupted (the kernel sends it
+/// SIGTERM, so the agent still closes its last period).
 struct Guard(Child);
+
+impl Guard {
+    fn spawn(command: &mut Command) -> std::io::Result<Guard> {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl and getppid are async-signal-safe; nothing else runs between fork
+        // and exec.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The soak may have died before the prctl: then nobody will send it.
+                if libc::getppid() == 1 {
+                    libc::raise(libc::SIGTERM);
+                }
+                Ok(())
+            });
+        }
+        // Ctrl-C reaches the soak alone; its children hear of it through the above.
+        command.process_group(0).spawn().map(Guard)
+    }
+}
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let _ = self.0.kill();
+        // The group: a shell loop's current program goes with the shell. (Not once the
+        // child was reaped: its pid may be another's by now.)
+        if let (Ok(None), Ok(pid)) = (self.0.try_wait(), i32::try_from(self.0.id())) {
+            // SAFETY: kill has no memory effects; the group is the child's own.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
         let _ = self.0.wait();
     }
 }
