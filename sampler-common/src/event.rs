@@ -195,7 +195,13 @@ pub struct GoStatsAt {
     pub pad: u32,
 }
 
-/// A Go process's runtime statistics as its exit left them ([`GoStatsAt`]).
+/// [`GoStatsEvent::moment`]: read as the process's last thread exited.
+pub const GO_STATS_AT_EXIT: u32 = 0;
+/// [`GoStatsEvent::moment`]: read as the process exec'd another program, past the point of
+/// no return, its old program's memory still there.
+pub const GO_STATS_AT_EXEC: u32 = 1;
+
+/// A Go process's runtime statistics as its exit, or an exec, left them ([`GoStatsAt`]).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct GoStatsEvent {
@@ -205,9 +211,9 @@ pub struct GoStatsEvent {
     pub pid: u32,
     /// Bytes read into [`Self::bytes`] (0: the read failed).
     pub len: u32,
-    /// Explicit padding.
-    pub pad: u32,
-    /// `bpf_ktime_get_ns()` at the exit.
+    /// When they were read: [`GO_STATS_AT_EXIT`] or [`GO_STATS_AT_EXEC`].
+    pub moment: u32,
+    /// `bpf_ktime_get_ns()` at the exit or exec.
     pub timestamp_ns: u64,
     /// `runtime.MemProfileRate` then (`u64::MAX`: not read).
     pub rate: u64,

@@ -110,6 +110,8 @@ pub mod programs {
     pub const EXEC: &str = "process_exec";
     /// `sched_process_exit` raw tracepoint.
     pub const EXIT: &str = "process_exit";
+    /// `sched_prepare_exec` raw tracepoint (Linux 6.10 and later).
+    pub const PREPARE_EXEC: &str = "process_prepare_exec";
     /// The benchmark's reference: counts calls, nothing else.
     pub const BARE: &str = "bare_count_enter";
     /// Every program above.
@@ -132,6 +134,7 @@ pub mod programs {
         NEW_TASK_RAW,
         EXEC,
         EXIT,
+        PREPARE_EXEC,
         BARE,
     ];
 }

@@ -1,4 +1,4 @@
-//! Process events for `--follow` and `--comm`, and thread clean-up, from three scheduler
+//! Process events for `--follow` and `--comm`, and thread clean-up, from four scheduler
 //! tracepoints.
 //!
 //! The followed set is kept in the kernel, and a process enters it before it runs: a new
@@ -9,7 +9,8 @@
 //! process allocates goes unseen while user space catches up. User space hears of each fork
 //! and exec to decide, and to note how each process is covered. A thread's exit drops its
 //! sampling state (its countdown), so threads created and destroyed by the thousand do not
-//! fill the map. A Go process's exit leaves its runtime's final statistics to user space.
+//! fill the map. A Go process's exit, or its exec of another program, leaves its runtime's
+//! final statistics to user space.
 
 use aya_ebpf::helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns};
 use sampler_common::{
@@ -60,9 +61,11 @@ pub fn on_exec() {
             let _ = crate::maps::PY_PROCESSES.remove(pid);
         }
     }
-    // A Go runtime's statistics are the old program's: not read at the new one's exit.
+    // A Go runtime's statistics are the old program's (read at `sched_prepare_exec`): not
+    // read at the new one's exit. User space hears of the exec to find the new program's.
     // SAFETY: a lookup whose value is not read.
-    if unsafe { crate::maps::GO_STATS.get(pid) }.is_some() {
+    let go = unsafe { crate::maps::GO_STATS.get(pid) }.is_some();
+    if go {
         let _ = crate::maps::GO_STATS.remove(pid);
     }
     // SAFETY: the value is copied out at once.
@@ -72,8 +75,20 @@ pub fn on_exec() {
     if pending && FOLLOWED.insert(pid, FOLLOWED_PENDING, 0).is_err() {
         count_loss(sampler_common::LossCounter::FollowedFull);
     }
-    if watch || standing.is_some() {
+    if watch || standing.is_some() || go {
         emit(PROCESS_EXEC, pid, 0);
+    }
+}
+
+/// sched:sched_prepare_exec — runs in a process about to replace its program, past the
+/// point of no return, its old memory still mapped: a Go runtime's final statistics in
+/// that program, which its exec is about to take away.
+#[inline(always)]
+pub fn on_prepare_exec() {
+    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: the value is copied out at once.
+    if let Some(at) = (unsafe { crate::maps::GO_STATS.get(pid) }).copied() {
+        send_go_stats(pid, &at, sampler_common::GO_STATS_AT_EXEC);
     }
 }
 
@@ -103,12 +118,19 @@ pub fn on_exit(group_dead: bool) {
 /// can no longer read once the process is gone. One read per Go process.
 #[inline(always)]
 fn go_stats_at_exit(pid: u32) {
-    use sampler_common::{GoStatsEvent, GO_STATS_MAX};
     // SAFETY: the value is copied out at once.
     let Some(at) = (unsafe { crate::maps::GO_STATS.get(pid) }).copied() else {
         return;
     };
     let _ = crate::maps::GO_STATS.remove(pid);
+    send_go_stats(pid, &at, sampler_common::GO_STATS_AT_EXIT);
+}
+
+/// Reads the Go runtime statistics at `at` of the current process, `pid`, into an event
+/// for user space (its `moment`: exit or exec).
+#[inline(always)]
+fn send_go_stats(pid: u32, at: &sampler_common::GoStatsAt, moment: u32) {
+    use sampler_common::{GoStatsEvent, GO_STATS_MAX};
     let Some(mut entry) = SAMPLES.reserve::<GoStatsEvent>(0) else {
         count_loss(sampler_common::LossCounter::ProcessEventLost);
         return;
@@ -120,7 +142,7 @@ fn go_stats_at_exit(pid: u32) {
     let read = unsafe {
         (*event).kind = EventKind::GoStats as u32;
         (*event).pid = pid;
-        (*event).pad = 0;
+        (*event).moment = moment;
         (*event).timestamp_ns = bpf_ktime_get_ns();
         (*event).rate = match at.rate_address {
             0 => u64::MAX,

@@ -196,6 +196,13 @@ pub fn process_exec(_ctx: RawTracePointContext) -> u32 {
     0
 }
 
+/// `sched_prepare_exec` as a raw tracepoint (it runs in the process about to exec).
+#[raw_tracepoint(tracepoint = "sched_prepare_exec")]
+pub fn process_prepare_exec(_ctx: RawTracePointContext) -> u32 {
+    follow::on_prepare_exec();
+    0
+}
+
 /// `sched_process_exit(task, group_dead)` as a raw tracepoint: its link detaches without
 /// waiting, where closing a perf-event tracepoint waits for the kernel's tracepoint grace
 /// periods (~50 ms here), the largest part of stopping a short command's recording.

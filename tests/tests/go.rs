@@ -483,3 +483,142 @@ fn a_position_independent_go_program_is_read_at_its_load_bias() {
     );
     assert!(process.alloc_bytes.lower <= truth.total as f64);
 }
+
+/// A Go program that execs itself twice (same pid, a new runtime each time, as a service
+/// upgrading in place does), recorded from its start: its exact totals are read again in
+/// each new program and added up, each earlier one's by the kernel as it exec'd.
+#[test]
+fn a_go_program_that_execs_itself_is_read_in_each_program() {
+    tests::require_bpf!();
+    let dir = TempDir::new("go-reexec");
+    let counts = dir.path("counts.txt");
+    let recorded = Record::command(
+        go_fixture("goalloc"),
+        &[
+            "-rounds",
+            "1000000",
+            "-leak-every",
+            "0",
+            "-reexec",
+            "2",
+            "-out",
+            counts.to_str().unwrap(),
+        ],
+    )
+    .run();
+    let program = |suffix: &str| {
+        let file = format!("{}{suffix}", counts.display());
+        Truth::parse(&std::fs::read_to_string(file).unwrap())
+    };
+    let programs = [program(".2"), program(".1"), program("")];
+    let all: u64 = programs.iter().map(|p| p.total).sum();
+    let process = recorded.only_process();
+    let source = process.exact_source.as_deref().unwrap_or_default();
+    assert!(
+        source.contains("read at its exit")
+            && source.ends_with("; 3 Go programs it ran one after another, added up"),
+        "{source}\n{}",
+        recorded.stderr
+    );
+    // Each program's TotalAlloc as it wrote its counts, and the little it allocated after
+    // (its exec's arguments, or its last words).
+    assert_near(
+        process.exact.bytes,
+        all,
+        "TotalAlloc of each program",
+        &recorded.stderr,
+    );
+    assert!(
+        process.exact.bytes >= all,
+        "{} of {all}",
+        process.exact.bytes
+    );
+    // Its samples too: each new program is probed again (an exec from a thread other than
+    // its leader leaves a program without its process's probes), a few ms after its exec.
+    assert!(
+        process.alloc_bytes.upper >= 0.9 * all as f64,
+        "{:?} of {all}\n{}",
+        process.alloc_bytes,
+        recorded.stderr
+    );
+}
+
+/// A running Go program read, not probed (`-p`), that execs itself twice: its heap profile
+/// and its totals are read again in each new program, from zero (its runtime began at the
+/// exec, which the recording saw).
+#[test]
+fn a_go_program_read_while_running_is_read_again_after_its_exec() {
+    tests::require_bpf!();
+    let dir = TempDir::new("go-reexec-attached");
+    let counts = dir.path("counts.txt");
+    let mut fixture = Fixture::start_binary(
+        &go_fixture("goalloc"),
+        &[
+            "-rate",
+            "65536",
+            "-rounds",
+            "1000000",
+            "-leak-every",
+            "0",
+            "-reexec",
+            "2",
+            "-out",
+            counts.to_str().unwrap(),
+            "-wait",
+        ],
+        &[],
+    );
+    fixture.expect("ready");
+    let out = dir.path("reexec.json");
+    let pid = fixture.pid().to_string();
+    let (mut recorder, stderr) =
+        start_recording(&["record", "-o", out.to_str().unwrap(), "-p", &pid]);
+    let said = tests::drain(stderr);
+    // Each program waits for a line once it is running (its runtime set up, found).
+    for left in ["2", "1", ""] {
+        if !left.is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        fixture.go();
+        if !left.is_empty() {
+            assert_eq!(fixture.line().split(' ').next(), Some("elapsed_ns"));
+            fixture.expect("ready");
+        }
+    }
+    let _ = counts_until_done(&mut fixture);
+    let status = recorder.wait().unwrap();
+    let said = said.join().unwrap();
+    assert!(status.success(), "{status}\n{said}");
+    let program = |suffix: &str| {
+        let file = format!("{}{suffix}", counts.display());
+        Truth::parse(&std::fs::read_to_string(file).unwrap())
+    };
+    let programs = [program(".2"), program(".1"), program("")];
+    let profile = typed(&read_profile(&out));
+    let process = tests::record::process_of(&profile, fixture.pid());
+    // Totals: the first program's since the wait, the others' whole.
+    let truth = programs[0].since_wait + programs[1].total + programs[2].total;
+    assert_near(process.exact.bytes, truth, "TotalAlloc", &said);
+    assert!(
+        process.allocators.iter().all(|a| a.ends_with(READ)),
+        "{:?}",
+        process.allocators
+    );
+    // Samples: every program's (each loop is one third); a program's last 100 ms before
+    // its exec may be unread, and is said to be.
+    let looped: u64 = programs.iter().map(|p| p.looped).sum();
+    let estimate = process.alloc_bytes.estimate;
+    assert!(
+        estimate > 0.75 * looped as f64 && process.alloc_bytes.lower <= looped as f64,
+        "{:?} against {looped} looped in three programs\n{said}",
+        process.alloc_bytes
+    );
+    assert!(
+        process
+            .incomplete
+            .iter()
+            .any(|why| why.contains("before it exec'd another were not read")),
+        "{:?}\n{said}",
+        process.incomplete
+    );
+}

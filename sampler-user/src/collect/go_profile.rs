@@ -117,6 +117,13 @@ impl GoProfile {
         })
     }
 
+    /// A profile begun by the program's exec, which the recording saw: it has no
+    /// baseline, everything in its first reading was allocated while recorded.
+    pub(crate) fn begun_at_exec(mut self) -> GoProfile {
+        self.started = true;
+        self
+    }
+
     /// The buckets left unread and the samples sent untracked.
     pub(crate) fn losses(&self) -> (u64, u64) {
         (self.unreadable.len() as u64, self.untracked)

@@ -148,7 +148,8 @@ pub enum Event {
     /// A sample's Python frames, as read (paired with the sample on the intake thread,
     /// never handed on).
     PythonFrames(crate::python::RawStack),
-    /// A Go process's runtime statistics as its exit left them (empty: unreadable).
+    /// A Go process's runtime statistics as its exit, or an exec, left them (empty:
+    /// unreadable).
     GoStats {
         /// The process.
         pid: u32,
@@ -156,6 +157,10 @@ pub enum Event {
         bytes: Vec<u8>,
         /// Its `runtime.MemProfileRate` then (`None`: not read).
         rate: Option<u64>,
+        /// Read as it exec'd another program (else as it exited).
+        at_exec: bool,
+        /// When (the kernel's monotonic clock).
+        timestamp_ns: u64,
     },
 }
 
@@ -197,11 +202,16 @@ fn decode_go_stats(bytes: &[u8]) -> Option<Event> {
     let (pid, len) = (word(4)?, word(8)? as usize);
     let at = std::mem::offset_of!(GoStatsEvent, rate);
     let rate = u64::from_ne_bytes(bytes.get(at..at + 8)?.try_into().ok()?);
+    let moment = word(std::mem::offset_of!(GoStatsEvent, moment))?;
+    let at = std::mem::offset_of!(GoStatsEvent, timestamp_ns);
+    let timestamp_ns = u64::from_ne_bytes(bytes.get(at..at + 8)?.try_into().ok()?);
     let head = std::mem::offset_of!(GoStatsEvent, bytes);
     Some(Event::GoStats {
         pid,
         bytes: bytes.get(head..head + len)?.to_vec(),
         rate: (rate != u64::MAX).then_some(rate),
+        at_exec: moment == sampler_common::GO_STATS_AT_EXEC,
+        timestamp_ns,
     })
 }
 

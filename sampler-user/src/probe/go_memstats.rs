@@ -99,6 +99,14 @@ impl Totals {
             objects: self.objects.saturating_sub(earlier.objects),
         }
     }
+
+    /// Both counts added up (one program's and another's).
+    pub fn plus(self, other: Totals) -> Totals {
+        Totals {
+            bytes: self.bytes.saturating_add(other.bytes),
+            objects: self.objects.saturating_add(other.objects),
+        }
+    }
 }
 
 /// Where `file`'s runtime keeps its counts, or why they cannot be read.

@@ -46,21 +46,49 @@ pub struct ProcessBook {
 pub(super) const GO_RATE_ZERO: &str = "go: MemProfileRate 0";
 
 /// A Go process's own exact totals (`runtime.memstats`, [`go_memstats`]): the first
-/// reading, where its recorded time starts, and the latest.
+/// reading of its program, where its recorded time starts, and the latest. A process that
+/// exec'd a Go program again (a re-exec of itself, an upgrade in place) is read again in
+/// its new program, from zero (its runtime started at the exec), each program's added up.
 #[derive(Debug)]
 struct GoTotals {
     layout: go_memstats::Layout,
     first: Totals,
     last: Totals,
+    /// When this program's totals began to be kept (monotonic ns): an exec told with an
+    /// earlier time was of an earlier program.
+    since_ns: u64,
+    /// What the programs it exec'd away from allocated while recorded.
+    earlier: Totals,
+    /// Programs before this one read at their exec (by the kernel, before their memory
+    /// went), and read last while they ran (their last moments not counted).
+    execs_read: u32,
+    execs_unread: u32,
     /// The latest is what its exit left (read by the kernel as its last thread exited).
     at_exit: bool,
     /// It is gone: the latest reading is its last while it ran.
     gone: bool,
-    /// It exec'd another program: the latest reading is the Go program's last.
+    /// It exec'd another program: its totals are in `earlier`, and the new program's are
+    /// read once its files are found ([`ProcessBook::add_allocators`]).
     replaced: bool,
 }
 
 impl GoTotals {
+    /// A program's totals, first read `now` (counted from `first`) at `since_ns`.
+    fn new(layout: go_memstats::Layout, first: Totals, now: Totals, since_ns: u64) -> GoTotals {
+        GoTotals {
+            layout,
+            first,
+            last: now,
+            since_ns,
+            earlier: Totals::default(),
+            execs_read: 0,
+            execs_unread: 0,
+            at_exit: false,
+            gone: false,
+            replaced: false,
+        }
+    }
+
     /// Reads `pid`'s totals now (`None`: gone, or not readable).
     fn read(layout: &go_memstats::Layout, pid: u32) -> Option<Totals> {
         let mut ring = vec![0u8; layout.len()];
@@ -68,21 +96,69 @@ impl GoTotals {
         layout.totals(&ring)
     }
 
+    /// The process exec'd at `at_ns`, its program's totals then `ended` (`None`: not read,
+    /// the last reading stands): they join the earlier programs'. An exec before this
+    /// program's totals were kept, or told twice, changes nothing.
+    fn exec(&mut self, at_ns: u64, ended: Option<Totals>) {
+        if self.replaced || self.at_exit || at_ns < self.since_ns {
+            return;
+        }
+        match ended {
+            Some(ended) => {
+                self.last = ended;
+                self.execs_read += 1;
+            }
+            None => self.execs_unread += 1,
+        }
+        self.earlier = self.earlier.plus(self.last.since(self.first));
+        self.first = Totals::default();
+        self.last = Totals::default();
+        self.replaced = true;
+    }
+
+    /// The new program's runtime, at `layout`, read `now` at `since_ns`: counted from zero,
+    /// its runtime started at the exec.
+    fn next_program(&mut self, layout: go_memstats::Layout, now: Totals, since_ns: u64) {
+        self.layout = layout;
+        self.last = now;
+        self.since_ns = since_ns;
+        self.gone = false;
+        self.replaced = false;
+    }
+
     /// The totals over the recording, and how they were read.
     fn recorded(&self) -> (ExactCounts, String) {
-        let since = self.last.since(self.first);
+        let all = self.earlier.plus(if self.replaced {
+            Totals::default()
+        } else {
+            self.last.since(self.first)
+        });
         let when = if self.at_exit {
             "at its exit"
-        } else if self.gone || self.replaced {
+        } else if self.gone {
             "last while it ran: its last moments are not counted"
+        } else if self.replaced {
+            "as it exec'd a program not read"
         } else {
             "at the end"
         };
         let exact = ExactCounts {
-            calls: since.objects,
-            bytes: since.bytes,
+            calls: all.objects,
+            bytes: all.bytes,
         };
-        (exact, format!("{}, read {when}", go_memstats::SOURCE))
+        let count = self.execs_read + self.execs_unread + u32::from(!self.replaced);
+        let programs = match (count, self.execs_unread) {
+            (0 | 1, _) => String::new(),
+            (n, 0) => format!("; {n} Go programs it ran one after another, added up"),
+            (n, unread) => format!(
+                "; {n} Go programs it ran one after another, added up ({unread} read last \
+                 while it ran before its exec: its last moments are not counted)"
+            ),
+        };
+        (
+            exact,
+            format!("{}, read {when}{programs}", go_memstats::SOURCE),
+        )
     }
 }
 
@@ -276,11 +352,20 @@ impl ProcessBook {
     pub fn name_after_exec(&mut self, pid: u32, command: &str) {
         self.inherited.remove(&pid);
         self.commands.insert(pid, command.to_owned());
-        // A new program: a Go runtime's variable, if any, is found again with its files;
-        // the old one's totals stand as last read (the kernel forgot where they were).
+    }
+
+    /// Whether `pid` ran a Go program whose totals were read.
+    pub fn ran_go(&self, pid: u32) -> bool {
+        self.go_totals.contains_key(&pid)
+    }
+
+    /// `pid` exec'd a new program at `at_ns`: a Go runtime's variable, if any, is found
+    /// again with its files; the old program's totals stand as read at its exec, or last
+    /// read if the kernel could not ([`Self::go_stats_at_exec`]).
+    pub fn exec_seen(&mut self, pid: u32, at_ns: u64) {
         self.go_rates.remove(&pid);
         if let Some(totals) = self.go_totals.get_mut(&pid) {
-            totals.replaced = true;
+            totals.exec(at_ns, None);
         }
     }
 
@@ -357,6 +442,16 @@ impl ProcessBook {
         }
     }
 
+    /// `pid`'s Go runtime statistics as its exec at `at_ns` left them, its old program's
+    /// memory still there (`bytes` empty: the kernel could not read them; the last reading
+    /// while it ran stands).
+    pub fn go_stats_at_exec(&mut self, pid: u32, bytes: &[u8], at_ns: u64) {
+        if let Some(totals) = self.go_totals.get_mut(&pid) {
+            let ended = totals.layout.totals(bytes);
+            totals.exec(at_ns, ended);
+        }
+    }
+
     /// `pid`'s Go runtime statistics and rate as its exit left them (`bytes` empty: the
     /// kernel could not read them; the last reading while it ran stands).
     pub fn go_stats_at_exit(&mut self, pid: u32, bytes: &[u8], rate: Option<u64>) {
@@ -410,30 +505,34 @@ impl ProcessBook {
                 self.go_rates.insert(pid, (at, now));
             }
             let layout = producer.and_then(|p| p.go_memstats.as_ref());
-            let known = self.go_totals.contains_key(&pid);
-            if let (Some(Ok(layout)), Some(bias), false) = (layout, bias, known) {
+            // Read already, unless it exec'd a new program since.
+            let replaced = self.go_totals.get(&pid).map(|t| t.replaced);
+            if let (Some(Ok(layout)), Some(bias), None | Some(true)) = (layout, bias, replaced) {
                 let layout = go_memstats::Layout {
                     address: layout.address.wrapping_add(bias),
                     ..layout.clone()
                 };
-                if let Some(now) = GoTotals::read(&layout, pid) {
-                    // Its runtime counted from zero at its exec, where its recording began.
-                    let first = if from_start { Totals::default() } else { now };
+                // A new program's runtime not set up yet (just past its exec) has
+                // allocated nothing.
+                let now = GoTotals::read(&layout, pid).or(replaced.is_some().then(Totals::default));
+                if let Some(now) = now {
                     watch = Some(sampler_common::GoStatsAt {
                         address: layout.address,
                         rate_address: self.go_rates.get(&pid).map_or(0, |r| r.0),
                         len: layout.len() as u32,
                         pad: 0,
                     });
-                    let totals = GoTotals {
-                        layout,
-                        first,
-                        last: now,
-                        at_exit: false,
-                        gone: false,
-                        replaced: false,
-                    };
-                    self.go_totals.insert(pid, totals);
+                    let at_ns = crate::collect::monotonic_ns();
+                    match self.go_totals.get_mut(&pid) {
+                        Some(totals) => totals.next_program(layout, now, at_ns),
+                        None => {
+                            // Its runtime counted from zero at its exec, where its
+                            // recording began.
+                            let first = if from_start { Totals::default() } else { now };
+                            let totals = GoTotals::new(layout, first, now, at_ns);
+                            self.go_totals.insert(pid, totals);
+                        }
+                    }
                 }
             }
             if !described.iter().any(|(file, _)| *file == allocator.file_id) {
@@ -506,6 +605,64 @@ impl ProcessBook {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn layout(address: u64) -> go_memstats::Layout {
+        go_memstats::Layout {
+            address,
+            delta_size: 64,
+            tiny_count: 0,
+            large_bytes: 8,
+            large_count: 16,
+            small_counts: 24,
+            class_sizes: vec![0, 8],
+        }
+    }
+
+    fn totals(bytes: u64, objects: u64) -> Totals {
+        Totals { bytes, objects }
+    }
+
+    #[test]
+    fn a_go_program_that_execs_again_adds_up_its_programs() {
+        // Attached while running (first reading 100 in), then two execs of itself: the
+        // first read by the kernel at the exec, the second not (last read: 650).
+        let mut go = GoTotals::new(layout(0x1000), totals(100, 10), totals(100, 10), 1_000);
+        go.last = totals(300, 30);
+        // An exec before its totals were kept (the command's own) is not its.
+        go.exec(500, None);
+        assert!(!go.replaced);
+        go.exec(2_000, Some(totals(700, 70)));
+        // Told again by the exec event: once is enough.
+        go.exec(2_001, None);
+        assert_eq!((go.execs_read, go.execs_unread), (1, 0));
+        assert_eq!(go.recorded().0.bytes, 600);
+        go.next_program(layout(0x2000), totals(5, 1), 3_000);
+        assert_eq!(go.layout.address, 0x2000);
+        go.last = totals(650, 60);
+        go.exec(4_000, None);
+        go.next_program(layout(0x3000), totals(0, 0), 5_000);
+        go.last = totals(720, 72);
+        go.at_exit = true;
+        let (exact, source) = go.recorded();
+        assert_eq!((exact.bytes, exact.calls), (600 + 650 + 720, 60 + 60 + 72));
+        assert!(source.contains("read at its exit"), "{source}");
+        assert!(
+            source.contains("3 Go programs it ran one after another, added up (1 read last"),
+            "{source}"
+        );
+        // Never re-exec'd: as before.
+        let once = GoTotals::new(layout(0x1000), Totals::default(), totals(9, 3), 0);
+        assert_eq!(once.recorded().1, "runtime.memstats, read at the end");
+        // Exec'd a program that is not Go: the earlier programs' totals stand.
+        let mut left = GoTotals::new(layout(0x1000), Totals::default(), totals(9, 3), 0);
+        left.exec(10, Some(totals(12, 4)));
+        let (exact, source) = left.recorded();
+        assert_eq!(exact.bytes, 12);
+        assert_eq!(
+            source,
+            "runtime.memstats, read as it exec'd a program not read"
+        );
+    }
 
     #[test]
     fn a_process_is_described_while_alive_and_after() {

@@ -143,7 +143,9 @@ impl Recording {
             };
             self.roster.enter(pid, slot, coverage, monotonic_ns());
         } else {
-            self.roster.note_late(pid, &fresh, monotonic_ns());
+            let exec_ns = (since.start == CoverageStart::Exec).then_some(since.timestamp_ns);
+            self.roster
+                .note_late_since(pid, &fresh, exec_ns, monotonic_ns());
         }
         self.add_allocators(pid, allocators);
         Ok(())
@@ -165,8 +167,8 @@ impl Recording {
 
     /// Of `allocators` of `pid`, those to probe: a Go runtime is read instead, not probed,
     /// if it is already, or if it can be and `may_read` (a process running before, found
-    /// as it is first attached; not a command's, whose exit would take its last reading's
-    /// samples with it).
+    /// as it is first attached, or again after an exec; not a command's, whose exit would
+    /// take its last reading's samples with it).
     fn read_or_probed(
         &mut self,
         pid: u32,
@@ -176,6 +178,8 @@ impl Recording {
         allocators
             .iter()
             .filter(|a| {
+                // One read in its program before an exec is read in the new one.
+                let may_read = may_read || self.go_readers.restarts(pid);
                 let read = a.file.is_go_runtime()
                     && (self.go_readers.reads(pid) || (may_read && self.go_readers.start(pid, a)));
                 !read

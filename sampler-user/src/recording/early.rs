@@ -288,7 +288,9 @@ impl Recording {
             }
             let program = match program {
                 Some(program) => {
-                    self.aggregation.processes.name_after_exec(pid, program);
+                    let processes = &mut self.aggregation.processes;
+                    processes.name_after_exec(pid, program);
+                    processes.exec_seen(pid, exec_ns);
                     program
                 }
                 None => {

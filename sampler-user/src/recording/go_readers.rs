@@ -35,7 +35,14 @@ pub(super) struct GoReaders {
     /// Processes found gone by a reading, not yet ended, with what their readings left
     /// out: their last interval is not in the samples.
     gone: BTreeMap<u32, Vec<String>>,
+    /// Processes read that exec'd a new program, with what the readings of the programs
+    /// before left out; `true` until the new one is read from zero ([`Self::start`]).
+    earlier: BTreeMap<u32, (bool, Vec<String>)>,
 }
+
+/// What a Go process read, not probed, that exec'd a new program leaves out.
+pub(super) const EXEC_UNREAD: &str = "its Go heap profile was read every 100 ms: the \
+     samples of a program's last moments before it exec'd another were not read";
 
 impl GoReaders {
     /// Starts reading `pid`'s Go runtime `allocator` if it can be read; whether it is.
@@ -52,7 +59,10 @@ impl GoReaders {
         let mut layout = (**layout).clone();
         layout.head = layout.head.wrapping_add(bias);
         let rate_at = rate_at.wrapping_add(bias);
+        let again = self.restarts(pid);
         let mut profile = match GoProfile::open(pid, layout, rate_at) {
+            // A new program's runtime began at its exec: all it has is the recording's.
+            Ok(profile) if again => profile.begun_at_exec(),
             Ok(profile) => profile,
             Err(e) => {
                 debug!("pid {pid}: its Go heap profile cannot be read ({e}): probed instead");
@@ -66,7 +76,31 @@ impl GoReaders {
         }
         info!("pid {pid}: its Go runtime's heap profile is read every {READ_EVERY:?}, no probe");
         self.profiles.insert(pid, profile);
+        if let Some((pending, _)) = self.earlier.get_mut(&pid) {
+            *pending = false;
+        }
         true
+    }
+
+    /// `pid`, read, exec'd a new program: its old program's profile is read no more (its
+    /// memory is gone); the new one's is read from zero if it can be, once its files are
+    /// found ([`Self::start`]; [`Self::restarts`] says whether).
+    pub(super) fn exec(&mut self, pid: u32) {
+        if !self.profiles.contains_key(&pid) {
+            return;
+        }
+        let mut notes = self.losses(pid);
+        notes.push(EXEC_UNREAD.to_owned());
+        notes.dedup();
+        self.profiles.remove(&pid);
+        self.gone.remove(&pid);
+        self.earlier.insert(pid, (true, notes));
+    }
+
+    /// Whether `pid` exec'd while read, its new program not read yet: it is read too, if it
+    /// can be.
+    pub(super) fn restarts(&self, pid: u32) -> bool {
+        self.earlier.get(&pid).is_some_and(|(pending, _)| *pending)
     }
 
     /// Whether any process is read.
@@ -115,15 +149,17 @@ impl GoReaders {
     /// `pid` exited: it is read no more; whether it was read (its last interval is lost),
     /// and what its readings left out.
     pub(super) fn end(&mut self, pid: u32) -> (bool, Vec<String>) {
-        if let Some(notes) = self.gone.remove(&pid) {
+        let (_, mut notes) = self.earlier.remove(&pid).unwrap_or_default();
+        if let Some(more) = self.gone.remove(&pid) {
+            notes.extend(more);
             return (true, notes);
         }
-        let notes = self.losses(pid);
+        notes.extend(self.losses(pid));
         (self.profiles.remove(&pid).is_some(), notes)
     }
 
-    /// What `pid`'s readings had to leave out, for its notes (asked once per process: at
-    /// its end, or at the recording's).
+    /// What the readings of `pid`'s current program had to leave out, for its notes (asked
+    /// once per process: at its end, or at the recording's).
     pub(super) fn losses(&self, pid: u32) -> Vec<String> {
         let Some(profile) = self.profiles.get(&pid) else {
             return Vec::new();
@@ -147,11 +183,17 @@ impl GoReaders {
         notes
     }
 
-    /// Every process read, and what each one's readings left out.
+    /// Every process read, and what each one's readings left out (of every program it
+    /// ran while read).
     pub(super) fn all_losses(&self) -> Vec<(u32, String)> {
+        let earlier = self
+            .earlier
+            .iter()
+            .flat_map(|(&pid, (_, notes))| notes.iter().map(move |n| (pid, n.clone())));
         let pids: Vec<u32> = self.profiles.keys().copied().collect();
-        pids.into_iter()
-            .flat_map(|pid| self.losses(pid).into_iter().map(move |n| (pid, n)))
-            .collect()
+        let current = pids
+            .into_iter()
+            .flat_map(|pid| self.losses(pid).into_iter().map(move |n| (pid, n)));
+        earlier.chain(current).collect()
     }
 }

@@ -21,6 +21,12 @@ impl Recording {
     }
 
     fn on_process_now(&mut self, pid: u32, parent: u32, timestamp_ns: u64, comm: &str) {
+        if parent == 0 {
+            // Before its new files are found: what was read of the old program stands; a
+            // Go runtime's totals and profile are read again in the new one.
+            self.aggregation.processes.exec_seen(pid, timestamp_ns);
+            self.go_readers.exec(pid);
+        }
         let since = Since {
             start: if parent == 0 {
                 CoverageStart::Exec
@@ -46,6 +52,14 @@ impl Recording {
         }
         match self.allocators_of(pid) {
             Ok(allocators) => {
+                if parent == 0 && self.aggregation.processes.ran_go(pid) {
+                    // Its probes are tied to the thread that was its leader when they were
+                    // attached: a Go program execs from any of its threads, and a new
+                    // program exec'd from another has none. Attached anew.
+                    if let Some(probes) = self.probes.as_mut() {
+                        probes.remove(pid).close_in_background();
+                    }
+                }
                 if let Err(e) = self.attach(pid, &allocators, since) {
                     debug!("followed pid {pid}: {e:#}");
                 } else if parent == 0 {

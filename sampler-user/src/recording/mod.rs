@@ -297,6 +297,14 @@ impl Recording {
         self.aggregation.forget(&gone);
         self.accounting.forget(&gone);
         self.points.retain(|point| !gone.contains(&point.pid));
+        log::debug!(
+            "kept after forgetting: {} processes known, {} listed, {} running, {} stacks, {} live blocks",
+            self.aggregation.known().len(),
+            self.roster.pids().len(),
+            self.roster.running_count(),
+            self.aggregation.aggregator.stack_count(),
+            self.aggregation.aggregator.live_count(),
+        );
         gone.len()
     }
 
@@ -527,10 +535,16 @@ impl Recording {
                     pid,
                     ref bytes,
                     rate,
-                } => self
-                    .aggregation
-                    .processes
-                    .go_stats_at_exit(pid, bytes, rate),
+                    at_exec,
+                    timestamp_ns,
+                } => {
+                    let processes = &mut self.aggregation.processes;
+                    if at_exec {
+                        processes.go_stats_at_exec(pid, bytes, timestamp_ns);
+                    } else {
+                        processes.go_stats_at_exit(pid, bytes, rate);
+                    }
+                }
                 Event::Alloc(ref sample) => {
                     // A process counted in-process may be gone before its maps are read
                     // from /proc: its library's own copy stands in (the newer one wins).

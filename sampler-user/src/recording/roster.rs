@@ -133,6 +133,11 @@ impl Roster {
         gone
     }
 
+    /// How many targets are running.
+    pub(super) fn running_count(&self) -> usize {
+        self.running.len()
+    }
+
     /// `pid` exited: no longer running; returns its slot, which is free again (unless it
     /// was [`HOST_SLOT`]).
     pub(super) fn leave(&mut self, pid: u32) -> Option<u32> {
@@ -203,9 +208,22 @@ impl Roster {
     /// (or not at all); per process, `allocators` it gained after being attached (a
     /// library loaded later, found by the next look, probed just now).
     pub(super) fn note_late(&mut self, pid: u32, allocators: &[Allocator], now_ns: u64) {
-        let Some((coverage, from_ns)) = self.coverage.get_mut(&pid) else {
+        self.note_late_since(pid, allocators, None, now_ns);
+    }
+
+    /// [`Self::note_late`], counted from `pid`'s exec at `exec_ns` when given (its probes
+    /// attached anew for its new program).
+    pub(super) fn note_late_since(
+        &mut self,
+        pid: u32,
+        allocators: &[Allocator],
+        exec_ns: Option<u64>,
+        now_ns: u64,
+    ) {
+        let Some((coverage, since_ns)) = self.coverage.get_mut(&pid) else {
             return;
         };
+        let from_ns = &exec_ns.unwrap_or(*since_ns);
         for allocator in allocators {
             let name = allocator.describe();
             if coverage.late.iter().any(|late| late.allocator == name) {
@@ -223,6 +241,7 @@ impl Roster {
             coverage.late.push(LateAllocator {
                 allocator: name,
                 after_ms: probed_ns.saturating_sub(*from_ns) as f64 / 1e6,
+                after_exec: exec_ns.is_some(),
             });
         }
     }

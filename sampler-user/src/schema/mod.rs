@@ -334,8 +334,12 @@ pub enum CoverageStart {
 pub struct LateAllocator {
     /// The allocator ("jemalloc (/usr/lib/…/libjemalloc.so.2)").
     pub allocator: String,
-    /// How long after the process's `since` its probes were in, in milliseconds.
+    /// How long after the process's `since` (or its exec, with `after_exec`) its probes
+    /// were in, in milliseconds.
     pub after_ms: f64,
+    /// Counted from an exec of a new program (its probes attached anew), not from `since`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub after_exec: bool,
 }
 
 /// One call stack's estimates.

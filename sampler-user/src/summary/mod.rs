@@ -63,9 +63,10 @@ fn describe_coverage(coverage: &Coverage) -> Option<String> {
         .iter()
         .map(|late| {
             format!(
-                "{} probed {:.1} ms after its {since} (calls through it before then not seen)",
+                "{} probed {:.1} ms after its {} (calls through it before then not seen)",
                 text::printable(&late.allocator),
                 late.after_ms,
+                if late.after_exec { "exec" } else { &since },
             )
         })
         .collect();
@@ -786,6 +787,7 @@ mod tests {
         };
         assert_eq!(describe_coverage(&coverage), None);
         coverage.late.push(LateAllocator {
+            after_exec: false,
             allocator: "pymalloc (/usr/bin/Python3.11)".into(),
             after_ms: 12.25,
         });

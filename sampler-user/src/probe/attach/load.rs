@@ -78,7 +78,7 @@ fn attach_scheduler_tracepoints(
             )?);
         }
     }
-    if config.follow || config.followed_only || config.watch_execs {
+    if execs_followed(config) {
         raw_tracepoints.push(attach_raw_tracepoint(
             ebpf,
             kernel::programs::EXEC,
@@ -89,6 +89,33 @@ fn attach_scheduler_tracepoints(
 }
 
 impl Probes {
+    /// The exec tracepoints a Go process's statistics need, once one is watched: its old
+    /// program's are read at `sched_prepare_exec` (a kernel without it: as last read),
+    /// and user space hears of the exec to read the new program's. Only execs pay, and
+    /// only in the kernel's lookup of the pid.
+    pub(super) fn watch_go_execs(&mut self) {
+        if self.go_execs_watched {
+            return;
+        }
+        self.go_execs_watched = true;
+        let programs = [
+            (kernel::programs::PREPARE_EXEC, "sched_prepare_exec"),
+            (kernel::programs::EXEC, "sched_process_exec"),
+        ];
+        let exec_attached = execs_followed(&self.config);
+        for (name, event) in programs {
+            if name == kernel::programs::EXEC && exec_attached {
+                continue;
+            }
+            match attach_raw_tracepoint(&mut self.ebpf, name, event) {
+                Ok(link) => self.raw_tracepoints.push(link),
+                Err(e) => log::info!(
+                    "{event}: {e}: a Go program's totals before an exec are as last read"
+                ),
+            }
+        }
+    }
+
     /// Loads the sampler with `config` (every program verified now, nothing attached yet but
     /// the scheduler tracepoints).
     pub fn load(config: KernelConfig) -> Result<Probes, AttachError> {
@@ -132,7 +159,8 @@ impl Probes {
             added: Vec::new(),
             sizes: [0; AllocFn::FUNCTION_SLOTS],
             _tracepoints: tracepoints,
-            _raw_tracepoints: raw_tracepoints,
+            raw_tracepoints,
+            go_execs_watched: false,
         };
         if !probes.config.lazy_uprobes {
             probes.uprobe_programs()?;
@@ -208,6 +236,11 @@ impl Probes {
         }
         Ok(self.uprobes.as_ref().expect("loaded above"))
     }
+}
+
+/// Whether `sched_process_exec` is attached from the start (`--follow`, `--comm`, `--all`).
+fn execs_followed(config: &KernelConfig) -> bool {
+    config.follow || config.followed_only || config.watch_execs
 }
 
 /// Loads tracepoint program `name` and attaches it to `category`/`event`, mounting tracefs

@@ -360,7 +360,9 @@ pub struct Probes {
     added: Vec<(Scope, Allocator, bool)>,
     sizes: [u64; AllocFn::FUNCTION_SLOTS],
     _tracepoints: Vec<TracePointLinkId>,
-    _raw_tracepoints: Vec<RawTracePointLinkId>,
+    raw_tracepoints: Vec<RawTracePointLinkId>,
+    /// Whether the exec tracepoints Go statistics need are attached ([`Self::load`]).
+    go_execs_watched: bool,
 }
 
 /// The programs of uprobes on allocator functions.
@@ -603,12 +605,13 @@ impl Probes {
     }
 
     /// Has the kernel read `pid`'s Go runtime statistics and rate (`at`) when its last
-    /// thread exits, before its memory is gone.
+    /// thread exits, or when it execs another program, before its memory is gone.
     pub fn watch_go_stats(
         &mut self,
         pid: u32,
         mut at: sampler_common::GoStatsAt,
     ) -> Result<(), AttachError> {
+        self.watch_go_execs();
         let mut map: BpfHashMap<&mut MapData, u32, sampler_common::GoStatsAt> =
             self.map_mut(kernel::maps::GO_STATS)?;
         at.len = at.len.min(sampler_common::GO_STATS_MAX as u32);

@@ -98,7 +98,8 @@ fn reference_probes(ebpf: Ebpf, config: KernelConfig) -> Probes {
         added: Vec::new(),
         sizes: [0; AllocFn::FUNCTION_SLOTS],
         _tracepoints: Vec::new(),
-        _raw_tracepoints: Vec::new(),
+        raw_tracepoints: Vec::new(),
+        go_execs_watched: false,
     }
 }
 

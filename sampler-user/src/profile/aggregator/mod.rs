@@ -256,6 +256,16 @@ impl Aggregator {
         known
     }
 
+    /// How many stacks are kept.
+    pub fn stack_count(&self) -> usize {
+        self.per_stack.len()
+    }
+
+    /// How many sampled blocks are live.
+    pub fn live_count(&self) -> usize {
+        self.live.len()
+    }
+
     /// Forgets the processes in `gone` (exited, their last period sent: the agent): their
     /// stacks and every per-stack value, their live blocks, their counts. Not while
     /// duty-cycled (its strata sum over the whole recording). Returns each old stack id's
