@@ -1184,6 +1184,68 @@ def _():
         os.rmdir(group)
 
 
+def go_program(name):
+    """Builds tests/fixtures/go/NAME with the machine's go into the work directory."""
+    out = path(name)
+    if not os.path.exists(out):
+        src = os.path.join(FIXTURES, "go", name)
+        env = dict(os.environ, GO111MODULE="off", GOCACHE=path("gocache"), GOFLAGS="")
+        subprocess.run(["go", "build", "-o", out, "."], cwd=src, check=True, env=env)
+    return out
+
+
+@case("a Go program that execs itself twice: each program read, totals added [#62.11]",
+      "attach")
+def _():
+    goalloc = go_program("goalloc")
+    counts = path("reexec.txt")
+    args = ["-rounds", "1000000", "-leak-every", "0", "-reexec", "2", "-out", counts]
+    for how in ([], ["--follow"]):
+        code, _, out = record(*how, "--", goalloc, *args)
+        truth = 0
+        for suffix in (".2", ".1", ""):
+            for line in open(counts + suffix):
+                if line.startswith("total "):
+                    truth += int(line.split()[1])
+        proc = profile(out)["processes"][0]
+        exact, estimate = proc["exact"]["bytes"], proc["alloc_bytes"]
+        check(code == 0 and "3 Go programs it ran one after another" in proc["exact_source"],
+              f"{how}: exit {code}: {proc.get('exact_source')}")
+        check(abs(exact - truth) <= 256 << 10, f"{how}: exact {exact} of {truth}")
+        check(estimate["upper"] >= 0.9 * truth, f"{how}: estimated {estimate} of {truth}")
+
+
+@case("the agent's period files each hold their period, cut on time [#62.12]", "agent")
+def _():
+    short = path("short-lived")
+    shutil.copy(build("workload"), short)
+    spawner = subprocess.Popen(["sh", "-c", f"while :; do {short} 20 >/dev/null; done"])
+    steady = subprocess.Popen([build("workload"), "200", "--forever"],
+                              stdout=subprocess.DEVNULL)
+    out = path("periods")
+    try:
+        a = subprocess.Popen([A, "agent", "--all", "--period", "2s", "--spool-in-memory",
+                              "--out-dir", out], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(13)
+        a.send_signal(signal.SIGTERM)
+        err = a.communicate(timeout=60)[1].decode(errors="replace")
+        code = a.returncode
+    finally:
+        for p in (spawner, steady):
+            p.kill()
+            p.wait()
+    files = sorted(os.listdir(out))
+    check(code == 0 and len(files) >= 5, f"exit {code}, {len(files)} files: {err[-300:]}")
+    whole = [profile(os.path.join(out, f)) for f in files[1:-1]]
+    durations = [p["duration_seconds"] for p in whole]
+    check(all(1.9 <= d <= 3.0 for d in durations), f"durations {durations}")
+    calls = [sum(q["exact"]["calls"] for q in p["processes"] if q["pid"] == steady.pid)
+             for p in whole]
+    # A cumulative count would be the steady process's whole run by the last period.
+    check(max(calls) < 0.7 * sum(calls), f"steady's calls per period {calls}")
+
+
 # ---------------------------------------------------------------- outputs and inputs (#39)
 
 @case("<!--<script> in a process name leaves the HTML report whole [#39.14]", "outputs")

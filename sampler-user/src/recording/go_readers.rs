@@ -89,8 +89,10 @@ impl GoReaders {
         if !self.profiles.contains_key(&pid) {
             return;
         }
-        let mut notes = self.losses(pid);
+        let (_, mut notes) = self.earlier.remove(&pid).unwrap_or_default();
+        notes.extend(self.losses(pid));
         notes.push(EXEC_UNREAD.to_owned());
+        notes.sort();
         notes.dedup();
         self.profiles.remove(&pid);
         self.gone.remove(&pid);
