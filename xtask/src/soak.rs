@@ -41,6 +41,8 @@ struct Reading {
     cpu: f64,
     /// Its resident set, MB.
     rss_mb: f64,
+    /// Of which anonymous memory (its heap; the rest is files it maps), MB.
+    anon_mb: f64,
 }
 
 pub fn run(args: SoakArgs) -> anyhow::Result<()> {
@@ -70,25 +72,32 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
     let _load = load(&workload, &out)?;
     let started = Instant::now();
     let forks_before = forks_since_boot()?;
+    // A row every minute; readings every 5 s between (the RSS of one moment depends on
+    // whether a period is being built then: the verdict fits all of them).
     let every = Duration::from_secs(60).min(args.agent / 10);
+    let sample = Duration::from_secs(5).min(every);
     let mut readings = vec![read(agent.0.id(), 0.0)?];
+    let mut row_from = 0;
     println!(
-        "{:>7} {:>7} {:>8} {:>9} {:>7} {:>8} {:>9}",
-        "minute", "cpu %", "rss MB", "forks/s", "period", "stacks", "file MB"
+        "{:>7} {:>7} {:>8} {:>8} {:>9} {:>7} {:>8} {:>9}",
+        "minute", "cpu %", "rss MB", "anon MB", "forks/s", "period", "stacks", "file MB"
     );
     while started.elapsed() < args.agent {
-        std::thread::sleep(every);
+        std::thread::sleep(sample);
         if let Some(exit) = agent.0.try_wait()? {
             bail!(
                 "the agent exited: {exit}; see {}",
                 out.join("agent.log").display()
             );
         }
-        let reading = read(agent.0.id(), started.elapsed().as_secs_f64())?;
-        let last = readings[readings.len() - 1];
-        let forks_per_second = (forks_since_boot()? - forks_before) as f64 / reading.at;
-        print_row(&reading, &last, forks_per_second, newest_period(&periods));
-        readings.push(reading);
+        readings.push(read(agent.0.id(), started.elapsed().as_secs_f64())?);
+        let (first, now) = (readings[row_from], readings[readings.len() - 1]);
+        if now.at - first.at >= every.as_secs_f64() - 0.5 {
+            let forks_per_second = (forks_since_boot()? - forks_before) as f64 / now.at;
+            let row = &readings[row_from + 1..];
+            print_row(row, &first, forks_per_second, newest_period(&periods));
+            row_from = readings.len() - 1;
+        }
     }
     // SAFETY: signalling our own child.
     unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
@@ -113,14 +122,18 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One line of the table: `reading` against the one before.
-fn print_row(reading: &Reading, last: &Reading, forks_per_second: f64, newest: Option<PeriodFile>) {
+/// One line of the table: the readings of a minute (`row`, not empty) against the one
+/// before them, their mean RSS.
+fn print_row(row: &[Reading], last: &Reading, forks_per_second: f64, newest: Option<PeriodFile>) {
     let newest = newest.as_ref();
+    let reading = row[row.len() - 1];
+    let mean = |f: fn(&Reading) -> f64| row.iter().map(f).sum::<f64>() / row.len() as f64;
     println!(
-        "{:>7.1} {:>7.1} {:>8.1} {:>9.0} {:>7} {:>8} {:>9}",
+        "{:>7.1} {:>7.1} {:>8.1} {:>8.1} {:>9.0} {:>7} {:>8} {:>9}",
         reading.at / 60.0,
         100.0 * (reading.cpu - last.cpu) / (reading.at - last.at),
-        reading.rss_mb,
+        mean(|r| r.rss_mb),
+        mean(|r| r.anon_mb),
         forks_per_second,
         newest.map_or("-".into(), |p| format!("{:.1}s", p.seconds)),
         newest.map_or("-".into(), |p| p.stacks.to_string()),
@@ -158,6 +171,10 @@ impl Verdict {
             verdict.rss_slope,
             verdict.rss_noise,
             if verdict.rss_flat() { "flat" } else { "RISING" }
+        );
+        println!(
+            "  of which anonymous memory: {:+.3} MB/min (noise ±{:.3})",
+            verdict.anon_slope, verdict.anon_noise
         );
         println!(
             "CPU in the last third / the first: {:.2}x ({:.1}% → {:.1}% of a core): {}",
@@ -207,6 +224,9 @@ struct Verdict {
     rss_slope: f64,
     /// Two standard errors of that slope.
     rss_noise: f64,
+    /// The same of its anonymous memory alone.
+    anon_slope: f64,
+    anon_noise: f64,
     /// CPU share of a core over the first and the last third.
     cpu_first: f64,
     cpu_last: f64,
@@ -217,7 +237,8 @@ impl Verdict {
         let end = readings.last().map_or(0.0, |r| r.at);
         let third = end / 3.0;
         let last: Vec<&Reading> = readings.iter().filter(|r| r.at >= end - third).collect();
-        let (rss_slope, rss_noise) = slope(&last);
+        let (rss_slope, rss_noise) = slope(&last, |r| r.rss_mb);
+        let (anon_slope, anon_noise) = slope(&last, |r| r.anon_mb);
         let cpu_over = |from: f64, to: f64| {
             let inside: Vec<&Reading> = readings
                 .iter()
@@ -231,6 +252,8 @@ impl Verdict {
         Verdict {
             rss_slope,
             rss_noise,
+            anon_slope,
+            anon_noise,
             cpu_first: cpu_over(0.0, third),
             cpu_last: cpu_over(end - third, end),
         }
@@ -245,14 +268,14 @@ impl Verdict {
     }
 }
 
-/// Least-squares slope of RSS (MB per minute) and two standard errors of it.
-fn slope(points: &[&Reading]) -> (f64, f64) {
+/// Least-squares slope of `value` (MB per minute) and two standard errors of it.
+fn slope(points: &[&Reading], value: fn(&Reading) -> f64) -> (f64, f64) {
     let n = points.len() as f64;
     if points.len() < 3 {
         return (f64::NAN, f64::NAN);
     }
     let x: Vec<f64> = points.iter().map(|r| r.at / 60.0).collect();
-    let y: Vec<f64> = points.iter().map(|r| r.rss_mb).collect();
+    let y: Vec<f64> = points.iter().map(|r| value(r)).collect();
     let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
     let sxx: f64 = x.iter().map(|x| (x - mx).powi(2)).sum();
     let sxy: f64 = x.iter().zip(&y).map(|(x, y)| (x - mx) * (y - my)).sum();
@@ -278,17 +301,18 @@ fn read(pid: u32, at: f64) -> anyhow::Result<Reading> {
     let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let cpu = (fields[11].parse::<f64>()? + fields[12].parse::<f64>()?) / tick;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let rss_kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .context("no VmRSS")?
-        .trim()
-        .trim_end_matches(" kB")
-        .parse()?;
+    let kb = |field: &str| -> anyhow::Result<f64> {
+        let value = status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .with_context(|| format!("no {field}"))?;
+        Ok(value.trim().trim_end_matches(" kB").parse()?)
+    };
     Ok(Reading {
         at,
         cpu,
-        rss_mb: rss_kb / 1024.0,
+        rss_mb: kb("VmRSS:")? / 1024.0,
+        anon_mb: kb("RssAnon:")? / 1024.0,
     })
 }
 
@@ -383,6 +407,7 @@ mod tests {
                     at,
                     cpu,
                     rss_mb: rss(at),
+                    anon_mb: rss(at) / 2.0,
                 }
             })
             .collect()

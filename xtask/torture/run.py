@@ -981,7 +981,8 @@ def same_as_native_attached(mode, **kw):
     return err
 
 
-@case("a thread in epoll_wait(-1) is taken and sees only its event [#62.1]", "attach")
+@case("a thread in epoll_wait(-1) is taken and sees only its event; no rwx page [#62.1, #62.6]",
+      "attach")
 def _():
     err = same_as_native_attached("epoll")
     check(loaded(err), f"not loaded: {err[-400:]}")

@@ -19,6 +19,17 @@ impl MapsReader {
     /// Most processes remembered; beyond, the set starts over (a few maps read again).
     const MAX_REMEMBERED: usize = 1 << 16;
 
+    /// Forgets the processes in `gone` (and their Python frames' state).
+    pub(super) fn forget(&mut self, gone: &std::collections::BTreeSet<u32>) {
+        if gone.is_empty() {
+            return;
+        }
+        self.sent.retain(|pid| !gone.contains(pid));
+        if let Some(python) = &mut self.python {
+            python.forget(gone);
+        }
+    }
+
     pub(super) fn before(&mut self, event: &Event, out: &mut Vec<Event>) {
         match *event {
             Event::Alloc(ref sample) => {
@@ -50,5 +61,22 @@ impl MapsReader {
             }
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gone_processes_are_forgotten_and_the_others_kept() {
+        let mut reader = MapsReader {
+            sent: [1, 2, 3].into_iter().collect(),
+            python: Some(crate::python::Frames::new(None)),
+        };
+        reader.forget(&[2, 9].into_iter().collect());
+        let mut left: Vec<u32> = reader.sent.iter().copied().collect();
+        left.sort_unstable();
+        assert_eq!(left, [1, 3]);
     }
 }

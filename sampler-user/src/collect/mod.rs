@@ -375,6 +375,8 @@ struct Shared {
     examine_asked: AtomicU64,
     /// Of those, how many the intake thread has done.
     examined: AtomicU64,
+    /// Processes gone, their last period sent: what the intake thread keeps of them goes.
+    forget: std::sync::Mutex<Vec<u32>>,
 }
 
 impl Shared {
@@ -393,6 +395,7 @@ impl Shared {
             examine: std::sync::Mutex::new(Vec::new()),
             examine_asked: AtomicU64::new(0),
             examined: AtomicU64::new(0),
+            forget: std::sync::Mutex::new(Vec::new()),
         }))
     }
 
@@ -506,6 +509,15 @@ impl SampleReader {
         }
     }
 
+    /// Has the intake thread forget what it keeps of `pids` (gone, and forgotten by the
+    /// recording: the agent), so that it holds what is live, not what ever ran.
+    pub(crate) fn forget(&self, pids: impl IntoIterator<Item = u32>) {
+        if let Ok(mut forget) = self.shared.forget.lock() {
+            forget.extend(pids);
+        }
+        self.shared.wake();
+    }
+
     /// Records that did not decode so far.
     pub(crate) fn malformed(&self) -> u64 {
         self.shared.malformed.load(Ordering::Relaxed)
@@ -585,6 +597,14 @@ fn intake(
         }
         if let Some(python) = &mut mapped.python {
             examine(shared, python);
+        }
+        if let Some(gone) = shared
+            .forget
+            .lock()
+            .ok()
+            .map(|mut f| std::mem::take(&mut *f))
+        {
+            mapped.forget(&gone.into_iter().collect());
         }
         // A busy ring buffer is drained in batches of a ring buffer's worth, each sent as
         // soon as it is full. A catch-up request read before a batch is acknowledged after

@@ -167,6 +167,15 @@ impl Frames {
         }
     }
 
+    /// Forgets the processes in `gone`: their interpreters, code objects and waiting
+    /// frames (the kernel's entries are the recording's to drop).
+    pub fn forget(&mut self, gone: &std::collections::BTreeSet<u32>) {
+        self.processes.retain(|pid, _| !gone.contains(pid));
+        self.found.retain(|pid| !gone.contains(pid));
+        self.pending.retain(|pid, _| !gone.contains(pid));
+        self.codes.retain(|(pid, _), _| !gone.contains(pid));
+    }
+
     /// The count of samples that missed their Python frames, shared.
     pub fn missing(&self) -> Arc<std::sync::atomic::AtomicU64> {
         Arc::clone(&self.missing)

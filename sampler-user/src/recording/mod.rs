@@ -291,6 +291,7 @@ impl Recording {
             }
         }
         self.period.forget(&in_kernel);
+        self.intake.reader().forget(in_kernel.iter().copied());
         if gone.is_empty() {
             return 0;
         }
