@@ -492,25 +492,8 @@ fn a_go_program_that_execs_itself_is_read_in_each_program() {
     tests::require_bpf!();
     let dir = TempDir::new("go-reexec");
     let counts = dir.path("counts.txt");
-    let recorded = Record::command(
-        go_fixture("goalloc"),
-        &[
-            "-rounds",
-            "1000000",
-            "-leak-every",
-            "0",
-            "-reexec",
-            "2",
-            "-out",
-            counts.to_str().unwrap(),
-        ],
-    )
-    .run();
-    let program = |suffix: &str| {
-        let file = format!("{}{suffix}", counts.display());
-        Truth::parse(&std::fs::read_to_string(file).unwrap())
-    };
-    let programs = [program(".2"), program(".1"), program("")];
+    let recorded = Record::command(go_fixture("goalloc"), &reexec_args(&counts)).run();
+    let programs = reexec_truths(&counts);
     let all: u64 = programs.iter().map(|p| p.total).sum();
     let process = recorded.only_process();
     let source = process.exact_source.as_deref().unwrap_or_default();
@@ -551,23 +534,8 @@ fn a_go_program_read_while_running_is_read_again_after_its_exec() {
     tests::require_bpf!();
     let dir = TempDir::new("go-reexec-attached");
     let counts = dir.path("counts.txt");
-    let mut fixture = Fixture::start_binary(
-        &go_fixture("goalloc"),
-        &[
-            "-rate",
-            "65536",
-            "-rounds",
-            "1000000",
-            "-leak-every",
-            "0",
-            "-reexec",
-            "2",
-            "-out",
-            counts.to_str().unwrap(),
-            "-wait",
-        ],
-        &[],
-    );
+    let args = [&["-rate", "65536", "-wait"][..], &reexec_args(&counts)].concat();
+    let mut fixture = Fixture::start_binary(&go_fixture("goalloc"), &args, &[]);
     fixture.expect("ready");
     let out = dir.path("reexec.json");
     let pid = fixture.pid().to_string();
@@ -589,11 +557,7 @@ fn a_go_program_read_while_running_is_read_again_after_its_exec() {
     let status = recorder.wait().unwrap();
     let said = said.join().unwrap();
     assert!(status.success(), "{status}\n{said}");
-    let program = |suffix: &str| {
-        let file = format!("{}{suffix}", counts.display());
-        Truth::parse(&std::fs::read_to_string(file).unwrap())
-    };
-    let programs = [program(".2"), program(".1"), program("")];
+    let programs = reexec_truths(&counts);
     let profile = typed(&read_profile(&out));
     let process = tests::record::process_of(&profile, fixture.pid());
     // Totals: the first program's since the wait, the others' whole.
@@ -621,4 +585,28 @@ fn a_go_program_read_while_running_is_read_again_after_its_exec() {
         "{:?}\n{said}",
         process.incomplete
     );
+}
+
+/// `goalloc`'s arguments for three programs in one process (two execs of itself), each
+/// writing its counts to `counts` with a suffix: `.2`, `.1`, then none.
+fn reexec_args(counts: &std::path::Path) -> [&str; 8] {
+    let out = counts.to_str().unwrap();
+    [
+        "-rounds",
+        "1000000",
+        "-leak-every",
+        "0",
+        "-reexec",
+        "2",
+        "-out",
+        out,
+    ]
+}
+
+/// What each of [`reexec_args`]'s three programs counted itself, in the order they ran.
+fn reexec_truths(counts: &std::path::Path) -> [Truth; 3] {
+    [".2", ".1", ""].map(|suffix| {
+        let file = format!("{}{suffix}", counts.display());
+        Truth::parse(&std::fs::read_to_string(file).unwrap())
+    })
 }
