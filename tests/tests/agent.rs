@@ -2,7 +2,11 @@
 //! published types, OTLP profiles decoded by the OpenTelemetry project's own classes over
 //! gRPC and HTTP, sinks that refuse, hang and reset, the spool's bound, SIGTERM's flush.
 
-use std::{collections::HashMap, path::Path, time::Duration};
+use std::{
+    collections::HashMap,
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use prost::Message as _;
 use pyroscope::encode::gen::push::PushRequest;
@@ -689,6 +693,7 @@ fn each_period_file_holds_its_period_alone_over_two_minutes() {
     let (agent, stderr) = start_recording(&[
         "agent",
         "--all",
+        "-v",
         "--period",
         "5s",
         "--interval",
@@ -697,6 +702,8 @@ fn each_period_file_holds_its_period_alone_over_two_minutes() {
         "--out-dir",
         out.to_str().unwrap(),
     ]);
+    // The first period began before the agent said it was recording.
+    let began = Instant::now();
     let log = drain(stderr);
     // The short processes under a name of their own (other tests run workloads too).
     let short = dir.path("short");
@@ -714,25 +721,42 @@ fn each_period_file_holds_its_period_alone_over_two_minutes() {
     );
     std::thread::sleep(Duration::from_secs(120));
     drop(spawner);
+    // The last period ends after SIGTERM arrives and before the agent exits.
+    let stopping = began.elapsed().as_secs_f64();
     terminate(agent);
+    let stopped = began.elapsed().as_secs_f64();
     let log = log.join().unwrap();
+    let handled: Vec<&str> = log.lines().filter(|l| l.contains("handled in")).collect();
     let mut files = tests::files_under(&out);
     files.sort();
+    // 24 periods of 5 s; fewer where handling one took longer than a period (a loaded CI).
     assert!(
-        files.len() >= 20,
+        files.len() >= 12,
         "{} periods in 2 minutes:\n{log}",
         files.len()
     );
     let profiles: Vec<serde_json::Value> = files.iter().map(|f| tests::read_profile(f)).collect();
-    // Every whole period is 5 s long (the first and the last, partial, may be shorter).
-    for (at, profile) in profiles[1..profiles.len() - 1].iter().enumerate() {
-        let seconds = profile["duration_seconds"].as_f64().unwrap();
+    let seconds: Vec<f64> = profiles
+        .iter()
+        .map(|p| p["duration_seconds"].as_f64().unwrap())
+        .collect();
+    // No whole period is cut short (the first and the last, partial, may be); one is longer
+    // than 5 s only when handling the last took longer, which a loaded machine decides.
+    for (at, &length) in seconds[1..seconds.len() - 1].iter().enumerate() {
         assert!(
-            (4.0..6.5).contains(&seconds),
-            "period {}: {seconds} s",
+            length >= 4.95,
+            "period {}: {length} s in {seconds:?}\n{handled:#?}",
             at + 1
         );
     }
+    // Each period begins where the last was cut: together they span the agent's run,
+    // neither overlapping nor leaving a gap.
+    let spanned: f64 = seconds.iter().sum();
+    assert!(
+        (stopping - 0.5..stopped + 0.5).contains(&spanned),
+        "periods span {spanned} s of a run stopped at {stopping}..{stopped} s: \
+         {seconds:?}\n{handled:#?}"
+    );
     let process = |profile: &serde_json::Value, pid: u64| -> Option<serde_json::Value> {
         profile["processes"]
             .as_array()
