@@ -43,6 +43,9 @@ struct Reading {
     rss_mb: f64,
     /// Of which anonymous memory (its heap; the rest is files it maps), MB.
     anon_mb: f64,
+    /// Of that, the blocks its allocator has given it (its status file's, as of its
+    /// last period; NaN before the first), MB.
+    heap_mb: f64,
 }
 
 pub fn run(args: SoakArgs) -> anyhow::Result<()> {
@@ -76,11 +79,11 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
     // whether a period is being built then: the verdict fits all of them).
     let every = Duration::from_secs(60).min(args.agent / 10);
     let sample = Duration::from_secs(5).min(every);
-    let mut readings = vec![read(agent.0.id(), 0.0)?];
+    let mut readings = vec![read(agent.0.id(), 0.0, &status_file)?];
     let mut row_from = 0;
     println!(
-        "{:>7} {:>7} {:>8} {:>8} {:>9} {:>7} {:>8} {:>9}",
-        "minute", "cpu %", "rss MB", "anon MB", "forks/s", "period", "stacks", "file MB"
+        "{:>7} {:>7} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>9}",
+        "minute", "cpu %", "rss MB", "anon MB", "heap MB", "forks/s", "period", "stacks", "file MB"
     );
     while started.elapsed() < args.agent {
         std::thread::sleep(sample);
@@ -90,7 +93,11 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
                 out.join("agent.log").display()
             );
         }
-        readings.push(read(agent.0.id(), started.elapsed().as_secs_f64())?);
+        readings.push(read(
+            agent.0.id(),
+            started.elapsed().as_secs_f64(),
+            &status_file,
+        )?);
         let (first, now) = (readings[row_from], readings[readings.len() - 1]);
         if now.at - first.at >= every.as_secs_f64() - 0.5 {
             let forks_per_second = (forks_since_boot()? - forks_before) as f64 / now.at;
@@ -129,11 +136,12 @@ fn print_row(row: &[Reading], last: &Reading, forks_per_second: f64, newest: Opt
     let reading = row[row.len() - 1];
     let mean = |f: fn(&Reading) -> f64| row.iter().map(f).sum::<f64>() / row.len() as f64;
     println!(
-        "{:>7.1} {:>7.1} {:>8.1} {:>8.1} {:>9.0} {:>7} {:>8} {:>9}",
+        "{:>7.1} {:>7.1} {:>8.1} {:>8.1} {:>8.1} {:>9.0} {:>7} {:>8} {:>9}",
         reading.at / 60.0,
         100.0 * (reading.cpu - last.cpu) / (reading.at - last.at),
         mean(|r| r.rss_mb),
         mean(|r| r.anon_mb),
+        mean(|r| r.heap_mb),
         forks_per_second,
         newest.map_or("-".into(), |p| format!("{:.1}s", p.seconds)),
         newest.map_or("-".into(), |p| p.stacks.to_string()),
@@ -175,6 +183,10 @@ impl Verdict {
         println!(
             "  of which anonymous memory: {:+.3} MB/min (noise ±{:.3})",
             verdict.anon_slope, verdict.anon_noise
+        );
+        println!(
+            "  of which its allocator's blocks in use: {:+.3} MB/min (noise ±{:.3})",
+            verdict.heap_slope, verdict.heap_noise
         );
         println!(
             "CPU in the last third / the first: {:.2}x ({:.1}% → {:.1}% of a core): {}",
@@ -227,6 +239,9 @@ struct Verdict {
     /// The same of its anonymous memory alone.
     anon_slope: f64,
     anon_noise: f64,
+    /// The same of the blocks its allocator gave it.
+    heap_slope: f64,
+    heap_noise: f64,
     /// CPU share of a core over the first and the last third.
     cpu_first: f64,
     cpu_last: f64,
@@ -239,6 +254,7 @@ impl Verdict {
         let last: Vec<&Reading> = readings.iter().filter(|r| r.at >= end - third).collect();
         let (rss_slope, rss_noise) = slope(&last, |r| r.rss_mb);
         let (anon_slope, anon_noise) = slope(&last, |r| r.anon_mb);
+        let (heap_slope, heap_noise) = slope(&last, |r| r.heap_mb);
         let cpu_over = |from: f64, to: f64| {
             let inside: Vec<&Reading> = readings
                 .iter()
@@ -254,6 +270,8 @@ impl Verdict {
             rss_noise,
             anon_slope,
             anon_noise,
+            heap_slope,
+            heap_noise,
             cpu_first: cpu_over(0.0, third),
             cpu_last: cpu_over(end - third, end),
         }
@@ -289,7 +307,7 @@ fn slope(points: &[&Reading], value: fn(&Reading) -> f64) -> (f64, f64) {
     (b, 2.0 * se)
 }
 
-fn read(pid: u32, at: f64) -> anyhow::Result<Reading> {
+fn read(pid: u32, at: f64, status_file: &Path) -> anyhow::Result<Reading> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let fields: Vec<&str> = stat
         .rsplit_once(')')
@@ -313,7 +331,17 @@ fn read(pid: u32, at: f64) -> anyhow::Result<Reading> {
         cpu,
         rss_mb: kb("VmRSS:")? / 1024.0,
         anon_mb: kb("RssAnon:")? / 1024.0,
+        heap_mb: heap_mb(status_file),
     })
+}
+
+/// The agent's heap in use as of its last period (NaN before its first).
+fn heap_mb(status_file: &Path) -> f64 {
+    std::fs::read(status_file)
+        .ok()
+        .and_then(|text| serde_json::from_slice::<serde_json::Value>(&text).ok())
+        .and_then(|status| status["heap_in_use_bytes"].as_f64())
+        .map_or(f64::NAN, |bytes| bytes / 1048576.0)
 }
 
 /// Processes started since boot (`/proc/stat`'s `processes`).
@@ -408,6 +436,7 @@ mod tests {
                     cpu,
                     rss_mb: rss(at),
                     anon_mb: rss(at) / 2.0,
+                    heap_mb: rss(at) / 3.0,
                 }
             })
             .collect()

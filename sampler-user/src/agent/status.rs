@@ -1,7 +1,7 @@
 //! The agent's status file (`--status`): what an operator, a health check or a monitoring
 //! scrape reads to know the agent is doing its job. JSON, replaced atomically after every
 //! period and every delivery attempt: the last push per sink, what waits and what was
-//! dropped, the ring buffer's losses, and the agent's own RSS and CPU time.
+//! dropped, the ring buffer's losses, and the agent's own RSS, heap and CPU time.
 
 use std::path::Path;
 
@@ -34,6 +34,10 @@ pub(crate) struct Status {
     pub rss_bytes: Option<u64>,
     /// The agent's CPU time (user + system).
     pub cpu_seconds: Option<f64>,
+    /// Of its resident memory, the blocks its allocator has given it and holds now.
+    pub heap_in_use_bytes: u64,
+    /// What its allocator keeps free for later (resident or given back to the kernel).
+    pub heap_free_bytes: u64,
     /// Per sink.
     pub sinks: Vec<SinkStatus>,
 }
@@ -83,6 +87,9 @@ impl Status {
         self.updated_unix = unix_now();
         self.cpu_seconds = crate::sys::own::cpu_ns().map(|ns| ns as f64 / 1e9);
         self.rss_bytes = crate::sys::own::rss_bytes();
+        let heap = crate::sys::own::heap();
+        self.heap_in_use_bytes = heap.in_use;
+        self.heap_free_bytes = heap.free;
     }
 
     /// Writes the file (atomically).
@@ -102,5 +109,6 @@ mod tests {
         status.refresh_own();
         assert!(status.rss_bytes.unwrap() > 0);
         assert!(status.cpu_seconds.is_some());
+        assert!(status.heap_in_use_bytes > 0);
     }
 }

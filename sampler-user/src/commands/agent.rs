@@ -103,7 +103,13 @@ pub async fn run(config: AgentConfig, prepared: Prepared) -> anyhow::Result<()> 
                 // the agent's RSS is what it holds, not the largest period it ever built.
                 // SAFETY: malloc_trim only releases free memory of the allocator's arenas.
                 unsafe { libc::malloc_trim(0) };
-                info!("period handled in {} ms", cutting.elapsed().as_millis());
+                let heap = crate::sys::own::heap();
+                info!(
+                    "period handled in {} ms; heap {:.1} MiB in use, {:.1} MiB kept free",
+                    cutting.elapsed().as_millis(),
+                    heap.in_use as f64 / 1048576.0,
+                    heap.free as f64 / 1048576.0
+                );
                 period = next;
             }
             _ = sigint.recv() => { info!("stopping on SIGINT"); break None; }

@@ -1,6 +1,7 @@
 //! allocscope's own process: its executable (to run a helper of itself), the paths of its
 //! open descriptors (to open a file it holds by a path a library call wants), a BPF program's
-//! descriptor information, its pid namespace, capabilities, CPU time and resident size.
+//! descriptor information, its pid namespace, capabilities, CPU time, resident size and what
+//! its allocator holds.
 
 use std::{io, os::fd::AsRawFd, path::PathBuf};
 
@@ -39,6 +40,26 @@ pub(crate) fn rss_bytes() -> Option<u64> {
     super::process::rss_of(std::process::id())
 }
 
+/// What our allocator (glibc's) holds, over all its arenas.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Heap {
+    /// Bytes of blocks in use (our live heap).
+    pub in_use: u64,
+    /// Bytes it keeps free for later blocks (their pages may have been given back).
+    pub free: u64,
+}
+
+/// What our allocator holds now: a resident size rising while `in_use` stays flat is memory
+/// the allocator keeps, not memory we hold.
+pub(crate) fn heap() -> Heap {
+    // SAFETY: mallinfo2 only reads the allocator's statistics (glibc 2.33 and later).
+    let info = unsafe { libc::mallinfo2() };
+    Heap {
+        in_use: (info.uordblks + info.hblkhd) as u64,
+        free: info.fordblks as u64,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,5 +75,15 @@ mod tests {
         assert_eq!(std::fs::read_link(fd_path(&file)).unwrap(), exe);
         assert!(fdinfo(&file).unwrap().contains("flags:"));
         assert!(pid_namespace().is_ok());
+    }
+
+    #[test]
+    fn a_block_we_hold_is_in_the_heap_in_use() {
+        let before = heap().in_use;
+        let block = vec![7u8; 256 << 10];
+        let holding = heap().in_use;
+        drop(std::hint::black_box(block));
+        assert!(holding >= before + (256 << 10), "{before} then {holding}");
+        assert!(heap().in_use < holding);
     }
 }
