@@ -51,6 +51,12 @@ pub fn prepare(config: &AgentConfig) -> Result<Prepared, BadInput> {
 /// Records and sends until stopped.
 pub async fn run(config: AgentConfig, prepared: Prepared) -> anyhow::Result<()> {
     let sinks = config.sender.sinks.clone();
+    // Blocks of 256 KiB and more (a period's buffers and tables) get pages of their own,
+    // returned when freed. Left to itself, glibc raises this threshold to the largest block
+    // freed so far, and the agent's next periods place such blocks among its long-lived
+    // ones, where freeing them leaves holes its RSS keeps.
+    // SAFETY: mallopt sets a parameter of the allocator; any value is valid for this one.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10) };
     let mut recording = Recording::start(prepared, &config.sampling, None)?;
     let sender = Sender::start(config.sender)?;
     let out = Out {
