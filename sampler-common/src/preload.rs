@@ -26,14 +26,14 @@ pub const MAPS_BYTES: usize = 32 * 1024;
 /// Attempts of [`Region::totals`] at a consistent reading.
 pub const READ_ATTEMPTS: usize = 10_000;
 
-/// Regions in a [`Family`]: the processes of one command's tree counting at once (one
-/// more finds the table full and makes a region of its own, counted in [`Family::full`]).
+/// Regions in a [`FamilyHeader`]: the processes of one command's tree counting at once (one
+/// more finds the table full and makes a region of its own, counted in [`FamilyHeader::full`]).
 pub const FAMILY_SLOTS: usize = 1024;
 
-/// First word of a [`Family`] ("alsfam01").
+/// First word of a [`FamilyHeader`] ("alsfam01").
 pub const FAMILY_MAGIC: u64 = u64::from_le_bytes(*b"alsfam01");
 
-/// Layout version of [`Family`].
+/// Layout version of [`FamilyHeader`].
 pub const FAMILY_VERSION: u64 = 5;
 
 /// Name of the family table's file, beside the library in a recording's directory: the
@@ -115,7 +115,7 @@ pub struct Counts {
 /// regions of [`region_bytes`] each.
 #[repr(C)]
 #[derive(Debug)]
-pub struct Family {
+pub struct FamilyHeader {
     /// [`FAMILY_MAGIC`].
     pub magic: u64,
     /// [`FAMILY_VERSION`].
@@ -149,13 +149,13 @@ pub struct Family {
     pub claims: [AtomicU64; FAMILY_SLOTS],
 }
 
-/// [`Family::early_state`]: sampled blocks fire the USDT probes (allocscope is attached, or
+/// [`FamilyHeader::early_state`]: sampled blocks fire the USDT probes (allocscope is attached, or
 /// never asked for early records). Zero, so a table starts this way.
 pub const EARLY_OFF: u64 = 0;
-/// [`Family::early_state`]: allocscope is still attaching while the command runs; a sampled
+/// [`FamilyHeader::early_state`]: allocscope is still attaching while the command runs; a sampled
 /// block (with its stack) and a sampled block's free are written as [`EarlyRecord`]s.
 pub const EARLY_KEEP: u64 = 1;
-/// [`Family::early_state`]: allocscope is reading the early records; a thread about to
+/// [`FamilyHeader::early_state`]: allocscope is reading the early records; a thread about to
 /// write one waits until the state is [`EARLY_OFF`], then fires the probes.
 pub const EARLY_HOLD: u64 = 2;
 
@@ -285,7 +285,7 @@ pub const fn region_bytes() -> usize {
 
 /// Bytes of a family table's header (whole pages).
 pub const fn family_header_bytes() -> usize {
-    (core::mem::size_of::<Family>() + PAGE - 1) & !(PAGE - 1)
+    (core::mem::size_of::<FamilyHeader>() + PAGE - 1) & !(PAGE - 1)
 }
 
 /// File offset of slot `slot`'s region in a family table.
@@ -560,7 +560,7 @@ mod tests {
     #[test]
     fn regions_sit_on_page_boundaries_after_the_header() {
         assert_eq!(family_header_bytes() % PAGE, 0);
-        assert!(family_header_bytes() >= core::mem::size_of::<Family>());
+        assert!(family_header_bytes() >= core::mem::size_of::<FamilyHeader>());
         assert_eq!(region_bytes() % PAGE, 0);
         assert_eq!(
             family_region_offset(1) - family_region_offset(0),

@@ -18,7 +18,7 @@ use core::{
 
 use sampler_common::{
     preload::{
-        early_record_bytes, family_early_offset, EarlyHead, EarlyRecord, Family, EARLY_ALLOC,
+        early_record_bytes, family_early_offset, EarlyHead, EarlyRecord, FamilyHeader, EARLY_ALLOC,
         EARLY_FREE, EARLY_KEEP, EARLY_OFF, EARLY_PY_OFFSET, EARLY_SLOTS, EARLY_STACK_OFFSET,
         MAX_PY_FRAMES,
     },
@@ -36,7 +36,7 @@ const WAIT_NS: i64 = 100_000;
 
 /// The family table while it keeps early records.
 #[inline(always)]
-fn keeping() -> Option<&'static Family> {
+fn keeping() -> Option<&'static FamilyHeader> {
     region::family_table().filter(|f| f.early_state.load(Ordering::Acquire) != EARLY_OFF)
 }
 
@@ -105,7 +105,7 @@ pub fn free(address: u64) -> bool {
 
 /// Writes a record with `fill` while the table keeps them; waits while allocscope reads
 /// them (or while they are all taken). False: the probes are to fire.
-fn keep(family: &Family, fill: impl Fn(&mut EarlyHead, &mut [u8])) -> bool {
+fn keep(family: &FamilyHeader, fill: impl Fn(&mut EarlyHead, &mut [u8])) -> bool {
     if crate::sandbox::quiet() {
         // A record takes system calls (a mapping, the stack's copy) a sandbox may forbid:
         // wait for the probes instead, spinning (a sleep is a system call too).
@@ -264,7 +264,7 @@ static GAVE_UP: AtomicBool = AtomicBool::new(false);
 /// Spins until allocscope turns early records off (its probes are attached then), for
 /// about as long as [`wait_until_off`] waits at most, with no system call.
 #[cold]
-fn spin_until_off(family: &Family) {
+fn spin_until_off(family: &FamilyHeader) {
     if GAVE_UP.load(Ordering::Relaxed) {
         return;
     }
@@ -281,7 +281,7 @@ fn spin_until_off(family: &Family) {
 /// Waits until allocscope turns early records off; false after [`WAIT_ROUNDS`] (and at
 /// once after one such wait timed out).
 #[cold]
-fn wait_until_off(family: &Family) -> bool {
+fn wait_until_off(family: &FamilyHeader) -> bool {
     if GAVE_UP.load(Ordering::Relaxed) {
         return false;
     }
@@ -293,7 +293,7 @@ fn wait_until_off(family: &Family) -> bool {
 }
 
 /// Up to [`WAIT_ROUNDS`] sleeps of [`WAIT_NS`] until early records are off.
-fn wait_rounds(family: &Family) -> bool {
+fn wait_rounds(family: &FamilyHeader) -> bool {
     for _ in 0..WAIT_ROUNDS {
         if family.early_state.load(Ordering::Acquire) == EARLY_OFF {
             return true;

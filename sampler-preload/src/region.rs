@@ -1,7 +1,7 @@
 //! The process's shared counter region ([`sampler_common::preload::Region`]).
 //!
 //! Started by allocscope (`-- CMD`), a process finds the family table allocscope created
-//! ([`sampler_common::preload::Family`]) in the file beside the library's own path
+//! ([`sampler_common::preload::FamilyHeader`]) in the file beside the library's own path
 //! ([`sampler_common::preload::FAMILY_FILE`], in a root-owned directory: see
 //! `sampler-user`'s `preload::place`), opened only for as long as it takes to map a part of
 //! it (no descriptor stays, none is inherited): the command's own slot is claimed by
@@ -23,7 +23,7 @@ use sampler_common::{
     geometric,
     preload::{
         claim, family_bytes, family_header_bytes, family_region_offset, find_claim, region_bytes,
-        set_up_region, take_slot, Family, Region, CLAIM_READY, FAMILY_FILE, FAMILY_MAGIC,
+        set_up_region, take_slot, FamilyHeader, Region, CLAIM_READY, FAMILY_FILE, FAMILY_MAGIC,
         FAMILY_VERSION, REGION_MAGIC,
     },
 };
@@ -48,7 +48,7 @@ fn make_current(region: *mut Region, published: bool) {
 
 /// The family table's header, when the process found one (kept across fork: the mapping
 /// is shared, so a child claims in the same table).
-static FAMILY: AtomicPtr<Family> = AtomicPtr::new(ptr::null_mut());
+static FAMILY: AtomicPtr<FamilyHeader> = AtomicPtr::new(ptr::null_mut());
 
 /// The family table's path, NUL-terminated (empty: none), written once at set-up.
 static FAMILY_PATH: FamilyPath = FamilyPath(core::cell::UnsafeCell::new([0; FAMILY_PATH_BYTES]));
@@ -73,7 +73,7 @@ pub fn in_family_namespace() -> bool {
 /// of `/proc/self/ns/pid`; not when it cannot be read). Read as the link's text
 /// (`pid:[INODE]`): following the link to `stat` it made the kernel set up the namespace's
 /// file, ~10 µs of a new process's start against ~8 µs.
-fn same_pid_namespace(family: *mut Family) -> bool {
+fn same_pid_namespace(family: *mut FamilyHeader) -> bool {
     let mut link = [0u8; 64];
     // SAFETY: readlink with a NUL-terminated path into a buffer we own, within its length.
     let len = unsafe {
@@ -96,7 +96,7 @@ fn namespace_inode(link: &[u8]) -> Option<u64> {
 }
 
 /// The family table's header, if this process counts in one.
-pub fn family_table() -> Option<&'static Family> {
+pub fn family_table() -> Option<&'static FamilyHeader> {
     // SAFETY: set once to a checked header mapping that is never unmapped.
     unsafe { FAMILY.load(Ordering::Acquire).as_ref() }
 }
@@ -365,10 +365,10 @@ pub fn open_family() -> Option<i32> {
 
 /// The family table beside the library, its header mapped, and its descriptor (for the
 /// caller to map a slot, then close).
-fn family() -> Option<(*mut Family, i32)> {
+fn family() -> Option<(*mut FamilyHeader, i32)> {
     let fd = open_family()?;
     let mapped = map_shared(fd, 0, family_header_bytes());
-    let family = mapped.cast::<Family>();
+    let family = mapped.cast::<FamilyHeader>();
     // SAFETY: a mapping of the header's bytes (checked before it is read).
     let ok = mapped != libc::MAP_FAILED
         && unsafe { (*family).magic == FAMILY_MAGIC && (*family).version == FAMILY_VERSION };
@@ -412,7 +412,7 @@ pub fn back(fd: i32, offset: usize, len: usize) -> bool {
 /// used, or given back zeroed) and sets it up at the table's interval (or `interval`, when
 /// not 0). `None` when the table is full or its file system has no room for the region
 /// (counted), or the region cannot be mapped (the slot is given back).
-fn claim_slot(family: *mut Family, fd: i32, interval: u64) -> Option<*mut Region> {
+fn claim_slot(family: *mut FamilyHeader, fd: i32, interval: u64) -> Option<*mut Region> {
     // SAFETY: a checked header mapping, never unmapped; its fields are atomics.
     let family = unsafe { &*family };
     let sequence = family.sequence.fetch_add(1, Ordering::AcqRel) + 1;

@@ -16,7 +16,6 @@ pub(crate) mod diff;
 pub mod duty;
 pub(crate) mod exits;
 pub mod export;
-pub mod format;
 pub mod help;
 pub(crate) mod infile;
 pub(crate) mod inject;
@@ -27,16 +26,15 @@ pub(crate) mod preload;
 pub mod probe;
 pub mod profile;
 pub mod python;
+// The profile's format, its statistics and the renderings every output shares, in a
+// crate of their own (pure).
+pub use allocscope_model::{format, schema, stats, text, units};
 pub(crate) mod recording;
 pub mod say;
-pub mod schema;
 pub(crate) mod signals;
 pub(crate) mod spawn;
 pub mod stacks;
-pub mod stats;
 pub mod summary;
 pub mod sys;
 pub mod targets;
-pub(crate) mod text;
 pub(crate) mod throttle;
-pub(crate) mod units;

@@ -9,7 +9,7 @@ use std::{
 use crate::{
     config::{BadInput, Output},
     outfile,
-    probe::allocator::{self, Allocator, Family},
+    probe::allocator::{self, Allocator, AllocatorKind},
     targets::{self, AllocatorCache},
 };
 
@@ -91,7 +91,10 @@ pub(crate) fn allocators_for_command(
             }
         }
     } else if let Ok(own) = cache.of_pid(std::process::id()) {
-        found.extend(own.into_iter().filter(|a| a.file.family == Family::Glibc));
+        found.extend(
+            own.into_iter()
+                .filter(|a| a.file.kind == AllocatorKind::Glibc),
+        );
     }
     if found.is_empty() {
         return Err(BadInput(format!(

@@ -6,7 +6,7 @@
 //! The library reaches a command by a path in a root-owned directory ([`place`]:
 //! `LD_PRELOAD=/run/allocscope/rec-…/libsampler_preload.so`, no descriptor, no other
 //! variable), its bytes compared with these before use. The command's tree counts in a
-//! family table ([`Family`]) in a file beside it, created and mapped here before the
+//! family table ([`FamilyTable`]) in a file beside it, created and mapped here before the
 //! command runs, so every process's counts and maps are read whole however soon it exits;
 //! a slot goes back once its process is gone and read. A process that carries the library
 //! otherwise (one started by hand, or that found the table full) has a region of its own,
@@ -25,9 +25,9 @@ use sampler_common::{
     geometric,
     preload::{
         claim, family_bytes, family_header_bytes, family_region_offset, find_claim, region_bytes,
-        set_up_region, take_slot, Family as Header, Region, DORMANT_PRODUCER, DORMANT_SANDBOXED,
-        DORMANT_SYMBOL, FAMILY_MAGIC, FAMILY_SLOTS, FAMILY_VERSION, REGION_MAGIC, REGION_SYMBOL,
-        REGION_VERSION,
+        set_up_region, take_slot, FamilyHeader as Header, Region, DORMANT_PRODUCER,
+        DORMANT_SANDBOXED, DORMANT_SYMBOL, FAMILY_MAGIC, FAMILY_SLOTS, FAMILY_VERSION,
+        REGION_MAGIC, REGION_SYMBOL, REGION_VERSION,
     },
 };
 
@@ -70,8 +70,8 @@ impl Library {
     }
 
     /// A new family table beside the library, at `interval`.
-    pub(crate) fn create_family(&self, interval: u64) -> anyhow::Result<Family> {
-        Family::create(&self.dir, interval)
+    pub(crate) fn create_family(&self, interval: u64) -> anyhow::Result<FamilyTable> {
+        FamilyTable::create(&self.dir, interval)
     }
 }
 
@@ -89,9 +89,9 @@ pub(crate) fn ld_preload(
     value
 }
 
-/// The family table of a command's tree (see [`sampler_common::preload::Family`]): its
+/// The family table of a command's tree (see [`sampler_common::preload::FamilyHeader`]): its
 /// memfd, its header mapped here, and the slots whose regions were handed out.
-pub(crate) struct Family {
+pub(crate) struct FamilyTable {
     file: File,
     header: memmap2::MmapMut,
     /// Its regions, mapped whole once (sparse): a region is a view of it, not a mapping
@@ -123,7 +123,7 @@ fn back(file: &File, offset: usize, len: usize) -> io::Result<()> {
     }
 }
 
-impl Drop for Family {
+impl Drop for FamilyTable {
     /// The file goes when the recording ends: a program exec'd later counts in a region
     /// of its own (the processes still mapping the table keep it).
     fn drop(&mut self) {
@@ -131,16 +131,16 @@ impl Drop for Family {
     }
 }
 
-impl std::fmt::Debug for Family {
+impl std::fmt::Debug for FamilyTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Family").finish_non_exhaustive()
+        f.debug_struct("FamilyTable").finish_non_exhaustive()
     }
 }
 
-impl Family {
+impl FamilyTable {
     /// A new table at `interval` in `dir`. Sparse: a region's pages exist once its
     /// process counts.
-    fn create(dir: &place::RecordingDir, interval: u64) -> anyhow::Result<Family> {
+    fn create(dir: &place::RecordingDir, interval: u64) -> anyhow::Result<FamilyTable> {
         let (file, path) = dir.create_family().context("creating the family table")?;
         file.set_len(family_bytes() as u64)?;
         back(&file, 0, family_header_bytes())
@@ -172,7 +172,7 @@ impl Family {
             .map_raw(&file)?;
         regions.advise(memmap2::Advice::Random)?;
         let regions = std::sync::Arc::new(regions);
-        let family = Family {
+        let family = FamilyTable {
             file,
             header,
             regions,

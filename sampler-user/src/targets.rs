@@ -415,7 +415,7 @@ mod tests {
         assert!(
             found
                 .iter()
-                .any(|a| a.file.family == allocator::Family::Glibc),
+                .any(|a| a.file.kind == allocator::AllocatorKind::Glibc),
             "{found:?}"
         );
         assert!(matches!(cache.of_pid(u32::MAX - 1), Err(FindError::Gone)));

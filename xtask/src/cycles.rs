@@ -1,7 +1,8 @@
-//! The shape check of `cargo xtask test`: sampler-user's top-level modules depend on each
-//! other one way (probe → collect → stacks → stats → profile → export/summary/top, commands
-//! on top), so no import cycle may form among them. A module's dependencies are the
-//! `crate::name` paths in its non-test code (comments and `mod tests` blocks left out).
+//! The shape check of `cargo xtask test`: a crate's top-level modules depend on each
+//! other one way (sampler-user's probe → collect → stacks → profile → export/summary/top,
+//! commands on top; allocscope-model's stats → schema), so no import cycle may form among
+//! them. A module's dependencies are the `crate::name` paths in its non-test code (comments
+//! and `mod tests` blocks left out). Between crates, cargo keeps the graph one way.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -13,15 +14,16 @@ use anyhow::{bail, Context as _};
 /// Module → the modules it uses.
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
-/// Modules that must import nothing of the crate: the profile's format (a reader of the
-/// format reads that folder alone).
-const SELF_CONTAINED: &[&str] = &["schema"];
-
 /// Fails, naming every cycle, if the top-level modules under `src` import each other in a
-/// cycle.
-pub fn check(src: &Path) -> anyhow::Result<()> {
+/// cycle, or if one of `self_contained` imports anything of its crate (the profile's
+/// format: a reader of the format reads that folder alone).
+pub fn check(src: &Path, self_contained: &[&str]) -> anyhow::Result<()> {
     let graph = module_graph(src)?;
-    for leaf in SELF_CONTAINED {
+    let name = src
+        .parent()
+        .and_then(Path::file_name)
+        .map_or_else(|| src.display().to_string(), |n| n.to_string_lossy().into());
+    for leaf in self_contained {
         let uses = graph
             .get(*leaf)
             .with_context(|| format!("no module {leaf}"))?;
@@ -32,14 +34,14 @@ pub fn check(src: &Path) -> anyhow::Result<()> {
     let cycles = cycles(&graph);
     if cycles.is_empty() {
         eprintln!(
-            "xtask: no import cycle among sampler-user's {} modules",
+            "xtask: no import cycle among {name}'s {} modules",
             graph.len()
         );
         return Ok(());
     }
     let shown: Vec<String> = cycles.iter().map(|c| c.join(" ↔ ")).collect();
     bail!(
-        "import cycle among sampler-user's modules (data must flow one way): {}",
+        "import cycle among {name}'s modules (data must flow one way): {}",
         shown.join("; ")
     )
 }

@@ -85,7 +85,8 @@ pub fn run() -> anyhow::Result<()> {
 
 /// The shape checks: one-way imports, sizes.
 pub fn shape() -> anyhow::Result<()> {
-    crate::cycles::check(&workspace().join("sampler-user/src"))?;
+    crate::cycles::check(&workspace().join("sampler-user/src"), &[])?;
+    crate::cycles::check(&workspace().join("crates/model/src"), &["schema"])?;
     crate::layout::check(&workspace())?;
     crate::os_layer::check(&workspace().join("sampler-user/src"))?;
     crate::contract::check(
@@ -93,6 +94,7 @@ pub fn shape() -> anyhow::Result<()> {
         &["sampler-user", "sampler-preload"].map(|c| workspace().join(c).join("src")),
     )?;
     let sources = [
+        "crates/model",
         "sampler-common",
         "sampler-ebpf",
         "sampler-preload",

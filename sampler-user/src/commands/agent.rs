@@ -20,7 +20,7 @@ use crate::{
     export::{self, Format, Value},
     preflight,
     profile::Profile,
-    recording::{self, Happening, Prepared, Recording},
+    recording::{self, Prepared, Recording, TargetExit},
 };
 
 /// Every check that can fail on bad input (the spool and output directories too), then
@@ -78,45 +78,20 @@ pub async fn run(config: AgentConfig, prepared: Prepared) -> anyhow::Result<()> 
     let failure = loop {
         tokio::select! {
             happened = recording.next() => match happened {
-                Ok(Happening::AllExited) => {
+                Ok(TargetExit::All) => {
                     info!("stopping: every target exited");
                     break None;
                 }
-                Ok(Happening::Exited(_)) => {}
+                Ok(TargetExit::One(_)) => {}
                 Err(e) => break Some(e),
             },
             // A period lasts at least --period from the moment the last one was cut, however
             // long building the last one took (a late tick must not cut a sliver of one).
             _ = tokio::time::sleep_until((period.at + config.period).into()) => {
-                let cutting = Instant::now();
-                let (profile, next) =
-                    match period.profile(&mut recording, &config.sampling, started).await {
-                        Ok(cut) => cut,
-                        Err(e) => break Some(e),
-                    };
-                // A period that could not be written (a full disk under --out-dir) is said
-                // and the agent goes on: the sinks still get it.
-                if let Err(e) = out.close(&profile, &period) {
-                    log::warn!("{e:#}");
-                }
-                // The processes gone by now were in this period's profile for the last time.
-                let forgotten = recording.forget_gone();
-                if forgotten > 0 {
-                    info!("forgot {forgotten} processes that exited");
-                }
-                // Building a profile parses and allocates a lot for a moment; glibc keeps
-                // freed memory in its arenas unless told: give it back between periods, so
-                // the agent's RSS is what it holds, not the largest period it ever built.
-                // SAFETY: malloc_trim only releases free memory of the allocator's arenas.
-                unsafe { libc::malloc_trim(0) };
-                let heap = crate::sys::own::heap();
-                info!(
-                    "period handled in {} ms; heap {:.1} MiB in use, {:.1} MiB kept free",
-                    cutting.elapsed().as_millis(),
-                    heap.in_use as f64 / 1048576.0,
-                    heap.free as f64 / 1048576.0
-                );
-                period = next;
+                period = match period.close(&mut recording, &config.sampling, started, &out).await {
+                    Ok(next) => next,
+                    Err(e) => break Some(e),
+                };
             }
             _ = sigint.recv() => { info!("stopping on SIGINT"); break None; }
             _ = sigterm.recv() => { info!("stopping on SIGTERM"); break None; }
@@ -165,6 +140,44 @@ impl Period {
         let seconds = next.at.duration_since(self.at).as_secs_f64();
         let profile = recording.period_profile(settings, seconds).await?;
         Ok((profile, next))
+    }
+}
+
+impl Period {
+    /// Cuts this period, sends and writes it, forgets the processes gone, and returns the
+    /// next period (see [`Period::profile`]).
+    async fn close(
+        &self,
+        recording: &mut Recording,
+        sampling: &SamplingConfig,
+        started: Instant,
+        out: &Out<'_>,
+    ) -> anyhow::Result<Period> {
+        let cutting = Instant::now();
+        let (profile, next) = self.profile(recording, sampling, started).await?;
+        // A period that could not be written (a full disk under --out-dir) is said and the
+        // agent goes on: the sinks still get it.
+        if let Err(e) = out.close(&profile, self) {
+            log::warn!("{e:#}");
+        }
+        // The processes gone by now were in this period's profile for the last time.
+        let forgotten = recording.forget_gone();
+        if forgotten > 0 {
+            info!("forgot {forgotten} processes that exited");
+        }
+        // Building a profile parses and allocates a lot for a moment; glibc keeps freed
+        // memory in its arenas unless told: give it back between periods, so the agent's
+        // RSS is what it holds, not the largest period it ever built.
+        // SAFETY: malloc_trim only releases free memory of the allocator's arenas.
+        unsafe { libc::malloc_trim(0) };
+        let heap = crate::sys::own::heap();
+        info!(
+            "period handled in {} ms; heap {:.1} MiB in use, {:.1} MiB kept free",
+            cutting.elapsed().as_millis(),
+            heap.in_use as f64 / 1048576.0,
+            heap.free as f64 / 1048576.0
+        );
+        Ok(next)
     }
 }
 

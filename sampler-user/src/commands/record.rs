@@ -21,7 +21,7 @@ use crate::{
     export::{self, Value},
     preflight,
     profile::Profile,
-    recording::{self, CommandExit, Happening, Prepared, Recording},
+    recording::{self, CommandExit, Prepared, Recording, TargetExit},
     summary,
 };
 
@@ -98,8 +98,8 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
         }
         tokio::select! {
             happened = recording.next() => match happened {
-                Ok(Happening::AllExited) => break Stop::TargetsExited,
-                Ok(Happening::Exited(_)) => {}
+                Ok(TargetExit::All) => break Stop::TargetsExited,
+                Ok(TargetExit::One(_)) => {}
                 Err(e) => break Stop::Failed(e),
             },
             _ = snapshot_timer.tick(), if every.is_some() => {

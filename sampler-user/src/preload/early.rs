@@ -16,7 +16,7 @@ use sampler_common::{
     python::PyFrameEntry,
 };
 
-use super::Family;
+use super::FamilyTable;
 
 /// Longest wait for the writers of early records to finish (a writer killed half-way never
 /// does: its record is left out, incomplete).
@@ -55,7 +55,7 @@ pub(crate) struct EarlyRead {
     pub incomplete: u64,
 }
 
-impl Family {
+impl FamilyTable {
     /// Asks the command's tree to keep early records, each sample with `stack_bytes` of
     /// stack, until [`Self::end_early`]: before the command runs.
     pub(crate) fn keep_early(&self, stack_bytes: u32) {
@@ -109,7 +109,7 @@ impl Family {
         // SAFETY: as above, the header's page (given storage at creation).
         let header = unsafe {
             memmap2::MmapOptions::new()
-                .len(std::mem::size_of::<sampler_common::preload::Family>())
+                .len(std::mem::size_of::<sampler_common::preload::FamilyHeader>())
                 .map(&self.file)
         }
         .context("mapping the family table's header")?;
@@ -156,7 +156,7 @@ impl EarlyRecords {
             &*self
                 .header
                 .as_ptr()
-                .cast::<sampler_common::preload::Family>()
+                .cast::<sampler_common::preload::FamilyHeader>()
         };
         (header.early_next.load(Ordering::Acquire) as usize).min(EARLY_SLOTS)
     }

@@ -104,14 +104,14 @@ pub struct FreeFunction {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AllocatorFile {
     /// Which allocator this is.
-    pub family: Family,
+    pub kind: AllocatorKind,
     /// Allocation entry points, one per distinct address.
     pub functions: Vec<Function>,
     /// Free entry points, one per distinct address.
     pub frees: Vec<FreeFunction>,
-    /// The in-process front end's probe sites ([`Family::InProcess`]: no entry points).
+    /// The in-process front end's probe sites ([`AllocatorKind::InProcess`]: no entry points).
     pub front_end: Option<usdt::FrontEnd>,
-    /// Another program's sampling allocator's probe sites ([`Family::Producer`]: no entry
+    /// Another program's sampling allocator's probe sites ([`AllocatorKind::Producer`]: no entry
     /// points).
     pub producer: Option<usdt::Producer>,
 }
@@ -126,13 +126,13 @@ impl AllocatorFile {
     /// Whether the process samples its allocations itself and reports them through another
     /// producer's probes (`otel_memory`, `ddheap`): probed there instead of its malloc.
     pub fn is_producer(&self) -> bool {
-        self.producer.is_some() && self.family == Family::Producer
+        self.producer.is_some() && self.kind == AllocatorKind::Producer
     }
 
     /// Whether this is a Go executable whose runtime's heap profiler is probed (its own
     /// sampled blocks; `malloc`, which cgo calls, stays probed as usual).
     pub fn is_go_runtime(&self) -> bool {
-        self.producer.is_some() && self.family == Family::GoRuntime
+        self.producer.is_some() && self.kind == AllocatorKind::GoRuntime
     }
 
     /// Whether a process mapping it counts or samples its own allocations (allocscope's
@@ -165,9 +165,9 @@ impl Allocator {
     /// wraps the interpreter's memory and object domains with `PyMem_SetAllocator`, which
     /// every call goes through, inlined or not).
     pub fn served_by_front_end(&self) -> bool {
-        match self.file.family {
-            Family::InProcess | Family::Producer | Family::GoRuntime => false,
-            Family::Pymalloc => true,
+        match self.file.kind {
+            AllocatorKind::InProcess | AllocatorKind::Producer | AllocatorKind::GoRuntime => false,
+            AllocatorKind::Pymalloc => true,
             _ => !self.in_executable,
         }
     }
@@ -185,9 +185,9 @@ impl Allocator {
         } else if let Some(producer) = &self.file.producer {
             format!("{} probes ({})", producer.provider, self.shown.display())
         } else if self.in_executable {
-            format!("{} (static, in {})", self.file.family, self.shown.display())
+            format!("{} (static, in {})", self.file.kind, self.shown.display())
         } else {
-            format!("{} ({})", self.file.family, self.shown.display())
+            format!("{} ({})", self.file.kind, self.shown.display())
         }
     }
 }
@@ -287,7 +287,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
     let sites = usdt::sites(elf);
     if let Some(front_end) = usdt::front_end(&sites) {
         return Some(AllocatorFile {
-            family: Family::InProcess,
+            kind: AllocatorKind::InProcess,
             functions: Vec::new(),
             frees: Vec::new(),
             front_end: Some(front_end),
@@ -298,7 +298,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
     // not at its allocation functions (which would count the same blocks again).
     if let Some(producer) = usdt::producer(&sites) {
         return Some(AllocatorFile {
-            family: Family::Producer,
+            kind: AllocatorKind::Producer,
             functions: Vec::new(),
             frees: Vec::new(),
             front_end: None,
@@ -317,7 +317,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
                 version
             });
             return Some(AllocatorFile {
-                family: Family::GoRuntime,
+                kind: AllocatorKind::GoRuntime,
                 functions: Vec::new(),
                 frees: Vec::new(),
                 front_end: None,
@@ -342,7 +342,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
     drop_forwarders(&file, &mut entries);
     let (functions, frees) = probed_functions(&file, entries);
     Some(AllocatorFile {
-        family: Family::of(&names, file_name),
+        kind: AllocatorKind::of(&names, file_name),
         functions,
         frees,
         front_end: None,
@@ -518,12 +518,12 @@ fn plt_import<'a>(
 /// Whether `description` (an [`Allocator::describe`] line, as profiles list a process's
 /// allocators) is of allocscope's in-process front end.
 pub fn describes_in_process(description: &str) -> bool {
-    description.starts_with(&Family::InProcess.to_string())
+    description.starts_with(&AllocatorKind::InProcess.to_string())
 }
 
 /// Which allocator a file is, as far as probing cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Family {
+pub enum AllocatorKind {
     /// The GNU C library's: the innermost malloc, which others may wrap.
     Glibc,
     /// jemalloc (prefixed or not).
@@ -546,39 +546,39 @@ pub enum Family {
     GoRuntime,
 }
 
-impl Family {
+impl AllocatorKind {
     /// Names the allocator from the symbols it defines (or its file name).
-    fn of(names: &[String], file_name: &str) -> Family {
+    fn of(names: &[String], file_name: &str) -> AllocatorKind {
         let has = |wanted: &str| names.iter().any(|n| n == wanted);
         let has_prefix = |prefix: &str| names.iter().any(|n| n.starts_with(prefix));
         if has("mallocx") || has_prefix("je_") || has_prefix("_rjem_") {
-            Family::Jemalloc
+            AllocatorKind::Jemalloc
         } else if has("tc_malloc") {
-            Family::Tcmalloc
+            AllocatorKind::Tcmalloc
         } else if has("mi_malloc") {
-            Family::Mimalloc
+            AllocatorKind::Mimalloc
         } else if is_libc(file_name) || has("__libc_malloc") {
-            Family::Glibc
+            AllocatorKind::Glibc
         } else if has("PyObject_Malloc") && !has("malloc") {
-            Family::Pymalloc
+            AllocatorKind::Pymalloc
         } else {
-            Family::Malloc
+            AllocatorKind::Malloc
         }
     }
 }
 
-impl std::fmt::Display for Family {
+impl std::fmt::Display for AllocatorKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Family::Glibc => "glibc",
-            Family::Jemalloc => "jemalloc",
-            Family::Tcmalloc => "tcmalloc",
-            Family::Mimalloc => "mimalloc",
-            Family::Pymalloc => "pymalloc",
-            Family::Malloc => "malloc",
-            Family::InProcess => "in-process (allocscope preload)",
-            Family::Producer => "in-process (its own USDT probes)",
-            Family::GoRuntime => super::go::PROVIDER,
+            AllocatorKind::Glibc => "glibc",
+            AllocatorKind::Jemalloc => "jemalloc",
+            AllocatorKind::Tcmalloc => "tcmalloc",
+            AllocatorKind::Mimalloc => "mimalloc",
+            AllocatorKind::Pymalloc => "pymalloc",
+            AllocatorKind::Malloc => "malloc",
+            AllocatorKind::InProcess => "in-process (allocscope preload)",
+            AllocatorKind::Producer => "in-process (its own USDT probes)",
+            AllocatorKind::GoRuntime => super::go::PROVIDER,
         })
     }
 }
@@ -586,7 +586,7 @@ impl std::fmt::Display for Family {
 /// Puts allocators in probing order: one in the executable or interposed first (it takes
 /// the calls), the C library last.
 pub fn in_probing_order(allocators: &mut [Allocator]) {
-    allocators.sort_by_key(|a| (!a.in_executable, a.file.family == Family::Glibc));
+    allocators.sort_by_key(|a| (!a.in_executable, a.file.kind == AllocatorKind::Glibc));
 }
 
 /// Finds every allocator among `pid`'s executable mappings; `analysed` is asked for the
@@ -625,7 +625,7 @@ pub fn find(
         }
     }
     let producer = found.iter().any(|a| a.file.is_producer());
-    found.retain(|a| !(a.file.family == Family::InProcess && dormant(a, producer)));
+    found.retain(|a| !(a.file.kind == AllocatorKind::InProcess && dormant(a, producer)));
     if found.is_empty() {
         return Err(AllocatorError::NoAllocator);
     }
@@ -686,21 +686,21 @@ fn is_libc(name: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn found(family: Family, in_executable: bool) -> Allocator {
+    fn found(kind: AllocatorKind, in_executable: bool) -> Allocator {
         Allocator {
             path: crate::sys::process::in_root(1, "/x".as_ref()),
             shown: PathBuf::from("/x"),
             file_id: FileId {
                 device: "fe:01".into(),
-                inode: family as u64,
+                inode: kind as u64,
             },
             in_executable,
             file: Arc::new(AllocatorFile {
-                family,
+                kind,
                 functions: Vec::new(),
                 frees: Vec::new(),
                 producer: None,
-                front_end: (family == Family::InProcess).then(|| usdt::FrontEnd {
+                front_end: (kind == AllocatorKind::InProcess).then(|| usdt::FrontEnd {
                     allocs: Vec::new(),
                     frees: Vec::new(),
                     ready: Vec::new(),
@@ -709,30 +709,36 @@ mod tests {
         }
     }
 
-    fn families(allocators: &[Allocator]) -> Vec<(Family, bool)> {
+    fn families(allocators: &[Allocator]) -> Vec<(AllocatorKind, bool)> {
         allocators
             .iter()
-            .map(|a| (a.file.family, a.in_executable))
+            .map(|a| (a.file.kind, a.in_executable))
             .collect()
     }
 
     #[test]
     fn the_front_end_serves_the_malloc_family_and_pymalloc_but_not_an_executables_malloc() {
         let all = vec![
-            found(Family::InProcess, false),
-            found(Family::Glibc, false),
-            found(Family::Jemalloc, false),
-            found(Family::Malloc, true),
-            found(Family::Pymalloc, true),
+            found(AllocatorKind::InProcess, false),
+            found(AllocatorKind::Glibc, false),
+            found(AllocatorKind::Jemalloc, false),
+            found(AllocatorKind::Malloc, true),
+            found(AllocatorKind::Pymalloc, true),
         ];
         let mut kept = all.clone();
         behind_front_end(&mut kept, false);
         assert_eq!(
             families(&kept),
-            [(Family::InProcess, false), (Family::Malloc, true)]
+            [
+                (AllocatorKind::InProcess, false),
+                (AllocatorKind::Malloc, true)
+            ]
         );
         // Right after an exec the library is not mapped yet: known from the region.
-        let mut exec_time = vec![found(Family::Pymalloc, true), found(Family::Glibc, false)];
+        let mut exec_time = vec![
+            found(AllocatorKind::Pymalloc, true),
+            found(AllocatorKind::Glibc, false),
+        ];
         behind_front_end(&mut exec_time, true);
         assert!(exec_time.is_empty(), "{:?}", families(&exec_time));
         // Without a front end nothing is dropped.
@@ -818,7 +824,7 @@ mod tests {
             return;
         }
         let file = analyse_file(python, true, python).expect("pymalloc found");
-        assert_eq!(file.family, Family::Pymalloc);
+        assert_eq!(file.kind, AllocatorKind::Pymalloc);
         let mut found: Vec<(&str, AllocFn, bool)> = file
             .functions
             .iter()
@@ -852,7 +858,7 @@ mod tests {
             .expect("tests link glibc");
         let path = libc.path.clone().unwrap();
         let file = analyse_file(&path, false, &path).expect("libc is an allocator");
-        assert_eq!(file.family, Family::Glibc);
+        assert_eq!(file.kind, AllocatorKind::Glibc);
         let names: Vec<&str> = file.functions.iter().map(|f| f.symbol.as_str()).collect();
         for wanted in [
             "malloc",

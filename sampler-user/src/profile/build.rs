@@ -1,6 +1,6 @@
 //! Building the profile, one way: the recording gathers a [`Snapshot`] (the aggregator's
 //! tally, the kernel's counters and losses, the probe points, what the throttle and the
-//! duty cycle did, each target's coverage, what it all cost) and [`Profile::build`] turns
+//! duty cycle did, each target's coverage, what it all cost) and [`Snapshot::into_profile`] turns
 //! it into estimates with bounds, nothing patched afterwards. Pure: tested without BPF.
 
 use std::collections::{BTreeMap, HashMap};
@@ -397,12 +397,12 @@ fn exact_of(
     }
 }
 
-impl Profile {
-    /// Every estimate of the snapshot: per stack since the start and, when
+impl Snapshot {
+    /// The profile: every estimate of the snapshot, per stack since the start and, when
     /// `period_seconds` is given, over the current period; leak values for the stacks with
     /// leaked samples when `settings.leaks_older_than` applies (frees tracked); per process
     /// from its stacks and its exact counters.
-    pub fn build(snapshot: Snapshot) -> Profile {
+    pub fn into_profile(self) -> Profile {
         let Snapshot {
             mut tally,
             settings,
@@ -415,7 +415,7 @@ impl Profile {
             thread_states,
             mut coverage,
             overhead,
-        } = snapshot;
+        } = self;
         let leak_age = settings
             .leaks_older_than
             .filter(|_| !settings.alloc_only)
@@ -677,7 +677,7 @@ fn front_end_of(allocators: &[String]) -> String {
 pub(super) mod tests {
     use super::*;
     use crate::{
-        probe::allocator::Family,
+        probe::allocator::AllocatorKind,
         profile::{CoverageStart, ProcessTally},
         stats::SampleObs,
     };
@@ -732,7 +732,7 @@ pub(super) mod tests {
             lost_samples: 0,
             runtime_hits: 0,
             cgroup: None,
-            allocators: vec![format!("{} (/usr/lib/libc.so.6)", Family::Glibc)],
+            allocators: vec![format!("{} (/usr/lib/libc.so.6)", AllocatorKind::Glibc)],
             duty: None,
             go_totals: None,
             not_loaded: None,
@@ -789,7 +789,7 @@ pub(super) mod tests {
             cut_samples: 4,
             ..Tally::default()
         };
-        let profile = Profile::build(snapshot(tally));
+        let profile = Snapshot::into_profile(snapshot(tally));
         let names: Vec<_> = profile
             .stacks
             .iter()
@@ -835,7 +835,7 @@ pub(super) mod tests {
 
     #[test]
     fn a_profile_with_no_duration_or_an_impossible_confidence_is_refused() {
-        let built = Profile::build(snapshot(Tally {
+        let built = Snapshot::into_profile(snapshot(Tally {
             stacks: vec![stack(7, "a", &[(100, 3)])],
             processes: vec![process(7)],
             ..Tally::default()
@@ -865,7 +865,7 @@ pub(super) mod tests {
         });
         snapshot.settings.alloc_only = true;
         snapshot.settings.leaks_older_than = Some(std::time::Duration::from_secs(1));
-        let profile = Profile::build(snapshot);
+        let profile = Snapshot::into_profile(snapshot);
         assert!(profile.stacks[0].inuse_bytes.is_none());
         assert!(profile.processes[0].inuse_bytes.is_none());
         assert_eq!(profile.leaks_older_than_seconds, None);
@@ -918,7 +918,7 @@ pub(super) mod tests {
             processes,
             ..Tally::default()
         };
-        let profile = Profile::build(snapshot(tally.clone()));
+        let profile = Snapshot::into_profile(snapshot(tally.clone()));
         let parse = &profile.command_stacks[0];
         assert_eq!(
             (parse.command.as_str(), parse.processes, parse.samples),
@@ -954,7 +954,7 @@ pub(super) mod tests {
         let mut unknown = tally.clone();
         unknown.stacks.push(stack(500, "parse", &[(64, 0)]));
         unknown.stacks.push(stack(501, "parse", &[(64, 0)]));
-        let apart = Profile::build(snapshot(unknown)).command_stacks;
+        let apart = Snapshot::into_profile(snapshot(unknown)).command_stacks;
         assert_eq!(apart.iter().filter(|s| s.command.is_empty()).count(), 2);
         assert_eq!(of("app", "other"), [(1, pids[0])]);
         assert_eq!(profile.command_stacks.len(), 3);
@@ -964,6 +964,8 @@ pub(super) mod tests {
             processes: tally.processes[..3].to_vec(),
             ..Tally::default()
         };
-        assert!(Profile::build(snapshot(few)).command_stacks.is_empty());
+        assert!(Snapshot::into_profile(snapshot(few))
+            .command_stacks
+            .is_empty());
     }
 }

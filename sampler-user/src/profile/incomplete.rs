@@ -34,7 +34,10 @@ pub(super) fn incomplete_of(
 /// passing its exported entry points (inlined), so most small objects are not seen (Debian's
 /// python3 on a dict/JSON script: 547 MiB seen of 1145 MiB).
 pub fn incomplete_reasons(allocators: &[String]) -> Vec<String> {
-    let in_executable = format!("{} (static, in ", crate::probe::allocator::Family::Pymalloc);
+    let in_executable = format!(
+        "{} (static, in ",
+        crate::probe::allocator::AllocatorKind::Pymalloc
+    );
     allocators
         .iter()
         .filter_map(|a| a.strip_prefix(&in_executable))

@@ -158,7 +158,6 @@ mod tests {
     use super::*;
     use crate::{
         profile::build::tests::{process, set, snapshot, stack},
-        schema::Profile,
         stats::{estimate::Window, SampleSet},
     };
 
@@ -219,7 +218,7 @@ mod tests {
     fn a_period_counts_what_happened_since_its_start() {
         let (now, start) = second_period();
         let expected = set(&[(4096, 20), (8192, 5)]).estimate(0.95, Window::RECORDING, 1024);
-        let profile = Profile::build(now.period_only(&start, 10.0));
+        let profile = Snapshot::into_profile(now.period_only(&start, 10.0));
         assert_eq!(profile.duration_seconds, 10.0);
         let busy = profile
             .stacks
@@ -245,7 +244,7 @@ mod tests {
     #[test]
     fn what_is_held_stays_and_what_is_idle_goes() {
         let (now, start) = second_period();
-        let profile = Profile::build(now.period_only(&start, 10.0));
+        let profile = Snapshot::into_profile(now.period_only(&start, 10.0));
         let names: Vec<_> = profile
             .stacks
             .iter()
@@ -266,7 +265,7 @@ mod tests {
         let (mut now, mut start) = second_period();
         start.forget(&BTreeSet::from([8]));
         now.tally.stacks[2].period = set(&[(64, 7)]);
-        let profile = Profile::build(now.period_only(&start, 10.0));
+        let profile = Snapshot::into_profile(now.period_only(&start, 10.0));
         let new = profile.processes.iter().find(|p| p.pid == 8).unwrap();
         assert_eq!((new.exact.calls, new.exact.bytes), (4, 256));
     }
@@ -274,7 +273,7 @@ mod tests {
     #[test]
     fn the_first_period_is_the_recording_so_far() {
         let (now, _) = second_period();
-        let whole = Profile::build(now.period_only(&PeriodStart::default(), 10.0));
+        let whole = Snapshot::into_profile(now.period_only(&PeriodStart::default(), 10.0));
         let app = &whole.processes[0];
         assert_eq!((app.exact.calls, app.exact.bytes), (160, 100_000));
         assert_eq!(whole.losses.ringbuf_full, 9);

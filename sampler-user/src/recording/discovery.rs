@@ -6,7 +6,7 @@
 use log::{debug, info, warn};
 use sampler_common::{FOLLOWED_PENDING, FOLLOWED_TARGET, HOST_SLOT};
 
-use super::{carriers::Carriers, Recording, Since};
+use super::{carriers::Carriers, CoveredSince, Recording};
 use crate::{
     collect::monotonic_ns,
     preflight,
@@ -80,7 +80,7 @@ impl Recording {
         &mut self,
         pid: u32,
         allocators: &[Allocator],
-        since: Since,
+        since: CoveredSince,
     ) -> anyhow::Result<()> {
         if self.roster.followed_only() {
             return self.admit(pid, Some(allocators), since);
@@ -199,7 +199,7 @@ impl Recording {
         &mut self,
         pid: u32,
         allocators: Option<&[Allocator]>,
-        since: Since,
+        since: CoveredSince,
     ) -> anyhow::Result<()> {
         if !self.roster.is_running(pid) {
             if !self.probeless {
@@ -297,7 +297,9 @@ impl Recording {
             // As the loader leaves it: a program just past its exec is not counted as
             // lacking the in-process front end it is about to load.
             if let Ok(allocators) = self.allocators_of(pid) {
-                if let Err(e) = self.attach(pid, &allocators, Since::now(CoverageStart::Attach)) {
+                if let Err(e) =
+                    self.attach(pid, &allocators, CoveredSince::now(CoverageStart::Attach))
+                {
                     debug!("pid {pid}: late allocators: {e:#}");
                 }
             }
@@ -340,7 +342,7 @@ impl Recording {
     /// ourselves aside.
     fn scan_comm(&mut self) {
         for pid in self.unscanned() {
-            self.consider_comm(pid, None, Since::now(CoverageStart::Attach));
+            self.consider_comm(pid, None, CoveredSince::now(CoverageStart::Attach));
         }
         if self.roster.none_running() && !self.said_waiting {
             self.said_waiting = true;
@@ -357,7 +359,12 @@ impl Recording {
 
     /// `--comm`: makes `pid` a target when `comm`, its name (`None`: read it now), matches
     /// and it is not excluded. Returns whether it is a target now.
-    pub(super) fn consider_comm(&mut self, pid: u32, comm: Option<&str>, mut since: Since) -> bool {
+    pub(super) fn consider_comm(
+        &mut self,
+        pid: u32,
+        comm: Option<&str>,
+        mut since: CoveredSince,
+    ) -> bool {
         let standing = || self.probes.as_ref()?.standing(pid);
         if self.roster.followed_only()
             && since.start == CoverageStart::Attach
@@ -534,7 +541,7 @@ impl Recording {
         if self.roster.is_excluded(pid) {
             return;
         }
-        let since = Since::now(CoverageStart::Unknown);
+        let since = CoveredSince::now(CoverageStart::Unknown);
         match self.probes.as_ref().and_then(|p| p.standing(pid)) {
             Some(FOLLOWED_TARGET) => {
                 let allocators = self.allocators_of(pid).ok();
@@ -587,7 +594,12 @@ impl Recording {
 /// Says that `pid` was attached to, in how long (the ring buffer is not read meanwhile),
 /// and how late after the event that made it a target: what it allocated before was not
 /// seen (its counters say how much the probes caught).
-fn log_attached(pid: u32, since: Since, started: std::time::Instant, allocators: &[Allocator]) {
+fn log_attached(
+    pid: u32,
+    since: CoveredSince,
+    started: std::time::Instant,
+    allocators: &[Allocator],
+) {
     let after = monotonic_ns().saturating_sub(since.timestamp_ns);
     let late = match since.start {
         CoverageStart::Attach => String::new(),

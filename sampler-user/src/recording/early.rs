@@ -172,7 +172,7 @@ pub(super) fn watch_exit(pid: u32) -> ExitSeen {
 /// `config` copies, and Python frames where it reads them).
 pub(super) fn release_now(
     child: PausedChild,
-    family: &crate::preload::Family,
+    family: &crate::preload::FamilyTable,
     config: &KernelConfig,
     command: &str,
 ) -> anyhow::Result<EarlyRun> {

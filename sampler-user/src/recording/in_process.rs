@@ -15,7 +15,7 @@ use log::{debug, warn};
 use super::roster::Roster;
 use crate::{
     collect::Counters,
-    preload::{Family, Library, MappedRegion},
+    preload::{FamilyTable, Library, MappedRegion},
     probe::allocator::Allocator,
     profile::ProcessBook,
 };
@@ -32,7 +32,7 @@ pub(super) struct InProcess {
     /// the library as an allocator.
     library: Option<(Library, Allocator)>,
     /// The family table the command's tree counts in.
-    family: Option<Family>,
+    family: Option<FamilyTable>,
     /// Slots of the family table (and their claims) whose process was found gone at the
     /// last look and that no target holds: given back at the next (its events are read by
     /// then).
@@ -59,7 +59,7 @@ impl InProcess {
     pub(super) fn of_command(
         library: Library,
         allocator: Allocator,
-        family: Family,
+        family: FamilyTable,
         interval: u64,
     ) -> InProcess {
         InProcess {
@@ -70,7 +70,7 @@ impl InProcess {
     }
 
     /// The family table the command's tree counts in, if any.
-    pub(super) fn family(&self) -> Option<&Family> {
+    pub(super) fn family(&self) -> Option<&FamilyTable> {
         self.family.as_ref()
     }
 
@@ -157,7 +157,7 @@ impl InProcess {
     }
 
     fn full(&self) -> u64 {
-        self.family.as_ref().map_or(0, Family::full)
+        self.family.as_ref().map_or(0, FamilyTable::full)
     }
 
     /// Maps the regions of the processes that had not claimed theirs when last looked for
@@ -295,12 +295,17 @@ impl super::Recording {
     /// read while the child exited: a copy of a carrier maps the library as its parent
     /// does, and a read without it caught the exit tearing its mappings down (seen on 6.18,
     /// whose maps are read without the mm lock). Such a child is as good as gone: not probed.
-    pub(super) fn torn(&self, pid: u32, parent: u32, found: Option<&[Allocator]>) -> bool {
-        let torn = self.aggregation.processes.carries_front_end(parent)
+    pub(super) fn maps_read_while_exiting(
+        &self,
+        pid: u32,
+        parent: u32,
+        found: Option<&[Allocator]>,
+    ) -> bool {
+        let exiting = self.aggregation.processes.carries_front_end(parent)
             && found.is_some_and(|found| !found.iter().any(|a| a.file.is_in_process()));
-        if torn {
+        if exiting {
             log::debug!("pid {pid}: its maps read while it exited (no library): left");
         }
-        torn
+        exiting
     }
 }

@@ -7,7 +7,7 @@
 
 use log::{debug, warn};
 
-use super::{Recording, Since};
+use super::{CoveredSince, Recording};
 use crate::{probe::allocator::Allocator, profile::CoverageStart, targets::FindError, text};
 
 impl Recording {
@@ -27,7 +27,7 @@ impl Recording {
             self.aggregation.processes.exec_seen(pid, timestamp_ns);
             self.go_readers.exec(pid);
         }
-        let since = Since {
+        let since = CoveredSince {
             start: if parent == 0 {
                 CoverageStart::Exec
             } else {
@@ -76,7 +76,7 @@ impl Recording {
     /// as a target; one that exec'd, as a target still or pending) is made a target or
     /// dropped. A new process of a target is one (unless excluded), and so is a target that
     /// exec'd; another that exec'd is one if `--comm` matches its new name.
-    fn on_followed(&mut self, pid: u32, parent: u32, comm: &str, since: Since) {
+    fn on_followed(&mut self, pid: u32, parent: u32, comm: &str, since: CoveredSince) {
         let target = if parent != 0 {
             self.roster.is_running(parent)
         } else {
@@ -105,7 +105,7 @@ impl Recording {
             };
             if parent != 0 {
                 if self.aggregation.track_fork(pid, parent)
-                    && self.torn(pid, parent, allocators.as_deref())
+                    && self.maps_read_while_exiting(pid, parent, allocators.as_deref())
                 {
                     allocators = None;
                 }

@@ -29,7 +29,7 @@ pub(super) enum Note {
 pub(super) fn left_out_when_loaded(allocators: &[Allocator]) -> Option<&'static str> {
     allocators
         .iter()
-        .any(|a| a.file.family == crate::probe::allocator::Family::Pymalloc)
+        .any(|a| a.file.kind == crate::probe::allocator::AllocatorKind::Pymalloc)
         .then_some(PYMALLOC_LEFT_OUT)
 }
 

@@ -68,28 +68,28 @@ pub(crate) enum CommandExit {
     Stopped(exits::ChildExit),
 }
 
-/// Something the caller must act on.
+/// A target's exit, which the caller acts on (what [`Recording::next`] returns).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Happening {
+pub(crate) enum TargetExit {
     /// A target exited (its samples so far stay; its frames resolve with its last maps).
-    Exited(u32),
+    One(u32),
     /// The last target exited, and no new one can come (`-p`, `-- CMD`).
-    AllExited,
+    All,
 }
 
 /// From when a process is covered: the event that made it a target (a fork, an exec, the
 /// start of our command, or our attaching), and when (CLOCK_MONOTONIC ns).
 #[derive(Clone, Copy, Debug)]
-struct Since {
+struct CoveredSince {
     start: CoverageStart,
     timestamp_ns: u64,
     /// A fork's parent (0: not a fork).
     parent: u32,
 }
 
-impl Since {
-    fn now(start: CoverageStart) -> Since {
-        Since {
+impl CoveredSince {
+    fn now(start: CoverageStart) -> CoveredSince {
+        CoveredSince {
             start,
             timestamp_ns: monotonic_ns(),
             parent: 0,
@@ -171,7 +171,7 @@ impl Recording {
         settings: Settings,
         period_seconds: Option<f64>,
     ) -> anyhow::Result<Profile> {
-        Ok(Profile::build(
+        Ok(Snapshot::into_profile(
             self.snapshot(settings, period_seconds).await?,
         ))
     }
@@ -188,7 +188,7 @@ impl Recording {
         let whole = self.snapshot(settings, None).await?;
         let start = std::mem::replace(&mut self.period, PeriodStart::of(&whole));
         self.start_period();
-        Ok(Profile::build(whole.period_only(&start, seconds)))
+        Ok(Snapshot::into_profile(whole.period_only(&start, seconds)))
     }
 
     /// Everything a profile of the recording so far is built from (see [`Self::profile`]).
@@ -373,7 +373,7 @@ impl Recording {
 
     /// Takes samples until a target exits. Cancel-safe: every record read is in the
     /// aggregator before the next await.
-    pub(crate) async fn next(&mut self) -> anyhow::Result<Happening> {
+    pub(crate) async fn next(&mut self) -> anyhow::Result<TargetExit> {
         loop {
             tokio::select! {
                 read = self.intake.read() => {
@@ -392,9 +392,9 @@ impl Recording {
                     self.finalize(pid).await?;
                     let waits = self.targets.waits_for_new();
                     return Ok(if self.roster.none_running() && !waits {
-                        Happening::AllExited
+                        TargetExit::All
                     } else {
-                        Happening::Exited(pid)
+                        TargetExit::One(pid)
                     });
                 }
             }

@@ -34,7 +34,7 @@ pub struct Prepared {
 /// library as an allocator to probe.
 pub(super) struct FrontEnd {
     pub(super) library: preload::Library,
-    pub(super) family: preload::Family,
+    pub(super) family: preload::FamilyTable,
     pub(super) regions: Vec<(u32, preload::MappedRegion)>,
     pub(super) allocator: crate::probe::allocator::Allocator,
     /// Loaded into running processes (`-p`), not started with the command.
@@ -182,7 +182,7 @@ fn front_end_for(
 ) -> Result<
     Option<(
         preload::Library,
-        preload::Family,
+        preload::FamilyTable,
         crate::probe::allocator::Allocator,
     )>,
     BadInput,
@@ -245,7 +245,7 @@ pub(super) fn library_and_family(
 ) -> Result<
     (
         preload::Library,
-        preload::Family,
+        preload::FamilyTable,
         crate::probe::allocator::Allocator,
     ),
     BadInput,

@@ -291,7 +291,7 @@ mod tests {
             file_id: file(inode),
             in_executable: false,
             file: Arc::new(crate::probe::allocator::AllocatorFile {
-                family: crate::probe::allocator::Family::Glibc,
+                kind: crate::probe::allocator::AllocatorKind::Glibc,
                 functions: Vec::new(),
                 frees: Vec::new(),
                 front_end: None,

@@ -10,7 +10,7 @@ use sampler_common::kernel;
 
 use super::{
     aggregation::Aggregation, cost_control::CostControl, in_process::InProcess, intake::Intake,
-    roster::Roster, Clocks, FrontEnd, Logger, Prepared, Recording, Since,
+    roster::Roster, Clocks, CoveredSince, FrontEnd, Logger, Prepared, Recording,
 };
 use crate::{
     collect::SampleReader,
@@ -478,7 +478,7 @@ impl Recording {
                 // A running process: its interpreter found before its first sample.
                 self.intake.reader().examine(target.pid);
             }
-            let since = Since::now(if command_itself {
+            let since = CoveredSince::now(if command_itself {
                 CoverageStart::Start
             } else {
                 CoverageStart::Attach

@@ -37,7 +37,7 @@ use crate::{
     export::{self, Value},
     outfile, preflight,
     profile::Tally,
-    recording::{self, Happening, Prepared, Recording},
+    recording::{self, Prepared, Recording, TargetExit},
     spawn,
 };
 
@@ -201,10 +201,10 @@ pub async fn run(config: TopConfig, prepared: Prepared, log: LogBuffer) -> anyho
         tokio::select! {
             happened = recording.next(), if !watch.finished => {
                 match happened {
-                    Ok(Happening::Exited(pid)) => {
+                    Ok(TargetExit::One(pid)) => {
                         watch.exited.insert(pid);
                     }
-                    Ok(Happening::AllExited) => match watch.all_exited(&mut recording).await {
+                    Ok(TargetExit::All) => match watch.all_exited(&mut recording).await {
                         Ok(picture) => {
                             send(ToScreen::Picture(Box::new(picture)));
                             send(ToScreen::Status(

@@ -323,7 +323,7 @@ impl Probes {
     ) -> Result<Vec<AttachedPoint>, AttachError> {
         let functions = &allocator.file.functions;
         // glibc's malloc is the innermost; another's may wrap it (or reach another).
-        let outer = allocator.file.family != crate::probe::allocator::Family::Glibc;
+        let outer = allocator.file.kind != crate::probe::allocator::AllocatorKind::Glibc;
         let served = allocator.served_by_front_end();
         let point = |probe: ProbeKind, f: &crate::probe::allocator::Function| AttachedPoint {
             pid: scope.key(),

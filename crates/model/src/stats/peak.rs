@@ -33,7 +33,7 @@ use super::{
 
 /// Estimates of `at_peak` (samples live at a peak) with bounds at `confidence`, the lower
 /// one widened for `fillings` chances to look highest (see the module doc).
-pub(crate) fn estimate_at_peak(
+pub fn estimate_at_peak(
     at_peak: &SampleSet,
     confidence: f64,
     fillings: f64,
@@ -57,7 +57,7 @@ pub(crate) fn estimate_at_peak(
 
 /// How many times a process filled its heap: its bytes allocated over its bytes at the
 /// peak (estimates), at least 1.
-pub(crate) fn fillings(allocated: f64, at_peak: f64) -> f64 {
+pub fn fillings(allocated: f64, at_peak: f64) -> f64 {
     if at_peak > 0.0 {
         (allocated / at_peak).max(1.0)
     } else {
@@ -67,7 +67,7 @@ pub(crate) fn fillings(allocated: f64, at_peak: f64) -> f64 {
 
 /// A process's peak so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(crate) struct ProcessPeak {
+pub struct ProcessPeak {
     /// Its sampled live total now (estimated bytes).
     now: f64,
     /// The highest it has been (estimated bytes).
@@ -87,14 +87,14 @@ struct StackPeak {
 
 /// Every process's peak and every stack's live samples then.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(crate) struct Peaks {
+pub struct Peaks {
     processes: HashMap<u32, ProcessPeak>,
     stacks: Vec<StackPeak>,
 }
 
 impl Peaks {
     /// Stack `stack` of `pid`, whose live samples are `live` now, is about to change.
-    pub(crate) fn before_change(&mut self, stack: usize, pid: u32, live: &SampleSet) {
+    pub fn before_change(&mut self, stack: usize, pid: u32, live: &SampleSet) {
         let version = self.processes.get(&pid).map_or(0, |p| p.version);
         if self.stacks.len() <= stack {
             // A stack new since the peak held nothing then.
@@ -117,7 +117,7 @@ impl Peaks {
 
     /// A sample of `pid` became live (`added`) or left the live set (not `added`) at
     /// `at_ns`, after [`Self::before_change`] of its stack.
-    pub(crate) fn after_change(&mut self, pid: u32, obs: SampleObs, added: bool, at_ns: u64) {
+    pub fn after_change(&mut self, pid: u32, obs: SampleObs, added: bool, at_ns: u64) {
         let process = self.processes.entry(pid).or_default();
         let bytes = obs.weighted_bytes();
         process.now += if added { bytes } else { -bytes };
@@ -129,7 +129,7 @@ impl Peaks {
     }
 
     /// Stack `stack` of `pid`'s live samples at its process's peak, `live` its live samples now.
-    pub(crate) fn at_peak(&self, stack: usize, pid: u32, live: &SampleSet) -> SampleSet {
+    pub fn at_peak(&self, stack: usize, pid: u32, live: &SampleSet) -> SampleSet {
         let version = self.processes.get(&pid).map_or(0, |p| p.version);
         match self.stacks.get(stack) {
             Some(entry) if entry.version == version => entry.at_peak,
@@ -139,17 +139,13 @@ impl Peaks {
     }
 
     /// `pid`'s peak (`None`: nothing of it was ever live).
-    pub(crate) fn process(&self, pid: u32) -> Option<ProcessPeak> {
+    pub fn process(&self, pid: u32) -> Option<ProcessPeak> {
         self.processes.get(&pid).copied().filter(|p| p.version > 0)
     }
 
     /// Keeps the stacks `keep` keeps (by their index; the kept ones renumbered in order)
     /// and forgets the processes in `gone`.
-    pub(crate) fn forget(
-        &mut self,
-        keep: impl Fn(usize) -> bool,
-        gone: &std::collections::BTreeSet<u32>,
-    ) {
+    pub fn forget(&mut self, keep: impl Fn(usize) -> bool, gone: &std::collections::BTreeSet<u32>) {
         let mut index = 0;
         self.stacks.retain(|_| {
             index += 1;

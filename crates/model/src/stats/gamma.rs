@@ -14,7 +14,7 @@ use statrs::function::gamma::{gamma_lr, ln_gamma};
 /// The `alpha` quantile of the gamma distribution with `shape` and scale 1: the `x` with
 /// `P(shape, x) = alpha`. 0 for `alpha` ≤ 0, infinity for `alpha` ≥ 1; NaN for a shape
 /// that is not positive and finite.
-pub(crate) fn quantile(shape: f64, alpha: f64) -> f64 {
+pub fn quantile(shape: f64, alpha: f64) -> f64 {
     super::memo::remembered(&MEMO, [shape, alpha], || compute_quantile(shape, alpha))
 }
 

@@ -95,7 +95,7 @@ impl TickGrid {
 }
 
 /// A sample's Horvitz-Thompson bytes `x` and its variance term `v` (see the module doc).
-pub(crate) fn bytes_terms(obs: SampleObs) -> (f64, f64) {
+pub fn bytes_terms(obs: SampleObs) -> (f64, f64) {
     if let Some(weight) = obs.weight {
         let w = weight as f64;
         return (w, w * w);

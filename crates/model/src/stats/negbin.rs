@@ -15,11 +15,11 @@ use statrs::{
 };
 
 /// From this many successes on, [`cdf`] uses the Camp-Paulson approximation.
-pub(crate) const CAMP_PAULSON_MIN_SUCCESSES: f64 = 100.0;
+pub const CAMP_PAULSON_MIN_SUCCESSES: f64 = 100.0;
 
 /// Camp-Paulson approximation of `P(X ≤ k)`, `X ~ NegBin(successes, p)`: through
 /// `P(X ≤ k) = 1 - P(Bin(k + s, p) ≤ s - 1)` and the binomial's F-distribution form.
-pub(crate) fn camp_paulson_cdf(successes: f64, p: f64, k: f64) -> f64 {
+pub fn camp_paulson_cdf(successes: f64, p: f64, k: f64) -> f64 {
     if p >= 1.0 {
         return 1.0;
     }
@@ -37,7 +37,7 @@ pub(crate) fn camp_paulson_cdf(successes: f64, p: f64, k: f64) -> f64 {
 
 /// `P(X ≤ k)` for `X ~ NegBin(successes, p)`; `successes > 0` (real values allowed: the
 /// moment-matched distribution of mixed intervals has a fractional shape), `0 < p ≤ 1`.
-pub(crate) fn cdf(successes: f64, p: f64, k: f64) -> f64 {
+pub fn cdf(successes: f64, p: f64, k: f64) -> f64 {
     if p >= 1.0 {
         return 1.0;
     }
@@ -58,7 +58,7 @@ thread_local! {
 /// Smallest `k` (whole failures) with `P(X ≤ k) ≥ alpha`. `successes > 0`, `0 < p ≤ 1`,
 /// `0 < alpha < 1`; returns 0 for degenerate input rather than NaN. Remembered per thread
 /// ([`super::memo`]): a pure function of its arguments.
-pub(crate) fn quantile(successes: f64, p: f64, alpha: f64) -> f64 {
+pub fn quantile(successes: f64, p: f64, alpha: f64) -> f64 {
     super::memo::remembered(&MEMO, [successes, p, alpha], || {
         compute_quantile(successes, p, alpha)
     })

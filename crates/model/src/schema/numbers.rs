@@ -18,7 +18,7 @@ pub struct Estimate {
 }
 
 /// A number, or `null` for infinity (serde_json writes non-finite numbers as `null`).
-pub(crate) fn infinite_if_null<'de, D: serde::Deserializer<'de>>(
+pub fn infinite_if_null<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
 ) -> Result<f64, D::Error> {
     let value: Option<f64> = serde::Deserialize::deserialize(deserializer)?;

@@ -18,7 +18,7 @@ fn is_unsafe(c: char) -> bool {
 
 /// `text` with every unsafe character written as an escape (`\x1b`, `\u{202e}`); borrowed
 /// when nothing needed escaping.
-pub(crate) fn printable(text: &str) -> Cow<'_, str> {
+pub fn printable(text: &str) -> Cow<'_, str> {
     if !text.chars().any(is_unsafe) {
         return Cow::Borrowed(text);
     }
@@ -37,7 +37,7 @@ pub(crate) fn printable(text: &str) -> Cow<'_, str> {
 
 /// Processes for a line of text: "pid 12", "pids 12, 13 and 14", or, past a handful,
 /// "pids 12, 13, 14, 15, 16 and 995 more" (`top --follow` once printed 1000 on one line).
-pub(crate) fn pid_list(pids: &[u32]) -> String {
+pub fn pid_list(pids: &[u32]) -> String {
     const SHOWN: usize = 5;
     let listed: Vec<String> = pids.iter().take(SHOWN).map(u32::to_string).collect();
     match pids.len() {

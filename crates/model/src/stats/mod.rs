@@ -4,16 +4,16 @@
 //! bounds. Model and formulas: docs/design.md §3–§4, after the .NET "Randomized Allocation
 //! Sampling" note (weighted and negative-binomial estimators) and jemalloc #1751.
 
-pub(crate) mod difference;
+pub mod difference;
 pub mod estimate;
-pub(crate) mod gamma;
-pub(crate) mod growth;
-pub(crate) mod lifetime;
-pub(crate) mod memo;
-pub(crate) mod negbin;
-pub(crate) mod peak;
-pub(crate) mod rate;
-pub(crate) mod runtime;
+pub mod gamma;
+pub mod growth;
+pub mod lifetime;
+pub mod memo;
+pub mod negbin;
+pub mod peak;
+pub mod rate;
+pub mod runtime;
 #[cfg(any(test, feature = "simulation"))]
 pub mod simulate;
 

@@ -13,7 +13,7 @@ mod numbers;
 pub use cost::{Overhead, ProcessOverhead, Trap, TrapSource};
 pub use frames::{FrameInfo, FrameKind, StackEnd, Unwinding};
 pub use losses::Losses;
-pub(crate) use numbers::infinite_if_null;
+pub use numbers::infinite_if_null;
 pub use numbers::{Estimate, Posterior, SeriesValues};
 
 use std::collections::HashMap;
@@ -670,6 +670,6 @@ impl Profile {
 }
 
 /// The front end without the in-process library (what older profiles had).
-pub(crate) fn uprobes() -> String {
+pub fn uprobes() -> String {
     "uprobes".into()
 }

@@ -16,7 +16,7 @@ use super::estimate::{SampleObs, SampleSet};
 /// groups; kept whole here for the tests of the estimator).
 #[cfg(test)]
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Rates {
+pub struct Rates {
     /// Bytes per second.
     pub bytes_per_second: Estimate,
     /// Objects per second.
@@ -27,7 +27,7 @@ pub(crate) struct Rates {
 
 /// Samples bucketed by time, for rates over the last few seconds or minutes.
 #[derive(Clone, Debug)]
-pub(crate) struct RateTracker {
+pub struct RateTracker {
     bucket_ns: u64,
     capacity: usize,
     start_ns: Option<u64>,
@@ -37,7 +37,7 @@ pub(crate) struct RateTracker {
 
 impl RateTracker {
     /// Buckets of `bucket_ns` nanoseconds, keeping at most `capacity` of them.
-    pub(crate) fn new(bucket_ns: u64, capacity: usize) -> RateTracker {
+    pub fn new(bucket_ns: u64, capacity: usize) -> RateTracker {
         RateTracker {
             bucket_ns: bucket_ns.max(1),
             capacity: capacity.max(1),
@@ -47,12 +47,12 @@ impl RateTracker {
     }
 
     /// Notes that observation started at `now_ns` (rates never cover time before it).
-    pub(crate) fn start(&mut self, now_ns: u64) {
+    pub fn start(&mut self, now_ns: u64) {
         self.start_ns.get_or_insert(now_ns);
     }
 
     /// Adds a sample taken at `timestamp_ns`. Samples older than the kept buckets are ignored.
-    pub(crate) fn add(&mut self, timestamp_ns: u64, obs: SampleObs) {
+    pub fn add(&mut self, timestamp_ns: u64, obs: SampleObs) {
         self.start(timestamp_ns);
         let bucket = timestamp_ns / self.bucket_ns;
         match self.buckets.iter_mut().rev().find(|(b, _)| *b == bucket) {
@@ -74,13 +74,7 @@ impl RateTracker {
 
     /// Rates over the `window_ns` before `now_ns`.
     #[cfg(test)]
-    pub(crate) fn rates(
-        &self,
-        now_ns: u64,
-        window_ns: u64,
-        confidence: f64,
-        interval: u64,
-    ) -> Rates {
+    pub fn rates(&self, now_ns: u64, window_ns: u64, confidence: f64, interval: u64) -> Rates {
         let (set, seconds) = self.window(now_ns, window_ns);
         let e = set.estimate(confidence, Window::SLIDING, interval);
         Rates {
@@ -93,7 +87,7 @@ impl RateTracker {
     /// The samples of the `window_ns` before `now_ns` (whole buckets) and the seconds they
     /// cover, for callers that merge several trackers before estimating (estimate the merged
     /// set with [`super::estimate::Window::SLIDING`]).
-    pub(crate) fn window(&self, now_ns: u64, window_ns: u64) -> (SampleSet, f64) {
+    pub fn window(&self, now_ns: u64, window_ns: u64) -> (SampleSet, f64) {
         let (first_bucket, seconds) = self.coverage(now_ns, window_ns);
         let mut set = SampleSet::default();
         for (_, bucket) in self.buckets.iter().filter(|(b, _)| *b >= first_bucket) {
@@ -105,7 +99,7 @@ impl RateTracker {
     /// The first bucket inside the window, and the seconds from its start (or the start of
     /// observation) to `now_ns`: every tracker with the same bucket width and start covers
     /// the same time.
-    pub(crate) fn coverage(&self, now_ns: u64, window_ns: u64) -> (u64, f64) {
+    pub fn coverage(&self, now_ns: u64, window_ns: u64) -> (u64, f64) {
         let start = self.start_ns.unwrap_or(now_ns);
         let from = now_ns.saturating_sub(window_ns).max(start);
         let first_bucket = from / self.bucket_ns;

@@ -10,7 +10,7 @@
 
 /// The bytes a block of `size` bytes sampled at mean rate `rate` stands for: `size / π`,
 /// rounded, never less than `size` (a rate of 1 samples every block).
-pub(crate) fn runtime_weight(size: u64, rate: u64) -> u64 {
+pub fn runtime_weight(size: u64, rate: u64) -> u64 {
     if size == 0 || rate <= 1 {
         return size;
     }

@@ -1,7 +1,7 @@
 //! Human renderings shared by every output (summary, report, top, folded lines, SVG and
 //! pprof names): byte units, percentages, and the name a frame goes by.
 
-use crate::{stacks::symbolize::FrameInfo, text};
+use crate::{schema::FrameInfo, text};
 
 /// Formats a byte count with a binary unit (`1.5 MiB`).
 pub fn bytes(value: f64) -> String {
@@ -39,7 +39,7 @@ pub fn percent(level: f64) -> String {
 /// A frame's display name: the function, else `module+0xoffset`, else the address; a
 /// Python frame's with its file's name and line (`main (app.py:9)`).
 pub fn frame_name(frame: &FrameInfo) -> String {
-    if frame.kind == Some(crate::stacks::symbolize::FrameKind::Python) {
+    if frame.kind == Some(crate::schema::FrameKind::Python) {
         let function = frame.function.as_deref().unwrap_or("?");
         let file = frame.file.as_deref().unwrap_or("");
         let file = file.rsplit('/').next().unwrap_or(file);

@@ -1,5 +1,5 @@
 //! Sizes and durations as a user types them on the command line (`64KiB`, `500ms`, `2d`):
-//! parsed here, checked for range by the flags that take them (see [`crate::config`]).
+//! parsed here, checked for range by the flags that take them (see sampler-user's `config`).
 
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 
 /// A whole size as a user would type it: `64KiB`, `2MiB`, `4096` (the largest binary unit
 /// that divides it); [`parse_size`] reads it back.
-pub(crate) fn size_flag(bytes: u64) -> String {
+pub fn size_flag(bytes: u64) -> String {
     for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
         if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{}{unit}", bytes >> shift);

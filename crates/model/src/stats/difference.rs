@@ -22,7 +22,7 @@ use super::Estimate;
 
 /// An estimate as a diff reads it: the point and one standard error on each side.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(crate) struct Spread {
+pub struct Spread {
     /// The estimate.
     pub estimate: f64,
     /// Standard error below it.
@@ -32,14 +32,14 @@ pub(crate) struct Spread {
 }
 
 /// `z` for a two-sided interval at `confidence`.
-pub(crate) fn z(confidence: f64) -> f64 {
+pub fn z(confidence: f64) -> f64 {
     let tail = ((1.0 - confidence) / 2.0).clamp(1e-300, 0.5);
     super::memo::normal_quantile(1.0 - tail)
 }
 
 impl Spread {
     /// An estimate with bounds at `confidence`.
-    pub(crate) fn of(estimate: &Estimate, confidence: f64) -> Spread {
+    pub fn of(estimate: &Estimate, confidence: f64) -> Spread {
         let z = z(confidence);
         Spread {
             estimate: estimate.estimate,
@@ -49,7 +49,7 @@ impl Spread {
     }
 
     /// Adds an independent estimate (a sum over disjoint stacks).
-    pub(crate) fn add(&mut self, other: &Spread) {
+    pub fn add(&mut self, other: &Spread) {
         self.estimate += other.estimate;
         self.below = self.below.hypot(other.below);
         self.above = self.above.hypot(other.above);
@@ -57,7 +57,7 @@ impl Spread {
 
     /// Bounds at `confidence` again (`z` standard errors each side, the lower one not
     /// below zero): a single stack's own bounds, a sum's in quadrature.
-    pub(crate) fn bounds(&self, confidence: f64) -> (f64, f64) {
+    pub fn bounds(&self, confidence: f64) -> (f64, f64) {
         let z = z(confidence);
         (
             (self.estimate - z * self.below).max(0.0),
@@ -66,7 +66,7 @@ impl Spread {
     }
 
     /// Every field times `scale` (> 0): a rate from a total.
-    pub(crate) fn scaled(self, scale: f64) -> Spread {
+    pub fn scaled(self, scale: f64) -> Spread {
         Spread {
             estimate: self.estimate * scale,
             below: self.below * scale,
@@ -77,7 +77,7 @@ impl Spread {
 
 /// The change from `base` to `new` with bounds at `confidence` over `comparisons`
 /// simultaneous comparisons (Bonferroni); significant when they exclude zero.
-pub(crate) fn change(base: &Spread, new: &Spread, confidence: f64, comparisons: usize) -> Change {
+pub fn change(base: &Spread, new: &Spread, confidence: f64, comparisons: usize) -> Change {
     let alpha = 1.0 - confidence;
     let z = z(1.0 - alpha / comparisons.max(1) as f64);
     let estimate = new.estimate - base.estimate;
@@ -93,7 +93,7 @@ pub(crate) fn change(base: &Spread, new: &Spread, confidence: f64, comparisons: 
 
 /// A change with simultaneous bounds.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub(crate) struct Change {
+pub struct Change {
     /// New less base.
     pub estimate: f64,
     /// Lower bound.

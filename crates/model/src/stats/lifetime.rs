@@ -20,11 +20,11 @@ use super::{
 };
 
 /// Lifetime classes' upper edges: freed within 1 ms, within 1 s; later.
-pub(crate) const CLASS_EDGES_NS: [u64; 2] = [1_000_000, 1_000_000_000];
+pub const CLASS_EDGES_NS: [u64; 2] = [1_000_000, 1_000_000_000];
 
 /// Buckets of the lifetime histogram: bucket `j` holds lifetimes in `[2^j, 2^(j+1))` µs
 /// (bucket 0 also everything shorter), up to 2^40 µs (12 days) and beyond in the last.
-pub(crate) const HISTOGRAM_BUCKETS: usize = 41;
+pub const HISTOGRAM_BUCKETS: usize = 41;
 
 /// A stack's freed sampled blocks by lifetime.
 #[derive(Clone, Debug, PartialEq)]

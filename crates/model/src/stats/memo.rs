@@ -10,13 +10,13 @@ use std::{cell::RefCell, collections::HashMap, thread::LocalKey};
 
 /// Values kept per function and thread; past that, all are forgotten at once (a bound on
 /// memory, ~3 MiB at most, rather than an eviction policy).
-pub(crate) const ENTRIES: usize = 1 << 16;
+pub const ENTRIES: usize = 1 << 16;
 
 /// One function's memory on one thread.
-pub(crate) type Memo<const N: usize> = RefCell<HashMap<[u64; N], f64>>;
+pub type Memo<const N: usize> = RefCell<HashMap<[u64; N], f64>>;
 
 /// `compute()`, or what it returned before for the same `arguments` on this thread.
-pub(crate) fn remembered<const N: usize>(
+pub fn remembered<const N: usize>(
     memo: &'static LocalKey<Memo<N>>,
     arguments: [f64; N],
     compute: impl FnOnce() -> f64,
@@ -41,7 +41,7 @@ thread_local! {
 }
 
 /// The standard normal's `p` quantile (`z` for a tail of `1 − p`), remembered.
-pub(crate) fn normal_quantile(p: f64) -> f64 {
+pub fn normal_quantile(p: f64) -> f64 {
     use statrs::distribution::{ContinuousCDF as _, Normal};
     remembered(&Z, [p], || Normal::standard().inverse_cdf(p))
 }
