@@ -8,7 +8,8 @@
 //! g++ on small inputs), and one long-lived program allocating the whole time. Every sample interval (a minute, or a
 //! tenth of a shorter run) it reads the agent's CPU time and resident size from /proc and
 //! the newest period file. At the end: the slope of RSS over the last third of the run
-//! (the last ten minutes of a 30-minute one) against its noise, and CPU per second in the
+//! (the last ten minutes of a 30-minute one), fitted to each minute's median reading,
+//! against its noise, and CPU per second in the
 //! last third against the first. A benchmark, not a test: it reports, and fails only when
 //! the agent dies or writes no period.
 
@@ -232,7 +233,7 @@ fn real_programs(dir: &Path) -> anyhow::Result<String> {
 /// The verdict over a run's readings.
 #[derive(Debug)]
 struct Verdict {
-    /// Least-squares slope of RSS over the last third, MB per minute.
+    /// Least-squares slope of RSS over the last third (per-minute medians), MB per minute.
     rss_slope: f64,
     /// Two standard errors of that slope.
     rss_noise: f64,
@@ -252,9 +253,9 @@ impl Verdict {
         let end = readings.last().map_or(0.0, |r| r.at);
         let third = end / 3.0;
         let last: Vec<&Reading> = readings.iter().filter(|r| r.at >= end - third).collect();
-        let (rss_slope, rss_noise) = slope(&last, |r| r.rss_mb);
-        let (anon_slope, anon_noise) = slope(&last, |r| r.anon_mb);
-        let (heap_slope, heap_noise) = slope(&last, |r| r.heap_mb);
+        let (rss_slope, rss_noise) = slope(&per_minute(&last, |r| r.rss_mb));
+        let (anon_slope, anon_noise) = slope(&per_minute(&last, |r| r.anon_mb));
+        let (heap_slope, heap_noise) = slope(&per_minute(&last, |r| r.heap_mb));
         let cpu_over = |from: f64, to: f64| {
             let inside: Vec<&Reading> = readings
                 .iter()
@@ -286,21 +287,55 @@ impl Verdict {
     }
 }
 
-/// Least-squares slope of `value` (MB per minute) and two standard errors of it.
-fn slope(points: &[&Reading], value: fn(&Reading) -> f64) -> (f64, f64) {
+/// The median of `value` in each minute of `readings` (minutes since the start, each at
+/// its middle). Building a period lifts RSS for a few seconds; fitted to every 5-s reading,
+/// one such moment in the last minute of a run tilted the slope by more than its noise.
+/// A minute's median is what the agent held that minute, and minutes are far less
+/// correlated with each other than readings 5 s apart, so their noise is nearer the truth.
+fn per_minute(readings: &[&Reading], value: fn(&Reading) -> f64) -> Vec<(f64, f64)> {
+    let mut minutes: std::collections::BTreeMap<u64, Vec<f64>> = Default::default();
+    for reading in readings {
+        let v = value(reading);
+        if v.is_finite() {
+            minutes
+                .entry((reading.at / 60.0) as u64)
+                .or_default()
+                .push(v);
+        }
+    }
+    // A minute read only in part (the run's last, cut short) says less than the others.
+    let most = minutes.values().map(Vec::len).max().unwrap_or(0);
+    minutes
+        .into_iter()
+        .filter(|(_, values)| 2 * values.len() >= most)
+        .map(|(minute, mut values)| {
+            values.sort_by(f64::total_cmp);
+            let n = values.len();
+            let median = if n % 2 == 1 {
+                values[n / 2]
+            } else {
+                (values[n / 2 - 1] + values[n / 2]) / 2.0
+            };
+            (minute as f64 + 0.5, median)
+        })
+        .collect()
+}
+
+/// Least-squares slope of `(minute, MB)` points (MB per minute) and two standard errors.
+fn slope(points: &[(f64, f64)]) -> (f64, f64) {
     let n = points.len() as f64;
     if points.len() < 3 {
         return (f64::NAN, f64::NAN);
     }
-    let x: Vec<f64> = points.iter().map(|r| r.at / 60.0).collect();
-    let y: Vec<f64> = points.iter().map(|r| value(r)).collect();
-    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
-    let sxx: f64 = x.iter().map(|x| (x - mx).powi(2)).sum();
-    let sxy: f64 = x.iter().zip(&y).map(|(x, y)| (x - mx) * (y - my)).sum();
+    let (mx, my) = (
+        points.iter().map(|p| p.0).sum::<f64>() / n,
+        points.iter().map(|p| p.1).sum::<f64>() / n,
+    );
+    let sxx: f64 = points.iter().map(|(x, _)| (x - mx).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
     let b = sxy / sxx;
-    let residual: f64 = x
+    let residual: f64 = points
         .iter()
-        .zip(&y)
         .map(|(x, y)| (y - my - b * (x - mx)).powi(2))
         .sum();
     let se = (residual / (n - 2.0) / sxx).sqrt();
@@ -461,5 +496,28 @@ mod tests {
         assert!(!leaking.rss_flat(), "{leaking:?}");
         assert!((leaking.rss_slope - 1.0).abs() < 0.1, "{leaking:?}");
         assert!(leaking.cpu_ratio() > 1.2, "{leaking:?}");
+    }
+
+    #[test]
+    fn a_moment_of_building_at_the_end_does_not_tilt_the_slope() {
+        // Every 5 s for 30 minutes, flat but for a wobble, and 10 MB more for the two
+        // readings of one period built in the last minute.
+        let readings: Vec<Reading> = (0..=360)
+            .map(|i| {
+                let at = i as f64 * 5.0;
+                let wobble = if i % 3 == 0 { 0.5 } else { -0.25 };
+                let built = if (355..357).contains(&i) { 10.0 } else { 0.0 };
+                Reading {
+                    at,
+                    cpu: at * 0.1,
+                    rss_mb: 130.0 + wobble + built,
+                    anon_mb: 48.0 + built,
+                    heap_mb: 61.0,
+                }
+            })
+            .collect();
+        let verdict = Verdict::of(&readings);
+        assert!(verdict.rss_flat(), "{verdict:?}");
+        assert!(verdict.rss_slope.abs() < 0.05, "{verdict:?}");
     }
 }
