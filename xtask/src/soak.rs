@@ -11,7 +11,7 @@
 //! (the last ten minutes of a 30-minute one), fitted to each minute's median reading,
 //! against its noise, and CPU per second in the
 //! last third against the first. A benchmark, not a test: it reports, and fails only when
-//! the agent dies or writes no period.
+//! the agent dies or writes no period. Every reading is kept in target/soak/readings.csv.
 
 use std::{
     path::{Path, PathBuf},
@@ -111,6 +111,14 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
     unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
     let exit = agent.0.wait()?;
     Verdict::of(&readings).print();
+    let mut csv = String::from("seconds,cpu_seconds,rss_mb,anon_mb,heap_mb\n");
+    for r in &readings {
+        csv.push_str(&format!(
+            "{:.1},{:.2},{:.2},{:.2},{:.2}\n",
+            r.at, r.cpu, r.rss_mb, r.anon_mb, r.heap_mb
+        ));
+    }
+    std::fs::write(out.join("readings.csv"), csv)?;
     println!(
         "{} processes started, agent exit: {exit}; files under {}",
         forks_since_boot()? - forks_before,
