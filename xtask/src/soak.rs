@@ -111,14 +111,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
     unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
     let exit = agent.0.wait()?;
     Verdict::of(&readings).print();
-    let mut csv = String::from("seconds,cpu_seconds,rss_mb,anon_mb,heap_mb\n");
-    for r in &readings {
-        csv.push_str(&format!(
-            "{:.1},{:.2},{:.2},{:.2},{:.2}\n",
-            r.at, r.cpu, r.rss_mb, r.anon_mb, r.heap_mb
-        ));
-    }
-    std::fs::write(out.join("readings.csv"), csv)?;
+    std::fs::write(out.join("readings.csv"), csv(&readings))?;
     println!(
         "{} processes started, agent exit: {exit}; files under {}",
         forks_since_boot()? - forks_before,
@@ -136,6 +129,18 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
         bail!("no period file was written");
     }
     Ok(())
+}
+
+/// Every reading, one line each.
+fn csv(readings: &[Reading]) -> String {
+    let mut csv = String::from("seconds,cpu_seconds,rss_mb,anon_mb,heap_mb\n");
+    for r in readings {
+        csv.push_str(&format!(
+            "{:.1},{:.2},{:.2},{:.2},{:.2}\n",
+            r.at, r.cpu, r.rss_mb, r.anon_mb, r.heap_mb
+        ));
+    }
+    csv
 }
 
 /// One line of the table: the readings of a minute (`row`, not empty) against the one
