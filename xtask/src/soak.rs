@@ -117,7 +117,16 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
         forks_since_boot()? - forks_before,
         out.display()
     );
-    let status: serde_json::Value = serde_json::from_slice(&std::fs::read(&status_file)?)?;
+    print_status(&status_file)?;
+    if newest_period(&periods).is_none() {
+        bail!("no period file was written");
+    }
+    Ok(())
+}
+
+/// The agent's own account of its periods and losses (its status file).
+fn print_status(status_file: &Path) -> anyhow::Result<()> {
+    let status: serde_json::Value = serde_json::from_slice(&std::fs::read(status_file)?)?;
     println!(
         "periods {}, empty {}, dropped {}; samples lost {}",
         status["periods"],
@@ -125,9 +134,6 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
         status["periods_dropped"],
         status["samples_lost"]
     );
-    if newest_period(&periods).is_none() {
-        bail!("no period file was written");
-    }
     Ok(())
 }
 
