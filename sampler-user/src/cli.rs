@@ -590,7 +590,7 @@ pub struct DiffArgs {
     pub new: PathBuf,
 
     /// Also write the diff to FILE, by extension: .json (every comparison), .folded
-    /// (`stack base new`, bytes allocated per second, for inferno-flamegraph or
+    /// (`stack base new`, bytes allocated per run or per second, for inferno-flamegraph or
     /// flamegraph.pl), .pb.gz (a pprof whose values are the changes), .html (a differential
     /// flame graph, coloured where a change is significant). Repeat for several.
     #[arg(short, long, value_name = "FILE")]
@@ -602,7 +602,8 @@ pub struct DiffArgs {
     pub confidence: Option<f64>,
 
     /// Exit with status 1 when a stack or function grew significantly (bytes allocated per
-    /// second, or in use at the end) by more than PCT percent: a memory gate for CI.
+    /// run or per second, or in use at the end) by more than PCT percent: a memory gate for
+    /// CI.
     #[arg(long, value_name = "PCT")]
     pub fail_on_growth: Option<f64>,
 
@@ -610,13 +611,25 @@ pub struct DiffArgs {
     /// frames whatever the command's name: the same program under another file name).
     #[arg(long)]
     pub by_command: bool,
+
+    /// Compare the bytes each recording allocated: the default when both are whole runs
+    /// of a command (`record -- CMD`, each from its start to its end), which a slower run
+    /// on a busy machine does not change.
+    #[arg(long, conflicts_with = "per_second")]
+    pub per_run: bool,
+
+    /// Compare bytes allocated per second: the default when either recording is a window
+    /// of running processes (`-p`, `--all`, an agent's period), whose lengths differ.
+    #[arg(long)]
+    pub per_second: bool,
 }
 
 /// Examples after `allocscope diff --help`.
 const DIFF_EXAMPLES: &str = "Examples:
   allocscope diff before.json after.json
   allocscope diff before.json after.json -o changes.json -o changes.folded -o changes.pb.gz
-  allocscope diff main.json branch.json --fail-on-growth 10      # exit 1 on a significant 10% growth";
+  allocscope diff main.json branch.json --fail-on-growth 10      # exit 1 on a significant 10% growth
+  allocscope diff monday.json today.json --per-second              # two windows of a running service";
 
 /// `allocscope report`.
 #[derive(Debug, Args)]

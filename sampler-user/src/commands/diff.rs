@@ -10,7 +10,7 @@ use super::report;
 use crate::{
     cli::DiffArgs,
     config::BadInput,
-    diff::{self, render},
+    diff::{self, render, Basis},
     export::{self, Format},
     outfile, preflight,
 };
@@ -66,7 +66,12 @@ pub fn run(args: DiffArgs) -> anyhow::Result<u8> {
     let base = report::read(&args.base)?;
     let new = report::read(&args.new)?;
     let confidence = args.confidence.unwrap_or(new.sampling.confidence);
-    let found = diff::diff(&base, &new, confidence, args.by_command);
+    let asked = match (args.per_run, args.per_second) {
+        (true, _) => Some(Basis::PerRun),
+        (_, true) => Some(Basis::PerSecond),
+        _ => None,
+    };
+    let found = diff::diff(&base, &new, confidence, args.by_command, asked);
     crate::show!(
         "{}",
         render::table(

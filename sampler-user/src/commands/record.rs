@@ -78,10 +78,7 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
         Output::Snapshots { every, .. } => Some(every),
         Output::File(_) => None,
     };
-    let mut snapshot_timer = tokio::time::interval_at(
-        tokio::time::Instant::now() + every.unwrap_or(Duration::MAX / 4),
-        every.unwrap_or(Duration::MAX / 4),
-    );
+    let mut snapshot_timer = ticks(every);
     let mut period_started = Instant::now();
     let mut writer = Writer {
         config: &config,
@@ -121,6 +118,8 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
         Stop::TargetsExited => recording.ended_early().unwrap_or_else(Instant::now),
         _ => Instant::now(),
     };
+    // A command that ran to its end, every process of it from its start: one run's counts.
+    let ended_on_its_own = matches!(stop, Stop::TargetsExited);
     let failure = stop.said();
     // Detach before the slow part: the targets stop paying for probes now. A command
     // started for this recording stops with it.
@@ -130,7 +129,8 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
         .sampling
         .settings(stopped - started, config.leaks_older_than);
     log::debug!("detached in {:?}", stopped.elapsed());
-    let profile = recording.profile(settings, period).await?;
+    let mut profile = recording.profile(settings, period).await?;
+    profile.whole_run = ended_on_its_own && recording.command_ended_on_its_own();
     log::debug!("profile built and symbolized in {:?}", stopped.elapsed());
     let written = writer.write(&profile)?;
     log::debug!("profile written in {:?}", stopped.elapsed());
@@ -145,6 +145,12 @@ pub async fn run(config: RecordConfig, prepared: Prepared) -> anyhow::Result<u8>
         Some(CommandExit::OnItsOwn(exit)) => exit.shell_code(),
         _ => 0,
     })
+}
+
+/// Ticks every `every` from a tick's time from now (without it, never).
+fn ticks(every: Option<Duration>) -> tokio::time::Interval {
+    let every = every.unwrap_or(Duration::MAX / 4);
+    tokio::time::interval_at(tokio::time::Instant::now() + every, every)
 }
 
 /// Where the profile goes: one file, or snapshots of which the newest `keep` are kept.

@@ -13,15 +13,19 @@
 //! Stacks of one recording that coincide under this key are summed. Functions are
 //! compared too: the sum of the stacks whose leaf (allocating) frame is that function.
 //!
-//! Allocations are compared per second (recordings differ in length); in-use bytes as they
-//! were at each recording's end, when both tracked frees.
+//! Allocations are compared per run when both recordings are whole runs of a command
+//! (each from its start: a run on a busy CI machine takes longer and allocates the same,
+//! so its bytes per second fall and a gate on rates failed for nothing), per second when
+//! either is a window of running processes (attached, host-wide, an agent's period), whose
+//! lengths differ ([`Basis`]); in-use bytes as they were at each recording's end, when both
+//! tracked frees.
 
 pub(crate) mod render;
 
 use std::collections::BTreeMap;
 
 use crate::{
-    profile::{Profile, StackProfile},
+    profile::{CoverageStart, Profile, StackProfile},
     stacks::symbolize::FrameInfo,
     stats::{
         difference::{change, Change, Spread},
@@ -37,6 +41,97 @@ pub(crate) type Key = Vec<String>;
 /// The first word of a [`Key`] when stacks are matched whatever their command.
 pub(crate) const ANY_COMMAND: &str = "*";
 
+/// What allocations are compared as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Basis {
+    /// Bytes allocated in each recording: both are whole runs of a command.
+    PerRun,
+    /// Bytes allocated per second of each recording: a window of running processes.
+    PerSecond,
+}
+
+/// What a recording covers: a whole run of a command, or a window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Span {
+    /// A command allocscope started, and its descendants, each from its start, until it
+    /// ended on its own.
+    WholeRun,
+    /// Processes attached while running, a process not covered from its start, or a
+    /// command cut by `--duration` or a signal (or a profile that does not say).
+    Window,
+    /// An agent's period: a window, whatever its processes.
+    Period,
+}
+
+impl Span {
+    /// What `profile` covers: a whole run when its command ran to its end and it (from
+    /// its start) and every other process (from its fork or exec) were seen whole.
+    pub(crate) fn of(profile: &Profile) -> Span {
+        if profile.period {
+            return Span::Period;
+        }
+        if !profile.whole_run {
+            return Span::Window;
+        }
+        let since: Vec<Option<CoverageStart>> = profile
+            .processes
+            .iter()
+            .map(|p| p.coverage.as_ref().map(|c| c.since))
+            .collect();
+        let started = since.contains(&Some(CoverageStart::Start));
+        let all_from_the_start = since.iter().all(|s| {
+            matches!(
+                s,
+                Some(CoverageStart::Start | CoverageStart::Fork | CoverageStart::Exec)
+            )
+        });
+        if started && all_from_the_start {
+            Span::WholeRun
+        } else {
+            Span::Window
+        }
+    }
+
+    /// How a reader is told.
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Span::WholeRun => "a whole run of a command",
+            Span::Window => "a window of processes attached, or of a command cut short",
+            Span::Period => "an agent's period",
+        }
+    }
+}
+
+impl Basis {
+    /// Per run when both recordings are whole runs of a command, else per second;
+    /// `chosen` (`--per-run`, `--per-second`) overrides.
+    pub(crate) fn of(base: Span, new: Span, chosen: Option<Basis>) -> Basis {
+        chosen.unwrap_or(if base == Span::WholeRun && new == Span::WholeRun {
+            Basis::PerRun
+        } else {
+            Basis::PerSecond
+        })
+    }
+
+    /// What a value is, after a number of bytes: "" or "/s".
+    pub(crate) fn suffix(self) -> &'static str {
+        match self {
+            Basis::PerRun => "",
+            Basis::PerSecond => "/s",
+        }
+    }
+
+    /// "bytes allocated per run" and the like.
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Basis::PerRun => "bytes allocated per run",
+            Basis::PerSecond => "bytes allocated per second",
+        }
+    }
+}
+
 /// One stack's (or function's) values in both recordings, and their changes.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Compared {
@@ -49,11 +144,12 @@ pub(crate) struct Compared {
     /// The frames as the new recording resolved them (the base's, for a stack only it
     /// has).
     pub frames: Vec<FrameInfo>,
-    /// Bytes allocated per second in the base recording and in the new one.
-    pub base_alloc_per_second: f64,
-    /// See `base_alloc_per_second`.
-    pub new_alloc_per_second: f64,
-    /// The change in bytes allocated per second.
+    /// Bytes allocated in the base recording and in the new one, per run or per second
+    /// ([`Diff::basis`]).
+    pub base_alloc: f64,
+    /// See `base_alloc`.
+    pub new_alloc: f64,
+    /// The change in bytes allocated (per run or per second).
     pub alloc_change: Change,
     /// In-use bytes at each recording's end (both tracked frees).
     pub base_inuse: Option<f64>,
@@ -66,7 +162,7 @@ pub(crate) struct Compared {
 impl Compared {
     /// The change in allocations relative to the base, in percent (infinite: new).
     pub(crate) fn alloc_percent(&self) -> f64 {
-        percent(self.alloc_change.estimate, self.base_alloc_per_second)
+        percent(self.alloc_change.estimate, self.base_alloc)
     }
 
     /// The change in in-use bytes relative to the base, in percent.
@@ -110,6 +206,15 @@ pub(crate) struct Diff {
     pub confidence: f64,
     /// Comparisons the bounds are simultaneous over (Bonferroni).
     pub comparisons: usize,
+    /// Whether allocations are compared per run or per second.
+    pub basis: Basis,
+    /// Whether `basis` was asked for (`--per-run`, `--per-second`) rather than chosen from
+    /// what the recordings cover.
+    pub basis_asked: bool,
+    /// What the base recording covers.
+    pub base_covers: Span,
+    /// What the new recording covers.
+    pub new_covers: Span,
     /// Seconds each recording lasted.
     pub base_seconds: f64,
     /// See `base_seconds`.
@@ -121,7 +226,7 @@ pub(crate) struct Diff {
 }
 
 /// Schema tag of `diff`'s JSON.
-pub(crate) const SCHEMA: &str = "allocscope/diff-v1";
+pub(crate) const SCHEMA: &str = "allocscope/diff-v2";
 
 /// Values of one side, summed per key.
 #[derive(Clone, Debug, Default)]
@@ -217,9 +322,18 @@ fn absent(profile: &Profile) -> Spread {
     Spread::of(&bound, profile.sampling.confidence)
 }
 
-/// Compares `new` with `base` at `confidence` (simultaneous over every comparison made);
+/// Compares `new` with `base` at `confidence` (simultaneous over every comparison made),
+/// allocations per run or per second as the recordings' spans say unless `asked`;
 /// `by_command`: a stack is matched within its command only.
-pub(crate) fn diff(base: &Profile, new: &Profile, confidence: f64, by_command: bool) -> Diff {
+pub(crate) fn diff(
+    base: &Profile,
+    new: &Profile,
+    confidence: f64,
+    by_command: bool,
+    asked: Option<Basis>,
+) -> Diff {
+    let (base_covers, new_covers) = (Span::of(base), Span::of(new));
+    let basis = Basis::of(base_covers, new_covers, asked);
     let (base_stacks, base_functions) = sides(base, by_command);
     let (new_stacks, new_functions) = sides(new, by_command);
     let tracked = !base.alloc_only && !new.alloc_only;
@@ -239,6 +353,7 @@ pub(crate) fn diff(base: &Profile, new: &Profile, confidence: f64, by_command: b
         tracked,
         confidence,
         comparisons,
+        basis,
     };
     let mut stacks = sides.compare(&stack_keys, &base_stacks, &new_stacks);
     let mut functions = sides.compare(&function_keys, &base_functions, &new_functions);
@@ -249,6 +364,10 @@ pub(crate) fn diff(base: &Profile, new: &Profile, confidence: f64, by_command: b
         schema: SCHEMA.to_owned(),
         confidence,
         comparisons,
+        basis,
+        basis_asked: asked.is_some(),
+        base_covers,
+        new_covers,
         base_seconds: base.duration_seconds,
         new_seconds: new.duration_seconds,
         stacks,
@@ -277,6 +396,7 @@ struct Sides<'a> {
     tracked: bool,
     confidence: f64,
     comparisons: usize,
+    basis: Basis,
 }
 
 impl Sides<'_> {
@@ -286,7 +406,10 @@ impl Sides<'_> {
         base: &BTreeMap<Key, Side>,
         new: &BTreeMap<Key, Side>,
     ) -> Vec<Compared> {
-        let per_second = |profile: &Profile| 1.0 / profile.duration_seconds.max(1e-9);
+        let per_second = |profile: &Profile| match self.basis {
+            Basis::PerRun => 1.0,
+            Basis::PerSecond => 1.0 / profile.duration_seconds.max(1e-9),
+        };
         keys.iter()
             .map(|key| {
                 let (b, n) = (base.get(key), new.get(key));
@@ -312,8 +435,8 @@ impl Sides<'_> {
                     key: key.clone(),
                     commands,
                     frames: n.or(b).map(|s| s.frames.clone()).unwrap_or_default(),
-                    base_alloc_per_second: base_alloc.estimate,
-                    new_alloc_per_second: new_alloc.estimate,
+                    base_alloc: base_alloc.estimate,
+                    new_alloc: new_alloc.estimate,
                     alloc_change: change(
                         &base_alloc,
                         &new_alloc,
@@ -353,17 +476,80 @@ mod tests {
         }
     }
 
+    /// `synthetic()` as a whole run of its command.
+    fn whole_run() -> Profile {
+        let mut run = synthetic();
+        run.whole_run = true;
+        for process in &mut run.processes {
+            process.coverage = Some(crate::profile::Coverage {
+                since: CoverageStart::Start,
+                ..Default::default()
+            });
+        }
+        run
+    }
+
+    #[test]
+    fn runs_are_compared_per_run_and_windows_per_second() {
+        let run = whole_run();
+        assert_eq!(Span::of(&run), Span::WholeRun);
+        // The same run, twice as slow: per run nothing changed; per second, all halved.
+        let mut slower = run.clone();
+        slower.duration_seconds *= 2.0;
+        let per_run = diff(&run, &slower, 0.95, false, None);
+        assert_eq!(per_run.basis, Basis::PerRun);
+        assert!(!per_run.basis_asked);
+        for c in &per_run.stacks {
+            assert_eq!(c.alloc_change.estimate, 0.0, "{c:?}");
+            assert!(!c.alloc_change.significant);
+            assert_eq!(c.base_alloc, c.new_alloc);
+        }
+        let per_second = diff(&run, &slower, 0.95, false, Some(Basis::PerSecond));
+        assert!(per_second.basis_asked);
+        for c in &per_second.stacks {
+            assert!((c.new_alloc - c.base_alloc / 2.0).abs() <= 1e-9 * c.base_alloc);
+            assert!(c.alloc_change.estimate < 0.0, "{c:?}");
+        }
+        // Not whole runs: cut short, a process attached, an agent's period, an old file.
+        let mut cut = run.clone();
+        cut.whole_run = false;
+        let mut attached = run.clone();
+        attached.processes[0].coverage.as_mut().unwrap().since = CoverageStart::Attach;
+        let mut period = run.clone();
+        period.period = true;
+        let mut unknown = run.clone();
+        unknown.processes[0].coverage = None;
+        for (window, span) in [
+            (&cut, Span::Window),
+            (&attached, Span::Window),
+            (&period, Span::Period),
+            (&unknown, Span::Window),
+        ] {
+            assert_eq!(Span::of(window), span);
+            let found = diff(&run, window, 0.95, false, None);
+            assert_eq!(found.basis, Basis::PerSecond, "{span:?}");
+            assert_eq!(
+                (found.base_covers, found.new_covers),
+                (Span::WholeRun, span)
+            );
+            assert_eq!(
+                diff(&run, window, 0.95, false, Some(Basis::PerRun)).basis,
+                Basis::PerRun
+            );
+        }
+    }
+
     #[test]
     fn the_same_program_under_another_name_is_matched_unless_by_command() {
         let base = synthetic();
         let mut renamed = synthetic();
         renamed.processes[0].command = "app-v2".into();
-        let matched = diff(&base, &renamed, 0.95, false);
+        let matched = diff(&base, &renamed, 0.95, false, Some(Basis::PerSecond));
         assert_eq!(matched.stacks.len(), base.stacks.len(), "{matched:#?}");
         assert!(matched.stacks.iter().all(|c| !c.alloc_change.significant));
         assert_eq!(matched.stacks[0].commands, ["app-v2", "app"]);
         // Within each command: every stack is gone from one and new in the other.
-        let apart = diff(&base, &renamed, 0.95, true);
+        let apart = diff(&base, &renamed, 0.95, true, Some(Basis::PerSecond));
         assert_eq!(apart.stacks.len(), 2 * base.stacks.len(), "{apart:#?}");
         assert!(apart.stacks.iter().all(|c| c.commands.len() == 1));
     }
@@ -385,7 +571,7 @@ mod tests {
         new.stacks[0].alloc_bytes = exact(first);
         let base_second = base.stacks[1].alloc_bytes.estimate;
         new.stacks[1].alloc_bytes = exact(base_second);
-        let diff = diff(&base, &new, 0.95, false);
+        let diff = diff(&base, &new, 0.95, false, Some(Basis::PerSecond));
         assert_eq!(diff.stacks.len(), 2, "matched: {diff:#?}");
         assert!(diff.stacks[0].alloc_change.significant, "{diff:#?}");
         assert!(diff.stacks[0].alloc_change.estimate > 0.0);
@@ -403,14 +589,14 @@ mod tests {
         // A stack only in the new recording is new: infinitely many percent.
         let mut only_new = synthetic();
         only_new.stacks[0].frames[0].function = Some("brand_new".into());
-        let diff = super::diff(&base, &only_new, 0.95, false);
+        let diff = super::diff(&base, &only_new, 0.95, false, Some(Basis::PerSecond));
         assert_eq!(diff.stacks.len(), 3);
         let brand_new = diff
             .stacks
             .iter()
             .find(|c| c.key[1] == "brand_new")
             .unwrap();
-        assert_eq!(brand_new.base_alloc_per_second, 0.0);
+        assert_eq!(brand_new.base_alloc, 0.0);
         assert_eq!(brand_new.alloc_percent(), f64::INFINITY);
     }
 }

@@ -4,7 +4,7 @@
 
 use std::{fmt::Write as _, io::Write};
 
-use super::{Compared, Diff};
+use super::{Basis, Compared, Diff};
 use crate::{
     format::{bytes as human_bytes, frame_name, sanitize, signed_bytes},
     profile::{Profile, StackProfile},
@@ -14,21 +14,22 @@ use crate::{
 /// Rows of each table.
 pub(crate) const ROWS: usize = 20;
 
-/// The printed table: significant changes (growth first) per stack and per function, and
-/// how many were within the noise.
+/// The printed table: what is compared and why, significant changes (growth first) per
+/// stack and per function, and how many were within the noise.
 pub(crate) fn table(diff: &Diff, base: &str, new: &str) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "allocscope diff: {} ({:.1} s) → {} ({:.1} s); bounds at {:.0}% simultaneously over {} \
+        "allocscope diff: {} ({}) → {} ({}); bounds at {:.0}% simultaneously over {} \
          comparisons (Bonferroni): a change is shown as significant only when they exclude 0",
         sanitize(base),
-        diff.base_seconds,
+        seconds(diff.base_seconds),
         sanitize(new),
-        diff.new_seconds,
+        seconds(diff.new_seconds),
         diff.confidence * 100.0,
         diff.comparisons
     );
+    let _ = writeln!(out, "compared: {}", basis_reason(diff));
     for (title, list) in [("stacks", &diff.stacks), ("functions", &diff.functions)] {
         let significant: Vec<&Compared> = list.iter().filter(|c| c.significant()).collect();
         let _ = writeln!(
@@ -38,7 +39,7 @@ pub(crate) fn table(diff: &Diff, base: &str, new: &str) -> String {
             list.len()
         );
         for c in significant.iter().take(ROWS) {
-            let _ = writeln!(out, "{}", row(c));
+            let _ = writeln!(out, "{}", row(c, diff.basis));
         }
         if significant.len() > ROWS {
             let _ = writeln!(
@@ -51,9 +52,43 @@ pub(crate) fn table(diff: &Diff, base: &str, new: &str) -> String {
     out
 }
 
-/// One comparison: the allocation rate's change (and the in-use bytes') and the stack.
-fn row(c: &Compared) -> String {
-    let rate = |v: f64| format!("{}/s", human_bytes(v));
+/// A recording's length: two decimals under 10 s (a 0.09 s run and a 0.16 s one are not
+/// both "0.1 s").
+fn seconds(s: f64) -> String {
+    if s < 10.0 {
+        format!("{s:.2} s")
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
+/// Why allocations are compared as they are.
+fn basis_reason(diff: &Diff) -> String {
+    let (basis, base, new) = (diff.basis, diff.base_covers, diff.new_covers);
+    let covers = if base == new {
+        format!("each recording is {}", base.describe())
+    } else {
+        format!(
+            "the base is {}; the new, {}",
+            base.describe(),
+            new.describe()
+        )
+    };
+    let how = basis.describe();
+    match (diff.basis_asked, basis) {
+        (true, _) => format!("{how}, as asked ({covers})."),
+        (false, Basis::PerRun) => format!("{how}: {covers}, and a slower run allocates the same."),
+        (false, Basis::PerSecond) => format!(
+            "{how}: {covers}, whose length is the recorder's, not the program's \
+             (--per-run compares totals)."
+        ),
+    }
+}
+
+/// One comparison: the allocations' change (and the in-use bytes') and the stack.
+fn row(c: &Compared, basis: Basis) -> String {
+    let per = basis.suffix();
+    let rate = |v: f64| format!("{}{per}", human_bytes(v));
     let signed = signed_bytes;
     let percent = |p: f64| {
         if p.is_infinite() {
@@ -64,13 +99,13 @@ fn row(c: &Compared) -> String {
     };
     let a = &c.alloc_change;
     let mut line = format!(
-        "  alloc {}/s [{}/s, {}/s] {:>6}  ({} → {}){}",
+        "  alloc {}{per} [{}{per}, {}{per}] {:>6}  ({} → {}){}",
         signed(a.estimate),
         signed(a.lower),
         signed(a.upper),
         percent(c.alloc_percent()),
-        rate(c.base_alloc_per_second),
-        rate(c.new_alloc_per_second),
+        rate(c.base_alloc),
+        rate(c.new_alloc),
         if a.significant { "" } else { " ~" }
     );
     if let (Some(i), Some(base), Some(new)) = (c.inuse_change, c.base_inuse, c.new_inuse) {
@@ -112,8 +147,8 @@ pub(crate) fn json(diff: &Diff, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(out)
 }
 
-/// Differential folded stacks: `command;root;…;leaf base new`, bytes allocated per second
-/// in each recording (rounded).
+/// Differential folded stacks: `command;root;…;leaf base new`, bytes allocated per run or
+/// per second ([`Diff::basis`]) in each recording (rounded).
 pub(crate) fn folded(diff: &Diff, out: &mut dyn Write) -> std::io::Result<()> {
     for c in &diff.stacks {
         let mut path = vec![sanitize(&c.commands.join(","))];
@@ -122,15 +157,15 @@ pub(crate) fn folded(diff: &Diff, out: &mut dyn Write) -> std::io::Result<()> {
             out,
             "{} {} {}",
             path.join(";"),
-            c.base_alloc_per_second.max(0.0).round() as u64,
-            c.new_alloc_per_second.max(0.0).round() as u64
+            c.base_alloc.max(0.0).round() as u64,
+            c.new_alloc.max(0.0).round() as u64
         )?;
     }
     Ok(())
 }
 
 /// A profile whose values are the changes (new − base): `alloc_space` in bytes allocated
-/// per second, `inuse_space` in bytes; objects are not compared (0). `new` gives the
+/// per run or per second, `inuse_space` in bytes; objects are not compared (0). `new` gives the
 /// recording's metadata.
 pub(crate) fn difference_profile(diff: &Diff, new: &Profile) -> Profile {
     let value = |v: f64| Estimate {
@@ -176,10 +211,11 @@ pub(crate) fn difference_profile(diff: &Diff, new: &Profile) -> Profile {
         .collect();
     let mut profile = new.clone();
     profile.sampling.model = format!(
-        "difference new - base ({:.1} s, {:.1} s): alloc_space is the change in bytes \
-         allocated per second, inuse_space the change in bytes in use at the end; objects \
-         are not compared",
-        diff.new_seconds, diff.base_seconds
+        "difference new - base ({:.1} s, {:.1} s): alloc_space is the change in {}, \
+         inuse_space the change in bytes in use at the end; objects are not compared",
+        diff.new_seconds,
+        diff.base_seconds,
+        diff.basis.describe()
     );
     profile.processes.truncate(1);
     profile.stacks = stacks;

@@ -323,6 +323,8 @@ pub(crate) mod tests {
                 model: "m".into(),
             },
             duration_seconds: 2.5,
+            period: false,
+            whole_run: false,
             alloc_only: true,
             leaks_older_than_seconds: None,
             processes: vec![ProcessProfile {

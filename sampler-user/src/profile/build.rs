@@ -455,6 +455,8 @@ impl Snapshot {
                 ..settings.sampling()
             },
             duration_seconds: settings.duration_seconds,
+            period: false,
+            whole_run: false,
             alloc_only: settings.alloc_only,
             leaks_older_than_seconds: leak_age,
             processes,

@@ -188,7 +188,9 @@ impl Recording {
         let whole = self.snapshot(settings, None).await?;
         let start = std::mem::replace(&mut self.period, PeriodStart::of(&whole));
         self.start_period();
-        Ok(Snapshot::into_profile(whole.period_only(&start, seconds)))
+        let mut profile = Snapshot::into_profile(whole.period_only(&start, seconds));
+        profile.period = true;
+        Ok(profile)
     }
 
     /// Everything a profile of the recording so far is built from (see [`Self::profile`]).
@@ -349,6 +351,11 @@ impl Recording {
     /// How the command started for this recording ended (known once detached).
     pub(crate) fn command_exit(&self) -> Option<CommandExit> {
         self.command.exit
+    }
+
+    /// Whether the command started for the recording exited before the recording stopped.
+    pub(crate) fn command_ended_on_its_own(&self) -> bool {
+        matches!(self.command.exit, Some(CommandExit::OnItsOwn(_)))
     }
 
     /// Entries of the kernel's per-thread state map at the last counter read.

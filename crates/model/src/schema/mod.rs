@@ -542,6 +542,14 @@ pub struct Profile {
     pub sampling: Sampling,
     /// Seconds recorded.
     pub duration_seconds: f64,
+    /// An agent's period: its counts are of those seconds alone, whatever its processes'
+    /// coverage says (a window, compared per second).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub period: bool,
+    /// A command allocscope started, recorded until it ended on its own: its counts are
+    /// one run's (not a window cut by `--duration` or Ctrl-C).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub whole_run: bool,
     /// Whether frees were left untracked (then `inuse_*` are null).
     pub alloc_only: bool,
     /// The leak threshold, when leak candidates were asked for.

@@ -9,7 +9,7 @@
 
 use super::data::{path_of_frames, Data, Metric, Names, StackData};
 use crate::{
-    diff::{Compared, Diff},
+    diff::{Basis, Compared, Diff},
     stats::difference::{self, Change},
 };
 
@@ -30,11 +30,19 @@ pub(crate) fn diff_data(diff: &Diff, base: &str, new: &str) -> Data {
     let alpha = 1.0 - diff.confidence;
     let z = difference::z(1.0 - alpha / diff.comparisons.max(1) as f64);
     let inuse = diff.stacks.iter().any(|c| c.inuse_change.is_some());
-    let mut metrics = vec![Metric {
-        key: "alloc_rate",
-        label: "allocated bytes per second",
-        unit: "bytes/s",
-        signed: true,
+    let mut metrics = vec![match diff.basis {
+        Basis::PerRun => Metric {
+            key: "alloc_bytes",
+            label: "allocated bytes per run",
+            unit: "bytes",
+            signed: true,
+        },
+        Basis::PerSecond => Metric {
+            key: "alloc_rate",
+            label: "allocated bytes per second",
+            unit: "bytes/s",
+            signed: true,
+        },
     }];
     if inuse {
         metrics.push(Metric {
@@ -51,12 +59,7 @@ pub(crate) fn diff_data(diff: &Diff, base: &str, new: &str) -> Data {
         .map(|c: &Compared| {
             let command = c.commands.join(", ");
             let command = command.as_str();
-            let mut v = vec![Some(values(
-                &c.alloc_change,
-                c.base_alloc_per_second,
-                c.new_alloc_per_second,
-                z,
-            ))];
+            let mut v = vec![Some(values(&c.alloc_change, c.base_alloc, c.new_alloc, z))];
             if inuse {
                 v.push(c.inuse_change.map(|change| {
                     values(
@@ -105,7 +108,7 @@ mod tests {
         new.stacks[0].alloc_bytes.estimate *= 10.0;
         new.stacks[0].alloc_bytes.lower *= 10.0;
         new.stacks[0].alloc_bytes.upper *= 10.0;
-        let found = crate::diff::diff(&base, &new, 0.95, false);
+        let found = crate::diff::diff(&base, &new, 0.95, false, None);
         let data = diff_data(&found, "a.json", "b.json");
         assert_eq!(data.kind, "diff");
         assert!(data.z > difference::z(0.95), "Bonferroni widens z");
