@@ -462,9 +462,15 @@ fn comments(profile: &Profile) -> Vec<String> {
         if profile.alloc_only {
             "frees not tracked: inuse_* and peak_* are 0".to_owned()
         } else {
-            "inuse_* cover allocations made since attach; peak_* what was in use when each \
-             process's in-use total was highest"
-                .to_owned()
+            format!(
+                "inuse_* cover allocations made since {}; peak_* what was in use when each \
+                 process's in-use total was highest",
+                if profile.all_seen_from_their_start() {
+                    "each process started"
+                } else {
+                    "attach"
+                }
+            )
         },
     ];
     if let Some(duty) = &profile.sampling.duty {

@@ -426,9 +426,14 @@ fn process_lines(out: &mut String, process: &ProcessProfile) {
         let rss = process
             .rss_bytes
             .map_or_else(|| "unknown".to_owned(), |rss| bytes(rss as f64));
+        let since = if process.seen_from_its_start() {
+            "since it started"
+        } else {
+            "since attach"
+        };
         let _ = writeln!(
             out,
-            "    live heap (allocated since attach, not freed): {}; RSS {rss}",
+            "    live heap (allocated {since}, not freed): {}; RSS {rss}",
             estimate_bytes(live)
         );
         if let Some(peak) = &process.peak {
@@ -725,6 +730,28 @@ mod tests {
         assert!(
             each.contains("  pid 42  ") && !each.contains(" ×9  "),
             "{each}"
+        );
+    }
+
+    #[test]
+    fn the_live_heap_says_since_when_it_counts() {
+        use crate::profile::{Coverage, CoverageStart};
+        let mut profile = crate::export::tests::synthetic();
+        profile.alloc_only = false;
+        profile.processes[0].inuse_bytes = Some(profile.processes[0].alloc_bytes);
+        let attached = render(&profile, 10, true);
+        assert!(
+            attached.contains("allocated since attach, not freed"),
+            "{attached}"
+        );
+        profile.processes[0].coverage = Some(Coverage {
+            since: CoverageStart::Start,
+            ..Default::default()
+        });
+        let started = render(&profile, 10, true);
+        assert!(
+            started.contains("allocated since it started, not freed"),
+            "{started}"
         );
     }
 

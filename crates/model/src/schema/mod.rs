@@ -618,7 +618,28 @@ pub struct ProbePoint {
     pub emulated: bool,
 }
 
+impl ProcessProfile {
+    /// Whether the process was followed from its beginning (the command started, a fork,
+    /// an exec), so its live numbers hold all it allocated, not what it did since attach.
+    pub fn seen_from_its_start(&self) -> bool {
+        matches!(
+            self.coverage.as_ref().map(|c| c.since),
+            Some(CoverageStart::Start | CoverageStart::Fork | CoverageStart::Exec)
+        )
+    }
+}
+
 impl Profile {
+    /// Whether every process was followed from its beginning (see
+    /// [`ProcessProfile::seen_from_its_start`]).
+    pub fn all_seen_from_their_start(&self) -> bool {
+        !self.processes.is_empty()
+            && self
+                .processes
+                .iter()
+                .all(ProcessProfile::seen_from_its_start)
+    }
+
     /// What a profile read from a file must hold for its rates, bounds and differences to
     /// mean anything: a positive, finite duration, a confidence level strictly between 0
     /// and 1, and an interval of at least one byte. The reason when it does not.
