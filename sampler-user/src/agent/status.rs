@@ -34,7 +34,8 @@ pub(crate) struct Status {
     pub rss_bytes: Option<u64>,
     /// The agent's CPU time (user + system).
     pub cpu_seconds: Option<f64>,
-    /// Of its resident memory, the blocks its allocator has given it and holds now.
+    /// The bytes of the blocks its allocator has handed it and not had back (touched or
+    /// not: it can exceed what is resident).
     pub heap_in_use_bytes: u64,
     /// What its allocator keeps free for later (resident or given back to the kernel).
     pub heap_free_bytes: u64,

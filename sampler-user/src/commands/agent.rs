@@ -53,8 +53,8 @@ pub async fn run(config: AgentConfig, prepared: Prepared) -> anyhow::Result<()> 
     let sinks = config.sender.sinks.clone();
     // Blocks of 256 KiB and more (a period's buffers and tables) get pages of their own,
     // returned when freed. Left to itself, glibc raises this threshold to the largest block
-    // freed so far, and the agent's next periods place such blocks among its long-lived
-    // ones, where freeing them leaves holes its RSS keeps.
+    // freed so far (up to 32 MiB), and later periods' large blocks land in the heap among
+    // long-lived ones, where freeing them can leave holes RSS keeps.
     // SAFETY: mallopt sets a parameter of the allocator; any value is valid for this one.
     unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10) };
     let mut recording = Recording::start(prepared, &config.sampling, None)?;
@@ -141,9 +141,7 @@ impl Period {
         let profile = recording.period_profile(settings, seconds).await?;
         Ok((profile, next))
     }
-}
 
-impl Period {
     /// Cuts this period, sends and writes it, forgets the processes gone, and returns the
     /// next period (see [`Period::profile`]).
     async fn close(

@@ -16,8 +16,8 @@
 //! Allocations are compared per run when both recordings are whole runs of a command
 //! (each from its start: a run on a busy CI machine takes longer and allocates the same,
 //! so its bytes per second fall and a gate on rates failed for nothing), per second when
-//! either is a window of running processes (attached, host-wide, an agent's period), whose
-//! lengths differ ([`Basis`]); in-use bytes as they were at each recording's end, when both
+//! either is a window (processes attached, host-wide, an agent's period, or a command cut
+//! short), whose lengths are the recorder's ([`Basis`]); in-use bytes as they were at each recording's end, when both
 //! tracked frees.
 
 pub(crate) mod render;
@@ -75,19 +75,12 @@ impl Span {
         if !profile.whole_run {
             return Span::Window;
         }
-        let since: Vec<Option<CoverageStart>> = profile
-            .processes
-            .iter()
-            .map(|p| p.coverage.as_ref().map(|c| c.since))
-            .collect();
-        let started = since.contains(&Some(CoverageStart::Start));
-        let all_from_the_start = since.iter().all(|s| {
-            matches!(
-                s,
-                Some(CoverageStart::Start | CoverageStart::Fork | CoverageStart::Exec)
-            )
+        let started = profile.processes.iter().any(|p| {
+            p.coverage
+                .as_ref()
+                .is_some_and(|c| c.since == CoverageStart::Start)
         });
-        if started && all_from_the_start {
+        if started && profile.all_seen_from_their_start() {
             Span::WholeRun
         } else {
             Span::Window
