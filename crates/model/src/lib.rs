@@ -2,7 +2,7 @@
 //! writes and every reader (summary, exports, diff) reads ([`schema`]), and the statistics
 //! that turn sampled allocations into estimates with bounds ([`stats`]). Pure: no I/O, no
 //! clocks, no kernel; a third party reads our JSON with this crate alone. Beside them, what
-//! every output shares: [`format`] (byte units, frame names), [`text`] (strings from targets
+//! every output shares: [`mod@format`] (byte units, frame names), [`text`] (strings from targets
 //! made safe to show), [`units`] (sizes and durations as typed).
 //!
 //! [`schema`] imports nothing of the crate (plain data); [`stats`] uses its estimate types.

@@ -50,7 +50,7 @@ pub(crate) fn split(profile: &Profile, period_seconds: f64) -> Vec<ProcessPeriod
                 schema: profile.schema.clone(),
                 sampling: profile.sampling.clone(),
                 duration_seconds: period_seconds,
-                period: true,
+                period: profile.period,
                 whole_run: false,
                 alloc_only: profile.alloc_only,
                 leaks_older_than_seconds: profile.leaks_older_than_seconds,

@@ -171,9 +171,10 @@ impl Recording {
         settings: Settings,
         period_seconds: Option<f64>,
     ) -> anyhow::Result<Profile> {
-        Ok(Snapshot::into_profile(
-            self.snapshot(settings, period_seconds).await?,
-        ))
+        Ok(self
+            .snapshot(settings, period_seconds)
+            .await?
+            .into_profile())
     }
 
     /// The profile of the current period alone, `seconds` long (the agent's periods):
@@ -188,7 +189,7 @@ impl Recording {
         let whole = self.snapshot(settings, None).await?;
         let start = std::mem::replace(&mut self.period, PeriodStart::of(&whole));
         self.start_period();
-        let mut profile = Snapshot::into_profile(whole.period_only(&start, seconds));
+        let mut profile = whole.period_only(&start, seconds).into_profile();
         profile.period = true;
         Ok(profile)
     }

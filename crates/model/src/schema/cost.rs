@@ -1,5 +1,5 @@
 //! What a recording cost its targets, as exported (the profile's `overhead`). How it is
-//! measured is [`crate::cost`].
+//! measured is sampler-user's `cost`.
 
 use serde::{Deserialize, Serialize};
 

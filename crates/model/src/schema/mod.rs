@@ -2,7 +2,7 @@
 //! (`allocscope/v1`, documented field by field in docs/json-schema.md): plain data types,
 //! self-contained (nothing here imports the rest of the crate, so a reader of the format
 //! reads this folder alone). How a profile is built from a recording's snapshot is
-//! [`crate::profile`]; the modules that compute a part of it (estimates, frames, costs,
+//! sampler-user's `profile`; the modules that compute a part of it (estimates, frames, costs,
 //! losses) use the types defined here.
 
 mod cost;
@@ -42,7 +42,7 @@ pub struct Sampling {
     pub model: String,
 }
 
-/// What the sampling-rate throttle did (see [`crate::throttle`]).
+/// What the sampling-rate throttle did (see sampler-user's `throttle`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ThrottleRecord {
     /// The target, samples per second.
@@ -65,7 +65,7 @@ pub struct ThrottleRecord {
     pub changes_not_listed: u64,
 }
 
-/// How the probes were duty-cycled (see [`crate::duty::plan`]).
+/// How the probes were duty-cycled (see sampler-user's `duty::plan`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DutyRecord {
     /// The budget: most CPU time the probes may add, as a share of the targets' own.
@@ -219,10 +219,10 @@ pub struct ProcessProfile {
     pub alloc_bytes: Estimate,
     /// Estimated allocated objects (check against `exact.calls`).
     pub alloc_objects: Estimate,
-    /// Estimated bytes live at the end, of those allocated since attach (`None`: frees not
-    /// tracked).
+    /// Estimated bytes live at the end, of those allocated since `coverage.since` (`None`:
+    /// frees not tracked).
     pub inuse_bytes: Option<Estimate>,
-    /// Estimated blocks live at the end, of those allocated since attach.
+    /// Estimated blocks live at the end, of those allocated since `coverage.since`.
     pub inuse_objects: Option<Estimate>,
     /// When its estimated live total was highest, and what was live then (frees tracked,
     /// something was live at some point).

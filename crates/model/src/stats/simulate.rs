@@ -147,7 +147,7 @@ pub fn calibrate(
 }
 
 /// Bias and coverage of allocated bytes when the interval steps from `before` to `after`
-/// halfway through (the throttle's change, [`crate::throttle`]), replayed as the kernel
+/// halfway through (the throttle's change, sampler-user's `throttle`), replayed as the kernel
 /// does it: a countdown drawn at the old interval runs out before the new one applies, and
 /// each sample carries the interval its countdown was drawn at. Returns (mean estimate /
 /// truth, coverage of the bytes interval, mean samples).
