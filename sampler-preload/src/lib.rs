@@ -16,7 +16,7 @@
 //! reach it directly. Never panics: an impossible state ends the process with a message
 //! (`fatal`) rather than unwinding into C.
 //!
-//! Built `no_std` with `panic=abort` for allocscope (sampler-user's build script): it needs
+//! Built `no_std` with `panic=abort` for allocscope (allocscope-target's build script): it needs
 //! nothing of Rust's standard library but what `core` and the `libc` crate give, and std's
 //! panic machinery alone (its backtrace printer: gimli, addr2line, an inflater) was four
 //! fifths of the library's code, paged in by every process it is loaded into

@@ -8,33 +8,23 @@
 
 pub(crate) mod agent;
 pub mod cli;
-pub(crate) mod collect;
 pub mod commands;
 pub mod config;
-pub mod cost;
 pub(crate) mod diff;
 pub mod duty;
-pub(crate) mod exits;
 pub mod export;
 pub mod help;
-pub(crate) mod infile;
-pub(crate) mod inject;
-pub mod interrupted;
-pub(crate) mod outfile;
 pub(crate) mod preflight;
-pub(crate) mod preload;
-pub mod probe;
 pub mod profile;
-pub mod python;
 // The profile's format, its statistics and the renderings every output shares, in a
 // crate of their own (pure).
 pub use allocscope_model::{format, schema, stats, text, units};
+// The processes, probes, stacks and runtimes, in the target side's crate.
+pub use allocscope_target::{
+    collect, cost, exits, infile, inject, interrupted, outfile, preload, probe, python, signals,
+    spawn, stacks, sys, targets,
+};
 pub(crate) mod recording;
 pub mod say;
-pub(crate) mod signals;
-pub(crate) mod spawn;
-pub mod stacks;
 pub mod summary;
-pub mod sys;
-pub mod targets;
 pub(crate) mod throttle;

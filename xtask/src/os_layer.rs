@@ -1,12 +1,12 @@
-//! Every contact with /proc lives in sampler-user's `sys` layer: a string literal that is a
-//! path under `/proc` anywhere else in the crate fails the check. Why: a process may exit, exec or
+//! Every contact with /proc lives in the target crate's `sys` layer: a string literal that
+//! is a path under `/proc` anywhere else in the user-side crates fails the check. Why: a process may exit, exec or
 //! be replaced under the same pid at any moment, and the answer to that (and what a path
 //! through /proc means for a process in a container) is written once, in `sys`.
 //!
 //! Literals are found in the token stream (comments are not tokens; doc comments become
 //! literals that start with a space), inside macros too (`format!("/proc/{pid}")`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 use proc_macro2::{TokenStream, TokenTree};
@@ -40,17 +40,19 @@ fn collect(tokens: TokenStream, found: &mut Vec<String>) {
     }
 }
 
-/// Fails, naming each, on a `/proc` literal in a file of `src` outside `src/sys/`.
-pub fn check(src: &Path) -> anyhow::Result<()> {
-    let sys = src.join("sys");
+/// Fails, naming each, on a `/proc` literal in a file under `roots` outside `sys`.
+pub fn check(sys: &Path, roots: &[PathBuf]) -> anyhow::Result<()> {
     let mut offences = Vec::new();
-    for file in crate::sizes::rust_files(src)? {
-        if file.starts_with(&sys) {
-            continue;
+    for root in roots {
+        for file in crate::sizes::rust_files(root)? {
+            if file.starts_with(sys) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file)?;
+            let found =
+                proc_literals(&text).with_context(|| format!("reading {}", file.display()))?;
+            offences.extend(found.iter().map(|l| format!("  {}: {l}", file.display())));
         }
-        let text = std::fs::read_to_string(&file)?;
-        let found = proc_literals(&text).with_context(|| format!("reading {}", file.display()))?;
-        offences.extend(found.iter().map(|l| format!("  {}: {l}", file.display())));
     }
     if !offences.is_empty() {
         bail!(

@@ -87,14 +87,21 @@ pub fn run() -> anyhow::Result<()> {
 pub fn shape() -> anyhow::Result<()> {
     crate::cycles::check(&workspace().join("sampler-user/src"), &[])?;
     crate::cycles::check(&workspace().join("crates/model/src"), &["schema"])?;
+    crate::cycles::check(&workspace().join("crates/target/src"), &[])?;
     crate::layout::check(&workspace())?;
-    crate::os_layer::check(&workspace().join("sampler-user/src"))?;
+    let user_side = ["crates/model", "crates/target", "sampler-user"];
+    crate::os_layer::check(
+        &workspace().join("crates/target/src/sys"),
+        &user_side.map(|c| workspace().join(c).join("src")),
+    )?;
     crate::contract::check(
         &workspace().join("sampler-common/src/kernel.rs"),
-        &["sampler-user", "sampler-preload"].map(|c| workspace().join(c).join("src")),
+        &["crates/target", "sampler-user", "sampler-preload"]
+            .map(|c| workspace().join(c).join("src")),
     )?;
     let sources = [
         "crates/model",
+        "crates/target",
         "sampler-common",
         "sampler-ebpf",
         "sampler-preload",

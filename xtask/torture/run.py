@@ -1012,7 +1012,7 @@ def _():
     said, status, code, err, _ = harm_attached("paint")
     depth = [int(x.split()[1]) for x in said.splitlines() if x.startswith("depth ")]
     check(status == 0 and loaded(err) and depth, f"{said!r} {err[-300:]}")
-    # STACK_NEEDED in sampler-user/src/inject/safe.rs: 56 KiB.
+    # STACK_NEEDED in crates/target/src/inject/safe.rs: 56 KiB.
     check(depth[0] < 56 * 1024, f"the load used {depth[0]} bytes of the thread's stack")
     print(f"      the load used {depth[0]} bytes below the thread's stack pointer",
           file=sys.stderr)

@@ -91,7 +91,7 @@ impl GoTotals {
 
     /// Reads `pid`'s totals now (`None`: gone, or not readable).
     fn read(layout: &go_memstats::Layout, pid: u32) -> Option<Totals> {
-        let mut ring = vec![0u8; layout.len()];
+        let mut ring = vec![0u8; layout.reading_len()];
         crate::sys::memory::read_at(pid, layout.address, &mut ring).ok()?;
         layout.totals(&ring)
     }
@@ -519,7 +519,7 @@ impl ProcessBook {
                     watch = Some(sampler_common::GoStatsAt {
                         address: layout.address,
                         rate_address: self.go_rates.get(&pid).map_or(0, |r| r.0),
-                        len: layout.len() as u32,
+                        len: layout.reading_len() as u32,
                         pad: 0,
                     });
                     let at_ns = crate::collect::monotonic_ns();
