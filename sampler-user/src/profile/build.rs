@@ -631,9 +631,6 @@ fn modules_of(
         .collect()
 }
 
-/// The front end of a process counted in-process until it exec'd a program without the
-/// library, and by uprobes from then on.
-pub const IN_PROCESS_THEN_UPROBES: &str = "in-process, then uprobes";
 
 /// A process's front end, from the allocators probed in it.
 fn front_end_of(allocators: &[String]) -> String {
@@ -666,7 +663,7 @@ fn front_end_of(allocators: &[String]) -> String {
         .any(|a| crate::probe::allocator::describes_in_process(a))
     {
         if probed {
-            IN_PROCESS_THEN_UPROBES.into()
+            crate::schema::IN_PROCESS_THEN_UPROBES.into()
         } else {
             "in-process".into()
         }

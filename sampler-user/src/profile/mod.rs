@@ -17,8 +17,8 @@ mod tally;
 pub(crate) mod timeline;
 
 pub use crate::schema::*;
-pub use aggregator::{Aggregator, LostCounts, OpenStratum, Readings, LOST_FRAME};
-pub use build::{target_uses, Settings, Snapshot, IN_PROCESS_THEN_UPROBES};
+pub use aggregator::{Aggregator, LostCounts, OpenStratum, Readings};
+pub use build::{target_uses, Settings, Snapshot};
 pub use incomplete::incomplete_reasons;
 pub use period::PeriodStart;
 pub use processes::{Forked, ProcessBook};

@@ -20,8 +20,8 @@ const DEADBAND: f64 = 1.2;
 /// is not taken for a quiet process at once, since the burst after it would meet a small
 /// interval for up to a second before the ceiling answers.
 const STEP_DOWN: f64 = 16.0;
-/// The smallest interval the band lowers to when no `--interval` was given.
-pub(crate) const SMALLEST_INTERVAL: u64 = 4096;
+// The smallest interval the band lowers to when no `--interval` was given.
+pub(crate) use crate::schema::SMALLEST_INTERVAL;
 
 /// The controller's state.
 #[derive(Clone, Debug)]

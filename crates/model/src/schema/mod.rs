@@ -25,6 +25,17 @@ use serde::{Deserialize, Serialize};
 /// Schema tag of the JSON export.
 pub const SCHEMA: &str = "allocscope/v1";
 
+/// The smallest sampling interval allocscope sets on its own: the throttle's band lowers
+/// a quiet process's interval no further, and the summary suggests no smaller `-i`.
+pub const SMALLEST_INTERVAL: u64 = 4096;
+
+/// The frame that names the pseudo-stack of samples lost without a stack.
+pub const LOST_FRAME: &str = "[samples lost: ring buffer full]";
+
+/// The front end of a process counted in-process until it exec'd a program without the
+/// library, and by uprobes from then on.
+pub const IN_PROCESS_THEN_UPROBES: &str = "in-process, then uprobes";
+
 /// Sampling parameters, as exported.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Sampling {

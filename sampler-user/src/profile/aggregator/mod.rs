@@ -113,8 +113,6 @@ fn observed_so_far(open: Option<&OpenStratum>) -> &StratumObserved {
 /// Per process, the samples the kernel could not deliver (cumulative, by size and interval).
 pub type LostCounts = BTreeMap<u32, Vec<LostBatch>>;
 
-/// The frame that names the pseudo-stack of samples lost without a stack.
-pub const LOST_FRAME: &str = "[samples lost: ring buffer full]";
 
 /// Per-stack rate trackers that all cover the same time.
 #[derive(Debug)]

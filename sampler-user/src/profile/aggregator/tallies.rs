@@ -4,7 +4,8 @@
 
 use std::collections::HashMap;
 
-use super::{Aggregator, LostCounts, OpenStratum, Readings, LOST_FRAME};
+use super::{Aggregator, LostCounts, OpenStratum, Readings};
+use crate::schema::LOST_FRAME;
 use crate::{
     collect::LostBatch,
     profile::{
