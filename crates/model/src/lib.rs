@@ -7,6 +7,8 @@
 //!
 //! [`schema`] imports nothing of the crate (plain data); [`stats`] uses its estimate types.
 
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 pub mod format;
 pub mod schema;
 pub mod stats;

@@ -331,7 +331,8 @@ impl Dictionary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{agent::period::split, export::tests::synthetic};
+    use crate::agent::period::split;
+    use allocscope_model::fixtures::synthetic;
 
     fn request() -> ExportProfilesServiceRequest {
         let mut profile = synthetic();

@@ -77,7 +77,8 @@ fn whole(bound: f64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{agent::period::split, export::tests::synthetic, stats::Estimate};
+    use crate::{agent::period::split, stats::Estimate};
+    use allocscope_model::fixtures::synthetic;
 
     fn label_num(message: &proto::Profile, sample: &proto::Sample, key: &str) -> Option<i64> {
         sample

@@ -115,7 +115,8 @@ pub(crate) fn container_id(cgroup: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{export::tests::synthetic, profile::PeriodValues, stats::Estimate};
+    use crate::{profile::PeriodValues, stats::Estimate};
+    use allocscope_model::fixtures::synthetic;
 
     fn estimate(value: f64) -> Estimate {
         Estimate {

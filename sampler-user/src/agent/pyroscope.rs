@@ -166,7 +166,8 @@ pub(crate) fn random_bytes() -> [u8; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{agent::period::split, export::tests::synthetic};
+    use crate::agent::period::split;
+    use allocscope_model::fixtures::synthetic;
 
     #[test]
     fn a_series_per_process_labelled_for_pyroscope() {

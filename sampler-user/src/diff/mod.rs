@@ -458,7 +458,8 @@ pub(crate) fn grown_beyond(diff: &Diff, percent: f64) -> Vec<&Compared> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{export::tests::synthetic, stats::Estimate};
+    use crate::stats::Estimate;
+    use allocscope_model::fixtures::synthetic;
 
     fn exact(value: f64) -> Estimate {
         Estimate {

@@ -153,7 +153,7 @@ mod tests {
 
     #[test]
     fn each_value_is_a_profile_over_one_frame_table_root_first() {
-        let profile = crate::export::tests::synthetic();
+        let profile = allocscope_model::fixtures::synthetic();
         let mut out = Vec::new();
         write(&profile, Value::AllocObjects, &mut out).unwrap();
         let file: serde_json::Value = serde_json::from_slice(&out).unwrap();

@@ -73,7 +73,7 @@ mod tests {
 
     #[test]
     fn values_whose_sum_overflows_are_drawn_to_scale() {
-        let mut profile = crate::export::tests::synthetic();
+        let mut profile = allocscope_model::fixtures::synthetic();
         for stack in &mut profile.stacks {
             stack.alloc_bytes.estimate = 1.5e19;
         }

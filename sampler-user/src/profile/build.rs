@@ -631,7 +631,6 @@ fn modules_of(
         .collect()
 }
 
-
 /// A process's front end, from the allocators probed in it.
 fn front_end_of(allocators: &[String]) -> String {
     use crate::probe::go;
@@ -879,7 +878,7 @@ pub(super) mod tests {
             library.to_owned(),
             "glibc (/usr/lib/x86_64-linux-gnu/libc.so.6)".to_owned(),
         ];
-        assert_eq!(front_end_of(&both), IN_PROCESS_THEN_UPROBES);
+        assert_eq!(front_end_of(&both), crate::schema::IN_PROCESS_THEN_UPROBES);
         let own = [
             library.to_owned(),
             "malloc (static, in /usr/bin/x)".to_owned(),

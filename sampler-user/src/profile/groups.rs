@@ -116,7 +116,7 @@ mod tests {
     }
 
     fn process(pid: u32, command: &str, set: &SampleSet, calls: u64) -> ProcessProfile {
-        let mut p = crate::export::tests::synthetic().processes.remove(0);
+        let mut p = allocscope_model::fixtures::synthetic().processes.remove(0);
         let e = set.estimate(0.95, Window::RECORDING, 4096);
         p.pid = pid;
         p.command = command.to_owned();

@@ -246,7 +246,7 @@ mod tests {
     /// 100 samples in the same time, rounded down to a power of two).
     #[test]
     fn wide_bounds_say_what_would_narrow_them() {
-        let mut profile = crate::export::tests::synthetic();
+        let mut profile = allocscope_model::fixtures::synthetic();
         profile.sampling.mean_interval_bytes = 512 << 10;
         let mut out = String::new();
         wide_bounds_hint(&mut out, &profile, &profile.stacks);

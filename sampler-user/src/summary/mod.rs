@@ -649,7 +649,7 @@ mod tests {
             address,
             kind: None,
         };
-        let mut profile = crate::export::tests::synthetic();
+        let mut profile = allocscope_model::fixtures::synthetic();
         let common = ["leaf", "a", "b", "c"];
         let mut first = profile.stacks[0].clone();
         first.frames = common.iter().map(|n| frame(n, 1)).collect();
@@ -674,7 +674,7 @@ mod tests {
     #[test]
     fn many_processes_tables_show_a_commands_stacks_taken_together() {
         use crate::profile::{CommandGroup, CommandStackProfile, ExactCounts};
-        let mut profile = crate::export::tests::synthetic();
+        let mut profile = allocscope_model::fixtures::synthetic();
         let one = profile.processes[0].clone();
         profile.processes = (0..9)
             .map(|i| ProcessProfile {
@@ -736,7 +736,7 @@ mod tests {
     #[test]
     fn the_live_heap_says_since_when_it_counts() {
         use crate::profile::{Coverage, CoverageStart};
-        let mut profile = crate::export::tests::synthetic();
+        let mut profile = allocscope_model::fixtures::synthetic();
         profile.alloc_only = false;
         profile.processes[0].inuse_bytes = Some(profile.processes[0].alloc_bytes);
         let attached = render(&profile, 10, true);
@@ -837,7 +837,7 @@ mod tests {
 
     #[test]
     fn stack_endings_are_shared_out_whole_ones_first() {
-        let mut profile = crate::export::tests::synthetic();
+        let mut profile = allocscope_model::fixtures::synthetic();
         let ends = [
             (StackEnd::Window, 1),
             (StackEnd::Root, 1000),

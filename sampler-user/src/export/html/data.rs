@@ -472,7 +472,7 @@ mod tests {
     #[test]
     fn a_commands_processes_share_one_root_where_the_profile_groups_them() {
         use crate::schema::ExactCounts;
-        let mut profile = crate::export::tests::synthetic();
+        let mut profile = allocscope_model::fixtures::synthetic();
         let mut other = profile.processes[0].clone();
         other.pid = 43;
         profile.processes.push(other);
@@ -547,7 +547,7 @@ mod tests {
 
     #[test]
     fn stacks_are_root_first_under_their_process_with_one_value_per_metric() {
-        let profile = crate::export::tests::synthetic();
+        let profile = allocscope_model::fixtures::synthetic();
         let data = profile_data(&profile, Value::AllocObjects);
         assert_eq!(data.kind, "profile");
         let keys: Vec<&str> = data.metrics.iter().map(|m| m.key).collect();

@@ -103,7 +103,7 @@ mod tests {
 
     #[test]
     fn a_stack_that_grew_carries_its_change_and_both_sides() {
-        let base = crate::export::tests::synthetic();
+        let base = allocscope_model::fixtures::synthetic();
         let mut new = base.clone();
         new.stacks[0].alloc_bytes.estimate *= 10.0;
         new.stacks[0].alloc_bytes.lower *= 10.0;

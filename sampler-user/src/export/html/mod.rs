@@ -98,7 +98,7 @@ mod tests {
 
     #[test]
     fn the_page_is_whole_and_its_data_cannot_end_the_script() {
-        let mut profile = crate::export::tests::synthetic();
+        let mut profile = allocscope_model::fixtures::synthetic();
         profile.processes[0].command = "<!--<script></script><b>x{{DATA}}".into();
         let mut out = Vec::new();
         write(&profile, Value::AllocBytes, &mut out).unwrap();

@@ -113,7 +113,6 @@ fn observed_so_far(open: Option<&OpenStratum>) -> &StratumObserved {
 /// Per process, the samples the kernel could not deliver (cumulative, by size and interval).
 pub type LostCounts = BTreeMap<u32, Vec<LostBatch>>;
 
-
 /// Per-stack rate trackers that all cover the same time.
 #[derive(Debug)]
 struct Recent {
