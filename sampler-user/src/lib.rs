@@ -10,15 +10,15 @@ pub(crate) mod agent;
 pub mod cli;
 pub mod commands;
 pub mod config;
-pub(crate) mod diff;
 pub mod duty;
-pub mod export;
 pub mod help;
 pub(crate) mod preflight;
 pub mod profile;
 // The profile's format, its statistics and the renderings every output shares, in a
 // crate of their own (pure).
 pub use allocscope_model::{format, schema, stats, text, units};
+// The summary, diffs and exports, in the outputs' crate.
+pub use allocscope_outputs::{diff, export, summary};
 // The processes, probes, stacks and runtimes, in the target side's crate.
 pub use allocscope_target::{
     collect, cost, exits, infile, inject, interrupted, outfile, preload, probe, python, signals,
@@ -26,5 +26,4 @@ pub use allocscope_target::{
 };
 pub(crate) mod recording;
 pub mod say;
-pub mod summary;
 pub(crate) mod throttle;

@@ -88,8 +88,14 @@ pub fn shape() -> anyhow::Result<()> {
     crate::cycles::check(&workspace().join("sampler-user/src"), &[])?;
     crate::cycles::check(&workspace().join("crates/model/src"), &["schema"])?;
     crate::cycles::check(&workspace().join("crates/target/src"), &[])?;
+    crate::cycles::check(&workspace().join("crates/outputs/src"), &[])?;
     crate::layout::check(&workspace())?;
-    let user_side = ["crates/model", "crates/target", "sampler-user"];
+    let user_side = [
+        "crates/model",
+        "crates/outputs",
+        "crates/target",
+        "sampler-user",
+    ];
     crate::os_layer::check(
         &workspace().join("crates/target/src/sys"),
         &user_side.map(|c| workspace().join(c).join("src")),
@@ -101,6 +107,7 @@ pub fn shape() -> anyhow::Result<()> {
     )?;
     let sources = [
         "crates/model",
+        "crates/outputs",
         "crates/target",
         "sampler-common",
         "sampler-ebpf",

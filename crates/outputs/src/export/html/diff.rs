@@ -26,7 +26,7 @@ fn values(change: &Change, base: f64, new: f64, z: f64) -> Vec<f64> {
 }
 
 /// The page's data for `diff` (`base` and `new` name the two files).
-pub(crate) fn diff_data(diff: &Diff, base: &str, new: &str) -> Data {
+pub fn diff_data(diff: &Diff, base: &str, new: &str) -> Data {
     let alpha = 1.0 - diff.confidence;
     let z = difference::z(1.0 - alpha / diff.comparisons.max(1) as f64);
     let inuse = diff.stacks.iter().any(|c| c.inuse_change.is_some());

@@ -13,7 +13,7 @@ use std::{collections::HashMap, fmt::Write as _};
 use super::estimate_bytes;
 use crate::{
     format::bytes,
-    profile::{CommandGroup, ProcessProfile, Profile},
+    schema::{CommandGroup, ProcessProfile, Profile},
     text,
 };
 

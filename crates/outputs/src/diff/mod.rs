@@ -20,12 +20,12 @@
 //! short), whose lengths are the recorder's ([`Basis`]); in-use bytes as they were at each recording's end, when both
 //! tracked frees.
 
-pub(crate) mod render;
+pub mod render;
 
 use std::collections::BTreeMap;
 
 use crate::{
-    profile::{CoverageStart, Profile, StackProfile},
+    schema::{CoverageStart, Profile, StackProfile},
     stacks::symbolize::FrameInfo,
     stats::{
         difference::{change, Change, Spread},
@@ -44,7 +44,7 @@ pub(crate) const ANY_COMMAND: &str = "*";
 /// What allocations are compared as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum Basis {
+pub enum Basis {
     /// Bytes allocated in each recording: both are whole runs of a command.
     PerRun,
     /// Bytes allocated per second of each recording: a window of running processes.
@@ -54,7 +54,7 @@ pub(crate) enum Basis {
 /// What a recording covers: a whole run of a command, or a window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum Span {
+pub enum Span {
     /// A command allocscope started, and its descendants, each from its start, until it
     /// ended on its own.
     WholeRun,
@@ -127,7 +127,7 @@ impl Basis {
 
 /// One stack's (or function's) values in both recordings, and their changes.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub(crate) struct Compared {
+pub struct Compared {
     /// The command ([`ANY_COMMAND`] unless matched by command), then the frames, leaf
     /// first (a function: that and the leaf).
     pub key: Key,
@@ -192,7 +192,7 @@ fn percent(change: f64, base: f64) -> f64 {
 
 /// What `diff` found.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub(crate) struct Diff {
+pub struct Diff {
     /// Schema tag, [`SCHEMA`].
     pub schema: String,
     /// The simultaneous confidence of every bound.
@@ -318,7 +318,7 @@ fn absent(profile: &Profile) -> Spread {
 /// Compares `new` with `base` at `confidence` (simultaneous over every comparison made),
 /// allocations per run or per second as the recordings' spans say unless `asked`;
 /// `by_command`: a stack is matched within its command only.
-pub(crate) fn diff(
+pub fn diff(
     base: &Profile,
     new: &Profile,
     confidence: f64,
@@ -447,7 +447,7 @@ impl Sides<'_> {
 }
 
 /// The stacks (or functions) whose significant growth exceeds `percent`.
-pub(crate) fn grown_beyond(diff: &Diff, percent: f64) -> Vec<&Compared> {
+pub fn grown_beyond(diff: &Diff, percent: f64) -> Vec<&Compared> {
     diff.stacks
         .iter()
         .chain(&diff.functions)
@@ -475,7 +475,7 @@ mod tests {
         let mut run = synthetic();
         run.whole_run = true;
         for process in &mut run.processes {
-            process.coverage = Some(crate::profile::Coverage {
+            process.coverage = Some(crate::schema::Coverage {
                 since: CoverageStart::Start,
                 ..Default::default()
             });

@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use crate::profile::Profile;
+use crate::schema::Profile;
 
 /// Bytes serialized before they are handed to `out`.
 const CHUNK: usize = 64 * 1024;

@@ -3,7 +3,7 @@
 //! are those of the profile's stack it names). The tables are written once for both.
 
 use crate::{
-    profile::{CommandStackProfile, FrameInfo, LifetimeValues, Profile, StackProfile},
+    schema::{CommandStackProfile, FrameInfo, LifetimeValues, Profile, StackProfile},
     stats::Estimate,
     text,
 };

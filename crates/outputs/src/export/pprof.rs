@@ -19,7 +19,7 @@ use prost::Message;
 
 use super::Value;
 use crate::{
-    profile::{Profile, StackProfile, ThreadValues},
+    schema::{Profile, StackProfile, ThreadValues},
     stacks::symbolize::FrameInfo,
 };
 

@@ -22,10 +22,10 @@ mod diff;
 use std::io::Write;
 
 pub(crate) use data::{profile_data, Data};
-pub(crate) use diff::diff_data;
+pub use diff::diff_data;
 
 use super::Value;
-use crate::profile::Profile;
+use crate::schema::Profile;
 #[cfg(doc)]
 use crate::stats::difference::Spread;
 
@@ -40,7 +40,7 @@ pub(crate) fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std
 }
 
 /// Writes the page for `data`.
-pub(crate) fn page(data: &Data, out: &mut dyn Write) -> std::io::Result<()> {
+pub fn page(data: &Data, out: &mut dyn Write) -> std::io::Result<()> {
     let json = serde_json::to_string(data)?;
     // Inside <script>, `</script` ends the element early and `<!--` followed by `<script`
     // makes the parser skip the real end (the page went blank): no `<` may appear. It only

@@ -14,7 +14,7 @@ use serde::Serialize;
 use super::Value;
 use crate::{
     format::{frame_name, sanitize},
-    profile::Profile,
+    schema::Profile,
     stacks::symbolize::FrameKind,
 };
 

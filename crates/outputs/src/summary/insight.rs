@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use super::{row_chains, stack_row, Row};
 use crate::{
     format::signed_bytes,
-    profile::{GrowthValues, ProcessProfile, Profile, SiteProfile, StackProfile},
+    schema::{GrowthValues, ProcessProfile, Profile, SiteProfile, StackProfile},
     stats::Estimate,
 };
 
@@ -32,7 +32,7 @@ pub(super) fn wide_bounds_hint<R: Row>(out: &mut String, profile: &Profile, rows
     // The interval at which its bytes would have given about ENOUGH_SAMPLES samples (the
     // one in force may have changed: the throttle's).
     let interval = profile.sampling.mean_interval_bytes as f64;
-    let wanted = (e.estimate / ENOUGH_SAMPLES).max(crate::throttle::SMALLEST_INTERVAL as f64);
+    let wanted = (e.estimate / ENOUGH_SAMPLES).max(crate::schema::SMALLEST_INTERVAL as f64);
     // A power of two, as people type them.
     let suggested = 2f64.powi(wanted.log2().floor() as i32);
     let _ = write!(
@@ -208,7 +208,7 @@ fn share(e: &Estimate) -> String {
 /// The stacks (of processes, or of commands) that allocate the most bytes freed within a
 /// millisecond.
 pub(super) fn temporary_rows<R: Row>(out: &mut String, stacks: &[R], top: usize) {
-    let mut temporary: Vec<(&R, &crate::profile::LifetimeValues)> = stacks
+    let mut temporary: Vec<(&R, &crate::schema::LifetimeValues)> = stacks
         .iter()
         .filter_map(|s| Some((s, s.lifetimes()?)))
         .filter(|(_, l)| l.temporary_bytes.samples > 0)

@@ -7,7 +7,7 @@ use std::io::Write;
 use inferno::flamegraph::{self, Options};
 
 use super::{folded, Value};
-use crate::{format, profile::Profile, text};
+use crate::{format, schema::Profile, text};
 
 /// Writes `profile` as an SVG flame graph of `value`.
 pub(crate) fn write(profile: &Profile, value: Value, out: &mut dyn Write) -> std::io::Result<()> {

@@ -9,10 +9,10 @@ mod rows;
 use std::{collections::BTreeMap, fmt::Write as _};
 
 use crate::{
-    collect::Losses,
     cost::{Overhead, TrapSource},
     format::{bytes, frame_name, percent},
-    profile::{Coverage, DutyRecord, ProcessProfile, Profile, StackProfile, LOST_FRAME},
+    schema::Losses,
+    schema::{Coverage, DutyRecord, ProcessProfile, Profile, StackProfile, LOST_FRAME},
     stacks::StackEnd,
     stats::Estimate,
     text,
@@ -235,7 +235,7 @@ pub fn render(profile: &Profile, top: usize, each: bool) -> String {
 /// temporary allocations, allocated bytes, and the hint when the largest's bounds are wide.
 fn stack_tables<R: Row>(out: &mut String, profile: &Profile, rows: &[R], top: usize) {
     if !profile.alloc_only {
-        if profile.opens_on() == crate::profile::Opening::Peak {
+        if profile.opens_on() == crate::schema::Opening::Peak {
             let heading = "top stacks by estimated live bytes at the peak (each process's \
                            highest live heap):";
             live_rows(out, rows, top, heading, R::peak_bytes);
@@ -365,7 +365,7 @@ fn exact_counts(process: &ProcessProfile) -> String {
             process.exact.calls,
             match process.front_end.as_str() {
                 "in-process" => " (counted in-process)".into(),
-                crate::profile::IN_PROCESS_THEN_UPROBES => {
+                crate::schema::IN_PROCESS_THEN_UPROBES => {
                     " (counted in-process, then by uprobes: it exec'd a program without the library)".into()
                 }
                 // `-p`: the in-process sampler could not be loaded, said why.
@@ -634,7 +634,7 @@ pub(super) fn stack_row<R: Row>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::{CoverageStart, LateAllocator};
+    use crate::schema::{CoverageStart, LateAllocator};
 
     /// Two rows whose first four frames read alike show where they part (without it
     /// the top list seemed to repeat a row).
@@ -673,7 +673,7 @@ mod tests {
     /// `--verbose` keeps each process's stacks.
     #[test]
     fn many_processes_tables_show_a_commands_stacks_taken_together() {
-        use crate::profile::{CommandGroup, CommandStackProfile, ExactCounts};
+        use crate::schema::{CommandGroup, CommandStackProfile, ExactCounts};
         let mut profile = allocscope_model::fixtures::synthetic();
         let one = profile.processes[0].clone();
         profile.processes = (0..9)
@@ -735,7 +735,7 @@ mod tests {
 
     #[test]
     fn the_live_heap_says_since_when_it_counts() {
-        use crate::profile::{Coverage, CoverageStart};
+        use crate::schema::{Coverage, CoverageStart};
         let mut profile = allocscope_model::fixtures::synthetic();
         profile.alloc_only = false;
         profile.processes[0].inuse_bytes = Some(profile.processes[0].alloc_bytes);

@@ -7,7 +7,7 @@ use std::{fmt::Write as _, io::Write};
 use super::{Basis, Compared, Diff};
 use crate::{
     format::{bytes as human_bytes, frame_name, sanitize, signed_bytes},
-    profile::{Profile, StackProfile},
+    schema::{Profile, StackProfile},
     stats::{estimate::Posterior, Estimate},
 };
 
@@ -16,7 +16,7 @@ pub(crate) const ROWS: usize = 20;
 
 /// The printed table: what is compared and why, significant changes (growth first) per
 /// stack and per function, and how many were within the noise.
-pub(crate) fn table(diff: &Diff, base: &str, new: &str) -> String {
+pub fn table(diff: &Diff, base: &str, new: &str) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -142,14 +142,14 @@ fn finish(mut line: String, c: &Compared) -> String {
 }
 
 /// The diff as JSON.
-pub(crate) fn json(diff: &Diff, out: &mut dyn Write) -> std::io::Result<()> {
+pub fn json(diff: &Diff, out: &mut dyn Write) -> std::io::Result<()> {
     serde_json::to_writer_pretty(&mut *out, diff)?;
     writeln!(out)
 }
 
 /// Differential folded stacks: `command;root;…;leaf base new`, bytes allocated per run or
 /// per second ([`Diff::basis`]) in each recording (rounded).
-pub(crate) fn folded(diff: &Diff, out: &mut dyn Write) -> std::io::Result<()> {
+pub fn folded(diff: &Diff, out: &mut dyn Write) -> std::io::Result<()> {
     for c in &diff.stacks {
         let mut path = vec![sanitize(&c.commands.join(","))];
         path.extend(c.frames.iter().rev().map(frame_name));
@@ -167,7 +167,7 @@ pub(crate) fn folded(diff: &Diff, out: &mut dyn Write) -> std::io::Result<()> {
 /// A profile whose values are the changes (new − base): `alloc_space` in bytes allocated
 /// per run or per second, `inuse_space` in bytes; objects are not compared (0). `new` gives the
 /// recording's metadata.
-pub(crate) fn difference_profile(diff: &Diff, new: &Profile) -> Profile {
+pub fn difference_profile(diff: &Diff, new: &Profile) -> Profile {
     let value = |v: f64| Estimate {
         samples: 0,
         estimate: v,

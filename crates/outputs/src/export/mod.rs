@@ -1,7 +1,7 @@
 //! ⑥ One exporter per format, each over `&Profile`.
 
 pub(crate) mod folded;
-pub(crate) mod html;
+pub mod html;
 pub(crate) mod json;
 pub mod pprof;
 pub(crate) mod speedscope;
@@ -15,7 +15,7 @@ use std::{
 
 use crate::{
     outfile,
-    profile::{Opening, Profile, StackProfile},
+    schema::{Opening, Profile, StackProfile},
 };
 
 /// Output formats.
@@ -260,7 +260,7 @@ pub(crate) mod tests {
     /// docs/json-schema.md (growth, lifetimes, sizes, threads, timeline included).
     #[test]
     fn every_breakdown_field_is_documented() {
-        use crate::profile::{
+        use crate::schema::{
             GrowthValues, LifetimeValues, SeriesValues, SizeClassValues, ThreadValues,
         };
         let mut profile = synthetic();
@@ -313,7 +313,7 @@ pub(crate) mod tests {
         process.timeline = Some(timeline);
         let value = serde_json::to_value(&profile).unwrap();
         let docs = std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/json-schema.md"),
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/json-schema.md"),
         )
         .unwrap();
         let mut missing = Vec::new();
@@ -357,13 +357,13 @@ pub(crate) mod tests {
         stack.inuse_bytes = Some(estimate(500.0, 3));
         stack.inuse_objects = Some(estimate(5.0, 3));
         stack.threads = vec![
-            crate::profile::ThreadValues {
+            crate::schema::ThreadValues {
                 tid: Some(7),
                 name: "alpha\x1b[2J".into(),
                 alloc_bytes: estimate(15000.0, 7),
                 alloc_objects: estimate(70.0, 7),
             },
-            crate::profile::ThreadValues {
+            crate::schema::ThreadValues {
                 tid: None,
                 name: String::new(),
                 alloc_bytes: estimate(5000.0, 3),

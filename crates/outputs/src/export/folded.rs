@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, io::Write};
 use super::Value;
 use crate::{
     format::{frame_name, sanitize},
-    profile::Profile,
+    schema::Profile,
 };
 
 /// Writes one line per distinct folded stack (stacks whose names coincide are summed).

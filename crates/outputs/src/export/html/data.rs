@@ -9,8 +9,8 @@ use serde::Serialize;
 use super::super::Value;
 use crate::{
     format::{frame_name, sanitize},
-    profile::{Profile, SeriesValues, StackProfile},
     schema::{CommandGroup, ProcessProfile},
+    schema::{Profile, SeriesValues, StackProfile},
     stacks::symbolize::FrameInfo,
     stats::{
         difference::{self, Spread},
@@ -21,7 +21,7 @@ use crate::{
 
 /// The page's data (`kind` "profile" or "diff").
 #[derive(Debug, Serialize)]
-pub(crate) struct Data {
+pub struct Data {
     /// "profile" or "diff".
     pub kind: &'static str,
     /// The page's title.
@@ -54,7 +54,7 @@ pub(crate) struct Data {
 
 /// A value the flame graph and table can show.
 #[derive(Debug, Serialize)]
-pub(crate) struct Metric {
+pub struct Metric {
     pub key: &'static str,
     pub label: &'static str,
     /// "bytes", "count" or "bytes/s".
@@ -67,7 +67,7 @@ pub(crate) struct Metric {
 /// error below, error above]` (`null`: the stack has no such value; an error above that
 /// is `null` is unbounded). A diff's values are `[change, below, above, width, base, new]`.
 #[derive(Debug, Serialize)]
-pub(crate) struct StackData {
+pub struct StackData {
     pub f: Vec<u32>,
     /// The index in `f` of its site ([`crate::stacks::site`]): the frame its rows are named by.
     pub site: usize,
@@ -87,7 +87,7 @@ pub(crate) struct StackData {
 
 /// A series of a chart: a process's total or one stack's.
 #[derive(Debug, Serialize)]
-pub(crate) struct Series {
+pub struct Series {
     pub name: String,
     /// In-use bytes, lower, upper per point.
     pub inuse: [Vec<f64>; 3],
@@ -97,7 +97,7 @@ pub(crate) struct Series {
 
 /// A bar of the size histogram.
 #[derive(Debug, Serialize)]
-pub(crate) struct SizeBar {
+pub struct SizeBar {
     pub from: u64,
     pub to: u64,
     pub bytes: f64,
