@@ -11,6 +11,13 @@ use std::{
 
 use anyhow::{bail, Context as _};
 
+/// The package name in the `Cargo.toml` beside `src` (`allocscope-model`), for messages.
+fn package_name(src: &Path) -> Option<String> {
+    let manifest = std::fs::read_to_string(src.parent()?.join("Cargo.toml")).ok()?;
+    let line = manifest.lines().find(|l| l.starts_with("name = "))?;
+    Some(line["name = ".len()..].trim_matches('"').to_owned())
+}
+
 /// Module → the modules it uses.
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
@@ -19,10 +26,7 @@ type Graph = BTreeMap<String, BTreeSet<String>>;
 /// format: a reader of the format reads that folder alone).
 pub fn check(src: &Path, self_contained: &[&str]) -> anyhow::Result<()> {
     let graph = module_graph(src)?;
-    let name = src
-        .parent()
-        .and_then(Path::file_name)
-        .map_or_else(|| src.display().to_string(), |n| n.to_string_lossy().into());
+    let name = package_name(src).unwrap_or_else(|| src.display().to_string());
     for leaf in self_contained {
         let uses = graph
             .get(*leaf)
