@@ -33,36 +33,6 @@ pub fn frame(function: &str, module: &str, address: u64, line: u32) -> FrameInfo
 
 /// A small profile: two stacks of one process, one with an inlined frame.
 pub fn synthetic() -> Profile {
-    let stack = |frames: Vec<FrameInfo>, bytes: f64, objects: f64| StackProfile {
-        pid: 42,
-        frames,
-        samples: 10,
-        alloc_bytes: estimate(bytes, 10),
-        alloc_objects: estimate(objects, 10),
-        alloc_bytes_by_trials: bytes,
-        alloc_posterior: Posterior {
-            bytes_sampled: 10,
-            bytes_to_sample: 5.0,
-            p: 0.001,
-            mean: bytes,
-            variance: 1.0,
-        },
-        inuse_bytes: None,
-        inuse_objects: None,
-        peak_bytes: None,
-        peak_objects: None,
-        leak: None,
-        period: None,
-        lost: false,
-        cut_to_leaf: false,
-        unwound: Some(Unwinding::Dwarf),
-        end: Some(StackEnd::Root),
-        growth: None,
-        lifetimes: None,
-        sizes: Vec::new(),
-        threads: Vec::new(),
-        timeline: None,
-    };
     Profile {
         schema: SCHEMA.to_owned(),
         sampling: Sampling {
@@ -77,35 +47,7 @@ pub fn synthetic() -> Profile {
         whole_run: false,
         alloc_only: true,
         leaks_older_than_seconds: None,
-        processes: vec![ProcessProfile {
-            pid: 42,
-            command: "app".into(),
-            executable: "/bin/app".into(),
-            cgroup: Some("/system.slice/app.service".into()),
-            front_end: "uprobes".into(),
-            allocators: vec!["glibc (/lib/libc.so.6)".into()],
-            exact: ExactCounts {
-                calls: 300,
-                bytes: 30000,
-            },
-            exact_source: None,
-            samples: 20,
-            alloc_bytes: estimate(30000.0, 20),
-            alloc_objects: estimate(300.0, 20),
-            inuse_bytes: None,
-            inuse_objects: None,
-            peak: None,
-            observed_share: None,
-            untracked_samples: 0,
-            lost_samples: 0,
-            rss_bytes: Some(1 << 20),
-            cpu_seconds: Some(1.5),
-            coverage: None,
-            incomplete: Vec::new(),
-            growth: None,
-            lifetimes: None,
-            timeline: None,
-        }],
+        processes: vec![process()],
         commands: Vec::new(),
         command_stacks: Vec::new(),
         losses: Losses::default(),
@@ -136,5 +78,72 @@ pub fn synthetic() -> Profile {
         probes: Vec::new(),
         thread_states: None,
         overhead: None,
+    }
+}
+
+/// One stack of process 42 sampled 10 times.
+fn stack(frames: Vec<FrameInfo>, bytes: f64, objects: f64) -> StackProfile {
+    StackProfile {
+        pid: 42,
+        frames,
+        samples: 10,
+        alloc_bytes: estimate(bytes, 10),
+        alloc_objects: estimate(objects, 10),
+        alloc_bytes_by_trials: bytes,
+        alloc_posterior: Posterior {
+            bytes_sampled: 10,
+            bytes_to_sample: 5.0,
+            p: 0.001,
+            mean: bytes,
+            variance: 1.0,
+        },
+        inuse_bytes: None,
+        inuse_objects: None,
+        peak_bytes: None,
+        peak_objects: None,
+        leak: None,
+        period: None,
+        lost: false,
+        cut_to_leaf: false,
+        unwound: Some(Unwinding::Dwarf),
+        end: Some(StackEnd::Root),
+        growth: None,
+        lifetimes: None,
+        sizes: Vec::new(),
+        threads: Vec::new(),
+        timeline: None,
+    }
+}
+
+/// Process 42, `app`, counted by uprobes.
+fn process() -> ProcessProfile {
+    ProcessProfile {
+        pid: 42,
+        command: "app".into(),
+        executable: "/bin/app".into(),
+        cgroup: Some("/system.slice/app.service".into()),
+        front_end: "uprobes".into(),
+        allocators: vec!["glibc (/lib/libc.so.6)".into()],
+        exact: ExactCounts {
+            calls: 300,
+            bytes: 30000,
+        },
+        exact_source: None,
+        samples: 20,
+        alloc_bytes: estimate(30000.0, 20),
+        alloc_objects: estimate(300.0, 20),
+        inuse_bytes: None,
+        inuse_objects: None,
+        peak: None,
+        observed_share: None,
+        untracked_samples: 0,
+        lost_samples: 0,
+        rss_bytes: Some(1 << 20),
+        cpu_seconds: Some(1.5),
+        coverage: None,
+        incomplete: Vec::new(),
+        growth: None,
+        lifetimes: None,
+        timeline: None,
     }
 }
