@@ -64,7 +64,7 @@ pub fn children(pid: u32) -> Vec<u32> {
 
 /// The CPU time `pid` has used (all its threads); zero once it is gone.
 pub fn cpu_time(pid: u32) -> Duration {
-    sampler_user::sys::clock::process_cpu_ns(pid).map_or(Duration::ZERO, Duration::from_nanos)
+    allocscope_target::sys::clock::process_cpu_ns(pid).map_or(Duration::ZERO, Duration::from_nanos)
 }
 
 /// Waits, for at most `timeout`, until `pid` has run `cpu` more on the CPU than it had when

@@ -10,7 +10,7 @@ use std::{
     sync::atomic::{AtomicUsize, Ordering},
 };
 
-pub use sampler_user::profile::{ProcessProfile, Profile, StackProfile};
+pub use allocscope_model::schema::{ProcessProfile, Profile, StackProfile};
 
 use crate::{allocscope, TempDir};
 
@@ -184,7 +184,7 @@ pub fn frame_is(stack: &StackProfile, index: usize, function: &str) -> bool {
 /// Asserts that `estimate`'s bounds hold `truth` (`what` names it; `context`, allocscope's
 /// stderr, is shown if not).
 pub fn assert_holds(
-    estimate: &sampler_user::stats::Estimate,
+    estimate: &allocscope_model::stats::Estimate,
     truth: f64,
     what: &str,
     context: &str,

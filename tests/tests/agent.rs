@@ -57,7 +57,7 @@ fn labels_of(series: &pyroscope::encode::gen::push::RawProfileSeries) -> HashMap
 
 /// Total of sample type `kind` in a gzipped pprof payload, and per leaf function.
 fn pprof_total(raw: &[u8], kind: &str) -> (i64, HashMap<String, i64>) {
-    let profile = sampler_user::export::pprof::read(raw).unwrap();
+    let profile = allocscope_outputs::export::pprof::read(raw).unwrap();
     let s = |i: i64| profile.string_table[i as usize].as_str();
     let column = profile
         .sample_type
@@ -317,7 +317,7 @@ fn a_sink_that_refuses_hangs_or_resets_is_retried_and_loses_nothing() {
         .iter()
         .flat_map(|r| PushRequest::decode(r.body.as_slice()).unwrap().series)
         .map(|s| {
-            sampler_user::export::pprof::read(&s.samples[0].raw_profile)
+            allocscope_outputs::export::pprof::read(&s.samples[0].raw_profile)
                 .unwrap()
                 .time_nanos
         })

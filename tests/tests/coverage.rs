@@ -11,10 +11,7 @@
 
 use std::{collections::BTreeMap, process::Command, time::Duration};
 
-use sampler_user::{
-    profile::CoverageStart,
-    schema::{StackEnd, StackProfile},
-};
+use allocscope_model::schema::{CoverageStart, StackEnd, StackProfile};
 use tests::{
     assert_bounds_exact, check_workload_profile, drain, fixture, interrupt, read_profile,
     record::{process_of, site_of, ProcessProfile, Profile},

@@ -9,7 +9,7 @@
 
 use std::process::Command;
 
-use sampler_user::profile::{Profile, StackProfile};
+use allocscope_model::schema::{Profile, StackProfile};
 use tests::{allocscope, fixture_as, record::leaf_is, Record, Recorded, TempDir};
 
 /// Seconds the fixture runs (its schedule: 1000 iterations a second).

@@ -12,7 +12,7 @@ use std::{
     process::Command,
 };
 
-use sampler_user::profile::CoverageStart;
+use allocscope_model::schema::CoverageStart;
 use tests::{
     check_workload_profile, drain, fixture, fixture_as, read_typed,
     record::{site_of, ProcessProfile, Profile, StackProfile},
@@ -422,7 +422,7 @@ fn a_command_runs_while_its_probes_load_and_nothing_it_did_meanwhile_is_lost() {
 /// each, `keep_live` bytes of `early_keep`'s still live and none of `early_temporary`'s,
 /// inside their bounds; `early_keep`'s stacks reach `main`.
 fn check_early_sites(profile: &Profile, pid: u32, keep_live: f64, stderr: &str) {
-    type Measure = fn(&StackProfile) -> sampler_user::stats::Estimate;
+    type Measure = fn(&StackProfile) -> allocscope_model::stats::Estimate;
     let bounds = |stacks: &[&StackProfile], measure: Measure| -> (f64, f64, f64) {
         stacks.iter().fold((0.0, 0.0, 0.0), |(e, l, u), s| {
             let m = measure(s);

@@ -6,7 +6,7 @@
 //! saying there are no exact counts. The fixture's probes are `sys/sdt.h`'s, their argument
 //! locations chosen by the compiler.
 
-use sampler_user::stats::Estimate;
+use allocscope_model::stats::Estimate;
 use tests::{
     drain, fixture_as, interrupt, read_typed,
     record::{process_of, Profile, StackProfile},

@@ -5,7 +5,7 @@
 //! thread's bootstrap), and where the script knows what a site allocated, the estimate's
 //! bounds must hold it. `--python-frames off` must give native stacks only.
 
-use sampler_user::stacks::symbolize::{FrameInfo, FrameKind};
+use allocscope_model::schema::{FrameInfo, FrameKind};
 use tests::{pythons, record::StackProfile, Record, TempDir};
 
 /// The script. `# site:NAME` marks a site's line; `@N` is replaced with the count, `@WAIT`
@@ -106,7 +106,7 @@ fn describe(stacks: &[StackProfile]) -> String {
             let names: Vec<String> = s
                 .frames
                 .iter()
-                .map(sampler_user::format::frame_name)
+                .map(allocscope_model::format::frame_name)
                 .collect();
             format!("{:>5} {}", s.samples, names.join(" <- "))
         })
@@ -431,7 +431,7 @@ fn python_frames_come_through_uprobes_too() {
 /// and 3.13's `_Py_DebugOffsets` read from its library must say what its headers say.
 #[test]
 fn frame_layouts_are_the_interpreters_own() {
-    use sampler_user::python::{detect, layout::Layout};
+    use allocscope_target::python::{detect, layout::Layout};
     let expected = |layout: &Layout| -> Vec<(String, u64)> {
         let w = &layout.walk;
         let mut fields = vec![
@@ -453,10 +453,13 @@ fn frame_layouts_are_the_interpreters_own() {
             ("unicode.ascii_size", layout.unicode_ascii_size),
             ("unicode.compact_size", layout.unicode_compact_size),
             // objects.rs reads a str's length where a bytes object's size is.
-            ("unicode.length", sampler_user::python::layout::OB_SIZE),
-            ("tstate.interp", sampler_user::python::layout::THREAD_INTERP),
-            ("bytes.size", sampler_user::python::layout::OB_SIZE),
-            ("bytes.sval", sampler_user::python::layout::BYTES_SVAL),
+            ("unicode.length", allocscope_target::python::layout::OB_SIZE),
+            (
+                "tstate.interp",
+                allocscope_target::python::layout::THREAD_INTERP,
+            ),
+            ("bytes.size", allocscope_target::python::layout::OB_SIZE),
+            ("bytes.sval", allocscope_target::python::layout::BYTES_SVAL),
         ];
         if w.via_cframe != 0 {
             fields.push(("cframe.current_frame", u64::from(w.cframe_current_frame)));
@@ -493,7 +496,7 @@ fn frame_layouts_are_the_interpreters_own() {
                 })
                 .collect();
         let layout = match library {
-            None => sampler_user::python::layout::for_version(version.0, version.1).unwrap(),
+            None => allocscope_target::python::layout::for_version(version.0, version.1).unwrap(),
             Some(library) => {
                 detect::analyse(&std::fs::read(library).unwrap())
                     .unwrap()

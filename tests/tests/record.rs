@@ -4,7 +4,7 @@
 
 use std::{process::Command, time::Duration};
 
-use sampler_user::{cost::TrapSource, profile::CoverageStart};
+use allocscope_model::schema::{CoverageStart, TrapSource};
 use tests::{
     allocscope, check_workload_profile, fixture, read_typed, record::site_of, start_recording,
     wait_until, Record, TempDir, Workload, INT3,

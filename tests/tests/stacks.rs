@@ -6,7 +6,7 @@
 
 use std::process::Command;
 
-use sampler_user::schema::{FrameInfo, StackEnd, Unwinding};
+use allocscope_model::schema::{FrameInfo, StackEnd, Unwinding};
 use tests::{
     allocscope, files_under, fixture, read_profile,
     record::{Profile, StackProfile},
