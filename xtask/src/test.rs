@@ -89,8 +89,10 @@ pub fn shape() -> anyhow::Result<()> {
     crate::cycles::check(&workspace().join("crates/model/src"), &["schema"])?;
     crate::cycles::check(&workspace().join("crates/target/src"), &[])?;
     crate::cycles::check(&workspace().join("crates/outputs/src"), &[])?;
+    crate::cycles::check(&workspace().join("crates/engine/src"), &[])?;
     crate::layout::check(&workspace())?;
     let user_side = [
+        "crates/engine",
         "crates/model",
         "crates/outputs",
         "crates/target",
@@ -102,10 +104,16 @@ pub fn shape() -> anyhow::Result<()> {
     )?;
     crate::contract::check(
         &workspace().join("sampler-common/src/kernel.rs"),
-        &["crates/target", "sampler-user", "sampler-preload"]
-            .map(|c| workspace().join(c).join("src")),
+        &[
+            "crates/engine",
+            "crates/target",
+            "sampler-user",
+            "sampler-preload",
+        ]
+        .map(|c| workspace().join(c).join("src")),
     )?;
     let sources = [
+        "crates/engine",
         "crates/model",
         "crates/outputs",
         "crates/target",

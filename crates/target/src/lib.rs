@@ -19,6 +19,7 @@ pub mod outfile;
 pub mod preload;
 pub mod probe;
 pub mod python;
+mod say;
 pub mod signals;
 pub mod spawn;
 pub mod stacks;

@@ -18,7 +18,7 @@ use crate::{
     },
     config::{BadInput, SamplingConfig},
     export::{self, Format, Value},
-    preflight,
+    output_check,
     profile::Profile,
     recording::{self, Prepared, Recording, TargetExit},
 };
@@ -31,7 +31,7 @@ pub fn prepare(config: &AgentConfig) -> Result<Prepared, BadInput> {
         &config.sampling,
         || {
             if let Some((dir, _, _)) = &config.out_dir {
-                preflight::check_snapshot_dir(dir)?;
+                output_check::check_snapshot_dir(dir)?;
             }
             if let Some(dir) = &config.sender.spool_dir {
                 for sink in &config.sender.sinks {
@@ -40,7 +40,7 @@ pub fn prepare(config: &AgentConfig) -> Result<Prepared, BadInput> {
                 }
             }
             if let Some(file) = &config.sender.status_file {
-                preflight::check_output_file(file)?;
+                output_check::check_output_file(file)?;
             }
             Ok(())
         },

@@ -12,7 +12,7 @@ use crate::{
     config::BadInput,
     diff::{self, render, Basis},
     export::{self, Format},
-    outfile, preflight,
+    outfile, output_check,
 };
 
 /// What a file named on `-o` receives.
@@ -46,7 +46,7 @@ pub fn run(args: DiffArgs) -> anyhow::Result<u8> {
         .map(|path| Ok((path.clone(), output_of(path)?)))
         .collect::<Result<_, BadInput>>()?;
     for (path, _) in &outputs {
-        preflight::check_output_file(path)?;
+        output_check::check_output_file(path)?;
     }
     if let Some(level) = args.confidence.filter(|c| !(*c > 0.0 && *c < 1.0)) {
         return Err(BadInput(format!(

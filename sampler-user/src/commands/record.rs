@@ -19,7 +19,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::{
     config::{BadInput, Output, RecordConfig},
     export::{self, Value},
-    preflight,
+    output_check,
     profile::Profile,
     recording::{self, CommandExit, Prepared, Recording, TargetExit},
     summary,
@@ -31,7 +31,7 @@ pub fn prepare(config: &RecordConfig) -> Result<Prepared, BadInput> {
     recording::prepare(
         &config.targets,
         &config.sampling,
-        || preflight::check_output(&config.output),
+        || output_check::check_output(&config.output),
         || Ok(None),
     )
 }

@@ -7,7 +7,7 @@ use crate::{
     cli::ReportArgs,
     config::BadInput,
     export::{self, Format, Value},
-    preflight,
+    output_check,
     profile::{Profile, SCHEMA},
     summary,
 };
@@ -45,7 +45,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
                 Some(format) => format,
                 None => Format::for_path(output).map_err(BadInput)?,
             };
-            preflight::check_output_file(output)?;
+            output_check::check_output_file(output)?;
             Some((output, format))
         }
         None => None,

@@ -35,7 +35,7 @@ use crate::{
     config::BadInput,
     cost,
     export::{self, Value},
-    outfile, preflight,
+    outfile, output_check,
     profile::Tally,
     recording::{self, Prepared, Recording, TargetExit},
     spawn,
@@ -65,11 +65,11 @@ pub fn prepare(config: &TopConfig) -> Result<Prepared, BadInput> {
         &config.targets,
         &config.sampling,
         || {
-            preflight::check_snapshot_dir(&config.snapshot_dir)?;
+            output_check::check_snapshot_dir(&config.snapshot_dir)?;
             config
                 .output
                 .as_deref()
-                .map_or(Ok(()), preflight::check_output_file)
+                .map_or(Ok(()), output_check::check_output_file)
         },
         || command_output(config).map(Some),
     )

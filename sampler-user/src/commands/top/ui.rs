@@ -932,7 +932,7 @@ mod tests {
     #[test]
     fn growth_temporary_and_thread_views() {
         use crate::{
-            profile::{breakdown::Breakdown, timeline::Timeline},
+            profile::{Breakdown, Timeline},
             stats::growth::{GrowthSums, TickGrid},
         };
         const SECOND: u64 = 1_000_000_000;

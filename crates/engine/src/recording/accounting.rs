@@ -104,9 +104,7 @@ impl Recording {
     /// Catches up, then reads the kernel's exact counters per process and the loss counters
     /// (after detaching: the values read last), and keeps the kernel's count of the samples
     /// it could not deliver for the next tally.
-    pub(crate) async fn counters(
-        &mut self,
-    ) -> anyhow::Result<(BTreeMap<u32, ProcessCounters>, Losses)> {
+    pub async fn counters(&mut self) -> anyhow::Result<(BTreeMap<u32, ProcessCounters>, Losses)> {
         self.catch_up().await?;
         self.claim_regions(None);
         let mut lost = None;

@@ -196,7 +196,7 @@ pub(super) fn release_now(
     let events = watch_tree(pid);
     if let Err(e) = child.release() {
         family.end_early();
-        return Err(crate::config::BadInput(format!("cannot run {command}: {e}")).into());
+        return Err(crate::settings::BadInput(format!("cannot run {command}: {e}")).into());
     }
     Ok(EarlyRun {
         pid,

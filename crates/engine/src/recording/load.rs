@@ -7,8 +7,8 @@ use log::{info, warn};
 
 use super::prepare::{library_and_family, FrontEnd};
 use crate::{
-    config::{BadInput, LoadIntoRunning, SamplingConfig},
     probe::{allocator::Allocator, attach::Target},
+    settings::{BadInput, LoadIntoRunning, SamplingConfig},
     targets::AllocatorCache,
 };
 
@@ -41,7 +41,7 @@ const PYMALLOC_LEFT_OUT: &str = "pymalloc's small objects (512 bytes or less) ar
 /// `-p` alone (no command, nor `--comm` or `--all`, whose processes come and go): loads
 /// the sampler into the running targets ([`into_running`]).
 pub(super) fn into_targets(
-    targets: &crate::config::Targets,
+    targets: &crate::settings::Targets,
     initial: &mut [Target],
     sampling: &SamplingConfig,
     cache: &mut AllocatorCache,

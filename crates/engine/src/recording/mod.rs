@@ -42,7 +42,7 @@ mod roster;
 mod start;
 
 use prepare::FrontEnd;
-pub(crate) use prepare::{prepare, Prepared};
+pub use prepare::{prepare, Prepared};
 
 use std::{collections::BTreeSet, time::Duration};
 
@@ -51,17 +51,17 @@ use log::warn;
 
 use crate::{
     collect::{monotonic_ns, Event},
-    config::Targets,
     cost::windows::CostStep,
     exits,
     probe::attach::{AttachedPoint, Probes},
     profile::{CoverageStart, PeriodStart, ProbePoint, Profile, Settings, Snapshot},
+    settings::Targets,
     targets::AllocatorCache,
 };
 
 /// How the command started for a recording (`-- CMD`) ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum CommandExit {
+pub enum CommandExit {
     /// Before the recording stopped: its status is the recording's exit code.
     OnItsOwn(exits::ChildExit),
     /// Stopped (SIGTERM) because the recording stopped first.
@@ -70,7 +70,7 @@ pub(crate) enum CommandExit {
 
 /// A target's exit, which the caller acts on (what [`Recording::next`] returns).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum TargetExit {
+pub enum TargetExit {
     /// A target exited (its samples so far stay; its frames resolve with its last maps).
     One(u32),
     /// The last target exited, and no new one can come (`-p`, `-- CMD`).
@@ -98,7 +98,7 @@ impl CoveredSince {
 }
 
 /// Probes attached to the targets, samples flowing into an [`crate::profile::Aggregator`].
-pub(crate) struct Recording {
+pub struct Recording {
     probes: Option<Probes>,
     /// Never attached: the command's tree exited while the probes loaded, and every event
     /// is an early record, every count a region's (see [`early::load_unless_gone`]).
@@ -141,12 +141,12 @@ impl Recording {
     }
 
     /// Every process attached so far (host-wide: every one seen allocating).
-    pub(crate) fn pids(&self) -> &[u32] {
+    pub fn pids(&self) -> &[u32] {
         self.roster.pids()
     }
 
     /// What is being recorded, for people: "pid 12, 13 and the processes they start".
-    pub(crate) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         let pids = || crate::text::pid_list(&self.roster.running());
         let what = if self.targets.all {
             "every process".to_owned()
@@ -166,7 +166,7 @@ impl Recording {
     /// and snapshots, top's snapshots): counters read, frames resolved, probe points and
     /// thread states included; with `period_seconds`, values over the current period too.
     /// Once detached, it covers exactly what the final counters cover.
-    pub(crate) async fn profile(
+    pub async fn profile(
         &mut self,
         settings: Settings,
         period_seconds: Option<f64>,
@@ -180,7 +180,7 @@ impl Recording {
     /// The profile of the current period alone, `seconds` long (the agent's periods):
     /// allocations, counts and losses since the last call, what is held at its end; a new
     /// period starts with the call.
-    pub(crate) async fn period_profile(
+    pub async fn period_profile(
         &mut self,
         settings: Settings,
         seconds: f64,
@@ -240,13 +240,13 @@ impl Recording {
 
     /// When counting began (a command that ran while its probes loaded: when it was let
     /// go, before [`Recording::start`] returned).
-    pub(crate) fn began(&self) -> std::time::Instant {
+    pub fn began(&self) -> std::time::Instant {
         self.command.began
     }
 
     /// When every target was gone, if they all exited while the probes were being
     /// attached (the recording's duration ends there, not when the loop noticed).
-    pub(crate) fn ended_early(&self) -> Option<std::time::Instant> {
+    pub fn ended_early(&self) -> Option<std::time::Instant> {
         self.command.ended
     }
 
@@ -267,7 +267,7 @@ impl Recording {
     /// Forgets every process that was gone when the last period's counts were read (the
     /// agent, once that period is sent): a recording that runs for days keeps only what
     /// its running processes need. One that exited since is forgotten after the next.
-    pub(crate) fn forget_gone(&mut self) -> usize {
+    pub fn forget_gone(&mut self) -> usize {
         let dead = std::mem::take(&mut self.gone_at_period);
         // Duty cycling's strata sum over the whole recording (and is not the agent's).
         if self.cost.duty.is_some() {
@@ -313,7 +313,7 @@ impl Recording {
     }
 
     /// Starts a new period for per-period values (`--every` snapshots).
-    pub(crate) fn start_period(&mut self) {
+    pub fn start_period(&mut self) {
         self.aggregation
             .aggregator
             .start_period(&self.accounting.lost);
@@ -321,7 +321,7 @@ impl Recording {
 
     /// The samples so far, per stack and process, frames resolved (`top`'s picture);
     /// `leak_age`: blocks older than this count as leak suspects.
-    pub(crate) async fn tally(&mut self, leak_age: Option<Duration>) -> crate::profile::Tally {
+    pub async fn tally(&mut self, leak_age: Option<Duration>) -> crate::profile::Tally {
         let open_stratum = self.open_stratum();
         self.aggregation
             .tally(
@@ -334,7 +334,7 @@ impl Recording {
     }
 
     /// The largest sampling interval in force so far (the throttle may have raised it).
-    pub(crate) fn largest_interval(&self) -> u64 {
+    pub fn largest_interval(&self) -> u64 {
         self.cost.largest_interval()
     }
 
@@ -345,17 +345,17 @@ impl Recording {
 
     /// The probes' cost per allocation call of the targets, as the statistics windows so
     /// far measured it (the trap alone before the first window closes).
-    pub(crate) fn ns_per_call(&self) -> f64 {
+    pub fn ns_per_call(&self) -> f64 {
         self.cost.ns_per_call(self.file_wide())
     }
 
     /// How the command started for this recording ended (known once detached).
-    pub(crate) fn command_exit(&self) -> Option<CommandExit> {
+    pub fn command_exit(&self) -> Option<CommandExit> {
         self.command.exit
     }
 
     /// Whether the command started for the recording exited before the recording stopped.
-    pub(crate) fn command_ended_on_its_own(&self) -> bool {
+    pub fn command_ended_on_its_own(&self) -> bool {
         matches!(self.command.exit, Some(CommandExit::OnItsOwn(_)))
     }
 
@@ -381,7 +381,7 @@ impl Recording {
 
     /// Takes samples until a target exits. Cancel-safe: every record read is in the
     /// aggregator before the next await.
-    pub(crate) async fn next(&mut self) -> anyhow::Result<TargetExit> {
+    pub async fn next(&mut self) -> anyhow::Result<TargetExit> {
         loop {
             tokio::select! {
                 read = self.intake.read() => {
@@ -606,7 +606,7 @@ impl Recording {
     /// recording, as it would if we died: see [`crate::spawn`]); its exit is kept for
     /// [`Self::command_exit`]. Reads the counters one last time first; later calls return
     /// those values.
-    pub(crate) async fn detach(&mut self) -> anyhow::Result<Closing> {
+    pub async fn detach(&mut self) -> anyhow::Result<Closing> {
         if !self.counting() {
             return Ok(Closing(None));
         }
@@ -679,7 +679,7 @@ impl Clocks {
 /// link, so they close while the profile is built and written; dropping this waits for
 /// them (a process exiting first would wait as long, in the kernel).
 #[must_use = "dropping it waits for the links to close"]
-pub(crate) struct Closing(Option<std::thread::JoinHandle<()>>);
+pub struct Closing(Option<std::thread::JoinHandle<()>>);
 
 impl Drop for Closing {
     fn drop(&mut self) {

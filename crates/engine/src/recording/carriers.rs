@@ -17,10 +17,10 @@ use std::collections::HashSet;
 use log::{info, warn};
 
 use crate::{
-    config::{BadInput, LoadIntoRunning, SamplingConfig, Targets},
     preload::Library,
     probe::allocator::Allocator,
     profile::ProcessBook,
+    settings::{BadInput, LoadIntoRunning, SamplingConfig, Targets},
     targets::{AllocatorCache, FindError},
     text,
 };

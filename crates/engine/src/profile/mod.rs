@@ -18,8 +18,10 @@ pub(crate) mod timeline;
 
 pub use crate::schema::*;
 pub use aggregator::{Aggregator, LostCounts, OpenStratum, Readings};
+pub use breakdown::Breakdown;
 pub use build::{target_uses, Settings, Snapshot};
 pub use incomplete::incomplete_reasons;
 pub use period::PeriodStart;
 pub use processes::{Forked, ProcessBook};
 pub use tally::{ProcessTally, StackTally, Tally};
+pub use timeline::Timeline;

@@ -6,9 +6,9 @@
 use log::{info, warn};
 
 use crate::{
-    config::{BadInput, SamplingConfig, Targets},
     preflight, preload,
     probe::attach::Target,
+    settings::{BadInput, SamplingConfig, Targets},
     spawn::{self, PausedChild},
     targets::{AllocatorCache, FindError},
 };
@@ -45,7 +45,7 @@ pub(super) struct FrontEnd {
 /// `check`), then loads the sampler into running targets (`-p`), or for `-- CMD` forks
 /// the paused child, its stdin and output redirected when `redirect` is given. Must run
 /// before any other thread than `main` exists.
-pub(crate) fn prepare(
+pub fn prepare(
     targets: &Targets,
     sampling: &SamplingConfig,
     check: impl FnOnce() -> Result<(), BadInput>,

@@ -14,11 +14,11 @@ use super::{
 };
 use crate::{
     collect::SampleReader,
-    config::{BadInput, PythonFrames, SamplingConfig, Targets},
     cost::{self, Trap},
     exits,
     probe::attach::{KernelConfig, Probes},
     profile::{Aggregator, CoverageStart},
+    settings::{BadInput, PythonFrames, SamplingConfig, Targets},
     spawn::PausedChild,
     stacks::symbolize::Symbolizer,
 };
@@ -271,7 +271,7 @@ impl Recording {
     /// Attaches the probes, then lets a spawned command run (a command counted in-process
     /// alone runs at once, while they load: see [`super::early`]). `recent` keeps per-stack
     /// samples for rates over that window (`top`). Must run inside the tokio runtime.
-    pub(crate) fn start(
+    pub fn start(
         prepared: Prepared,
         sampling: &SamplingConfig,
         recent: Option<std::time::Duration>,
