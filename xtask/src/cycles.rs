@@ -289,6 +289,9 @@ mod tests {
     fn the_user_side_crates_have_none() {
         let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let graph = module_graph(&workspace.join("sampler-user/src")).unwrap();
+        assert!(graph.contains_key("commands") && graph["commands"].contains("config"));
+        assert_eq!(cycles(&graph), Vec::<Vec<String>>::new());
+        let graph = module_graph(&workspace.join("crates/engine/src")).unwrap();
         assert!(graph.contains_key("recording") && graph["recording"].contains("profile"));
         assert_eq!(cycles(&graph), Vec::<Vec<String>>::new());
         let graph = module_graph(&workspace.join("crates/target/src")).unwrap();
