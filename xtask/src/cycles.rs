@@ -6,7 +6,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    path::Path,
+    path::{Path, PathBuf},
 };
 
 use anyhow::{bail, Context as _};
@@ -48,6 +48,98 @@ pub fn check(src: &Path, self_contained: &[&str]) -> anyhow::Result<()> {
         "import cycle among {name}'s modules (data must flow one way): {}",
         shown.join("; ")
     )
+}
+
+/// Fails, naming every circle, if the files (or subfolders) of a folder under `src`
+/// import each other in a circle: siblings that need each other are one module, or share
+/// a lower one. A child uses a sibling through `super::name` or `crate::folder::name`
+/// (the folder's `mod.rs` is its root, not a sibling). A folder whose root says
+/// `// circle-exception: <reason>` has its circles printed with the reason, not refused.
+/// Returns how many folders it read.
+pub fn check_folders(sources: &[PathBuf]) -> anyhow::Result<usize> {
+    let mut circles = Vec::new();
+    let mut folders = 0;
+    for src in sources {
+        let crate_name = package_name(src).unwrap_or_else(|| src.display().to_string());
+        let mut found = Vec::new();
+        folders += walk_folders(src, &mut Vec::new(), &mut found)?;
+        circles.extend(found.into_iter().map(|c| format!("{crate_name} {c}")));
+    }
+    if circles.is_empty() {
+        return Ok(folders);
+    }
+    bail!(
+        "files in a folder import each other in a circle (share a lower module instead):\n  {}",
+        circles.join("\n  ")
+    )
+}
+
+/// `check_folders` under `dir`, the module path `path` (empty at the crate's root).
+fn walk_folders(
+    dir: &Path,
+    path: &mut Vec<String>,
+    circles: &mut Vec<String>,
+) -> anyhow::Result<usize> {
+    let mut folders = 1;
+    let mut sources: BTreeMap<String, (String, bool)> = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let child = entry?.path();
+        let Some(stem) = child
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .map(str::to_owned)
+        else {
+            continue;
+        };
+        if child.is_dir() {
+            path.push(stem.clone());
+            folders += walk_folders(&child, path, circles)?;
+            path.pop();
+            sources.insert(stem, (read_tree(&child)?, true));
+        } else if child.extension().is_some_and(|e| e == "rs")
+            && !["lib", "main", "mod"].contains(&stem.as_str())
+        {
+            sources.insert(stem, (std::fs::read_to_string(&child)?, false));
+        }
+    }
+    let absolute = format!(
+        "crate::{}",
+        path.iter().map(|p| format!("{p}::")).collect::<String>()
+    );
+    let graph: Graph = sources
+        .iter()
+        .map(|(name, (text, is_dir))| {
+            let code = code_only(text);
+            let mut uses = references_after(&code, &absolute);
+            if !path.is_empty() && !is_dir {
+                uses.extend(references_after(&code, "super::"));
+            }
+            uses.retain(|used| used != name && sources.contains_key(used));
+            (name.clone(), uses)
+        })
+        .collect();
+    let shown = if path.is_empty() {
+        ".".to_owned()
+    } else {
+        path.join("/")
+    };
+    let excepted = ["lib.rs", "main.rs", "mod.rs"]
+        .iter()
+        .filter_map(|root| std::fs::read_to_string(dir.join(root)).ok())
+        .find_map(|text| {
+            text.lines().find_map(|l| {
+                l.split_once("circle-exception:")
+                    .map(|(_, why)| why.trim().to_owned())
+            })
+        });
+    for circle in cycles(&graph) {
+        let circle = format!("{}: {}", shown, circle.join(" ↔ "));
+        match &excepted {
+            Some(why) => println!("xtask: circle-exception in {circle} ({why})"),
+            None => circles.push(circle),
+        }
+    }
+    Ok(folders)
 }
 
 /// Reads every top-level module under `src` (a `name.rs` file or a `name/` directory;
@@ -135,11 +227,22 @@ fn code_only(source: &str) -> String {
 /// The first path segment of every `crate::…` path in `code`, groups included
 /// (`crate::{a::b, c}` uses `a` and `c`).
 fn crate_references(code: &str) -> BTreeSet<String> {
+    references_after(code, "crate::")
+}
+
+/// The first path segment after every `prefix` in `code` (`super::`, `crate::probe::`),
+/// groups included.
+fn references_after(code: &str, prefix: &str) -> BTreeSet<String> {
     let is_ident = |c: char| c.is_alphanumeric() || c == '_';
     let mut found = BTreeSet::new();
     let mut rest = code;
-    while let Some(at) = rest.find("crate::") {
-        rest = &rest[at + "crate::".len()..];
+    while let Some(at) = rest.find(prefix) {
+        // `crate::probe::` inside `allocscope_crate::probe::` is another crate's path.
+        let preceded = rest[..at].chars().next_back().is_some_and(is_ident);
+        rest = &rest[at + prefix.len()..];
+        if preceded {
+            continue;
+        }
         let Some(group) = rest.strip_prefix('{') else {
             let name: String = rest.chars().take_while(|&c| is_ident(c)).collect();
             found.insert(name);
@@ -283,6 +386,30 @@ mod tests {
             ("format", ""),
         ]));
         assert!(cycles(&acyclic).is_empty());
+    }
+
+    #[test]
+    fn circles_of_siblings_are_found_in_a_folder() {
+        let root = std::env::temp_dir().join(format!("xtask-folders-{}", std::process::id()));
+        let folder = root.join("probe");
+        std::fs::create_dir_all(&folder).unwrap();
+        let write = |name: &str, text: &str| std::fs::write(folder.join(name), text).unwrap();
+        write("mod.rs", "mod a; mod b; mod c; use a::x; use b::y;");
+        write("a.rs", "use super::b::thing;");
+        write("c.rs", "use crate::probe::a;");
+        write("b.rs", "// super::a in a comment\nfn f() {}");
+        assert_eq!(check_folders(std::slice::from_ref(&root)).unwrap(), 2);
+        write("b.rs", "fn f() { crate::probe::c::g() }");
+        let err = check_folders(std::slice::from_ref(&root))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("probe: a ↔ b ↔ c"), "{err}");
+        write(
+            "mod.rs",
+            "// circle-exception: a test\nmod a; mod b; mod c;",
+        );
+        assert_eq!(check_folders(std::slice::from_ref(&root)).unwrap(), 2);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

@@ -90,6 +90,19 @@ pub fn shape() -> anyhow::Result<()> {
     crate::cycles::check(&workspace().join("crates/target/src"), &[])?;
     crate::cycles::check(&workspace().join("crates/outputs/src"), &[])?;
     crate::cycles::check(&workspace().join("crates/engine/src"), &[])?;
+    let crates = [
+        "crates/engine",
+        "crates/model",
+        "crates/outputs",
+        "crates/target",
+        "sampler-common",
+        "sampler-ebpf",
+        "sampler-preload",
+        "sampler-user",
+        "xtask",
+    ];
+    let folders = crate::cycles::check_folders(&crates.map(|c| workspace().join(c).join("src")))?;
+    println!("xtask: no circle of files inside any of {folders} folders");
     crate::layout::check(&workspace())?;
     let user_side = [
         "crates/engine",

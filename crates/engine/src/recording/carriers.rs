@@ -50,7 +50,7 @@ impl Carriers {
             return Ok(None);
         }
         let library = match targets.comm {
-            Some(_) => Some(super::prepare::library()?),
+            Some(_) => Some(super::front_end::library()?),
             None => None,
         };
         Ok(Some(Carriers {

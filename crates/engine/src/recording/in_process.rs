@@ -253,7 +253,7 @@ impl InProcess {
     /// library's file in that process's root.
     pub(super) fn will_load(&self, pid: u32) -> Option<Allocator> {
         let (library, allocator) = self.library.as_ref()?;
-        if !crate::sys::process::has_dynamic_loader(pid)
+        if !crate::sys::maps::has_dynamic_loader(pid)
             || crate::sys::process::secure_execution(pid) != Some(false)
             // Under a seccomp filter it stays dormant (see `sampler-preload`'s `sandbox`).
             || crate::sys::process::seccomp_mode(pid) != Some(0)

@@ -5,7 +5,7 @@
 
 use log::{info, warn};
 
-use super::prepare::{library_and_family, FrontEnd};
+use super::front_end::{library_and_family, FrontEnd};
 use crate::{
     probe::{allocator::Allocator, attach::Target},
     settings::{BadInput, LoadIntoRunning, SamplingConfig},

@@ -32,6 +32,7 @@ mod cost_control;
 mod discovery;
 mod duty_cycling;
 mod early;
+mod front_end;
 mod go_readers;
 mod in_process;
 mod intake;
@@ -41,7 +42,7 @@ mod prepare;
 mod roster;
 mod start;
 
-use prepare::FrontEnd;
+use front_end::FrontEnd;
 pub use prepare::{prepare, Prepared};
 
 use std::{collections::BTreeSet, time::Duration};

@@ -16,7 +16,7 @@ use std::{fs::File, ops::Range, os::unix::fs::FileExt as _, path::Path};
 
 use anyhow::Context as _;
 
-use super::safe::{named, ALLOCATOR_FILES, C_LIBRARY_FILES, LOADER_FILES};
+use super::lock_files::{named, ALLOCATOR_FILES, C_LIBRARY_FILES, LOADER_FILES};
 use crate::{
     collect::CopiedStack,
     stacks::{

@@ -26,6 +26,7 @@
 mod calls;
 mod frame;
 mod held;
+mod lock_files;
 mod safe;
 mod thread;
 

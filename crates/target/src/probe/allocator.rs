@@ -383,7 +383,7 @@ fn drop_forwarders(file: &object::File, entries: &mut Vec<EntrySymbol>) {
     let candidate_names: HashSet<&str> = entries.iter().map(|e| e.name.as_str()).collect();
     let got = got_symbols(file);
     let forwards = |address: u64, size: u64| {
-        let code = code_at(file, address, size).unwrap_or_default();
+        let code = super::elf::code_at(file, address, size).unwrap_or_default();
         match jump_target(code, address) {
             Some(target) if candidates.contains(&target) && target != address => true,
             Some(target) => plt_import(file, target, &got)
@@ -414,8 +414,8 @@ fn probed_functions(
         if !probed.insert((entry.role == Role::Free, entry.address)) {
             continue;
         }
-        let code = code_at(file, entry.address, entry.size).unwrap_or_default();
-        let file_offset = file_offset_of(file, entry.address).unwrap_or(0);
+        let code = super::elf::code_at(file, entry.address, entry.size).unwrap_or_default();
+        let file_offset = super::elf::file_offset_of(file, entry.address).unwrap_or(0);
         match entry.role {
             Role::Alloc(function) => functions.push(Function {
                 function,
@@ -655,27 +655,6 @@ pub fn analyse_file(path: &Path, full_symbols: bool, shown: &Path) -> Option<All
         .and_then(|n| n.to_str())
         .unwrap_or_default();
     analyse(&data, full_symbols, name)
-}
-
-/// The file offset of virtual `address`, through the section holding it.
-pub(crate) fn file_offset_of(file: &object::File, address: u64) -> Option<u64> {
-    let section = file
-        .sections()
-        .find(|s| (s.address()..s.address() + s.size()).contains(&address))?;
-    let (offset, _) = section.file_range()?;
-    Some(address - section.address() + offset)
-}
-
-/// The bytes of `[address, address + size)` from the section holding them.
-pub(crate) fn code_at<'data>(
-    file: &object::File<'data>,
-    address: u64,
-    size: u64,
-) -> Option<&'data [u8]> {
-    file.sections()
-        .find(|s| (s.address()..s.address() + s.size()).contains(&address))?
-        .data_range(address, size.max(1))
-        .ok()?
 }
 
 fn is_libc(name: &str) -> bool {

@@ -24,7 +24,7 @@
 //! 1.18 writes it inline); a version whose layout is not known here is refused by name
 //! rather than guessed.
 
-use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+use object::{Object as _, ObjectSection as _};
 use sampler_common::usdt::{
     UsdtArgument, UsdtSpec, KIND_RUNTIME_ALLOC, KIND_RUNTIME_FREED, KIND_RUNTIME_FREEING,
     KIND_RUNTIME_FREE_IF, MAX_ARGUMENTS, REGISTER_RIP,
@@ -144,7 +144,7 @@ impl Layout {
 /// The runtime's sites in `file`, and whether the linker turned heap profiling off; or
 /// what is missing.
 fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String> {
-    let find = |names: &[&str]| symbol_in(file, names);
+    let find = |names: &[&str]| super::elf::symbol_in(file, names);
     let symbol = |names: &[&str]| {
         find(names).ok_or_else(|| {
             format!(
@@ -243,14 +243,6 @@ fn readers(file: &object::File) -> Readers {
     }
 }
 
-/// The address and size of the first defined symbol of `file` named one of `names` (the
-/// runtime renames some between releases).
-pub(super) fn symbol_in(file: &object::File, names: &[&str]) -> Option<(u64, u64)> {
-    file.symbols()
-        .find(|s| s.name().is_ok_and(|n| names.contains(&n)) && s.address() != 0)
-        .map(|s| (s.address(), s.size()))
-}
-
 /// Where in the function at `(address, size)` the probe goes: Go's prologue first compares
 /// the stack pointer with the goroutine's stack bound and branches to grow it; the branch
 /// is an instruction the kernel emulates, where the entry's `lea`/`cmp` would be
@@ -270,7 +262,7 @@ fn place(
             _ => Register::RCX,
         })
         .collect();
-    let code = super::allocator::code_at(file, address, size)
+    let code = super::elf::code_at(file, address, size)
         .ok_or_else(|| format!("the code at {address:#x} is in no section"))?;
     Ok(super::prologue::choose_in_place(code, &registers))
 }
@@ -283,7 +275,7 @@ fn site(
     arguments: &str,
     kind: u32,
 ) -> Result<(Site, UsdtSpec), String> {
-    let entry = super::allocator::file_offset_of(file, address)
+    let entry = super::elf::file_offset_of(file, address)
         .ok_or_else(|| format!("runtime {name} site at {address:#x} is in no section"))?;
     // The rate, `8@D(%rip)`: memory at the probed instruction plus D (a USDT note's
     // `%rip` would mean the next instruction's: the note parser does not take it).
@@ -332,7 +324,7 @@ fn site(
 /// (`s.special.kind = _KindSpecialProfile`: `mov byte [rbx+0xa], 2` in go1.19, `[rbx+0x10],
 /// 4` in go1.27). `None` unless exactly one such store is found.
 fn profile_kind(file: &object::File, (address, size): (u64, u64)) -> Option<(i64, u8)> {
-    kind_store(super::allocator::code_at(file, address, size)?)
+    kind_store(super::elf::code_at(file, address, size)?)
 }
 
 /// The one `mov byte [reg+D], imm8` in `code`, as `(D, imm8)`.

@@ -136,7 +136,7 @@ fn word(bytes: &[u8], at: usize) -> Option<u64> {
 /// Where `file`'s runtime keeps its memory profile, or why it cannot be read.
 pub(crate) fn layout(file: &object::File, types: &Types) -> Result<Layout, String> {
     let (head, _) =
-        super::go::symbol_in(file, &["runtime.mbuckets"]).ok_or("no runtime.mbuckets symbol")?;
+        super::elf::symbol_in(file, &["runtime.mbuckets"]).ok_or("no runtime.mbuckets symbol")?;
     let member = |structure: &str, name: &str| {
         types
             .member(structure, name)

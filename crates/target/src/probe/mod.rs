@@ -12,6 +12,7 @@ pub mod attach;
 pub(crate) mod btf;
 #[cfg(test)]
 mod contract;
+pub(crate) mod elf;
 pub mod go;
 pub(crate) mod go_buckets;
 pub(crate) mod go_dwarf;

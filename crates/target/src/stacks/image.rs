@@ -51,7 +51,7 @@ impl GoText {
         use object::ObjectSymbol as _;
         elf.section_by_name(".go.buildinfo")?;
         let offset_of = |address: u64, size: u64| {
-            let start = crate::probe::allocator::file_offset_of(elf, address)?;
+            let start = crate::probe::elf::file_offset_of(elf, address)?;
             Some(start..start + size.max(1))
         };
         let mut text = GoText::default();

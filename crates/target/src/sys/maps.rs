@@ -172,6 +172,20 @@ fn read_now(pid: u32) -> io::Result<String> {
     std::fs::read_to_string(super::process::path(pid, "maps"))
 }
 
+/// Whether `pid`'s maps hold a dynamic loader (`ld-linux…`, `ld-musl…`): its program is
+/// dynamically linked, and `LD_PRELOAD` applies to it.
+pub fn has_dynamic_loader(pid: u32) -> bool {
+    read(pid).is_ok_and(|vmas| {
+        vmas.iter().any(|vma| {
+            vma.path
+                .as_deref()
+                .and_then(std::path::Path::file_name)
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with("ld-linux") || name.starts_with("ld-musl"))
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -119,20 +119,6 @@ pub fn secure_execution(pid: u32) -> Option<bool> {
     Some(at_secure(&auxv))
 }
 
-/// Whether `pid`'s maps hold a dynamic loader (`ld-linux…`, `ld-musl…`): its program is
-/// dynamically linked, and `LD_PRELOAD` applies to it.
-pub fn has_dynamic_loader(pid: u32) -> bool {
-    crate::sys::maps::read(pid).is_ok_and(|vmas| {
-        vmas.iter().any(|vma| {
-            vma.path
-                .as_deref()
-                .and_then(std::path::Path::file_name)
-                .and_then(|name| name.to_str())
-                .is_some_and(|name| name.starts_with("ld-linux") || name.starts_with("ld-musl"))
-        })
-    })
-}
-
 /// The files `pid`'s `LD_PRELOAD` names, through its own root (absolute paths only).
 pub fn preloaded(pid: u32) -> Vec<std::path::PathBuf> {
     let Some(environ) = environ_of(pid) else {

@@ -1,7 +1,7 @@
 //! The table's columns and views: which columns a view shows, their titles, and how a
 //! cell renders an estimate (compact units, the bound as ± relative).
 
-use super::model::{Values, ViewSettings};
+use super::values::{Values, ViewSettings};
 use crate::stats::Estimate;
 
 /// Which table `top` shows.
@@ -242,5 +242,23 @@ fn cell(estimate: &Estimate, number: fn(f64) -> String, unit: &str) -> String {
             number(estimate.estimate),
             relative_bound(estimate)
         )
+    }
+}
+
+impl Values {
+    /// The value of `column` (0 where it does not apply), for sorting.
+    pub fn sort_value(&self, column: Column) -> f64 {
+        match column {
+            Column::Rate => self.rate.estimate,
+            Column::Average => self.average.estimate,
+            Column::Live => self.live.map_or(0.0, |e| e.estimate),
+            Column::Objects => self.objects.estimate,
+            Column::Leaked => self.leaked.map_or(0.0, |e| e.estimate),
+            Column::LeakedObjects => self.leaked_objects.map_or(0.0, |e| e.estimate),
+            Column::Growth => self.growth.map_or(f64::MIN, |e| e.estimate),
+            Column::Temporary => self.temporary.map_or(0.0, |e| e.estimate),
+            Column::Allocated => self.allocated.estimate,
+            Column::Samples => self.samples as f64,
+        }
     }
 }

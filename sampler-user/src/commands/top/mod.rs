@@ -13,6 +13,7 @@ mod config;
 pub mod model;
 pub mod screen;
 pub mod ui;
+pub mod values;
 
 pub use config::TopConfig;
 

@@ -15,6 +15,7 @@ pub use super::columns::{
     bytes_cell, compact_bytes, compact_count, count_cell, growth_cell, rate_cell, relative_bound,
     seconds_label, Column, View,
 };
+pub use super::values::{Values, ViewSettings};
 use crate::{
     format::frame_name,
     profile::{StackTally, Tally},
@@ -29,21 +30,6 @@ pub use crate::summary::GROUPED_ABOVE;
 
 /// Below this many samples a row is marked uncertain: its bounds span a factor of several.
 pub const UNCERTAIN_SAMPLES: u64 = 5;
-
-/// Sampling settings the picture was taken with.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ViewSettings {
-    /// Mean sampling interval in bytes.
-    pub interval: u64,
-    /// Confidence of the bounds.
-    pub confidence: f64,
-    /// Frees are not tracked (no live numbers).
-    pub alloc_only: bool,
-    /// Leak view threshold in seconds.
-    pub leak_age_seconds: f64,
-    /// The rate window asked for, in seconds.
-    pub window_seconds: f64,
-}
 
 /// Process-wide numbers for the header, over the rate window.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -122,31 +108,6 @@ impl Default for ViewSettings {
     }
 }
 
-/// The estimates a row (or a member stack) shows.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Values {
-    /// Bytes per second over the recent window.
-    pub rate: Estimate,
-    /// Bytes per second since the start.
-    pub average: Estimate,
-    /// Bytes live now (frees tracked).
-    pub live: Option<Estimate>,
-    /// Objects live now (frees tracked), else objects allocated since the start.
-    pub objects: Estimate,
-    /// Bytes live for longer than the leak age (frees tracked).
-    pub leaked: Option<Estimate>,
-    /// Objects live for longer than the leak age.
-    pub leaked_objects: Option<Estimate>,
-    /// Growth of the in-use bytes, bytes per second (frees tracked, three ticks on).
-    pub growth: Option<Estimate>,
-    /// Bytes freed within 1 ms of their allocation, per second since the start.
-    pub temporary: Option<Estimate>,
-    /// Objects allocated since the start.
-    pub allocated: Estimate,
-    /// Samples since the start.
-    pub samples: u64,
-}
-
 impl Values {
     fn of(sets: &Sets, picture: &Picture) -> Values {
         let s = &picture.settings;
@@ -190,22 +151,6 @@ impl Values {
             leaked: leaked.map(|e| e.bytes),
             leaked_objects: leaked.map(|e| e.objects),
             samples: sets.all.samples(),
-        }
-    }
-
-    /// The value of `column` (0 where it does not apply), for sorting.
-    pub fn sort_value(&self, column: Column) -> f64 {
-        match column {
-            Column::Rate => self.rate.estimate,
-            Column::Average => self.average.estimate,
-            Column::Live => self.live.map_or(0.0, |e| e.estimate),
-            Column::Objects => self.objects.estimate,
-            Column::Leaked => self.leaked.map_or(0.0, |e| e.estimate),
-            Column::LeakedObjects => self.leaked_objects.map_or(0.0, |e| e.estimate),
-            Column::Growth => self.growth.map_or(f64::MIN, |e| e.estimate),
-            Column::Temporary => self.temporary.map_or(0.0, |e| e.estimate),
-            Column::Allocated => self.allocated.estimate,
-            Column::Samples => self.samples as f64,
         }
     }
 
