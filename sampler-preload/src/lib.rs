@@ -21,9 +21,10 @@
 //! panic machinery alone (its backtrace printer: gimli, addr2line, an inflater) was four
 //! fifths of the library's code, paged in by every process it is loaded into
 //! (docs/performance.md). A plain `cargo build` or `cargo test` (panics unwind) links std.
-// circle-exception: the set-up (next.rs resolve) calls sandbox, region and route, which use
-// next.rs lookup back; a lower module for the lookup and one for the set-up would part them
-// (not yet done: every move here needs the library's harm tests and the torture run).
+// circle-exception: the library's set-up sequence spans its files, not yet parted.
+// next.rs's resolve calls the sandbox, region and route checks, which use next.rs's lookup
+// back; a lower module for the lookup and one for the set-up would part them (every move
+// here needs the library's harm tests and the torture run).
 #![cfg_attr(panic = "abort", no_std)]
 
 mod cxx;
