@@ -28,7 +28,7 @@
 #![cfg_attr(panic = "abort", no_std)]
 
 mod cxx;
-mod early;
+mod early_records;
 mod frames;
 mod next;
 mod producer;
@@ -199,7 +199,7 @@ fn report(pointer: *mut c_void, size: u64, function: AllocFn) {
                 .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
         }
     }
-    if early::alloc(address, size, sampled.offset, sampled.interval, how) {
+    if early_records::alloc(address, size, sampled.offset, sampled.interval, how) {
         return;
     }
     usdt::alloc(
@@ -245,7 +245,7 @@ fn forget(pointer: *mut c_void) {
 #[cold]
 #[inline(never)]
 fn report_free(address: u64) {
-    if !early::free(address) {
+    if !early_records::free(address) {
         usdt::free(address);
     }
 }

@@ -33,9 +33,9 @@ use sampler_common::{
 
 use crate::sys::maps;
 
-mod early;
+mod early_read;
 pub mod place;
-pub(crate) use early::{EarlyCopy, EarlyRecords};
+pub(crate) use early_read::{EarlyCopy, EarlyRecords};
 
 /// The library, built by build.rs.
 static LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libsampler_preload.so"));

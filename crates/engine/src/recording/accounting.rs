@@ -75,7 +75,7 @@ impl Recording {
         if let Some(slot) = self.accounting.counters.release_region(pid) {
             self.in_process.release(slot);
         }
-        let Some(slot) = self.roster.leave(pid) else {
+        let Some(slot) = self.discovered.leave(pid) else {
             return Ok(());
         };
         let Some(probes) = self.probes.as_mut() else {
@@ -120,7 +120,7 @@ impl Recording {
             self.accounting.last = Some((counters, losses));
         }
         if let Some(mut lost) = lost {
-            lost.retain(|&pid, _| !self.roster.is_excluded(pid));
+            lost.retain(|&pid, _| !self.discovered.is_excluded(pid));
             for &pid in lost.keys() {
                 if !self.aggregation.processes.tracks(pid) {
                     self.first_seen(pid);
@@ -145,11 +145,11 @@ impl Recording {
                 .counting()
                 .then(|| self.accounting.counters.read_in_process()));
         };
-        let slots = self.roster.counter_slots();
+        let slots = self.discovered.counter_slots();
         // File-wide: only targets (the kernel also counts, briefly, processes pending a
         // decision, and one we have not heard of yet).
-        let target = |pid: u32| self.roster.counts(pid);
-        let file_wide = self.targets.all || self.roster.followed_only();
+        let target = |pid: u32| self.discovered.counts(pid);
+        let file_wide = self.targets.all || self.discovered.followed_only();
         let host: Option<&dyn Fn(u32) -> bool> = if file_wide { Some(&target) } else { None };
         self.accounting
             .counters

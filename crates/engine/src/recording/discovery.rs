@@ -63,7 +63,7 @@ impl Recording {
                 }
             }
         }
-        let target = self.roster.is_running(pid);
+        let target = self.discovered.is_running(pid);
         self.in_process.map(
             pid,
             allocators,
@@ -82,7 +82,7 @@ impl Recording {
         allocators: &[Allocator],
         since: CoveredSince,
     ) -> anyhow::Result<()> {
-        if self.roster.followed_only() {
+        if self.discovered.followed_only() {
             return self.admit(pid, Some(allocators), since);
         }
         // A process whose region is mapped carries the front end, even in the moment
@@ -94,7 +94,7 @@ impl Recording {
             && crate::sys::process::seccomp_mode(pid) == Some(0);
         crate::probe::allocator::behind_front_end(&mut allocators, known);
         let allocators = allocators.as_slice();
-        let (slot, new) = self.roster.slot_for(pid)?;
+        let (slot, new) = self.discovered.slot_for(pid)?;
         let fresh = self.not_probed_yet(pid, allocators);
         // Its own counts start before the probes that sample it: a sample taken before the
         // region's baseline would count in the estimate and not in the exact count.
@@ -116,7 +116,7 @@ impl Recording {
             Err(e) => {
                 if new {
                     self.probes_mut()?.remove(pid).close_in_background();
-                    self.roster.give_back(slot);
+                    self.discovered.give_back(slot);
                 }
                 if !crate::sys::process::exists(pid) {
                     anyhow::bail!("exited while the probes were being attached");
@@ -131,7 +131,7 @@ impl Recording {
         if new {
             if let Err(e) = self.watcher.watch(pid) {
                 self.probes_mut()?.remove(pid).close_in_background();
-                self.roster.give_back(slot);
+                self.discovered.give_back(slot);
                 anyhow::bail!("exited while the probes were being attached ({e})");
             }
             self.aggregation.track(pid);
@@ -141,10 +141,10 @@ impl Recording {
                 late: Vec::new(),
                 checked: true,
             };
-            self.roster.enter(pid, slot, coverage, monotonic_ns());
+            self.discovered.enter(pid, slot, coverage, monotonic_ns());
         } else {
             let exec_ns = (since.start == CoverageStart::Exec).then_some(since.timestamp_ns);
-            self.roster
+            self.discovered
                 .note_late_since(pid, &fresh, exec_ns, monotonic_ns());
         }
         self.add_allocators(pid, allocators);
@@ -201,7 +201,7 @@ impl Recording {
         allocators: Option<&[Allocator]>,
         since: CoveredSince,
     ) -> anyhow::Result<()> {
-        if !self.roster.is_running(pid) {
+        if !self.discovered.is_running(pid) {
             if !self.probeless {
                 self.probes_mut()?.follow(pid)?;
             }
@@ -210,7 +210,7 @@ impl Recording {
                 late: Vec::new(),
                 checked: allocators.is_some(),
             };
-            self.roster
+            self.discovered
                 .enter(pid, HOST_SLOT, coverage, since.timestamp_ns);
             if !self.aggregation.processes.tracks(pid) {
                 self.aggregation.track(pid);
@@ -229,7 +229,7 @@ impl Recording {
         if let Some(allocators) = allocators {
             self.cache.remember(pid, allocators);
             self.probe_files(allocators)?;
-            self.roster.note_late(pid, allocators, monotonic_ns());
+            self.discovered.note_late(pid, allocators, monotonic_ns());
             self.add_allocators(pid, allocators);
         }
         Ok(())
@@ -241,7 +241,7 @@ impl Recording {
             return Ok(());
         }
         for allocator in allocators {
-            if self.roster.probes_host_file(&allocator.file_id)
+            if self.discovered.probes_host_file(&allocator.file_id)
                 || (self.carriers.is_some() && !Carriers::probes(allocator))
             {
                 continue;
@@ -254,7 +254,7 @@ impl Recording {
                     info!("probing {} for every process", allocator.describe());
                     points.iter().for_each(log_point);
                     self.points.extend(points);
-                    self.roster
+                    self.discovered
                         .host_file_probed(allocator.file_id.clone(), monotonic_ns());
                 }
                 Err(e) => debug!("{}: {e:#}", allocator.describe()),
@@ -284,7 +284,7 @@ impl Recording {
     pub(super) fn discover(&mut self) -> anyhow::Result<()> {
         self.claim_regions(None);
         self.in_process
-            .sweep(&self.accounting.counters, &self.roster);
+            .sweep(&self.accounting.counters, &self.discovered);
         if let Some(carriers) = self.carriers.as_mut() {
             carriers.sweep();
         }
@@ -293,7 +293,7 @@ impl Recording {
         } else if self.targets.comm.is_some() {
             self.scan_comm();
         }
-        for pid in self.roster.running() {
+        for pid in self.discovered.running() {
             // As the loader leaves it: a program just past its exec is not counted as
             // lacking the in-process front end it is about to load.
             if let Ok(allocators) = self.allocators_of(pid) {
@@ -304,7 +304,7 @@ impl Recording {
                 }
             }
         }
-        if self.roster.followed_only() {
+        if self.discovered.followed_only() {
             self.forget_rejected()?;
         }
         Ok(())
@@ -317,10 +317,10 @@ impl Recording {
         if self.probeless {
             return Ok(());
         }
-        for pid in self.roster.excluded() {
+        for pid in self.discovered.excluded() {
             self.probes_mut()?.forget_counters(pid);
             if !crate::sys::process::exists(pid) {
-                self.roster.forget_excluded(pid);
+                self.discovered.forget_excluded(pid);
             }
         }
         Ok(())
@@ -335,7 +335,7 @@ impl Recording {
                 (pid, exe.as_ref().map(FileId::of))
             })
             .collect();
-        self.roster.unscanned(alive)
+        self.discovered.unscanned(alive)
     }
 
     /// `--comm`: attaches to new processes whose name matches, excluded ones and
@@ -344,7 +344,7 @@ impl Recording {
         for pid in self.unscanned() {
             self.consider_comm(pid, None, CoveredSince::now(CoverageStart::Attach));
         }
-        if self.roster.none_running() && !self.said_waiting {
+        if self.discovered.none_running() && !self.said_waiting {
             self.said_waiting = true;
             if let Some(pattern) = &self.targets.comm {
                 crate::say!(
@@ -352,7 +352,7 @@ impl Recording {
                     pattern.0.as_str()
                 );
             }
-        } else if !self.roster.none_running() {
+        } else if !self.discovered.none_running() {
             self.said_waiting = false;
         }
     }
@@ -366,7 +366,7 @@ impl Recording {
         mut since: CoveredSince,
     ) -> bool {
         let standing = || self.probes.as_ref()?.standing(pid);
-        if self.roster.followed_only()
+        if self.discovered.followed_only()
             && since.start == CoverageStart::Attach
             && standing() == Some(FOLLOWED_PENDING)
         {
@@ -390,7 +390,7 @@ impl Recording {
             // Only carriers counted: one gone before it was looked at counted nothing.
             Err(FindError::Gone) if self.carriers.is_some() => return false,
             // Counted by the kernel from its exec: what it did is in, whatever it used.
-            Err(FindError::Gone) if self.roster.followed_only() => self.admit(pid, None, since),
+            Err(FindError::Gone) if self.discovered.followed_only() => self.admit(pid, None, since),
             Err(FindError::Gone | FindError::KernelThread) => return false,
             Err(e) => {
                 warn!(
@@ -403,7 +403,7 @@ impl Recording {
         if let Err(e) = taken {
             warn!("pid {pid} ({}): {e:#}", text::printable(&comm));
         }
-        let target = self.roster.is_running(pid);
+        let target = self.discovered.is_running(pid);
         if target {
             self.aggregation.processes.name_if_unknown(pid, &comm);
         }
@@ -505,7 +505,7 @@ impl Recording {
 
     /// Host mode: whether `pid` is to be left alone; if so, the kernel is told.
     fn excludes(&mut self, pid: u32) -> anyhow::Result<bool> {
-        if self.roster.is_excluded(pid) {
+        if self.discovered.is_excluded(pid) {
             return Ok(true);
         }
         let Some(comm) = crate::sys::process::comm_of(pid) else {
@@ -521,7 +521,7 @@ impl Recording {
     /// Host-wide: a process sampled for the first time is tracked, unless it is to be left
     /// alone (an excluded name it exec'd into since the last scan is caught here).
     pub(super) fn first_seen(&mut self, pid: u32) {
-        if self.roster.followed_only() {
+        if self.discovered.followed_only() {
             self.first_seen_followed(pid);
             return;
         }
@@ -529,7 +529,7 @@ impl Recording {
             Ok(true) => {}
             Ok(false) => {
                 self.aggregation.track(pid);
-                self.roster.seen(pid);
+                self.discovered.seen(pid);
             }
             Err(e) => warn!("pid {pid}: the kernel was not told to skip it ({e:#}); its samples are dropped here"),
         }
@@ -538,7 +538,7 @@ impl Recording {
     /// `followed_only`: samples of a process not heard of (its fork or exec event was
     /// lost, the ring buffer being full): the kernel's followed set says what it is.
     fn first_seen_followed(&mut self, pid: u32) {
-        if self.roster.is_excluded(pid) {
+        if self.discovered.is_excluded(pid) {
             return;
         }
         let since = CoveredSince::now(CoverageStart::Unknown);
@@ -555,7 +555,7 @@ impl Recording {
     }
 
     fn exclude(&mut self, pid: u32) -> anyhow::Result<()> {
-        if self.roster.exclude(pid) {
+        if self.discovered.exclude(pid) {
             self.probes_mut()?.exclude(pid)?;
         }
         Ok(())
@@ -581,13 +581,13 @@ impl Recording {
     /// of a target that is excluded), is not a target: the kernel forgets it, and what it
     /// sent is dropped.
     pub(super) fn reject(&mut self, pid: u32) {
-        if self.roster.is_running(pid) {
+        if self.discovered.is_running(pid) {
             return;
         }
         if let Some(probes) = self.probes.as_mut() {
             probes.unfollow(pid);
         }
-        self.roster.exclude(pid);
+        self.discovered.exclude(pid);
     }
 }
 

@@ -38,7 +38,7 @@ impl Recording {
     }
 
     async fn duty_step(&mut self, duty: &mut DutyCycling) -> anyhow::Result<()> {
-        let pids = self.roster.running();
+        let pids = self.discovered.running();
         let start = duty.advance();
         // Back-to-back on slots (strata of one): the gate stays open, the probes in.
         let keep_on = start.was_on && start.on;
@@ -91,7 +91,7 @@ impl Recording {
     /// Duty cycling: how the current stratum was observed until now (with the counters read
     /// last), and the probes' cost per call, for the next tally.
     pub(super) fn open_stratum(&mut self) -> Option<OpenStratum> {
-        let pids = self.roster.running();
+        let pids = self.discovered.running();
         let ns_per_call = self.ns_per_call();
         let counters = self
             .accounting
@@ -122,7 +122,7 @@ impl Recording {
 
     /// Duty cycling, detaching: the gate's last open stretch ends now.
     pub(super) fn end_duty(&mut self, counters: &BTreeMap<u32, ProcessCounters>) {
-        let pids = self.roster.running();
+        let pids = self.discovered.running();
         if let Some(duty) = self.cost.duty.as_mut() {
             let now = monotonic_ns();
             duty.read_clocks(pids);

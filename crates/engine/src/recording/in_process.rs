@@ -12,7 +12,7 @@ use std::collections::HashSet;
 
 use log::{debug, warn};
 
-use super::roster::Roster;
+use super::discovered::Discovered;
 use crate::{
     collect::Counters,
     preload::{FamilyTable, Library, MappedRegion},
@@ -193,7 +193,7 @@ impl InProcess {
     /// Gives back the family table's slots of processes that are gone and that no target
     /// holds (a target's goes when it is finalized): those found at the previous look,
     /// whose events have been read since, then notes today's.
-    pub(super) fn sweep(&mut self, counters: &Counters, roster: &Roster) {
+    pub(super) fn sweep(&mut self, counters: &Counters, discovered: &Discovered) {
         let Some(family) = self.family.as_ref() else {
             return;
         };
@@ -205,7 +205,7 @@ impl InProcess {
         }
         let gone = |pid: u32| {
             !counters.has_region(pid)
-                && !roster.is_running(pid)
+                && !discovered.is_running(pid)
                 && !crate::sys::process::exists(pid)
         };
         self.gone = family.claims_of_gone(gone);

@@ -36,14 +36,14 @@ impl Recording {
             timestamp_ns,
             parent,
         };
-        if self.roster.followed_only() {
+        if self.discovered.followed_only() {
             self.on_followed(pid, parent, comm, since);
             return;
         }
         if self.targets.exclude_pids.contains(&pid) {
             return;
         }
-        if parent == 0 && !self.roster.is_running(pid) {
+        if parent == 0 && !self.discovered.is_running(pid) {
             // Not a target (yet): a new program for `--all` to look at now.
             if let Err(e) = self.consider_host(pid) {
                 warn!("looking at new process {pid}: {e:#}");
@@ -78,9 +78,9 @@ impl Recording {
     /// exec'd; another that exec'd is one if `--comm` matches its new name.
     fn on_followed(&mut self, pid: u32, parent: u32, comm: &str, since: CoveredSince) {
         let target = if parent != 0 {
-            self.roster.is_running(parent)
+            self.discovered.is_running(parent)
         } else {
-            self.roster.is_running(pid)
+            self.discovered.is_running(pid)
         };
         if target && !self.targets.excludes(pid, comm) {
             if let Some(carriers) = self.carriers.as_mut().filter(|_| parent == 0) {
@@ -119,7 +119,7 @@ impl Recording {
                 self.aggregation
                     .processes
                     .track_named(pid, Some(comm.to_owned()));
-                self.roster.covered_from(pid, since.timestamp_ns);
+                self.discovered.covered_from(pid, since.timestamp_ns);
             }
             if let Err(e) = self.admit(pid, allocators.as_deref(), since) {
                 warn!("followed pid {pid}: {e:#}");

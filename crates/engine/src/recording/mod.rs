@@ -19,7 +19,7 @@
 //! The loop's components own their state and their `impl`: [`intake`] (events until the
 //! cutoff), [`aggregation`] (samples per stack, processes, symbols), [`accounting`] (exact
 //! counts and losses), [`cost_control`] (the trap, the statistics windows, the throttle,
-//! duty cycling) and [`command`] (the command started). Discovery's state (roster, cache,
+//! duty cycling) and [`command`] (the command started). Discovery's state (what it found, its cache,
 //! probe points, the in-process tree, carriers) is `Recording`'s own: each of its steps
 //! attaches probes, tracks in the aggregation and moves counter slots at once (design.md
 //! §0 and §12).
@@ -29,9 +29,10 @@ mod aggregation;
 mod carriers;
 mod command;
 mod cost_control;
+mod discovered;
 mod discovery;
 mod duty_cycling;
-mod early;
+mod early_intake;
 mod front_end;
 mod go_readers;
 mod in_process;
@@ -39,7 +40,6 @@ mod intake;
 mod lineage;
 mod load;
 mod prepare;
-mod roster;
 mod start;
 
 use front_end::FrontEnd;
@@ -102,7 +102,7 @@ impl CoveredSince {
 pub struct Recording {
     probes: Option<Probes>,
     /// Never attached: the command's tree exited while the probes loaded, and every event
-    /// is an early record, every count a region's (see [`early::load_unless_gone`]).
+    /// is an early record, every count a region's (see [`early_intake::load_unless_gone`]).
     probeless: bool,
     /// The ring buffer's events, until the cutoff.
     intake: intake::Intake,
@@ -112,7 +112,7 @@ pub struct Recording {
     cache: AllocatorCache,
     watcher: exits::Watcher,
     /// The targets, their slots and coverage, the processes left out.
-    roster: roster::Roster,
+    discovered: discovered::Discovered,
     /// Exact counts and losses, as last read.
     accounting: accounting::Accounting,
     /// Every probe point attached.
@@ -143,12 +143,12 @@ impl Recording {
 
     /// Every process attached so far (host-wide: every one seen allocating).
     pub fn pids(&self) -> &[u32] {
-        self.roster.pids()
+        self.discovered.pids()
     }
 
     /// What is being recorded, for people: "pid 12, 13 and the processes they start".
     pub fn describe(&self) -> String {
-        let pids = || crate::text::pid_list(&self.roster.running());
+        let pids = || crate::text::pid_list(&self.discovered.running());
         let what = if self.targets.all {
             "every process".to_owned()
         } else if let Some(pattern) = &self.targets.comm {
@@ -222,7 +222,7 @@ impl Recording {
                 .overhead(self.file_wide(), calls, settings.duration_seconds, &targets);
         let coverage = targets
             .iter()
-            .filter_map(|t| Some((t.pid, self.roster.coverage(t.pid)?.clone())))
+            .filter_map(|t| Some((t.pid, self.discovered.coverage(t.pid)?.clone())))
             .collect();
         Ok(Snapshot {
             tally,
@@ -256,8 +256,8 @@ impl Recording {
     fn gone_now(&self) -> BTreeSet<u32> {
         let mut known = self.aggregation.known();
         known.extend(self.accounting.known());
-        known.extend(self.roster.pids());
-        known.extend(self.roster.excluded());
+        known.extend(self.discovered.pids());
+        known.extend(self.discovered.excluded());
         let own = std::process::id();
         known
             .into_iter()
@@ -274,17 +274,17 @@ impl Recording {
         if self.cost.duty.is_some() {
             return 0;
         }
-        let listed: BTreeSet<u32> = self.roster.pids().iter().copied().collect();
-        let mut gone = self.roster.forget_gone(|pid| !dead.contains(&pid));
+        let listed: BTreeSet<u32> = self.discovered.pids().iter().copied().collect();
+        let mut gone = self.discovered.forget_gone(|pid| !dead.contains(&pid));
         // Host-wide, most processes are never targets (never sampled, or left alone):
         // what is kept of them (their kernel counters, allocators, maps) goes when they
         // do, or it would grow with every process that ever ran.
         gone.extend(dead.iter().filter(|pid| !listed.contains(pid)));
         // Processes left alone (host mode) that exited: their exclusion goes too.
         let mut in_kernel = gone.clone();
-        for pid in self.roster.excluded() {
+        for pid in self.discovered.excluded() {
             if dead.contains(&pid) {
-                self.roster.forget_excluded(pid);
+                self.discovered.forget_excluded(pid);
                 in_kernel.insert(pid);
             }
         }
@@ -305,8 +305,8 @@ impl Recording {
         log::debug!(
             "kept after forgetting: {} processes known, {} listed, {} running, {} stacks, {} live blocks",
             self.aggregation.known().len(),
-            self.roster.pids().len(),
-            self.roster.running_count(),
+            self.discovered.pids().len(),
+            self.discovered.running_count(),
             self.aggregation.aggregator.stack_count(),
             self.aggregation.aggregator.live_count(),
         );
@@ -341,7 +341,7 @@ impl Recording {
 
     /// Whether processes that are not targets hit the probes too (file-wide probes).
     fn file_wide(&self) -> bool {
-        self.targets.all || self.roster.followed_only()
+        self.targets.all || self.discovered.followed_only()
     }
 
     /// The probes' cost per allocation call of the targets, as the statistics windows so
@@ -400,7 +400,7 @@ impl Recording {
                 Some(pid) = self.watcher.exited.recv() => {
                     self.finalize(pid).await?;
                     let waits = self.targets.waits_for_new();
-                    return Ok(if self.roster.none_running() && !waits {
+                    return Ok(if self.discovered.none_running() && !waits {
                         TargetExit::All
                     } else {
                         TargetExit::One(pid)
@@ -498,7 +498,7 @@ impl Recording {
     fn add_allocators(&mut self, pid: u32, allocators: &[crate::probe::allocator::Allocator]) {
         use crate::schema::CoverageStart;
         // Recorded from its exec with nothing probed late: its runtime's counts are ours.
-        let from_start = self.roster.coverage(pid).is_some_and(|c| {
+        let from_start = self.discovered.coverage(pid).is_some_and(|c| {
             matches!(c.since, CoverageStart::Start | CoverageStart::Exec) && c.late.is_empty()
         });
         let watch = self
@@ -573,10 +573,10 @@ impl Recording {
         }
         // Data events go on to the aggregator (those of processes left out dropped); the
         // control events were discovery's and the stack table's, above.
-        let roster = &self.roster;
+        let discovered = &self.discovered;
         batch.retain(|event| match event {
-            Event::Alloc(sample) => !roster.is_excluded(sample.pid),
-            Event::Free(freed) => !roster.is_excluded(freed.pid),
+            Event::Alloc(sample) => !discovered.is_excluded(sample.pid),
+            Event::Free(freed) => !discovered.is_excluded(freed.pid),
             Event::Process { .. }
             | Event::Maps { .. }
             | Event::PythonFrames(_)
@@ -620,7 +620,7 @@ impl Recording {
         self.end_duty(&counters);
         self.close_cost_window(counters.values().map(|c| c.calls).sum());
         self.intake.cut_off(self.accounting.counted_ns);
-        let nobody_left = self.roster.none_running();
+        let nobody_left = self.discovered.none_running();
         let closing = self
             .probes
             .take()

@@ -9,8 +9,9 @@ use log::warn;
 use sampler_common::kernel;
 
 use super::{
-    aggregation::Aggregation, cost_control::CostControl, in_process::InProcess, intake::Intake,
-    roster::Roster, Clocks, CoveredSince, FrontEnd, Logger, Prepared, Recording,
+    aggregation::Aggregation, cost_control::CostControl, discovered::Discovered,
+    in_process::InProcess, intake::Intake, Clocks, CoveredSince, FrontEnd, Logger, Prepared,
+    Recording,
 };
 use crate::{
     collect::SampleReader,
@@ -200,13 +201,13 @@ impl Loaded {
     /// default), none if its tree is gone before they are loaded.
     fn load(
         config: KernelConfig,
-        early: Option<&super::early::EarlyRun>,
+        early: Option<&super::early_intake::EarlyRun>,
         followed: bool,
         sampling: &SamplingConfig,
     ) -> anyhow::Result<Loaded> {
         let loaded = match early {
             Some(run) if followed => {
-                super::early::load_unless_gone(run, move || load_probes(config))?
+                super::early_intake::load_unless_gone(run, move || load_probes(config))?
             }
             _ => Some(load_probes(config)?),
         };
@@ -262,7 +263,7 @@ struct Parts {
     loaded: Loaded,
     targets: Targets,
     cache: crate::targets::AllocatorCache,
-    roster: Roster,
+    discovered: Discovered,
     /// The command allocscope started, if any.
     spawned: Option<u32>,
 }
@@ -292,10 +293,10 @@ impl Recording {
         let config = kernel_config(&targets, sampling, followed_only, in_process_only);
         let (child, early) = match (child, &front_end) {
             (Some(child), Some(front_end))
-                if super::early::may_run_early(&config, in_process_only) =>
+                if super::early_intake::may_run_early(&config, in_process_only) =>
             {
                 let family = &front_end.family;
-                let run = super::early::release_now(child, family, &config, &command)?;
+                let run = super::early_intake::release_now(child, family, &config, &command)?;
                 (None, Some(run))
             }
             (child, _) => (child, None),
@@ -310,7 +311,7 @@ impl Recording {
             loaded,
             targets,
             cache,
-            roster: Roster::new(followed_only),
+            discovered: Discovered::new(followed_only),
             spawned,
         };
         let mut recording = Recording::assemble(parts, sampling, recent)?;
@@ -319,7 +320,7 @@ impl Recording {
         match front_end.as_ref() {
             // Its early records cover the tree's calls through it from the start.
             Some(front_end) if probeless => recording
-                .roster
+                .discovered
                 .host_file_probed(front_end.allocator.file_id.clone(), 0),
             _ => recording.probe_before_start(front_end.as_ref()),
         }
@@ -337,7 +338,7 @@ impl Recording {
             recording.end_early(early);
         }
         log::debug!("loaded, attached and released in {:?}", started.elapsed());
-        if recording.roster.none_running() && !recording.targets.waits_for_new() {
+        if recording.discovered.none_running() && !recording.targets.waits_for_new() {
             anyhow::bail!("every target exited while the probes were being attached");
         }
         Ok(recording)
@@ -369,7 +370,7 @@ impl Recording {
             targets: parts.targets,
             cache: parts.cache,
             watcher: exits::Watcher::new(),
-            roster: parts.roster,
+            discovered: parts.discovered,
             accounting: Default::default(),
             points: Vec::new(),
             clocks: Clocks::new(duty.is_some()),
@@ -397,7 +398,7 @@ impl Recording {
     /// is probed unless a process turns out not to (a static or set-user-ID program, a
     /// cleared environment), and then only its own files.
     fn probe_before_start(&mut self, front_end: Option<&FrontEnd>) {
-        if !self.roster.followed_only() {
+        if !self.discovered.followed_only() {
             return;
         }
         // Only carriers counted: the library loaded into `--comm`'s matches, no allocator.

@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 mod counters;
 mod maps_reader;
 use maps_reader::MapsReader;
-pub mod early;
+pub mod early_decode;
 pub mod forget;
 pub mod go_profile;
 

@@ -11,7 +11,7 @@
 //! where the evaluator's native frames were ([`merge`]).
 
 pub mod detect;
-pub mod early;
+pub mod early_frames;
 pub mod layout;
 pub(crate) mod linetable;
 pub(crate) mod merge;

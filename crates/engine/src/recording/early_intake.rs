@@ -1,6 +1,6 @@
 //! A command that runs while its probes load: `record -- CMD` counted in-process alone
 //! releases the command at once and has its library keep early records (see
-//! `sampler-preload`'s `early`) until the probes are attached, instead of holding the
+//! `sampler-preload`'s `early_records`) until the probes are attached, instead of holding the
 //! command ~0.1 s before its exec. Once attached, the records are read while their writers
 //! wait, the tree's processes that started meanwhile are followed, the blocks still live
 //! go into the kernel's live map (their frees come through the probes), and the records
@@ -15,7 +15,7 @@
 use log::{debug, warn};
 
 use super::Recording;
-use crate::{collect::early, probe::attach::KernelConfig, spawn::PausedChild};
+use crate::{collect::early_decode, probe::attach::KernelConfig, spawn::PausedChild};
 
 /// Whether a command counted in-process alone (`in_process_only`) may run before its
 /// probes are attached, under `config`.
@@ -32,7 +32,7 @@ pub(super) struct EarlyRun {
     /// When it exited, once it has.
     pub exited: ExitSeen,
     /// Resolving its early samples' Python frames while it runs (where they are read).
-    pub python: Option<crate::python::early::Watcher>,
+    pub python: Option<crate::python::early_frames::Watcher>,
     /// Its tree's process events, read until the probes are attached.
     pub events: Option<crate::sys::proc_events::Watch>,
 }
@@ -181,7 +181,7 @@ pub(super) fn release_now(
     let python = if config.python_frames {
         let watcher = family
             .early_records()
-            .and_then(|records| Ok(crate::python::early::Watcher::start(records)?));
+            .and_then(|records| Ok(crate::python::early_frames::Watcher::start(records)?));
         match watcher {
             Ok(watcher) => Some(watcher),
             Err(e) => {
@@ -264,7 +264,7 @@ impl Recording {
         for (pid, exec_ns, program) in tree.gone_after_exec() {
             // Attached since (its allocator probed for it): counted from then, as said.
             if self
-                .roster
+                .discovered
                 .coverage(pid)
                 .is_some_and(|c| !c.late.is_empty())
             {
@@ -348,7 +348,7 @@ impl Recording {
     fn finish_early(
         &mut self,
         track_frees: bool,
-        python: Option<crate::python::early::Watcher>,
+        python: Option<crate::python::early_frames::Watcher>,
     ) -> anyhow::Result<()> {
         let Some(family) = self.in_process.family() else {
             return Ok(());
@@ -371,8 +371,8 @@ impl Recording {
             // library all the same).
             records.retain(|record| self.command.is(record.pid()));
         }
-        let mut resolved = python.map(crate::python::early::Watcher::finish);
-        let mut taken = early::events(records, track_frees, |index, record| {
+        let mut resolved = python.map(crate::python::early_frames::Watcher::finish);
+        let mut taken = early_decode::events(records, track_frees, |index, record| {
             resolved.as_mut()?.take(index, record)
         });
         let python_missing = resolved.as_ref().map_or(0, |r| r.missing());
@@ -406,7 +406,7 @@ impl Recording {
 
     /// Puts the blocks the early records leave live into the kernel's live map, so that
     /// their frees are seen; a block that finds no room is marked untracked (said).
-    fn track_live_blocks(&mut self, taken: &mut early::Early) {
+    fn track_live_blocks(&mut self, taken: &mut early_decode::Early) {
         let mut untracked = Vec::new();
         if let Some(probes) = self.probes.as_mut() {
             for &(pid, address, at) in &taken.live {
@@ -440,7 +440,7 @@ impl Recording {
         };
         let alive =
             |pid: u32| crate::sys::process::state_of(pid).is_some_and(|s| s != 'Z' && s != 'X');
-        if !self.roster.running().into_iter().any(alive) {
+        if !self.discovered.running().into_iter().any(alive) {
             self.command.ended = Some(at);
         }
     }
@@ -486,7 +486,7 @@ impl Recording {
     fn follow_members(&mut self, command: u32, members: &[u32]) {
         let now = crate::collect::monotonic_ns();
         for &pid in members {
-            if self.roster.is_running(pid) {
+            if self.discovered.is_running(pid) {
                 continue;
             }
             if let Some(probes) = self.probes.as_mut() {

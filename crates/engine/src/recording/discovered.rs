@@ -16,9 +16,10 @@ use crate::{
     sys::maps::FileId,
 };
 
-/// The targets of a recording.
+/// What discovery found: the targets of a recording (their counter slots and coverage),
+/// the processes left alone, the files probed host-wide and the processes scanned.
 #[derive(Debug, Default)]
-pub(super) struct Roster {
+pub(super) struct Discovered {
     /// `--follow`, `--comm`: targets are counted by file-wide probes in the kernel's
     /// followed set (slot [`HOST_SLOT`]), not attached per process.
     followed_only: bool,
@@ -41,11 +42,11 @@ pub(super) struct Roster {
     scanned: HashMap<u32, FileId>,
 }
 
-impl Roster {
-    pub(super) fn new(followed_only: bool) -> Roster {
-        Roster {
+impl Discovered {
+    pub(super) fn new(followed_only: bool) -> Discovered {
+        Discovered {
             followed_only,
-            ..Roster::default()
+            ..Discovered::default()
         }
     }
 
@@ -302,39 +303,43 @@ mod tests {
 
     #[test]
     fn gone_targets_are_forgotten_and_live_ones_kept() {
-        let mut roster = Roster::new(false);
-        roster.enter(10, 0, coverage(), 0);
-        roster.enter(11, 1, coverage(), 0);
-        roster.seen(20);
-        roster.seen(21);
-        roster.leave(11);
+        let mut discovered = Discovered::new(false);
+        discovered.enter(10, 0, coverage(), 0);
+        discovered.enter(11, 1, coverage(), 0);
+        discovered.seen(20);
+        discovered.seen(21);
+        discovered.leave(11);
         // 20 is alive (seen host-wide, not watched), 21 is not; 10 runs as a target.
-        let gone = roster.forget_gone(|pid| pid == 20);
+        let gone = discovered.forget_gone(|pid| pid == 20);
         assert_eq!(gone.into_iter().collect::<Vec<_>>(), [11, 21]);
-        assert_eq!(roster.pids(), [10, 20]);
-        assert!(roster.coverage(11).is_none() && roster.coverage(10).is_some());
+        assert_eq!(discovered.pids(), [10, 20]);
+        assert!(discovered.coverage(11).is_none() && discovered.coverage(10).is_some());
     }
 
     #[test]
     fn slots_are_reused_and_bounded() {
-        let mut roster = Roster::new(false);
-        let (a, new) = roster.slot_for(10).unwrap();
+        let mut discovered = Discovered::new(false);
+        let (a, new) = discovered.slot_for(10).unwrap();
         assert!(new);
-        roster.enter(10, a, coverage(), 0);
-        assert_eq!(roster.slot_for(10).unwrap(), (a, false));
-        let (b, _) = roster.slot_for(11).unwrap();
+        discovered.enter(10, a, coverage(), 0);
+        assert_eq!(discovered.slot_for(10).unwrap(), (a, false));
+        let (b, _) = discovered.slot_for(11).unwrap();
         assert_ne!(a, b);
-        roster.give_back(b);
+        discovered.give_back(b);
         assert_eq!(
-            roster.slot_for(12).unwrap().0,
+            discovered.slot_for(12).unwrap().0,
             b,
             "a slot given back is reused"
         );
-        assert_eq!(roster.leave(10), Some(a));
-        assert_eq!(roster.leave(10), None);
-        assert!(roster.none_running());
-        assert_eq!(roster.pids(), [10], "an exited target stays in the list");
-        let mut full = Roster::new(false);
+        assert_eq!(discovered.leave(10), Some(a));
+        assert_eq!(discovered.leave(10), None);
+        assert!(discovered.none_running());
+        assert_eq!(
+            discovered.pids(),
+            [10],
+            "an exited target stays in the list"
+        );
+        let mut full = Discovered::new(false);
         for pid in 0..MAX_TARGETS {
             let (slot, _) = full.slot_for(pid).unwrap();
             full.enter(pid, slot, coverage(), 0);
@@ -346,20 +351,20 @@ mod tests {
 
     #[test]
     fn host_slot_targets_count_file_wide_and_free_no_slot() {
-        let mut roster = Roster::new(true);
-        roster.enter(7, HOST_SLOT, coverage(), 0);
-        assert!(roster.counter_slots().is_empty());
-        assert!(roster.counts(7));
-        assert!(!roster.counts(8), "followed set: only targets count");
-        roster.exclude(9);
-        assert!(!roster.counts(9));
-        assert_eq!(roster.leave(7), Some(HOST_SLOT));
+        let mut discovered = Discovered::new(true);
+        discovered.enter(7, HOST_SLOT, coverage(), 0);
+        assert!(discovered.counter_slots().is_empty());
+        assert!(discovered.counts(7));
+        assert!(!discovered.counts(8), "followed set: only targets count");
+        discovered.exclude(9);
+        assert!(!discovered.counts(9));
+        assert_eq!(discovered.leave(7), Some(HOST_SLOT));
         assert_eq!(
-            roster.slot_for(1).unwrap().0,
+            discovered.slot_for(1).unwrap().0,
             0,
             "HOST_SLOT never enters the free list"
         );
-        let host = Roster::new(false);
+        let host = Discovered::new(false);
         assert!(
             host.counts(8),
             "host mode: every process not left out counts"
@@ -368,22 +373,22 @@ mod tests {
 
     #[test]
     fn late_allocators_are_noted_once_with_their_delay() {
-        let mut roster = Roster::new(true);
-        roster.enter(5, HOST_SLOT, coverage(), 1_000_000);
-        roster.host_file_probed(file(1), 500_000); // before it was covered: not late
-        roster.host_file_probed(file(2), 3_000_000); // 2 ms after
+        let mut discovered = Discovered::new(true);
+        discovered.enter(5, HOST_SLOT, coverage(), 1_000_000);
+        discovered.host_file_probed(file(1), 500_000); // before it was covered: not late
+        discovered.host_file_probed(file(2), 3_000_000); // 2 ms after
         let both = [allocator("early", 1), allocator("late", 2)];
-        roster.note_late(5, &both, 9_000_000);
-        roster.note_late(5, &both, 9_000_000);
-        let late = &roster.coverage(5).unwrap().late;
+        discovered.note_late(5, &both, 9_000_000);
+        discovered.note_late(5, &both, 9_000_000);
+        let late = &discovered.coverage(5).unwrap().late;
         assert_eq!(late.len(), 1, "{late:?}");
         assert_eq!(late[0].after_ms, 2.0);
         // An exec moves where lateness counts from.
-        roster.covered_from(5, 4_000_000);
-        roster.note_late(5, &[allocator("unprobed", 3)], 6_000_000);
-        assert_eq!(roster.coverage(5).unwrap().late[1].after_ms, 2.0);
+        discovered.covered_from(5, 4_000_000);
+        discovered.note_late(5, &[allocator("unprobed", 3)], 6_000_000);
+        assert_eq!(discovered.coverage(5).unwrap().late[1].after_ms, 2.0);
         // Per process: a file found after attaching is late by now.
-        let mut per_process = Roster::new(false);
+        let mut per_process = Discovered::new(false);
         per_process.enter(6, 0, coverage(), 1_000_000);
         per_process.note_late(6, &[allocator("loaded later", 4)], 11_000_000);
         assert_eq!(per_process.coverage(6).unwrap().late[0].after_ms, 10.0);
@@ -391,15 +396,15 @@ mod tests {
 
     #[test]
     fn a_scan_looks_at_new_processes_and_execs_once() {
-        let mut roster = Roster::new(false);
-        let first = roster.unscanned(vec![(1, Some(file(1))), (2, None), (3, Some(file(3)))]);
+        let mut discovered = Discovered::new(false);
+        let first = discovered.unscanned(vec![(1, Some(file(1))), (2, None), (3, Some(file(3)))]);
         assert_eq!(first, [1, 3]);
-        assert!(roster
+        assert!(discovered
             .unscanned(vec![(1, Some(file(1))), (3, Some(file(3)))])
             .is_empty());
         // 3 exec'd another program; 1 exited and its pid came back.
-        let again = roster.unscanned(vec![(3, Some(file(4)))]);
+        let again = discovered.unscanned(vec![(3, Some(file(4)))]);
         assert_eq!(again, [3]);
-        assert_eq!(roster.unscanned(vec![(1, Some(file(1)))]), [1]);
+        assert_eq!(discovered.unscanned(vec![(1, Some(file(1)))]), [1]);
     }
 }

@@ -1,5 +1,5 @@
 //! The Python frames of early records (samples a command's library took while allocscope
-//! attached, see `recording::early`), resolved while the command runs.
+//! attached, see the engine's `recording::early_intake`), resolved while the command runs.
 //!
 //! The library reads a sample's frames (code objects and instructions) itself; what they
 //! name (file, function, line) is read from the process's code objects, as for a kernel

@@ -1,5 +1,5 @@
 //! The family table's early records from allocscope's side: asked for before the command
-//! runs, read once the probes are attached (see `sampler-preload`'s `early` module for why
+//! runs, read once the probes are attached (see `sampler-preload`'s `early_records` module for why
 //! and [`sampler_common::preload::EarlyRecord`] for the layout).
 
 use std::{
