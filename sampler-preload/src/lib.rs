@@ -21,29 +21,28 @@
 //! panic machinery alone (its backtrace printer: gimli, addr2line, an inflater) was four
 //! fifths of the library's code, paged in by every process it is loaded into
 //! (docs/performance.md). A plain `cargo build` or `cargo test` (panics unwind) links std.
-// circle-exception: the library's set-up sequence spans its files, not yet parted.
-// next.rs's resolve calls the sandbox, region and route checks, which use next.rs's lookup
-// back; a lower module for the lookup and one for the set-up would part them (every move
-// here needs the library's harm tests and the torture run).
 #![cfg_attr(panic = "abort", no_std)]
 
 mod cxx;
 mod early_records;
 mod frames;
 mod next;
+mod objects;
 mod producer;
 mod python;
 mod region;
 mod route;
 mod sandbox;
+mod setup;
 mod table;
 mod thread;
 mod usdt;
 
 use core::ffi::{c_int, c_void};
 
-use next::{next, Bootstrap};
+use next::next;
 use sampler_common::{preload::ALLOC_UNTRACKED, AllocFn};
+use setup::Bootstrap;
 
 /// The sampled blocks still live.
 static SAMPLED: table::Table = table::Table::new();
@@ -139,7 +138,7 @@ extern "C" fn after_fork() {
 static INIT: extern "C" fn() = {
     extern "C" fn init() {
         if !next::ready() {
-            thread::busy(|| next::resolve(set_up));
+            thread::busy(|| setup::resolve(set_up));
         }
         if next::opened() && !sandbox::dormant() {
             // Once ready (other threads' calls go on meanwhile): the program's calls are
@@ -163,7 +162,7 @@ fn ensure_ready() -> bool {
 #[cold]
 #[inline(never)]
 fn resolve_now() -> bool {
-    matches!(thread::busy(|| next::resolve(set_up)), Bootstrap::Ready)
+    matches!(thread::busy(|| setup::resolve(set_up)), Bootstrap::Ready)
 }
 
 /// Reports this thread's last sampled call, which returned `pointer` (null: the call

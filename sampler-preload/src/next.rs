@@ -44,69 +44,22 @@ pub static NEXT: Next = Next {
     pvalloc: AtomicUsize::new(0),
 };
 
-const UNRESOLVED: u8 = 0;
-const RESOLVING: u8 = 1;
-const READY: u8 = 2;
+/// Not yet resolved.
+pub(crate) const UNRESOLVED: u8 = 0;
+/// A thread resolves (see `setup`).
+pub(crate) const RESOLVING: u8 = 1;
+/// Resolved: the next allocator's functions are known.
+pub(crate) const READY: u8 = 2;
 
-static STATE: AtomicU8 = AtomicU8::new(UNRESOLVED);
+/// `UNRESOLVED`, `RESOLVING` or `READY`.
+pub(crate) static STATE: AtomicU8 = AtomicU8::new(UNRESOLVED);
 /// The thread resolving (its calls meanwhile go to the arena).
-static RESOLVER: AtomicU64 = AtomicU64::new(0);
+pub(crate) static RESOLVER: AtomicU64 = AtomicU64::new(0);
 
 /// Whether the next allocator is known (the common case: one load).
 #[inline(always)]
 pub fn ready() -> bool {
     STATE.load(Ordering::Acquire) == READY
-}
-
-/// What a call that found the library not ready must do.
-pub enum Bootstrap {
-    /// Resolved now: go on normally.
-    Ready,
-    /// This thread is resolving: serve the call from the arena.
-    Arena,
-}
-
-fn thread_id() -> u64 {
-    crate::thread::id()
-}
-
-/// Resolves the next allocator (once, on the first call of any thread), then runs
-/// `after` (the library's own set-up; told whether the library is dormant) before the
-/// others may go on.
-#[cold]
-pub fn resolve(after: impl FnOnce(bool)) -> Bootstrap {
-    loop {
-        match STATE.compare_exchange(UNRESOLVED, RESOLVING, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => {
-                RESOLVER.store(thread_id(), Ordering::Release);
-                decide_opened();
-                // Under a seccomp filter already, or where another producer reports the
-                // process's allocations: dormant (no probe, no count). A library opened
-                // into a running process was checked by allocscope before.
-                let dormant = crate::sandbox::check_at_set_up()
-                    || (!opened() && crate::sandbox::check_producer_at_set_up());
-                // Opened into a running process: ready once its calls are routed here.
-                if !dormant && !opened() {
-                    // Before any call reaches the next allocator: from here on allocscope's
-                    // file-wide probes on it leave this process's calls to us.
-                    crate::usdt::ready();
-                }
-                lookup_all();
-                after(dormant);
-                STATE.store(READY, Ordering::Release);
-                return Bootstrap::Ready;
-            }
-            Err(READY) => return Bootstrap::Ready,
-            Err(_) => {
-                if RESOLVER.load(Ordering::Acquire) == thread_id() {
-                    return Bootstrap::Arena;
-                }
-                // Another thread resolves: a few microseconds, once per process.
-                // SAFETY: sched_yield has no preconditions.
-                unsafe { libc::sched_yield() };
-            }
-        }
-    }
 }
 
 /// Whether this library was opened into a running process (by allocscope's injector)
@@ -124,7 +77,7 @@ pub fn opened() -> bool {
 /// whoever asks (`RTLD_DEFAULT` from this library would search its own scope too).
 static PROGRAM: AtomicUsize = AtomicUsize::new(0);
 
-fn decide_opened() {
+pub(crate) fn decide_opened() {
     // SAFETY: dlopen(NULL) returns the program's handle (never unloaded).
     let program = unsafe { libc::dlopen(core::ptr::null(), libc::RTLD_NOW) };
     PROGRAM.store(program as usize, Ordering::Relaxed);
@@ -149,8 +102,15 @@ fn in_executable() -> bool {
     };
     // SAFETY: getauxval has no preconditions.
     let entry = unsafe { libc::getauxval(libc::AT_ENTRY) } as *const c_void;
-    let own = (&raw const crate::region::allocscope_preload_region).cast::<c_void>();
-    base(entry).is_some() && base(entry) == base(own)
+    base(entry).is_some() && base(entry) == base(own_address())
+}
+
+/// An address inside this library, for `dladdr` to name the object it is in: a static of
+/// its own, never exported (a function's address may be taken through a slot the process
+/// can rebind).
+pub(crate) fn own_address() -> *const c_void {
+    static OWN: u8 = 0;
+    (&raw const OWN).cast::<c_void>()
 }
 
 /// The definition of `name` this library forwards to: the next after it in the search
@@ -165,7 +125,7 @@ pub fn lookup(name: &core::ffi::CStr) -> usize {
     unsafe { libc::dlsym(scope, name.as_ptr()) as usize }
 }
 
-fn lookup_all() {
+pub(crate) fn lookup_all() {
     let n = &NEXT;
     n.malloc.store(lookup(c"malloc"), Ordering::Relaxed);
     n.free.store(lookup(c"free"), Ordering::Relaxed);
@@ -178,7 +138,6 @@ fn lookup_all() {
         .store(lookup(c"aligned_alloc"), Ordering::Relaxed);
     n.valloc.store(lookup(c"valloc"), Ordering::Relaxed);
     n.pvalloc.store(lookup(c"pvalloc"), Ordering::Relaxed);
-    crate::sandbox::resolve_next();
     let essential = [&n.malloc, &n.free, &n.calloc, &n.realloc];
     if essential.iter().any(|f| f.load(Ordering::Relaxed) == 0) {
         crate::fatal(b"allocscope preload: no allocator after this library (malloc, free, calloc or realloc missing)\n");

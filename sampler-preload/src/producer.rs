@@ -61,7 +61,7 @@ unsafe extern "C" fn visit(
 /// this function.
 fn is_this_library(info: &libc::dl_phdr_info) -> bool {
     let here = is_this_library as fn(&libc::dl_phdr_info) -> bool as usize;
-    let (low, high) = crate::route::object_span(info);
+    let (low, high) = crate::objects::object_span(info);
     (low..high).contains(&here)
 }
 

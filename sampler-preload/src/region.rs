@@ -16,7 +16,7 @@
 
 use core::{
     ptr,
-    sync::atomic::{AtomicBool, AtomicPtr, Ordering},
+    sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering},
 };
 
 use sampler_common::{
@@ -32,6 +32,12 @@ use sampler_common::{
 #[no_mangle]
 #[used]
 pub static allocscope_preload_region: AtomicPtr<Region> = AtomicPtr::new(ptr::null_mut());
+
+/// Slots rewritten to reach this library (by `route`, in a process it was opened into;
+/// reported with the region's counts).
+pub static ROUTED: AtomicU64 = AtomicU64::new(0);
+/// Slots of a routed function bound to something else than the process's definition.
+pub static LEFT: AtomicU64 = AtomicU64::new(0);
 
 /// The region this process counts in: the exported one, or a private one nobody reads
 /// (dormant, or a sandboxed process's child: see [`crate::sandbox`]).
@@ -156,14 +162,12 @@ pub fn init() {
 /// Publishes how many slots the routing rewrote and left (see [`crate::route`]).
 pub fn note_routes() {
     let region = current();
-    region.routed.store(
-        crate::route::ROUTED.load(Ordering::Relaxed),
-        Ordering::Relaxed,
-    );
-    region.left.store(
-        crate::route::LEFT.load(Ordering::Relaxed),
-        Ordering::Relaxed,
-    );
+    region
+        .routed
+        .store(ROUTED.load(Ordering::Relaxed), Ordering::Relaxed);
+    region
+        .left
+        .store(LEFT.load(Ordering::Relaxed), Ordering::Relaxed);
 }
 
 /// A dormant library's region (see [`crate::sandbox`]): private, unpublished, set up with

@@ -26,19 +26,16 @@ use core::{
     sync::atomic::{AtomicU64, Ordering},
 };
 
+use crate::objects::{headers, object_span, PT_LOAD};
+
 /// How often, at most, a sampled call looks for objects opened since the last routing.
 const RECHECK_NS: u64 = 10_000_000;
 
-/// Slots rewritten to reach this library.
-pub static ROUTED: AtomicU64 = AtomicU64::new(0);
-/// Slots of a routed function bound to something else than the process's definition.
-pub static LEFT: AtomicU64 = AtomicU64::new(0);
 /// The loader's count of objects added when this process was last routed.
 static ADDS_SEEN: AtomicU64 = AtomicU64::new(0);
 /// When a sampled call last looked for new objects.
 static CHECKED_NS: AtomicU64 = AtomicU64::new(0);
 
-const PT_LOAD: u32 = 1;
 const PT_DYNAMIC: u32 = 2;
 const PT_GNU_RELRO: u32 = 0x6474_e552;
 const DT_NULL: i64 = 0;
@@ -235,7 +232,7 @@ unsafe extern "C" fn find_real(
 fn own_handle() -> *mut c_void {
     // SAFETY: all-zero is a valid Dl_info.
     let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
-    let address = (&raw const crate::region::allocscope_preload_region).cast::<c_void>();
+    let address = crate::next::own_address();
     // SAFETY: dladdr fills the struct we own; RTLD_NOLOAD only finds a loaded object.
     unsafe {
         if libc::dladdr(address, &mut info) == 0 || info.dli_fname.is_null() {
@@ -315,29 +312,6 @@ fn is_excluded(info: &libc::dl_phdr_info) -> bool {
     let name = unsafe { CStr::from_ptr(info.dlpi_name) }.to_bytes();
     let file = name.rsplit(|&b| b == b'/').next().unwrap_or(name);
     file.starts_with(b"ld-linux") || file.starts_with(b"ld64.so")
-}
-
-fn headers(info: &libc::dl_phdr_info) -> &[libc::Elf64_Phdr] {
-    if info.dlpi_phdr.is_null() {
-        return &[];
-    }
-    // SAFETY: the loader's program headers, `dlpi_phnum` of them.
-    unsafe { core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) }
-}
-
-/// Where the object's loaded segments lie: [lowest, highest) address.
-pub(crate) fn object_span(info: &libc::dl_phdr_info) -> (usize, usize) {
-    let base = info.dlpi_addr as usize;
-    let (mut low, mut high) = (usize::MAX, 0usize);
-    for h in headers(info).iter().filter(|h| h.p_type == PT_LOAD) {
-        low = low.min(base.wrapping_add(h.p_vaddr as usize));
-        high = high.max(base.wrapping_add((h.p_vaddr + h.p_memsz) as usize));
-    }
-    if low > high {
-        (0, 0)
-    } else {
-        (low, high)
-    }
 }
 
 /// Whether `address` lies in one of the object's writable loaded segments.
@@ -469,7 +443,7 @@ unsafe fn route_object(info: &libc::dl_phdr_info, routes: &Routes) {
             match decide(value, route, lazy_span) {
                 Slot::Routed => {}
                 Slot::Left => {
-                    LEFT.fetch_add(1, Ordering::Relaxed);
+                    crate::region::LEFT.fetch_add(1, Ordering::Relaxed);
                 }
                 Slot::Route => {
                     let at = slot as usize;
@@ -477,13 +451,13 @@ unsafe fn route_object(info: &libc::dl_phdr_info, routes: &Routes) {
                     // Only in a writable segment (RELRO lies in one): a slot in code (a
                     // text relocation) is left alone, never written.
                     if !in_writable_segment(info, at) || slot.align_offset(8) != 0 {
-                        LEFT.fetch_add(1, Ordering::Relaxed);
+                        crate::region::LEFT.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
                     // SAFETY: an aligned slot of a writable segment of the object, made
                     // writable again if RELRO closed its page.
                     if unsafe { store(slot, route.ours, protected) } {
-                        ROUTED.fetch_add(1, Ordering::Relaxed);
+                        crate::region::ROUTED.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             }

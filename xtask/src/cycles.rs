@@ -132,7 +132,13 @@ fn walk_folders(
                     .map(|(_, why)| why.trim().to_owned())
             })
         });
-    for circle in cycles(&graph) {
+    let found = cycles(&graph);
+    if excepted.is_some() && found.is_empty() {
+        circles.push(format!(
+            "{shown}: says circle-exception but has no circle (remove it)"
+        ));
+    }
+    for circle in found {
         let circle = format!("{}: {}", shown, circle.join(" ↔ "));
         match &excepted {
             Some(why) => println!("xtask: circle-exception in {circle} ({why})"),
@@ -409,6 +415,11 @@ mod tests {
             "// circle-exception: a test\nmod a; mod b; mod c;",
         );
         assert_eq!(check_folders(std::slice::from_ref(&root)).unwrap(), 2);
+        write("b.rs", "fn f() {}");
+        let err = check_folders(std::slice::from_ref(&root))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("has no circle"), "{err}");
         std::fs::remove_dir_all(&root).unwrap();
     }
 
