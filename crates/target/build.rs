@@ -38,8 +38,9 @@ fn build_preload() -> anyhow::Result<()> {
         "-C",
         "strip=debuginfo",
         // Read-only data in the code's segment: one mapping fewer for the loader to make,
-        // split and tear down in every process the library is loaded into (~29 µs of each
-        // short process's start under `record`, docs/performance.md). RELRO is kept.
+        // split and tear down in every process the library is loaded into (part of each
+        // short process's start under `record`, docs/performance.md, "Many short processes:
+        // builds and scripts"). RELRO is kept.
         "-C",
         "link-arg=-Wl,--no-rosegment",
         // No standard library, so panics abort (see the library's own docs).

@@ -169,10 +169,10 @@ pub const EARLY_FREE: u64 = 2;
 
 /// What a sampled block or its free would have told the probes, written in the family
 /// table while allocscope attaches (`record -- CMD` lets the command run at once rather
-/// than after ~0.1 s of loading and attaching): a word that says it is complete, then an
-/// [`EarlyHead`], then room for [`MAX_PY_FRAMES`] Python frames ([`EarlyHead::py_count`]
-/// of them written), then [`EarlyHead::stack_len`] bytes of stack (up to
-/// [`crate::MAX_STACK_COPY`]).
+/// than after loading and attaching, docs/performance.md, "The in-process front end"): a
+/// word that says it is complete, then an [`EarlyHead`], then room for [`MAX_PY_FRAMES`]
+/// Python frames ([`EarlyHead::py_count`] of them written), then [`EarlyHead::stack_len`]
+/// bytes of stack (up to [`crate::MAX_STACK_COPY`]).
 #[repr(C)]
 #[derive(Debug, Default)]
 pub struct EarlyRecord {
@@ -403,8 +403,9 @@ pub struct Region {
     /// One slot per live thread.
     pub slots: [Counts; THREAD_SLOTS],
     /// The process's `/proc/self/maps` as the library read it at its first sampled call
-    /// since its set-up (a process that takes no sample needs none: reading them cost
-    /// every short process ~50 µs), [`Self::maps_len`] bytes in little-endian words, cut
+    /// since its set-up (a process that takes no sample needs none: reading them cost every
+    /// short process time, docs/performance.md, "Figures quoted from the code"),
+    /// [`Self::maps_len`] bytes in little-endian words, cut
     /// at a line when longer: what allocscope knows of a process that exits before it
     /// could read its maps itself.
     pub maps: [AtomicU64; MAPS_BYTES / 8],

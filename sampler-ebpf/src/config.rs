@@ -64,7 +64,8 @@ pub fn stack_bytes() -> u64 {
 
 /// Non-zero when a target may run CPython (`--python-frames`): sampled calls read the
 /// interpreter's frames. Zero prunes that code, and its verification (a few ms a program
-/// since its loops are `may_goto` ones; ~25 ms with counted loops).
+/// since its loops are `may_goto` ones; far more with counted loops: docs/performance.md,
+/// "Figures quoted from the code").
 #[no_mangle]
 static PYTHON_FRAMES: u8 = 0;
 

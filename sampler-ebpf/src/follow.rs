@@ -191,10 +191,11 @@ fn emit(what: u32, pid: u32, parent: u32) {
         comm: bpf_get_current_comm().unwrap_or_default(),
     });
     // Not a forced wake-up: the reader polls every few ms anyway (`collect::POLL_MS`), and
-    // a forced one cost the forking and the exec'ing process ~20 µs each (an interrupt
-    // that traps in a VM): a shell loop of 1,500 processes took 1.16 s instead of 1.03.
-    // A process is counted meanwhile (the followed set is the kernel's); what waits is
-    // user space's look at it (maps, allocators of a program that does not carry the
+    // a forced one cost the forking and the exec'ing process time each (an interrupt that
+    // traps in a VM; docs/performance.md, "Figures quoted from the code"): a shell loop of
+    // 1,500 processes took longer (docs/performance.md, "Many short processes: builds and
+    // scripts"). A process is counted meanwhile (the followed set is the kernel's); what
+    // waits is user space's look at it (maps, allocators of a program that does not carry the
     // front end), which a process gone by then is looked at through its region.
     entry.submit(crate::maps::wake_flags());
 }

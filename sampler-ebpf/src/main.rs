@@ -116,8 +116,9 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
 }
 
 /// The in-process front end's probes (sampler-preload), both kinds in one program so that
-/// a process's front end is one link (removing a link waits for a grace period, ~20 ms:
-/// one per process, not two). The cookie says which kind the site is:
+/// a process's front end is one link (removing a link waits for a grace period,
+/// docs/performance.md, "Figures quoted from the code": one per process, not two). The
+/// cookie says which kind the site is:
 /// * `allocscope:alloc(ptr, size, offset, interval, how)`, fired for a block the process's
 ///   own countdown sampled; the registers are pinned by the probe's definition
 ///   (`sampler_common::preload::PROBE_ALLOC`);
@@ -145,7 +146,8 @@ pub fn usdt(ctx: ProbeContext) -> u32 {
 /// Another program's sampler's probes (`otel_memory`, `ddheap`, a Go runtime's sampled
 /// blocks and frees), the cookie giving the index of their argument spec
 /// ([`sampler_common::usdt`]). A program of its own, loaded when such a process is first
-/// found: the verifier checks its code (a Go sample's stack walk among it, ~40 ms) only
+/// found: the verifier checks its code (a Go sample's stack walk among it,
+/// docs/performance.md, "Figures quoted from the code") only
 /// in recordings that need it, not at every start.
 #[uprobe]
 pub fn producer(ctx: ProbeContext) -> u32 {
@@ -175,7 +177,8 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
 
 /// `task_newtask(task, clone_flags)` as a raw tracepoint, the child's pid read from its
 /// `task_struct` at the offset BTF gave ([`config::task_pid_offset`]): its link closes at
-/// once, where the perf-event one waits ~65 ms for the tracepoint grace periods.
+/// once, where the perf-event one waits for the tracepoint grace periods
+/// (docs/performance.md, "Figures quoted from the code").
 #[raw_tracepoint(tracepoint = "task_newtask")]
 pub fn task_newtask_raw(ctx: RawTracePointContext) -> u32 {
     let task = ctx.arg::<u64>(0);
@@ -205,7 +208,8 @@ pub fn process_prepare_exec(_ctx: RawTracePointContext) -> u32 {
 
 /// `sched_process_exit(task, group_dead)` as a raw tracepoint: its link detaches without
 /// waiting, where closing a perf-event tracepoint waits for the kernel's tracepoint grace
-/// periods (~50 ms here), the largest part of stopping a short command's recording.
+/// periods (docs/performance.md, "The in-process front end"), the largest part of stopping
+/// a short command's recording.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn process_exit(ctx: RawTracePointContext) -> u32 {
     follow::on_exit(ctx.arg::<u64>(1) & 0xff != 0);

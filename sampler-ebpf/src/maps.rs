@@ -10,10 +10,11 @@ use sampler_common::{
 };
 
 /// `BPF_F_NO_PREALLOC`: the hash maps that fill slowly (one entry per process, per lost
-/// stack) allocate entries as they are inserted. Preallocated, their
-/// capacity cost ~20 ms at every start (most of it the per-CPU ones' 16384 × CPUs values),
-/// the largest part of `record -- /bin/true`'s time; allocating on insert costs the rare
-/// inserts ~100 ns more.
+/// stack) allocate entries as they are inserted. Preallocated, their capacity cost time at
+/// every start (most of it the per-CPU ones' 16384 × CPUs values), the largest part of
+/// `record -- /bin/true`'s time (docs/performance.md, "The in-process front end");
+/// allocating on insert costs the rare inserts a little more (docs/performance.md, "Figures
+/// quoted from the code").
 const NO_PREALLOC: u32 = 1;
 
 /// Sampled allocations → user space. Sized for bursts of ~4000 samples in flight.
@@ -23,10 +24,10 @@ pub static SAMPLES: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
 /// The wake-up flag for a sample's or a free's record: none until the ring buffer holds
 /// an eighth of its size, then a forced one. Why: the default wakes the reader whenever
 /// it had caught up, which is at almost every sample, and the wake-up is an inter-processor
-/// interrupt (an MSR write that traps to the hypervisor in a VM): ~15 µs of the probed
-/// thread's time per sample, more than the rest of the sample. The reader polls on a
-/// short timer instead (`collect::POLL_MS`), and is woken early only when a burst could
-/// fill the buffer before its next poll.
+/// interrupt (an MSR write that traps to the hypervisor in a VM): a cost to the probed
+/// thread at every sample, more than the rest of the sample (docs/performance.md, "The
+/// in-process front end"). The reader polls on a short timer instead (`collect::POLL_MS`),
+/// and is woken early only when a burst could fill the buffer before its next poll.
 #[inline(always)]
 pub fn wake_flags() -> u64 {
     let held = SAMPLES.query(aya_ebpf::bindings::BPF_RB_AVAIL_DATA as u64);

@@ -1,8 +1,8 @@
 //! Early records: sampled blocks kept in the family table while allocscope attaches.
 //!
-//! Why: loading and verifying the eBPF programs and attaching them takes allocscope ~0.1 s,
-//! which a command would otherwise wait for before it runs (a tenth of a one-second
-//! command's time). `record -- CMD` lets the command run at once; until its probes are
+//! Why: loading and verifying the eBPF programs and attaching them takes allocscope a while
+//! (docs/performance.md, "The in-process front end"), which a command would otherwise wait
+//! for before it runs. `record -- CMD` lets the command run at once; until its probes are
 //! attached, a sampled block is written into the family table with what the eBPF program
 //! would have taken at the probe (the thread, the time, the registers and a copy of the
 //! stack's top, read with `process_vm_readv` so that a short stack cannot fault), and the

@@ -2,13 +2,14 @@
 //! decision inside the process and fires a USDT probe only for sampled blocks.
 //!
 //! Why: with uprobes on the allocator, every `malloc` and `free` of the target pays the
-//! kernel's trap (~0.6 µs here) to run a countdown that costs nanoseconds. Here the
-//! countdown ([`sampler_common::geometric`], the code the kernel program runs) and exact
-//! per-thread counters run in the process; a sampled block (one call in thousands at the
-//! default interval) fires `allocscope:alloc` (and the OpenTelemetry contract's
-//! `otel_memory:alloc`), and freeing a sampled block fires `allocscope:free` /
-//! `otel_memory:free`. allocscope's eBPF programs attach to those probes, so estimates,
-//! bounds, stacks and the live heap mean exactly what they mean with uprobes.
+//! kernel's trap (docs/performance.md, "Figures quoted from the code") to run a countdown
+//! that costs nanoseconds. Here the countdown ([`sampler_common::geometric`], the code the
+//! kernel program runs) and exact per-thread counters run in the process; a sampled block
+//! (one call in thousands at the default interval) fires `allocscope:alloc` (and the
+//! OpenTelemetry contract's `otel_memory:alloc`), and freeing a sampled block fires
+//! `allocscope:free` / `otel_memory:free`. allocscope's eBPF programs attach to those
+//! probes, so estimates, bounds, stacks and the live heap mean exactly what they mean with
+//! uprobes.
 //!
 //! Every function of the malloc family is interposed and forwarded to the next allocator
 //! ([`next`]), and so are C++'s `operator new` and `delete` ([`cxx`]: counted where the
@@ -240,7 +241,7 @@ fn forget(pointer: *mut c_void) {
 
 /// Reports sampled block `address` freed. Out of line, so the probe site is one: each
 /// site is one more uprobe to attach and remove, and the kernel removes them one at a
-/// time (~0.1 s each here).
+/// time (docs/performance.md, "What a recording cost, measured").
 #[cold]
 #[inline(never)]
 fn report_free(address: u64) {

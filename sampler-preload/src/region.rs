@@ -78,7 +78,8 @@ pub fn in_family_namespace() -> bool {
 /// Whether this process is in the pid namespace the family table was made in (the inode
 /// of `/proc/self/ns/pid`; not when it cannot be read). Read as the link's text
 /// (`pid:[INODE]`): following the link to `stat` it made the kernel set up the namespace's
-/// file, ~10 µs of a new process's start against ~8 µs.
+/// file, slower in a new process's start than reading the link (docs/performance.md, "Many
+/// short processes: builds and scripts").
 fn same_pid_namespace(family: *mut FamilyHeader) -> bool {
     let mut link = [0u8; 64];
     // SAFETY: readlink with a NUL-terminated path into a buffer we own, within its length.
@@ -490,7 +491,8 @@ fn map_new() -> Option<*mut Region> {
 /// Maps `len` bytes of `fd` from `offset`, shared and writable (`MAP_FAILED` on error).
 /// Read at random: where the table is a file on a disk (`/run` is not a tmpfs on every
 /// machine), the first touch of a page not in memory would otherwise have the kernel read
-/// around it, zero-filling up to the disk's read-ahead window (8 MiB here, ~4 ms) of the
+/// around it, zero-filling up to the disk's read-ahead window (8 MiB here;
+/// docs/performance.md, "Many short processes: builds and scripts") of the
 /// table's holes in this process.
 fn map_shared(fd: i32, offset: usize, len: usize) -> *mut libc::c_void {
     // SAFETY: a new mapping of the descriptor's pages; nothing existing is replaced.

@@ -80,7 +80,8 @@ pub(crate) fn allocators_for_command(
     cache: &mut AllocatorCache,
 ) -> Result<Vec<Allocator>, BadInput> {
     // Mapped, not read: an interpreter's executable is megabytes, of which only the
-    // headers and the symbols are looked at (a copy cost a Python command ~4 ms more wait).
+    // headers and the symbols are looked at (a copy made a Python command wait longer:
+    // docs/performance.md, "Figures quoted from the code").
     let data = crate::infile::map_regular(program)
         .map_err(|e| BadInput(format!("cannot read {}: {e}", program.display())))?;
     let mut found: Vec<Allocator> = Vec::new();

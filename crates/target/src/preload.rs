@@ -150,7 +150,8 @@ impl FamilyTable {
         }?;
         // Touched at random (see `sampler-preload`'s `map_shared`): where /run is on a disk,
         // the first write below had the kernel zero-fill 8 MiB of the table's holes around
-        // it (~4 ms of every recording's start).
+        // it, at every recording's start (docs/performance.md, "Many short processes:
+        // builds and scripts").
         header.advise(memmap2::Advice::Random)?;
         let namespace = std::os::unix::fs::MetadataExt::ino(
             &crate::sys::own::pid_namespace().context("reading our pid namespace")?,
@@ -249,7 +250,8 @@ impl FamilyTable {
     ///
     /// Zeroed, not dropped (a hole punched): where the table is not in memory (`/run` on
     /// a disk, as in many containers) the next process's first write to a dropped page
-    /// allocated it on the disk again, ~70 µs of its start; a zeroed page stays. Only the
+    /// allocated it on the disk again, at its start (docs/performance.md, "Many short
+    /// processes: builds and scripts"); a zeroed page stays. Only the
     /// pages written are zeroed (allocscope has read them all already, for the counts).
     ///
     /// [`Region::maps_len`]: sampler_common::preload::Region::maps_len
@@ -303,8 +305,9 @@ fn zero_written(bytes: &mut [u8]) {
 }
 
 /// Whether every byte of `bytes` is 0, read a word at a time: a byte-wise `any` (which
-/// stops at the first non-zero byte, so is not vectorized) took ~20 µs of each of a shell
-/// loop's ~1,200 slots given back.
+/// stops at the first non-zero byte, so is not vectorized) was slow on each of a shell
+/// loop's ~1,200 slots given back (docs/performance.md, "Many short processes: builds and
+/// scripts").
 fn all_zero(bytes: &[u8]) -> bool {
     // SAFETY: any bytes are valid u64s; align_to splits off what is not aligned.
     let (head, words, tail) = unsafe { bytes.align_to::<u64>() };

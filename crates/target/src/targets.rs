@@ -43,7 +43,8 @@ pub enum FindError {
 /// Allocator analyses by file identity (device, inode); `None` for a file that is not one.
 /// And the libraries each executable loads, by the executable's identity and version: the
 /// dynamic loader is asked once per program file, not once per process (a shell loop
-/// exec'ing `sed` 300 times ran `ld.so --list` 300 times, ~1 ms of a CPU each).
+/// exec'ing `sed` 300 times ran `ld.so --list` 300 times: docs/performance.md, "Many short
+/// processes: builds and scripts").
 #[derive(Default)]
 pub struct AllocatorCache {
     files: HashMap<FileId, Option<Arc<AllocatorFile>>>,

@@ -33,7 +33,7 @@ pub(super) fn emit<C: EbpfContext>(ctx: &C, sample: &Sample) {
 /// [`emit`] for a Go runtime's sample: the stack is this program's own walk of the frame
 /// pointers ([`walk_frame_pointers`]), chosen at compile time, so the walk is only in the
 /// program that serves the runtime's probes (`producer`, loaded when one is found: its
-/// walk costs the verifier ~40 ms).
+/// walk costs the verifier time, docs/performance.md, "Figures quoted from the code").
 #[inline(always)]
 pub(super) fn emit_walking_frames<C: EbpfContext>(ctx: &C, sample: &Sample) {
     send::<C, true>(ctx, sample);
@@ -167,8 +167,9 @@ fn add_walked_stack<C: EbpfContext>(ctx: &C, record: &mut SampleRecord) -> usize
     record.copy = StackCopy::default();
     record.event.stack_len = walk_frame_pointers(&mut record.payload, ip, bp) as u32;
     // Read back from the map's memory, where the verifier knows only its bounds: what
-    // follows is then verified once, not once for each length the walk can end at (0.5 s
-    // of the verifier's time at every load without it, measured).
+    // follows is then verified once, not once for each length the walk can end at (much of
+    // the verifier's time at every load without it, measured: docs/performance.md, "Figures
+    // quoted from the code").
     // SAFETY: a field of this CPU's slot, valid for the program's run.
     let frames = unsafe { core::ptr::read_volatile(&record.event.stack_len) } as usize;
     frames.min(MAX_STACK_DEPTH) * 8
@@ -177,7 +178,8 @@ fn add_walked_stack<C: EbpfContext>(ctx: &C, record: &mut SampleRecord) -> usize
 /// The frame-pointer walk from `ip` and `bp` into `payload` (return addresses, `ip`
 /// first), as the kernel's `bpf_get_stack` walks, except at its end: the kernel reads the
 /// frame at a zero frame pointer too (a goroutine's first frame saves 0), a page fault for
-/// every sample (~0.7 µs here); the walk stops there instead. Returns the frames written.
+/// every sample (docs/performance.md, "Figures quoted from the code"); the walk stops there
+/// instead. Returns the frames written.
 #[inline(always)]
 fn walk_frame_pointers(payload: &mut [u8; MAX_STACK_COPY], ip: u64, bp: u64) -> usize {
     let mut written = 0;

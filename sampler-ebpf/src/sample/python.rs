@@ -231,7 +231,8 @@ fn walk(layout: &PyLayout, mut frame: u64, record: &mut sampler_common::python::
 
 /// `may_goto`: the verifier checks a loop through it without proving a bound (its states
 /// converge in an iteration or two, where a counted loop is checked once per iteration:
-/// ~0.2 s for this walk); the kernel ends the loop after 8M iterations (true here).
+/// slow for this walk, docs/performance.md, "Figures quoted from the code"); the kernel
+/// ends the loop after 8M iterations (true here).
 #[inline(always)]
 fn may_goto_stops() -> bool {
     let mut stop = false;

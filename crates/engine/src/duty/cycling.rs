@@ -19,9 +19,10 @@ use crate::{
     sys::clock::monotonic_ns,
 };
 
-/// Length of a slot. Attaching a process's probes takes ~5 ms here (measured: `-v` logs
-/// it) and detaching runs in the background, so a slot of 50 ms loses a tenth of itself
-/// to attaching (the gate opens after; the target pays the trap meanwhile, uncounted), and
+/// Length of a slot. Attaching a process's probes takes a few milliseconds (measured: `-v`
+/// logs it; docs/performance.md, "Figures quoted from the code") and detaching runs in the
+/// background, so a slot of 50 ms loses a tenth of itself to attaching (the gate opens
+/// after; the target pays the trap meanwhile, uncounted), and
 /// strata stay short enough that a recording of half a minute has dozens of them at one
 /// slot on in 20, and bounds.
 pub const SLOT: Duration = Duration::from_millis(50);

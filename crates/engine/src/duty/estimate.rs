@@ -62,10 +62,9 @@ use crate::stats::estimate::Estimate;
 /// trap calibrated on allocscope's own probed function, the programs' time from the
 /// kernel's statistics): the least, the likeliest and the most the bounds allow for. Real
 /// targets pay more or less than the measure (caches and TLB entries the trap evicts, or
-/// a warmer path than the calibration's): sqlite3 (1M inserts) spent 955 ns per call
-/// more CPU time probed than not, against 836 ns measured (+14%); the benchmark's loop
-/// with 1 µs of arithmetic per allocation 1.81 µs per call probed against 1.08 µs native,
-/// +727 ns against 833 ns measured (−13%).
+/// a warmer path than the calibration's): sqlite3 (1M inserts) spent 14% more CPU time
+/// per call probed than measured; the benchmark's loop with 1 µs of arithmetic per
+/// allocation 13% less (docs/performance.md, "Figures quoted from the code").
 pub const COST_RANGE: [f64; 3] = [0.85, 1.0, 1.2];
 
 /// What one stratum's on slot observed of a quantity.

@@ -86,8 +86,8 @@ struct Context<'a> {
 
 impl Context<'_> {
     /// Every stack's estimates (with its id), in order, on several threads when there are
-    /// many: their bounds' quantiles are most of a profile's cost (~30 ms for ~800 stacks
-    /// here), paid at the end of every recording.
+    /// many: their bounds' quantiles are most of a profile's cost (docs/performance.md,
+    /// "Figures quoted from the code"), paid at the end of every recording.
     fn stacks(&self, tallied: Vec<StackTally>) -> Vec<(Option<usize>, StackProfile)> {
         super::parallel::map(tallied, |s| (s.id, self.stack(s)))
     }

@@ -282,9 +282,10 @@ impl ProcessBook {
         let copy = new_child && !exec_since;
         if new_child {
             // Only its name read now. One past an exec is read at its exec event, which
-            // follows (its executable, RSS, CPU time; reading them here too cost ~10 µs of
+            // follows (its executable, RSS, CPU time; reading them here too cost
             // allocscope's time per process of a shell loop, most of whose forks are told
-            // after their exec); one renamed without an exec, at the next refresh.
+            // after their exec: docs/performance.md, "Figures quoted from the code"); one
+            // renamed without an exec, at the next refresh.
             self.ended.remove(&pid);
             if exec_since {
                 self.cgroups.remove(&pid);

@@ -1,7 +1,8 @@
 //! A command that runs while its probes load: `record -- CMD` counted in-process alone
 //! releases the command at once and has its library keep early records (see
-//! `sampler-preload`'s `early_records`) until the probes are attached, instead of holding the
-//! command ~0.1 s before its exec. Once attached, the records are read while their writers
+//! `sampler-preload`'s `early_records`) until the probes are attached, instead of holding
+//! the command before its exec for the load (docs/performance.md, "The in-process front
+//! end"). Once attached, the records are read while their writers
 //! wait, the tree's processes that started meanwhile are followed, the blocks still live
 //! go into the kernel's live map (their frees come through the probes), and the records
 //! become the recording's first events, before any the ring buffer brings.
@@ -79,10 +80,10 @@ const LOAD_GRACE: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Loads the probes (`load`) on a thread of its own while `run`'s command runs, unless its
 /// whole tree exits first (every process's exit read from the kernel's process events): a
-/// short command then waits for no verification and no attach (~0.1 s here), and its
-/// recording is made of its early records and its processes' exact counts alone
-/// ([`Recording::probeless`]); `None` says so. Where the tree is not watched, the load is
-/// waited for.
+/// short command then waits for no verification and no attach (docs/performance.md, "The
+/// in-process front end"), and its recording is made of its early records and its
+/// processes' exact counts alone ([`Recording::probeless`]); `None` says so. Where the tree
+/// is not watched, the load is waited for.
 pub(super) fn load_unless_gone<L>(
     run: &EarlyRun,
     load: L,
@@ -132,7 +133,8 @@ where
 
 /// For the tests of a command gone before its probes load (tests/tests/preload.rs): with
 /// `ALLOCSCOPE_LOAD_DELAY_MS=N` the load starts N ms late, whatever else the machine is
-/// running (the load takes ~45 ms here, a busy CI's short command longer).
+/// running (the load takes a while, a busy CI's short command longer: docs/performance.md,
+/// "Figures quoted from the code").
 fn delay_for_tests() {
     let delay = std::env::var("ALLOCSCOPE_LOAD_DELAY_MS")
         .ok()

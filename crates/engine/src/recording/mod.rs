@@ -412,8 +412,9 @@ impl Recording {
 
     /// Takes the batch a few thousand events at a time, doing the once-a-second work
     /// between steps when it is due: a ring buffer's worth of samples takes the aggregator
-    /// seconds to unwind in a storm (32k samples at ~55 µs), and the throttle must answer
-    /// the storm within a second, not after it (#29: first change at 3.4–4.0 s).
+    /// seconds to unwind in a storm (32k samples), and the throttle must answer the storm
+    /// within a second, not after it (#29: its first change came seconds late;
+    /// docs/performance.md, "Figures quoted from the code").
     fn take_batch_in_steps(&mut self) -> anyhow::Result<()> {
         const STEP: usize = 2048;
         let batch = self.intake.take();
@@ -676,8 +677,9 @@ impl Clocks {
     }
 }
 
-/// The probes' links being closed after [`Recording::detach`]: the kernel takes ~0.1 s a
-/// link, so they close while the profile is built and written; dropping this waits for
+/// The probes' links being closed after [`Recording::detach`]: closing each waits for the
+/// kernel's grace periods (docs/performance.md, "What a recording cost, measured"), so they
+/// close while the profile is built and written; dropping this waits for
 /// them (a process exiting first would wait as long, in the kernel).
 #[must_use = "dropping it waits for the links to close"]
 pub struct Closing(Option<std::thread::JoinHandle<()>>);

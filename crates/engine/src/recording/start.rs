@@ -227,8 +227,9 @@ impl Loaded {
         sampling: &SamplingConfig,
         in_process_only: bool,
     ) -> anyhow::Result<Loaded> {
-        // The trap calibration's ~0.15 s (timing, then a link the kernel takes ~0.1 s to
-        // remove, which holds up the attach behind it) would be the largest part of such a
+        // The trap calibration's time (timing, then a link the kernel takes a grace period
+        // to remove, which holds up the attach behind it; docs/performance.md, "Figures
+        // quoted from the code") would be the largest part of such a
         // command's cost.
         let trap = if in_process_only {
             Trap::MODELLED

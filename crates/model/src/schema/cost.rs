@@ -82,8 +82,9 @@ pub struct Overhead {
     pub share: Option<f64>,
     /// Per target.
     pub processes: Vec<ProcessOverhead>,
-    /// Seconds the kernel's statistics were on (they cost every program run on the host
-    /// ~75 ns, so they are on one second in ten): the runs and program time above are
+    /// Seconds the kernel's statistics were on (they cost every program run on the host two
+    /// clock reads, so they are on one second in ten; docs/performance.md, "What a
+    /// recording cost, measured"): the runs and program time above are
     /// those windows' figures per call, applied to every call.
     #[serde(default)]
     pub statistics_seconds: f64,

@@ -1,11 +1,11 @@
 //! What the recording cost its targets, measured rather than modelled.
 //!
 //! Every uprobe hit costs the trap into the kernel and back (calibrated at start by
-//! [`trap`], ~0.7 µs here) plus the program's own run, which the kernel measures
-//! ([`crate::probe::runs`]). Both are spent in the context of the process that hit the
-//! probe, so they are inside the CPU time `/proc/PID/stat` reports for it: the process's
-//! own work is its CPU time minus what the probes added, and the share we report is
-//! `added / own` — "the program ran 8% longer on the CPU because of us".
+//! [`trap`]; docs/performance.md, "What a recording cost, measured") plus the program's own
+//! run, which the kernel measures ([`crate::probe::runs`]). Both are spent in the context
+//! of the process that hit the probe, so they are inside the CPU time `/proc/PID/stat`
+//! reports for it: the process's own work is its CPU time minus what the probes added, and
+//! the share we report is `added / own` — "the program ran 8% longer on the CPU because of us".
 //!
 //! With file-wide probes (`--all`, `--follow`, `--comm`) processes that are not targets
 //! hit them too; the targets' part of the runs is taken in proportion to their allocation

@@ -5,7 +5,8 @@
 //!
 //! The probed function starts with `push rbp`, an instruction the kernel emulates, as at
 //! the allocator entries we probe (an instruction it must single-step costs several times
-//! more: [`crate::probe::prologue`]). It takes ~40 ms at start.
+//! more: [`crate::probe::prologue`]). It takes a while at start (docs/performance.md, "What
+//! a recording cost, measured").
 
 use std::time::Instant;
 
@@ -19,7 +20,8 @@ use crate::sys::maps;
 const CALLS: u32 = 1000;
 /// Rounds per measurement; the fastest is kept. Many short rounds: on a loaded machine
 /// (tests running beside it) one of 5 rounds of 4 ms was seldom left alone by the
-/// scheduler, and the trap came out at ~1000 ns instead of ~700, which made the modelled
+/// scheduler, and the trap came out far above its quiet figure (docs/performance.md,
+/// "Figures quoted from the code"), which made the modelled
 /// cost of a recording exceed its target's whole CPU time.
 const ROUNDS: usize = 20;
 
@@ -31,8 +33,9 @@ extern "C" fn trap_target() {
 
 /// Nanoseconds per call of [`trap_target`] in the fastest of [`ROUNDS`] rounds: preemption
 /// and interrupts only add time, so on a busy machine the fastest round is the truest (a
-/// median took 864 ns for the trap under CI's parallel tests, against 665 ns when quiet,
-/// and the overhead it reported then exceeded the CPU time the target used).
+/// median took far longer for the trap under CI's parallel tests than when quiet
+/// (docs/performance.md, "Figures quoted from the code"), and the overhead it reported then
+/// exceeded the CPU time the target used).
 fn time_calls() -> f64 {
     let target = std::hint::black_box(trap_target as extern "C" fn());
     let rounds: Vec<f64> = (0..ROUNDS)

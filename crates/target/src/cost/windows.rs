@@ -1,12 +1,13 @@
 //! Measuring what the probes cost without making them cost more: the kernel's BPF run-time
-//! statistics add two clock reads to every program run on the host (+75 ns per probe hit
-//! here, 10% of the trap), so they are on only in windows. One opens at the start of the
-//! recording and every [`PERIOD`] seconds, and stays open until it has seen [`MIN_CALLS`]
-//! allocation calls over at least a second (at most [`PERIOD`] seconds). What a window
-//! measures per allocation call (probe hits, time in our programs) is applied to every
-//! call the exact counters counted. A program's cost per run depends on the kind of call, not on when it
-//! happens, so a window is a fair sample unless the mix of calls changes between windows
-//! (sampled calls cost more: a burst at a small interval outside every window is missed).
+//! statistics add two clock reads to every program run on the host (docs/performance.md,
+//! "What a recording cost, measured"), so they are on only in windows. One opens at the
+//! start of the recording and every [`PERIOD`] seconds, and stays open until it has seen
+//! [`MIN_CALLS`] allocation calls over at least a second (at most [`PERIOD`] seconds). What
+//! a window measures per allocation call (probe hits, time in our programs) is applied to
+//! every call the exact counters counted. A program's cost per run depends on the kind of
+//! call, not on when it happens, so a window is a fair sample unless the mix of calls
+//! changes between windows (sampled calls cost more: a burst at a small interval outside
+//! every window is missed).
 
 use std::os::fd::OwnedFd;
 

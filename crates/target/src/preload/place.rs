@@ -50,8 +50,8 @@ pub const LIBRARY_NAME: &str = "libsampler_preload.so";
 pub(crate) const STALE_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 /// How often gone recordings' directories are looked for: a day's recordings leave
-/// thousands (a test suite's, a build's), and reading them all took ~30 ms of every
-/// recording's start for 7,600 of them.
+/// thousands (a test suite's, a build's), and reading them all slowed every recording's
+/// start for 7,600 of them (docs/performance.md, "Many short processes: builds and scripts").
 const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 
 /// The file whose modification time says when the root was last swept.

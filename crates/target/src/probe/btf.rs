@@ -3,10 +3,11 @@
 //! Why: a new process is followed from `task_newtask`, which runs in the parent and names
 //! the child by its `task_struct`. As a perf-event tracepoint the kernel hands over the
 //! child's pid in the event's record, but closing such a link waits for the tracepoint
-//! grace periods (~65 ms each here): a third of a short command's recording. As a raw
-//! tracepoint it closes at once, and the child's pid must be read from the `task_struct`,
-//! whose layout differs per kernel build: `/sys/kernel/btf/vmlinux` says where `pid` is.
-//! Without BTF the perf-event tracepoint is used.
+//! grace periods (docs/performance.md, "Figures quoted from the code"): a third of a short
+//! command's recording. As a raw tracepoint it closes at once, and the child's pid must be
+//! read from the `task_struct`, whose layout differs per kernel build:
+//! `/sys/kernel/btf/vmlinux` says where `pid` is. Without BTF the perf-event tracepoint is
+//! used.
 //!
 //! A minimal reader: the type section is walked once for one struct's one member (the
 //! format: linux/Documentation/bpf/btf.rst).

@@ -246,8 +246,8 @@ fn readers(file: &object::File) -> Readers {
 /// Where in the function at `(address, size)` the probe goes: Go's prologue first compares
 /// the stack pointer with the goroutine's stack bound and branches to grow it; the branch
 /// is an instruction the kernel emulates, where the entry's `lea`/`cmp` would be
-/// single-stepped (a second trap, ~20 µs here in a VM). The registers `reads` hold the
-/// arguments there still.
+/// single-stepped (a second trap, far slower than the first: docs/performance.md, "Figures
+/// quoted from the code"). The registers `reads` hold the arguments there still.
 fn place(
     file: &object::File,
     (address, size): (u64, u64),

@@ -10,7 +10,7 @@
 //! allocation and free so far, without waiting for the garbage collector to publish them.
 //! Reading that list every few hundred milliseconds costs the program nothing (no trap,
 //! no pause), where a probe on `mProf_Malloc` and `freeSpecial` traps twice per sample
-//! (~1.1 µs each here: 2 % of a program that allocates 5 GB/s, #43).
+//! (#43; docs/performance.md, "Figures quoted from the code").
 //!
 //! The sizes and places are read from the executable's DWARF ([`super::go_dwarf`]); a file
 //! without them is probed instead. Pure: the file in, a [`Layout`]; a reading's bytes in,

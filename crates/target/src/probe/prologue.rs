@@ -3,8 +3,9 @@
 //! A uprobe replaces an instruction with `int3`. After the BPF program runs, the kernel must
 //! execute the original instruction: x86 emulates a few in the trap handler (`push` of a
 //! 64-bit register since 4.18; `jmp`, `call`, `jcc`, `nop` since 3.x) and single-steps the
-//! rest out of line, which costs a second trap: ~4.6 µs instead of ~0.65 µs here for glibc's
-//! `free`, whose first instruction is `test %rdi,%rdi` (docs/design.md §5).
+//! rest out of line, which costs a second trap: several times the cost of an emulated one
+//! for glibc's `free`, whose first instruction is `test %rdi,%rdi` (docs/design.md §5;
+//! docs/performance.md, "Figures quoted from the code").
 //!
 //! So the probe goes on the first emulated instruction reached from the entry by falling
 //! through, provided nothing before it writes the stack pointer (the direct caller is read

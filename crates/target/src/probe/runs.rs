@@ -5,7 +5,7 @@
 //! not in `run_time_ns`; [`crate::cost::trap`] calibrates it.
 //!
 //! Statistics are global: while on, every BPF program on the host takes two clock reads per
-//! run (~40 ns here, measured by `cargo xtask bench`).
+//! run (measured by `cargo xtask bench`: docs/performance.md, "Figures quoted from the code").
 
 use sampler_common::kernel;
 use std::{io, os::fd::OwnedFd};

@@ -2,8 +2,9 @@
 //! program, where the return runs only when the entry asks for it — so only sampled calls
 //! (and reallocs of tracked blocks) pay the second trap. And `free` through a plain
 //! `uprobe_multi` link, one per allocator file: unlike classic uprobes (one perf event
-//! each, closed one grace period after another under a kernel-wide lock, ~0.1 s apiece),
-//! a link detaches all its probes in one grace period, and links close concurrently.
+//! each, closed one grace period after another under a kernel-wide lock:
+//! docs/performance.md, "What a recording cost, measured"), a link detaches all its probes
+//! in one grace period, and links close concurrently.
 //!
 //! aya 0.14 can neither load a program with the `BPF_TRACE_UPROBE_SESSION` or
 //! `BPF_TRACE_UPROBE_MULTI` attach type nor create `uprobe_multi` links, so this module
@@ -116,7 +117,8 @@ fn map_fds(ebpf: &Ebpf) -> HashMap<String, i32> {
 }
 
 /// The eBPF object parsed and relocated against the maps aya created, once: programs are
-/// loaded from it for `uprobe_multi` links (each parse of the 2 MB object costs ~4 ms).
+/// loaded from it for `uprobe_multi` links (each parse of the 2 MB object costs time:
+/// docs/performance.md, "Figures quoted from the code").
 pub(crate) struct Relocated {
     obj: aya_obj::Object,
 }

@@ -87,7 +87,8 @@ impl Symbolizer {
 
     /// Has the thread resolve `frames` now, into its caches, answering nobody: the files
     /// they are in are parsed while the targets run (on another core, mostly), not after
-    /// they exit, when the profile is awaited (25 ms of a Python command's end).
+    /// they exit, when the profile is awaited (part of a Python command's end:
+    /// docs/performance.md, "Figures quoted from the code").
     pub fn warm(&self, frames: Vec<(PathBuf, u64)>) {
         if frames.is_empty() || self.abandoned.load(std::sync::atomic::Ordering::Relaxed) {
             return;

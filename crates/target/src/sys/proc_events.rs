@@ -1,13 +1,13 @@
 //! The kernel's process events (the netlink proc connector) while the probes load.
 //!
 //! Why: `record -- CMD` counted in-process lets the command run at once, while the eBPF
-//! programs load (~40–120 ms here), and its tree's processes keep early records through
-//! the library. A child that drops the library in that window (a cleared environment, its
-//! own `LD_PRELOAD`, a static or set-user-ID program) and exits before the probes are
-//! attached left no trace at all: its allocations were missing without a word. The proc
-//! connector reports every fork, exec and exit from the moment its socket listens (a few
-//! system calls, before the command is let go), so those processes are named, with what
-//! their numbers leave out, instead of vanishing.
+//! programs load (docs/performance.md, "Figures quoted from the code"), and its tree's
+//! processes keep early records through the library. A child that drops the library in that
+//! window (a cleared environment, its own `LD_PRELOAD`, a static or set-user-ID program)
+//! and exits before the probes are attached left no trace at all: its allocations were
+//! missing without a word. The proc connector reports every fork, exec and exit from the
+//! moment its socket listens (a few system calls, before the command is let go), so those
+//! processes are named, with what their numbers leave out, instead of vanishing.
 //!
 //! The events are read by a thread (the parsing and the tree are pure, below); a child's
 //! name is read from `/proc` at its exec (one gone already is named by its pid). An

@@ -2,14 +2,14 @@
 //! until allocscope exits.
 //!
 //! Why: closing the in-process front end's uprobe_multi link waits for the kernel's grace
-//! periods (25–60 ms here), and whoever holds its last reference waits: allocscope's own
-//! exit would, and with it the shell that ran `record -- CMD`. When every target has
-//! exited, nobody pays for the probes any more (they are on the library's memfd, which
-//! only the command's tree maps), so the wait need not be the user's: a helper inherits
-//! the links, allocscope closes its own references at once, and the helper, killed when
-//! allocscope exits (`PR_SET_PDEATHSIG`, and the end of its standard input, whose other
-//! end only allocscope holds, if allocscope was gone before the helper set that),
-//! releases them in its own exit. It is allocscope's binary,
+//! periods (docs/performance.md, "The in-process front end"), and whoever holds its last
+//! reference waits: allocscope's own exit would, and with it the shell that ran `record --
+//! CMD`. When every target has exited, nobody pays for the probes any more (they are on the
+//! library's memfd, which only the command's tree maps), so the wait need not be the
+//! user's: a helper inherits the links, allocscope closes its own references at once, and
+//! the helper, killed when allocscope exits (`PR_SET_PDEATHSIG`, and the end of its
+//! standard input, whose other end only allocscope holds, if allocscope was gone before the
+//! helper set that), releases them in its own exit. It is allocscope's binary,
 //! run as the hidden `hold-links` command, and touches nothing else.
 
 use std::{

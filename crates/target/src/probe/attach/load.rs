@@ -129,7 +129,8 @@ impl Probes {
         log::debug!("eBPF object loaded in {:?}", started.elapsed());
         // The session program serves allocation entries through uprobe_multi links also
         // without return probes (`--alloc-only`): they detach in one grace period per file,
-        // where classic uprobes take one each (50 of them: 5 s).
+        // where classic uprobes take one each, 50 of them in a row (docs/performance.md,
+        // "Figures quoted from the code").
         let relocated = session::Relocated::new(&ebpf, SAMPLER_OBJECT)
             .map_err(|why| log::info!("uprobe_multi links unavailable: {why}"))
             .ok();
@@ -176,11 +177,12 @@ impl Probes {
             let tracking = self.config.track_frees.is_some();
             // Without return probes the same program goes on plain uprobe_multi links: a
             // session link still arms a return probe for every call its program filters
-            // out (another process hitting the same breakpoint for another tracer: +300 ns
-            // a call, measured). The session program serves allocation entries through
+            // out (another process hitting the same breakpoint for another tracer: a cost
+            // per call, measured: docs/performance.md, "Figures quoted from the code"). The
+            // session program serves allocation entries through
             // uprobe_multi links also without return probes (`--alloc-only`): they detach
-            // in one grace period per file, where classic uprobes take one each (50 of
-            // them: 5 s).
+            // in one grace period per file, where classic uprobes take one each, 50 of
+            // them in a row (docs/performance.md, "Figures quoted from the code").
             let attach_type = if tracking {
                 session::BPF_TRACE_UPROBE_SESSION
             } else {

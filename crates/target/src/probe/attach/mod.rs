@@ -82,7 +82,8 @@ pub struct KernelConfig {
     pub duty_cycled: bool,
     /// Load the programs of uprobes on allocator functions (and the thread-exit tracepoint
     /// that cleans their state) only when a file is first probed with them: a command
-    /// counted in-process alone usually never is, and their verification is ~20 ms.
+    /// counted in-process alone usually never is, and their verification is slow
+    /// (docs/performance.md, "The in-process front end").
     pub lazy_uprobes: bool,
     /// Sampled calls read CPython frames (a target may run an interpreter).
     pub python_frames: bool,
@@ -285,9 +286,10 @@ impl Detached {
     }
 
     /// Drops every link at once, one thread each, and waits until all are closed. Closing
-    /// a link waits for the kernel's grace periods (about 0.1 s here for each uprobe);
-    /// closed one after another, the ~50 links of a recording with several allocator
-    /// files took 7 s to detach, while concurrent waits share their grace periods.
+    /// a link waits for the kernel's grace periods (for each uprobe); closed one after
+    /// another, the ~50 links of a recording with several allocator files took seconds to
+    /// detach, while concurrent waits share their grace periods (docs/performance.md,
+    /// "Figures quoted from the code").
     pub fn close_all(self) {
         let started = Instant::now();
         let links = self.uprobes.len() + self.sessions.len();
@@ -344,8 +346,9 @@ pub struct Probes {
     uprobes: Option<UprobePrograms>,
     /// The in-process front end's program for uprobe_multi links (else classic uprobes):
     /// one link per process for all its sites, whose removal waits for one grace period,
-    /// where the kernel removes classic uprobes one after another (~0.1 s each here, under
-    /// a lock: parallel closes do not overlap), which is most of a short command's cost.
+    /// where the kernel removes classic uprobes one after another (a grace period each,
+    /// under a lock: parallel closes do not overlap; docs/performance.md, "What a recording
+    /// cost, measured"), which is most of a short command's cost.
     front_end: Option<session::MultiProgram>,
     /// Other programs' samplers' program (`otel_memory`, `ddheap`, Go's runtime), loaded
     /// at the first process that has such probes.
