@@ -3,7 +3,7 @@
 //! Started by allocscope (`-- CMD`), a process finds the family table allocscope created
 //! ([`sampler_common::preload::FamilyHeader`]) in the file beside the library's own path
 //! ([`sampler_common::preload::FAMILY_FILE`], in a root-owned directory: see
-//! `sampler-user`'s `preload::place`), opened only for as long as it takes to map a part of
+//! allocscope-target's `preload::place`), opened only for as long as it takes to map a part of
 //! it (no descriptor stays, none is inherited): the command's own slot is claimed by
 //! allocscope before it runs, a process it forks claims a slot of its own at once (in the
 //! fork handler, before its first call), and a program a process execs (the same pid)

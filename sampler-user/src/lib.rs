@@ -1,5 +1,6 @@
 //! allocscope's command line as a library: the `allocscope` binary (main.rs) is a thin
-//! shell over these modules (`cli`, `config`, `commands`, the agent), and examples (e.g.
+//! shell over these modules (`cli`, `config`, `help`, `commands`, the agent,
+//! `output_check`), and examples (e.g.
 //! the estimator calibration) reuse the crates below it, re-exported here under the
 //! names every module has always used.
 //!

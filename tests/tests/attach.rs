@@ -1,5 +1,5 @@
 //! `record -p` on a running process loads allocscope's in-process sampler into it
-//! (`--front-end auto`, the default; see sampler-user's `inject`). Against a real
+//! (`--front-end auto`, the default; see allocscope-target's `inject`). Against a real
 //! multithreaded program that frees across threads, forks and dlopens meanwhile, and checks
 //! every block it frees (tests/fixtures/attach.c): attached and detached many times, its
 //! blocks all whole and its children's statuses right; allocscope killed with SIGKILL
@@ -152,7 +152,7 @@ fn allocscope_killed_during_or_after_the_switch_leaves_the_program_running() {
 }
 
 /// The steps of the switch where `ALLOCSCOPE_INJECT_PAUSE` holds allocscope (see
-/// sampler-user's `inject::thread`), in order.
+/// allocscope-target's `inject::thread`), in order.
 const STEPS: [&str; 5] = [
     "mmap-set",
     "mmap-entry",

@@ -10,7 +10,7 @@ const PER_CHUNK: u64 = 200;
 const CHUNKS: u64 = 1000;
 /// Arithmetic steps between allocations: ~20 µs, twenty times the probes' cost per call
 /// (~1 µs), so the on slots' own work stays far above zero over the whole cost range
-/// the bounds allow for ((`COST_RANGE` in sampler-user's `duty::estimate`)) even when a cost
+/// the bounds allow for (`COST_RANGE` in allocscope-engine's `duty::estimate`) even when a cost
 /// window measures a passing spike. At ~1 µs and ~3 µs of work a cost measured high on a
 /// loaded CI machine made that own work possibly nothing, and the upper bound rightly
 /// infinite (CI, 2026-11-25, twice).

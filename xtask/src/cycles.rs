@@ -1,7 +1,7 @@
 //! The shape check of `cargo xtask test`: a crate's top-level modules depend on each
-//! other one way (sampler-user's probe → collect → stacks → profile → export/summary/top,
-//! commands on top; allocscope-model's stats → schema), so no import cycle may form among
-//! them. A module's dependencies are the `crate::name` paths in its non-test code (comments
+//! other one way (allocscope-target's sys → probe → collect → stacks, allocscope-engine's
+//! profile → recording, sampler-user's config → commands; allocscope-model's stats →
+//! schema), so no import cycle may form among them, nor among the files of a folder. A module's dependencies are the `crate::name` paths in its non-test code (comments
 //! and `mod tests` blocks left out). Between crates, cargo keeps the graph one way.
 
 use std::{

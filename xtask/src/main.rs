@@ -38,10 +38,10 @@ enum Task {
     Demo,
     /// Set up, build, then run formatting and lint checks and every test (what CI runs).
     Test,
-    /// Run the shape checks alone: no import cycle among sampler-user's modules, /proc read
-    /// only by its sys layer, maps named by their constants, docs/layout.md's entries exist,
-    /// no file or function over its size limit without a reason at the site, commit
-    /// subjects of at most 72 characters.
+    /// Run the shape checks alone: no import cycle among each user-side crate's modules nor
+    /// among a folder's files, /proc read only by the target side's sys layer, maps named
+    /// by their constants, docs/layout.md's entries exist, no file or function over its size
+    /// limit without a reason at the site, commit subjects of at most 72 characters.
     Check,
     /// Measure allocscope's cost per malloc against a bare counting uprobe, in one run.
     Bench(bench::BenchArgs),

@@ -2,7 +2,9 @@
 //! them. It finds processes and their allocators (`targets`, `sys`), starts commands
 //! (`spawn`, `signals`, `exits`), loads the in-process front end into them (`preload`,
 //! `inject`), probes their allocators (`probe`, `cost`), collects what the front ends
-//! send (`collect`) and turns stacks into named frames (`stacks`, `python`).
+//! send (`collect`) and turns stacks into named frames (`stacks`, `python`). Beside them:
+//! Ctrl-C during the set-up (`interrupted`), files read (`infile`) and created (`outfile`)
+//! safely as root, and messages to the user (`say!`, `say_raw!`, `show!`).
 //!
 //! It depends on the model (`allocscope-model`) and on nothing of the engine, the outputs
 //! or the command line above it, so a change there never rebuilds it.

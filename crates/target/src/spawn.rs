@@ -2,8 +2,8 @@
 //!
 //! The child is forked before the tokio runtime exists (the only other thread is `main`
 //! waiting for ours: it holds no lock the child could need) and waits on a pipe before
-//! `execve` of the file preflight resolved; the parent attaches the probes to the child's
-//! pid, then releases it. uprobes attached to a pid follow it through exec: the kernel installs the
+//! `execve` of the file the engine's `preflight::resolve_command` resolved; the parent
+//! attaches the probes to the child's pid, then releases it. uprobes attached to a pid follow it through exec: the kernel installs the
 //! breakpoints when the new program maps the allocator library. A second, close-on-exec pipe
 //! tells the parent that exec happened (EOF) or why it failed (errno).
 //!
@@ -130,8 +130,8 @@ impl Exec {
     }
 }
 
-/// Forks a child that will exec `program` (the file preflight resolved `argv[0]` to, and
-/// checked: not looked up on PATH again) with `argv` once released, with its standard
+/// Forks a child that will exec `program` (the file the engine's `preflight` resolved
+/// `argv[0]` to, and checked: not looked up on PATH again) with `argv` once released, with its standard
 /// streams redirected when `redirect` is given and `env` set in its environment (over
 /// ours). A file the kernel cannot execute (a script without `#!`) is run by `/bin/sh`, as
 /// `execvp` would. Call before any thread is started.

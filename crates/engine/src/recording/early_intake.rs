@@ -11,7 +11,7 @@
 //! (`--unwind dwarf`: the library copies the stack as the kernel would), no duty cycle
 //! (its first slot opens before the command runs). Where Python frames are read, the
 //! library walks them for its early samples as the kernel would at the probe, and a
-//! thread resolves them while the command runs (`python::early`).
+//! thread resolves them while the command runs (`python::early_frames`).
 
 use log::{debug, warn};
 

@@ -1,5 +1,5 @@
 //! What a recording cost its targets, as exported (the profile's `overhead`). How it is
-//! measured is sampler-user's `cost`.
+//! measured is allocscope-target's `cost`.
 
 use serde::{Deserialize, Serialize};
 

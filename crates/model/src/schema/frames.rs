@@ -1,5 +1,5 @@
 //! Frames and how a stack was found: a resolved frame ([`FrameInfo`]), how the stack was
-//! unwound and why its walk ended. What unwinds and resolves them is sampler-user's `stacks`.
+//! unwound and why its walk ended. What unwinds and resolves them is allocscope-target's `stacks`.
 
 use std::sync::Arc;
 
@@ -51,7 +51,7 @@ pub enum StackEnd {
     Unmapped,
     /// The unwinder could not go on (no CFI and no frame pointer for a frame).
     UnwindFailed,
-    /// sampler-user's `stacks::unwind::MAX_FRAMES` (or, for the kernel's walk, its depth
+    /// allocscope-target's `stacks::unwind::MAX_FRAMES` (or, for the kernel's walk, its depth
     /// limit) reached.
     Depth,
 }

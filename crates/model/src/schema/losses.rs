@@ -1,5 +1,5 @@
 //! What the kernel and the intake could not keep (the profile's `lost`). How it is read is
-//! sampler-user's `collect`.
+//! allocscope-target's `collect`.
 
 /// Loss counters summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

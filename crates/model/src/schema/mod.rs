@@ -2,7 +2,7 @@
 //! (`allocscope/v1`, documented field by field in docs/json-schema.md): plain data types,
 //! self-contained (nothing here imports the rest of the crate, so a reader of the format
 //! reads this folder alone). How a profile is built from a recording's snapshot is
-//! sampler-user's `profile`; the modules that compute a part of it (estimates, frames, costs,
+//! allocscope-engine's `profile`; the modules that compute a part of it (estimates, frames, costs,
 //! losses) use the types defined here.
 
 mod cost;
@@ -53,7 +53,7 @@ pub struct Sampling {
     pub model: String,
 }
 
-/// What the sampling-rate throttle did (see sampler-user's `throttle`).
+/// What the sampling-rate throttle did (see allocscope-engine's `throttle`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ThrottleRecord {
     /// The target, samples per second.
@@ -76,7 +76,7 @@ pub struct ThrottleRecord {
     pub changes_not_listed: u64,
 }
 
-/// How the probes were duty-cycled (see sampler-user's `duty::plan`).
+/// How the probes were duty-cycled (see allocscope-engine's `duty::plan`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DutyRecord {
     /// The budget: most CPU time the probes may add, as a share of the targets' own.

@@ -346,7 +346,7 @@ impl SampleSet {
     }
 
     /// The Horvitz-Thompson sums: estimates of bytes and objects, their variance
-    /// estimates, and the bytes seen (for estimators built on top, sampler-user's `duty`).
+    /// estimates, and the bytes seen (for estimators built on top, allocscope-engine's `duty`).
     pub fn horvitz_thompson(&self) -> HorvitzThompson {
         HorvitzThompson {
             bytes: self.weighted_bytes,

@@ -4,7 +4,7 @@
 //!
 //! Used by the unit tests (which assert unbiasedness and calibrated coverage) and by the
 //! `calibration` example, which prints the table so anyone can re-check a change:
-//! `cargo run --release -p sampler-user --example calibration`.
+//! `cargo run --release -p sampler-user --example calibration --features simulation`.
 
 use rand::{RngCore as _, SeedableRng as _};
 use rand_pcg::Pcg64;
@@ -147,7 +147,7 @@ pub fn calibrate(
 }
 
 /// Bias and coverage of allocated bytes when the interval steps from `before` to `after`
-/// halfway through (the throttle's change, sampler-user's `throttle`), replayed as the kernel
+/// halfway through (the throttle's change, allocscope-engine's `throttle`), replayed as the kernel
 /// does it: a countdown drawn at the old interval runs out before the new one applies, and
 /// each sample carries the interval its countdown was drawn at. Returns (mean estimate /
 /// truth, coverage of the bytes interval, mean samples).

@@ -8,7 +8,7 @@
 //! `io::Error` the caller can name) instead of each module deciding again; a path that names
 //! a process through /proc is built here only, so that what "through the target's root" or
 //! "the file behind this mapping" means is written once. `cargo xtask check` fails on a
-//! string starting with `/proc` anywhere else in this crate.
+//! string starting with `/proc` anywhere else on the user side (every crate above).
 //!
 //! - [`process`]: per-process facts (`stat`, `status`, `comm`, `cgroup`, `environ`, `auxv`,
 //!   the executable), the process list and liveness.

@@ -2,7 +2,7 @@
 // allocscope's HTML report. The data (the element #data) holds every stack root first and,
 // per value, [estimate, error below, error above] (a diff: [change, below, above, width,
 // base, new]); a frame sums its stacks and adds the errors in quadrature, z of them each
-// side (sampler-user/src/export/html/data.rs, node_bounds). Names from the target are set
+// side (crates/outputs/src/export/html/data.rs, node_bounds). Names from the target are set
 // with textContent only.
 (function () {
   const started = performance.now();
