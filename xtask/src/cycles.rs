@@ -80,27 +80,12 @@ fn walk_folders(
     path: &mut Vec<String>,
     circles: &mut Vec<String>,
 ) -> anyhow::Result<usize> {
+    let sources = children(dir)?;
     let mut folders = 1;
-    let mut sources: BTreeMap<String, (String, bool)> = BTreeMap::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let child = entry?.path();
-        let Some(stem) = child
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .map(str::to_owned)
-        else {
-            continue;
-        };
-        if child.is_dir() {
-            path.push(stem.clone());
-            folders += walk_folders(&child, path, circles)?;
-            path.pop();
-            sources.insert(stem, (read_tree(&child)?, true));
-        } else if child.extension().is_some_and(|e| e == "rs")
-            && !["lib", "main", "mod"].contains(&stem.as_str())
-        {
-            sources.insert(stem, (std::fs::read_to_string(&child)?, false));
-        }
+    for (name, _) in sources.iter().filter(|(_, (_, is_dir))| *is_dir) {
+        path.push(name.clone());
+        folders += walk_folders(&dir.join(name), path, circles)?;
+        path.pop();
     }
     let absolute = format!(
         "crate::{}",
@@ -151,22 +136,32 @@ fn walk_folders(
 /// Reads every top-level module under `src` (a `name.rs` file or a `name/` directory;
 /// `lib.rs` and `main.rs` are the roots, not modules).
 fn module_graph(src: &Path) -> anyhow::Result<Graph> {
-    let mut sources: BTreeMap<String, String> = BTreeMap::new();
-    for entry in std::fs::read_dir(src).with_context(|| format!("reading {}", src.display()))? {
+    let sources = children(src)?
+        .into_iter()
+        .map(|(name, (text, _))| (name, text))
+        .collect();
+    Ok(graph_of(&sources))
+}
+
+/// The modules directly under `dir`, by name: a `name.rs` file's text, or a `name/`
+/// folder's files concatenated (`true`). `lib.rs`, `main.rs` and `mod.rs` are the
+/// folder's root, not modules of it.
+fn children(dir: &Path) -> anyhow::Result<BTreeMap<String, (String, bool)>> {
+    let mut found = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let path = entry?.path();
         let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
             continue;
         };
-        let text = if path.is_dir() {
-            read_tree(&path)?
-        } else if path.extension().is_some_and(|e| e == "rs") && stem != "lib" && stem != "main" {
-            std::fs::read_to_string(&path)?
-        } else {
-            continue;
-        };
-        sources.insert(stem.to_owned(), text);
+        if path.is_dir() {
+            found.insert(stem.to_owned(), (read_tree(&path)?, true));
+        } else if path.extension().is_some_and(|e| e == "rs")
+            && !["lib", "main", "mod"].contains(&stem)
+        {
+            found.insert(stem.to_owned(), (std::fs::read_to_string(&path)?, false));
+        }
     }
-    Ok(graph_of(&sources))
+    Ok(found)
 }
 
 /// Every `.rs` file under `dir`, concatenated.

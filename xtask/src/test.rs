@@ -83,38 +83,43 @@ pub fn run() -> anyhow::Result<()> {
     crate::torture(&[])
 }
 
+/// Every crate's folder.
+const CRATES: [&str; 9] = [
+    "crates/engine",
+    "crates/model",
+    "crates/outputs",
+    "crates/target",
+    "sampler-common",
+    "sampler-ebpf",
+    "sampler-preload",
+    "sampler-user",
+    "xtask",
+];
+
+/// The user side's crates: each one's modules import one way, /proc only through `sys`.
+const USER_SIDE: [&str; 5] = [
+    "crates/engine",
+    "crates/model",
+    "crates/outputs",
+    "crates/target",
+    "sampler-user",
+];
+
 /// The shape checks: one-way imports, sizes.
 pub fn shape() -> anyhow::Result<()> {
-    crate::cycles::check(&workspace().join("sampler-user/src"), &[])?;
-    crate::cycles::check(&workspace().join("crates/model/src"), &["schema"])?;
-    crate::cycles::check(&workspace().join("crates/target/src"), &[])?;
-    crate::cycles::check(&workspace().join("crates/outputs/src"), &[])?;
-    crate::cycles::check(&workspace().join("crates/engine/src"), &[])?;
-    let crates = [
-        "crates/engine",
-        "crates/model",
-        "crates/outputs",
-        "crates/target",
-        "sampler-common",
-        "sampler-ebpf",
-        "sampler-preload",
-        "sampler-user",
-        "xtask",
-    ];
-    let folders = crate::cycles::check_folders(&crates.map(|c| workspace().join(c).join("src")))?;
+    let src = |c: &str| workspace().join(c).join("src");
+    for user_crate in USER_SIDE {
+        let self_contained: &[&str] = if user_crate == "crates/model" {
+            &["schema"]
+        } else {
+            &[]
+        };
+        crate::cycles::check(&src(user_crate), self_contained)?;
+    }
+    let folders = crate::cycles::check_folders(&CRATES.map(src))?;
     println!("xtask: no circle of files inside any of {folders} folders");
     crate::layout::check(&workspace())?;
-    let user_side = [
-        "crates/engine",
-        "crates/model",
-        "crates/outputs",
-        "crates/target",
-        "sampler-user",
-    ];
-    crate::os_layer::check(
-        &workspace().join("crates/target/src/sys"),
-        &user_side.map(|c| workspace().join(c).join("src")),
-    )?;
+    crate::os_layer::check(&src("crates/target").join("sys"), &USER_SIDE.map(src))?;
     crate::contract::check(
         &workspace().join("sampler-common/src/kernel.rs"),
         &[
@@ -123,20 +128,9 @@ pub fn shape() -> anyhow::Result<()> {
             "sampler-user",
             "sampler-preload",
         ]
-        .map(|c| workspace().join(c).join("src")),
+        .map(src),
     )?;
-    let sources = [
-        "crates/engine",
-        "crates/model",
-        "crates/outputs",
-        "crates/target",
-        "sampler-common",
-        "sampler-ebpf",
-        "sampler-preload",
-        "sampler-user",
-        "xtask",
-    ];
-    crate::sizes::check(&sources.map(|c| workspace().join(c).join("src")))?;
+    crate::sizes::check(&CRATES.map(src))?;
     crate::history::check(&workspace())
 }
 
