@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use super::tally::ProcessTally;
 use crate::duty::sums::DutyPair;
 use crate::probe::allocator::Allocator;
-use crate::probe::go_memstats::{self, Totals};
+use crate::probe::go::memstats::{self, Totals};
 use crate::schema::ExactCounts;
 use crate::sys::maps::FileId;
 
@@ -45,13 +45,13 @@ pub struct ProcessBook {
 /// means, knowing the samples (`profile::build`).
 pub(super) const GO_RATE_ZERO: &str = "go: MemProfileRate 0";
 
-/// A Go process's own exact totals (`runtime.memstats`, [`go_memstats`]): the first
+/// A Go process's own exact totals (`runtime.memstats`, [`memstats`]): the first
 /// reading of its program, where its recorded time starts, and the latest. A process that
 /// exec'd a Go program again (a re-exec of itself, an upgrade in place) is read again in
 /// its new program, from zero (its runtime started at the exec), each program's added up.
 #[derive(Debug)]
 struct GoTotals {
-    layout: go_memstats::Layout,
+    layout: memstats::Layout,
     first: Totals,
     last: Totals,
     /// When this program's totals began to be kept (monotonic ns): an exec told with an
@@ -74,7 +74,7 @@ struct GoTotals {
 
 impl GoTotals {
     /// A program's totals, first read `now` (counted from `first`) at `since_ns`.
-    fn new(layout: go_memstats::Layout, first: Totals, now: Totals, since_ns: u64) -> GoTotals {
+    fn new(layout: memstats::Layout, first: Totals, now: Totals, since_ns: u64) -> GoTotals {
         GoTotals {
             layout,
             first,
@@ -90,7 +90,7 @@ impl GoTotals {
     }
 
     /// Reads `pid`'s totals now (`None`: gone, or not readable).
-    fn read(layout: &go_memstats::Layout, pid: u32) -> Option<Totals> {
+    fn read(layout: &memstats::Layout, pid: u32) -> Option<Totals> {
         let mut ring = vec![0u8; layout.reading_len()];
         crate::sys::memory::read_at(pid, layout.address, &mut ring).ok()?;
         layout.totals(&ring)
@@ -118,7 +118,7 @@ impl GoTotals {
 
     /// The new program's runtime, at `layout`, read `now` at `since_ns`: counted from zero,
     /// its runtime started at the exec.
-    fn next_program(&mut self, layout: go_memstats::Layout, now: Totals, since_ns: u64) {
+    fn next_program(&mut self, layout: memstats::Layout, now: Totals, since_ns: u64) {
         self.layout = layout;
         self.last = now;
         self.since_ns = since_ns;
@@ -157,7 +157,7 @@ impl GoTotals {
         };
         (
             exact,
-            format!("{}, read {when}{programs}", go_memstats::SOURCE),
+            format!("{}, read {when}{programs}", memstats::SOURCE),
         )
     }
 }
@@ -499,17 +499,18 @@ impl ProcessBook {
         for allocator in allocators {
             let producer = allocator.file.producer.as_ref();
             let bias = producer.and_then(|p| p.bias_in(pid, &allocator.file_id));
-            let rate_at = producer.and_then(|p| p.rate_at);
+            let places = allocator.file.go.as_ref();
+            let rate_at = places.map(|p| p.rate_at);
             if let (Some(at), Some(bias)) = (rate_at, bias) {
                 let at = at.wrapping_add(bias);
                 let now = crate::sys::memory::word_of(pid, at);
                 self.go_rates.insert(pid, (at, now));
             }
-            let layout = producer.and_then(|p| p.go_memstats.as_ref());
+            let layout = places.map(|p| &p.memstats);
             // Read already, unless it exec'd a new program since.
             let replaced = self.go_totals.get(&pid).map(|t| t.replaced);
             if let (Some(Ok(layout)), Some(bias), None | Some(true)) = (layout, bias, replaced) {
-                let layout = go_memstats::Layout {
+                let layout = memstats::Layout {
                     address: layout.address.wrapping_add(bias),
                     ..layout.clone()
                 };
@@ -607,8 +608,8 @@ impl ProcessBook {
 mod tests {
     use super::*;
 
-    fn layout(address: u64) -> go_memstats::Layout {
-        go_memstats::Layout {
+    fn layout(address: u64) -> memstats::Layout {
+        memstats::Layout {
             address,
             delta_size: 64,
             tiny_count: 0,

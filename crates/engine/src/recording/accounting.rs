@@ -67,7 +67,7 @@ impl Recording {
         for note in notes.into_iter().chain(ended) {
             self.aggregation.processes.incomplete(pid, note);
         }
-        self.aggregation.aggregator.mark_exited(pid);
+        self.aggregation.mark_exited(pid);
         self.claim_regions(Some(pid));
         if let Some(comm) = self.accounting.counters.region_comm(pid) {
             self.aggregation.processes.name_from_region(pid, &comm);

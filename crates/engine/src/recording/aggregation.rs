@@ -5,9 +5,10 @@
 //! Why one component: the three track the same processes (a process tracked is tracked by
 //! both the aggregator and the book; forgotten by both) and a tally reads all three.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use log::info;
+use sampler_common::ProcessCounters;
 
 use crate::{
     profile::{Aggregator, Forked, LostCounts, OpenStratum, ProcessBook, Readings, Tally},
@@ -21,7 +22,7 @@ const SYMBOLIZER_FORGETS_EVERY: u32 = 10;
 /// Samples, processes and frames.
 pub(super) struct Aggregation {
     /// The samples so far.
-    pub(super) aggregator: Aggregator,
+    aggregator: Aggregator,
     /// What is known of each target apart from its samples.
     pub(super) processes: ProcessBook,
     /// Resolves frames for [`Aggregator::tally`].
@@ -49,6 +50,13 @@ impl Aggregation {
         self.processes.track(pid);
     }
 
+    /// Starts tracking `pid` afresh under the name `command` (a new program after an
+    /// exec, as the kernel named it): its new files noted from now.
+    pub(super) fn track_named(&mut self, pid: u32, command: &str) {
+        self.aggregator.track(pid);
+        self.processes.track_named(pid, Some(command.to_owned()));
+    }
+
     /// Starts tracking `pid`, a new process of `parent` (see [`Aggregator::track_fork`]).
     /// Whether it is its parent's copy (no exec since its fork).
     pub(super) fn track_fork(&mut self, pid: u32, parent: u32) -> bool {
@@ -56,6 +64,50 @@ impl Aggregation {
         let forked = self.processes.track_fork(pid, parent);
         self.aggregator.track_fork(pid, parent, forked);
         forked == Forked::Copy
+    }
+
+    /// Takes the data events of a batch in (samples and frees; see [`Aggregator::add_all`]).
+    pub(super) fn add_all(&mut self, events: Vec<crate::collect::Event>) {
+        self.aggregator.add_all(events);
+    }
+
+    /// A copy of `pid`'s maps read at `read_ns` (the newer one wins).
+    pub(super) fn offer_maps(&mut self, pid: u32, read_ns: u64, text: &str) {
+        self.aggregator.offer_maps(pid, read_ns, text);
+    }
+
+    /// Keeps `file_id` open for resolving frames however short its process's life.
+    pub(super) fn hold_file(&mut self, file_id: crate::sys::maps::FileId, path: PathBuf) {
+        self.aggregator.hold_file(file_id, path);
+    }
+
+    /// `pid` exited: its blocks stop being live from now.
+    pub(super) fn mark_exited(&mut self, pid: u32) {
+        self.aggregator.mark_exited(pid);
+    }
+
+    /// Moves the aggregator's clock (its timeline's buckets) to `now_ns`.
+    pub(super) fn advance(&mut self, now_ns: u64) {
+        self.aggregator.advance(now_ns);
+    }
+
+    /// Starts a new period for per-period values (see [`Aggregator::start_period`]).
+    pub(super) fn start_period(&mut self, lost: &LostCounts) {
+        self.aggregator.start_period(lost);
+    }
+
+    /// Closes duty cycling's open stratum with what it observed.
+    pub(super) fn close_stratum(
+        &mut self,
+        observed: &crate::duty::sums::StratumObserved,
+        counters: &BTreeMap<u32, ProcessCounters>,
+    ) {
+        self.aggregator.close_stratum(observed, counters);
+    }
+
+    /// The stacks and live blocks kept (what a long recording's memory follows).
+    pub(super) fn sizes(&self) -> (usize, usize) {
+        (self.aggregator.stack_count(), self.aggregator.live_count())
     }
 
     /// The samples so far, per stack and process, frames resolved, at `now_ns`; `lost`:

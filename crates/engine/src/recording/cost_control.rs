@@ -27,7 +27,7 @@ pub(super) struct CostControl {
     /// The windows the programs' cost is measured in.
     windows: CostWindows,
     /// The sampling-rate throttle (`None`: `--max-samples-per-sec 0`).
-    pub(super) throttling: Option<Throttling>,
+    throttling: Option<Throttling>,
     /// Duty cycling (`None`: no `--max-overhead`, the probes stay attached).
     pub(super) duty: Option<DutyCycling>,
 }
@@ -44,6 +44,30 @@ impl CostControl {
             throttling,
             duty,
         }
+    }
+
+    /// Whether the probes are duty cycled (`--max-overhead`).
+    pub(super) fn duty_cycled(&self) -> bool {
+        self.duty.is_some()
+    }
+
+    /// The throttle counts from `ns` (when the command was let go), not from its creation.
+    pub(super) fn throttle_since(&mut self, ns: u64) {
+        if let Some(throttling) = self.throttling.as_mut() {
+            throttling.since(ns);
+        }
+    }
+
+    /// The throttle's answer to the totals so far (see [`Throttling::tick`]): the new mean
+    /// sampling interval, if it changes.
+    pub(super) fn throttle_tick(
+        &mut self,
+        now: u64,
+        bytes: u64,
+        samples: u64,
+        lost: u64,
+    ) -> Option<u64> {
+        self.throttling.as_mut()?.tick(now, bytes, samples, lost)
     }
 
     /// What the cost of the probes is measured with; `file_wide`: processes that are not

@@ -64,9 +64,7 @@ impl Recording {
             let ns_per_call = self.ns_per_call();
             let calls: u64 = counters.values().map(|c| c.calls).sum();
             let observed = duty.end_stratum(&counters, ns_per_call);
-            self.aggregation
-                .aggregator
-                .close_stratum(&observed, &counters);
+            self.aggregation.close_stratum(&observed, &counters);
             duty.choose(now, calls, ns_per_call);
         }
         if keep_on {

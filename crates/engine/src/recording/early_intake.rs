@@ -219,9 +219,7 @@ impl Recording {
     ) -> anyhow::Result<EarlyEnd> {
         let (released_ns, released) = run.released;
         self.command.began = released;
-        if let Some(throttling) = self.cost.throttling.as_mut() {
-            throttling.since(released_ns);
-        }
+        self.cost.throttle_since(released_ns);
         self.aggregation.track(run.pid);
         if let (Some(_), Some(family)) = (&run.python, self.in_process.family()) {
             // The tree's interpreters found (their files analysed already, for the early

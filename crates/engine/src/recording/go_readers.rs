@@ -1,7 +1,7 @@
 //! Go processes read, not probed: a process that was running before the recording (`-p`)
-//! and whose runtime's heap profile can be read ([`crate::probe::go_buckets`]) has no probe
+//! and whose runtime's heap profile can be read ([`crate::probe::go::buckets`]) has no probe
 //! put in it; its buckets are read every [`READ_EVERY`] instead and what changed is taken
-//! in as the probes' events would be ([`crate::collect::go_profile`]).
+//! in as the probes' events would be ([`crate::probe::go::reader`]).
 //!
 //! Why only those: a process that ends during the recording takes the samples since its
 //! last reading with it (up to [`READ_EVERY`]); a command allocscope starts, or a process
@@ -11,12 +11,9 @@ use std::collections::BTreeMap;
 
 use log::{debug, info, warn};
 
-use crate::{
-    collect::{go_profile::GoProfile, Event},
-    probe::allocator::Allocator,
-};
+use crate::{collect::Event, probe::allocator::Allocator, probe::go::reader::GoProfile};
 
-pub(crate) use crate::collect::go_profile::READ_EVERY;
+pub(crate) use crate::probe::go::reader::READ_EVERY;
 
 /// What a Go process read, not probed, that ended while recorded leaves out.
 pub(super) const ENDED_UNREAD: &str = "its Go heap profile was read every 100 ms: the \
@@ -47,10 +44,10 @@ pub(super) const EXEC_UNREAD: &str = "its Go heap profile was read every 100 ms:
 impl GoReaders {
     /// Starts reading `pid`'s Go runtime `allocator` if it can be read; whether it is.
     pub(super) fn start(&mut self, pid: u32, allocator: &Allocator) -> bool {
-        let Some(producer) = &allocator.file.producer else {
+        let (Some(producer), Some(places)) = (&allocator.file.producer, &allocator.file.go) else {
             return false;
         };
-        let (Some(Ok(layout)), Some(rate_at)) = (&producer.go_buckets, producer.rate_at) else {
+        let (Ok(layout), rate_at) = (&places.buckets, places.rate_at) else {
             return false;
         };
         let Some(bias) = producer.bias_in(pid, &allocator.file_id) else {
@@ -172,14 +169,14 @@ impl GoReaders {
             notes.push(format!(
                 "{buckets} of its Go heap profile's buckets (stacks) were not read (more \
                  than {} or unreadable): their samples are missing",
-                crate::collect::go_profile::MAX_BUCKETS
+                crate::probe::go::reader::MAX_BUCKETS
             ));
         }
         if untracked > 0 {
             notes.push(format!(
                 "{untracked} sampled blocks' frees could not be followed (more than {} \
                  live): they count as live",
-                crate::collect::go_profile::MAX_LIVE
+                crate::probe::go::reader::MAX_LIVE
             ));
         }
         notes

@@ -12,7 +12,7 @@ use std::collections::HashSet;
 
 use log::{debug, warn};
 
-use super::discovered::Discovered;
+use super::discovery::Discovered;
 use crate::{
     collect::Counters,
     preload::{FamilyTable, Library, MappedRegion},

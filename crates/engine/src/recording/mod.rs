@@ -26,10 +26,8 @@
 
 mod accounting;
 mod aggregation;
-mod carriers;
 mod command;
 mod cost_control;
-mod discovered;
 mod discovery;
 mod duty_cycling;
 mod early_intake;
@@ -37,7 +35,6 @@ mod front_end;
 mod go_readers;
 mod in_process;
 mod intake;
-mod lineage;
 mod load;
 mod prepare;
 mod start;
@@ -112,7 +109,7 @@ pub struct Recording {
     cache: AllocatorCache,
     watcher: exits::Watcher,
     /// The targets, their slots and coverage, the processes left out.
-    discovered: discovered::Discovered,
+    discovered: discovery::Discovered,
     /// Exact counts and losses, as last read.
     accounting: accounting::Accounting,
     /// Every probe point attached.
@@ -126,7 +123,7 @@ pub struct Recording {
     /// The command's tree counted in-process.
     in_process: in_process::InProcess,
     /// `--front-end in-process` with `--comm` or `--all`: only carriers are counted.
-    carriers: Option<carriers::Carriers>,
+    carriers: Option<discovery::Carriers>,
     /// Go processes read, not probed.
     go_readers: go_readers::GoReaders,
     /// Where the current period started (the agent's periods).
@@ -271,7 +268,7 @@ impl Recording {
     pub fn forget_gone(&mut self) -> usize {
         let dead = std::mem::take(&mut self.gone_at_period);
         // Duty cycling's strata sum over the whole recording (and is not the agent's).
-        if self.cost.duty.is_some() {
+        if self.cost.duty_cycled() {
             return 0;
         }
         let listed: BTreeSet<u32> = self.discovered.pids().iter().copied().collect();
@@ -302,22 +299,19 @@ impl Recording {
         self.aggregation.forget(&gone);
         self.accounting.forget(&gone);
         self.points.retain(|point| !gone.contains(&point.pid));
+        let (stacks, live) = self.aggregation.sizes();
         log::debug!(
-            "kept after forgetting: {} processes known, {} listed, {} running, {} stacks, {} live blocks",
+            "kept after forgetting: {} processes known, {} listed, {} running, {stacks} stacks, {live} live blocks",
             self.aggregation.known().len(),
             self.discovered.pids().len(),
             self.discovered.running_count(),
-            self.aggregation.aggregator.stack_count(),
-            self.aggregation.aggregator.live_count(),
         );
         gone.len()
     }
 
     /// Starts a new period for per-period values (`--every` snapshots).
     pub fn start_period(&mut self) {
-        self.aggregation
-            .aggregator
-            .start_period(&self.accounting.lost);
+        self.aggregation.start_period(&self.accounting.lost);
     }
 
     /// The samples so far, per stack and process, frames resolved (`top`'s picture);
@@ -396,7 +390,7 @@ impl Recording {
                 }
                 _ = self.clocks.scan.tick() => self.discover()?,
                 _ = self.clocks.second.tick() => self.every_second()?,
-                _ = self.clocks.duty.tick(), if self.cost.duty.is_some() => self.duty_slot().await?,
+                _ = self.clocks.duty.tick(), if self.cost.duty_cycled() => self.duty_slot().await?,
                 Some(pid) = self.watcher.exited.recv() => {
                     self.finalize(pid).await?;
                     let waits = self.targets.waits_for_new();
@@ -443,9 +437,7 @@ impl Recording {
             return Ok(());
         }
         self.clocks.last_second = std::time::Instant::now();
-        self.aggregation
-            .aggregator
-            .advance(crate::collect::monotonic_ns());
+        self.aggregation.advance(crate::collect::monotonic_ns());
         let Some(step) = self.cost.tick() else {
             return Ok(());
         };
@@ -465,9 +457,9 @@ impl Recording {
         let bytes = counters.values().map(|c| c.bytes).sum();
         let samples = self.intake.samples() + losses.ringbuf_full;
         let now = monotonic_ns();
-        let throttle = self.cost.throttling.as_mut();
-        if let Some(interval) =
-            throttle.and_then(|t| t.tick(now, bytes, samples, losses.ringbuf_full))
+        if let Some(interval) = self
+            .cost
+            .throttle_tick(now, bytes, samples, losses.ringbuf_full)
         {
             self.set_interval(interval);
         }
@@ -541,7 +533,7 @@ impl Recording {
                     pid,
                     read_ns,
                     ref text,
-                } => self.aggregation.aggregator.offer_maps(pid, read_ns, text),
+                } => self.aggregation.offer_maps(pid, read_ns, text),
                 Event::GoStats {
                     pid,
                     ref bytes,
@@ -561,9 +553,7 @@ impl Recording {
                     // from /proc: its library's own copy stands in (the newer one wins).
                     self.region_for_sample(sample.pid);
                     if let Some((text, read_ns)) = self.accounting.counters.new_maps(sample.pid) {
-                        self.aggregation
-                            .aggregator
-                            .offer_maps(sample.pid, read_ns, &text);
+                        self.aggregation.offer_maps(sample.pid, read_ns, &text);
                     }
                     if !self.aggregation.processes.tracks(sample.pid) {
                         self.first_seen(sample.pid);
@@ -583,7 +573,7 @@ impl Recording {
             | Event::PythonFrames(_)
             | Event::GoStats { .. } => false,
         });
-        self.aggregation.aggregator.add_all(batch);
+        self.aggregation.add_all(batch);
     }
 
     /// Reads the Go processes that are read, not probed, and takes their events in.

@@ -27,7 +27,7 @@ pub struct Prepared {
     /// What is said of running targets it was (or could not be) loaded into.
     pub(super) notes: Vec<(u32, super::load::Note)>,
     /// `--front-end in-process` with `--comm` or `--all`: only carriers counted.
-    pub(super) carriers: Option<super::carriers::Carriers>,
+    pub(super) carriers: Option<super::discovery::Carriers>,
 }
 
 /// Runs every check that can fail on bad input (privileges, targets, then the caller's own
@@ -107,7 +107,7 @@ pub fn prepare(
         cache,
         front_end,
         notes,
-        carriers: super::carriers::Carriers::for_targets(targets, sampling)?,
+        carriers: super::discovery::Carriers::for_targets(targets, sampling)?,
     })
 }
 

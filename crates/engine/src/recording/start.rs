@@ -9,7 +9,7 @@ use log::warn;
 use sampler_common::kernel;
 
 use super::{
-    aggregation::Aggregation, cost_control::CostControl, discovered::Discovered,
+    aggregation::Aggregation, cost_control::CostControl, discovery::Discovered,
     in_process::InProcess, intake::Intake, Clocks, CoveredSince, FrontEnd, Logger, Prepared,
     Recording,
 };
@@ -60,7 +60,7 @@ fn in_process_only(
     front_end: Option<&FrontEnd>,
     initial: &[crate::probe::attach::Target],
     targets: &Targets,
-    carriers: &Option<super::carriers::Carriers>,
+    carriers: &Option<super::discovery::Carriers>,
 ) -> bool {
     (front_end.is_some() && initial.len() == 1 && !targets.waits_for_new()) || carriers.is_some()
 }
@@ -460,9 +460,7 @@ impl Recording {
         // Its frames lead every sample's stack; a short-lived command is gone before its
         // own view of the library could be opened.
         if let Ok(file_id) = library.file_id() {
-            self.aggregation
-                .aggregator
-                .hold_file(file_id, library.path());
+            self.aggregation.hold_file(file_id, library.path());
         }
         self.in_process = InProcess::of_command(library, allocator, family, interval);
     }

@@ -27,7 +27,6 @@ mod maps_reader;
 use maps_reader::MapsReader;
 pub mod early_decode;
 pub mod forget;
-pub mod go_profile;
 
 pub use counters::{lost, thread_states, Counters, Losses, LostBatch};
 
@@ -111,7 +110,7 @@ pub struct Freed {
     pub timestamp_ns: u64,
     /// The block's address.
     pub address: u64,
-    /// Told by a reading of a Go runtime's heap profile ([`go_profile`]), not a probe: at
+    /// Told by a reading of a Go runtime's heap profile ([`crate::probe::go::reader`]), not a probe: at
     /// the reading's time, the block's lifetime unknown (both ends rounded to readings).
     pub read: bool,
 }

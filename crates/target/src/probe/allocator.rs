@@ -114,6 +114,8 @@ pub struct AllocatorFile {
     /// Another program's sampling allocator's probe sites ([`AllocatorKind::Producer`]: no entry
     /// points).
     pub producer: Option<usdt::Producer>,
+    /// Where a Go runtime keeps what is read of it ([`AllocatorKind::GoRuntime`] only).
+    pub go: Option<super::go::Places>,
 }
 
 impl AllocatorFile {
@@ -292,6 +294,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
             frees: Vec::new(),
             front_end: Some(front_end),
             producer: None,
+            go: None,
         });
     }
     // A file that fires the contract's probes samples its own allocations: probed there,
@@ -303,12 +306,14 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
             frees: Vec::new(),
             front_end: None,
             producer: Some(producer),
+            go: None,
         });
     }
     match super::go::runtime(elf) {
         Some(super::go::GoRuntime::Probed {
             version,
             mut producer,
+            places,
             profiling_off,
         }) => {
             producer.detail = Some(if profiling_off {
@@ -322,6 +327,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
                 frees: Vec::new(),
                 front_end: None,
                 producer: Some(producer),
+                go: Some(places),
             });
         }
         Some(super::go::GoRuntime::Refused(why)) => {
@@ -347,6 +353,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
         frees,
         front_end: None,
         producer: None,
+        go: None,
     })
 }
 
@@ -679,6 +686,7 @@ mod tests {
                 functions: Vec::new(),
                 frees: Vec::new(),
                 producer: None,
+                go: None,
                 front_end: (kind == AllocatorKind::InProcess).then(|| usdt::FrontEnd {
                     allocs: Vec::new(),
                     frees: Vec::new(),

@@ -1,5 +1,5 @@
 //! Reading an ELF file's code and symbols by address, for every part that decides where
-//! a probe goes (`allocator`, `go`, `go_memstats`, `go_buckets`) or reads a frame's file
+//! a probe goes (`allocator`, `go` and its `memstats` and `buckets`) or reads a frame's file
 //! (`stacks`).
 
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _};

@@ -201,19 +201,10 @@ pub struct Producer {
     pub sites: Vec<(Site, UsdtSpec)>,
     /// What else a reader is told about it (a Go runtime's version).
     pub detail: Option<String>,
-    /// Where a Go runtime keeps `MemProfileRate` (the file's virtual address), for a look
-    /// at whether it samples.
-    pub rate_at: Option<u64>,
     /// The file's loadable segments if it is position-independent: its variables' places
     /// in a process are its virtual addresses plus the process's load bias
     /// ([`crate::sys::maps::load_bias`]).
     pub pie_segments: Option<Vec<(std::ops::Range<u64>, u64)>>,
-    /// Where a Go runtime keeps its exact allocation totals, or why they cannot be read
-    /// (`None`: not a Go runtime).
-    pub go_memstats: Option<Result<super::go_memstats::Layout, String>>,
-    /// Where a Go runtime keeps its heap profile's buckets, read instead of probing it
-    /// where it can be, or why it cannot be (`None`: not a Go runtime).
-    pub go_buckets: Option<Result<Box<super::go_buckets::Layout>, String>>,
 }
 
 impl Producer {
@@ -265,10 +256,7 @@ pub(crate) fn producer(sites: &[Site]) -> Option<Producer> {
                 provider: provider.to_owned(),
                 sites: specs,
                 detail: None,
-                rate_at: None,
                 pie_segments: None,
-                go_memstats: None,
-                go_buckets: None,
             })
     })
 }

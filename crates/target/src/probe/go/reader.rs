@@ -1,5 +1,5 @@
 //! ② From a Go process's own heap profile: its runtime's buckets read every
-//! [`READ_EVERY`] ([`crate::probe::go_buckets`]) and turned into the samples and frees a
+//! [`READ_EVERY`] ([`super::buckets`]) and turned into the samples and frees a
 //! probe on the runtime would have sent, so that everything downstream (stacks, estimates,
 //! exports) is the same. No probe is in the program: it pays nothing.
 //!
@@ -26,8 +26,8 @@ use std::{
 
 use sampler_common::AllocFn;
 
-use super::{Event, Freed, Sample};
-use crate::probe::go_buckets::{Counts, Header, Layout};
+use super::buckets::{Counts, Header, Layout};
+use crate::collect::{Event, Freed, Sample};
 
 /// How often a Go process's buckets are read.
 pub const READ_EVERY: Duration = Duration::from_millis(100);
@@ -376,7 +376,7 @@ mod tests {
     /// A profile of one bucket (blocks of 2 KiB, 3 live before the recording), read at
     /// rate 512 KiB, its memory never read.
     fn profile() -> GoProfile {
-        let layout = crate::probe::go_buckets::Layout {
+        let layout = crate::probe::go::buckets::Layout {
             head: 0,
             header: 48,
             allnext: 8,

@@ -2,18 +2,24 @@
 //! program a process exec'd, taken in (its allocators found, its description started, its
 //! front end mapped) or let go, each event's /proc files read once (`sys::moment`).
 //!
-//! Why apart from [`super::discovery`]: this runs once per process of a build or a script
+//! Why apart from [`super::super::discovery`]: this runs once per process of a build or a script
 //! (thousands), the rest once per target; its cost is what a short process pays.
 
 use log::{debug, warn};
 
-use super::{CoveredSince, Recording};
+use super::super::{CoveredSince, Recording};
 use crate::{probe::allocator::Allocator, profile::CoverageStart, targets::FindError, text};
 
 impl Recording {
     /// A followed process forked (`parent` ≠ 0), or a process exec'd (a followed one, or
     /// any with `--comm` and `--all`); `comm`: its name then.
-    pub(super) fn on_process(&mut self, pid: u32, parent: u32, timestamp_ns: u64, comm: &str) {
+    pub(in crate::recording) fn on_process(
+        &mut self,
+        pid: u32,
+        parent: u32,
+        timestamp_ns: u64,
+        comm: &str,
+    ) {
         // Each of its /proc files read once for the event (see `sys::moment`).
         crate::sys::moment::during(pid, || {
             self.on_process_now(pid, parent, timestamp_ns, comm);
@@ -115,10 +121,7 @@ impl Recording {
                 }
                 // A new name (as the kernel told it) and executable: tracked afresh, its
                 // new files noted from now.
-                self.aggregation.aggregator.track(pid);
-                self.aggregation
-                    .processes
-                    .track_named(pid, Some(comm.to_owned()));
+                self.aggregation.track_named(pid, comm);
                 self.discovered.covered_from(pid, since.timestamp_ns);
             }
             if let Err(e) = self.admit(pid, allocators.as_deref(), since) {

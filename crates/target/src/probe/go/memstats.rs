@@ -110,11 +110,8 @@ impl Totals {
 }
 
 /// Where `file`'s runtime keeps its counts, or why they cannot be read.
-pub(crate) fn layout(
-    file: &object::File,
-    types: &super::go_dwarf::Types,
-) -> Result<Layout, String> {
-    let symbol = |names: &[&str]| super::elf::symbol_in(file, names);
+pub(crate) fn layout(file: &object::File, types: &super::dwarf::Types) -> Result<Layout, String> {
+    let symbol = |names: &[&str]| crate::probe::elf::symbol_in(file, names);
     let (memstats, memstats_size) =
         symbol(&["runtime.memstats"]).ok_or("no runtime.memstats symbol")?;
     let (classes, classes_size) = symbol(&[
@@ -122,7 +119,7 @@ pub(crate) fn layout(
         "internal/runtime/gc.SizeClassToSize",
     ])
     .ok_or("no size class table")?;
-    let class_sizes: Vec<u32> = super::elf::code_at(file, classes, classes_size)
+    let class_sizes: Vec<u32> = crate::probe::elf::code_at(file, classes, classes_size)
         .ok_or("its size class table is not in the file")?
         .chunks_exact(2)
         .map(|pair| u32::from(u16::from_le_bytes([pair[0], pair[1]])))

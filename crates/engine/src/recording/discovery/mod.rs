@@ -3,10 +3,17 @@
 //! for every process (`--follow`, `--comm`), the /proc scans of `--comm` and `--all`, the
 //! fork and exec events the kernel reports, and what each process's coverage is.
 
+mod carriers;
+mod discovered;
+mod lineage;
+
+pub(super) use carriers::Carriers;
+pub(super) use discovered::Discovered;
+
 use log::{debug, info, warn};
 use sampler_common::{FOLLOWED_PENDING, FOLLOWED_TARGET, HOST_SLOT};
 
-use super::{carriers::Carriers, CoveredSince, Recording};
+use super::{CoveredSince, Recording};
 use crate::{
     collect::monotonic_ns,
     preflight,
@@ -22,7 +29,7 @@ use crate::{
 
 impl Recording {
     /// Maps `pid`'s in-process region if it carries the front end (see
-    /// [`super::in_process::InProcess::map`]).
+    /// [`super::super::in_process::InProcess::map`]).
     fn map_front_end(&mut self, pid: u32, allocators: &[Allocator], forked_from: u32) {
         // File-wide probes must leave its calls to its front end. Allocscope's library says
         // so itself when it starts (`allocscope:ready`), and a fork inherits it in the
@@ -428,7 +435,7 @@ impl Recording {
 
     /// The allocators of `pid`; for a program that has just exec'd and whose libraries
     /// the dynamic loader has not mapped yet, those it is about to map (the in-process
-    /// front end first when it will load it: see [`super::in_process::InProcess::will_load`]).
+    /// front end first when it will load it: see [`super::super::in_process::InProcess::will_load`]).
     pub(super) fn allocators_of(&mut self, pid: u32) -> Result<Vec<Allocator>, FindError> {
         let (mut found, before_loader) = match self.cache.of_pid(pid) {
             Err(FindError::NoAllocator(why)) => {
@@ -469,7 +476,7 @@ impl Recording {
     /// The allocators `pid` maps once its dynamic loader has mapped its libraries (preloaded
     /// ones first, so the front end is there by then if it is to be), waiting up to ~0.1 s,
     /// or why they cannot be (it exited meanwhile); `None` if it has not by then. For a
-    /// program just past its exec that [`super::in_process::InProcess::will_load`] did not
+    /// program just past its exec that [`super::super::in_process::InProcess::will_load`] did not
     /// see loading the front end: the answer is in its maps a moment later. Before, such a
     /// program (a short-lived `readlink` of pyenv's shims, gone by the time it was looked
     /// at) got the glibc its executable names probed file-wide for the whole family, every

@@ -26,7 +26,7 @@ use crate::{
 };
 
 /// The fleet's mode while recording.
-pub(super) struct Carriers {
+pub(in crate::recording) struct Carriers {
     /// `--comm`: the library loaded into the matches that do not carry one, as an
     /// allocator (`None` under `--all`, which loads nothing into anything).
     library: Option<(Library, Allocator)>,
@@ -38,7 +38,7 @@ pub(super) struct Carriers {
 impl Carriers {
     /// The mode, if `targets` and `sampling` ask for it: `--front-end in-process` with
     /// `--comm` or `--all`.
-    pub(super) fn for_targets(
+    pub(in crate::recording) fn for_targets(
         targets: &Targets,
         sampling: &SamplingConfig,
     ) -> Result<Option<Carriers>, BadInput> {
@@ -50,7 +50,7 @@ impl Carriers {
             return Ok(None);
         }
         let library = match targets.comm {
-            Some(_) => Some(super::front_end::library()?),
+            Some(_) => Some(super::super::front_end::library()?),
             None => None,
         };
         Ok(Some(Carriers {
@@ -63,24 +63,24 @@ impl Carriers {
     /// producers and Go runtimes (sites reached only by sampled blocks), no allocator. A Go
     /// process is taken as it is: its heap is its runtime's (a cgo program's `malloc` is
     /// not counted in this mode).
-    pub(super) fn probes(allocator: &Allocator) -> bool {
+    pub(in crate::recording) fn probes(allocator: &Allocator) -> bool {
         allocator.file.reports_itself() || allocator.file.is_go_runtime()
     }
 
     /// Whether a process with `allocators` counts its own calls.
-    pub(super) fn carried(allocators: &[Allocator]) -> bool {
+    pub(in crate::recording) fn carried(allocators: &[Allocator]) -> bool {
         allocators.iter().any(Self::probes)
     }
 
     /// The library loaded into `--comm`'s matches, as an allocator.
-    pub(super) fn allocator(&self) -> Option<&Allocator> {
+    pub(in crate::recording) fn allocator(&self) -> Option<&Allocator> {
         self.library.as_ref().map(|(_, allocator)| allocator)
     }
 
     /// The allocators of `pid` (named `comm`, `found` its allocators now), the library
     /// loaded into it first if it does not carry it; one it cannot be loaded into has none
     /// ([`FindError::Gone`], said once). A Python process is said to leave pymalloc out.
-    pub(super) fn loaded_into(
+    pub(in crate::recording) fn loaded_into(
         &mut self,
         pid: u32,
         comm: &str,
@@ -97,7 +97,7 @@ impl Carriers {
         // Read again: the library is mapped now.
         crate::sys::moment::renew();
         let found = cache.of_pid(pid)?;
-        if let Some(what) = super::load::left_out_when_loaded(&found) {
+        if let Some(what) = super::super::load::left_out_when_loaded(&found) {
             processes.incomplete(pid, what.into());
         }
         Ok(found)
@@ -131,12 +131,12 @@ impl Carriers {
     }
 
     /// `pid` exec'd: a new program, looked at afresh.
-    pub(super) fn forget(&mut self, pid: u32) {
+    pub(in crate::recording) fn forget(&mut self, pid: u32) {
         self.refused.remove(&pid);
     }
 
     /// Forgets the refused processes that are gone (their pids may come back as others).
-    pub(super) fn sweep(&mut self) {
+    pub(in crate::recording) fn sweep(&mut self) {
         self.refused.retain(|&pid| crate::sys::process::exists(pid));
     }
 }

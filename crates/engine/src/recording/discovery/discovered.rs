@@ -19,7 +19,7 @@ use crate::{
 /// What discovery found: the targets of a recording (their counter slots and coverage),
 /// the processes left alone, the files probed host-wide and the processes scanned.
 #[derive(Debug, Default)]
-pub(super) struct Discovered {
+pub(in crate::recording) struct Discovered {
     /// `--follow`, `--comm`: targets are counted by file-wide probes in the kernel's
     /// followed set (slot [`HOST_SLOT`]), not attached per process.
     followed_only: bool,
@@ -43,7 +43,7 @@ pub(super) struct Discovered {
 }
 
 impl Discovered {
-    pub(super) fn new(followed_only: bool) -> Discovered {
+    pub(in crate::recording) fn new(followed_only: bool) -> Discovered {
         Discovered {
             followed_only,
             ..Discovered::default()
@@ -51,32 +51,32 @@ impl Discovered {
     }
 
     /// Whether targets are counted in the kernel's followed set.
-    pub(super) fn followed_only(&self) -> bool {
+    pub(in crate::recording) fn followed_only(&self) -> bool {
         self.followed_only
     }
 
     /// Whether `pid` is a running target.
-    pub(super) fn is_running(&self, pid: u32) -> bool {
+    pub(in crate::recording) fn is_running(&self, pid: u32) -> bool {
         self.running.contains_key(&pid)
     }
 
     /// Whether no target is running.
-    pub(super) fn none_running(&self) -> bool {
+    pub(in crate::recording) fn none_running(&self) -> bool {
         self.running.is_empty()
     }
 
     /// The running targets, in pid order.
-    pub(super) fn running(&self) -> Vec<u32> {
+    pub(in crate::recording) fn running(&self) -> Vec<u32> {
         self.running.keys().copied().collect()
     }
 
     /// Every process ever a target, in order.
-    pub(super) fn pids(&self) -> &[u32] {
+    pub(in crate::recording) fn pids(&self) -> &[u32] {
         &self.pids
     }
 
     /// Notes a process seen host-wide (not attached, not counted per slot).
-    pub(super) fn seen(&mut self, pid: u32) {
+    pub(in crate::recording) fn seen(&mut self, pid: u32) {
         if !self.pids.contains(&pid) {
             self.pids.push(pid);
         }
@@ -85,7 +85,7 @@ impl Discovered {
     /// `pid`'s counter slot, and whether it is new: its own if it runs as a target, else a
     /// free one. Fails when [`MAX_TARGETS`] are taken; [`Self::enter`] makes it `pid`'s,
     /// [`Self::give_back`] returns it unused.
-    pub(super) fn slot_for(&mut self, pid: u32) -> anyhow::Result<(u32, bool)> {
+    pub(in crate::recording) fn slot_for(&mut self, pid: u32) -> anyhow::Result<(u32, bool)> {
         if let Some(&slot) = self.running.get(&pid) {
             return Ok((slot, false));
         }
@@ -101,7 +101,7 @@ impl Discovered {
     }
 
     /// Returns a slot from [`Self::slot_for`] that was not used.
-    pub(super) fn give_back(&mut self, slot: u32) {
+    pub(in crate::recording) fn give_back(&mut self, slot: u32) {
         if slot != HOST_SLOT {
             self.free_slots.push(slot);
         }
@@ -109,7 +109,13 @@ impl Discovered {
 
     /// Makes `pid` a running target counted in `slot`, covered as `coverage` from
     /// `from_ns`.
-    pub(super) fn enter(&mut self, pid: u32, slot: u32, coverage: Coverage, from_ns: u64) {
+    pub(in crate::recording) fn enter(
+        &mut self,
+        pid: u32,
+        slot: u32,
+        coverage: Coverage,
+        from_ns: u64,
+    ) {
         self.running.insert(pid, slot);
         self.seen(pid);
         self.excluded.remove(&pid);
@@ -119,7 +125,7 @@ impl Discovered {
     /// Forgets every target that is gone (their last period sent: the agent): not running
     /// as a target, and (a process only seen host-wide, which nothing watches) not
     /// `alive`; returns them.
-    pub(super) fn forget_gone(
+    pub(in crate::recording) fn forget_gone(
         &mut self,
         alive: impl Fn(u32) -> bool,
     ) -> std::collections::BTreeSet<u32> {
@@ -135,20 +141,20 @@ impl Discovered {
     }
 
     /// How many targets are running.
-    pub(super) fn running_count(&self) -> usize {
+    pub(in crate::recording) fn running_count(&self) -> usize {
         self.running.len()
     }
 
     /// `pid` exited: no longer running; returns its slot, which is free again (unless it
     /// was [`HOST_SLOT`]).
-    pub(super) fn leave(&mut self, pid: u32) -> Option<u32> {
+    pub(in crate::recording) fn leave(&mut self, pid: u32) -> Option<u32> {
         let slot = self.running.remove(&pid)?;
         self.give_back(slot);
         Some(slot)
     }
 
     /// The running targets counted in slots of their own, as (pid, slot).
-    pub(super) fn counter_slots(&self) -> Vec<(u32, u32)> {
+    pub(in crate::recording) fn counter_slots(&self) -> Vec<(u32, u32)> {
         self.running
             .iter()
             .filter(|(_, &slot)| slot != HOST_SLOT)
@@ -158,49 +164,49 @@ impl Discovered {
 
     /// Whether a process the kernel counts file-wide is a target: not left out and, in the
     /// followed set, taken (the kernel also counts, briefly, processes pending a decision).
-    pub(super) fn counts(&self, pid: u32) -> bool {
+    pub(in crate::recording) fn counts(&self, pid: u32) -> bool {
         !self.excluded.contains(&pid) && (!self.followed_only || self.running.contains_key(&pid))
     }
 
     /// Whether `pid` is left out.
-    pub(super) fn is_excluded(&self, pid: u32) -> bool {
+    pub(in crate::recording) fn is_excluded(&self, pid: u32) -> bool {
         self.excluded.contains(&pid)
     }
 
     /// Leaves `pid` out; whether it was not already.
-    pub(super) fn exclude(&mut self, pid: u32) -> bool {
+    pub(in crate::recording) fn exclude(&mut self, pid: u32) -> bool {
         self.excluded.insert(pid)
     }
 
     /// The processes left out.
-    pub(super) fn excluded(&self) -> Vec<u32> {
+    pub(in crate::recording) fn excluded(&self) -> Vec<u32> {
         self.excluded.iter().copied().collect()
     }
 
     /// Forgets that `pid` was left out (it exited: its pid may come back as another).
-    pub(super) fn forget_excluded(&mut self, pid: u32) {
+    pub(in crate::recording) fn forget_excluded(&mut self, pid: u32) {
         self.excluded.remove(&pid);
     }
 
     /// How `pid` is covered, if it is a target.
-    pub(super) fn coverage(&self, pid: u32) -> Option<&Coverage> {
+    pub(in crate::recording) fn coverage(&self, pid: u32) -> Option<&Coverage> {
         self.coverage.get(&pid).map(|(c, _)| c)
     }
 
     /// `pid` exec'd: the files it uses are late if probed after `ns`.
-    pub(super) fn covered_from(&mut self, pid: u32, ns: u64) {
+    pub(in crate::recording) fn covered_from(&mut self, pid: u32, ns: u64) {
         if let Some((_, from_ns)) = self.coverage.get_mut(&pid) {
             *from_ns = ns;
         }
     }
 
     /// Whether `file` is probed for every process.
-    pub(super) fn probes_host_file(&self, file: &FileId) -> bool {
+    pub(in crate::recording) fn probes_host_file(&self, file: &FileId) -> bool {
         self.host_files.contains_key(file)
     }
 
     /// `file` is probed for every process since `ns`.
-    pub(super) fn host_file_probed(&mut self, file: FileId, ns: u64) {
+    pub(in crate::recording) fn host_file_probed(&mut self, file: FileId, ns: u64) {
         self.host_files.insert(file, ns);
     }
 
@@ -208,13 +214,18 @@ impl Discovered {
     /// after it was covered from: `followed_only`, files probed for every process later
     /// (or not at all); per process, `allocators` it gained after being attached (a
     /// library loaded later, found by the next look, probed just now).
-    pub(super) fn note_late(&mut self, pid: u32, allocators: &[Allocator], now_ns: u64) {
+    pub(in crate::recording) fn note_late(
+        &mut self,
+        pid: u32,
+        allocators: &[Allocator],
+        now_ns: u64,
+    ) {
         self.note_late_since(pid, allocators, None, now_ns);
     }
 
     /// [`Self::note_late`], counted from `pid`'s exec at `exec_ns` when given (its probes
     /// attached anew for its new program).
-    pub(super) fn note_late_since(
+    pub(in crate::recording) fn note_late_since(
         &mut self,
         pid: u32,
         allocators: &[Allocator],
@@ -249,7 +260,10 @@ impl Discovered {
 
     /// Of the processes `alive` (with their executables, `None`: a kernel thread or gone),
     /// those a scan has not looked at since they started or exec'd; forgets the others.
-    pub(super) fn unscanned(&mut self, alive: Vec<(u32, Option<FileId>)>) -> Vec<u32> {
+    pub(in crate::recording) fn unscanned(
+        &mut self,
+        alive: Vec<(u32, Option<FileId>)>,
+    ) -> Vec<u32> {
         let pids: HashSet<u32> = alive.iter().map(|(pid, _)| *pid).collect();
         self.scanned.retain(|pid, _| pids.contains(pid));
         alive
@@ -297,6 +311,7 @@ mod tests {
                 frees: Vec::new(),
                 front_end: None,
                 producer: None,
+                go: None,
             }),
         }
     }

@@ -8,7 +8,7 @@
 //! size)` (then `runtime.mProf_Free`) when the sweeper frees it. Those are probed (entry
 //! only: a return probe's trampoline in a goroutine's stack breaks the runtime's stack
 //! copying and tracebacks), described as USDT-like sites whose arguments the eBPF program
-//! reads by the same specs as another producer's ([`super::usdt`]):
+//! reads by the same specs as another producer's ([`crate::probe::usdt`]):
 //!
 //! * `alloc`: the block and its size in the registers Go's internal ABI gives them (`rax`,
 //!   `rbx`, `rcx`… in order; which argument they are depends on the Go version), and the
@@ -23,6 +23,16 @@
 //! Pure: bytes in, sites out. The Go version comes from the `.go.buildinfo` section (Go ≥
 //! 1.18 writes it inline); a version whose layout is not known here is refused by name
 //! rather than guessed.
+//!
+//! Everything allocscope knows of Go runtimes lives in this folder: which runtime a file
+//! is and its probe sites (here), the runtime's types read from its DWARF ([`dwarf`]), its
+//! exact totals ([`memstats`]), its heap profile's buckets ([`buckets`]) and the reader
+//! that turns them into samples with no probe in the program ([`reader`]).
+
+pub mod buckets;
+mod dwarf;
+pub mod memstats;
+pub mod reader;
 
 use object::{Object as _, ObjectSection as _};
 use sampler_common::usdt::{
@@ -30,7 +40,7 @@ use sampler_common::usdt::{
     KIND_RUNTIME_FREE_IF, MAX_ARGUMENTS, REGISTER_RIP,
 };
 
-use super::usdt::{parse_arguments, Producer, Site};
+use crate::probe::usdt::{parse_arguments, Producer, Site};
 
 /// The provider name Go runtime sites are reported under.
 pub const PROVIDER: &str = "go runtime";
@@ -39,11 +49,11 @@ pub const PROVIDER: &str = "go runtime";
 pub const PROFILING_OFF: &str = "heap profiling off unless the program sets runtime.MemProfileRate";
 
 /// What a Go runtime's description adds where its heap profile is read, not probed
-/// ([`super::go_buckets`]).
+/// ([`buckets`]).
 pub const READ: &str = "its heap profile read every 100 ms, no probe in the process";
 
 /// Whether `allocator`, as a process's allocators are described to users
-/// ([`super::allocator::Allocator::describe`]), is a Go runtime: `go runtime (go1.19.8) (…)`.
+/// ([`crate::probe::allocator::Allocator::describe`]), is a Go runtime: `go runtime (go1.19.8) (…)`.
 pub fn describes(allocator: &str) -> bool {
     allocator
         .strip_prefix(PROVIDER)
@@ -63,6 +73,19 @@ impl std::fmt::Display for GoVersion {
     }
 }
 
+/// Where a Go runtime keeps what allocscope reads of it (the file's virtual addresses:
+/// a process's are these plus its load bias, [`Producer::bias_in`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Places {
+    /// `runtime.MemProfileRate`, for a look at whether it samples.
+    pub rate_at: u64,
+    /// Its exact allocation totals, or why they cannot be read.
+    pub memstats: Result<memstats::Layout, String>,
+    /// Its heap profile's buckets, read instead of probing it where they can be, or why
+    /// they cannot be.
+    pub buckets: Result<Box<buckets::Layout>, String>,
+}
+
 /// What a Go executable offers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum GoRuntime {
@@ -72,6 +95,8 @@ pub(crate) enum GoRuntime {
         version: String,
         /// The sites.
         producer: Producer,
+        /// Where its runtime keeps what is read of it.
+        places: Places,
         /// The linker turned the runtime's heap profiling off (the program never calls
         /// `runtime.MemProfile`, e.g. through `runtime/pprof`): nothing is sampled unless
         /// the program sets `runtime.MemProfileRate` itself.
@@ -110,9 +135,10 @@ pub(crate) fn runtime(elf: &[u8]) -> Option<GoRuntime> {
         )));
     };
     Some(match sites(&file, layout) {
-        Ok((producer, profiling_off)) => GoRuntime::Probed {
+        Ok((producer, places, profiling_off)) => GoRuntime::Probed {
             version,
             producer,
+            places,
             profiling_off,
         },
         Err(missing) => GoRuntime::Refused(format!("{version}: {missing}")),
@@ -141,10 +167,10 @@ impl Layout {
     }
 }
 
-/// The runtime's sites in `file`, and whether the linker turned heap profiling off; or
-/// what is missing.
-fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String> {
-    let find = |names: &[&str]| super::elf::symbol_in(file, names);
+/// The runtime's sites in `file`, where it keeps what is read of it, and whether the
+/// linker turned heap profiling off; or what is missing.
+fn sites(file: &object::File, layout: Layout) -> Result<(Producer, Places, bool), String> {
+    let find = |names: &[&str]| crate::probe::elf::symbol_in(file, names);
     let symbol = |names: &[&str]| {
         find(names).ok_or_else(|| {
             format!(
@@ -211,11 +237,13 @@ fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String
             provider: PROVIDER.to_owned(),
             sites,
             detail: None,
-            rate_at: Some(rate),
             pie_segments: (file.kind() != object::ObjectKind::Executable)
                 .then(|| crate::sys::maps::loadable_segments(file)),
-            go_memstats: Some(memstats),
-            go_buckets: Some(buckets),
+        },
+        Places {
+            rate_at: rate,
+            memstats,
+            buckets,
         },
         profiling_off,
     ))
@@ -224,20 +252,20 @@ fn sites(file: &object::File, layout: Layout) -> Result<(Producer, bool), String
 /// Where `file`'s runtime keeps its exact totals and its heap profile's buckets (or why
 /// they cannot be read), from one reading of its DWARF.
 type Readers = (
-    Result<super::go_memstats::Layout, String>,
-    Result<Box<super::go_buckets::Layout>, String>,
+    Result<memstats::Layout, String>,
+    Result<Box<buckets::Layout>, String>,
 );
 
 fn readers(file: &object::File) -> Readers {
-    let wanted: Vec<&str> = super::go_memstats::STRUCTURES
+    let wanted: Vec<&str> = memstats::STRUCTURES
         .iter()
-        .chain(&super::go_buckets::STRUCTURES)
+        .chain(&buckets::STRUCTURES)
         .copied()
         .collect();
-    match super::go_dwarf::Types::read(file, &wanted) {
+    match dwarf::Types::read(file, &wanted) {
         Ok(types) => (
-            super::go_memstats::layout(file, &types),
-            super::go_buckets::layout(file, &types).map(Box::new),
+            memstats::layout(file, &types),
+            buckets::layout(file, &types).map(Box::new),
         ),
         Err(why) => (Err(why.clone()), Err(why)),
     }
@@ -262,7 +290,7 @@ fn place(
             _ => Register::RCX,
         })
         .collect();
-    let code = super::elf::code_at(file, address, size)
+    let code = crate::probe::elf::code_at(file, address, size)
         .ok_or_else(|| format!("the code at {address:#x} is in no section"))?;
     Ok(super::prologue::choose_in_place(code, &registers))
 }
@@ -275,7 +303,7 @@ fn site(
     arguments: &str,
     kind: u32,
 ) -> Result<(Site, UsdtSpec), String> {
-    let entry = super::elf::file_offset_of(file, address)
+    let entry = crate::probe::elf::file_offset_of(file, address)
         .ok_or_else(|| format!("runtime {name} site at {address:#x} is in no section"))?;
     // The rate, `8@D(%rip)`: memory at the probed instruction plus D (a USDT note's
     // `%rip` would mean the next instruction's: the note parser does not take it).
@@ -324,7 +352,7 @@ fn site(
 /// (`s.special.kind = _KindSpecialProfile`: `mov byte [rbx+0xa], 2` in go1.19, `[rbx+0x10],
 /// 4` in go1.27). `None` unless exactly one such store is found.
 fn profile_kind(file: &object::File, (address, size): (u64, u64)) -> Option<(i64, u8)> {
-    kind_store(super::elf::code_at(file, address, size)?)
+    kind_store(crate::probe::elf::code_at(file, address, size)?)
 }
 
 /// The one `mov byte [reg+D], imm8` in `code`, as `(D, imm8)`.

@@ -12,11 +12,11 @@
 //! no pause), where a probe on `mProf_Malloc` and `freeSpecial` traps twice per sample
 //! (#43; docs/performance.md, "Figures quoted from the code").
 //!
-//! The sizes and places are read from the executable's DWARF ([`super::go_dwarf`]); a file
+//! The sizes and places are read from the executable's DWARF ([`super::dwarf`]); a file
 //! without them is probed instead. Pure: the file in, a [`Layout`]; a reading's bytes in,
 //! [`Header`] and [`Counts`] out.
 
-use super::go_dwarf::Types;
+use super::dwarf::Types;
 
 /// The DWARF structures [`layout`] asks about.
 pub(crate) const STRUCTURES: [&str; 3] = [
@@ -135,8 +135,8 @@ fn word(bytes: &[u8], at: usize) -> Option<u64> {
 
 /// Where `file`'s runtime keeps its memory profile, or why it cannot be read.
 pub(crate) fn layout(file: &object::File, types: &Types) -> Result<Layout, String> {
-    let (head, _) =
-        super::elf::symbol_in(file, &["runtime.mbuckets"]).ok_or("no runtime.mbuckets symbol")?;
+    let (head, _) = crate::probe::elf::symbol_in(file, &["runtime.mbuckets"])
+        .ok_or("no runtime.mbuckets symbol")?;
     let member = |structure: &str, name: &str| {
         types
             .member(structure, name)
