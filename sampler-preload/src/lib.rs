@@ -26,6 +26,7 @@
 
 mod cxx;
 mod early_records;
+mod exec;
 mod frames;
 mod next;
 mod objects;

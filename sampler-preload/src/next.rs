@@ -92,7 +92,7 @@ pub(crate) fn decide_opened() {
 
 /// Whether this code is linked into the program's executable (its own tests), which
 /// exports nothing: never opened into it.
-fn in_executable() -> bool {
+pub(crate) fn in_executable() -> bool {
     let base = |address: *const c_void| {
         // SAFETY: all-zero is a valid Dl_info.
         let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };

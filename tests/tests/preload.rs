@@ -216,15 +216,18 @@ fn a_commands_children_are_followed_in_process_by_default() {
 fn a_family_member_without_the_library_does_not_make_the_others_count_twice() {
     tests::require_bpf!();
     let _serial = one_at_a_time();
-    // `env -u LD_PRELOAD sleep 0.5` runs without the library, so glibc is probed file-wide for
-    // it (and for every process of the family from then on). The workload after it
-    // carries the library, which forwards each call to that glibc: its `allocscope:ready`
-    // told the kernel to leave its calls to it. Once, through pyenv's shims (a bash script
-    // whose child ran without the library), python3 counted every block pymalloc passed on
-    // to malloc twice.
+    // `sleep 0.5`, started by `raw_exec` with the execve system call itself (no C library
+    // wrapper to keep the library in its environment), runs without the library, so glibc
+    // is probed file-wide for it (and for every process of the family from then on). The
+    // workload after it carries the library, which forwards each call to that glibc: its
+    // `allocscope:ready` told the kernel to leave its calls to it. Once, through pyenv's
+    // shims (a bash script whose child ran without the library), python3 counted every
+    // block pymalloc passed on to malloc twice.
     let workload = fixture("workload", &[]);
+    let raw_exec = fixture("raw_exec", &[]);
     let script = format!(
-        "env -u LD_PRELOAD sleep 0.5 && {} {ROUNDS}",
+        "{} /bin/sleep 0.5 && {} {ROUNDS}",
+        raw_exec.display(),
         workload.display()
     );
     let recorded = Record::command("sh", &["-c", &script])
@@ -246,6 +249,56 @@ fn a_family_member_without_the_library_does_not_make_the_others_count_twice() {
     let process = named("workload");
     assert_eq!(process.front_end, "in-process", "{process:#?}");
     check_workload_profile(profile, process.pid, ROUNDS);
+}
+
+#[test]
+fn children_that_change_their_environment_keep_the_library() {
+    tests::require_bpf!();
+    let _serial = one_at_a_time();
+    // A shell that preloads its own allocator for a child, `env -i`, and Python's
+    // `os.posix_spawn` with an empty environment: each child would start without the
+    // library, to be probed late (its first allocations unseen, its allocator trapped
+    // file-wide). The library's exec family and posix_spawn keep it first in the child's
+    // LD_PRELOAD: each is counted in-process from its first call, exactly (jemalloc
+    // serving the first), and nothing is probed for it.
+    let workload = fixture("workload", &[]);
+    let w = workload.display();
+    let script = format!(
+        "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 {w} {ROUNDS} && \\
+         env -i {w} {ROUNDS} && \\
+         /usr/bin/python3 -c 'import os, sys; os.waitpid(os.posix_spawn(sys.argv[1], sys.argv[1:], {{}}), 0)' \\
+         {w} {ROUNDS}"
+    );
+    let recorded = Record::command("sh", &["-c", &script])
+        .flags(&["--interval", "64KiB", "--confidence", CONFIDENCE])
+        .run();
+    let Recorded {
+        profile, stderr, ..
+    } = &recorded;
+    let workloads: Vec<&ProcessProfile> = profile
+        .processes
+        .iter()
+        .filter(|p| p.command == "workload")
+        .collect();
+    assert_eq!(workloads.len(), 3, "{:#?}\n{stderr}", profile.processes);
+    // Beside the rounds: Debian's jemalloc links libstdc++, whose emergency exception pool
+    // (71 KiB) is allocated at its load; `env` set up its locale (~200 calls) in the
+    // process before it exec'd the workload. (Which process is which is not known by pid:
+    // pids wrap.)
+    for process in workloads {
+        assert_eq!(process.front_end, "in-process", "{process:#?}\n{stderr}");
+        assert!(
+            process
+                .allocators
+                .iter()
+                .all(|a| a.starts_with("in-process")),
+            "probed: {:?}",
+            process.allocators
+        );
+        tests::check_workload_profile_beside(profile, process.pid, ROUNDS, (400, 2 << 16));
+    }
+    assert!(!stderr.contains("file-wide"), "{stderr}");
+    assert!(!stderr.contains("after its"), "{stderr}");
 }
 
 /// Records `threads 1000 300` (1000 threads, 300 malloc(512) each) with `extra` flags and

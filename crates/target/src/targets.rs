@@ -178,9 +178,12 @@ impl AllocatorCache {
             .entry(file_id.clone())
             .or_insert_with(|| allocator::analyse_file(path, in_executable, path).map(Arc::new))
             .clone()?;
+        // Shown as the process's maps will show it (a command given by a relative path or
+        // through a link was noted late twice: once by each name).
+        let shown = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
         Some(Allocator {
             path: path.to_owned(),
-            shown: path.to_owned(),
+            shown,
             file_id,
             in_executable,
             file,

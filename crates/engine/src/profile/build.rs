@@ -631,6 +631,11 @@ fn modules_of(
         .collect()
 }
 
+/// Whether `allocator` (as described) is linked into its process's executable.
+fn in_executable(allocator: &str) -> bool {
+    allocator.contains(" (static, in ")
+}
+
 /// A process's front end, from the allocators probed in it.
 fn front_end_of(allocators: &[String]) -> String {
     use crate::probe::go;
@@ -652,7 +657,16 @@ fn front_end_of(allocators: &[String]) -> String {
     // cleared environment, its own LD_PRELOAD), counted by uprobes from then on.
     let probed = ["glibc (", "jemalloc (", "tcmalloc (", "mimalloc ("]
         .iter()
-        .any(|family| allocators.iter().any(|a| a.starts_with(family)));
+        .any(|family| {
+            allocators
+                .iter()
+                .any(|a| a.starts_with(family) && !in_executable(a))
+        });
+    // An allocator linked into its executable (no preloaded library interposes it;
+    // CPython's pymalloc aside, which the library wraps): probed beside the library.
+    let linked_in = allocators
+        .iter()
+        .any(|a| in_executable(a) && !a.starts_with("pymalloc "));
     // Another producer first: allocscope's library, inherited from before an exec, stays
     // dormant in a process where another producer reports the allocations.
     if let Some(provider) = producer {
@@ -663,6 +677,8 @@ fn front_end_of(allocators: &[String]) -> String {
     {
         if probed {
             crate::schema::IN_PROCESS_THEN_UPROBES.into()
+        } else if linked_in {
+            crate::schema::IN_PROCESS_AND_UPROBES.into()
         } else {
             "in-process".into()
         }
@@ -879,11 +895,21 @@ pub(super) mod tests {
             "glibc (/usr/lib/x86_64-linux-gnu/libc.so.6)".to_owned(),
         ];
         assert_eq!(front_end_of(&both), crate::schema::IN_PROCESS_THEN_UPROBES);
-        let own = [
+        // An allocator linked into the executable: probed beside the library, not after an
+        // exec (a Rust program's jemalloc was said to have exec'd without the library).
+        for own in [
+            "malloc (static, in /usr/bin/x)",
+            "jemalloc (static, in /usr/bin/x)",
+        ] {
+            let own = [library.to_owned(), own.to_owned()];
+            assert_eq!(front_end_of(&own), crate::schema::IN_PROCESS_AND_UPROBES);
+        }
+        // CPython's pymalloc linked in is wrapped by the library.
+        let python = [
             library.to_owned(),
-            "malloc (static, in /usr/bin/x)".to_owned(),
+            "pymalloc (static, in /usr/bin/python3.11)".to_owned(),
         ];
-        assert_eq!(front_end_of(&own), "in-process");
+        assert_eq!(front_end_of(&python), "in-process");
         assert_eq!(front_end_of(&both[1..]), "uprobes");
         // A producer exec'd by a process that carried the library (dormant beside it).
         let producer = [

@@ -36,6 +36,11 @@ pub const LOST_FRAME: &str = "[samples lost: ring buffer full]";
 /// library, and by uprobes from then on.
 pub const IN_PROCESS_THEN_UPROBES: &str = "in-process, then uprobes";
 
+/// The front end of a process counted in-process (the malloc family, through the library)
+/// and by uprobes at the same time: an allocator linked into its executable (jemalloc in a
+/// Rust program, its own `malloc`), which no preloaded library can interpose.
+pub const IN_PROCESS_AND_UPROBES: &str = "in-process + uprobes";
+
 /// Sampling parameters, as exported.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Sampling {

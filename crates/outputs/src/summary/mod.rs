@@ -368,6 +368,9 @@ fn exact_counts(process: &ProcessProfile) -> String {
                 crate::schema::IN_PROCESS_THEN_UPROBES => {
                     " (counted in-process, then by uprobes: it exec'd a program without the library)".into()
                 }
+                crate::schema::IN_PROCESS_AND_UPROBES => {
+                    " (counted in-process, and by uprobes at the allocator linked into its executable)".into()
+                }
                 // `-p`: the in-process sampler could not be loaded, said why.
                 other if other.starts_with("uprobes (") => format!(" (counted by {other})"),
                 _ => String::new(),

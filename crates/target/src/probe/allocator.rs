@@ -230,6 +230,9 @@ pub fn classify(name: &str) -> Option<Role> {
     if name.starts_with("_Znwm") || name.starts_with("_Znam") {
         return Some(Role::Alloc(AllocFn::New));
     }
+    if let Some(role) = name.strip_prefix("mi_").and_then(mimalloc_aligned) {
+        return Some(role);
+    }
     if let Some(base) = name
         .strip_prefix("tc_")
         .or_else(|| name.strip_prefix("mi_"))
@@ -245,6 +248,18 @@ pub fn classify(name: &str) -> Option<Role> {
     ["", "je_", "_rjem_", "tc_", "mi_"]
         .iter()
         .find_map(|prefix| classify_base(name.strip_prefix(prefix)?))
+}
+
+/// mimalloc's aligned entry points, which Rust's `mimalloc::MiMalloc` calls for every
+/// allocation (`mi_malloc_aligned(size, align)`: the size first, as `operator new`'s).
+fn mimalloc_aligned(base: &str) -> Option<Role> {
+    let alloc = |f| Some(Role::Alloc(f));
+    match base.strip_suffix("_at").unwrap_or(base) {
+        "malloc_aligned" | "zalloc_aligned" => alloc(AllocFn::New),
+        "calloc_aligned" => alloc(AllocFn::Calloc),
+        "realloc_aligned" | "rezalloc" | "rezalloc_aligned" => alloc(AllocFn::Realloc),
+        _ => None,
+    }
 }
 
 /// CPython's object allocator (pymalloc), exported by libpython or a static python binary:
@@ -338,12 +353,27 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
     let file = object::File::parse(elf).ok()?;
     let (mut entries, names) = entry_symbols(&file, full_symbols);
     let defines_malloc = entries.iter().any(|e| match e.role {
-        Role::Alloc(function) => function == AllocFn::Malloc || e.name.ends_with("mallocx"),
+        Role::Alloc(function) => {
+            function == AllocFn::Malloc
+                || e.name.ends_with("mallocx")
+                // Linked in and garbage-collected by the linker, mimalloc may keep only
+                // the aligned entry points a Rust program calls.
+                || e.name.starts_with("mi_malloc_aligned")
+        }
         Role::Free => false,
     });
     let defines_pymalloc = entries.iter().any(|e| e.name == "PyObject_Malloc");
     if !defines_malloc && !defines_pymalloc {
         return None;
+    }
+    // mimalloc's aligned entry points are probed only where it does not define the C
+    // names too: libmimalloc's `aligned_alloc` reaches `mi_malloc_aligned` by a tail call,
+    // and each of its calls counted twice.
+    if entries.iter().any(|e| e.name == "malloc") {
+        entries.retain(|e| {
+            let base = e.name.strip_prefix("mi_");
+            base.and_then(mimalloc_aligned).is_none()
+        });
     }
     drop_forwarders(&file, &mut entries);
     let (functions, frees) = probed_functions(&file, entries);
@@ -562,7 +592,7 @@ impl AllocatorKind {
             AllocatorKind::Jemalloc
         } else if has("tc_malloc") {
             AllocatorKind::Tcmalloc
-        } else if has("mi_malloc") {
+        } else if has("mi_malloc") || has("mi_malloc_aligned") {
             AllocatorKind::Mimalloc
         } else if is_libc(file_name) || has("__libc_malloc") {
             AllocatorKind::Glibc
@@ -766,7 +796,12 @@ mod tests {
         assert_eq!(classify("malloc_usable_size"), None);
         assert_eq!(classify("tc_malloc_stats"), None);
         assert_eq!(classify("mi_malloc_size"), None);
-        assert_eq!(classify("mi_malloc_aligned"), None);
+        assert_eq!(classify("mi_malloc_aligned"), alloc(AllocFn::New));
+        assert_eq!(classify("mi_zalloc_aligned_at"), alloc(AllocFn::New));
+        assert_eq!(classify("mi_calloc_aligned"), alloc(AllocFn::Calloc));
+        assert_eq!(classify("mi_realloc_aligned"), alloc(AllocFn::Realloc));
+        assert_eq!(classify("mi_malloc_aligned_size"), None);
+        assert_eq!(classify("je_malloc_aligned"), None);
         assert_eq!(classify("xallocx"), None);
         // glibc functions that merely start like C++'s.
         assert_eq!(classify("newlocale"), None);
