@@ -15,6 +15,7 @@
 //! out) and cached by the caller per file identity, so a host with a thousand processes
 //! parses its libc once.
 
+use super::entry_names::{classify, is_small_objects, mimalloc_aligned};
 use std::{
     collections::{HashMap, HashSet},
     path::{Path, PathBuf},
@@ -32,14 +33,7 @@ use super::{
     usdt,
 };
 
-/// What a probed entry point does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    /// Allocates, with the arguments laid out like this function.
-    Alloc(AllocFn),
-    /// Frees the pointer in its first argument.
-    Free,
-}
+pub use super::entry_names::Role;
 
 /// A probed entry point as the file defines it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -217,86 +211,6 @@ pub enum AllocatorError {
     NoAllocator,
 }
 
-/// The allocation role of a symbol name, if it is an entry point we probe. Pure.
-pub fn classify(name: &str) -> Option<Role> {
-    // Versioned names (malloc@@GLIBC_2.2.5) appear in some tables.
-    let name = name.split('@').next().unwrap_or(name);
-    if let Some(role) = python_role(name) {
-        return Some(role);
-    }
-    if name.starts_with("_ZdlPv") || name.starts_with("_ZdaPv") {
-        return Some(Role::Free);
-    }
-    if name.starts_with("_Znwm") || name.starts_with("_Znam") {
-        return Some(Role::Alloc(AllocFn::New));
-    }
-    if let Some(role) = name.strip_prefix("mi_").and_then(mimalloc_aligned) {
-        return Some(role);
-    }
-    if let Some(base) = name
-        .strip_prefix("tc_")
-        .or_else(|| name.strip_prefix("mi_"))
-    {
-        // tcmalloc's and mimalloc's own names for operator new and delete.
-        if base.starts_with("new") {
-            return Some(Role::Alloc(AllocFn::New));
-        }
-        if base.starts_with("delete") {
-            return Some(Role::Free);
-        }
-    }
-    ["", "je_", "_rjem_", "tc_", "mi_"]
-        .iter()
-        .find_map(|prefix| classify_base(name.strip_prefix(prefix)?))
-}
-
-/// mimalloc's aligned entry points, which Rust's `mimalloc::MiMalloc` calls for every
-/// allocation (`mi_malloc_aligned(size, align)`: the size first, as `operator new`'s).
-fn mimalloc_aligned(base: &str) -> Option<Role> {
-    let alloc = |f| Some(Role::Alloc(f));
-    match base.strip_suffix("_at").unwrap_or(base) {
-        "malloc_aligned" | "zalloc_aligned" => alloc(AllocFn::New),
-        "calloc_aligned" => alloc(AllocFn::Calloc),
-        "realloc_aligned" | "rezalloc" | "rezalloc_aligned" => alloc(AllocFn::Realloc),
-        _ => None,
-    }
-}
-
-/// CPython's object allocator (pymalloc), exported by libpython or a static python binary:
-/// small objects never reach malloc.
-fn python_role(name: &str) -> Option<Role> {
-    match name {
-        "PyObject_Malloc" => Some(Role::Alloc(AllocFn::New)),
-        "PyObject_Calloc" => Some(Role::Alloc(AllocFn::Calloc)),
-        "PyObject_Realloc" => Some(Role::Alloc(AllocFn::Realloc)),
-        "PyObject_Free" => Some(Role::Free),
-        _ => None,
-    }
-}
-
-/// Whether `name` is an entry of a small-object allocator layered over malloc.
-fn is_small_objects(name: &str) -> bool {
-    python_role(name).is_some()
-}
-
-fn classify_base(base: &str) -> Option<Role> {
-    let alloc = |f| Some(Role::Alloc(f));
-    match base {
-        "malloc" => alloc(AllocFn::Malloc),
-        "calloc" => alloc(AllocFn::Calloc),
-        "realloc" | "rallocx" => alloc(AllocFn::Realloc),
-        "posix_memalign" => alloc(AllocFn::PosixMemalign),
-        "aligned_alloc" => alloc(AllocFn::AlignedAlloc),
-        "memalign" => alloc(AllocFn::Memalign),
-        "valloc" => alloc(AllocFn::Valloc),
-        "pvalloc" => alloc(AllocFn::Pvalloc),
-        "mallocx" | "zalloc" => alloc(AllocFn::New),
-        "free" | "cfree" | "sdallocx" | "dallocx" | "free_size" | "free_aligned"
-        | "free_size_aligned" | "free_sized" => Some(Role::Free),
-        _ => None,
-    }
-}
-
 /// Analyses an ELF file: its allocation and free entry points, or `None` if it defines no
 /// malloc (not an allocator). `full_symbols` also reads the static symbol table (the
 /// executable, where a statically linked allocator's symbols are local). Pure.
@@ -351,7 +265,23 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
         None => {}
     }
     let file = object::File::parse(elf).ok()?;
-    let (mut entries, names) = entry_symbols(&file, full_symbols);
+    let (entries, names) = entry_symbols(&file, full_symbols);
+    let mut entries = allocator_entries(entries)?;
+    drop_forwarders(&file, &mut entries);
+    let (functions, frees) = probed_functions(&file, entries);
+    Some(AllocatorFile {
+        kind: AllocatorKind::of(&names, file_name),
+        functions,
+        frees,
+        front_end: None,
+        producer: None,
+        go: None,
+    })
+}
+
+/// `entries` if they are an allocator's (a malloc, or CPython's object allocator), those
+/// probed kept; `None` if they are not.
+fn allocator_entries(mut entries: Vec<EntrySymbol>) -> Option<Vec<EntrySymbol>> {
     let defines_malloc = entries.iter().any(|e| match e.role {
         Role::Alloc(function) => {
             function == AllocFn::Malloc
@@ -375,16 +305,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
             base.and_then(mimalloc_aligned).is_none()
         });
     }
-    drop_forwarders(&file, &mut entries);
-    let (functions, frees) = probed_functions(&file, entries);
-    Some(AllocatorFile {
-        kind: AllocatorKind::of(&names, file_name),
-        functions,
-        frees,
-        front_end: None,
-        producer: None,
-        go: None,
-    })
+    Some(entries)
 }
 
 /// The allocation and free entry points `file` defines (its dynamic symbols, and with
@@ -770,42 +691,6 @@ mod tests {
         assert!(is_libc("libc-2.31.so"));
         assert!(!is_libc("libcap.so.2"));
         assert!(!is_libc("libcrypt.so.1"));
-    }
-
-    #[test]
-    fn classifies_entry_points_of_every_family() {
-        let alloc = |f| Some(Role::Alloc(f));
-        assert_eq!(classify("malloc@@GLIBC_2.2.5"), alloc(AllocFn::Malloc));
-        assert_eq!(classify("je_malloc"), alloc(AllocFn::Malloc));
-        assert_eq!(classify("_rjem_mallocx"), alloc(AllocFn::New));
-        assert_eq!(classify("_rjem_sdallocx"), Some(Role::Free));
-        assert_eq!(classify("PyObject_Malloc"), alloc(AllocFn::New));
-        assert_eq!(classify("PyObject_Calloc"), alloc(AllocFn::Calloc));
-        assert_eq!(classify("PyObject_Realloc"), alloc(AllocFn::Realloc));
-        assert_eq!(classify("PyObject_Free"), Some(Role::Free));
-        assert_eq!(classify("PyMem_RawMalloc"), None);
-        assert_eq!(classify("rallocx"), alloc(AllocFn::Realloc));
-        assert_eq!(classify("dallocx"), Some(Role::Free));
-        assert_eq!(classify("tc_newarray_nothrow"), alloc(AllocFn::New));
-        assert_eq!(classify("tc_delete_sized"), Some(Role::Free));
-        assert_eq!(classify("mi_zalloc"), alloc(AllocFn::New));
-        assert_eq!(classify("mi_calloc"), alloc(AllocFn::Calloc));
-        assert_eq!(classify("mi_free"), Some(Role::Free));
-        assert_eq!(classify("_ZnamSt11align_val_t"), alloc(AllocFn::New));
-        assert_eq!(classify("_ZdlPvm"), Some(Role::Free));
-        assert_eq!(classify("malloc_usable_size"), None);
-        assert_eq!(classify("tc_malloc_stats"), None);
-        assert_eq!(classify("mi_malloc_size"), None);
-        assert_eq!(classify("mi_malloc_aligned"), alloc(AllocFn::New));
-        assert_eq!(classify("mi_zalloc_aligned_at"), alloc(AllocFn::New));
-        assert_eq!(classify("mi_calloc_aligned"), alloc(AllocFn::Calloc));
-        assert_eq!(classify("mi_realloc_aligned"), alloc(AllocFn::Realloc));
-        assert_eq!(classify("mi_malloc_aligned_size"), None);
-        assert_eq!(classify("je_malloc_aligned"), None);
-        assert_eq!(classify("xallocx"), None);
-        // glibc functions that merely start like C++'s.
-        assert_eq!(classify("newlocale"), None);
-        assert_eq!(classify("delete_module"), None);
     }
 
     #[test]

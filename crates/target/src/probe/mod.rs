@@ -13,6 +13,7 @@ pub(crate) mod btf;
 #[cfg(test)]
 mod contract;
 pub(crate) mod elf;
+pub mod entry_names;
 pub mod go;
 pub mod prologue;
 pub mod runs;
