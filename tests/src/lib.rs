@@ -666,6 +666,13 @@ pub fn check_workload_profile_beside(
         total.lower <= exact_bytes as f64 && exact_bytes as f64 <= total.upper,
         "sum of estimates {total:?} does not bound the exact {exact_bytes} bytes"
     );
+    // Every allocation counted: nothing said of memory the counts do not explain.
+    let uncounted = allocscope_model::schema::UNCOUNTED_MEMORY;
+    assert!(
+        !process.incomplete.iter().any(|why| why.contains(uncounted)),
+        "{:?}",
+        process.incomplete
+    );
     assert_eq!(profile.losses.ringbuf_full, 0);
     assert_eq!(profile.losses.stack_missing, 0);
 }

@@ -116,6 +116,35 @@ fn rust_programs_with_their_allocator_linked_in_are_seen_and_labelled_as_they_ar
 }
 
 #[test]
+fn memory_from_an_allocator_allocscope_does_not_know_is_said_not_too_little() {
+    tests::require_bpf!();
+    // 128 MiB from a function of the program's own over mmap, one malloc counted: before,
+    // "no samples: too little was allocated for this interval". Its anonymous memory grew
+    // far beyond what its counted calls asked for, which is said, with the function that
+    // looks like its allocator.
+    let program = fixture("own_arena", &[]);
+    let recorded = Record::command(&program, &["128"]).run();
+    let process = recorded
+        .profile
+        .processes
+        .iter()
+        .find(|p| p.command == "own_arena")
+        .unwrap_or_else(|| panic!("{:#?}", recorded.profile.processes));
+    let said = process
+        .incomplete
+        .iter()
+        .find(|why| why.contains(allocscope_model::schema::UNCOUNTED_MEMORY))
+        .unwrap_or_else(|| panic!("{:?}\n{}", process.incomplete, recorded.stderr));
+    assert!(said.contains("arena_alloc"), "{said}");
+    assert!(
+        !recorded.stderr.contains("too little was allocated")
+            && recorded.stderr.contains("does not count"),
+        "{}",
+        recorded.stderr
+    );
+}
+
+#[test]
 fn a_programs_own_malloc_wrapping_glibcs_is_counted_once() {
     tests::require_bpf!();
     const WRAPPED_ROUNDS: u64 = 50_000;

@@ -14,9 +14,8 @@ use super::{
     StackTally, Tally,
 };
 use crate::schema::{
-    uprobes, Coverage, DutyRecord, ExactCounts, LeakValues, Module, PeakValues, PeriodValues,
-    ProbePoint, ProcessProfile, Profile, Sampling, SiteProfile, StackProfile, ThrottleRecord,
-    GROUPED_ABOVE, SCHEMA,
+    Coverage, DutyRecord, LeakValues, Module, PeakValues, PeriodValues, ProbePoint, ProcessProfile,
+    Profile, Sampling, SiteProfile, StackProfile, ThrottleRecord, GROUPED_ABOVE, SCHEMA,
 };
 use crate::{
     collect::Losses,
@@ -314,9 +313,13 @@ impl Context<'_> {
             alloc.objects = Estimate { samples, ..objects };
         }
         let allocators: Vec<String> = known.map(|p| p.allocators.clone()).unwrap_or_default();
-        let (incomplete, unsampled) =
-            super::incomplete::incomplete_of(known, &allocators, set.samples());
-        let (exact, exact_source) = exact_of(known, exact);
+        let super::measured::Measured {
+            front_end,
+            incomplete,
+            exact,
+            exact_source,
+            unsampled,
+        } = super::measured::measured(known, &allocators, set.samples(), exact, coverage.as_ref());
         if unsampled {
             // Its sampler was off for some or all of its time: no upper bound.
             for estimates in std::iter::once(&mut alloc).chain(inuse.as_mut()) {
@@ -329,13 +332,7 @@ impl Context<'_> {
             command: known.map(|p| p.command.clone()).unwrap_or_default(),
             executable: known.map(|p| p.executable.clone()).unwrap_or_default(),
             cgroup: known.and_then(|p| p.cgroup.clone()),
-            front_end: match (
-                front_end_of(&allocators),
-                known.and_then(|p| p.not_loaded.as_ref()),
-            ) {
-                (front_end, Some(why)) if front_end == uprobes() => format!("{front_end} ({why})"),
-                (front_end, _) => front_end,
-            },
+            front_end,
             incomplete,
             allocators,
             exact,
@@ -369,31 +366,6 @@ impl Context<'_> {
                 .as_ref()
                 .and_then(|t| t.values(&totals.ids, self.settings.confidence)),
         }
-    }
-}
-
-/// A process's exact counts and where they come from: a Go runtime's own totals where they
-/// were read (its allocations are not calls our probes counted; a cgo program's malloc
-/// calls are, added), our counters' otherwise.
-fn exact_of(
-    known: Option<&super::tally::ProcessTally>,
-    exact: ProcessCounters,
-) -> (ExactCounts, Option<String>) {
-    let counted = ExactCounts {
-        calls: exact.calls,
-        bytes: exact.bytes,
-    };
-    match known.and_then(|p| p.go_totals.as_ref()) {
-        // A cgo program's malloc calls, counted by us, beside its Go heap.
-        Some((totals, source)) if exact.calls > 0 => (
-            ExactCounts {
-                calls: totals.calls + counted.calls,
-                bytes: totals.bytes + counted.bytes,
-            },
-            Some(format!("{source}, and its malloc calls counted")),
-        ),
-        Some((totals, source)) => (*totals, Some(source.clone())),
-        None => (counted, None),
     }
 }
 
@@ -631,62 +603,6 @@ fn modules_of(
         .collect()
 }
 
-/// Whether `allocator` (as described) is linked into its process's executable.
-fn in_executable(allocator: &str) -> bool {
-    allocator.contains(" (static, in ")
-}
-
-/// A process's front end, from the allocators probed in it.
-fn front_end_of(allocators: &[String]) -> String {
-    use crate::probe::go;
-    if allocators.iter().any(|a| go::describes(a)) {
-        // cgo's malloc, where it is probed, is counted beside the runtime's samples.
-        let malloc = allocators.iter().any(|a| !go::describes(a));
-        return if malloc {
-            format!("{} + malloc", crate::probe::go::PROVIDER)
-        } else {
-            crate::probe::go::PROVIDER.to_owned()
-        };
-    }
-    let producer = crate::probe::usdt::PRODUCER_PROVIDERS.iter().find(|p| {
-        allocators
-            .iter()
-            .any(|a| a.starts_with(&format!("{p} probes")))
-    });
-    // A library allocator probed in it too: it exec'd a program without the library (a
-    // cleared environment, its own LD_PRELOAD), counted by uprobes from then on.
-    let probed = ["glibc (", "jemalloc (", "tcmalloc (", "mimalloc ("]
-        .iter()
-        .any(|family| {
-            allocators
-                .iter()
-                .any(|a| a.starts_with(family) && !in_executable(a))
-        });
-    // An allocator linked into its executable (no preloaded library interposes it;
-    // CPython's pymalloc aside, which the library wraps): probed beside the library.
-    let linked_in = allocators
-        .iter()
-        .any(|a| in_executable(a) && !a.starts_with("pymalloc "));
-    // Another producer first: allocscope's library, inherited from before an exec, stays
-    // dormant in a process where another producer reports the allocations.
-    if let Some(provider) = producer {
-        format!("in-process ({provider})")
-    } else if allocators
-        .iter()
-        .any(|a| crate::probe::allocator::describes_in_process(a))
-    {
-        if probed {
-            crate::schema::IN_PROCESS_THEN_UPROBES.into()
-        } else if linked_in {
-            crate::schema::IN_PROCESS_AND_UPROBES.into()
-        } else {
-            "in-process".into()
-        }
-    } else {
-        uprobes()
-    }
-}
-
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -741,6 +657,7 @@ pub(super) mod tests {
             command: "app".into(),
             executable: "/usr/bin/app".into(),
             rss_bytes: Some(1 << 20),
+            anon_first_and_peak: None,
             cpu_seconds: Some(0.5),
             untracked_samples: 0,
             lost_samples: 0,
@@ -883,40 +800,6 @@ pub(super) mod tests {
         assert!(profile.stacks[0].inuse_bytes.is_none());
         assert!(profile.processes[0].inuse_bytes.is_none());
         assert_eq!(profile.leaks_older_than_seconds, None);
-    }
-
-    #[test]
-    fn a_process_that_left_the_library_by_an_exec_is_said_to() {
-        let library =
-            "in-process (allocscope preload) (/run/allocscope/rec-1-0/libsampler_preload.so)";
-        assert_eq!(front_end_of(&[library.to_owned()]), "in-process");
-        let both = [
-            library.to_owned(),
-            "glibc (/usr/lib/x86_64-linux-gnu/libc.so.6)".to_owned(),
-        ];
-        assert_eq!(front_end_of(&both), crate::schema::IN_PROCESS_THEN_UPROBES);
-        // An allocator linked into the executable: probed beside the library, not after an
-        // exec (a Rust program's jemalloc was said to have exec'd without the library).
-        for own in [
-            "malloc (static, in /usr/bin/x)",
-            "jemalloc (static, in /usr/bin/x)",
-        ] {
-            let own = [library.to_owned(), own.to_owned()];
-            assert_eq!(front_end_of(&own), crate::schema::IN_PROCESS_AND_UPROBES);
-        }
-        // CPython's pymalloc linked in is wrapped by the library.
-        let python = [
-            library.to_owned(),
-            "pymalloc (static, in /usr/bin/python3.11)".to_owned(),
-        ];
-        assert_eq!(front_end_of(&python), "in-process");
-        assert_eq!(front_end_of(&both[1..]), "uprobes");
-        // A producer exec'd by a process that carried the library (dormant beside it).
-        let producer = [
-            library.to_owned(),
-            "otel_memory probes (/usr/bin/producer)".to_owned(),
-        ];
-        assert_eq!(front_end_of(&producer), "in-process (otel_memory)");
     }
 
     /// Above [`GROUPED_ABOVE`] processes, a command's processes' alike stacks are taken

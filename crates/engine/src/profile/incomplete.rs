@@ -28,6 +28,41 @@ pub(super) fn incomplete_of(
     (incomplete, unsampled_said)
 }
 
+/// The least growth of a process's anonymous memory that is worth a word when its counted
+/// calls do not account for it (below, a few arenas and thread stacks).
+const UNCOUNTED_AT_LEAST: u64 = 32 << 20;
+
+/// Said of a process whose anonymous memory grew by `anon_growth` bytes, more than twice
+/// what its counted calls allocated (`counted_bytes`): it allocates through something
+/// allocscope does not count (a mimalloc program once showed "0 samples … too little was
+/// allocated" for 1.1 GB). `candidates`: functions of its executable that look like an
+/// allocator.
+pub(super) fn uncounted_memory(
+    anon_growth: u64,
+    counted_bytes: u64,
+    candidates: &[String],
+) -> Option<String> {
+    if anon_growth < UNCOUNTED_AT_LEAST || anon_growth <= counted_bytes.saturating_mul(2) {
+        return None;
+    }
+    let named = if candidates.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; in its executable, functions that look like one: {}",
+            candidates.join(", ")
+        )
+    };
+    Some(format!(
+        "its anonymous memory grew by {} while the allocation calls counted asked for {}: it \
+         {} (an allocator it does not know, a runtime's own heap, its own mmap){named}; \
+         the numbers shown cover the calls counted only",
+        crate::format::bytes(anon_growth as f64),
+        crate::format::bytes(counted_bytes as f64),
+        crate::schema::UNCOUNTED_MEMORY,
+    ))
+}
+
 /// What the probes are known to miss in a process, from the allocators probed in it: with
 /// uprobes, CPython's pymalloc linked into the executable (a statically linked, LTO-built
 /// interpreter such as Debian's python3) is reached by the interpreter's own calls without
@@ -95,6 +130,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn memory_the_counted_calls_do_not_explain_is_said() {
+        let mib = 1u64 << 20;
+        // A program whose allocator is not known: 1.1 GB of arenas, 2 KiB counted.
+        let said = uncounted_memory(1100 * mib, 2048, &["arena_alloc".to_owned()]).unwrap();
+        assert!(said.contains("1.1 GiB") || said.contains("1100"), "{said}");
+        assert!(
+            said.contains("arena_alloc") && said.contains("does not count"),
+            "{said}"
+        );
+        // Counted calls that explain the growth, or too little growth to matter: nothing.
+        assert_eq!(uncounted_memory(100 * mib, 60 * mib, &[]), None);
+        assert_eq!(uncounted_memory(31 * mib, 0, &[]), None);
+        assert!(
+            uncounted_memory(100 * mib, 40 * mib, &[]).is_some_and(|s| !s.contains("look like"))
+        );
+    }
+
+    #[test]
     fn pymalloc_in_the_executable_makes_a_uprobe_count_incomplete() {
         let debian = [
             "pymalloc (static, in /usr/bin/python3.11)".to_owned(),
@@ -133,6 +186,7 @@ mod tests {
             command: "app".into(),
             executable: "/usr/bin/app".into(),
             rss_bytes: None,
+            anon_first_and_peak: None,
             cpu_seconds: None,
             untracked_samples: 0,
             lost_samples: 0,

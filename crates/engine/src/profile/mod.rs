@@ -9,6 +9,7 @@ mod command_stacks;
 mod groups;
 mod incomplete;
 mod insight;
+mod measured;
 mod parallel;
 mod period;
 mod processes;

@@ -23,8 +23,8 @@ pub struct ProcessBook {
     cgroups: BTreeMap<u32, String>,
     /// Its allocator files, each as first described to users.
     allocators: BTreeMap<u32, Vec<(FileId, String)>>,
-    /// The last resident set size read (kept after the process exits).
-    rss: BTreeMap<u32, u64>,
+    /// What of it was resident (kept after the process exits).
+    resident: BTreeMap<u32, ResidentSeen>,
     /// Its CPU time (ns) when first and last read.
     cpu: BTreeMap<u32, (u64, u64)>,
     /// Why the in-process sampler was not loaded into it (`-p`: probed with uprobes).
@@ -187,6 +187,38 @@ pub struct ProcessSamples {
     pub duty: Option<DutyPair>,
 }
 
+/// What of a process was seen resident (every 250 ms while it runs): the last reading, and
+/// its anonymous memory when first read (its program's start, or the recording's) and at
+/// most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ResidentSeen {
+    rss: u64,
+    anon_first: u64,
+    anon_peak: u64,
+}
+
+impl ResidentSeen {
+    /// Reads what of `pid` is resident into `seen` (`fresh`: counted from now, its program
+    /// new); whether it is alive.
+    fn note(seen: &mut BTreeMap<u32, ResidentSeen>, pid: u32, fresh: bool) -> bool {
+        let Some(now) = crate::sys::process::resident_of(pid) else {
+            return false;
+        };
+        let first = ResidentSeen {
+            rss: now.rss,
+            anon_first: now.anon,
+            anon_peak: now.anon,
+        };
+        let seen = seen.entry(pid).or_insert(first);
+        if fresh {
+            *seen = first;
+        }
+        seen.rss = now.rss;
+        seen.anon_peak = seen.anon_peak.max(now.anon);
+        true
+    }
+}
+
 impl ProcessBook {
     /// Forgets `pid` (gone, its last period sent: the agent).
     pub fn forget(&mut self, pid: u32) {
@@ -196,7 +228,7 @@ impl ProcessBook {
         self.executables.remove(&pid);
         self.cgroups.remove(&pid);
         self.allocators.remove(&pid);
-        self.rss.remove(&pid);
+        self.resident.remove(&pid);
         self.go_rates.remove(&pid);
         self.go_totals.remove(&pid);
         self.cpu.remove(&pid);
@@ -249,9 +281,8 @@ impl ProcessBook {
         if let Some(exe) = crate::sys::process::executable_of(pid) {
             self.executables.insert(pid, exe.display().to_string());
         }
-        if let Some(bytes) = crate::sys::process::rss_of(pid) {
-            self.rss.insert(pid, bytes);
-        }
+        // A new program (or a new process): its anonymous memory is counted from now.
+        ResidentSeen::note(&mut self.resident, pid, true);
         self.note_cpu(pid);
     }
 
@@ -388,7 +419,7 @@ impl ProcessBook {
         known.extend(self.executables.keys());
         known.extend(self.cgroups.keys());
         known.extend(self.allocators.keys());
-        known.extend(self.rss.keys());
+        known.extend(self.resident.keys());
         known.extend(self.cpu.keys());
         known.extend(self.not_loaded.keys());
         known.extend(self.incomplete.keys());
@@ -419,8 +450,7 @@ impl ProcessBook {
             if let Some((at, rate)) = self.go_rates.get_mut(&pid) {
                 *rate = crate::sys::memory::word_of(pid, *at).or(*rate);
             }
-            if let Some(bytes) = crate::sys::process::rss_of(pid) {
-                self.rss.insert(pid, bytes);
+            if ResidentSeen::note(&mut self.resident, pid, false) {
                 if let Some(now) = crate::sys::process::comm_of(pid) {
                     *command = now;
                     self.inherited.remove(&pid);
@@ -570,7 +600,11 @@ impl ProcessBook {
                     pid,
                     command: command.clone(),
                     executable: self.executables.get(&pid).cloned().unwrap_or_default(),
-                    rss_bytes: self.rss.get(&pid).copied(),
+                    rss_bytes: self.resident.get(&pid).map(|r| r.rss),
+                    anon_first_and_peak: self
+                        .resident
+                        .get(&pid)
+                        .map(|r| (r.anon_first, r.anon_peak)),
                     cpu_seconds: self
                         .cpu
                         .get(&pid)

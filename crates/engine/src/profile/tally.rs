@@ -64,6 +64,9 @@ pub struct ProcessTally {
     pub executable: String,
     /// Resident set size last read.
     pub rss_bytes: Option<u64>,
+    /// Its anonymous memory when first read (at its start, its fork or exec, or when the
+    /// recording found it) and the most read since, in bytes.
+    pub anon_first_and_peak: Option<(u64, u64)>,
     /// CPU seconds it used from when it was first to when it was last seen (every 250 ms
     /// while it runs), probes included.
     pub cpu_seconds: Option<f64>,

@@ -36,6 +36,10 @@ pub const LOST_FRAME: &str = "[samples lost: ring buffer full]";
 /// library, and by uprobes from then on.
 pub const IN_PROCESS_THEN_UPROBES: &str = "in-process, then uprobes";
 
+/// The words of a process's `incomplete` note that says its memory grew by more than its
+/// counted calls asked for (it allocates through something allocscope does not count).
+pub const UNCOUNTED_MEMORY: &str = "allocates through something allocscope does not count";
+
 /// The front end of a process counted in-process (the malloc family, through the library)
 /// and by uprobes at the same time: an allocator linked into its executable (jemalloc in a
 /// Rust program, its own `malloc`), which no preloaded library can interpose.

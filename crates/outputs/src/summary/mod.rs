@@ -211,9 +211,21 @@ fn describe_stack_ends(stacks: &[StackProfile]) -> Option<String> {
 pub fn render(profile: &Profile, top: usize, each: bool) -> String {
     let mut out = preamble(profile, each);
     if profile.stacks.is_empty() {
+        // Too little counted is not too little allocated where memory grew uncounted.
+        let uncounted = profile
+            .processes
+            .iter()
+            .flat_map(|p| &p.incomplete)
+            .any(|why| why.contains(crate::schema::UNCOUNTED_MEMORY));
         let _ = writeln!(
             out,
-            "  no samples: too little was allocated for this interval"
+            "{}",
+            if uncounted {
+                "  no samples: too little was counted for this interval (memory grew that \
+                 was not: see `incomplete` above)"
+            } else {
+                "  no samples: too little was allocated for this interval"
+            }
         );
         return out;
     }

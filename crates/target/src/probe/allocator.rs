@@ -615,6 +615,30 @@ pub fn analyse_file(path: &Path, full_symbols: bool, shown: &Path) -> Option<All
     analyse(&data, full_symbols, name)
 }
 
+/// The functions of the file at `path` that look like an allocator's and are not probed
+/// ([`super::entry_names::looks_like_an_allocator`]), at most `most`, by name.
+pub fn allocator_like_functions(path: &Path, most: usize) -> Vec<String> {
+    let Some(data) = std::fs::File::open(path)
+        .ok()
+        // SAFETY: as in [`analyse_file`].
+        .and_then(|file| unsafe { memmap2::Mmap::map(&file) }.ok())
+    else {
+        return Vec::new();
+    };
+    let Ok(file) = object::File::parse(&*data) else {
+        return Vec::new();
+    };
+    let (_, names) = entry_symbols(&file, true);
+    let mut found: Vec<String> = names
+        .into_iter()
+        .filter(|name| super::entry_names::looks_like_an_allocator(name))
+        .collect();
+    found.sort_unstable();
+    found.dedup();
+    found.truncate(most);
+    found
+}
+
 fn is_libc(name: &str) -> bool {
     name.starts_with("libc.so") || name.starts_with("libc-2.")
 }

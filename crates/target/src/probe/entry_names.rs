@@ -47,6 +47,25 @@ pub fn classify(name: &str) -> Option<Role> {
         .find_map(|prefix| classify_base(name.strip_prefix(prefix)?))
 }
 
+/// Whether `name`, a function that is not an entry point allocscope probes, looks like an
+/// allocator's (`arena_alloc`, `pool_malloc`, `xcalloc`): a word of its name, split at
+/// underscores, is an allocation verb. C names only: a mangled C++ or Rust name holds
+/// its namespaces' words (`alloc::` is every Rust collection), and is left out.
+pub fn looks_like_an_allocator(name: &str) -> bool {
+    const VERBS: [&str; 7] = [
+        "alloc", "malloc", "calloc", "realloc", "zalloc", "allocate", "mallocx",
+    ];
+    // `xmalloc`, `xcalloc`: the allocate-or-die wrappers.
+    let verb = |word: &str| {
+        let word = word.to_ascii_lowercase();
+        VERBS.contains(&word.as_str()) || word.strip_prefix('x').is_some_and(|w| VERBS.contains(&w))
+    };
+    let mangled = name.starts_with("_Z") || name.starts_with("_R") || name.contains("::");
+    // The C library's own internals (a static executable's), probed at their entry points.
+    let internal = name.starts_with("__libc_") || name.starts_with("_int_");
+    !mangled && !internal && classify(name).is_none() && name.split('_').any(verb)
+}
+
 /// mimalloc's aligned entry points, which Rust's `mimalloc::MiMalloc` calls for every
 /// allocation (`mi_malloc_aligned(size, align)`: the size first, as `operator new`'s).
 pub(super) fn mimalloc_aligned(base: &str) -> Option<Role> {
@@ -97,6 +116,29 @@ fn classify_base(base: &str) -> Option<Role> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allocator_like_names_are_told_from_others() {
+        for name in [
+            "arena_alloc",
+            "pool_malloc",
+            "xcalloc",
+            "my_Alloc",
+            "__rust_alloc",
+        ] {
+            assert!(looks_like_an_allocator(name), "{name}");
+        }
+        for name in [
+            "malloc",
+            "mi_malloc",
+            "allocator_init",
+            "_ZN5alloc7raw_vec11finish_grow17h0123456789abcdefE",
+            "dealloc_all",
+            "main",
+        ] {
+            assert!(!looks_like_an_allocator(name), "{name}");
+        }
+    }
 
     #[test]
     fn classifies_entry_points_of_every_family() {

@@ -291,9 +291,32 @@ pub fn rss_of(pid: u32) -> Option<u64> {
     vm_rss(&status_of(pid)?)
 }
 
+/// What of a process is resident, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resident {
+    /// All of it (`VmRSS`).
+    pub rss: u64,
+    /// Its anonymous memory (`RssAnon`): heaps, arenas, whatever it mapped for itself.
+    pub anon: u64,
+}
+
+/// What of `pid` is resident, from one read of /proc/PID/status, if it is alive.
+pub fn resident_of(pid: u32) -> Option<Resident> {
+    let status = status_of(pid)?;
+    Some(Resident {
+        rss: vm_rss(&status)?,
+        anon: kib_field(&status, "RssAnon").unwrap_or(0),
+    })
+}
+
 /// `VmRSS` of a /proc/PID/status text, in bytes.
 fn vm_rss(status: &str) -> Option<u64> {
-    let kib: u64 = status_field(status, "VmRSS")?
+    kib_field(status, "VmRSS")
+}
+
+/// A `… kB` field of a /proc/PID/status text, in bytes.
+fn kib_field(status: &str, name: &str) -> Option<u64> {
+    let kib: u64 = status_field(status, name)?
         .trim_end_matches("kB")
         .trim()
         .parse()

@@ -617,6 +617,7 @@ mod tests {
                     command: "app".into(),
                     executable: "/opt/app/app".into(),
                     rss_bytes: Some(64 << 20),
+                    anon_first_and_peak: None,
                     cpu_seconds: None,
                     untracked_samples: 0,
                     lost_samples: 0,
