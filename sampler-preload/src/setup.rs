@@ -47,6 +47,10 @@ pub fn resolve(after: impl FnOnce(bool)) -> Bootstrap {
                     crate::usdt::ready();
                 }
                 next::lookup_all();
+                // The exec family's next definitions and this library's path, now rather
+                // than in an exec (which may run where the loader's lock is not to be
+                // taken: a signal handler, a vfork child).
+                crate::exec::resolve();
                 // The sandbox's own calls (`prctl`, `syscall`) through the next definitions.
                 crate::sandbox::resolve_next();
                 after(dormant);
