@@ -76,9 +76,29 @@ fn uncounted(
         peak.saturating_sub(first)
     };
     super::incomplete::uncounted_memory(growth, counted_bytes, &[])?;
-    let executable = std::path::Path::new(&process.executable);
-    let candidates = crate::probe::allocator::allocator_like_functions(executable, 5);
+    let candidates = allocator_like_functions(&process.executable);
     super::incomplete::uncounted_memory(growth, counted_bytes, &candidates)
+}
+
+/// [`crate::probe::allocator::allocator_like_functions`] of `executable`, each file read
+/// once (the agent builds a profile every period, and a host runs many processes of one
+/// program): at most 256 files are remembered.
+fn allocator_like_functions(executable: &str) -> Vec<String> {
+    use std::{collections::HashMap, sync::Mutex};
+    const CANDIDATES_KEPT: usize = 256;
+    static READ: Mutex<Option<HashMap<String, Vec<String>>>> = Mutex::new(None);
+    let mut read = READ.lock().unwrap_or_else(|e| e.into_inner());
+    let read = read.get_or_insert_with(HashMap::new);
+    if let Some(found) = read.get(executable) {
+        return found.clone();
+    }
+    let path = std::path::Path::new(executable);
+    let found = crate::probe::allocator::allocator_like_functions(path, 5);
+    if read.len() >= CANDIDATES_KEPT {
+        read.clear();
+    }
+    read.insert(executable.to_owned(), found.clone());
+    found
 }
 
 /// A process's exact counts and where they come from: a Go runtime's own totals where they
