@@ -31,8 +31,10 @@
 //! independent terms), widened on each side by what one more uncertain sample could move
 //! it: a block changes the least-squares slope by at most `1.5 n_b / (K τ)` (its step at
 //! the middle of the recording: `max |Σ_{i∈A} (i − ī)| = K²/8` over runs of ticks `A`, and
-//! `S_ii ≈ K³/12`), taken at the largest `x_b (1 − π_b)` of the stack's samples (a block
-//! sure to be sampled adds no doubt). Where few of a stack's blocks span a tick, the
+//! `S_ii ≈ K³/12`), taken at the largest `x_b (1 − π_b)` of the stack's samples and at
+//! least the sampling interval (a block sure to be sampled adds no doubt of its own, but
+//! the stack's smaller blocks may have gone unsampled: bounds from certain samples alone
+//! were of width zero). Where few of a stack's blocks span a tick, the
 //! normal interval alone held the truth in 76% of simulated runs (none of them sampled:
 //! an interval of width zero); with the term, in 95% or more (the simulation below). Also widened by the floating-point error of the sums' cancellation
 //! (a block live at every tick has `g_b = 0` exactly, the sums only nearly). A stack is
@@ -119,8 +121,8 @@ pub struct GrowthSums {
     /// `Σ |x| T` and `Σ |x| k`: the scale of the cancellation in the estimate.
     scale_t: f64,
     scale_k: f64,
-    /// The largest `x (1 − π)` of a sample, spanning a tick or not: a block like it could
-    /// have (see the module doc).
+    /// The largest `x (1 − π)` of a sample, spanning a tick or not, and at least the
+    /// sampling interval: a block like it could have (see the module doc).
     max_uncertain: f64,
     samples: u64,
 }
@@ -138,8 +140,18 @@ impl GrowthSums {
         self.scale_t += x.abs() * t;
         self.scale_k += x.abs() * k;
         if x > 0.0 {
-            // v / x = n (1 − π) / π = x (1 − π); a producer's weight w: w.
-            self.max_uncertain = self.max_uncertain.max(v / x);
+            // v / x = n (1 − π) / π = x (1 − π); a producer's weight w: w. Not below what
+            // a block the sampling could have missed holds, about one interval: a stack
+            // whose samples were all certain (blocks far above the interval) had bounds of
+            // width zero ("+9.2 MiB/s [+9.2 MiB/s, +9.2 MiB/s] 1 samples", #64), which said
+            // nothing of its smaller blocks, none of them sampled.
+            // (Every byte sampled, interval 1: no block is missed.)
+            let missable = match obs.weight {
+                Some(weight) => weight as f64,
+                None if obs.interval <= 1 => 0.0,
+                None => obs.interval as f64,
+            };
+            self.max_uncertain = self.max_uncertain.max(v / x).max(missable);
         }
         self.samples += 1;
     }
@@ -287,6 +299,31 @@ mod tests {
     }
 
     /// A block live at every tick is exactly flat, however large: its terms cancel.
+    #[test]
+    fn bounds_from_certain_samples_alone_are_not_of_width_zero() {
+        // One block of 64 MiB at a 512 KiB interval (sampled for sure), allocated half-way
+        // through 10 ticks of a second and never freed: its step is known exactly, but the
+        // stack's smaller blocks, none sampled, are not: the bounds keep one interval's
+        // worth of doubt (1.5 × 512 KiB / 10 per second on each side).
+        let mut sums = GrowthSums::default();
+        let span = TickSpan {
+            index_sum: (5..10).sum::<u64>() as f64,
+            count: 5.0,
+        };
+        sums.add(obs(64 << 20, 512 << 10), span);
+        let growth = sums.slope(10, 1.0, 0.95).unwrap();
+        let doubt = 1.5 * f64::from(512u32 << 10) / 10.0;
+        assert!(
+            growth.upper - growth.bytes_per_second >= doubt * 0.99,
+            "{growth:?}"
+        );
+        assert!(
+            growth.bytes_per_second - growth.lower >= doubt * 0.99,
+            "{growth:?}"
+        );
+        assert!(growth.growing(), "{growth:?}");
+    }
+
     #[test]
     fn a_block_live_throughout_is_never_growth() {
         let g = grid();
