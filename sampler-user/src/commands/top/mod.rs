@@ -329,6 +329,8 @@ impl Watch {
             alloc_only: self.config.sampling.alloc_only,
             leak_age_seconds: self.config.leaks_older_than.as_secs_f64(),
             window_seconds: window,
+            from_start: self.config.targets.pids.is_empty()
+                && !self.config.targets.command.is_empty(),
         };
         let targets = tally
             .processes

@@ -104,6 +104,7 @@ impl Default for ViewSettings {
             alloc_only: false,
             leak_age_seconds: 30.0,
             window_seconds: 10.0,
+            from_start: false,
         }
     }
 }

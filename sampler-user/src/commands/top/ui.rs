@@ -145,8 +145,15 @@ fn header_heap_and_cost(picture: &Picture) -> String {
     let untracked: u64 = processes.iter().map(|p| p.untracked_samples).sum();
     let live = match model::live_heap(picture) {
         Some(live) => {
+            // What "live" counts from: blocks allocated since then (#64: a command top
+            // started was said to be "since attach").
+            let since = if picture.settings.from_start {
+                "since it started"
+            } else {
+                "since attach"
+            };
             let mut text = format!(
-                "live heap {} (since attach) │ RSS {}",
+                "live heap {} ({since}) │ RSS {}",
                 model::bytes_cell(&live),
                 compact_bytes(rss as f64)
             );
@@ -685,6 +692,14 @@ mod tests {
         for c in keys.chars() {
             app.on_key(key(KeyCode::Char(c)));
         }
+    }
+
+    #[test]
+    fn the_live_heap_counts_from_the_start_of_a_command_and_from_attach_otherwise() {
+        let mut view = picture();
+        assert!(header_heap_and_cost(&view).contains("(since attach)"));
+        view.settings.from_start = true;
+        assert!(header_heap_and_cost(&view).contains("(since it started)"));
     }
 
     #[test]

@@ -16,6 +16,8 @@ pub struct ViewSettings {
     pub leak_age_seconds: f64,
     /// The rate window asked for, in seconds.
     pub window_seconds: f64,
+    /// The targets were seen from their start (a command top started), not attached to.
+    pub from_start: bool,
 }
 
 /// The estimates a row (or a member stack) shows.
