@@ -12,6 +12,7 @@ pub mod cookie;
 pub mod event;
 pub mod geometric;
 pub mod kernel;
+pub mod patch;
 pub mod preload;
 pub mod python;
 pub mod usdt;

@@ -14,7 +14,7 @@ use core::sync::atomic::AtomicU64;
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"alscope1");
 
 /// Layout version of [`Region`]; allocscope refuses any other.
-pub const REGION_VERSION: u64 = 6;
+pub const REGION_VERSION: u64 = 7;
 
 /// Per-thread counter slots. A thread beyond them counts in [`Region::overflow`] with
 /// atomic adds (exact, slower).
@@ -34,7 +34,7 @@ pub const FAMILY_SLOTS: usize = 1024;
 pub const FAMILY_MAGIC: u64 = u64::from_le_bytes(*b"alsfam01");
 
 /// Layout version of [`FamilyHeader`].
-pub const FAMILY_VERSION: u64 = 5;
+pub const FAMILY_VERSION: u64 = 6;
 
 /// Name of the family table's file, beside the library in a recording's directory: the
 /// library finds it from the path it was loaded from (no descriptor, no variable).
@@ -55,6 +55,57 @@ pub const PRIVATE_CHILD: u32 = 2;
 /// [`DORMANT_SYMBOL`]: a file the process mapped at set-up defines another producer's
 /// allocation probes ([`PRODUCER_PROVIDERS`]): its calls are left to them.
 pub const DORMANT_PRODUCER: u32 = 3;
+
+/// [`Region::patch_refused`]: why a plan's entries were left unpatched.
+#[repr(u64)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PatchRefusal {
+    /// The plan is for another executable (its program headers differ).
+    OtherExecutable = 1,
+    /// An entry's bytes are not the file's (changed in memory, or probed already).
+    Changed = 2,
+    /// Another thread ran when the library set up (the patch is made with one).
+    Threads = 3,
+    /// No memory near the executable for the trampolines.
+    NoRoom = 4,
+    /// The executable's code could not be made writable (`mprotect` refused).
+    Protected = 5,
+    /// A relocated instruction could not reach its target.
+    OutOfReach = 6,
+    /// The plan could not be read, or is malformed.
+    Unreadable = 7,
+}
+
+impl PatchRefusal {
+    /// The refusal `value` names, if any.
+    pub fn from_u64(value: u64) -> Option<PatchRefusal> {
+        use PatchRefusal::*;
+        [
+            OtherExecutable,
+            Changed,
+            Threads,
+            NoRoom,
+            Protected,
+            OutOfReach,
+            Unreadable,
+        ]
+        .into_iter()
+        .find(|r| *r as u64 == value)
+    }
+
+    /// What it means, for a note.
+    pub fn reason(self) -> &'static str {
+        match self {
+            PatchRefusal::OtherExecutable => "the plan was made for another executable",
+            PatchRefusal::Changed => "its entry points' code differs from the file's",
+            PatchRefusal::Threads => "another thread was running when the sampler set up",
+            PatchRefusal::NoRoom => "no memory within 2 GiB of the executable for the trampolines",
+            PatchRefusal::Protected => "its code could not be made writable (mprotect refused)",
+            PatchRefusal::OutOfReach => "a relocated instruction could not reach its target",
+            PatchRefusal::Unreadable => "the plan could not be read",
+        }
+    }
+}
 
 /// Name of the exported symbol holding the address of the process's [`Region`].
 pub const REGION_SYMBOL: &str = "allocscope_preload_region";
@@ -145,6 +196,9 @@ pub struct FamilyHeader {
     /// namespace (`unshare --pid`, a container) uses neither; it counts in a region of its
     /// own and waits for the probes instead of writing early records.
     pub pid_namespace: u64,
+    /// Entries of the plan at [`family_patches_offset`] for the command's executable
+    /// (0: none), written before the command starts.
+    pub patches: u64,
     /// Per slot: 0 when free, else a [`claim`] word.
     pub claims: [AtomicU64; FAMILY_SLOTS],
 }
@@ -293,9 +347,19 @@ pub const fn family_region_offset(slot: usize) -> usize {
     family_header_bytes() + slot * region_bytes()
 }
 
+/// File offset of the patch plan in a family table (after the early records).
+pub const fn family_patches_offset() -> usize {
+    family_early_offset() + family_early_bytes()
+}
+
+/// Bytes of the patch plan (whole pages).
+pub const fn family_patches_bytes() -> usize {
+    (core::mem::size_of::<crate::patch::PatchPlan>() + PAGE - 1) & !(PAGE - 1)
+}
+
 /// Bytes of a family table file.
 pub const fn family_bytes() -> usize {
-    family_early_offset() + family_early_bytes()
+    family_patches_offset() + family_patches_bytes()
 }
 
 /// Among the claim words `claims`, the slot of process `pid`'s ready region: the latest
@@ -396,6 +460,12 @@ pub struct Region {
     /// When the library last set up in the process (after its latest exec that carried
     /// it, or at its fork), CLOCK_MONOTONIC ns: an exec after it did not carry the library.
     pub set_up_ns: AtomicU64,
+    /// Entry points of an allocator linked into the executable that the library patched
+    /// to count their calls (see [`crate::patch`]).
+    pub patched: AtomicU64,
+    /// Why the library patched none of the plan's entries: a [`PatchRefusal`] (0: it did,
+    /// or had no plan).
+    pub patch_refused: AtomicU64,
     /// Counts of threads that exited.
     pub retired: Counts,
     /// Counts of threads that found no free slot.
@@ -578,9 +648,16 @@ mod tests {
         // The frames start 8-byte aligned after the head, the stack after the frames.
         assert_eq!(EARLY_PY_OFFSET % 8, 0);
         const { assert!(EARLY_STACK_OFFSET > EARLY_PY_OFFSET) };
+        // The patch plan last, on pages of its own (mapped read-only).
+        assert_eq!(
+            family_patches_offset(),
+            family_early_offset() + EARLY_SLOTS * early_record_bytes()
+        );
+        assert_eq!(family_patches_offset() % PAGE, 0);
+        assert!(family_patches_bytes() >= core::mem::size_of::<crate::patch::PatchPlan>());
         assert_eq!(
             family_bytes(),
-            family_early_offset() + EARLY_SLOTS * early_record_bytes()
+            family_patches_offset() + family_patches_bytes()
         );
     }
 

@@ -30,6 +30,7 @@ mod exec;
 mod frames;
 mod next;
 mod objects;
+mod patch;
 mod producer;
 mod python;
 mod region;
@@ -118,6 +119,9 @@ fn set_up(dormant: bool) {
     }
     region::init();
     thread::init();
+    // While the process has one thread: an allocator linked into the executable, patched
+    // to count here (a library opened into a running process leaves it alone).
+    patch::apply(!next::opened());
     if !next::opened() {
         // (Opened into a running process: an interpreter's allocator is not swapped under
         // it, see docs/attach.md.)

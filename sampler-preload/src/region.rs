@@ -149,6 +149,7 @@ pub fn init() {
                 }),
                 None => claim_slot(family, fd, 0),
             };
+            crate::patch::take_plan(family, fd);
             // SAFETY: closing the descriptor opened by family() (the mappings stay).
             unsafe { libc::close(fd) };
             region

@@ -195,6 +195,29 @@ impl FamilyTable {
         Ok(())
     }
 
+    /// Writes the patch plan for the command's executable (see [`crate::probe::patch`]),
+    /// before the command starts: its processes that run that executable patch it.
+    pub fn write_patches(&mut self, plan: &sampler_common::patch::PatchPlan) -> anyhow::Result<()> {
+        use std::os::unix::fs::FileExt as _;
+        let offset = sampler_common::preload::family_patches_offset();
+        // SAFETY: PatchPlan is plain data (integers and byte arrays, repr(C), no padding
+        // read by anyone as anything but bytes): its bytes are what the library maps.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (plan as *const sampler_common::patch::PatchPlan).cast::<u8>(),
+                std::mem::size_of_val(plan),
+            )
+        };
+        self.file
+            .write_all_at(bytes, offset as u64)
+            .context("writing the patch plan into the family table")?;
+        let header = self.header.as_mut_ptr().cast::<Header>();
+        // SAFETY: the header mapping; no process maps the table before the command starts,
+        // and the library reads `patches` once, after its exec.
+        unsafe { (&raw mut (*header).patches).write_volatile(plan.count) };
+        Ok(())
+    }
+
     /// Processes that found the table full (each counts in a region of its own).
     pub fn full(&self) -> u64 {
         self.header().full.load(Ordering::Relaxed)
@@ -356,6 +379,18 @@ impl MappedRegion {
         // SAFETY: the mapping is region_bytes() long, page-aligned, and holds a Region
         // (checked at creation); its fields are atomics or written once before we map it.
         unsafe { &*self.map.as_ptr().cast::<Region>() }
+    }
+
+    /// How many entry points of an allocator linked into its executable the library
+    /// patched, and why it patched none (or not all) if it did not.
+    pub fn patched(&self) -> (u64, Option<sampler_common::preload::PatchRefusal>) {
+        let region = self.region();
+        (
+            region.patched.load(Ordering::Acquire),
+            sampler_common::preload::PatchRefusal::from_u64(
+                region.patch_refused.load(Ordering::Acquire),
+            ),
+        )
     }
 
     fn check(map: Backing) -> anyhow::Result<MappedRegion> {

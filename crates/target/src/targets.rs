@@ -168,6 +168,17 @@ impl AllocatorCache {
         found
     }
 
+    /// Marks `allocator`'s file as patched by this recording's in-process front end (see
+    /// [`crate::probe::patch`]): it and every allocator found in the file from now on.
+    pub fn patched_in_process(&mut self, allocator: &mut Allocator) {
+        let mut file = (*allocator.file).clone();
+        file.patched_in_process = true;
+        let file = Arc::new(file);
+        self.files
+            .insert(allocator.file_id.clone(), Some(file.clone()));
+        allocator.file = file;
+    }
+
     /// The allocators of a file on this host's file system (the command to start, its
     /// libraries), outside any process.
     pub fn of_file(&mut self, path: &Path, in_executable: bool) -> Option<Allocator> {

@@ -159,9 +159,12 @@ fn front_end_of(allocators: &[String]) -> String {
         });
     // An allocator linked into its executable (no preloaded library interposes it;
     // CPython's pymalloc aside, which the library wraps): probed beside the library.
-    let linked_in = allocators
-        .iter()
-        .any(|a| in_executable(a) && !a.starts_with("pymalloc "));
+    // One the front end patched counts in-process like the rest.
+    let linked_in = allocators.iter().any(|a| {
+        in_executable(a)
+            && !a.starts_with("pymalloc ")
+            && !a.ends_with(&format!("{})", crate::probe::allocator::PATCHED))
+    });
     // Another producer first: allocscope's library, inherited from before an exec, stays
     // dormant in a process where another producer reports the allocations.
     if let Some(provider) = producer {

@@ -72,6 +72,11 @@ impl Recording {
         if let Some(comm) = self.accounting.counters.region_comm(pid) {
             self.aggregation.processes.name_from_region(pid, &comm);
         }
+        self.in_process.note_patches(
+            &self.accounting.counters,
+            &mut self.aggregation.processes,
+            Some(pid),
+        );
         if let Some(slot) = self.accounting.counters.release_region(pid) {
             self.in_process.release(slot);
         }

@@ -3,6 +3,8 @@
 //! command (`prepare`), loading into running targets (`load`) and the fleet's carriers
 //! (`carriers`) all take theirs from here.
 
+use log::{info, warn};
+
 use crate::{preload, settings::BadInput};
 
 /// The in-process front end of a command (or of running processes it was loaded into):
@@ -15,6 +17,8 @@ pub(super) struct FrontEnd {
     pub(super) allocator: crate::probe::allocator::Allocator,
     /// Loaded into running processes (`-p`), not started with the command.
     pub(super) running: bool,
+    /// The allocator linked into the command's executable that its processes patch.
+    pub(super) patched: Option<crate::probe::allocator::Allocator>,
 }
 
 /// The library placed for this recording, a family table at `interval` beside it, and the
@@ -61,6 +65,54 @@ pub(super) fn library() -> Result<(preload::Library, crate::probe::allocator::Al
         file: std::sync::Arc::new(file),
     };
     Ok((library, own))
+}
+
+/// Plans the patching of the allocators linked into the command's executable `program`
+/// (among `allocators`; see [`crate::probe::patch`]) and writes the plan into `family`:
+/// each one planned is marked patched, in `allocators` and in `cache`, and never probed.
+/// One that cannot be is left to uprobes, said with why. The one planned, if any.
+pub(super) fn plan_patches(
+    program: &std::path::Path,
+    allocators: &mut [crate::probe::allocator::Allocator],
+    family: &mut preload::FamilyTable,
+    cache: &mut crate::targets::AllocatorCache,
+) -> Option<crate::probe::allocator::Allocator> {
+    use crate::probe::allocator::AllocatorKind;
+    let allocator = allocators.iter_mut().find(|a| {
+        a.in_executable
+            && matches!(
+                a.file.kind,
+                AllocatorKind::Jemalloc
+                    | AllocatorKind::Tcmalloc
+                    | AllocatorKind::Mimalloc
+                    | AllocatorKind::Malloc
+            )
+    })?;
+    let planned = crate::infile::map_regular(program)
+        .map_err(|e| format!("cannot read {}: {e}", program.display()))
+        .and_then(|data| crate::probe::patch::plan(&data, &allocator.file));
+    match planned.and_then(|plan| {
+        family
+            .write_patches(&plan)
+            .map(|()| plan.count)
+            .map_err(|e| format!("{e:#}"))
+    }) {
+        Ok(count) => {
+            info!(
+                "{}: its {count} entry points are patched to count in-process",
+                allocator.describe()
+            );
+            cache.patched_in_process(allocator);
+            Some(allocator.clone())
+        }
+        Err(why) => {
+            warn!(
+                "{}: counted with uprobes (a trap per call), not patched in-process: {why}",
+                allocator.describe()
+            );
+            None
+        }
+    }
 }
 
 /// The in-process sampler could not be prepared: `what` failed with `e`.

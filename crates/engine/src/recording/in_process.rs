@@ -43,6 +43,8 @@ pub(super) struct InProcess {
     awaiting: HashSet<u32>,
     /// The mean interval in force: a region found is set to it.
     interval: u64,
+    /// The allocator linked into the command's executable that its processes patch.
+    pub(super) patched: Option<Allocator>,
 }
 
 impl InProcess {
@@ -147,6 +149,41 @@ impl InProcess {
             Err(e) => {
                 debug!("pid {pid}: its in-process sampler's counters cannot be read ({e:#})");
                 processes.incomplete(pid, UNREAD.to_owned());
+            }
+        }
+    }
+
+    /// Says in `processes` what the library did with the plan in `pid`'s region (every
+    /// region mapped in `counters` when `None`): the allocator it patched among the
+    /// process's, or why it did not patch it (its calls then go uncounted: it is never
+    /// probed, see [`crate::probe::patch`]).
+    pub(super) fn note_patches(
+        &self,
+        counters: &Counters,
+        processes: &mut ProcessBook,
+        pid: Option<u32>,
+    ) {
+        let Some(patched) = &self.patched else {
+            return;
+        };
+        for (each, region) in counters.regions() {
+            if pid.is_some_and(|pid| pid != each) {
+                continue;
+            }
+            let (entries, refused) = region.patched();
+            if entries > 0 {
+                processes.add_allocators(each, std::slice::from_ref(patched), false);
+            }
+            if let Some(refused) = refused {
+                processes.incomplete(
+                    each,
+                    format!(
+                        "its allocator linked into {} was not patched ({}): its calls are not \
+                         counted",
+                        patched.shown.display(),
+                        refused.reason()
+                    ),
+                );
             }
         }
     }

@@ -111,6 +111,7 @@ fn into_running(
         regions,
         allocator,
         running: true,
+        patched: None,
     });
     Ok((front_end, notes))
 }

@@ -200,6 +200,11 @@ impl Recording {
     ) -> anyhow::Result<Snapshot> {
         settings.largest_interval = settings.largest_interval.max(self.largest_interval());
         let (counters, losses) = self.counters().await?;
+        self.in_process.note_patches(
+            &self.accounting.counters,
+            &mut self.aggregation.processes,
+            None,
+        );
         let now_ns = self.intake.cutoff_ns().unwrap_or_else(monotonic_ns);
         let open_stratum = self.open_stratum();
         let leak_age = settings.leaks_older_than.filter(|_| !settings.alloc_only);

@@ -46,6 +46,7 @@ pub fn prepare(
     let host_wide = targets.comm.is_some() || targets.all;
     let mut front_end = None;
     let mut environment = Vec::new();
+    let mut patched = None;
     // Resolved once: the file checked and probed is the file run.
     let program = match targets.command.first() {
         Some(word) => Some(preflight::resolve_command(word)?),
@@ -58,7 +59,13 @@ pub fn prepare(
         // `--comm` and `--all` look at processes that do not.
         let samples_itself = samples_itself(program, &allocators, sampling.preload);
         if sampling.preload && !host_wide && !samples_itself {
-            if let Some((library, family, own)) = front_end_for(program, sampling.interval)? {
+            if let Some((library, mut family, own)) = front_end_for(program, sampling.interval)? {
+                patched = super::front_end::plan_patches(
+                    program,
+                    &mut allocators,
+                    &mut family,
+                    &mut cache,
+                );
                 environment = front_end_environment(&library);
                 allocators.push(own.clone());
                 crate::probe::allocator::behind_front_end(&mut allocators, false);
@@ -95,6 +102,7 @@ pub fn prepare(
                 regions: vec![(child.pid, region)],
                 allocator,
                 running: false,
+                patched,
             })
         }
         _ => loaded,

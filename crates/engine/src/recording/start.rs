@@ -444,6 +444,7 @@ impl Recording {
             regions,
             allocator,
             running,
+            patched,
         }) = front_end
         else {
             return;
@@ -463,6 +464,7 @@ impl Recording {
             self.aggregation.hold_file(file_id, library.path());
         }
         self.in_process = InProcess::of_command(library, allocator, family, interval);
+        self.in_process.patched = patched;
     }
 
     /// Attaches to the targets known at start; one that fails is left out, said, unless

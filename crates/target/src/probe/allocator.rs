@@ -53,6 +53,10 @@ pub struct Function {
     /// A small-object allocator's entry (CPython's `PyObject_*`): it counts only the
     /// requests it serves itself (see [`sampler_common::cookie::is_small_objects`]).
     pub small_objects: bool,
+    /// Whether its symbol is global in the file (a C function of default visibility,
+    /// called by the C convention from anywhere): only those are patched in-process, a
+    /// local one may be called with registers its callers rely on (GCC's `-fipa-ra`).
+    pub global: bool,
 }
 
 impl Function {
@@ -88,6 +92,12 @@ impl Function {
 pub struct FreeFunction {
     /// The symbol chosen among its aliases.
     pub symbol: String,
+    /// Symbol value (address in the file's virtual address space).
+    pub address: u64,
+    /// Code size in bytes.
+    pub size: u64,
+    /// Whether its symbol is global (see [`Function::global`]).
+    pub global: bool,
     /// File offset of the symbol.
     pub file_offset: u64,
     /// Where in it the probe goes.
@@ -110,6 +120,10 @@ pub struct AllocatorFile {
     pub producer: Option<usdt::Producer>,
     /// Where a Go runtime keeps what is read of it ([`AllocatorKind::GoRuntime`] only).
     pub go: Option<super::go::Places>,
+    /// Linked into an executable that this recording's in-process front end patches
+    /// (see [`super::patch`]): its calls reach the front end, and it is never probed (a
+    /// uprobe's breakpoint over a patched entry would break it).
+    pub patched_in_process: bool,
 }
 
 impl AllocatorFile {
@@ -164,7 +178,7 @@ impl Allocator {
         match self.file.kind {
             AllocatorKind::InProcess | AllocatorKind::Producer | AllocatorKind::GoRuntime => false,
             AllocatorKind::Pymalloc => true,
-            _ => !self.in_executable,
+            _ => !self.in_executable || self.file.patched_in_process,
         }
     }
 
@@ -180,6 +194,12 @@ impl Allocator {
             )
         } else if let Some(producer) = &self.file.producer {
             format!("{} probes ({})", producer.provider, self.shown.display())
+        } else if self.in_executable && self.file.patched_in_process {
+            format!(
+                "{} (static, in {}{PATCHED})",
+                self.file.kind,
+                self.shown.display()
+            )
         } else if self.in_executable {
             format!("{} (static, in {})", self.file.kind, self.shown.display())
         } else {
@@ -187,6 +207,10 @@ impl Allocator {
         }
     }
 }
+
+/// What ends the description of an allocator linked into its executable that the
+/// in-process front end patched (see [`super::patch`]).
+pub const PATCHED: &str = ", patched in-process";
 
 /// The registers of the first three arguments (System V x86-64).
 pub const ARGUMENT_REGISTERS: [Register; 3] = [Register::RDI, Register::RSI, Register::RDX];
@@ -224,6 +248,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
             front_end: Some(front_end),
             producer: None,
             go: None,
+            patched_in_process: false,
         });
     }
     // A file that fires the contract's probes samples its own allocations: probed there,
@@ -236,6 +261,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
             front_end: None,
             producer: Some(producer),
             go: None,
+            patched_in_process: false,
         });
     }
     match super::go::runtime(elf) {
@@ -257,6 +283,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
                 front_end: None,
                 producer: Some(producer),
                 go: Some(places),
+                patched_in_process: false,
             });
         }
         Some(super::go::GoRuntime::Refused(why)) => {
@@ -276,6 +303,7 @@ pub fn analyse(elf: &[u8], full_symbols: bool, file_name: &str) -> Option<Alloca
         front_end: None,
         producer: None,
         go: None,
+        patched_in_process: false,
     })
 }
 
@@ -326,6 +354,7 @@ fn entry_symbols(file: &object::File, full_symbols: bool) -> (Vec<EntrySymbol>, 
                 name: name.clone(),
                 address: symbol.address(),
                 size: symbol.size(),
+                global: symbol.is_global(),
             });
         }
         names.push(name);
@@ -365,6 +394,12 @@ fn probed_functions(
     mut entries: Vec<EntrySymbol>,
 ) -> (Vec<Function>, Vec<FreeFunction>) {
     entries.sort_by(|a, b| a.order().cmp(&b.order()));
+    // Global if any of its aliases is (glibc's `malloc` beside its local `__libc_malloc`).
+    let global: HashSet<u64> = entries
+        .iter()
+        .filter(|e| e.global)
+        .map(|e| e.address)
+        .collect();
     let mut probed: HashSet<(bool, u64)> = HashSet::new();
     let mut functions: Vec<Function> = Vec::new();
     let mut frees: Vec<FreeFunction> = Vec::new();
@@ -382,10 +417,14 @@ fn probed_functions(
                 file_offset,
                 probe: prologue::choose(code, &argument_registers(function)),
                 small_objects: is_small_objects(&entry.name),
+                global: global.contains(&entry.address),
                 symbol: entry.name,
             }),
             Role::Free => frees.push(FreeFunction {
                 symbol: entry.name,
+                address: entry.address,
+                size: entry.size,
+                global: global.contains(&entry.address),
                 file_offset,
                 // The free program reads its pointer in place (it has no cookie to look up).
                 probe: prologue::choose_in_place(code, &[Register::RDI]),
@@ -401,6 +440,7 @@ struct EntrySymbol {
     name: String,
     address: u64,
     size: u64,
+    global: bool,
 }
 
 impl EntrySymbol {
@@ -662,6 +702,7 @@ mod tests {
                 frees: Vec::new(),
                 producer: None,
                 go: None,
+                patched_in_process: false,
                 front_end: (kind == AllocatorKind::InProcess).then(|| usdt::FrontEnd {
                     allocs: Vec::new(),
                     frees: Vec::new(),

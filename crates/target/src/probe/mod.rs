@@ -15,6 +15,7 @@ mod contract;
 pub(crate) mod elf;
 pub mod entry_names;
 pub mod go;
+pub mod patch;
 pub mod prologue;
 pub mod runs;
 pub(crate) mod session;

@@ -312,6 +312,7 @@ mod tests {
                 front_end: None,
                 producer: None,
                 go: None,
+                patched_in_process: false,
             }),
         }
     }

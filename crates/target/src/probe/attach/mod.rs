@@ -398,6 +398,12 @@ impl Probes {
     ) -> Result<Vec<AttachedPoint>, AttachError> {
         let mut points = Vec::new();
         for allocator in allocators {
+            // Patched by the front end in the processes that run it: a breakpoint over a
+            // patched entry would break it (and its calls are counted there).
+            if allocator.file.patched_in_process {
+                log::debug!("{}: patched in-process, not probed", allocator.describe());
+                continue;
+            }
             if !self.probed.insert((scope.key(), allocator.file_id.clone())) {
                 continue;
             }

@@ -1,0 +1,438 @@
+//! An allocator linked into the executable, counted here: its entry points patched to
+//! reach this library, from the plan allocscope wrote into the family table (see
+//! [`sampler_common::patch`]: why a plan, and what each entry holds).
+//!
+//! Once, in the set-up of a process the plan is for (`record -- CMD`: the command and the
+//! processes of its tree that run the same executable), while the process has one thread:
+//! - every entry is checked first (the program headers hash to the plan's digest, each
+//!   entry lies in an executable segment and its bytes are the file's), or none is patched;
+//! - the trampolines are written in a private page within 2 GiB of the executable, made
+//!   read-only and executable before any is used (no page is writable and executable at
+//!   once): per entry, the relocated prologue and a jump back past the patch, and a stub
+//!   that jumps to this entry's wrapper;
+//! - each entry's page is made writable (not executable) for the store of its `jmp`, with
+//!   every signal blocked (no handler of the program runs meanwhile), then executable again.
+//!
+//! A wrapper counts and samples the call as this library's `malloc` does and calls the
+//! relocated prologue, with the thread marked busy: what the allocator calls underneath
+//! (another patched entry, `malloc`) is not counted again. Frees forget a sampled block
+//! first. The outcome is in the region: [`Region::patched`] or [`Region::patch_refused`].
+//! A library opened into a running process (`-p`) patches nothing (other threads run).
+
+use core::{
+    ffi::c_void,
+    ptr,
+    sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering},
+};
+
+use sampler_common::{
+    patch::{
+        jump, relocate, PatchEntry, PatchPlan, JUMP_BYTES, MAX_PATCHES, PATCH_MAGIC, PATCH_VERSION,
+        ROLE_FREE,
+    },
+    preload::{family_patches_bytes, family_patches_offset, FamilyHeader, PatchRefusal},
+    AllocFn,
+};
+
+use crate::{counted, forget, reallocated, region, thread};
+
+/// The plan, mapped read-only from the family table until [`apply`] is done with it.
+static PLAN: AtomicPtr<PatchPlan> = AtomicPtr::new(ptr::null_mut());
+
+/// Per wrapper: the relocated prologue it calls (0: unused).
+static ORIGINALS: [AtomicUsize; MAX_PATCHES] = [const { AtomicUsize::new(0) }; MAX_PATCHES];
+/// Per wrapper: the entry's role ([`ROLE_FREE`] or an [`AllocFn`]).
+static ROLES: [AtomicU32; MAX_PATCHES] = [const { AtomicU32::new(0) }; MAX_PATCHES];
+
+/// Bytes of one entry's trampoline: its relocated prologue and jump back, then its stub.
+const SLOT_BYTES: usize = 128;
+/// Where in a slot the stub is.
+const STUB_AT: usize = 96;
+/// `jmp [rip + 0]`, followed by the 8-byte address it jumps to.
+const ABSOLUTE_JUMP: [u8; 6] = [0xff, 0x25, 0, 0, 0, 0];
+const PAGE: usize = 4096;
+
+/// Maps the plan of a family table (open as `fd`) whose header says it has one: read-only,
+/// for [`apply`]. Runs once, in the set-up.
+pub fn take_plan(header: *const FamilyHeader, fd: i32) {
+    // SAFETY: a checked header mapping; `patches` is written before the command starts.
+    if unsafe { ptr::read_volatile(&raw const (*header).patches) } == 0 {
+        return;
+    }
+    // SAFETY: a new read-only mapping of the table's plan pages.
+    let mapped = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            family_patches_bytes(),
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd,
+            family_patches_offset() as libc::off_t,
+        )
+    };
+    if mapped == libc::MAP_FAILED {
+        UNREADABLE.store(true, Ordering::Release);
+    } else {
+        PLAN.store(mapped.cast(), Ordering::Release);
+    }
+}
+
+/// The plan's pages could not be mapped.
+static UNREADABLE: AtomicBool = AtomicBool::new(false);
+
+/// Patches what the plan says (`patching`: preloaded, not opened into a running process),
+/// if there is one for this executable, and says so in the region. Runs once, in the
+/// set-up, after the region is current.
+pub fn apply(patching: bool) {
+    let plan = PLAN.swap(ptr::null_mut(), Ordering::AcqRel);
+    let outcome = if plan.is_null() {
+        if !UNREADABLE.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        Err((0, PatchRefusal::Unreadable))
+    } else {
+        // SAFETY: a plan-sized read-only mapping made by `take_plan`.
+        let outcome = patching.then(|| patch_all(unsafe { &*plan }));
+        // SAFETY: unmapping the mapping `take_plan` made; nothing refers to it now.
+        unsafe { libc::munmap(plan.cast(), family_patches_bytes()) };
+        match outcome {
+            Some(outcome) => outcome,
+            None => return,
+        }
+    };
+    let region = region::current();
+    match outcome {
+        Ok(patched) => region.patched.store(patched, Ordering::Relaxed),
+        Err((patched, refusal)) => {
+            region.patched.store(patched, Ordering::Relaxed);
+            region
+                .patch_refused
+                .store(refusal as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The executable as the kernel loaded it: its program headers and load bias.
+struct Executable {
+    headers: &'static [libc::Elf64_Phdr],
+    bias: u64,
+}
+
+impl Executable {
+    /// From the auxiliary vector (no system call, no path).
+    fn find() -> Option<Executable> {
+        // SAFETY: getauxval has no preconditions.
+        let (phdr, count, size) = unsafe {
+            (
+                libc::getauxval(libc::AT_PHDR),
+                libc::getauxval(libc::AT_PHNUM),
+                libc::getauxval(libc::AT_PHENT),
+            )
+        };
+        if phdr == 0 || size as usize != core::mem::size_of::<libc::Elf64_Phdr>() {
+            return None;
+        }
+        // SAFETY: the kernel's pointer to the executable's program headers, mapped for the
+        // process's life, `AT_PHNUM` of them.
+        let headers =
+            unsafe { core::slice::from_raw_parts(phdr as *const libc::Elf64_Phdr, count as usize) };
+        const PT_PHDR: u32 = 6;
+        let own = headers.iter().find(|h| h.p_type == PT_PHDR)?;
+        Some(Executable {
+            headers,
+            bias: phdr.wrapping_sub(own.p_vaddr),
+        })
+    }
+
+    /// The program header table's bytes (what the plan's digest is of).
+    fn header_bytes(&self) -> &[u8] {
+        // SAFETY: the same memory as `headers`, viewed as bytes.
+        unsafe {
+            core::slice::from_raw_parts(
+                self.headers.as_ptr().cast(),
+                core::mem::size_of_val(self.headers),
+            )
+        }
+    }
+
+    /// Whether `address..address + len` (file addresses) lies in an executable segment.
+    fn executes(&self, address: u64, len: u64) -> bool {
+        const PF_X: u32 = 1;
+        self.headers.iter().any(|h| {
+            h.p_type == crate::objects::PT_LOAD
+                && h.p_flags & PF_X != 0
+                && address >= h.p_vaddr
+                && address + len <= h.p_vaddr + h.p_memsz
+        })
+    }
+
+    /// Where its loaded segments start, in memory.
+    fn lowest(&self) -> u64 {
+        let low = self
+            .headers
+            .iter()
+            .filter(|h| h.p_type == crate::objects::PT_LOAD)
+            .map(|h| h.p_vaddr)
+            .min()
+            .unwrap_or(0);
+        self.bias.wrapping_add(low) & !(PAGE as u64 - 1)
+    }
+}
+
+/// Every entry patched (their count), or how many were before the refusal.
+fn patch_all(plan: &PatchPlan) -> Result<u64, (u64, PatchRefusal)> {
+    let refuse = |r| Err((0, r));
+    if plan.magic != PATCH_MAGIC || plan.version != PATCH_VERSION {
+        return refuse(PatchRefusal::Unreadable);
+    }
+    let count = plan.count as usize;
+    if count == 0 || count > MAX_PATCHES {
+        return refuse(PatchRefusal::Unreadable);
+    }
+    let Some(executable) = Executable::find() else {
+        return refuse(PatchRefusal::OtherExecutable);
+    };
+    if sampler_common::patch::digest(executable.header_bytes()) != plan.digest {
+        return refuse(PatchRefusal::OtherExecutable);
+    }
+    let entries = &plan.entries[..count];
+    if !entries.iter().all(|e| unchanged(&executable, e)) {
+        return refuse(PatchRefusal::Changed);
+    }
+    if !single_threaded() {
+        return refuse(PatchRefusal::Threads);
+    }
+    let bytes = (count * SLOT_BYTES).next_multiple_of(PAGE);
+    let Some(trampolines) = map_near(executable.lowest(), bytes) else {
+        return refuse(PatchRefusal::NoRoom);
+    };
+    let written = write_trampolines(&executable, entries, trampolines);
+    // SAFETY: our own mapping, now complete: read and executed from here on, never written.
+    let sealed = written.is_ok()
+        && unsafe { libc::mprotect(trampolines.cast(), bytes, libc::PROT_READ | libc::PROT_EXEC) }
+            == 0;
+    if !sealed {
+        // SAFETY: unmapping our own mapping, which nothing jumps to yet.
+        unsafe { libc::munmap(trampolines.cast(), bytes) };
+        return refuse(written.err().unwrap_or(PatchRefusal::Protected));
+    }
+    for (slot, entry) in entries.iter().enumerate() {
+        let at = trampolines as usize + slot * SLOT_BYTES;
+        ORIGINALS[slot].store(at, Ordering::Release);
+        ROLES[slot].store(entry.role, Ordering::Release);
+    }
+    with_signals_blocked(|| {
+        for (slot, entry) in entries.iter().enumerate() {
+            let stub = trampolines as u64 + (slot * SLOT_BYTES + STUB_AT) as u64;
+            if !patch_entry(&executable, entry, stub) {
+                return Err((slot as u64, PatchRefusal::Protected));
+            }
+        }
+        Ok(count as u64)
+    })
+}
+
+/// Whether `entry` lies in an executable segment and its bytes are still the file's.
+fn unchanged(executable: &Executable, entry: &PatchEntry) -> bool {
+    let len = entry.original_len as usize;
+    if !(JUMP_BYTES..=entry.original.len()).contains(&len)
+        || !executable.executes(entry.address, len as u64)
+    {
+        return false;
+    }
+    let at = executable.bias.wrapping_add(entry.address) as *const u8;
+    // SAFETY: `len` bytes inside a loaded executable segment of the executable.
+    let now = unsafe { core::slice::from_raw_parts(at, len) };
+    now == &entry.original[..len]
+}
+
+/// Whether the process has only this thread (glibc's own flag, false from its first
+/// `pthread_create` on; no system call). Unknown (an older C library) counts as not.
+fn single_threaded() -> bool {
+    let flag = crate::python::symbol(c"__libc_single_threaded").cast::<u8>();
+    // SAFETY: glibc's `char __libc_single_threaded`, read once.
+    !flag.is_null() && unsafe { ptr::read_volatile(flag) } != 0
+}
+
+/// A private read-write mapping of `bytes` within reach (±2 GiB) of code starting at
+/// `lowest`: tried below it, 2 MiB apart, never replacing a mapping.
+fn map_near(lowest: u64, bytes: usize) -> Option<*mut u8> {
+    const STEP: u64 = 2 << 20;
+    for k in 1..=64u64 {
+        let Some(hint) = lowest.checked_sub(k * STEP + bytes as u64) else {
+            break;
+        };
+        if hint < (1 << 20) {
+            break;
+        }
+        // SAFETY: a new anonymous mapping that replaces nothing (MAP_FIXED_NOREPLACE).
+        let mapped = unsafe {
+            libc::mmap(
+                hint as *mut c_void,
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if mapped == libc::MAP_FAILED {
+            continue;
+        }
+        if mapped as u64 == hint {
+            return Some(mapped.cast());
+        }
+        // An older kernel took the address as a hint only: not where it was asked.
+        // SAFETY: unmapping the mapping just made.
+        unsafe { libc::munmap(mapped, bytes) };
+    }
+    None
+}
+
+/// Writes each entry's trampoline and stub into `trampolines` (writable, not executable).
+fn write_trampolines(
+    executable: &Executable,
+    entries: &[PatchEntry],
+    trampolines: *mut u8,
+) -> Result<(), PatchRefusal> {
+    for (slot, entry) in entries.iter().enumerate() {
+        let at = trampolines as u64 + (slot * SLOT_BYTES) as u64;
+        let code = relocate(entry, executable.bias, at).map_err(|_| PatchRefusal::OutOfReach)?;
+        let len = entry.relocated_len as usize;
+        let back = executable.bias + entry.address + u64::from(entry.original_len);
+        let stub_at = at + STUB_AT as u64;
+        if jump(executable.bias + entry.address, stub_at).is_none() {
+            return Err(PatchRefusal::OutOfReach);
+        }
+        let wrapper = WRAPPERS[slot] as usize as u64;
+        // SAFETY: within this slot of our own writable mapping (relocated ≤ 48 bytes, its
+        // jump back 14 more, before the stub at 96; the stub 14 bytes of 128).
+        unsafe {
+            let base = at as *mut u8;
+            ptr::copy_nonoverlapping(code.as_ptr(), base, len);
+            ptr::copy_nonoverlapping(ABSOLUTE_JUMP.as_ptr(), base.add(len), 6);
+            ptr::copy_nonoverlapping(back.to_le_bytes().as_ptr(), base.add(len + 6), 8);
+            ptr::copy_nonoverlapping(ABSOLUTE_JUMP.as_ptr(), base.add(STUB_AT), 6);
+            ptr::copy_nonoverlapping(wrapper.to_le_bytes().as_ptr(), base.add(STUB_AT + 6), 8);
+        }
+    }
+    Ok(())
+}
+
+/// Writes the jump to `stub` over `entry` (the rest of its replaced bytes `int3`), its
+/// pages writable only meanwhile. False when they could not be made writable.
+fn patch_entry(executable: &Executable, entry: &PatchEntry, stub: u64) -> bool {
+    let at = executable.bias + entry.address;
+    let len = entry.original_len as usize;
+    let Some(jump) = jump(at, stub) else {
+        return false;
+    };
+    let start = at as usize & !(PAGE - 1);
+    let span = (at as usize + len).next_multiple_of(PAGE) - start;
+    // SAFETY: the executable's own code pages, made writable (not executable) while this
+    // one thread, with every signal blocked, stores the jump; nothing executes them
+    // meanwhile (one thread: checked before).
+    unsafe {
+        if libc::mprotect(
+            start as *mut c_void,
+            span,
+            libc::PROT_READ | libc::PROT_WRITE,
+        ) != 0
+        {
+            return false;
+        }
+        let code = at as *mut u8;
+        for i in 0..len {
+            let byte = jump.get(i).copied().unwrap_or(0xcc);
+            ptr::write_volatile(code.add(i), byte);
+        }
+        let executable = libc::PROT_READ | libc::PROT_EXEC;
+        if libc::mprotect(start as *mut c_void, span, executable) != 0
+            && libc::mprotect(start as *mut c_void, span, executable) != 0
+        {
+            crate::fatal(b"allocscope: could not make the executable's code executable again\n");
+        }
+    }
+    true
+}
+
+/// Runs `f` with every signal blocked on this thread (restored after).
+fn with_signals_blocked<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: sigset_t is plain data; sigfillset and pthread_sigmask fill the sets we own.
+    unsafe {
+        let mut all: libc::sigset_t = core::mem::zeroed();
+        let mut old: libc::sigset_t = core::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let result = f();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, ptr::null_mut());
+        result
+    }
+}
+
+/// A relocated prologue, called with the caller's six argument registers.
+type Original = unsafe extern "C" fn(usize, usize, usize, usize, usize, usize) -> usize;
+
+/// The call of patched entry `slot` with arguments `a`: counted by its role, forwarded.
+/// Out of line: one body for every wrapper (each a few bytes that pass their slot), not
+/// 32 copies of the library's counting paths.
+#[inline(never)]
+fn call(slot: usize, a: [usize; 6]) -> usize {
+    // SAFETY: set to the entry's trampoline before its patch was written.
+    let original: Original =
+        unsafe { core::mem::transmute::<usize, Original>(ORIGINALS[slot].load(Ordering::Relaxed)) };
+    // SAFETY: the caller's arguments, forwarded to the allocator's own code.
+    let forward = || unsafe { original(a[0], a[1], a[2], a[3], a[4], a[5]) };
+    let busy = || thread::busy(forward) as *mut c_void;
+    let role = ROLES[slot].load(Ordering::Relaxed);
+    if role == ROLE_FREE {
+        forget(a[0] as *mut c_void);
+        return forward();
+    }
+    let Some(&function) = AllocFn::ALL.get(role as usize) else {
+        return forward();
+    };
+    match function {
+        AllocFn::Realloc => reallocated(a[0] as *mut c_void, a[1], busy) as usize,
+        AllocFn::Calloc => {
+            let bytes = sampler_common::geometric::saturating_product(a[0] as u64, a[1] as u64);
+            counted(bytes, function, busy) as usize
+        }
+        AllocFn::PosixMemalign => posix_memalign(a, forward),
+        AllocFn::AlignedAlloc | AllocFn::Memalign => counted(a[1] as u64, function, busy) as usize,
+        _ => counted(a[0] as u64, function, busy) as usize,
+    }
+}
+
+/// `posix_memalign(out, align, size)`: the block is in `*out` when it returns 0.
+#[inline(always)]
+fn posix_memalign(a: [usize; 6], forward: impl FnOnce() -> usize) -> usize {
+    let sampled = thread::count(a[2] as u64);
+    let status = thread::busy(forward);
+    if sampled {
+        let pointer = if status as u32 == 0 {
+            // SAFETY: set by a successful posix_memalign.
+            unsafe { *(a[0] as *const *mut c_void) }
+        } else {
+            ptr::null_mut()
+        };
+        crate::report(pointer, a[2] as u64, AllocFn::PosixMemalign);
+    }
+    status
+}
+
+macro_rules! wrappers {
+    ($($slot:literal)*) => {
+        /// One wrapper per plan entry: the stub of entry `slot` jumps to `WRAPPERS[slot]`.
+        static WRAPPERS: [Original; MAX_PATCHES] = [$({
+            unsafe extern "C" fn wrapper(
+                a: usize, b: usize, c: usize, d: usize, e: usize, f: usize,
+            ) -> usize {
+                call($slot, [a, b, c, d, e, f])
+            }
+            wrapper
+        }),*];
+    };
+}
+
+wrappers!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
