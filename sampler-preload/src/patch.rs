@@ -22,7 +22,7 @@
 use core::{
     ffi::c_void,
     ptr,
-    sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering},
+    sync::atomic::{AtomicU32, AtomicUsize, Ordering},
 };
 
 use sampler_common::{
@@ -30,14 +30,11 @@ use sampler_common::{
         jump, relocate, PatchEntry, PatchPlan, JUMP_BYTES, MAX_PATCHES, PATCH_MAGIC, PATCH_VERSION,
         ROLE_FREE,
     },
-    preload::{family_patches_bytes, family_patches_offset, FamilyHeader, PatchRefusal},
+    preload::{family_patches_bytes, PatchRefusal},
     AllocFn,
 };
 
 use crate::{counted, forget, reallocated, region, thread};
-
-/// The plan, mapped read-only from the family table until [`apply`] is done with it.
-static PLAN: AtomicPtr<PatchPlan> = AtomicPtr::new(ptr::null_mut());
 
 /// Per wrapper: the relocated prologue it calls (0: unused).
 static ORIGINALS: [AtomicUsize; MAX_PATCHES] = [const { AtomicUsize::new(0) }; MAX_PATCHES];
@@ -52,52 +49,22 @@ const STUB_AT: usize = 96;
 const ABSOLUTE_JUMP: [u8; 6] = [0xff, 0x25, 0, 0, 0, 0];
 const PAGE: usize = 4096;
 
-/// Maps the plan of a family table (open as `fd`) whose header says it has one: read-only,
-/// for [`apply`]. Runs once, in the set-up.
-pub fn take_plan(header: *const FamilyHeader, fd: i32) {
-    // SAFETY: a checked header mapping; `patches` is written before the command starts.
-    if unsafe { ptr::read_volatile(&raw const (*header).patches) } == 0 {
-        return;
-    }
-    // SAFETY: a new read-only mapping of the table's plan pages.
-    let mapped = unsafe {
-        libc::mmap(
-            ptr::null_mut(),
-            family_patches_bytes(),
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            fd,
-            family_patches_offset() as libc::off_t,
-        )
-    };
-    if mapped == libc::MAP_FAILED {
-        UNREADABLE.store(true, Ordering::Release);
-    } else {
-        PLAN.store(mapped.cast(), Ordering::Release);
-    }
-}
-
-/// The plan's pages could not be mapped.
-static UNREADABLE: AtomicBool = AtomicBool::new(false);
-
 /// Patches what the plan says (`patching`: preloaded, not opened into a running process),
 /// if there is one for this executable, and says so in the region. Runs once, in the
 /// set-up, after the region is current.
 pub fn apply(patching: bool) {
-    let plan = PLAN.swap(ptr::null_mut(), Ordering::AcqRel);
-    let outcome = if plan.is_null() {
-        if !UNREADABLE.swap(false, Ordering::AcqRel) {
-            return;
-        }
-        Err((0, PatchRefusal::Unreadable))
-    } else {
-        // SAFETY: a plan-sized read-only mapping made by `take_plan`.
-        let outcome = patching.then(|| patch_all(unsafe { &*plan }));
-        // SAFETY: unmapping the mapping `take_plan` made; nothing refers to it now.
-        unsafe { libc::munmap(plan.cast(), family_patches_bytes()) };
-        match outcome {
-            Some(outcome) => outcome,
-            None => return,
+    let outcome = match region::take_patch_plan() {
+        None => return,
+        Some(None) => Err((0, PatchRefusal::Unreadable)),
+        Some(Some(plan)) => {
+            // SAFETY: a plan-sized read-only mapping made by the region's set-up.
+            let outcome = patching.then(|| patch_all(unsafe { &*plan }));
+            // SAFETY: unmapping the mapping the region's set-up made; nothing refers to it.
+            unsafe { libc::munmap(plan.cast_mut().cast(), family_patches_bytes()) };
+            match outcome {
+                Some(outcome) => outcome,
+                None => return,
+            }
         }
     };
     let region = region::current();

@@ -21,10 +21,11 @@ use core::{
 
 use sampler_common::{
     geometric,
+    patch::PatchPlan,
     preload::{
-        claim, family_bytes, family_header_bytes, family_region_offset, find_claim, region_bytes,
-        set_up_region, take_slot, FamilyHeader, Region, CLAIM_READY, FAMILY_FILE, FAMILY_MAGIC,
-        FAMILY_VERSION, REGION_MAGIC,
+        claim, family_bytes, family_header_bytes, family_patches_bytes, family_patches_offset,
+        family_region_offset, find_claim, region_bytes, set_up_region, take_slot, FamilyHeader,
+        Region, CLAIM_READY, FAMILY_FILE, FAMILY_MAGIC, FAMILY_VERSION, REGION_MAGIC,
     },
 };
 
@@ -149,7 +150,7 @@ pub fn init() {
                 }),
                 None => claim_slot(family, fd, 0),
             };
-            crate::patch::take_plan(family, fd);
+            map_patch_plan(family, fd);
             // SAFETY: closing the descriptor opened by family() (the mappings stay).
             unsafe { libc::close(fd) };
             region
@@ -159,6 +160,48 @@ pub fn init() {
     let region = region.unwrap_or_else(|| create(DEFAULT_INTERVAL, interval_from_env()));
     make_current(region, true);
     note_set_up();
+}
+
+/// The family table's patch plan, mapped read-only by [`init`] (null: none), until
+/// [`take_patch_plan`].
+static PATCH_PLAN: AtomicPtr<PatchPlan> = AtomicPtr::new(ptr::null_mut());
+/// The table has a plan, whose pages could not be mapped.
+static PATCH_PLAN_UNREADABLE: AtomicBool = AtomicBool::new(false);
+
+/// Maps the plan of a family table (open as `fd`) whose header says it has one.
+fn map_patch_plan(header: *const FamilyHeader, fd: i32) {
+    // SAFETY: a checked header mapping; `patches` is written before the command starts.
+    if unsafe { ptr::read_volatile(&raw const (*header).patches) } == 0 {
+        return;
+    }
+    // SAFETY: a new read-only mapping of the table's plan pages.
+    let mapped = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            family_patches_bytes(),
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd,
+            family_patches_offset() as libc::off_t,
+        )
+    };
+    if mapped == libc::MAP_FAILED {
+        PATCH_PLAN_UNREADABLE.store(true, Ordering::Release);
+    } else {
+        PATCH_PLAN.store(mapped.cast(), Ordering::Release);
+    }
+}
+
+/// The patch plan of the family table this process counts in (see `patch`), for the
+/// caller to unmap: `None` without one, `Some(None)` when it could not be mapped.
+pub fn take_patch_plan() -> Option<Option<*const PatchPlan>> {
+    let plan = PATCH_PLAN.swap(ptr::null_mut(), Ordering::AcqRel);
+    if !plan.is_null() {
+        return Some(Some(plan));
+    }
+    PATCH_PLAN_UNREADABLE
+        .swap(false, Ordering::AcqRel)
+        .then_some(None)
 }
 
 /// Publishes how many slots the routing rewrote and left (see [`crate::route`]).
