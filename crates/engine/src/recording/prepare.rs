@@ -44,14 +44,12 @@ pub fn prepare(
     let mut cache = AllocatorCache::default();
     let mut initial = processes(targets, &mut cache)?;
     let host_wide = targets.comm.is_some() || targets.all;
-    let mut front_end = None;
-    let mut environment = Vec::new();
-    let mut patched = None;
     // Resolved once: the file checked and probed is the file run.
     let program = match targets.command.first() {
         Some(word) => Some(preflight::resolve_command(word)?),
         None => None,
     };
+    let mut front_end = None;
     if let Some(program) = &program {
         let mut allocators = preflight::allocators_for_command(program, &mut cache)?;
         // A followed command's tree carries the library too (through the environment): the
@@ -59,18 +57,7 @@ pub fn prepare(
         // `--comm` and `--all` look at processes that do not.
         let samples_itself = samples_itself(program, &allocators, sampling.preload);
         if sampling.preload && !host_wide && !samples_itself {
-            if let Some((library, mut family, own)) = front_end_for(program, sampling.interval)? {
-                patched = super::front_end::plan_patches(
-                    program,
-                    &mut allocators,
-                    &mut family,
-                    &mut cache,
-                );
-                environment = front_end_environment(&library);
-                allocators.push(own.clone());
-                crate::probe::allocator::behind_front_end(&mut allocators, false);
-                front_end = Some((library, family, own));
-            }
+            front_end = command_front_end(program, sampling.interval, &mut allocators, &mut cache)?;
         }
         initial.push(Target { pid: 0, allocators });
     }
@@ -82,6 +69,10 @@ pub fn prepare(
     let mut command = String::new();
     if let (Some(word), Some(program)) = (targets.command.first(), &program) {
         command = word.to_string_lossy().into_owned();
+        let environment = front_end
+            .as_ref()
+            .map(|f| f.environment.clone())
+            .unwrap_or_default();
         let paused = spawn::spawn_paused(program, &targets.command, redirect()?, &environment)
             .map_err(|e| BadInput(format!("cannot start {command}: {e}")))?;
         if let Some(target) = initial.last_mut() {
@@ -90,7 +81,16 @@ pub fn prepare(
         child = Some(paused);
     }
     let front_end = match (front_end, &child) {
-        (Some((library, family, allocator)), Some(child)) => {
+        (
+            Some(CommandFrontEnd {
+                library,
+                family,
+                allocator,
+                patched,
+                ..
+            }),
+            Some(child),
+        ) => {
             let region = family.claim_for(child.pid).map_err(|e| {
                 BadInput(format!(
                     "cannot prepare the in-process sampler (family table): {e:#}"
@@ -139,6 +139,41 @@ fn processes(targets: &Targets, cache: &mut AllocatorCache) -> Result<Vec<Target
         warn!("{problem}: left out");
     }
     Ok(initial)
+}
+
+/// The in-process front end prepared for the command, before it starts.
+struct CommandFrontEnd {
+    library: preload::Library,
+    family: preload::FamilyTable,
+    allocator: crate::probe::allocator::Allocator,
+    /// The allocator linked into its executable that its processes patch.
+    patched: Option<crate::probe::allocator::Allocator>,
+    /// What its environment gains.
+    environment: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+}
+
+/// The front end for command `program` (see [`front_end_for`]), the allocator linked into
+/// it planned for patching; `allocators` then lose those the front end serves.
+fn command_front_end(
+    program: &std::path::Path,
+    interval: u64,
+    allocators: &mut Vec<crate::probe::allocator::Allocator>,
+    cache: &mut AllocatorCache,
+) -> Result<Option<CommandFrontEnd>, BadInput> {
+    let Some((library, mut family, own)) = front_end_for(program, interval)? else {
+        return Ok(None);
+    };
+    let patched = super::front_end::plan_patches(program, allocators, &mut family, cache);
+    let environment = front_end_environment(&library);
+    allocators.push(own.clone());
+    crate::probe::allocator::behind_front_end(allocators, false);
+    Ok(Some(CommandFrontEnd {
+        library,
+        family,
+        allocator: own,
+        patched,
+        environment,
+    }))
 }
 
 /// What the command's environment gains to load the front end: `LD_PRELOAD` with the
