@@ -81,30 +81,7 @@ pub fn prepare(
         child = Some(paused);
     }
     let front_end = match (front_end, &child) {
-        (
-            Some(CommandFrontEnd {
-                library,
-                family,
-                allocator,
-                patched,
-                ..
-            }),
-            Some(child),
-        ) => {
-            let region = family.claim_for(child.pid).map_err(|e| {
-                BadInput(format!(
-                    "cannot prepare the in-process sampler (family table): {e:#}"
-                ))
-            })?;
-            Some(FrontEnd {
-                library,
-                family,
-                regions: vec![(child.pid, region)],
-                allocator,
-                running: false,
-                patched,
-            })
-        }
+        (Some(front_end), Some(child)) => Some(front_end.claimed_for(child.pid)?),
         _ => loaded,
     };
     Ok(Prepared {
@@ -150,6 +127,25 @@ struct CommandFrontEnd {
     patched: Option<crate::probe::allocator::Allocator>,
     /// What its environment gains.
     environment: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+}
+
+impl CommandFrontEnd {
+    /// The front end of the command started as `pid`: its slot of the family table claimed.
+    fn claimed_for(self, pid: u32) -> Result<FrontEnd, BadInput> {
+        let region = self.family.claim_for(pid).map_err(|e| {
+            BadInput(format!(
+                "cannot prepare the in-process sampler (family table): {e:#}"
+            ))
+        })?;
+        Ok(FrontEnd {
+            library: self.library,
+            family: self.family,
+            regions: vec![(pid, region)],
+            allocator: self.allocator,
+            running: false,
+            patched: self.patched,
+        })
+    }
 }
 
 /// The front end for command `program` (see [`front_end_for`]), the allocator linked into
