@@ -7,7 +7,8 @@
 //! left out of them (excluded, or not followed) pays. `--front-end`: the in-process front
 //! end instead (see [`front_end`]); `--duty`: duty cycling (see [`duty`]); `--report`: the
 //! HTML report with more than 10,000 stacks in a browser (see [`report`]); `--processes`:
-//! many short processes and a build (see [`processes`]).
+//! many short processes and a build (see [`processes`]); `--allocators`: programs whose
+//! allocator is linked into their executable (see [`allocators`]).
 //!
 //! Absolute timings on a 2-vCPU VM swing ±30% between runs, so each round runs two copies of
 //! a malloc+free loop at the same time, one pinned to each CPU: first both unprobed (the
@@ -25,6 +26,7 @@ use anyhow::{bail, Context as _};
 
 use crate::run::{cargo, fixture, is_root, status, workspace};
 
+mod allocators;
 mod duty;
 mod front_end;
 mod go;
@@ -62,6 +64,10 @@ pub struct BenchArgs {
     /// `make -j2` of Lua's sources, natively, under `record --` and under heaptrack.
     #[arg(long)]
     processes: bool,
+    /// Only the allocators benchmark: Rust programs with jemalloc and mimalloc linked in
+    /// (and with the system's allocator), natively, under `record --` and under heaptrack.
+    #[arg(long)]
+    allocators: bool,
     /// Only the HTML report's benchmark: a recording of more than 10,000 stacks, opened
     /// in headless chromium: time to interactive, a search and a change of value.
     #[arg(long)]
@@ -98,6 +104,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.go {
         return go::go(&args, &allocscope, &out_dir);
+    }
+    if args.allocators {
+        return allocators::allocators(&args, &allocscope, &out_dir);
     }
     let modes = probe_modes();
     let rounds = measure_modes(&args, &modes, &looper, &allocscope, &out_dir)?;
