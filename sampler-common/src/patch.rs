@@ -15,7 +15,9 @@
 //! Each entry's first [`PatchEntry::original_len`] bytes (whole instructions, at least 5)
 //! become a `jmp rel32` to a stub near the executable, which jumps to the library's
 //! counting wrapper; the wrapper calls the relocated prologue, which jumps back to the
-//! entry's next instruction.
+//! entry's next instruction. The executable's code is never written: each page holding an
+//! entry is replaced by a patched copy (checked against [`PatchPage::digest`], the file's
+//! page), which no uprobe attached to the file later can reach.
 
 /// First word of a plan ("alspatc1").
 pub const PATCH_MAGIC: u64 = u64::from_le_bytes(*b"alspatc1");
@@ -92,6 +94,20 @@ impl Default for PatchEntry {
     }
 }
 
+/// Bytes of a page of code.
+pub const PAGE_BYTES: usize = 4096;
+
+/// A page of the executable's code that holds entries: replaced whole by a patched copy.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PatchPage {
+    /// Its virtual address in the file (page-aligned).
+    pub address: u64,
+    /// [`digest`] of its bytes as the file maps them: a copy that differs (a breakpoint of
+    /// a uprobe attached already, another tool's patch) is not put in its place.
+    pub digest: u64,
+}
+
 /// The plan for one executable, in its own pages of the family table (the library maps it
 /// read-only).
 #[repr(C)]
@@ -107,6 +123,10 @@ pub struct PatchPlan {
     pub count: u64,
     /// The entries.
     pub entries: [PatchEntry; MAX_PATCHES],
+    /// Pages used of [`Self::pages`].
+    pub page_count: u64,
+    /// The pages holding the entries (each entry's bytes lie in one).
+    pub pages: [PatchPage; MAX_PATCHES],
 }
 
 /// FNV-1a of `bytes`: the identity of an executable's program header table, computed by

@@ -10,8 +10,12 @@
 //!   read-only and executable before any is used (no page is writable and executable at
 //!   once): per entry, the relocated prologue and a jump back past the patch, and a stub
 //!   that jumps to this entry's wrapper;
-//! - each entry's page is made writable (not executable) for the store of its `jmp`, with
-//!   every signal blocked (no handler of the program runs meanwhile), then executable again.
+//! - each page of the executable holding entries is copied into a private page, checked
+//!   against the file's (a uprobe's breakpoint there, or any change, and the page is left
+//!   as it is), given its entries' `jmp`s, made read-and-execute and moved over the
+//!   original in one `mremap`: the executable's code is never writable, a thread sees the
+//!   old page or the new one, and a uprobe attached to the file later does not reach the
+//!   copy (it is not the file's), so it can never write its breakpoint over a patch.
 //!
 //! A wrapper counts and samples the call as this library's `malloc` does and calls the
 //! relocated prologue, with the thread marked busy: what the allocator calls underneath
@@ -27,8 +31,8 @@ use core::{
 
 use sampler_common::{
     patch::{
-        jump, relocate, PatchEntry, PatchPlan, JUMP_BYTES, MAX_PATCHES, PATCH_MAGIC, PATCH_VERSION,
-        ROLE_FREE,
+        jump, relocate, PatchEntry, PatchPage, PatchPlan, JUMP_BYTES, MAX_PATCHES, PAGE_BYTES,
+        PATCH_MAGIC, PATCH_VERSION, ROLE_FREE,
     },
     preload::{family_patches_bytes, PatchRefusal},
     AllocFn,
@@ -163,6 +167,15 @@ fn patch_all(plan: &PatchPlan) -> Result<u64, (u64, PatchRefusal)> {
         return refuse(PatchRefusal::OtherExecutable);
     }
     let entries = &plan.entries[..count];
+    let pages = plan.page_count as usize;
+    let in_a_page = |e: &PatchEntry| {
+        plan.pages[..pages.min(MAX_PATCHES)]
+            .iter()
+            .any(|p| p.address == e.address & !(PAGE_BYTES as u64 - 1))
+    };
+    if pages == 0 || pages > MAX_PATCHES || !entries.iter().all(in_a_page) {
+        return refuse(PatchRefusal::Unreadable);
+    }
     if !entries.iter().all(|e| unchanged(&executable, e)) {
         return refuse(PatchRefusal::Changed);
     }
@@ -188,15 +201,20 @@ fn patch_all(plan: &PatchPlan) -> Result<u64, (u64, PatchRefusal)> {
         ORIGINALS[slot].store(at, Ordering::Release);
         ROLES[slot].store(entry.role, Ordering::Release);
     }
-    with_signals_blocked(|| {
-        for (slot, entry) in entries.iter().enumerate() {
-            let stub = trampolines as u64 + (slot * SLOT_BYTES + STUB_AT) as u64;
-            if !patch_entry(&executable, entry, stub) {
-                return Err((slot as u64, PatchRefusal::Protected));
+    let mut patched = 0;
+    for page in &plan.pages[..pages] {
+        match replace_page(&executable, page, entries, trampolines) {
+            Ok(n) => patched += n,
+            Err(refusal) => {
+                if patched == 0 {
+                    // SAFETY: unmapping our own mapping, which nothing jumps to.
+                    unsafe { libc::munmap(trampolines.cast(), bytes) };
+                }
+                return Err((patched, refusal));
             }
         }
-        Ok(count as u64)
-    })
+    }
+    Ok(patched)
 }
 
 /// Whether `entry` lies in an executable segment and its bytes are still the file's.
@@ -286,55 +304,81 @@ fn write_trampolines(
     Ok(())
 }
 
-/// Writes the jump to `stub` over `entry` (the rest of its replaced bytes `int3`), its
-/// pages writable only meanwhile. False when they could not be made writable.
-fn patch_entry(executable: &Executable, entry: &PatchEntry, stub: u64) -> bool {
-    let at = executable.bias + entry.address;
-    let len = entry.original_len as usize;
-    let Some(jump) = jump(at, stub) else {
-        return false;
-    };
-    let start = at as usize & !(PAGE - 1);
-    let span = (at as usize + len).next_multiple_of(PAGE) - start;
-    // SAFETY: the executable's own code pages, made writable (not executable) while this
-    // one thread, with every signal blocked, stores the jump; nothing executes them
-    // meanwhile (one thread: checked before).
-    unsafe {
-        if libc::mprotect(
-            start as *mut c_void,
-            span,
+/// Replaces the executable's `page` by a patched copy: its `entries` jump to their stubs
+/// in `trampolines`. The number patched, or why none was (the page left as it was).
+fn replace_page(
+    executable: &Executable,
+    page: &PatchPage,
+    entries: &[PatchEntry],
+    trampolines: *mut u8,
+) -> Result<u64, PatchRefusal> {
+    let at = executable.bias.wrapping_add(page.address);
+    // SAFETY: a new private anonymous page, ours until moved or unmapped.
+    let copy = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            PAGE,
             libc::PROT_READ | libc::PROT_WRITE,
-        ) != 0
-        {
-            return false;
-        }
-        let code = at as *mut u8;
-        for i in 0..len {
-            let byte = jump.get(i).copied().unwrap_or(0xcc);
-            ptr::write_volatile(code.add(i), byte);
-        }
-        let executable = libc::PROT_READ | libc::PROT_EXEC;
-        if libc::mprotect(start as *mut c_void, span, executable) != 0
-            && libc::mprotect(start as *mut c_void, span, executable) != 0
-        {
-            crate::fatal(b"allocscope: could not make the executable's code executable again\n");
-        }
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if copy == libc::MAP_FAILED {
+        return Err(PatchRefusal::NoRoom);
     }
-    true
-}
-
-/// Runs `f` with every signal blocked on this thread (restored after).
-fn with_signals_blocked<R>(f: impl FnOnce() -> R) -> R {
-    // SAFETY: sigset_t is plain data; sigfillset and pthread_sigmask fill the sets we own.
-    unsafe {
-        let mut all: libc::sigset_t = core::mem::zeroed();
-        let mut old: libc::sigset_t = core::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let result = f();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, ptr::null_mut());
-        result
+    let copy = copy.cast::<u8>();
+    let discard = |refusal| {
+        // SAFETY: unmapping our own page, which nothing refers to.
+        unsafe { libc::munmap(copy.cast(), PAGE) };
+        Err(refusal)
+    };
+    // SAFETY: the executable's mapped page (its entries were checked to lie in an
+    // executable segment) into ours.
+    unsafe { ptr::copy_nonoverlapping(at as *const u8, copy, PAGE) };
+    // SAFETY: our page, PAGE bytes.
+    let bytes = unsafe { core::slice::from_raw_parts(copy, PAGE) };
+    if sampler_common::patch::digest(bytes) != page.digest {
+        // A breakpoint (a uprobe attached to the file), or the page changed otherwise:
+        // copied, it would outlive the uprobe that put it there.
+        return discard(PatchRefusal::Changed);
     }
+    let mut patched = 0;
+    for (slot, entry) in entries.iter().enumerate() {
+        if entry.address & !(PAGE_BYTES as u64 - 1) != page.address {
+            continue;
+        }
+        let from = executable.bias + entry.address;
+        let stub = trampolines as u64 + (slot * SLOT_BYTES + STUB_AT) as u64;
+        let Some(jump) = jump(from, stub) else {
+            return discard(PatchRefusal::OutOfReach);
+        };
+        let offset = (entry.address - page.address) as usize;
+        for i in 0..entry.original_len as usize {
+            // SAFETY: within our page (each entry's bytes lie in its page: checked).
+            unsafe { *copy.add(offset + i) = jump.get(i).copied().unwrap_or(0xcc) };
+        }
+        patched += 1;
+    }
+    // SAFETY: our own page, complete: executed from now on, never written.
+    if unsafe { libc::mprotect(copy.cast(), PAGE, libc::PROT_READ | libc::PROT_EXEC) } != 0 {
+        return discard(PatchRefusal::Protected);
+    }
+    // SAFETY: moves our page over the executable's (one step: the old page or the new one
+    // is mapped there at every moment); no other thread runs (checked).
+    let moved = unsafe {
+        libc::mremap(
+            copy.cast(),
+            PAGE,
+            PAGE,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            at as *mut c_void,
+        )
+    };
+    if moved == libc::MAP_FAILED {
+        return discard(PatchRefusal::Protected);
+    }
+    Ok(patched)
 }
 
 /// A relocated prologue, called with the caller's six argument registers.

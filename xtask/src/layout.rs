@@ -184,7 +184,7 @@ docs/             layout.md, missing.md
         // folder, except kernel.rs.
         let listing = "\
 sampler-common/   src/event.rs, geometric (the draw), src/python/*.rs, cookie.rs, usdt.rs,
-                  preload.rs
+                  preload.rs, patch.rs
 ";
         let unnamed = unnamed(listing, workspace).unwrap();
         let names: Vec<&str> = unnamed.iter().map(|(_, e)| e.as_str()).collect();

@@ -15,9 +15,10 @@
 //! or more entry points than the library has wrappers. Pure: bytes in, a plan out.
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction};
+use object::{Object as _, ObjectSegment as _};
 use sampler_common::patch::{
-    Fixup, PatchEntry, PatchPlan, JUMP_BYTES, MAX_FIXUPS, MAX_PATCHES, ORIGINAL_BYTES, PATCH_MAGIC,
-    PATCH_VERSION, RELOCATED_BYTES, ROLE_FREE,
+    Fixup, PatchEntry, PatchPage, PatchPlan, JUMP_BYTES, MAX_FIXUPS, MAX_PATCHES, ORIGINAL_BYTES,
+    PAGE_BYTES, PATCH_MAGIC, PATCH_VERSION, RELOCATED_BYTES, ROLE_FREE,
 };
 
 use super::allocator::AllocatorFile;
@@ -62,6 +63,8 @@ pub fn plan(data: &[u8], file: &AllocatorFile) -> Result<Box<PatchPlan>, String>
         digest,
         count: entries.len() as u64,
         entries: [PatchEntry::default(); MAX_PATCHES],
+        page_count: 0,
+        pages: [PatchPage::default(); MAX_PATCHES],
     });
     for (slot, (symbol, address, size, global, role)) in entries.into_iter().enumerate() {
         if !global {
@@ -74,10 +77,42 @@ pub fn plan(data: &[u8], file: &AllocatorFile) -> Result<Box<PatchPlan>, String>
         }
         let code = super::elf::code_at(&object, address, size)
             .ok_or_else(|| format!("{symbol}: its code is not in the file"))?;
-        plan.entries[slot] =
-            plan_function(code, address, role).map_err(|e| format!("{symbol}: {e}"))?;
+        let entry = plan_function(code, address, role).map_err(|e| format!("{symbol}: {e}"))?;
+        let page = address & !(PAGE_BYTES as u64 - 1);
+        if (address + u64::from(entry.original_len) - 1) & !(PAGE_BYTES as u64 - 1) != page {
+            return Err(format!("{symbol}: its first bytes cross a page boundary"));
+        }
+        let used = plan.page_count as usize;
+        if !plan.pages[..used].iter().any(|p| p.address == page) {
+            let bytes = page_bytes(data, &object, page)
+                .ok_or_else(|| format!("{symbol}: its page is not in the file"))?;
+            plan.pages[used] = PatchPage {
+                address: page,
+                digest: sampler_common::patch::digest(&bytes),
+            };
+            plan.page_count += 1;
+        }
+        plan.entries[slot] = entry;
     }
     Ok(plan)
+}
+
+/// The bytes of the page at virtual `address` as the loader maps it from the file (its
+/// segment's pages come whole from the file, zeros past its end).
+fn page_bytes(data: &[u8], object: &object::File, address: u64) -> Option<Vec<u8>> {
+    let segment = object.segments().find(|s| {
+        let start = s.address() & !(PAGE_BYTES as u64 - 1);
+        (start..s.address() + s.size()).contains(&address)
+    })?;
+    let (offset, _) = segment.file_range();
+    // The loader maps from the page-aligned offset (the virtual address and the offset are
+    // congruent modulo the page size).
+    let at = usize::try_from((address + offset).checked_sub(segment.address())?).ok()?;
+    let mut bytes = vec![0u8; PAGE_BYTES];
+    let available = data.get(at..)?;
+    let n = available.len().min(PAGE_BYTES);
+    bytes[..n].copy_from_slice(&available[..n]);
+    Some(bytes)
 }
 
 /// Whether `symbol` is a form of C++'s `operator new` that throws on failure (its
