@@ -631,6 +631,103 @@ def _():
     check(code == 0 and "ld.so" not in err and "preloaded" not in err, err[-400:])
 
 
+def rust_fixture(allocator):
+    """tests/fixtures/rust built with `allocator` (a cargo feature), where the tests build it."""
+    target = os.path.join(ROOT, "target", "fixtures", f"rust-{allocator}")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RUSTFLAGS", "CARGO_BUILD_TARGET", "CARGO_TARGET_DIR")}
+    subprocess.run([os.environ.get("CARGO", "cargo"), "build", "--release", "--locked",
+                    "--quiet", "--manifest-path", os.path.join(FIXTURES, "rust", "Cargo.toml"),
+                    "--target-dir", target, "--features", allocator], check=True, env=env)
+    return os.path.join(target, "release", "rustalloc")
+
+
+def own_counts(stdout):
+    """The (calls, bytes) lines a rustalloc run printed, one per process, largest first."""
+    lines = [l.split() for l in stdout.splitlines() if l.startswith("calls ")]
+    return sorted(((int(l[1]), int(l[3])) for l in lines), reverse=True)
+
+
+@case("a Rust program's linked-in allocator, patched: 64 threads and copies run as natively [#63]",
+      "harm")
+def _():
+    # Its entry points patched at the library's set-up (one thread then), the 64 threads
+    # and the 2 copies of itself (each patched at its own set-up) allocate through the
+    # patch at once: the output and status are native's, and each process's calls are
+    # counted once (its own count and the C library's few at start and per thread).
+    for allocator in ("jemalloc", "mimalloc"):
+        exe = rust_fixture(allocator)
+        args = [exe, "300", "0", "64", "2"]
+        native_code, native_out, _ = run(args, timeout=120)
+        out = path(f"rust-{allocator}.json")
+        code, stdout, err = run([A, "record", "-o", out, "--", *args], timeout=180)
+        check(code == native_code == 0, f"{allocator}: exit {code}, natively {native_code}")
+        own, native = own_counts(stdout), own_counts(native_out)
+        # The copies' counts are deterministic; the threaded parent's vary by a few calls.
+        check(len(own) == 3 and own[1:] == native[1:]
+              and abs(own[0][0] - native[0][0]) < 1000, f"{allocator}: {own} vs {native}")
+        mine = sorted((p for p in profile(out)["processes"] if p["command"] == "rustalloc"),
+                      key=lambda p: -p["exact"]["calls"])
+        check(len(mine) == 3, f"{allocator}: {len(mine)} processes recorded")
+        for p, (calls, _) in zip(mine, own):
+            patched = any(a.endswith(", patched in-process)") for a in p["allocators"])
+            check(p["front_end"] == "in-process" and patched and not p.get("incomplete")
+                  and calls <= p["exact"]["calls"] <= calls + 16 + 8 * 64,
+                  f"{allocator}: pid {p['pid']}: {p['front_end']}, {p['allocators']}, "
+                  f"{p.get('incomplete')}, {p['exact']['calls']} calls against {calls}")
+
+
+@case("a patched program runs on while another recording probes its file with uprobes [#63]",
+      "harm")
+def _():
+    # `record --all` puts uprobes on every allocator file it finds, this program's own
+    # executable too: the kernel writes their breakpoints into the file's pages of every
+    # process, but this one's patched pages are its own copies, which no breakpoint reaches
+    # (one over a patched entry would crash it). It ends as natively, counted whole.
+    exe = rust_fixture("jemalloc")
+    native_code, native_out, _ = run([exe, "100000", "1000"], timeout=120)
+    out = path("rust-under-all.json")
+    first = subprocess.Popen([A, "record", "-o", out, "--", exe, "100000", "1000"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.5)
+    code, _, err = record("--all", "--no-preload", "--duration", "2", timeout=120)
+    check(code == 0, f"record --all: exit {code}: {err[-300:]}")
+    stdout, stderr = first.communicate(timeout=120)
+    check(first.returncode == native_code == 0 and
+          own_counts(stdout.decode()) == own_counts(native_out),
+          f"exit {first.returncode}: {stdout.decode()[-200:]} {stderr.decode()[-300:]}")
+    (p,) = [p for p in profile(out)["processes"] if p["command"] == "rustalloc"]
+    calls = own_counts(native_out)[0][0]
+    check(calls <= p["exact"]["calls"] <= calls + 16, f"{p['exact']} against {calls}")
+
+
+@case("another thread at the set-up: nothing patched, said, the program as natively [#63]",
+      "harm")
+def _():
+    # A library preloaded by the user starts a thread in its constructor, before the
+    # sampler sets up: the patch needs the process to have one thread (a thread inside an
+    # entry's first bytes would resume in the middle of the jump), so none is patched and
+    # the profile says its calls are not counted.
+    exe = rust_fixture("jemalloc")
+    lib = path("thread_at_start.so")
+    src = path("thread_at_start.c")
+    with open(src, "w") as f:
+        f.write("#include <pthread.h>\n#include <unistd.h>\n"
+                "static void *idle(void *arg) { (void)arg; sleep(5); return 0; }\n"
+                "__attribute__((constructor)) static void start(void) {\n"
+                "  pthread_t t; pthread_create(&t, 0, idle, 0); pthread_detach(t); }\n")
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-pthread", src, "-o", lib], check=True)
+    env = dict(os.environ, LD_PRELOAD=lib)
+    native_code, native_out, _ = run([exe, "200"], env=env)
+    out = path("rust-threaded-start.json")
+    code, stdout, err = run([A, "record", "-o", out, "--", exe, "200"], env=env, timeout=120)
+    check(code == native_code == 0 and own_counts(stdout) == own_counts(native_out),
+          f"exit {code}: {stdout[-200:]} {err[-300:]}")
+    (p,) = [p for p in profile(out)["processes"] if p["command"] == "rustalloc"]
+    said = " ".join(p.get("incomplete", []))
+    check("another thread was running" in said and "not counted" in said, said)
+
+
 @case("children that drop the library are counted and said to be [#39.7]", "processes")
 def _():
     exe = build("workload")
