@@ -362,6 +362,8 @@ pub struct MappedRegion {
     slot: Option<usize>,
     /// Counts at attach (zero for a command we started): what came before is not ours.
     baseline: (u64, u64),
+    /// What [`Self::counts`] last read (kept where the region was zeroed since).
+    last: std::sync::Mutex<(u64, u64)>,
     /// When the maps last handed out by [`Self::new_maps`] were read (0: none yet).
     maps_offered_ns: u64,
 }
@@ -398,6 +400,7 @@ impl MappedRegion {
             map,
             slot: None,
             baseline: (0, 0),
+            last: std::sync::Mutex::new((0, 0)),
             maps_offered_ns: 0,
         };
         let region = mapped.region();
@@ -498,12 +501,18 @@ impl MappedRegion {
     }
 
     /// Calls and bytes counted since this mapping was made (for a command: since its start).
+    /// A region another recording gave back (its process gone, the slot zeroed) while this
+    /// one still maps it keeps what was read last: it never counts backwards.
     pub(crate) fn counts(&self) -> (u64, u64) {
         let (calls, bytes) = self.region().totals();
-        (
-            calls.wrapping_sub(self.baseline.0),
-            bytes.wrapping_sub(self.baseline.1),
-        )
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(calls), Some(bytes)) = (
+            calls.checked_sub(self.baseline.0),
+            bytes.checked_sub(self.baseline.1),
+        ) {
+            *last = (calls, bytes);
+        }
+        *last
     }
 
     /// Sets the mean interval of countdowns drawn from now on (each thread redraws at its
