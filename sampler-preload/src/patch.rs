@@ -137,6 +137,22 @@ impl Executable {
         })
     }
 
+    /// Whether the page at file address `page` is all code: the only loaded segment on
+    /// it is executable and not writable (it is replaced by a read-and-execute copy).
+    fn code_page(&self, page: u64) -> bool {
+        const PF_X: u32 = 1;
+        const PF_W: u32 = 2;
+        let mut on_it = self.headers.iter().filter(|h| {
+            h.p_type == crate::objects::PT_LOAD
+                && h.p_vaddr < page + PAGE as u64
+                && page < h.p_vaddr + h.p_memsz
+        });
+        matches!(
+            (on_it.next(), on_it.next()),
+            (Some(h), None) if h.p_flags & PF_X != 0 && h.p_flags & PF_W == 0
+        )
+    }
+
     /// Where its loaded segments start, in memory.
     fn lowest(&self) -> u64 {
         let low = self
@@ -175,6 +191,9 @@ fn patch_all(plan: &PatchPlan) -> Result<u64, (u64, PatchRefusal)> {
     };
     if pages == 0 || pages > MAX_PATCHES || !entries.iter().all(in_a_page) {
         return refuse(PatchRefusal::Unreadable);
+    }
+    if !plan.pages[..pages].iter().all(|p| executable.code_page(p.address)) {
+        return refuse(PatchRefusal::Changed);
     }
     if !entries.iter().all(|e| unchanged(&executable, e)) {
         return refuse(PatchRefusal::Changed);
