@@ -68,7 +68,8 @@ pub enum PatchRefusal {
     Threads = 3,
     /// No memory near the executable for the trampolines.
     NoRoom = 4,
-    /// The executable's code could not be made writable (`mprotect` refused).
+    /// A patched copy of the executable's page could not be put in place (`mprotect` or
+    /// `mremap` refused, e.g. a sealed mapping).
     Protected = 5,
     /// A relocated instruction could not reach its target.
     OutOfReach = 6,
@@ -100,7 +101,9 @@ impl PatchRefusal {
             PatchRefusal::Changed => "its entry points' code differs from the file's",
             PatchRefusal::Threads => "another thread was running when the sampler set up",
             PatchRefusal::NoRoom => "no memory within 2 GiB of the executable for the trampolines",
-            PatchRefusal::Protected => "its code could not be made writable (mprotect refused)",
+            PatchRefusal::Protected => {
+                "its pages could not be replaced by patched copies (mprotect or mremap refused)"
+            }
             PatchRefusal::OutOfReach => "a relocated instruction could not reach its target",
             PatchRefusal::Unreadable => "the plan could not be read",
         }

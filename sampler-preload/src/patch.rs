@@ -180,7 +180,8 @@ fn patch_all(plan: &PatchPlan) -> Result<u64, (u64, PatchRefusal)> {
         return refuse(PatchRefusal::OtherExecutable);
     };
     if sampler_common::patch::digest(executable.header_bytes()) != plan.digest {
-        return refuse(PatchRefusal::OtherExecutable);
+        // Another program of the command's tree: the plan is not for it, nothing to say.
+        return Ok(0);
     }
     let entries = &plan.entries[..count];
     let pages = plan.page_count as usize;
@@ -192,7 +193,10 @@ fn patch_all(plan: &PatchPlan) -> Result<u64, (u64, PatchRefusal)> {
     if pages == 0 || pages > MAX_PATCHES || !entries.iter().all(in_a_page) {
         return refuse(PatchRefusal::Unreadable);
     }
-    if !plan.pages[..pages].iter().all(|p| executable.code_page(p.address)) {
+    if !plan.pages[..pages]
+        .iter()
+        .all(|p| executable.code_page(p.address))
+    {
         return refuse(PatchRefusal::Changed);
     }
     if !entries.iter().all(|e| unchanged(&executable, e)) {
@@ -220,18 +224,32 @@ fn patch_all(plan: &PatchPlan) -> Result<u64, (u64, PatchRefusal)> {
         ORIGINALS[slot].store(at, Ordering::Release);
         ROLES[slot].store(entry.role, Ordering::Release);
     }
-    let mut patched = 0;
-    for page in &plan.pages[..pages] {
-        match replace_page(&executable, page, entries, trampolines) {
-            Ok(n) => patched += n,
+    // Every copy made and checked before any is put in place: all or nothing.
+    let mut copies = [(ptr::null_mut::<u8>(), 0u64, 0u64); MAX_PATCHES];
+    for (i, page) in plan.pages[..pages].iter().enumerate() {
+        match copy_page(&executable, page, entries, trampolines) {
+            Ok(copy) => copies[i] = copy,
             Err(refusal) => {
-                if patched == 0 {
-                    // SAFETY: unmapping our own mapping, which nothing jumps to.
-                    unsafe { libc::munmap(trampolines.cast(), bytes) };
+                for &(copy, _, _) in &copies[..i] {
+                    // SAFETY: unmapping our own copies, which nothing refers to.
+                    unsafe { libc::munmap(copy.cast(), PAGE) };
                 }
-                return Err((patched, refusal));
+                // SAFETY: unmapping our own mapping, which nothing jumps to.
+                unsafe { libc::munmap(trampolines.cast(), bytes) };
+                return refuse(refusal);
             }
         }
+    }
+    let mut patched = 0;
+    for (i, &(copy, at, n)) in copies[..pages].iter().enumerate() {
+        if !move_page(copy, at) {
+            for &(copy, _, _) in &copies[i..pages] {
+                // SAFETY: unmapping our own copies not put in place.
+                unsafe { libc::munmap(copy.cast(), PAGE) };
+            }
+            return Err((patched, PatchRefusal::Protected));
+        }
+        patched += n;
     }
     Ok(patched)
 }
@@ -250,12 +268,47 @@ fn unchanged(executable: &Executable, entry: &PatchEntry) -> bool {
     now == &entry.original[..len]
 }
 
-/// Whether the process has only this thread (glibc's own flag, false from its first
-/// `pthread_create` on; no system call). Unknown (an older C library) counts as not.
+/// Whether the process has only this thread: glibc's own flag (false from its first
+/// `pthread_create` on; no system call), or before glibc 2.32, which has none, the
+/// kernel's count (`/proc/self/stat`). Unknown counts as not.
 fn single_threaded() -> bool {
     let flag = crate::python::symbol(c"__libc_single_threaded").cast::<u8>();
-    // SAFETY: glibc's `char __libc_single_threaded`, read once.
-    !flag.is_null() && unsafe { ptr::read_volatile(flag) } != 0
+    if !flag.is_null() {
+        // SAFETY: glibc's `char __libc_single_threaded`, read once.
+        return unsafe { ptr::read_volatile(flag) } != 0;
+    }
+    threads_from_stat() == Some(1)
+}
+
+/// The process's threads as the kernel counts them (`/proc/self/stat`, field 20).
+fn threads_from_stat() -> Option<u64> {
+    let mut buffer = [0u8; 1024];
+    // SAFETY: opening a proc file with a NUL-terminated path.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/stat".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: reads into our buffer; closes what we opened.
+    let n = unsafe {
+        let n = libc::read(fd, buffer.as_mut_ptr().cast(), buffer.len());
+        libc::close(fd);
+        n
+    };
+    let text = buffer.get(..usize::try_from(n).ok()?)?;
+    // The name (field 2) may hold spaces and parentheses: fields are counted after its end.
+    let after = text.iter().rposition(|&b| b == b')')? + 1;
+    let field = text[after..]
+        .split(|&b| b == b' ')
+        .filter(|f| !f.is_empty())
+        .nth(17)?;
+    field.iter().try_fold(0u64, |v, &b| {
+        b.is_ascii_digit().then(|| v * 10 + u64::from(b - b'0'))
+    })
 }
 
 /// A private read-write mapping of `bytes` within reach (±2 GiB) of code starting at
@@ -323,14 +376,15 @@ fn write_trampolines(
     Ok(())
 }
 
-/// Replaces the executable's `page` by a patched copy: its `entries` jump to their stubs
-/// in `trampolines`. The number patched, or why none was (the page left as it was).
-fn replace_page(
+/// A patched copy of the executable's `page`, read-and-execute, where its `entries` jump
+/// to their stubs in `trampolines`: the copy, where it goes, and how many entries it
+/// patches; or why it cannot be made (nothing left mapped).
+fn copy_page(
     executable: &Executable,
     page: &PatchPage,
     entries: &[PatchEntry],
     trampolines: *mut u8,
-) -> Result<u64, PatchRefusal> {
+) -> Result<(*mut u8, u64, u64), PatchRefusal> {
     let at = executable.bias.wrapping_add(page.address);
     // SAFETY: a new private anonymous page, ours until moved or unmapped.
     let copy = unsafe {
@@ -383,6 +437,11 @@ fn replace_page(
     if unsafe { libc::mprotect(copy.cast(), PAGE, libc::PROT_READ | libc::PROT_EXEC) } != 0 {
         return discard(PatchRefusal::Protected);
     }
+    Ok((copy, at, patched))
+}
+
+/// Moves the patched `copy` over the executable's page at `at`: false if it could not be.
+fn move_page(copy: *mut u8, at: u64) -> bool {
     // SAFETY: moves our page over the executable's (one step: the old page or the new one
     // is mapped there at every moment); no other thread runs (checked).
     let moved = unsafe {
@@ -394,10 +453,7 @@ fn replace_page(
             at as *mut c_void,
         )
     };
-    if moved == libc::MAP_FAILED {
-        return discard(PatchRefusal::Protected);
-    }
-    Ok(patched)
+    moved != libc::MAP_FAILED
 }
 
 /// A relocated prologue, called with the caller's six argument registers.
@@ -413,7 +469,7 @@ fn call(slot: usize, a: [usize; 6]) -> usize {
         unsafe { core::mem::transmute::<usize, Original>(ORIGINALS[slot].load(Ordering::Relaxed)) };
     // SAFETY: the caller's arguments, forwarded to the allocator's own code.
     let forward = || unsafe { original(a[0], a[1], a[2], a[3], a[4], a[5]) };
-    let busy = || thread::busy(forward) as *mut c_void;
+    let busy = || thread::within(forward) as *mut c_void;
     let role = ROLES[slot].load(Ordering::Relaxed);
     if role == ROLE_FREE {
         forget(a[0] as *mut c_void);
@@ -438,7 +494,7 @@ fn call(slot: usize, a: [usize; 6]) -> usize {
 #[inline(always)]
 fn posix_memalign(a: [usize; 6], forward: impl FnOnce() -> usize) -> usize {
     let sampled = thread::count(a[2] as u64);
-    let status = thread::busy(forward);
+    let status = thread::within(forward);
     if sampled {
         let pointer = if status as u32 == 0 {
             // SAFETY: set by a successful posix_memalign.

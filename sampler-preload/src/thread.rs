@@ -37,6 +37,9 @@ pub struct Thread {
     /// In code whose allocator calls are not the program's own: the library's, or an
     /// allocator call counted already (a wrapped CPython domain's, see `python`).
     busy: Cell<bool>,
+    /// Where on this thread's stack a patched allocator entry's call counted already runs
+    /// (0: none): calls deeper than it are made underneath (see [`within`]).
+    within: Cell<usize>,
     /// The last sampled call of this thread, for [`last_sample`].
     sampled: Cell<Sampled>,
 }
@@ -121,6 +124,16 @@ pub fn count(size: u64) -> bool {
             // Made by an allocator call counted already (a wrapped CPython domain's
             // `malloc` underneath), or by the library itself.
             return false;
+        }
+        let within = t.within.get();
+        if within != 0 {
+            let here = 0u8;
+            if (&raw const here as usize) < within {
+                // Made underneath a patched entry's call counted already.
+                return false;
+            }
+            // Left by a call that never returned here (a longjmp out of the allocator).
+            t.within.set(0);
         }
         let slot = t.slot.get();
         if slot.is_null() {
@@ -310,6 +323,26 @@ pub fn unmark_busy() {
     with(|t| t.busy.set(false));
 }
 
+/// Runs `f`, a patched allocator entry's own code (its call counted already), with the
+/// allocation calls it makes underneath uncounted. Kept by the stack's depth, not by a
+/// flag: a call deeper than this frame is underneath, and a `longjmp` out of `f` (an
+/// out-of-memory handler's) leaves only a mark that the next call above it clears, where
+/// a flag would leave every later call of the thread uncounted.
+#[inline(always)]
+pub fn within<R>(f: impl FnOnce() -> R) -> R {
+    // The bottom of the caller's frame: every local of a later call at this depth lies at
+    // or above it, every one of a call made underneath below it.
+    let bottom: usize;
+    // SAFETY: reads the stack pointer; no memory touched.
+    unsafe {
+        core::arch::asm!("mov {}, rsp", out(reg) bottom, options(nomem, nostack, preserves_flags))
+    };
+    let previous = with(|t| t.within.replace(bottom));
+    let result = f();
+    with(|t| t.within.set(previous));
+    result
+}
+
 /// Runs `f` with this thread's allocation calls uncounted (the library's own, or those an
 /// allocator call counted already makes underneath).
 pub fn busy<R>(f: impl FnOnce() -> R) -> R {
@@ -353,5 +386,6 @@ pub fn after_fork() {
         t.slot.set(ptr::null());
         t.shared.set(false);
         t.busy.set(false);
+        t.within.set(0);
     });
 }

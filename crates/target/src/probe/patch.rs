@@ -94,7 +94,87 @@ pub fn plan(data: &[u8], file: &AllocatorFile) -> Result<Box<PatchPlan>, String>
         }
         plan.entries[slot] = entry;
     }
+    let names: Vec<&str> = file
+        .functions
+        .iter()
+        .map(|f| f.symbol.as_str())
+        .chain(file.frees.iter().map(|f| f.symbol.as_str()))
+        .collect();
+    let bodies = bodies(&object, &plan, &names);
+    if let Some(why) = branch_into_any(&object, &plan, &bodies) {
+        return Err(why);
+    }
     Ok(plan)
+}
+
+/// Per plan entry, the code that is its own: its symbol's range and those of its parts
+/// the compiler split off (`malloc.cold`, `malloc.part.0`), which may jump back to it.
+fn bodies(object: &object::File, plan: &PatchPlan, names: &[&str]) -> Vec<Vec<(u64, u64)>> {
+    use object::ObjectSymbol as _;
+    let mut bodies: Vec<Vec<(u64, u64)>> = vec![Vec::new(); plan.count as usize];
+    for symbol in object.symbols().chain(object.dynamic_symbols()) {
+        let Ok(name) = symbol.name() else { continue };
+        for (slot, entry) in plan.entries[..plan.count as usize].iter().enumerate() {
+            let own = symbol.address() == entry.address;
+            let part = name
+                .strip_prefix(names[slot])
+                .is_some_and(|rest| rest.starts_with('.'));
+            if (own || part) && symbol.size() > 0 {
+                bodies[slot].push((symbol.address(), symbol.address() + symbol.size()));
+            }
+        }
+    }
+    bodies
+}
+
+/// Why the plan cannot be kept, if a direct branch anywhere in the file's code lands in an
+/// entry's replaced bytes past its first (it would run the jump's middle), or a jump in the
+/// entry's own code goes back to its first byte (a loop through the entry would go
+/// through the wrapper on each turn, a frame deeper each time).
+fn branch_into_any(
+    object: &object::File,
+    plan: &PatchPlan,
+    bodies: &[Vec<(u64, u64)>],
+) -> Option<String> {
+    use object::{ObjectSection as _, SectionKind};
+    let entries = &plan.entries[..plan.count as usize];
+    let mut instruction = Instruction::default();
+    for section in object.sections().filter(|s| s.kind() == SectionKind::Text) {
+        let Ok(code) = section.data() else { continue };
+        let mut decoder = Decoder::with_ip(64, code, section.address(), DecoderOptions::NONE);
+        while decoder.can_decode() {
+            decoder.decode_out(&mut instruction);
+            let call = instruction.is_call_near();
+            let jump = instruction.is_jmp_short_or_near()
+                || instruction.is_jcc_short_or_near()
+                || instruction.is_jcx_short()
+                || instruction.is_loop()
+                || instruction.is_loopcc();
+            if !call && !jump {
+                continue;
+            }
+            let (from, to) = (instruction.ip(), instruction.near_branch_target());
+            for (slot, entry) in entries.iter().enumerate() {
+                let end = entry.address + u64::from(entry.original_len);
+                let inside = to > entry.address && to < end;
+                let own = bodies[slot].iter().any(|&(a, b)| (a..b).contains(&from));
+                let patched = from >= entry.address && from < end;
+                if inside {
+                    return Some(format!(
+                        "the code at {from:#x} jumps into the first bytes of the entry at {:#x}",
+                        entry.address
+                    ));
+                }
+                if jump && to == entry.address && (own || patched) {
+                    return Some(format!(
+                        "the code at {from:#x} loops back to the entry at {:#x}",
+                        entry.address
+                    ));
+                }
+            }
+        }
+    }
+    None
 }
 
 /// The bytes of the page at virtual `address` as the loader maps it from the file (its
