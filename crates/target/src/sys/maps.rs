@@ -92,7 +92,37 @@ pub fn load_bias(segments: &[(Range<u64>, u64)], start: u64, offset: u64) -> Opt
 /// Parses the text of a maps file. Malformed lines are skipped, not fatal: the kernel's
 /// format is stable, and a partial map is more useful than none.
 pub fn parse(text: &str) -> Vec<Vma> {
-    text.lines().filter_map(parse_line).collect()
+    let mut vmas: Vec<Vma> = text.lines().filter_map(parse_line).collect();
+    attribute_patched_pages(&mut vmas);
+    vmas
+}
+
+/// Gives back to its file a page of code that allocscope's in-process sampler replaced by
+/// a patched copy (see `sampler-preload`'s `patch`): anonymous, executable, and between
+/// two mappings of one file whose offsets it continues exactly (the kernel shows the copy
+/// as memory of no file; its code is the file's, but for the patched entries' first
+/// bytes). Its frames are then the file's, as they were.
+fn attribute_patched_pages(vmas: &mut [Vma]) {
+    for i in 1..vmas.len().saturating_sub(1) {
+        let (before, rest) = vmas.split_at_mut(i);
+        let (this, after) = rest.split_at_mut(1);
+        let (prev, this, next) = (&before[i - 1], &mut this[0], &after[0]);
+        let continues = prev.end == this.start
+            && this.end == next.start
+            && prev.path.is_some()
+            && prev.file_id == next.file_id
+            && prev.offset + (prev.end - prev.start) + (this.end - this.start) == next.offset;
+        if this.path.is_none()
+            && this.file_id.inode == 0
+            && this.executable
+            && !this.writable
+            && continues
+        {
+            this.offset = prev.offset + (prev.end - prev.start);
+            this.file_id = prev.file_id.clone();
+            this.path = prev.path.clone();
+        }
+    }
 }
 
 fn parse_line(line: &str) -> Option<Vma> {
@@ -217,6 +247,30 @@ garbage line
         let bias = load_bias(&segments, 0x7f00_0000_1200, 0x1200).unwrap();
         assert_eq!(bias.wrapping_add(0x2200), 0x7f00_0000_1200);
         assert_eq!(load_bias(&segments, 0x1000, 0x9000), None);
+    }
+
+    #[test]
+    fn a_patched_page_of_code_is_its_files_again() {
+        // The sampler's copy of the executable's page 0x2000 (anonymous, executable) sits
+        // between the file's pages whose offsets it continues; the trampolines' page below
+        // the executable, and a JIT page beside a library, are left as they are.
+        let text = "\
+5581f09ff000-5581f0a00000 r-xp 00000000 00:00 0
+5581f0a00000-5581f0a01000 r--p 00000000 fe:01 1234 /usr/bin/demo
+5581f0a01000-5581f0a02000 r-xp 00001000 fe:01 1234 /usr/bin/demo
+5581f0a02000-5581f0a03000 r-xp 00000000 00:00 0
+5581f0a03000-5581f0a05000 r-xp 00003000 fe:01 1234 /usr/bin/demo
+7f1c2a626000-7f1c2a77b000 r-xp 00026000 fe:01 42 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f1c2a77b000-7f1c2a77c000 rwxp 00000000 00:00 0
+7f1c2a77c000-7f1c2a77d000 r-xp 00000000 00:00 0
+";
+        let vmas = parse(text);
+        assert_eq!(vmas[3].path.as_deref(), Some("/usr/bin/demo".as_ref()));
+        assert_eq!(vmas[3].file_id.inode, 1234);
+        assert_eq!(vmas[3].file_offset(0x5581f0a02010), Some(0x2010));
+        assert_eq!(vmas[0].path, None);
+        assert_eq!(vmas[6].path, None);
+        assert_eq!(vmas[7].path, None);
     }
 
     #[test]
