@@ -728,6 +728,43 @@ def _():
     check("another thread was running" in said and "not counted" in said, said)
 
 
+@case("an own malloc that cannot be moved is not patched: counted by uprobes, runs as natively [#63]",
+      "harm")
+def _():
+    # A cold part of malloc jumps back into its first bytes (gcc's malloc.cold), or its spin
+    # lock's loop starts at its entry: patched, the first would run the middle of the jump
+    # (SIGTRAP) and the second go through the wrapper at each turn (the stack overflowed).
+    # The plan scans every branch of the file's code and refuses both, said; uprobes count.
+    for name, args in (("cold_malloc", ["20000"]), ("spin_malloc", ["200000", "4"])):
+        # Built as a program's own build would be (no frame pointers: the cold part jumps
+        # back to the entry's fourth byte).
+        exe = path(name)
+        subprocess.run(["cc", "-O2", "-fno-builtin", "-pthread", os.path.join(FIXTURES, name + ".c"),
+                        "-o", exe], check=True)
+        native_code, native_out, _ = run([exe, *args])
+        out = path(f"{name}.json")
+        code, stdout, err = run([A, "record", "-v", "-o", out, "--", exe, *args], timeout=120)
+        check(code == native_code == 0 and stdout.split()[:2] == native_out.split()[:2],
+              f"{name}: exit {code}: {stdout[-200:]} {err[-300:]}")
+        check("not patched in-process" in err, f"{name}: {err[-500:]}")
+
+
+@case("an own malloc left by a longjmp: the thread's later calls are still counted [#63]",
+      "numbers")
+def _():
+    # An out-of-memory handler longjmps out of the patched malloc: what the wrapper marked
+    # for the calls underneath must not outlive it (every later call went uncounted).
+    exe = build("longjmp_malloc", ["-fno-builtin"])
+    out = path("longjmp_malloc.json")
+    code, stdout, err = run([A, "record", "-o", out, "--", exe, "100000"], timeout=60)
+    own = int(stdout.split()[-1])
+    (p,) = [p for p in profile(out)["processes"] if p["command"] == "longjmp_malloc"]
+    # Its own count has the library's own few calls at its set-up, which reach the
+    # program's malloc uncounted by the library.
+    check(code == 0 and own - 16 <= p["exact"]["calls"] <= own + 16,
+          f"exit {code}: {p['exact']['calls']} calls counted, the program's own {own}")
+
+
 @case("children that drop the library are counted and said to be [#39.7]", "processes")
 def _():
     exe = build("workload")

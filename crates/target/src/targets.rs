@@ -179,6 +179,16 @@ impl AllocatorCache {
         allocator.file = file;
     }
 
+    /// Undoes [`Self::patched_in_process`]: the file is probed like any other from now on.
+    pub fn unpatched(&mut self, allocator: &mut Allocator) {
+        let mut file = (*allocator.file).clone();
+        file.patched_in_process = false;
+        let file = Arc::new(file);
+        self.files
+            .insert(allocator.file_id.clone(), Some(file.clone()));
+        allocator.file = file;
+    }
+
     /// The allocators of a file on this host's file system (the command to start, its
     /// libraries), outside any process.
     pub fn of_file(&mut self, path: &Path, in_executable: bool) -> Option<Allocator> {

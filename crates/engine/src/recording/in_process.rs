@@ -45,6 +45,11 @@ pub(super) struct InProcess {
     interval: u64,
     /// The allocator linked into the command's executable that its processes patch.
     pub(super) patched: Option<Allocator>,
+    /// Processes that run the patched file, not yet seen to have patched it, and since
+    /// when (see `super::patched`).
+    pub(super) watched: std::collections::HashMap<u32, u64>,
+    /// The patched file is probed for every process (one ran it unpatched).
+    pub(super) fallen_back: bool,
 }
 
 impl InProcess {
@@ -174,7 +179,8 @@ impl InProcess {
             if entries > 0 {
                 processes.add_allocators(each, std::slice::from_ref(patched), false);
             }
-            if let Some(refused) = refused {
+            // Probed for every process since one ran it unpatched: counted by uprobes.
+            if let Some(refused) = refused.filter(|_| !self.fallen_back) {
                 processes.incomplete(
                     each,
                     format!(

@@ -36,6 +36,7 @@ mod go_readers;
 mod in_process;
 mod intake;
 mod load;
+mod patched;
 mod prepare;
 mod start;
 

@@ -131,6 +131,15 @@ impl Counters {
         Some(self.regions.get(&pid)?.set_up_ns())
     }
 
+    /// What `pid`'s library did with the patch plan (see
+    /// [`crate::preload::MappedRegion::patched`]), if it counts in a region.
+    pub fn region_patched(
+        &self,
+        pid: u32,
+    ) -> Option<(u64, Option<sampler_common::preload::PatchRefusal>)> {
+        Some(self.regions.get(&pid)?.patched())
+    }
+
     /// Whether `pid` counts its own calls.
     pub fn has_region(&self, pid: u32) -> bool {
         self.regions.contains_key(&pid)

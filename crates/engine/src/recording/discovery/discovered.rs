@@ -236,7 +236,9 @@ impl Discovered {
             return;
         };
         let from_ns = &exec_ns.unwrap_or(*since_ns);
-        for allocator in allocators {
+        // Counted by the library in the processes that patched it (one that did not makes
+        // it probed, then noted: `super::super::patched`).
+        for allocator in allocators.iter().filter(|a| !a.file.patched_in_process) {
             let name = allocator.describe();
             if coverage.late.iter().any(|late| late.allocator == name) {
                 continue;

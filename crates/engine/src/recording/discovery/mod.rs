@@ -70,6 +70,7 @@ impl Recording {
                 }
             }
         }
+        self.watch_patched(pid, allocators);
         let target = self.discovered.is_running(pid);
         self.in_process.map(
             pid,
@@ -89,6 +90,7 @@ impl Recording {
         allocators: &[Allocator],
         since: CoveredSince,
     ) -> anyhow::Result<()> {
+        let allocators = &self.as_patched(pid, allocators);
         if self.discovered.followed_only() {
             return self.admit(pid, Some(allocators), since);
         }
@@ -232,6 +234,8 @@ impl Recording {
                 since.start
             );
         }
+        let allocators = allocators.map(|a| self.as_patched(pid, a));
+        let allocators = allocators.as_deref();
         self.map_front_end(pid, allocators.unwrap_or_default(), since.parent);
         if let Some(allocators) = allocators {
             self.cache.remember(pid, allocators);
@@ -248,8 +252,10 @@ impl Recording {
             return Ok(());
         }
         for allocator in allocators {
+            // Patched by the processes that run it (see `super::patched`): not probed.
             if self.discovered.probes_host_file(&allocator.file_id)
                 || (self.carriers.is_some() && !Carriers::probes(allocator))
+                || allocator.file.patched_in_process
             {
                 continue;
             }
@@ -292,6 +298,7 @@ impl Recording {
         self.claim_regions(None);
         self.in_process
             .sweep(&self.accounting.counters, &self.discovered);
+        self.check_patched();
         if let Some(carriers) = self.carriers.as_mut() {
             carriers.sweep();
         }

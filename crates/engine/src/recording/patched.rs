@@ -1,0 +1,100 @@
+//! The allocator linked into the command's executable, patched by its processes (see
+//! `probe::patch`): watched in each process that runs it, and probed with uprobes for
+//! every process from the moment one runs it without the patch.
+//!
+//! Why: the patched file is not probed (its calls reach the library), so a process of the
+//! tree that runs it without the patch would go uncounted: one whose library refused (a
+//! thread at its set-up, a uprobe already there), one without the library (a raw `execve`
+//! with an empty environment, an environment too large to extend) or with a dormant one
+//! (seccomp). Probing the file then is safe for the patched ones: their patched pages are
+//! copies no uprobe reaches. Processes that start later find the breakpoints, leave the
+//! file unpatched and are counted by the uprobes.
+
+use log::{info, warn};
+
+use super::Recording;
+use crate::{collect::monotonic_ns, probe::allocator::Allocator};
+
+/// How long a process that runs the patched file may go without a region saying it
+/// patched it before it is taken for one without the patch (its library sets up within
+/// a millisecond of its exec; a process without one never does).
+const GRACE_NS: u64 = 250_000_000;
+
+impl Recording {
+    /// Watches `pid` if it runs the patched file (among `allocators`).
+    pub(super) fn watch_patched(&mut self, pid: u32, allocators: &[Allocator]) {
+        let runs_it = allocators
+            .iter()
+            .any(|a| a.in_executable && a.file.patched_in_process);
+        if runs_it && !self.in_process.fallen_back {
+            self.in_process
+                .watched
+                .entry(pid)
+                .or_insert_with(monotonic_ns);
+        }
+    }
+
+    /// Looks at the processes watched: a patched one is left alone; one whose library
+    /// refused, or that has not counted in a region in [`GRACE_NS`], makes the file probed.
+    pub(super) fn check_patched(&mut self) {
+        let now = monotonic_ns();
+        let mut unpatched = None;
+        let counters = &self.accounting.counters;
+        self.in_process.watched.retain(|&pid, since| {
+            if !crate::sys::process::exists(pid) {
+                return false;
+            }
+            match counters.region_patched(pid) {
+                Some((n, None)) if n > 0 => false,
+                Some((_, Some(refusal))) => {
+                    unpatched = Some((pid, refusal.reason().to_owned()));
+                    false
+                }
+                _ if now.saturating_sub(*since) > GRACE_NS => {
+                    unpatched = Some((pid, "it does not carry the sampler".to_owned()));
+                    false
+                }
+                _ => true,
+            }
+        });
+        if let Some((pid, why)) = unpatched {
+            self.unpatch(pid, &why);
+        }
+    }
+
+    /// `allocators` of `pid`, the file it patched said to be patched there (probed for
+    /// every process since another ran it unpatched, it is still counted in-process in
+    /// this one, which no uprobe reaches).
+    pub(super) fn as_patched(&self, pid: u32, allocators: &[Allocator]) -> Vec<Allocator> {
+        let patched = self.in_process.patched.as_ref().filter(
+            |_| matches!(self.accounting.counters.region_patched(pid), Some((n, _)) if n > 0),
+        );
+        allocators
+            .iter()
+            .map(|a| match patched {
+                Some(p) if a.in_executable && a.file_id == p.file_id => p.clone(),
+                _ => a.clone(),
+            })
+            .collect()
+    }
+
+    /// Probes the patched file for every process from now on: `pid` runs it unpatched.
+    fn unpatch(&mut self, pid: u32, why: &str) {
+        let Some(mut allocator) = self.in_process.patched.clone() else {
+            return;
+        };
+        self.in_process.fallen_back = true;
+        self.in_process.watched.clear();
+        self.cache.unpatched(&mut allocator);
+        info!(
+            "{}: probed with uprobes for every process from now on: pid {pid} runs it without \
+             the patch ({why}); the processes patched already count in-process",
+            allocator.describe()
+        );
+        if let Err(e) = self.probe_files(std::slice::from_ref(&allocator)) {
+            warn!("probing {}: {e:#}", allocator.describe());
+        }
+        self.discovered
+            .note_late(pid, std::slice::from_ref(&allocator), monotonic_ns());
+    }
+}
