@@ -224,10 +224,26 @@ fn patch_all(plan: &PatchPlan) -> Result<u64, (u64, PatchRefusal)> {
         ORIGINALS[slot].store(at, Ordering::Release);
         ROLES[slot].store(entry.role, Ordering::Release);
     }
+    put_in_place(&executable, plan, trampolines, bytes)
+}
+
+/// Puts patched copies of the plan's pages in place, all of them made and checked before
+/// any is (all or nothing; `trampolines`, `bytes` long, unmapped if none is): the entries
+/// patched, or how many were before a refusal.
+fn put_in_place(
+    executable: &Executable,
+    plan: &PatchPlan,
+    trampolines: *mut u8,
+    bytes: usize,
+) -> Result<u64, (u64, PatchRefusal)> {
+    let (entries, pages) = (
+        &plan.entries[..plan.count as usize],
+        plan.page_count as usize,
+    );
     // Every copy made and checked before any is put in place: all or nothing.
     let mut copies = [(ptr::null_mut::<u8>(), 0u64, 0u64); MAX_PATCHES];
     for (i, page) in plan.pages[..pages].iter().enumerate() {
-        match copy_page(&executable, page, entries, trampolines) {
+        match copy_page(executable, page, entries, trampolines) {
             Ok(copy) => copies[i] = copy,
             Err(refusal) => {
                 for &(copy, _, _) in &copies[..i] {
@@ -236,7 +252,7 @@ fn patch_all(plan: &PatchPlan) -> Result<u64, (u64, PatchRefusal)> {
                 }
                 // SAFETY: unmapping our own mapping, which nothing jumps to.
                 unsafe { libc::munmap(trampolines.cast(), bytes) };
-                return refuse(refusal);
+                return Err((0, refusal));
             }
         }
     }

@@ -78,20 +78,7 @@ pub fn plan(data: &[u8], file: &AllocatorFile) -> Result<Box<PatchPlan>, String>
         let code = super::elf::code_at(&object, address, size)
             .ok_or_else(|| format!("{symbol}: its code is not in the file"))?;
         let entry = plan_function(code, address, role).map_err(|e| format!("{symbol}: {e}"))?;
-        let page = address & !(PAGE_BYTES as u64 - 1);
-        if (address + u64::from(entry.original_len) - 1) & !(PAGE_BYTES as u64 - 1) != page {
-            return Err(format!("{symbol}: its first bytes cross a page boundary"));
-        }
-        let used = plan.page_count as usize;
-        if !plan.pages[..used].iter().any(|p| p.address == page) {
-            let bytes = page_bytes(data, &object, page)
-                .ok_or_else(|| format!("{symbol}: its page is not in the file"))?;
-            plan.pages[used] = PatchPage {
-                address: page,
-                digest: sampler_common::patch::digest(&bytes),
-            };
-            plan.page_count += 1;
-        }
+        add_page(&mut plan, data, &object, &entry).map_err(|e| format!("{symbol}: {e}"))?;
         plan.entries[slot] = entry;
     }
     let names: Vec<&str> = file
@@ -175,6 +162,31 @@ fn branch_into_any(
         }
     }
     None
+}
+
+/// Adds the page holding `entry`'s replaced bytes to `plan`'s pages (once), with the
+/// digest of its bytes as the file maps them.
+fn add_page(
+    plan: &mut PatchPlan,
+    data: &[u8],
+    object: &object::File,
+    entry: &PatchEntry,
+) -> Result<(), String> {
+    let page = entry.address & !(PAGE_BYTES as u64 - 1);
+    let last = entry.address + u64::from(entry.original_len) - 1;
+    if last & !(PAGE_BYTES as u64 - 1) != page {
+        return Err("its first bytes cross a page boundary".into());
+    }
+    let used = plan.page_count as usize;
+    if !plan.pages[..used].iter().any(|p| p.address == page) {
+        let bytes = page_bytes(data, object, page).ok_or("its page is not in the file")?;
+        plan.pages[used] = PatchPage {
+            address: page,
+            digest: sampler_common::patch::digest(&bytes),
+        };
+        plan.page_count += 1;
+    }
+    Ok(())
 }
 
 /// The bytes of the page at virtual `address` as the loader maps it from the file (its
