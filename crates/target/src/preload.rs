@@ -511,6 +511,12 @@ impl MappedRegion {
             bytes.checked_sub(self.baseline.1),
         ) {
             *last = (calls, bytes);
+        } else {
+            log::debug!(
+                "a counter region reads {calls} calls, {bytes} bytes, below its baseline {:?}: \
+                 its last reading kept",
+                self.baseline
+            );
         }
         *last
     }

@@ -62,18 +62,26 @@ impl Recording {
         }
     }
 
-    /// `allocators` of `pid`, the file it patched said to be patched there (probed for
-    /// every process since another ran it unpatched, it is still counted in-process in
-    /// this one, which no uprobe reaches).
+    /// `allocators` of `pid`, its executable's allocator said to be patched there if its
+    /// region says it patched it: by this recording's plan (probed for every process since
+    /// another ran it unpatched, it is still counted in-process in this one, which no
+    /// uprobe reaches), or by another recording's (a process found by `--all`, `-p`).
     pub(super) fn as_patched(&self, pid: u32, allocators: &[Allocator]) -> Vec<Allocator> {
-        let patched = self.in_process.patched.as_ref().filter(
-            |_| matches!(self.accounting.counters.region_patched(pid), Some((n, _)) if n > 0),
-        );
+        let patched_here =
+            matches!(self.accounting.counters.region_patched(pid), Some((n, _)) if n > 0);
         allocators
             .iter()
-            .map(|a| match patched {
-                Some(p) if a.in_executable && a.file_id == p.file_id => p.clone(),
-                _ => a.clone(),
+            .map(|a| match &self.in_process.patched {
+                _ if !patched_here || !a.in_executable || a.file.patched_in_process => a.clone(),
+                Some(p) if a.file_id == p.file_id => p.clone(),
+                _ => {
+                    let mut file = (*a.file).clone();
+                    file.patched_in_process = true;
+                    Allocator {
+                        file: std::sync::Arc::new(file),
+                        ..a.clone()
+                    }
+                }
             })
             .collect()
     }
