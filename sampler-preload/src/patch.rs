@@ -18,9 +18,9 @@
 //!   copy (it is not the file's), so it can never write its breakpoint over a patch.
 //!
 //! A wrapper counts and samples the call as this library's `malloc` does and calls the
-//! relocated prologue, with the thread marked busy: what the allocator calls underneath
-//! (another patched entry, `malloc`) is not counted again. Frees forget a sampled block
-//! first. The outcome is in the region: [`Region::patched`] or [`Region::patch_refused`].
+//! relocated prologue: what the allocator calls underneath (another patched entry,
+//! `malloc`), deeper on the thread's stack, is not counted again ([`thread::within`]).
+//! Frees forget a sampled block first. A forked child's region says it is patched too. The outcome is in the region: [`Region::patched`] or [`Region::patch_refused`].
 //! A library opened into a running process (`-p`) patches nothing (other threads run).
 
 use core::{

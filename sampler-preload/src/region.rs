@@ -574,6 +574,9 @@ pub fn after_fork() {
     let parent = current();
     let interval = parent.interval.load(Ordering::Relaxed);
     let generation = parent.generation.load(Ordering::Relaxed).max(1);
+    // The patched code is the child's too (see `patch`): said in its region as in its
+    // parent's.
+    let patched = parent.patched.load(Ordering::Relaxed);
     let family = FAMILY.load(Ordering::Acquire);
     if !family.is_null() && in_family_namespace() && !same_pid_namespace(family) {
         // Forked into a new pid namespace (`unshare --pid --fork`): its pid is not ours.
@@ -592,7 +595,10 @@ pub fn after_fork() {
     let region = claimed.unwrap_or_else(|| create(DEFAULT_INTERVAL, interval));
     // SAFETY: the new region, not yet visible to anyone but allocscope (which only reads
     // the generation).
-    unsafe { (*region).generation.store(generation, Ordering::Release) };
+    unsafe {
+        (*region).generation.store(generation, Ordering::Release);
+        (*region).patched.store(patched, Ordering::Relaxed);
+    };
     make_current(region, true);
     note_set_up();
 }

@@ -749,6 +749,24 @@ def _():
         check("not patched in-process" in err, f"{name}: {err[-500:]}")
 
 
+@case("a patched program forks: both count in-process, nothing probed for the child [#63]",
+      "numbers")
+def _():
+    # The child of a fork runs the patched code its parent patched: its region says so,
+    # and the file is not taken for one run unpatched (probed for every process).
+    exe = path("fork_malloc")
+    subprocess.run(["cc", "-O2", "-fno-builtin", os.path.join(FIXTURES, "fork_malloc.c"),
+                    "-o", exe], check=True)
+    out = path("fork_malloc.json")
+    code, stdout, err = run([A, "record", "-v", "-o", out, "--", exe], timeout=60)
+    own = sorted(int(l.split()[-1]) for l in stdout.splitlines() if " calls " in l)
+    mine = sorted(p["exact"]["calls"] for p in profile(out)["processes"]
+                  if p["command"] == "fork_malloc")
+    check(code == 0 and "from now on" not in err and len(own) == len(mine) == 2
+          and all(o - 16 <= m <= o + 16 for o, m in zip(own, mine)),
+          f"exit {code}: {mine} counted, the program's own {own}; {err[-300:]}")
+
+
 @case("an own malloc left by a longjmp: the thread's later calls are still counted [#63]",
       "numbers")
 def _():
