@@ -77,6 +77,7 @@ impl Recording {
             &mut self.aggregation.processes,
             Some(pid),
         );
+        self.patched_process_ended(pid);
         if let Some(slot) = self.accounting.counters.release_region(pid) {
             self.in_process.release(slot);
         }

@@ -38,13 +38,21 @@ impl Recording {
     /// refused, or that has not counted in a region in [`GRACE_NS`], makes the file probed.
     pub(super) fn check_patched(&mut self) {
         let now = monotonic_ns();
+        let gone: Vec<u32> = self
+            .in_process
+            .watched
+            .keys()
+            .copied()
+            .filter(|&pid| !crate::sys::process::exists(pid))
+            .collect();
+        for pid in gone {
+            self.patched_process_ended(pid);
+        }
         let mut unpatched = None;
         let counters = &self.accounting.counters;
-        self.in_process.watched.retain(|&pid, since| {
-            if !crate::sys::process::exists(pid) {
-                return false;
-            }
-            match counters.region_patched(pid) {
+        self.in_process
+            .watched
+            .retain(|&pid, since| match counters.region_patched(pid) {
                 Some((n, None)) if n > 0 => false,
                 Some((_, Some(refusal))) => {
                     unpatched = Some((pid, refusal.reason().to_owned()));
@@ -55,11 +63,34 @@ impl Recording {
                     false
                 }
                 _ => true,
-            }
-        });
+            });
         if let Some((pid, why)) = unpatched {
             self.unpatch(pid, &why);
         }
+    }
+
+    /// `pid`, watched, has ended: if it was not seen to patch the file, which was not
+    /// probed meanwhile, its calls through it went uncounted, and that is said.
+    pub(super) fn patched_process_ended(&mut self, pid: u32) {
+        if self.in_process.watched.remove(&pid).is_none() || self.in_process.fallen_back {
+            return;
+        }
+        // Patched, or a refusal its region says (and `note_patches` with it).
+        let said = matches!(
+            self.accounting.counters.region_patched(pid),
+            Some((n, refused)) if n > 0 || refused.is_some()
+        );
+        let Some(file) = self.in_process.patched.as_ref().filter(|_| !said) else {
+            return;
+        };
+        self.aggregation.processes.incomplete(
+            pid,
+            format!(
+                "it ran {} without its allocator patched and ended before the file could be \
+                 probed: its calls through that allocator were not counted",
+                file.shown.display()
+            ),
+        );
     }
 
     /// `allocators` of `pid`, its executable's allocator said to be patched there if its
