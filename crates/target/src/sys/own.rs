@@ -30,6 +30,15 @@ pub fn effective_capabilities() -> Option<u64> {
     u64::from_str_radix(super::process::status_field(&status, "CapEff")?, 16).ok()
 }
 
+/// Whether process `pid` still runs allocscope's own executable (a child forked to run a
+/// command, not yet past its exec: its maps are ours).
+pub fn runs_our_image(pid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let ours = std::fs::metadata("/proc/self/exe");
+    let theirs = super::process::exe_metadata(pid);
+    matches!((ours, theirs), (Ok(a), Ok(b)) if a.dev() == b.dev() && a.ino() == b.ino())
+}
+
 /// Our CPU time so far (user and system, all threads), in nanoseconds.
 pub fn cpu_ns() -> Option<u64> {
     super::clock::process_cpu_ns(std::process::id())

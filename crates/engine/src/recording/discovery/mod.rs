@@ -308,6 +308,11 @@ impl Recording {
             self.scan_comm();
         }
         for pid in self.discovered.running() {
+            // The command released but not yet past its exec is still a copy of us: its
+            // maps are ours (our C library, not its front end), not its program's.
+            if self.command.is(pid) && crate::sys::own::runs_our_image(pid) {
+                continue;
+            }
             // As the loader leaves it: a program just past its exec is not counted as
             // lacking the in-process front end it is about to load.
             if let Ok(allocators) = self.allocators_of(pid) {
