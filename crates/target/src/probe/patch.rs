@@ -406,35 +406,28 @@ mod tests {
         assert_eq!(instruction.ip_rel_memory_address(), bias + 0x7a180);
     }
 
+    /// `entry`'s relocated prologue, decoded where it would run at `at`.
+    fn moved_instructions(entry: &PatchEntry, at: u64) -> Vec<Instruction> {
+        let moved = relocate(entry, 0, at).unwrap();
+        let code = &moved[..entry.relocated_len as usize];
+        Decoder::with_ip(64, code, at, DecoderOptions::NONE)
+            .into_iter()
+            .collect()
+    }
+
     #[test]
     fn short_branches_become_near_and_reach_their_targets() {
         // xor ecx, ecx; jmp rel32 (jemalloc's rallocx, 7 bytes, nothing after it).
         let code = [0x31, 0xc9, 0xe9, 0xe9, 0xad, 0xff, 0xff];
         let entry = plan_function(&code, 0x31840, 2).unwrap();
         assert_eq!(entry.original_len, 7);
-        let moved = relocate(&entry, 0, 0x1000).unwrap();
-        let mut decoder = Decoder::with_ip(
-            64,
-            &moved[..entry.relocated_len as usize],
-            0x1000,
-            DecoderOptions::NONE,
-        );
-        let _ = decoder.decode();
-        let jump = decoder.decode();
+        let jump = moved_instructions(&entry, 0x1000)[1];
         assert_eq!(jump.near_branch_target(), 0x2c630);
         // test rdi, rdi; je +0x10; ...: the short je becomes a near one to the same place.
         let code = [0x48, 0x85, 0xff, 0x74, 0x10, 0x90, 0x90, 0xc3];
         let entry = plan_function(&code, 0x4000, 0).unwrap();
         assert_eq!(entry.original_len, 5);
-        let moved = relocate(&entry, 0, 0x9000).unwrap();
-        let mut decoder = Decoder::with_ip(
-            64,
-            &moved[..entry.relocated_len as usize],
-            0x9000,
-            DecoderOptions::NONE,
-        );
-        let _ = decoder.decode();
-        let branch = decoder.decode();
+        let branch = moved_instructions(&entry, 0x9000)[1];
         assert!(branch.is_jcc_near());
         assert_eq!(branch.condition_code(), iced_x86::ConditionCode::e);
         assert_eq!(branch.near_branch_target(), 0x4015);
